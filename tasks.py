@@ -1,0 +1,156 @@
+"""invoke tasks: thin wrappers, each calls into the library or terraform.
+
+`invoke --list` shows them; `invoke --help TASK` explains each flag. User mistakes end in
+a message that says what to do, never a traceback.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+from invoke import Exit, task
+
+ROOT = Path(__file__).resolve().parent
+OUT = ROOT / "build"
+ENV_HELP = "environment name: a file environments/<name>.toml"
+
+
+def _env(name: str | None):
+    from tidefleet.config import ConfigError, known_environments, load_environment
+
+    if not name:
+        raise Exit(f"--env is required; known environments: {', '.join(known_environments())}")
+    try:
+        return load_environment(name)
+    except ConfigError as err:
+        raise Exit(str(err)) from None
+
+
+def _synth(name: str):
+    from stacks.app import synth as synth_stack
+
+    env = _env(name)
+    out = synth_stack(env, OUT / "synth" / env.name)
+    print(f"synthesized {env.name} -> {out}")
+    return env, out
+
+
+@task(help={"env": ENV_HELP})
+def synth(c, env=None):
+    """Validate an environment and synthesize its Terraform JSON into build/synth/<env>/."""
+    _synth(env)
+
+
+@task(help={"env": ENV_HELP})
+def scan(c, env=None):
+    """Synthesize, then run checkov (offline) on the Terraform JSON; fail on any failed check.
+
+    Suppressions live in stacks/checkov_suppressions.toml, one per (check, resource) with its reason.
+    """
+    from stacks.scan import scan as run_scan
+
+    env, out = _synth(env)
+    failed = run_scan(out, env.name)
+    if failed:
+        raise Exit(f"checkov: {failed} failed check(s) in {env.name}; fix them or add a reasoned suppression", 1)
+
+
+@task(help={"out": "where to write the function archive (default build/functions.zip)"})
+def build(c, out=None):
+    """Package lambdas/ plus the tidefleet library into one deterministic zip."""
+    from stacks.package import build_archive
+
+    path, digest = build_archive(Path(out) if out else OUT / "functions.zip")
+    print(f"{path} sha256={digest}")
+
+
+def _terraform(c, env: str | None, *args: str) -> None:
+    from stacks.terraform import TerraformMissing, terraform_binary
+
+    try:
+        binary = terraform_binary()
+    except TerraformMissing as err:
+        raise Exit(str(err)) from None
+    build(c)
+    _, out = _synth(env)
+    c.run(f"{binary} -chdir={shlex.quote(str(out))} init -input=false", pty=sys.stdout.isatty())
+    c.run(f"{binary} -chdir={shlex.quote(str(out))} {' '.join(args)}", pty=sys.stdout.isatty())
+
+
+@task(help={"env": ENV_HELP})
+def plan(c, env=None):
+    """terraform/tofu plan for an environment (whichever binary is on PATH)."""
+    _terraform(c, env, "plan", "-input=false")
+
+
+@task(help={"env": ENV_HELP, "yes": "apply without asking (CI)"})
+def deploy(c, env=None, yes=False):
+    """Build the functions, synthesize, and terraform/tofu apply an environment."""
+    _terraform(c, env, "apply", "-input=false", *(["-auto-approve"] if yes else []))
+
+
+@task(help={"env": ENV_HELP, "yes": "destroy without asking (CI)"})
+def destroy(c, env=None, yes=False):
+    """terraform/tofu destroy an environment. Queued items and the job table go with it."""
+    _terraform(c, env, "destroy", "-input=false", *(["-auto-approve"] if yes else []))
+
+
+@task(help={"args": "extra pytest arguments, e.g. '-k policy -x'"})
+def test(c, args=""):
+    """Run the test suite (the README's test command). No tests collected is not a failure."""
+    result = c.run(f"{sys.executable} -m pytest {args}", warn=True, pty=sys.stdout.isatty())
+    if result.exited not in (0, 5):
+        raise Exit(code=result.exited)
+
+
+@task
+def lint(c):
+    """ruff on the code, shellcheck on every environment's rendered node user-data."""
+    c.run(f"{sys.executable} -m ruff check .")
+    from stacks.userdata import shellcheck_all
+
+    problems = shellcheck_all()
+    if problems:
+        raise Exit("\n".join(problems), 1)
+
+
+@task(
+    help={
+        "items": "items in the demo job",
+        "chaos": "SIGKILL random nodes and send spot notices while the job runs",
+        "keep": "stay up afterwards and print how to point the CLI at it",
+        "time_limit": "give up after this many seconds",
+    }
+)
+def sandbox(c, items=200, chaos=False, keep=False, time_limit=600):
+    """The whole system on this machine against a moto server: a job in, nodes up, work done, fleet at zero."""
+    flags = f"--items {int(items)} --time-limit {int(time_limit)}" + (" --chaos" if chaos else "") + (" --keep" if keep else "")
+    result = c.run(f"{sys.executable} -m tidefleet.cli sandbox {flags}", warn=True, pty=sys.stdout.isatty())
+    if result.exited:
+        raise Exit(code=result.exited)
+
+
+@task(
+    help={
+        "trace": "trace CSV (see ../shared/traces/README.md)",
+        "env": ENV_HELP,
+        "pool": "pool whose instance types, slots and prices are simulated",
+        "policy": "policy to replay (repeatable): tidefleet, target-tracking, clearml, keda, oracle",
+        "extra": "further tidefleet simulate options, e.g. '--window 0:86400 --plot out.png'",
+    },
+    iterable=["policy"],
+)
+def simulate(c, trace, env="prod", pool="gpu", policy=None, extra=""):
+    """Replay a workload trace through scaling policies; print cost and wait per policy."""
+    policies = " ".join(f"--policy {shlex.quote(p)}" for p in (policy or ["tidefleet"]))
+    c.run(f"{sys.executable} -m tidefleet.cli simulate {shlex.quote(trace)} --env {env} --pool {pool} {policies} {extra}")
+
+
+@task(help={"out": "folder for the table and plots (default build/bench)"})
+def bench(c, out=None):
+    """Every policy over every shared trace: a table and plots of cost against p95 wait."""
+    from tidefleet.sim.bench import run_bench
+
+    run_bench(Path(out) if out else OUT / "bench")

@@ -1,0 +1,48 @@
+"""Cloud resource names derived from an environment: one place, used by the stacks, the
+adapters, the agent, the CLI and the sandbox, so they always agree."""
+
+from __future__ import annotations
+
+PREFIX = "tidefleet"
+
+
+def queue(env: str, queue_name: str) -> str:
+    return f"{PREFIX}-{env}-{queue_name}"
+
+
+def dead_letter_queue(env: str, queue_name: str) -> str:
+    return f"{PREFIX}-{env}-{queue_name}-dlq"
+
+
+def table(env: str) -> str:
+    return f"{PREFIX}-{env}"
+
+
+def artifacts_bucket(env: str, account_id: str) -> str:
+    # Bucket names are global: the account id keeps two accounts' "dev" apart.
+    return f"{PREFIX}-{env}-artifacts-{account_id}"
+
+
+def item_log_group(env: str) -> str:
+    return f"/{PREFIX}/{env}/items"
+
+
+def group(env: str, pool: str) -> str:
+    return f"{PREFIX}-{env}-{pool}"
+
+
+def launch_template(env: str, pool: str) -> str:
+    return f"{PREFIX}-{env}-{pool}"
+
+
+def lifecycle_hook(env: str, pool: str) -> str:
+    return f"{PREFIX}-{env}-{pool}-drain"
+
+
+def function(env: str, role: str) -> str:
+    """role: 'scaler' or 'interruption'."""
+    return f"{PREFIX}-{env}-{role}"
+
+
+def node_role(env: str, pool: str) -> str:
+    return f"{PREFIX}-{env}-{pool}-node"

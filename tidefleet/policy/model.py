@@ -1,0 +1,66 @@
+"""What the scaling policy sees and what it decides: plain frozen data, no SDK types.
+
+Adapters (AWS, GCP, the sandbox, the simulator) build these views; the policy returns
+decisions; the control tick applies them. Times are seconds (epoch or simulated), injected.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+NodeState = Literal["pending", "running", "draining", "terminating"]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    id: str
+    instance_type: str
+    weight: int  # capacity units
+    slots: int  # items of one slot it runs at once
+    spot: bool
+    state: NodeState  # pending = launched, agent not heard from yet
+    launched_at: float
+    busy_slots: int = 0
+    last_heartbeat: float | None = None  # None: the agent has never reported
+    idle_since: float | None = None  # None: busy, or never reported
+    protected: bool = False  # scale-in protection set by a busy agent
+
+
+@dataclass(frozen=True, slots=True)
+class QueueView:
+    name: str
+    pool: str
+    priority: int
+    slots_per_item: int
+    visible: int  # waiting items
+    in_flight: int  # items received and not yet deleted
+
+
+@dataclass(frozen=True, slots=True)
+class PoolView:
+    name: str
+    nodes: tuple[NodeView, ...]
+    desired: int  # the group's current desired capacity, in units
+    on_demand_base: int  # the group's current on-demand base, in units
+    spot_failures: tuple[float, ...] = ()  # times of recent failed spot launches
+
+
+@dataclass(frozen=True, slots=True)
+class FleetView:
+    pools: tuple[PoolView, ...]
+    queues: tuple[QueueView, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PoolDecision:
+    pool: str
+    desired: int  # units to set on the group (after the terminations below)
+    terminate: tuple[str, ...]  # exact node ids, each idle and past its delay
+    on_demand_base: int | None  # new on-demand base, or None to leave it
+    reasons: tuple[str, ...]  # one human line per decision taken or withheld
+    starved_queues: tuple[str, ...] = ()  # queues waiting because of a cap
+
+    @property
+    def changes(self) -> bool:
+        return bool(self.terminate) or self.on_demand_base is not None
