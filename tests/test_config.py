@@ -23,7 +23,7 @@ def test_every_shipped_environment_loads():
 
 def test_prod_has_cpu_and_gpu_pools_and_prioritised_queues():
     env = load_environment("prod", ROOT)
-    assert set(env.pools) == {"cpu", "gpu"}
+    assert set(env.pools) == {"cpu", "gpu", "gpu4"}
     assert len({q.priority for q in env.queues.values()}) >= 3
     assert env.state.backend == "s3" and env.state.lock_table
 
@@ -70,7 +70,7 @@ BAD = [
     ("s3 state without bucket", {"state.backend": "s3"}, "state.bucket: required for backend 's3' (got nothing)"),
     ("unknown state backend", {"state.backend": "consul"}, "state.backend: Input should be 'local', 's3' or 'gcs' (got 'consul')"),
     ("gpu weight not gpu count", {"pools.cpu.capacity_unit": "gpus", "pools.cpu.instance_types": [{"type": "g5.xlarge", "weight": 1}]}, "pools.cpu.instance_types[0].weight: with capacity_unit 'gpus' the weight is the GPU count"),
-    ("item needs more slots than any node", {"queues.default.slots_per_item": 8}, "queues.default.slots_per_item: no node of pool 'cpu' has that many slots (got 8 > 2)"),
+    ("item needs more slots than any node", {"queues.default.slots_per_item": 8}, "queues.default.slots_per_item: nodes of c6i.large, c7i.large, m6i.large in pool 'cpu' have fewer slots (got 8 > 2)"),
     ("reserved env var", {"pools.cpu.env": {"TIDEFLEET_JOB_ID": "x"}}, "pools.cpu.env.TIDEFLEET_JOB_ID: not a usable variable name"),
     ("gcp without project", {"cloud": "gcp", "region": "us-central1", "pools.cpu.instance_types": [{"type": "n2-standard-4"}]}, "project: required when cloud = 'gcp'"),
     ("no pools", {"pools": {}}, "pools: Dictionary should have at least 1 item"),

@@ -175,11 +175,15 @@ def _semantic_problems(env: Environment) -> list[str]:
             known = ", ".join(sorted(env.pools))
             out.append(f"{where}.pool: unknown pool (got {queue.pool!r}); known pools: {known}")
         else:
-            most = max(env.pools[queue.pool].slots(t) for t in env.pools[queue.pool].instance_types)
-            if queue.slots_per_item > most:
+            # Every type must fit an item: the group picks types by price and capacity, and a
+            # node too small for the queue's items would leave them pending with no way out.
+            pool = env.pools[queue.pool]
+            small = [t.type for t in pool.instance_types if pool.slots(t) < queue.slots_per_item]
+            if small:
                 out.append(
-                    f"{where}.slots_per_item: no node of pool {queue.pool!r} has that many slots "
-                    f"(got {queue.slots_per_item} > {most}); add a bigger instance type or lower it"
+                    f"{where}.slots_per_item: nodes of {', '.join(small)} in pool {queue.pool!r} have fewer slots "
+                    f"(got {queue.slots_per_item} > {min(pool.slots(t) for t in pool.instance_types)}); "
+                    "use a pool whose every type fits the item"
                 )
         for cloud_name in (name, f"{name}-dlq"):
             if cloud_name in seen_queue_names:
