@@ -79,6 +79,11 @@ class Store:
         while True:
             page = self.table.query(**kwargs)
             for raw in page["Items"]:
+                if "at" not in raw:
+                    # Only a draining mark (the interruption function got there before the
+                    # agent's first heartbeat): not a heartbeat yet. The mark is sticky, so
+                    # the first heartbeat comes back with draining set.
+                    continue
                 node_id = raw["sk"].removeprefix("NODE#")
                 fields = {k: _from_dynamo(v) for k, v in raw.items() if k in Heartbeat.__dataclass_fields__}
                 fields.setdefault("idle_since", None)
