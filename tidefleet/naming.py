@@ -46,3 +46,13 @@ def function(env: str, role: str) -> str:
 
 def node_role(env: str, pool: str) -> str:
     return f"{PREFIX}-{env}-{pool}-node"
+
+
+def function_failures(env: str) -> str:
+    """SQS queue receiving the events the functions failed on (async on-failure destination)."""
+    return f"{PREFIX}-{env}-function-failures"
+
+
+def stack_resource(env: str, what: str) -> str:
+    """Names only the stack itself uses (VPC, security group, alarms, rules, key alias, roles)."""
+    return f"{PREFIX}-{env}-{what}"
