@@ -1,0 +1,1 @@
+"""Cloud function entry points: thin handlers over the tidefleet library."""

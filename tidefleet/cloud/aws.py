@@ -1,0 +1,220 @@
+"""boto3 adapters for the control ports: SQS backlog, Auto Scaling groups, and the job store.
+
+Backlog is read from SQS queue attributes directly: CloudWatch's SQS metrics lag by minutes
+and would delay every scale-out. boto3 honours AWS_ENDPOINT_URL, so the same code runs
+against AWS and the moto server.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cache
+
+import boto3
+from botocore.exceptions import ClientError
+
+from tidefleet import naming
+from tidefleet.cloud import Backlog, GroupInstance, GroupState, Ports
+from tidefleet.config import Environment, load_environment
+from tidefleet.store import Store
+
+# States from which TerminateInstanceInAutoScalingGroup takes an instance out cleanly.
+TERMINABLE = frozenset({"InService"})
+FILTER_VALUES_MAX = 200  # EC2 DescribeInstances: values per filter
+GROUP_NAMES_MAX = 100  # DescribeAutoScalingGroups: names per call
+
+
+class QueueMissing(LookupError):
+    pass
+
+
+class SqsQueues:
+    def __init__(self, env: Environment, *, client=None):
+        self.env = env
+        self.sqs = client or boto3.client("sqs", region_name=env.region)
+        self._urls: dict[str, str] = {}  # a warm function keeps them between ticks
+
+    def _url(self, queue: str) -> str:
+        if queue not in self._urls:
+            name = naming.queue(self.env.name, queue)
+            try:
+                self._urls[queue] = self.sqs.get_queue_url(QueueName=name)["QueueUrl"]
+            except ClientError as err:
+                if "NonExistentQueue" not in err.response["Error"]["Code"]:
+                    raise
+                raise QueueMissing(
+                    f"queues.{queue}: SQS queue {name!r} does not exist in {self.env.region}; "
+                    f"deploy the environment first (invoke deploy --env {self.env.name})"
+                ) from None
+        return self._urls[queue]
+
+    def backlog(self, queue: str) -> Backlog:
+        attrs = self.sqs.get_queue_attributes(
+            QueueUrl=self._url(queue),
+            AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+        )["Attributes"]
+        return Backlog(
+            visible=int(attrs["ApproximateNumberOfMessages"]),
+            in_flight=int(attrs["ApproximateNumberOfMessagesNotVisible"]),
+        )
+
+
+def _chunks(items: list[str], size: int) -> list[list[str]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def _is_spot_failure(activity: dict) -> bool:
+    text = f"{activity.get('StatusMessage', '')} {activity.get('Description', '')}"
+    return activity.get("StatusCode") == "Failed" and "spot" in text.lower()
+
+
+class AutoScalingFleet:
+    def __init__(self, env: Environment, *, autoscaling=None, ec2=None):
+        self.env = env
+        self.asg = autoscaling or boto3.client("autoscaling", region_name=env.region)
+        self.ec2 = ec2 or boto3.client("ec2", region_name=env.region)
+
+    def _group_name(self, pool: str) -> str:
+        return naming.group(self.env.name, pool)
+
+    def _describe_groups(self, names: list[str]) -> list[dict]:
+        out: list[dict] = []
+        pages = self.asg.get_paginator("describe_auto_scaling_groups")
+        for chunk in _chunks(names, GROUP_NAMES_MAX):
+            for page in pages.paginate(AutoScalingGroupNames=chunk):
+                out += page["AutoScalingGroups"]
+        return out
+
+    def _ec2_facts(self, instance_ids: list[str]) -> dict[str, tuple[float, bool]]:
+        """Launch time and spot-ness, which the group's own listing does not carry."""
+        facts: dict[str, tuple[float, bool]] = {}
+        pages = self.ec2.get_paginator("describe_instances")
+        # A filter, not InstanceIds: an instance that vanished since the group listing must
+        # not fail the whole call.
+        for chunk in _chunks(instance_ids, FILTER_VALUES_MAX):
+            for page in pages.paginate(Filters=[{"Name": "instance-id", "Values": chunk}]):
+                for reservation in page["Reservations"]:
+                    for inst in reservation["Instances"]:
+                        facts[inst["InstanceId"]] = (
+                            inst["LaunchTime"].timestamp(),
+                            inst.get("InstanceLifecycle") == "spot",
+                        )
+        return facts
+
+    def _spot_failures(self, group: str, since: float) -> tuple[float, ...]:
+        # Newest first; one page covers the failure window at a one-minute tick.
+        activities = self.asg.describe_scaling_activities(AutoScalingGroupName=group, MaxRecords=50)["Activities"]
+        return tuple(
+            sorted(
+                a["StartTime"].timestamp()
+                for a in activities
+                if _is_spot_failure(a) and a["StartTime"].timestamp() >= since
+            )
+        )
+
+    def groups(self, pools: list[str], since: float) -> dict[str, GroupState]:
+        by_name = {self._group_name(p): p for p in pools}
+        raw = self._describe_groups(list(by_name))
+        facts = self._ec2_facts([i["InstanceId"] for g in raw for i in g["Instances"]])
+        out: dict[str, GroupState] = {}
+        for g in raw:
+            distribution = (g.get("MixedInstancesPolicy") or {}).get("InstancesDistribution", {})
+            instances = []
+            for i in g["Instances"]:
+                launched_at, spot = facts.get(i["InstanceId"], (0.0, False))
+                weight = i.get("WeightedCapacity")
+                instances.append(
+                    GroupInstance(
+                        id=i["InstanceId"],
+                        instance_type=i["InstanceType"],
+                        lifecycle_state=i["LifecycleState"],
+                        spot=spot,
+                        launched_at=launched_at,
+                        protected=bool(i.get("ProtectedFromScaleIn")),
+                        weight=int(weight) if weight else None,
+                    )
+                )
+            out[by_name[g["AutoScalingGroupName"]]] = GroupState(
+                name=g["AutoScalingGroupName"],
+                desired=g["DesiredCapacity"],
+                min=g["MinSize"],
+                max=g["MaxSize"],
+                on_demand_base=int(distribution.get("OnDemandBaseCapacity", 0)),
+                instances=tuple(instances),
+                spot_failures=self._spot_failures(g["AutoScalingGroupName"], since),
+            )
+        return out
+
+    def set_desired(self, pool: str, desired: int) -> None:
+        # HonorCooldown=False: the policy owns cooldowns; the group's would only delay scale-out.
+        self.asg.set_desired_capacity(
+            AutoScalingGroupName=self._group_name(pool), DesiredCapacity=desired, HonorCooldown=False
+        )
+
+    def terminate(self, pool: str, instance_ids: tuple[str, ...]) -> tuple[str, ...]:
+        if not instance_ids:
+            return ()
+        group = self._group_name(pool)
+        # Re-read just before acting: another tick (or the group) may have removed some since
+        # we observed them, and a second terminate would decrement desired twice.
+        current = self.asg.describe_auto_scaling_instances(InstanceIds=list(instance_ids))["AutoScalingInstances"]
+        live = [
+            i["InstanceId"]
+            for i in current
+            if i["AutoScalingGroupName"] == group and i["LifecycleState"] in TERMINABLE
+        ]
+        done = []
+        for instance_id in live:
+            try:
+                self.asg.terminate_instance_in_auto_scaling_group(
+                    InstanceId=instance_id, ShouldDecrementDesiredCapacity=True
+                )
+                done.append(instance_id)
+            except ClientError as err:
+                # Gone between the re-read and now: the goal is reached, not an error.
+                if err.response["Error"]["Code"] != "ValidationError" or "not found" not in str(err).lower():
+                    raise
+        return tuple(done)
+
+    def set_on_demand_base(self, pool: str, units: int) -> None:
+        group = self._group_name(pool)
+        (g,) = self._describe_groups([group])
+        policy = g["MixedInstancesPolicy"]
+        # Send the described policy back with only the base changed. AWS also takes the
+        # distribution alone, but moto does not; and the describe output names the template
+        # by id and name, while an update must give exactly one of them.
+        spec = dict(policy["LaunchTemplate"]["LaunchTemplateSpecification"])
+        if "LaunchTemplateId" in spec:
+            spec.pop("LaunchTemplateName", None)
+        self.asg.update_auto_scaling_group(
+            AutoScalingGroupName=group,
+            MixedInstancesPolicy={
+                **policy,
+                "LaunchTemplate": {**policy["LaunchTemplate"], "LaunchTemplateSpecification": spec},
+                "InstancesDistribution": {**policy.get("InstancesDistribution", {}), "OnDemandBaseCapacity": units},
+            },
+        )
+
+    def group_of(self, instance_id: str) -> str | None:
+        found = self.asg.describe_auto_scaling_instances(InstanceIds=[instance_id])["AutoScalingInstances"]
+        return found[0]["AutoScalingGroupName"] if found else None
+
+    def complete_lifecycle_action(self, pool: str, instance_id: str, hook: str, token: str | None) -> None:
+        ident = {"LifecycleActionToken": token} if token else {"InstanceId": instance_id}
+        self.asg.complete_lifecycle_action(
+            AutoScalingGroupName=self._group_name(pool),
+            LifecycleHookName=hook,
+            LifecycleActionResult="CONTINUE",
+            **ident,
+        )
+
+
+def aws_ports(env: Environment) -> Ports:
+    return Ports(queues=SqsQueues(env), fleet=AutoScalingFleet(env), nodes=Store(env.name, env.region))
+
+
+@cache
+def lambda_runtime() -> tuple[Environment, Ports]:
+    """Settings and clients, once per cold start: the environment named by TIDEFLEET_ENV."""
+    env = load_environment(os.environ["TIDEFLEET_ENV"])
+    return env, aws_ports(env)

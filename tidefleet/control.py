@@ -1,0 +1,223 @@
+"""One control tick: observe the queues and the fleet, ask the pure policy, act.
+
+Safe when two ticks run at once (the stack also reserves a concurrency of one):
+- every action sets an absolute target computed from fresh observations, never a delta:
+  two ticks that saw the same world set the same desired capacity;
+- scale-in is only `terminate` with a decrement of desired capacity, and the fleet port
+  re-reads each instance just before terminating it and skips those already gone or on
+  their way out, so a node removed by one tick is not removed (nor decremented) again;
+- desired capacity is never lowered below the capacity of the instances still in the
+  group, so the group itself never picks a node to stop (it could pick a busy one).
+With `dry_run` (the flag or `scaler.dry_run` in the environment) the tick decides and logs
+exactly the same lines but changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable
+
+from tidefleet import policy
+from tidefleet.cloud import GroupInstance, GroupState, Ports
+from tidefleet.config import Environment, InstanceType, Pool
+from tidefleet.policy.interruption import DrainNode, pool_of_group
+from tidefleet.policy.model import FleetView, NodeView, PoolDecision, PoolView, QueueView
+from tidefleet.store import Heartbeat
+
+log = logging.getLogger("tidefleet.control")
+
+# Auto Scaling lifecycle states, as the policy sees them.
+LAUNCHING = frozenset({"Pending", "Pending:Wait", "Pending:Proceed"})
+IN_SERVICE = frozenset({"InService"})
+HELD_FOR_DRAIN = frozenset({"Terminating:Wait"})  # the terminate hook holds it while it hands work back
+GOING = frozenset({"Terminating", "Terminating:Proceed", "Terminated", "Detaching", "Detached"})
+# Anything else (Standby, warm pool states) is neither capacity nor ours to touch.
+
+
+class TickError(RuntimeError):
+    """Some pools could not be acted on; the others were. One line per failed pool."""
+
+    def __init__(self, failures: list[str], decisions: tuple[PoolDecision, ...]):
+        super().__init__("\n".join(failures))
+        self.decisions = decisions
+
+
+def _instance_type(pool: Pool, instance: GroupInstance) -> InstanceType | None:
+    return next((t for t in pool.instance_types if t.type == instance.instance_type), None)
+
+
+def _weight(pool: Pool, instance: GroupInstance) -> int:
+    """Capacity units: the configured weight; the group's own if the type is not configured."""
+    itype = _instance_type(pool, instance)
+    return itype.weight if itype else (instance.weight or 1)
+
+
+def node_view(pool: Pool, instance: GroupInstance, heartbeat: Heartbeat | None) -> NodeView | None:
+    state = instance.lifecycle_state
+    if state in GOING:
+        node_state = "terminating"
+    elif state in HELD_FOR_DRAIN or (heartbeat is not None and heartbeat.draining):
+        node_state = "draining"
+    elif state in LAUNCHING | IN_SERVICE:
+        node_state = "pending" if heartbeat is None else "running"
+    else:
+        return None
+    itype = _instance_type(pool, instance)
+    weight = _weight(pool, instance)
+    return NodeView(
+        id=instance.id,
+        instance_type=instance.instance_type,
+        weight=weight,
+        slots=pool.slots(itype) if itype else weight * pool.slots_per_unit,
+        spot=instance.spot,
+        state=node_state,
+        launched_at=instance.launched_at,
+        busy_slots=heartbeat.busy_slots if heartbeat else 0,
+        last_heartbeat=heartbeat.at if heartbeat else None,
+        idle_since=heartbeat.idle_since if heartbeat else None,
+        protected=instance.protected,
+    )
+
+
+def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) -> tuple[FleetView, dict[str, GroupState]]:
+    """The policy's view of these pools, plus the raw groups the act step checks against.
+
+    A pool whose group does not exist (not deployed yet) is left out and logged."""
+    names = list(pools)
+    groups = ports.fleet.groups(names, since=now - env.scaler.spot_failure_window_s)
+    for missing in sorted(set(names) - set(groups)):
+        log.warning(json.dumps({"pool": missing, "skipped": "no auto scaling group; deploy the environment"}))
+    pool_views = []
+    for name, group in groups.items():
+        beats = ports.nodes.heartbeats(name)
+        nodes = (node_view(env.pools[name], i, beats.get(i.id)) for i in group.instances)
+        pool_views.append(
+            PoolView(
+                name=name,
+                nodes=tuple(n for n in nodes if n is not None),
+                desired=group.desired,
+                on_demand_base=group.on_demand_base,
+                spot_failures=group.spot_failures,
+            )
+        )
+    queue_views = []
+    for qname, queue in env.queues.items():
+        if queue.pool in groups:
+            backlog = ports.queues.backlog(qname)
+            queue_views.append(
+                QueueView(
+                    name=qname,
+                    pool=queue.pool,
+                    priority=queue.priority,
+                    slots_per_item=queue.slots_per_item,
+                    visible=backlog.visible,
+                    in_flight=backlog.in_flight,
+                )
+            )
+    return FleetView(pools=tuple(pool_views), queues=tuple(queue_views)), groups
+
+
+def _live_capacity(env: Environment, pool: str, group: GroupState, leaving: Iterable[str]) -> int:
+    """Units of the group's instances that stay: desired below this makes the group pick a victim."""
+    leaving = set(leaving)
+    return sum(
+        _weight(env.pools[pool], i)
+        for i in group.instances
+        if i.id not in leaving and i.lifecycle_state in LAUNCHING | IN_SERVICE | HELD_FOR_DRAIN
+    )
+
+
+def act(ports: Ports, env: Environment, decision: PoolDecision, group: GroupState) -> dict:
+    """Apply one pool's decision: terminate (with decrement), the on-demand base, then desired.
+    Returns what was done, for the log line."""
+    ours = {i.id for i in group.instances}
+    # The policy is pure and trusted, but a stray id must never reach another group's node.
+    leaving = tuple(i for i in decision.terminate if i in ours)
+    terminated = ports.fleet.terminate(decision.pool, leaving)
+    if decision.on_demand_base is not None and decision.on_demand_base != group.on_demand_base:
+        ports.fleet.set_on_demand_base(decision.pool, decision.on_demand_base)
+    target = max(decision.desired, _live_capacity(env, decision.pool, group, leaving))
+    # After terminations the group's desired already dropped by their weights; setting the
+    # absolute target again is a no-op then, and corrects it if the decrement differed.
+    if terminated or target != group.desired:
+        ports.fleet.set_desired(decision.pool, target)
+    done: dict = {"terminated": list(terminated), "desired_after": target}
+    if target != decision.desired:
+        done["held"] = (
+            f"desired kept at {target}, not {decision.desired}: lower would let the group "
+            "choose which running node to stop"
+        )
+    return done
+
+
+def tick(
+    env: Environment,
+    ports: Ports,
+    now: float,
+    *,
+    pools: Iterable[str] | None = None,
+    dry_run: bool = False,
+) -> tuple[PoolDecision, ...]:
+    """Observe → decide → act for these pools (default: all), logging one JSON line per pool.
+
+    Raises TickError after acting on every other pool if some pool's actions failed."""
+    dry_run = dry_run or env.scaler.dry_run
+    fleet, groups = observe(env, ports, now, pools if pools is not None else env.pools)
+    decisions = policy.decide(env, fleet, now)
+    failures = []
+    for decision in decisions:
+        group = groups[decision.pool]
+        line = {
+            "pool": decision.pool,
+            "desired_before": group.desired,
+            "desired": decision.desired,
+            "terminate": list(decision.terminate),
+            "on_demand_base_before": group.on_demand_base,
+            "on_demand_base": decision.on_demand_base,
+            "reasons": list(decision.reasons),
+            "starved_queues": list(decision.starved_queues),
+            "dry_run": dry_run,
+        }
+        if not dry_run:
+            try:
+                line |= act(ports, env, decision, group)
+            except Exception as err:  # one pool's failure must not stop the others
+                line["error"] = f"{type(err).__name__}: {err}"
+                failures.append(f"{decision.pool}: {line['error']}")
+        log.info(json.dumps(line))
+    if failures:
+        raise TickError(failures, decisions)
+    return decisions
+
+
+def drain(env: Environment, ports: Ports, action: DrainNode, now: float, *, dry_run: bool = False) -> dict:
+    """The edge of an interruption: mark the node draining, let an idle node held by the
+    terminate hook go, and if its pool still has backlog run a tick for that pool at once,
+    so a replacement launches now (a draining node no longer counts as capacity).
+
+    A busy node held by the hook is NOT released here: its agent hands its items back and
+    then completes the lifecycle action itself (it holds the token, from the group's event or
+    instance metadata). Completing it now would kill the node mid-item. Returns the log line."""
+    dry_run = dry_run or env.scaler.dry_run
+    pool = action.pool or pool_of_group(env, ports.fleet.group_of(action.instance_id) or "")
+    line: dict = {"instance": action.instance_id, "pool": pool, "reason": action.reason, "dry_run": dry_run}
+    if action.deadline is not None:
+        line["deadline"] = action.deadline
+    if pool is None:
+        line["ignored"] = f"the instance is in no group of environment {env.name!r}"
+    elif not dry_run:
+        ports.nodes.mark_draining(pool, action.instance_id)
+        if action.hold is not None:
+            heartbeat = ports.nodes.heartbeats(pool).get(action.instance_id)
+            if heartbeat is None or heartbeat.busy_slots == 0:
+                ports.fleet.complete_lifecycle_action(pool, action.instance_id, action.hold.hook, action.hold.token)
+                line["released"] = "never reported" if heartbeat is None else "idle"
+            else:
+                line["held"] = f"busy ({heartbeat.busy_slots} slots): its agent completes the lifecycle action"
+        backlog = sum(b.visible + b.in_flight for b in map(ports.queues.backlog, env.queues_of(pool)))
+        line["backlog"] = backlog
+        if backlog:
+            line["replacement"] = [d.desired for d in tick(env, ports, now, pools=[pool])]
+    log.info(json.dumps(line))
+    return line

@@ -1,0 +1,54 @@
+"""`tidefleet tick`: one control tick from a laptop, against the environment's cloud."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import click
+from botocore.exceptions import BotoCoreError, ClientError
+
+from tidefleet.cloud.aws import QueueMissing, aws_ports
+from tidefleet.config import ConfigError, load_environment
+from tidefleet.control import TickError, tick as run_tick
+
+
+@click.command()
+@click.option("--env", "env_name", required=True, help="environment name: a file environments/<name>.toml")
+@click.option("--dry-run", is_flag=True, help="decide and print, change nothing")
+@click.option("--pool", "pools", multiple=True, help="only this pool (repeatable); default: every pool")
+@click.option("--log-json", is_flag=True, help="also print the JSON decision lines the function logs")
+def tick(env_name: str, dry_run: bool, pools: tuple[str, ...], log_json: bool) -> None:
+    """Run one control tick: read the queues and the fleet, decide, act; print each decision and why."""
+    try:
+        env = load_environment(env_name)
+    except ConfigError as err:
+        raise click.ClickException(str(err)) from None
+    unknown = sorted(set(pools) - set(env.pools))
+    if unknown:
+        raise click.BadParameter(f"unknown pool(s) {', '.join(unknown)}; known: {', '.join(env.pools)}", param_hint="--pool")
+    if log_json:
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+    failed = None
+    try:
+        decisions = run_tick(env, aws_ports(env), time.time(), pools=pools or None, dry_run=dry_run)
+    except TickError as err:
+        decisions, failed = err.decisions, err
+    except QueueMissing as err:
+        raise click.ClickException(str(err)) from None
+    except (BotoCoreError, ClientError) as err:
+        raise click.ClickException(f"cloud call failed: {err}; check credentials, region {env.region} and the deployment")
+    dry = dry_run or env.scaler.dry_run
+    for d in decisions:
+        changes = [f"desired {d.desired}"]
+        if d.terminate:
+            changes.append(f"terminate {', '.join(d.terminate)}")
+        if d.on_demand_base is not None:
+            changes.append(f"on-demand base {d.on_demand_base}")
+        click.echo(f"{d.pool}: {'; '.join(changes)}{' (dry run: nothing changed)' if dry else ''}")
+        for reason in d.reasons:
+            click.echo(f"  - {reason}")
+        if d.starved_queues:
+            click.echo(f"  waiting because of a cap: {', '.join(d.starved_queues)}")
+    if failed is not None:
+        raise click.ClickException(f"some pools could not be changed:\n{failed}")

@@ -1,0 +1,100 @@
+"""What to do about an interruption event: pure, like Karpenter's `action_for(message)`.
+
+Three EventBridge events reach the interruption function:
+- "EC2 Spot Instance Interruption Warning" (aws.ec2): the instance goes in two minutes;
+- "EC2 Instance Rebalance Recommendation" (aws.ec2): elevated risk of that warning soon;
+- "EC2 Instance-terminate Lifecycle Action" (aws.autoscaling): the group's terminate hook
+  holds the instance in Terminating:Wait until someone completes the action.
+Each becomes `DrainNode` (stop intake, hand work back, count it no longer as capacity, get
+a replacement now) or `Ignore` with the reason. The EC2 events do not name the group; the
+edge finds the pool from the instance when `DrainNode.pool` is None.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from tidefleet import naming
+from tidefleet.config import Environment
+
+SPOT_WARNING = "EC2 Spot Instance Interruption Warning"
+REBALANCE = "EC2 Instance Rebalance Recommendation"
+TERMINATE_HOOK = "EC2 Instance-terminate Lifecycle Action"
+SPOT_NOTICE_S = 120  # EC2 reclaims a spot instance two minutes after the warning
+
+
+@dataclass(frozen=True, slots=True)
+class LifecycleHold:
+    """The terminate hook holds the instance. Whoever finishes with it completes the action:
+    the agent after handing its items back (it knows its own token), or the interruption
+    function at once when the node is idle or never reported."""
+
+    hook: str
+    token: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class DrainNode:
+    instance_id: str
+    pool: str | None  # None: find it from the instance (EC2 events name no group)
+    deadline: float | None  # epoch seconds the node is gone by, when known
+    reason: str
+    hold: LifecycleHold | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Ignore:
+    reason: str
+
+
+Action = DrainNode | Ignore
+
+
+def _epoch(text: object) -> float | None:
+    try:
+        return datetime.fromisoformat(str(text)).timestamp()
+    except ValueError:
+        return None
+
+
+def pool_of_group(env: Environment, group: str) -> str | None:
+    return {naming.group(env.name, p): p for p in env.pools}.get(group)
+
+
+def action_for(event: object, env: Environment) -> Action:
+    if not isinstance(event, dict) or not isinstance(event.get("detail"), dict):
+        return Ignore("not an EventBridge event (no 'detail' object)")
+    kind, detail = event.get("detail-type"), event["detail"]
+    if kind in (SPOT_WARNING, REBALANCE):
+        instance_id = detail.get("instance-id")
+        if not isinstance(instance_id, str) or not instance_id.startswith("i-"):
+            return Ignore(f"{kind}: detail.instance-id missing or not an instance id (got {instance_id!r})")
+        at = _epoch(event.get("time"))
+        if kind == REBALANCE:
+            return DrainNode(instance_id, None, None, "rebalance recommendation: spot interruption risk is high")
+        action = detail.get("instance-action", "terminate")
+        return DrainNode(
+            instance_id,
+            None,
+            at + SPOT_NOTICE_S if at is not None else None,
+            f"spot interruption warning: the instance will {action} in {SPOT_NOTICE_S}s",
+        )
+    if kind == TERMINATE_HOOK:
+        instance_id, group = detail.get("EC2InstanceId"), detail.get("AutoScalingGroupName")
+        if not isinstance(instance_id, str) or not isinstance(group, str):
+            return Ignore(f"{kind}: detail.EC2InstanceId or detail.AutoScalingGroupName missing")
+        if detail.get("LifecycleTransition") != "autoscaling:EC2_INSTANCE_TERMINATING":
+            return Ignore(f"{kind}: transition {detail.get('LifecycleTransition')!r} is not a termination")
+        pool = pool_of_group(env, group)
+        if pool is None:
+            return Ignore(f"{kind}: group {group!r} is not a pool of environment {env.name!r}")
+        hook = detail.get("LifecycleHookName") or naming.lifecycle_hook(env.name, pool)
+        return DrainNode(
+            instance_id,
+            pool,
+            None,
+            f"group {group} is terminating the instance (hook {hook})",
+            LifecycleHold(hook=hook, token=detail.get("LifecycleActionToken")),
+        )
+    return Ignore(f"event {kind!r} from {event.get('source')!r} is not an interruption this function handles")
