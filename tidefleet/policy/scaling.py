@@ -1,0 +1,438 @@
+"""The scaling policy: from queue depths and the fleet, one decision per pool, with reasons.
+
+Pure: no SDK, no clock, no environment variables; `now` is injected. Every rule below is a
+small function; each decision carries one human line per rule that acted or held back.
+
+Rules
+1. Demand, in slots = sum over the pool's queues of (visible + in flight) * slots_per_item.
+   In-flight items count, so work that is running is never mistaken for surplus.
+2. Capacity = slots of running and booting nodes + group units not yet materialised as
+   nodes (group desired > units of its nodes: launches in progress). Draining, terminating,
+   boot-timed-out and stuck-spot nodes do not count. Desired is always set absolutely, so a
+   booting node or an in-progress launch is never launched twice.
+3. Desired units = units of nodes that stay in the group + the units demand still needs
+   (ceil(missing slots / slots_per_unit)), clamped to [min, max]. Scale-out is immediate.
+   Desired never drops below the units of nodes that stay (the group would pick victims);
+   launches not materialised yet are cancelled when demand no longer needs them.
+4. Scale-in terminates specific nodes only (terminate with decrement): running, heartbeating,
+   not protected, idle longer than the pool's idle timeout; on-demand before spot, longest
+   idle first; only while the remaining slots still cover demand and the group stays at or
+   above min; never within the scale-out cooldown after the newest node's launch. Idle
+   draining nodes are released at once (they are leaving anyway). Busy, protected, booting
+   and draining-with-work nodes are never terminated.
+5. A node with no heartbeat `boot_timeout_s` after launch is replaced: terminated, and
+   desired keeps covering demand so a new one is launched.
+6. Spot shortage (a spot launch failure within `spot_failure_window_s`, or a spot node still
+   pending after `spot_fallback_after_s`): stuck spot nodes stop counting as capacity, and the
+   on-demand base is raised so the units to launch come on demand (bounded by max). When spot
+   is healthy again the base returns to the configured one.
+7. Cost caps (pool and environment, $/hour, see `cost.py`): desired never makes a pool or the
+   environment exceed its cap. Pool min is the one exception: the group refuses a desired
+   below it, so a min costlier than the cap is reported, not obeyed.
+8. When capacity is capped (max or a cost cap), queues are served by priority: the
+   environment budget goes to pools in the order of their queues' priority, and the reason
+   names the queues left waiting (also in `PoolDecision.starved_queues`).
+No decision both scales in and out: idle nodes go only when there is surplus, and growth
+happens only when there is none.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from tidefleet.config import Environment, Pool
+from tidefleet.policy.cost import LaunchCost, PoolPrices
+from tidefleet.policy.model import FleetView, NodeView, PoolDecision, PoolView, QueueView
+
+QUEUES_NAMED = 3  # queues spelled out in a demand line; the rest are counted
+
+
+@dataclass(slots=True)
+class _Nodes:
+    """A pool's nodes sorted by what the policy may do with them."""
+
+    serving: list[NodeView] = field(default_factory=list)  # running or booting: capacity
+    replace: list[NodeView] = field(default_factory=list)  # no heartbeat past the boot timeout
+    release: list[NodeView] = field(default_factory=list)  # draining and idle
+    draining_busy: list[NodeView] = field(default_factory=list)  # draining with work: kept, not capacity
+    stuck_spot: list[NodeView] = field(default_factory=list)  # spot pending too long: kept, not capacity
+    leaving: list[NodeView] = field(default_factory=list)  # already terminating: not in the group
+
+
+@dataclass(slots=True)
+class _Plan:
+    """One pool, worked out up to the point where the environment budget is shared."""
+
+    name: str
+    pool: Pool
+    view: PoolView
+    queues: list[QueueView]  # highest priority first
+    demand: int  # slots
+    capacity: int  # slots serving or launching before this decision
+    serving_slots: int  # slots of serving nodes that stay
+    group_units: int  # units of nodes that stay in the group
+    terminate: list[str]
+    reasons: list[str]  # rule lines, in the order the rules ran
+    launch_cost: LaunchCost
+    existing_cost: float  # $/h of every node not terminated now
+    wanted: int  # units demand still needs
+    forced: int  # units pool min forces
+    limit: int  # units allowed by max and the pool cost cap
+    limited_by: str  # which of them binds: "max" or "pool cost cap"
+    shortage: list[str]  # spot shortage signals, empty when spot is healthy
+    granted: int = 0  # units to launch, after the environment budget
+    env_limited: bool = False
+
+    def target(self, slots: int) -> int:
+        """Units to launch so `slots` of demand are covered, within this pool's limit."""
+        missing = max(0, slots - self.serving_slots)
+        return max(self.forced, min(self.limit, math.ceil(missing / self.pool.slots_per_unit)))
+
+
+def decide(env: Environment, fleet: FleetView, now: float) -> tuple[PoolDecision, ...]:
+    """One decision per pool in `fleet` (see the module docstring for the rules)."""
+    queues_by_pool: dict[str, list[QueueView]] = {}
+    for queue in fleet.queues:
+        queues_by_pool.setdefault(queue.pool, []).append(queue)
+    plans = {
+        view.name: _plan_pool(env, view, queues_by_pool.get(view.name, []), now)
+        for view in fleet.pools
+        if view.name in env.pools
+    }
+    _share_budget(list(plans.values()), env)
+    return tuple(
+        _decision(plans[view.name]) if view.name in plans else _unknown_pool(env, view) for view in fleet.pools
+    )
+
+
+def _unknown_pool(env: Environment, view: PoolView) -> PoolDecision:
+    known = ", ".join(sorted(env.pools))
+    reason = f"leave pool {view.name} unchanged: not in environment {env.name} (known pools: {known})"
+    return PoolDecision(view.name, view.desired, (), None, (reason,))
+
+
+# --- per pool ------------------------------------------------------------------------------
+
+
+def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: float) -> _Plan:
+    pool = env.pools[view.name]
+    scaler = env.scaler
+    queues = sorted(queues, key=lambda q: (-q.priority, q.name))
+    demand = sum(_queue_demand(q) for q in queues)
+    nodes = _sort_nodes(view.nodes, pool, scaler.spot_fallback_after_s, now)
+    reasons = [_replace_reason(n, pool, now) for n in nodes.replace]
+    reasons += [f"terminate {n.id}: draining and idle" for n in nodes.release]
+    reasons += [f"keep {n.id}: draining with {n.busy_slots} busy slot(s)" for n in nodes.draining_busy]
+
+    members = nodes.serving + nodes.release + nodes.replace + nodes.draining_busy + nodes.stuck_spot
+    launching = max(0, view.desired - _units(members))
+    serving_slots = _slots(nodes.serving)
+    held_units = _units(nodes.draining_busy) + _units(nodes.stuck_spot)
+    idle_out, idle_reasons = _choose_idle(
+        nodes.serving,
+        demand=demand,
+        serving_slots=serving_slots,
+        group_units=held_units + _units(nodes.serving),
+        pool=pool,
+        idle_timeout_s=env.idle_timeout_s(view.name),
+        cooldown_s=scaler.scale_out_cooldown_s,
+        last_launch=max((n.launched_at for n in view.nodes), default=None),
+        now=now,
+    )
+    reasons += idle_reasons
+    terminated = nodes.replace + nodes.release + idle_out
+    gone = {n.id for n in terminated}
+    staying = [n for n in members if n.id not in gone]
+
+    shortage = _spot_shortage(view, nodes.stuck_spot, scaler.spot_failure_window_s, scaler.spot_fallback_after_s, now)
+    prices = PoolPrices.of(pool)
+    group_units = _units(staying)
+    launch_cost = LaunchCost(
+        prices,
+        group_units=group_units,
+        on_demand_units=_units([n for n in staying if not n.spot]),
+        on_demand_base=pool.max if shortage else pool.on_demand_base,
+        on_demand_percent=pool.on_demand_percent,
+    )
+    existing_cost = sum(prices.node(n) for n in view.nodes if n.id not in gone)
+    room = max(0, pool.max - group_units)
+    limit, limited_by = room, "max"
+    if pool.cost_cap_usd_per_hour is not None:
+        affordable = launch_cost.affordable(pool.cost_cap_usd_per_hour - existing_cost, room)
+        if affordable < room:
+            limit, limited_by = affordable, "pool cost cap"
+    staying_serving_slots = serving_slots - _slots(idle_out)
+    return _Plan(
+        name=view.name,
+        pool=pool,
+        view=view,
+        queues=queues,
+        demand=demand,
+        capacity=serving_slots + launching * pool.slots_per_unit,
+        serving_slots=staying_serving_slots,
+        group_units=group_units,
+        terminate=[n.id for n in terminated],
+        reasons=reasons,
+        launch_cost=launch_cost,
+        existing_cost=existing_cost,
+        wanted=math.ceil(max(0, demand - staying_serving_slots) / pool.slots_per_unit),
+        forced=max(0, min(pool.min, pool.max) - group_units),
+        limit=limit,
+        limited_by=limited_by,
+        shortage=shortage,
+    )
+
+
+def _queue_demand(queue: QueueView) -> int:
+    return (queue.visible + queue.in_flight) * queue.slots_per_item
+
+
+def _units(nodes: list[NodeView]) -> int:
+    return sum(n.weight for n in nodes)
+
+
+def _slots(nodes: list[NodeView]) -> int:
+    return sum(n.slots for n in nodes)
+
+
+def _sort_nodes(nodes: tuple[NodeView, ...], pool: Pool, spot_fallback_after_s: int, now: float) -> _Nodes:
+    out = _Nodes()
+    for node in nodes:
+        if node.state == "terminating":
+            out.leaving.append(node)
+        elif _boot_timed_out(node, pool, now):
+            out.replace.append(node)
+        elif node.state == "draining":
+            idle = node.busy_slots == 0 and node.idle_since is not None and not node.protected
+            (out.release if idle else out.draining_busy).append(node)
+        elif node.spot and node.state == "pending" and now - node.launched_at > spot_fallback_after_s:
+            out.stuck_spot.append(node)
+        else:
+            out.serving.append(node)
+    return out
+
+
+def _boot_timed_out(node: NodeView, pool: Pool, now: float) -> bool:
+    never_reported = node.last_heartbeat is None and node.busy_slots == 0 and not node.protected
+    return never_reported and now - node.launched_at > pool.boot_timeout_s
+
+
+def _replace_reason(node: NodeView, pool: Pool, now: float) -> str:
+    return (
+        f"replace {node.id}: no heartbeat {now - node.launched_at:.0f}s after launch "
+        f"> boot timeout {pool.boot_timeout_s}s"
+    )
+
+
+def _is_idle(node: NodeView) -> bool:
+    return (
+        node.state == "running"
+        and node.busy_slots == 0
+        and node.idle_since is not None
+        and node.last_heartbeat is not None
+        and not node.protected
+    )
+
+
+def _not_idle_reason(node: NodeView, now: float) -> str:
+    if node.busy_slots:
+        return f"keep {node.id}: busy {node.busy_slots}/{node.slots} slots"
+    if node.protected:
+        return f"keep {node.id}: scale-in protected"
+    if node.last_heartbeat is None or node.state == "pending":
+        return f"keep {node.id}: booting, no heartbeat yet {now - node.launched_at:.0f}s after launch"
+    return f"keep {node.id}: not reported idle yet"
+
+
+def _choose_idle(
+    serving: list[NodeView],
+    *,
+    demand: int,
+    serving_slots: int,
+    group_units: int,
+    pool: Pool,
+    idle_timeout_s: int,
+    cooldown_s: int,
+    last_launch: float | None,
+    now: float,
+) -> tuple[list[NodeView], list[str]]:
+    """Idle nodes to terminate (rule 4) and a line for every serving node kept while there is surplus."""
+    idle = [n for n in serving if _is_idle(n)]
+    overdue = sorted(
+        (n for n in idle if now - n.idle_since > idle_timeout_s),
+        key=lambda n: (n.spot, n.idle_since, n.id),  # on-demand first, then the longest idle
+    )
+    surplus = serving_slots - demand
+    if surplus <= 0:
+        if overdue:
+            return [], [f"no scale-in: demand {demand} slots needs all {serving_slots} serving slots"]
+        return [], []
+    reasons = [_not_idle_reason(n, now) for n in serving if not _is_idle(n)]
+    reasons += [
+        f"keep {n.id}: idle {now - n.idle_since:.0f}s <= {idle_timeout_s}s"
+        for n in idle
+        if now - n.idle_since <= idle_timeout_s
+    ]
+    if not overdue:
+        return [], reasons
+    since = None if last_launch is None else now - last_launch
+    if since is not None and since < cooldown_s:
+        reasons.append(f"hold scale-in: {since:.0f}s since scale-out < cooldown {cooldown_s}s")
+        return [], reasons
+    chosen = []
+    for n in overdue:
+        if n.slots > surplus:
+            reasons.append(f"keep {n.id}: idle but needed, demand {demand} slots leaves {surplus} spare < its {n.slots}")
+        elif group_units - n.weight < pool.min:
+            reasons.append(f"keep {n.id}: idle but pool min is {pool.min} units")
+        else:
+            chosen.append(n)
+            surplus -= n.slots
+            group_units -= n.weight
+            order = "on-demand first" if not n.spot else "spot, longest idle first"
+            reasons.append(f"terminate {n.id}: idle {now - n.idle_since:.0f}s > {idle_timeout_s}s ({order})")
+    return chosen, reasons
+
+
+def _spot_shortage(view: PoolView, stuck: list[NodeView], window_s: int, fallback_s: int, now: float) -> list[str]:
+    signals = []
+    failures = sum(1 for t in view.spot_failures if now - t <= window_s)
+    if failures:
+        signals.append(f"{failures} spot launch failure(s) in the last {window_s}s")
+    for n in stuck:
+        signals.append(f"{n.id} spot pending {now - n.launched_at:.0f}s > {fallback_s}s")
+    return signals
+
+
+# --- the environment budget ------------------------------------------------------------------
+
+
+def _share_budget(plans: list[_Plan], env: Environment) -> None:
+    """Set each plan's `granted` units: its own limits, then the environment cap by priority.
+
+    Units pool min forces come first. Then every queue, highest priority first (across pools),
+    gets the units that cover it and every higher queue of its pool, while the budget lasts.
+    Budget a high queue cannot use (less than one of its units) still goes to lower queues.
+    """
+    cap = env.scaler.cost_cap_usd_per_hour
+    budget = float("inf") if cap is None else cap - sum(p.existing_cost for p in plans)
+    for plan in plans:
+        plan.granted = plan.forced
+        budget -= plan.launch_cost(plan.forced)
+    steps = []
+    for plan in plans:
+        covered = 0
+        for queue in plan.queues:
+            covered += _queue_demand(queue)
+            steps.append((-queue.priority, plan.name, queue.name, plan, covered))
+    steps.sort(key=lambda s: s[:3])
+    for *_, plan, covered in steps:
+        target = plan.target(covered)
+        if target <= plan.granted:
+            continue
+        spent = plan.launch_cost(plan.granted)
+        affordable = plan.launch_cost.affordable(budget + spent, target)
+        if affordable < target:
+            plan.env_limited = True
+        if affordable > plan.granted:
+            budget -= plan.launch_cost(affordable) - spent
+            plan.granted = affordable
+
+
+# --- the decision and its reasons ------------------------------------------------------------
+
+
+def _decision(plan: _Plan) -> PoolDecision:
+    desired = min(plan.pool.max, plan.group_units + plan.granted)
+    reasons = [_desired_reason(plan, desired)]
+    starved: tuple[str, ...] = ()
+    if plan.granted < plan.wanted:
+        starved = _starved(plan)
+        reasons.append(_cap_reason(plan, desired, starved))
+    if plan.forced and plan.launch_cost(plan.forced) + plan.existing_cost > (plan.pool.cost_cap_usd_per_hour or math.inf):
+        reasons.append(
+            f"pool min {plan.pool.min} units costs more than the pool cost cap "
+            f"{_usd(plan.pool.cost_cap_usd_per_hour)}: kept anyway, lower min or raise the cap"
+        )
+    on_demand_base, base_reason = _on_demand_base(plan, desired)
+    if base_reason:
+        reasons.append(base_reason)
+    return PoolDecision(
+        pool=plan.name,
+        desired=desired,
+        terminate=tuple(plan.terminate),
+        on_demand_base=on_demand_base,
+        reasons=tuple(reasons + plan.reasons),
+        starved_queues=starved,
+    )
+
+
+def _demand_text(plan: _Plan) -> str:
+    active = [q for q in plan.queues if q.visible or q.in_flight]
+    parts = [
+        f"queue {q.name}: {q.visible} visible + {q.in_flight} in flight"
+        + (f" x {q.slots_per_item} slots" if q.slots_per_item > 1 else "")
+        for q in active[:QUEUES_NAMED]
+    ]
+    if len(active) > QUEUES_NAMED:
+        parts.append(f"{len(active) - QUEUES_NAMED} more queues")
+    return f"demand {plan.demand} slots" + (f" ({'; '.join(parts)})" if parts else "")
+
+
+def _desired_reason(plan: _Plan, desired: int) -> str:
+    before = plan.view.desired
+    verb = "scale out" if desired > before else "scale in" if desired < before else "keep"
+    change = f"{before} -> {desired} units" if desired != before else f"{desired} units"
+    compare = ">" if plan.demand > plan.capacity else "<="
+    line = f"{verb} {change}: {_demand_text(plan)} {compare} capacity {plan.capacity} slots"
+    to_launch = desired - plan.group_units
+    if to_launch > 0:
+        line += f"; {to_launch} unit(s) to launch"
+    if plan.forced and plan.granted == plan.forced and plan.forced > plan.wanted:
+        line += f"; pool min {plan.pool.min} units"
+    return line
+
+
+def _starved(plan: _Plan) -> tuple[str, ...]:
+    """Queues with waiting items that the capped capacity does not reach, by priority."""
+    capacity = plan.serving_slots + plan.granted * plan.pool.slots_per_unit
+    covered, starved = 0, []
+    for queue in plan.queues:
+        covered += _queue_demand(queue)
+        if covered > capacity and queue.visible:
+            starved.append(queue.name)
+    return tuple(starved)
+
+
+def _cap_reason(plan: _Plan, desired: int, starved: tuple[str, ...]) -> str:
+    by_name = {q.name: q for q in plan.queues}
+    waiting = ", ".join(f"{name} (priority {by_name[name].priority})" for name in starved) or "no queue with waiting items"
+    cost = plan.existing_cost + plan.launch_cost(plan.granted)
+    needs = f"demand needs {plan.group_units + plan.wanted} units"
+    if plan.env_limited:
+        why = f"cost cap: pool {plan.name} capped at {desired} units by the environment cap ({_usd(cost)} for this pool)"
+    elif plan.limited_by == "pool cost cap":
+        why = f"cost cap: pool {plan.name} capped at {desired} units ({_usd(cost)} of {_usd(plan.pool.cost_cap_usd_per_hour)})"
+    else:
+        why = f"at max: pool {plan.name} capped at {plan.pool.max} units"
+    return f"{why}, {needs}; waiting: {waiting}"
+
+
+def _on_demand_base(plan: _Plan, desired: int) -> tuple[int | None, str | None]:
+    """Rule 6: raise the base to cover the units to launch while spot is short; restore it after."""
+    current, configured = plan.view.on_demand_base, plan.pool.on_demand_base
+    if plan.shortage:
+        to_launch = max(0, desired - plan.group_units)
+        wanted = min(plan.pool.max, max(configured, plan.launch_cost.on_demand_units + to_launch))
+        signals = "; ".join(plan.shortage)
+        if wanted == current:
+            return None, f"spot short ({signals}): on-demand base stays {current} units"
+        return wanted, f"spot short ({signals}): on-demand base {current} -> {wanted} units so {to_launch} unit(s) to launch come on demand"
+    if current != configured:
+        return configured, f"spot healthy: on-demand base {current} -> {configured} units (configured)"
+    return None, None
+
+
+def _usd(amount: float | None) -> str:
+    return f"${amount:,.2f}/h"
