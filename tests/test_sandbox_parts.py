@@ -1,0 +1,231 @@
+"""The sandbox's own parts, each against the real thing it stands in for: the metadata
+endpoint read by the agent's own IMDS client, resources on a moto server, node processes
+started from the instance's user-data, and the item accounting."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import boto3
+import pytest
+
+from tidefleet import naming
+from tidefleet.agent.imds import Metadata
+from tidefleet.config import load_environment
+from tidefleet.jobs.sdk import JobStatus
+from tidefleet.sandbox.imds import MetadataServer
+from tidefleet.sandbox.launcher import Launcher
+from tidefleet.sandbox.provision import provision
+from tidefleet.sandbox.run import FAIL_EVERY, account, make_inputs, read_events
+from tidefleet.store import Item, Job
+
+SANDBOX = load_environment("sandbox")
+
+
+@pytest.fixture
+def imds():
+    server = MetadataServer().start()
+    yield server
+    server.stop()
+
+
+def test_metadata_speaks_imdsv2_and_the_agent_reads_a_spot_notice_only_once_sent(imds):
+    url = imds.add("i-abc", "c6i.large", spot=True, availability_zone="us-east-1a")
+    with pytest.raises(urllib.error.HTTPError) as err:  # no token, no answer
+        urllib.request.urlopen(f"{url}/latest/meta-data/instance-id")
+    assert err.value.code == 401
+
+    agent_view = Metadata(url)
+    assert agent_view.get("/latest/meta-data/instance-id") == "i-abc"
+    assert agent_view.get("/latest/meta-data/instance-life-cycle") == "spot"
+    assert agent_view.notice() is None
+
+    imds.send_spot_notice("i-abc", in_s=120)
+    assert "spot interruption notice: terminate" in agent_view.notice().reason
+
+
+def test_metadata_tells_the_agent_when_the_group_terminates_its_node(imds):
+    agent_view = Metadata(imds.add("i-def", "c6i.large", spot=False, availability_zone="us-east-1a"))
+    assert agent_view.get("/latest/meta-data/autoscaling/target-lifecycle-state") == "InService"
+    imds.set_target_lifecycle_state("i-def", "Terminated")
+    assert agent_view.notice().lifecycle
+
+
+def test_provisions_queues_with_redrive_the_table_the_log_group_and_a_mixed_instances_group(aws):
+    done = provision(SANDBOX, user_data={"cpu": "#!/bin/bash\ntrue\n"})
+    sqs = boto3.client("sqs", region_name=SANDBOX.region)
+    attrs = sqs.get_queue_attributes(QueueUrl=done.queue_urls["demo"], AttributeNames=["All"])["Attributes"]
+    queue = SANDBOX.queues["demo"]
+    assert int(attrs["VisibilityTimeout"]) == queue.visibility_timeout_s
+    redrive = json.loads(attrs["RedrivePolicy"])
+    assert redrive["maxReceiveCount"] == queue.max_retries + 1
+    assert redrive["deadLetterTargetArn"].endswith(naming.dead_letter_queue("sandbox", "demo"))
+
+    boto3.client("dynamodb", region_name=SANDBOX.region).describe_table(TableName=naming.table("sandbox"))
+    groups = boto3.client("logs", region_name=SANDBOX.region).describe_log_groups()["logGroups"]
+    assert naming.item_log_group("sandbox") in [g["logGroupName"] for g in groups]
+
+    autoscaling = boto3.client("autoscaling", region_name=SANDBOX.region)
+    (group,) = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=[done.groups["cpu"]])[
+        "AutoScalingGroups"
+    ]
+    assert (group["MinSize"], group["MaxSize"], group["DesiredCapacity"]) == (0, SANDBOX.pools["cpu"].max, 0)
+    overrides = group["MixedInstancesPolicy"]["LaunchTemplate"]["Overrides"]
+    assert [o["InstanceType"] for o in overrides] == [t.type for t in SANDBOX.pools["cpu"].instance_types]
+    hooks = autoscaling.describe_lifecycle_hooks(AutoScalingGroupName=done.groups["cpu"])["LifecycleHooks"]
+    assert [h["LifecycleHookName"] for h in hooks] == [naming.lifecycle_hook("sandbox", "cpu")]
+
+
+def _wait_for(condition, launcher: Launcher, timeout_s: float = 15.0):
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        launcher.step(time.time())
+        if condition():
+            return
+        time.sleep(0.1)
+    raise AssertionError(
+        f"not reached within {timeout_s}s: {[(n.instance_id, n.state) for n in launcher.snapshot()]}"
+    )
+
+
+def test_launcher_runs_each_instances_user_data_and_gives_leavers_the_termination_path(aws, imds, tmp_path):
+    # A stand-in boot script that records what a node sees, then waits like an agent would.
+    script = (
+        '#!/bin/bash\necho "$TIDEFLEET_NODE_ID $TIDEFLEET_IMDS_URL" > seen\ntrap "echo term > stopped; exit 0" TERM\n'
+        "while true; do sleep 0.1; done\n"
+    )
+    done = provision(SANDBOX, user_data={"cpu": script})
+    launcher = Launcher(
+        SANDBOX,
+        imds,
+        workdir=tmp_path,
+        node_env={"PATH": "/usr/bin:/bin"},
+        boot_delay_s=0,
+        grace_s=5,
+        reclaim_after_s=0.5,
+    )
+    autoscaling = boto3.client("autoscaling", region_name=SANDBOX.region)
+    autoscaling.set_desired_capacity(AutoScalingGroupName=done.groups["cpu"], DesiredCapacity=2)
+    _wait_for(
+        lambda: all((tmp_path / "nodes" / n.instance_id / "seen").exists() for n in launcher.snapshot()),
+        launcher,
+    )
+    nodes = launcher.snapshot()
+    assert len(nodes) == 2 and launcher.peak_nodes == 2
+    for node in nodes:
+        seen_id, seen_url = (tmp_path / "nodes" / node.instance_id / "seen").read_text().split()
+        assert seen_id == node.instance_id and seen_url == f"{imds.url}/{node.instance_id}"
+
+    # Scale-in: the group lets one go; the agent gets the lifecycle state and SIGTERM.
+    leaver, stayer = nodes
+    autoscaling.terminate_instance_in_auto_scaling_group(
+        InstanceId=leaver.instance_id, ShouldDecrementDesiredCapacity=True
+    )
+    _wait_for(lambda: launcher.nodes[leaver.instance_id].state == "gone", launcher)
+    assert (tmp_path / "nodes" / leaver.instance_id / "stopped").read_text() == "term\n"
+    assert launcher.nodes[leaver.instance_id].fate == "scaled in"
+
+    # Chaos: a SIGKILLed node's instance is lost too, and the group replaces it.
+    launcher.kill(stayer.instance_id)
+    assert not (tmp_path / "nodes" / stayer.instance_id / "stopped").exists()
+    _wait_for(lambda: len([n for n in launcher.snapshot() if n.state == "up"]) == 1, launcher)
+    (replacement,) = [n for n in launcher.snapshot() if n.state == "up"]
+    assert replacement.instance_id not in (leaver.instance_id, stayer.instance_id)
+
+    # A spot notice, then EC2 reclaims the instance after the (shortened) two minutes.
+    launcher.send_spot_notice(replacement.instance_id)
+    assert Metadata(replacement.imds_url).notice() is not None
+    _wait_for(lambda: launcher.nodes[replacement.instance_id].state == "gone", launcher)
+    assert launcher.nodes[replacement.instance_id].fate == "reclaimed"
+    launcher.shutdown()
+
+
+def test_demo_inputs_fail_by_design_with_a_clear_reason_and_succeed_otherwise(tmp_path):
+    specs, doomed = make_inputs(tmp_path, FAIL_EVERY, seed=1)
+    assert doomed == {f"item-{FAIL_EVERY - 1:04d}"}
+    results = {}
+    for spec in specs[-2:]:
+        run = subprocess.run(
+            [sys.executable, "-m", "tidefleet.sandbox.demo_work", *spec.args],
+            check=False,
+            capture_output=True,
+            text=True,
+            env={"TIDEFLEET_ITEM_ID": spec.item_id},
+        )
+        results[spec.item_id] = run
+    ok, bad = results[specs[-2].item_id], results[specs[-1].item_id]
+    assert ok.returncode == 0 and json.loads(ok.stdout)["words"] > 0
+    assert bad.returncode == 3 and "not UTF-8 text" in bad.stderr and "made to fail" in bad.stderr
+    assert [(e["event"], e["item"]) for e in read_events(tmp_path)] == [
+        ("start", specs[-2].item_id),
+        ("success", specs[-2].item_id),
+        ("start", specs[-1].item_id),
+    ]
+
+
+def _status(*items: Item) -> JobStatus:
+    return JobStatus(Job("j", "j", "demo", 0.0, len(items)), {}, list(items))
+
+
+def _success(item: str, node: str, at: float) -> dict:
+    return {"event": "success", "item": item, "node": node, "at": at}
+
+
+@pytest.mark.parametrize(
+    ("items", "events", "killed", "expect"),
+    [
+        pytest.param(
+            [Item("j", "a", status="succeeded"), Item("j", "b", status="failed", reason="exit 3: not UTF-8")],
+            [_success("a", "i-1", 1.0)],
+            set(),
+            {"succeeded": 1, "failed": {"b": "exit 3: not UTF-8"}},
+            id="a clean run accounts for everything",
+        ),
+        pytest.param(
+            [Item("j", "a", status="queued"), Item("j", "b", status="running")],
+            [],
+            set(),
+            {"unaccounted": {"a": "queued", "b": "running"}},
+            id="an unfinished item is unaccounted",
+        ),
+        pytest.param(
+            [Item("j", "a", status="succeeded")],
+            [],
+            set(),
+            {
+                "succeeded": 0,
+                "unaccounted": {"a": "succeeded in the store, but the workload never reported a success"},
+            },
+            id="a success the workload never reported is unaccounted",
+        ),
+        pytest.param(
+            [Item("j", "c", status="failed", reason="exit 1")],
+            [],
+            set(),
+            {"failed_unexpectedly": {"c": "exit 1"}},
+            id="a failure not designed is reported",
+        ),
+        pytest.param(
+            [Item("j", "a", status="succeeded", attempts=2)],
+            [_success("a", "i-1", 1.0), _success("a", "i-2", 2.0)],
+            {"i-1"},
+            {"duplicate_successes": {"a": 2}, "duplicates_explained": True, "redelivered": 1},
+            id="a second success after a SIGKILL lost the first report is explained",
+        ),
+        pytest.param(
+            [Item("j", "a", status="succeeded")],
+            [_success("a", "i-1", 1.0), _success("a", "i-2", 2.0)],
+            set(),
+            {"duplicate_successes": {"a": 2}, "duplicates_explained": False},
+            id="a second success on healthy nodes is not",
+        ),
+    ],
+)
+def test_accounting(items, events, killed, expect):
+    got = account(_status(*items), doomed={"b"}, events=events, killed_nodes=killed)
+    assert {k: got[k] for k in expect} == expect

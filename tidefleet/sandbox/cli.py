@@ -1,0 +1,132 @@
+"""`tidefleet sandbox`: the whole system on this machine, no cloud account needed."""
+
+from __future__ import annotations
+
+import random
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import click
+
+from tidefleet.config import ConfigError, load_environment
+
+
+@click.command()
+@click.option("--env", "env_name", default="sandbox", show_default=True, help="environment file to run")
+@click.option(
+    "--items",
+    default=200,
+    show_default=True,
+    type=click.IntRange(0, 10_000),
+    help="items in the demo job (0: no demo; with --keep, just the system)",
+)
+@click.option("--chaos", is_flag=True, help="SIGKILL random nodes and send spot notices while the job runs")
+@click.option("--keep", is_flag=True, help="stay up afterwards and print how to point the CLI at it")
+@click.option(
+    "--time-limit",
+    default=600,
+    show_default=True,
+    type=click.IntRange(10),
+    help="give up after this many seconds",
+)
+@click.option(
+    "--tick",
+    type=click.FloatRange(0.2),
+    help="control tick in seconds (default: the environment's scaler.tick_s)",
+)
+@click.option(
+    "--boot-delay",
+    default=1.5,
+    show_default=True,
+    type=click.FloatRange(0),
+    help="seconds from in service to the node's boot",
+)
+@click.option("--seed", default=7, show_default=True, help="seed of the generated inputs and of --chaos")
+@click.option(
+    "--workdir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="inputs, node logs, checkpoints (default: a new temp dir)",
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="print only the summary, as JSON (for scripts and tests)"
+)
+def sandbox(env_name, items, chaos, keep, time_limit, tick, boot_delay, seed, workdir, as_json) -> None:
+    """A moto server, the environment's queues, table and groups, the scaler on a fast clock,
+    nodes as local processes running their real user-data, and a demo job: watch machines
+    appear, do the work and go back to zero. Exit 0 when every item is accounted for."""
+    from rich.console import Console
+    from rich.live import Live
+
+    from tidefleet.sandbox import view
+    from tidefleet.sandbox.run import Chaos, Sandbox, Timing, run_demo
+    from tidefleet.store import Store
+
+    try:
+        env = load_environment(env_name)
+    except ConfigError as err:
+        raise click.ClickException(str(err)) from None
+    deadline = time.time() + time_limit
+    console = Console(stderr=as_json)
+    workdir = workdir or Path(tempfile.mkdtemp(prefix="tidefleet-sandbox-"))
+    # SIGTERM ends the run like Ctrl-C does, so every node process and the emulator go too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    started = time.time()
+    with Sandbox(env, workdir, Timing(boot_delay_s=boot_delay, tick_s=tick)) as box:
+        if not as_json:
+            console.print(f"[bold]tidefleet sandbox[/bold]: moto on {box.moto.url}, work in {workdir}")
+        summary = None
+        if items:
+            store = Store(env.name, env.region)
+
+            def draw(progress: dict) -> None:
+                if live_view is None:
+                    return
+                busy = {
+                    hb.node_id: hb.busy_slots for pool in env.pools for hb in store.heartbeats(pool).values()
+                }
+                reasons = [r for d in box.last_decisions for r in d.reasons]
+                live_view.update(
+                    view.live(
+                        env_name=env.name,
+                        started=started,
+                        status=progress["status"],
+                        queues=progress["queues"],
+                        nodes=box.launcher.snapshot(),
+                        busy=busy,
+                        reasons=reasons,
+                        tick_error=box.tick_error,
+                    )
+                )
+
+            live_view = None if as_json else Live(console=console, refresh_per_second=4, transient=False)
+            strike = Chaos(random.Random(seed)) if chaos else None
+            if live_view is not None:
+                live_view.start()
+            try:
+                summary = run_demo(
+                    box, items=items, deadline=deadline, chaos=strike, on_progress=draw, seed=seed
+                )
+            finally:
+                if live_view is not None:
+                    live_view.stop()
+            if as_json:
+                click.echo(summary.to_json())
+            else:
+                console.print(view.summary_table(summary))
+        if keep:
+            console.print("\n[bold]The sandbox stays up.[/bold] In another shell:\n")
+            console.print("\n".join(box.export_lines()), highlight=False)
+            console.print(
+                f"\ntidefleet submit --env {env.name} --queue {next(iter(env.queues))} --name mine ITEMS_FILE\n"
+                "tidefleet status --env sandbox JOB --watch\n\nCtrl-C stops everything."
+            )
+            try:
+                while True:
+                    time.sleep(1)
+            except KeyboardInterrupt:
+                pass
+    if summary is not None and not summary.ok:
+        sys.exit(2 if summary.time_limit_hit else 1)

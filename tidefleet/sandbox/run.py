@@ -1,0 +1,396 @@
+"""The whole system on one machine: emulator, scaler, nodes, and a demo job.
+
+`Sandbox` brings up a moto server, provisions the environment through boto3, and runs
+three loops beside the caller: the control tick (on its clock and on every submit kick),
+the node launcher, and nothing else — the agents are the nodes' own processes. `run_demo`
+submits a generated job through the job SDK, optionally makes chaos, waits for the job and
+for the fleet to reach zero, and accounts for every item.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Self
+
+import boto3
+
+from tidefleet import control, naming
+from tidefleet.cloud.aws import aws_ports
+from tidefleet.config import Environment, environments_dir
+from tidefleet.emulator import MotoServer, start_moto
+from tidefleet.jobs import sdk
+from tidefleet.sandbox.demo_work import EVENTS
+from tidefleet.sandbox.imds import MetadataServer
+from tidefleet.sandbox.launcher import Launcher
+from tidefleet.sandbox.provision import EMULATOR_ACCOUNT, Provisioned, provision
+from tidefleet.userdata import LOCAL_PYTHON, render_user_data
+
+DEMO_JOB = "sandbox-demo"
+FAIL_EVERY = 25  # one input in this many is made to fail (not UTF-8)
+WORDS = [
+    "tide",
+    "fleet",
+    "spot",
+    "queue",
+    "node",
+    "item",
+    "scale",
+    "drain",
+    "checkpoint",
+    "retry",
+    "shard",
+    "batch",
+    "model",
+    "epoch",
+]
+
+
+@dataclass
+class Timing:
+    boot_delay_s: float = 1.5  # an instance in service -> its user-data starts
+    grace_s: float = 8.0  # a leaving node's agent gets this long before its processes are killed
+    reclaim_after_s: float = 6.0  # spot notice -> EC2 takes the instance (two minutes on AWS)
+    tick_s: float | None = None  # None: the environment's scaler.tick_s
+
+
+class _KickHandler(BaseHTTPRequestHandler):
+    kicked: threading.Event
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.kicked.set()
+        self.send_response(202)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+class Sandbox:
+    """Emulator + provisioned environment + control loop + node launcher. A context manager:
+    leaving it (normally, on an error or on Ctrl-C) kills every node and stops the emulator."""
+
+    def __init__(self, env: Environment, workdir: Path, timing: Timing):
+        self.env = env
+        self.workdir = workdir
+        self.timing = timing
+        self.tick_s = timing.tick_s or env.scaler.tick_s
+        self.stop = threading.Event()
+        self.kicked = threading.Event()
+        self.last_decisions: tuple = ()
+        self.tick_error = ""
+        self.moto: MotoServer | None = None
+        self._servers: list = []
+        self._threads: list[threading.Thread] = []
+
+    def __enter__(self) -> Self:
+        try:
+            self._start()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def _start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.moto = start_moto()
+        os.environ.update(self.moto.env(self.env.region))
+        kick_handler = type("KickHandler", (_KickHandler,), {"kicked": self.kicked})
+        kick_server = ThreadingHTTPServer(("127.0.0.1", 0), kick_handler)
+        self._servers.append(kick_server)
+        self.kick_url = f"http://127.0.0.1:{kick_server.server_address[1]}/kick"
+        os.environ["TIDEFLEET_KICK_URL"] = self.kick_url  # the SDK in this process kicks here
+        self.imds = MetadataServer().start()
+        self._servers.append(self.imds)
+
+        # What every node exports: the emulator, the kick, shared checkpoints, this Python.
+        local = {
+            **self.moto.env(self.env.region),
+            "TIDEFLEET_KICK_URL": self.kick_url,
+            "TIDEFLEET_CHECKPOINT_ROOT": str(self.workdir / "checkpoints"),
+            "TIDEFLEET_ENVIRONMENTS": str(environments_dir()),
+            LOCAL_PYTHON: sys.executable,
+        }
+        bucket = naming.artifacts_bucket(self.env.name, EMULATOR_ACCOUNT)
+        user_data = {
+            p: render_user_data(self.env, p, artifacts_bucket=bucket, local=local) for p in self.env.pools
+        }
+        self.provisioned: Provisioned = provision(self.env, user_data=user_data)
+
+        # A node's process sees only what its user-data exports, plus this Python on PATH.
+        node_env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "TIDEFLEET_"))}
+        node_env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), node_env.get("PATH", "")])
+        self.launcher = Launcher(
+            self.env,
+            self.imds,
+            workdir=self.workdir,
+            node_env=node_env,
+            boot_delay_s=self.timing.boot_delay_s,
+            grace_s=self.timing.grace_s,
+            reclaim_after_s=self.timing.reclaim_after_s,
+        )
+        scaler_log = logging.FileHandler(self.workdir / "scaler.log")
+        control.log.addHandler(scaler_log)
+        control.log.setLevel(logging.INFO)
+        control.log.propagate = False  # the live view owns the terminal
+        self._spawn("kick", kick_server.serve_forever)
+        self._spawn("control", self._control_loop)
+        self._spawn("launcher", lambda: self.launcher.run(self.stop))
+
+    def _spawn(self, name: str, target: Callable[[], None]) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _control_loop(self) -> None:
+        ports = aws_ports(self.env)
+        while not self.stop.is_set():
+            try:
+                self.last_decisions = control.tick(self.env, ports, time.time())
+                self.tick_error = ""
+            except Exception as err:  # noqa: BLE001 - shown in the view; the next tick retries
+                self.tick_error = f"{type(err).__name__}: {err}"
+            self.kicked.wait(self.tick_s)
+            self.kicked.clear()
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        if hasattr(self, "launcher"):
+            self.launcher.shutdown()
+        for server in self._servers:
+            if isinstance(server, MetadataServer):
+                server.stop()
+            else:
+                server.shutdown()
+                server.server_close()
+        for thread in self._threads:
+            thread.join(timeout=10)
+        if self.moto is not None:
+            self.moto.stop()
+
+    # -- what the view and the summary read ------------------------------------------------
+    def queue_depths(self) -> dict[str, tuple[int, int, int]]:
+        """queue -> (visible, in flight, dead-lettered)."""
+        sqs = boto3.client("sqs", region_name=self.env.region)
+
+        def depth(url: str, *names: str) -> list[int]:
+            attrs = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=list(names))["Attributes"]
+            return [int(attrs[n]) for n in names]
+
+        out = {}
+        for name, url in self.provisioned.queue_urls.items():
+            visible, in_flight = depth(
+                url, "ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"
+            )
+            (dead,) = depth(self.provisioned.dead_letter_urls[name], "ApproximateNumberOfMessages")
+            out[name] = (visible, in_flight, dead)
+        return out
+
+    def fleet_at_zero(self) -> bool:
+        """No instance in any group and no node process left."""
+        return self.launcher.in_service_count == 0 and all(
+            n.state == "gone" for n in self.launcher.snapshot()
+        )
+
+    def export_lines(self) -> list[str]:
+        env = {
+            **self.moto.env(self.env.region),
+            "TIDEFLEET_ENV": self.env.name,
+            "TIDEFLEET_KICK_URL": self.kick_url,
+        }
+        return [f"export {k}={v}" for k, v in env.items()]
+
+
+# -- the demo job ---------------------------------------------------------------------------
+def make_inputs(workdir: Path, count: int, seed: int) -> tuple[list[sdk.ItemSpec], set[str]]:
+    """`count` text files of a few thousand words; every FAIL_EVERY-th is not UTF-8.
+    Returns the items and the ids of those made to fail."""
+    rng = random.Random(seed)
+    inputs = workdir / "inputs"
+    inputs.mkdir(parents=True, exist_ok=True)
+    items, doomed = [], set()
+    for i in range(count):
+        item_id = f"item-{i:04d}"
+        if i % FAIL_EVERY == FAIL_EVERY - 1:
+            path = inputs / f"{item_id}.bin"
+            path.write_bytes(bytes([0xFF, 0xFE]) + rng.randbytes(64))
+            doomed.add(item_id)
+        else:
+            path = inputs / f"{item_id}.txt"
+            path.write_text(" ".join(rng.choice(WORDS) for _ in range(rng.randint(2000, 8000))))
+        items.append(sdk.ItemSpec(item_id, [str(path)]))
+    return items, doomed
+
+
+def read_events(workdir: Path) -> list[dict]:
+    path = workdir / EVENTS
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@dataclass
+class Summary:
+    items: int
+    succeeded: int
+    failed: dict[str, str]  # item -> reason (designed to fail)
+    failed_unexpectedly: dict[str, str]  # item -> reason
+    succeeded_unexpectedly: list[str]  # made to fail, yet succeeded
+    unaccounted: dict[str, str]  # item -> its last status
+    duplicate_successes: dict[str, int]  # item -> workload successes, when more than one
+    duplicates_explained: bool  # every duplicate's first success ran on a node that was SIGKILLed
+    redelivered: int  # items that needed more than one attempt
+    interruptions: int  # attempts handed back on a notice
+    peak_nodes: int
+    node_seconds: float
+    submit_to_first_start_s: float | None
+    last_finish_to_zero_s: float | None
+    items_per_s: float | None  # finished items / (last finish - submit)
+    nodes_killed: int
+    spot_notices: int
+    time_limit_hit: bool
+    fleet_at_zero: bool
+    wall_s: float
+    workdir: str
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return (
+            not self.unaccounted
+            and not self.failed_unexpectedly
+            and not self.succeeded_unexpectedly
+            and self.duplicates_explained
+            and self.fleet_at_zero
+            and not self.time_limit_hit
+        )
+
+    def to_json(self) -> str:
+        return json.dumps({**asdict(self), "ok": self.ok}, indent=2, sort_keys=True)
+
+
+def account(status: sdk.JobStatus, doomed: set[str], events: list[dict], killed_nodes: set[str]) -> dict:
+    """Every item's fate, from the job store and, independently, from the workload's own events."""
+    failed, failed_unexpectedly, succeeded_unexpectedly, unaccounted = {}, {}, [], {}
+    for item in status.items:
+        if item.status == "succeeded":
+            if item.item_id in doomed:
+                succeeded_unexpectedly.append(item.item_id)
+        elif item.status == "failed" and item.item_id in doomed and item.reason:
+            failed[item.item_id] = item.reason
+        elif item.status == "failed":
+            failed_unexpectedly[item.item_id] = item.reason or "(no reason recorded)"
+        else:
+            unaccounted[item.item_id] = item.status
+    successes: dict[str, list[dict]] = {}
+    for event in sorted(events, key=lambda e: e["at"]):
+        if event["event"] == "success":
+            successes.setdefault(event["item"], []).append(event)
+    duplicates = {item: len(runs) for item, runs in successes.items() if len(runs) > 1}
+    # At least once: a node SIGKILLed after its workload finished but before the agent
+    # recorded it loses that report, and the item runs again elsewhere. Nothing else may.
+    explained = all(successes[item][0]["node"] in killed_nodes for item in duplicates)
+    missing_evidence = [
+        i.item_id for i in status.items if i.status == "succeeded" and i.item_id not in successes
+    ]
+    for item_id in missing_evidence:
+        unaccounted[item_id] = "succeeded in the store, but the workload never reported a success"
+    return {
+        "succeeded": sum(1 for i in status.items if i.status == "succeeded") - len(missing_evidence),
+        "failed": failed,
+        "failed_unexpectedly": failed_unexpectedly,
+        "succeeded_unexpectedly": succeeded_unexpectedly,
+        "unaccounted": unaccounted,
+        "duplicate_successes": duplicates,
+        "duplicates_explained": explained,
+        "redelivered": sum(1 for i in status.items if i.attempts > 1),
+        "interruptions": sum(i.interruptions for i in status.items),
+    }
+
+
+@dataclass
+class Chaos:
+    """While the job runs, every `every_s`: SIGKILL one busy node, or send one a spot notice."""
+
+    rng: random.Random
+    every_s: float = 4.0
+    next_at: float = 0.0
+    killed: set[str] = field(default_factory=set)
+    noticed: set[str] = field(default_factory=set)
+
+    def maybe_strike(self, launcher: Launcher, now: float) -> None:
+        if now < self.next_at:
+            return
+        self.next_at = now + self.every_s
+        up = [n.instance_id for n in launcher.snapshot() if n.state == "up" and n.fate == ""]
+        if not up:
+            return
+        victim = self.rng.choice(sorted(up))
+        if len(self.killed) <= len(self.noticed):
+            self.killed.add(victim)
+            launcher.kill(victim)
+        else:
+            self.noticed.add(victim)
+            launcher.send_spot_notice(victim)
+
+
+def run_demo(
+    sandbox: Sandbox,
+    *,
+    items: int,
+    deadline: float,
+    chaos: Chaos | None,
+    on_progress: Callable[[dict], None],
+    seed: int = 7,
+) -> Summary:
+    started = time.time()
+    specs, doomed = make_inputs(sandbox.workdir, items, seed)
+    queue = next(iter(sandbox.env.queues))
+    submitted_at = time.time()
+    job = sdk.submit(sandbox.env, DEMO_JOB, queue, specs)
+    status = sdk.status(sandbox.env, job.job_id)
+    done_at = zero_at = None
+    while time.time() < deadline:
+        now = time.time()
+        status = sdk.status(sandbox.env, job.job_id)
+        if chaos is not None and not status.done:
+            chaos.maybe_strike(sandbox.launcher, now)
+        if status.done and done_at is None:
+            done_at = now
+        at_zero = sandbox.fleet_at_zero()
+        on_progress({"status": status, "queues": sandbox.queue_depths(), "job": job.job_id})
+        if done_at is not None and at_zero:
+            zero_at = now
+            break
+        time.sleep(0.5)
+
+    events = read_events(sandbox.workdir)
+    starts = [e["at"] for e in events if e["event"] == "start"]
+    finished = [i.updated_at for i in status.items if i.status in ("succeeded", "failed")]
+    last_finish = max(finished) if finished else None
+    killed = chaos.killed if chaos else set()
+    return Summary(
+        items=items,
+        **account(status, doomed, events, killed),
+        peak_nodes=sandbox.launcher.peak_nodes,
+        node_seconds=round(sandbox.launcher.node_seconds(time.time()), 1),
+        submit_to_first_start_s=round(min(starts) - submitted_at, 2) if starts else None,
+        last_finish_to_zero_s=round(zero_at - last_finish, 2) if zero_at and last_finish else None,
+        items_per_s=round(len(finished) / (last_finish - submitted_at), 2) if last_finish else None,
+        nodes_killed=len(killed),
+        spot_notices=len(chaos.noticed) if chaos else 0,
+        time_limit_hit=zero_at is None,
+        fleet_at_zero=zero_at is not None,
+        wall_s=round(time.time() - started, 1),
+        workdir=str(sandbox.workdir),
+        notes=[f"scaler error: {sandbox.tick_error}"] if sandbox.tick_error else [],
+    )

@@ -1,0 +1,116 @@
+"""The sandbox's live view and summary, drawn with rich."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+from rich.console import Group
+from rich.panel import Panel
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+
+from tidefleet.jobs import sdk
+from tidefleet.sandbox.launcher import Node
+
+
+def node_label(node: Node, busy: dict[str, int]) -> str:
+    """booting / busy / idle / terminating, the words a user watches change."""
+    if node.state == "up" and node.instance_id in busy:
+        return "busy" if busy[node.instance_id] else "idle"
+    return {"up": "starting agent"}.get(node.state, node.state)
+
+
+def live(
+    *,
+    env_name: str,
+    started: float,
+    status: sdk.JobStatus,
+    queues: dict[str, tuple[int, int, int]],
+    nodes: list[Node],
+    busy: dict[str, int],
+    reasons: list[str],
+    tick_error: str,
+) -> Panel:
+    done = status.counts["succeeded"] + status.counts["failed"] + status.counts["cancelled"]
+    total = status.job.total
+    counts = "  ".join(f"{k} {v}" for k, v in status.counts.items())
+    bar = Table.grid(padding=(0, 1))
+    bar.add_row(ProgressBar(total=max(total, 1), completed=done, width=40), f"{done}/{total}", counts)
+
+    queue_table = Table("queue", "waiting", "in flight", "dead-lettered", box=None, pad_edge=False)
+    for name, (visible, in_flight, dead) in queues.items():
+        queue_table.add_row(name, str(visible), str(in_flight), str(dead))
+
+    live_nodes = [n for n in nodes if n.state != "gone"]
+    by_state = Counter(node_label(n, busy) for n in live_nodes)
+    node_line = "  ".join(f"{state} {count}" for state, count in sorted(by_state.items())) or "none"
+    node_table = Table("node", "pool", "type", "state", "busy slots", box=None, pad_edge=False)
+    for n in sorted(live_nodes, key=lambda n: n.seen_at):
+        node_table.add_row(
+            n.instance_id, n.pool, n.instance_type, node_label(n, busy), str(busy.get(n.instance_id, "-"))
+        )
+
+    scaler = [f"[red]scaler error: {tick_error}[/red]"] if tick_error else []
+    scaler += [f"[dim]{r}[/dim]" for r in reasons[-3:]]
+    return Panel(
+        Group(
+            bar,
+            "",
+            queue_table,
+            "",
+            f"nodes: {len(live_nodes)} ({node_line})",
+            node_table,
+            "",
+            *scaler,
+        ),
+        title=f"tidefleet sandbox · env {env_name} · job {status.job.job_id} · {time.time() - started:.0f}s",
+    )
+
+
+def summary_table(summary) -> Table:
+    table = Table("", "", box=None, show_header=False, pad_edge=False)
+    rows = [
+        ("items", summary.items),
+        ("succeeded", summary.succeeded),
+        ("failed by design", len(summary.failed)),
+        ("failed unexpectedly", len(summary.failed_unexpectedly)),
+        ("unaccounted", len(summary.unaccounted)),
+        (
+            "ran to success twice",
+            f"{len(summary.duplicate_successes)}"
+            + (
+                ""
+                if not summary.duplicate_successes
+                else " (each after its node was SIGKILLed)"
+                if summary.duplicates_explained
+                else " [red](NOT explained by a killed node)[/red]"
+            ),
+        ),
+        ("items needing a second attempt", summary.redelivered),
+        ("attempts handed back on a notice", summary.interruptions),
+        ("peak nodes", summary.peak_nodes),
+        ("node-seconds", summary.node_seconds),
+        ("submit -> first item started", _seconds(summary.submit_to_first_start_s)),
+        ("last item finished -> zero nodes", _seconds(summary.last_finish_to_zero_s)),
+        ("items/s (submit -> last item)", summary.items_per_s if summary.items_per_s is not None else "-"),
+        ("chaos: nodes SIGKILLed / spot notices", f"{summary.nodes_killed} / {summary.spot_notices}"),
+        ("fleet back at zero", "yes" if summary.fleet_at_zero else "[red]no[/red]"),
+        ("wall time", _seconds(summary.wall_s)),
+        ("node logs, scaler log", summary.workdir),
+    ]
+    for key, value in rows:
+        table.add_row(f"[bold]{key}[/bold]", str(value))
+    for item, reason in sorted(summary.failed.items()):
+        table.add_row(f"  {item}", reason)
+    for item, reason in sorted(summary.failed_unexpectedly.items()):
+        table.add_row(f"  [red]{item}[/red]", reason)
+    for item, state in sorted(summary.unaccounted.items()):
+        table.add_row(f"  [red]{item}[/red]", f"unaccounted: {state}")
+    for note in summary.notes:
+        table.add_row("[red]note[/red]", note)
+    return table
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}s"
