@@ -1,0 +1,341 @@
+"""The control tick's orchestration on in-memory ports: how observations become views, and
+how a decision is applied (order, idempotence, dry run, failures). Decisions are injected
+here so the act step is tested on its own; test_handlers.py runs the real policy."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from tidefleet import control, policy
+from tidefleet.cloud import Backlog, GroupInstance, GroupState, Ports
+from tidefleet.config import parse_environment
+from tidefleet.policy.interruption import DrainNode, Ignore, LifecycleHold, action_for
+from tidefleet.policy.model import PoolDecision
+from tidefleet.store import Heartbeat
+
+EVENTS = Path(__file__).parent / "events"
+NOW = 1_800_000_000.0
+
+ENV = parse_environment(
+    {
+        "region": "us-east-1",
+        "pools": {
+            "cpu": {"max": 6, "command": "work", "slots_per_unit": 2, "instance_types": [{"type": "c6i.large"}]},
+            "gpu": {
+                "max": 8,
+                "command": "train",
+                "capacity_unit": "gpus",
+                "instance_types": [{"type": "g5.12xlarge", "weight": 4, "gpus": 4}],
+            },
+        },
+        "queues": {"demo": {"pool": "cpu"}, "train": {"pool": "gpu", "slots_per_item": 4}},
+    },
+    name="t",
+)
+
+
+def instance(id_, state="InService", type_="c6i.large", protected=False):
+    return GroupInstance(id_, type_, state, spot=True, launched_at=NOW - 900, protected=protected)
+
+
+def beat(id_, pool="cpu", busy=0, draining=False):
+    return Heartbeat(id_, pool, at=NOW - 5, slots=2, busy_slots=busy, idle_since=None if busy else NOW - 600, draining=draining)
+
+
+@dataclass
+class FakeFleet:
+    groups_: dict[str, GroupState]
+    calls: list[tuple] = field(default_factory=list)
+    broken: set[str] = field(default_factory=set)
+
+    def groups(self, pools, since):
+        return {p: g for p, g in self.groups_.items() if p in pools}
+
+    def _check(self, pool):
+        if pool in self.broken:
+            raise RuntimeError(f"group of {pool} is unreachable")
+
+    def set_desired(self, pool, desired):
+        self._check(pool)
+        self.calls.append(("set_desired", pool, desired))
+        self.groups_[pool] = replace(self.groups_[pool], desired=desired)
+
+    def terminate(self, pool, ids):
+        self._check(pool)
+        g = self.groups_[pool]
+        live = [i.id for i in g.instances if i.id in ids and i.lifecycle_state == "InService"]
+        self.calls += [("terminate", pool, i) for i in live]
+        self.groups_[pool] = replace(
+            g, desired=g.desired - len(live), instances=tuple(i for i in g.instances if i.id not in live)
+        )
+        return tuple(live)
+
+    def set_on_demand_base(self, pool, units):
+        self.calls.append(("set_on_demand_base", pool, units))
+
+    def group_of(self, instance_id):
+        return next((g.name for g in self.groups_.values() for i in g.instances if i.id == instance_id), None)
+
+    def complete_lifecycle_action(self, pool, instance_id, hook, token):
+        self.calls.append(("complete_lifecycle_action", pool, instance_id, hook, token))
+
+
+@dataclass
+class FakeNodes:
+    beats: dict[str, dict[str, Heartbeat]] = field(default_factory=dict)
+    marked: list[tuple[str, str]] = field(default_factory=list)
+
+    def heartbeats(self, pool):
+        return self.beats.get(pool, {})
+
+    def mark_draining(self, pool, node_id):
+        self.marked.append((pool, node_id))
+
+
+@dataclass
+class FakeQueues:
+    backlogs: dict[str, Backlog] = field(default_factory=dict)
+
+    def backlog(self, queue):
+        return self.backlogs.get(queue, Backlog(0, 0))
+
+
+def group(pool, desired, *instances, on_demand_base=0):
+    return GroupState(f"tidefleet-t-{pool}", desired, 0, 8, on_demand_base, tuple(instances))
+
+
+def ports(*groups_, beats=None, backlogs=None):
+    fleet = FakeFleet({g.name.removeprefix("tidefleet-t-"): g for g in groups_})
+    return Ports(queues=FakeQueues(backlogs or {}), fleet=fleet, nodes=FakeNodes(beats or {}))
+
+
+@pytest.fixture
+def decide(monkeypatch):
+    """Make the policy return these decisions, whatever it observes."""
+    seen = {}
+
+    def use(*decisions):
+        def fake(env, fleet, now):
+            seen["fleet"] = fleet
+            return decisions
+
+        monkeypatch.setattr(policy, "decide", fake, raising=False)
+        return seen
+
+    return use
+
+
+def decision(pool, desired, terminate=(), on_demand_base=None):
+    return PoolDecision(pool, desired, tuple(terminate), on_demand_base, reasons=("because",))
+
+
+# -- observe ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("lifecycle", "heartbeat", "expected"),
+    [
+        ("Pending", None, "pending"),
+        ("InService", None, "pending"),  # booted, agent not heard from yet
+        ("InService", beat("i-1"), "running"),
+        ("Pending:Wait", beat("i-1"), "running"),
+        ("InService", beat("i-1", draining=True), "draining"),
+        ("Terminating:Wait", beat("i-1", busy=1), "draining"),
+        ("Terminating", beat("i-1"), "terminating"),
+        ("Standby", beat("i-1"), None),
+    ],
+)
+def test_node_state_comes_from_the_group_and_the_heartbeat(lifecycle, heartbeat, expected):
+    view = control.node_view(ENV.pools["cpu"], instance("i-1", lifecycle), heartbeat)
+    assert (view.state if view else None) == expected
+
+
+def test_a_node_view_carries_weight_slots_busy_and_protection_from_config_group_and_heartbeat():
+    view = control.node_view(
+        ENV.pools["gpu"], instance("i-9", type_="g5.12xlarge", protected=True), beat("i-9", pool="gpu", busy=4)
+    )
+    assert (view.weight, view.slots, view.busy_slots, view.protected, view.idle_since) == (4, 4, 4, True, None)
+    assert view.last_heartbeat == NOW - 5 and view.spot
+
+
+def test_observe_reads_backlog_per_queue_and_skips_pools_without_a_group(caplog):
+    p = ports(group("cpu", 1, instance("i-1")), backlogs={"demo": Backlog(7, 2), "train": Backlog(3, 0)})
+    with caplog.at_level(logging.WARNING, "tidefleet.control"):
+        fleet, groups = control.observe(ENV, p, NOW, ["cpu", "gpu"])
+    assert [q.name for q in fleet.queues] == ["demo"]
+    assert (fleet.queues[0].visible, fleet.queues[0].in_flight) == (7, 2)
+    assert [v.name for v in fleet.pools] == ["cpu"] and set(groups) == {"cpu"}
+    assert "no auto scaling group" in caplog.text and '"gpu"' in caplog.text
+
+
+# -- act ----------------------------------------------------------------------------------
+
+
+def test_scale_in_terminates_the_named_node_with_decrement_before_touching_desired(decide):
+    p = ports(group("cpu", 2, instance("i-1"), instance("i-2")))
+    decide(decision("cpu", 1, terminate=["i-2"]))
+    control.tick(ENV, p, NOW)
+    assert p.fleet.calls == [("terminate", "cpu", "i-2"), ("set_desired", "cpu", 1)]
+    assert [i.id for i in p.fleet.groups_["cpu"].instances] == ["i-1"]
+
+
+def test_scale_out_sets_the_absolute_desired_capacity(decide):
+    p = ports(group("cpu", 1, instance("i-1")))
+    decide(decision("cpu", 4))
+    control.tick(ENV, p, NOW)
+    assert p.fleet.calls == [("set_desired", "cpu", 4)]
+
+
+def test_never_lowers_desired_below_the_nodes_still_in_the_group(decide, caplog):
+    # Desired 0 with two live nodes and no named victims would let the group pick one.
+    p = ports(group("cpu", 3, instance("i-1"), instance("i-2")))
+    decide(decision("cpu", 0))
+    with caplog.at_level(logging.INFO, "tidefleet.control"):
+        control.tick(ENV, p, NOW)
+    assert p.fleet.calls == [("set_desired", "cpu", 2)]
+    assert "desired kept at 2, not 0" in caplog.text
+
+
+def test_applying_the_same_decision_twice_changes_nothing_the_second_time(decide):
+    p = ports(group("cpu", 2, instance("i-1"), instance("i-2")), group("gpu", 0, on_demand_base=0))
+    decide(decision("cpu", 1, terminate=["i-2"]), decision("gpu", 0, on_demand_base=4))
+    control.tick(ENV, p, NOW)
+    first = list(p.fleet.calls)
+    p.fleet.groups_["gpu"] = replace(p.fleet.groups_["gpu"], on_demand_base=4)
+    control.tick(ENV, p, NOW)
+    assert p.fleet.calls == first  # the node is gone, desired and base already match
+
+
+def test_never_terminates_a_node_that_is_not_in_the_pools_group(decide):
+    p = ports(group("cpu", 1, instance("i-1")), group("gpu", 4, instance("i-g", type_="g5.12xlarge")))
+    decide(decision("cpu", 1, terminate=["i-g"]))
+    control.tick(ENV, p, NOW)
+    assert ("terminate", "gpu", "i-g") not in p.fleet.calls and ("terminate", "cpu", "i-g") not in p.fleet.calls
+
+
+@pytest.mark.parametrize("how", ["flag", "environment"])
+def test_dry_run_decides_and_logs_but_changes_nothing(decide, caplog, how):
+    env = ENV.model_copy(update={"scaler": ENV.scaler.model_copy(update={"dry_run": how == "environment"})})
+    p = ports(group("cpu", 2, instance("i-1"), instance("i-2")))
+    decide(decision("cpu", 1, terminate=["i-2"], on_demand_base=1))
+    with caplog.at_level(logging.INFO, "tidefleet.control"):
+        decisions = control.tick(env, p, NOW, dry_run=how == "flag")
+    assert p.fleet.calls == [] and decisions[0].terminate == ("i-2",)
+    assert json.loads(caplog.records[-1].getMessage())["dry_run"] is True
+
+
+def test_logs_one_json_line_per_decision_with_before_after_and_reasons(decide, caplog):
+    p = ports(group("cpu", 2, instance("i-1"), instance("i-2")), group("gpu", 0))
+    decide(decision("cpu", 1, terminate=["i-2"]), decision("gpu", 4))
+    with caplog.at_level(logging.INFO, "tidefleet.control"):
+        control.tick(ENV, p, NOW)
+    lines = [json.loads(r.getMessage()) for r in caplog.records]
+    assert [line["pool"] for line in lines] == ["cpu", "gpu"]
+    assert lines[0]["desired_before"] == 2 and lines[0]["desired_after"] == 1
+    assert lines[0]["terminated"] == ["i-2"] and lines[0]["reasons"] == ["because"]
+
+
+def test_a_failing_pool_does_not_stop_the_others_and_the_tick_reports_it(decide):
+    p = ports(group("cpu", 0), group("gpu", 0))
+    p.fleet.broken.add("cpu")
+    decide(decision("cpu", 2), decision("gpu", 4))
+    with pytest.raises(control.TickError, match="cpu: RuntimeError: group of cpu is unreachable") as err:
+        control.tick(ENV, p, NOW)
+    assert p.fleet.calls == [("set_desired", "gpu", 4)]
+    assert [d.pool for d in err.value.decisions] == ["cpu", "gpu"]
+
+
+def test_a_tick_for_one_pool_observes_only_that_pool(decide):
+    p = ports(group("cpu", 0), group("gpu", 0), backlogs={"demo": Backlog(1, 0)})
+    seen = decide()
+    control.tick(ENV, p, NOW, pools=["gpu"])
+    assert [v.name for v in seen["fleet"].pools] == ["gpu"] and [q.name for q in seen["fleet"].queues] == ["train"]
+
+
+# -- interruptions ------------------------------------------------------------------------
+
+
+def event(name, **detail):
+    raw = json.loads((EVENTS / f"{name}.json").read_text())
+    raw["detail"] |= detail
+    return raw
+
+
+SPOT_WARNING_AT = datetime(2026, 11, 21, 12, 0, tzinfo=UTC).timestamp()  # "time" in spot_warning.json
+SANDBOXED = ENV.model_copy(update={"name": "sandbox"})
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (event("spot_warning"), DrainNode("i-1234567890abcdef0", None, SPOT_WARNING_AT + 120, "spot interruption warning: the instance will terminate in 120s")),
+        (event("rebalance"), DrainNode("i-1234567890abcdef0", None, None, "rebalance recommendation: spot interruption risk is high")),
+        (
+            event("lifecycle_terminate"),
+            DrainNode(
+                "i-1234567890abcdef0",
+                "cpu",
+                None,
+                "group tidefleet-sandbox-cpu is terminating the instance (hook tidefleet-sandbox-cpu-drain)",
+                LifecycleHold("tidefleet-sandbox-cpu-drain", "87654321-4321-4321-4321-210987654321"),
+            ),
+        ),
+        (event("malformed"), Ignore("EC2 Spot Instance Interruption Warning: detail.instance-id missing or not an instance id (got None)")),
+        (event("unknown"), Ignore("event 'EC2 Instance State-change Notification' from 'aws.ec2' is not an interruption this function handles")),
+        (event("lifecycle_terminate", AutoScalingGroupName="someone-elses"), Ignore("EC2 Instance-terminate Lifecycle Action: group 'someone-elses' is not a pool of environment 'sandbox'")),
+        (event("lifecycle_terminate", LifecycleTransition="autoscaling:EC2_INSTANCE_LAUNCHING"), Ignore("EC2 Instance-terminate Lifecycle Action: transition 'autoscaling:EC2_INSTANCE_LAUNCHING' is not a termination")),
+        ("not json at all", Ignore("not an EventBridge event (no 'detail' object)")),
+        ({"detail": []}, Ignore("not an EventBridge event (no 'detail' object)")),
+    ],
+)
+def test_action_for_each_interruption_event(raw, expected):
+    assert action_for(raw, SANDBOXED) == expected
+
+
+def drain_ports(heartbeat=None, backlog=Backlog(0, 0)):
+    return ports(
+        group("cpu", 1, instance("i-1")), beats={"cpu": {"i-1": heartbeat}} if heartbeat else {}, backlogs={"demo": backlog}
+    )
+
+
+HOLD = LifecycleHold("tidefleet-t-cpu-drain", "tok")
+
+
+@pytest.mark.parametrize(
+    ("heartbeat", "released"),
+    [(None, "never reported"), (beat("i-1"), "idle"), (beat("i-1", busy=2), None)],
+)
+def test_the_terminate_hook_is_completed_only_for_an_idle_or_silent_node(heartbeat, released, decide):
+    p = drain_ports(heartbeat)
+    line = control.drain(ENV, p, DrainNode("i-1", "cpu", None, "hook", HOLD), NOW)
+    assert p.nodes.marked == [("cpu", "i-1")]
+    completed = [c for c in p.fleet.calls if c[0] == "complete_lifecycle_action"]
+    assert line.get("released") == released
+    assert completed == ([("complete_lifecycle_action", "cpu", "i-1", "tidefleet-t-cpu-drain", "tok")] if released else [])
+
+
+def test_a_drain_with_backlog_runs_a_tick_for_that_pool_at_once(decide):
+    p = drain_ports(beat("i-1", busy=2), backlog=Backlog(3, 2))
+    seen = decide(decision("cpu", 2))
+    line = control.drain(ENV, p, DrainNode("i-1", None, NOW + 120, "spot"), NOW)
+    assert [v.name for v in seen["fleet"].pools] == ["cpu"]
+    assert line["backlog"] == 5 and line["replacement"] == [2] and ("set_desired", "cpu", 2) in p.fleet.calls
+
+
+def test_a_drain_without_backlog_asks_for_no_replacement(decide):
+    p = drain_ports(beat("i-1"))
+    seen = decide(decision("cpu", 5))
+    line = control.drain(ENV, p, DrainNode("i-1", None, None, "rebalance"), NOW)
+    assert "fleet" not in seen and "replacement" not in line and p.fleet.calls == []
+
+
+def test_a_drain_of_an_instance_outside_the_environment_is_ignored():
+    p = drain_ports()
+    line = control.drain(ENV, p, DrainNode("i-stranger", None, None, "spot"), NOW)
+    assert "no group" in line["ignored"] and p.nodes.marked == []
