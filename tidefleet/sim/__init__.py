@@ -1,0 +1,77 @@
+"""Trace replay: what a pool would cost and how long items would wait, per scaling policy.
+
+`tidefleet simulate TRACE.csv --env ENV --pool POOL --policy NAME ...` replays a workload
+trace (schema in ../shared/traces/README.md) through a discrete-event model of one pool.
+
+The model
+- An item needs `gpus` slots (1 when CPU-only) on one node. It joins the pool's queue with
+  the smallest `slots_per_item` that holds it (else the largest) and takes
+  max(gpus, that queue's slots_per_item) slots. Items larger than the pool's biggest node
+  can never run: they are reported under `unfittable`, not replayed.
+- Nodes are the pool's instance types with `Pool.slots(type)` slots. The group launches
+  the type with the lowest spot $/unit among those that fit the trace's largest item,
+  on demand for the on-demand base and `on_demand_percent` above it, spot otherwise.
+  Prices are `InstanceType.price(spot)` (config, else tidefleet.prices). A node is billed
+  per second from launch to termination.
+- Boot (launch to a usable OS and the agent's first heartbeat) and spot notice, defaults
+  from the traces README: AWS 45 s boot, 120 s notice; GCP 35 s boot, 30 s notice
+  (`--boot-s`, `--notice-s`). The submit kick reaches the scaler 2 s after a submit.
+- The worker agent: every node with free slots takes the oldest waiting item that fits,
+  on the fullest node it fits (best fit). On a spot notice it takes no more items; items
+  that end before the reclaim finish, the others are lost when the node goes.
+- Lost work: an item whose node is reclaimed or terminated under it goes back to the head
+  of its queue at once and is redone from scratch (trace items do not checkpoint);
+  the time it had run counts as `work_redone_s`. Every policy shares this agent.
+- The group: when a policy lowers desired below the nodes it has, the group removes
+  victims itself (default termination policy: effectively a seeded random pick) among
+  nodes without scale-in protection: busy ones too, which interrupts their items
+  (`busy_items_killed_by_scale_in`). Reclaimed spot capacity is replaced up to desired.
+  A spot launch the market refuses is retried every 60 s and recorded as a spot failure.
+- Spot interruptions: `--interruption-rate R` gives each spot node Poisson notices at R
+  per node-hour; `--spot-trace FILE` (skypilot-org/spot-traces JSON, repeated over the
+  run) interrupts that share of spot nodes whenever the level falls, and refuses spot
+  launches while it is zero. With neither, spot is never interrupted.
+- Deterministic: events are ordered by (time, sequence); every random pick uses one
+  `random.Random(seed)` per run.
+- The run ends when every item is done and the pool is back at min (or 6 h later, the
+  remaining nodes billed to then), or when work waits with nothing running for 7 days.
+
+Policies
+- `tidefleet`: the real `tidefleet.policy.decide` on views built from simulated state, at
+  `scaler.tick_s`, on each submit kick and on a spot notice while there is backlog;
+  decisions are applied as `tidefleet.control.act` applies them. Busy nodes are protected.
+- `target-tracking`: AWS target tracking on backlog per instance (visible / in-service
+  instances), target one queued item per slot of an instance; out after 3 one-minute
+  datapoints above target, in after 15 below, to ceil(instances x metric / target), 300 s
+  cooldown; a separate alarm sets one node when the queue has items and none is in service.
+  No scale-in protection.
+- `clearml`: every 5 min launch one instance per queued item minus idle and booting ones;
+  terminate instances idle for 15 min.
+- `keda`: ScaledObject, aws-sqs-queue scaler defaults: ceil((visible + in flight) / 5)
+  replicas per queue, polled every 30 s, HPA scale-down stabilization 300 s,
+  cooldownPeriod 300 s before scaling to zero; a replica is one worker slot and nodes
+  follow replicas; no maxReplicaCount cap beyond the pool's max. The HPA's victims are any
+  pods, so scale-in kills running items (ScaledJob would not, but is not the default).
+- `oracle`: the lower bound: the work itself (duration x slots) at the pool's cheapest
+  spot $/slot-hour, no boot, no idle, no wait.
+
+Metrics and the `--json` schema (`"schema": "tidefleet.sim/1"`, stable; fields are only added)
+    trace, env, pool: the inputs; window: [start, end|null] or null; seed; boot_s; notice_s;
+    interruption_rate_per_hour; spot_trace (file name or null);
+    items: rows read (after the window); unfittable: {count, largest_node_slots,
+      by_slots: {"<slots>": count}, work_s};
+    lower_bound_usd: the oracle's cost;
+    results: one per policy, in the order asked:
+      policy, cost_usd, node_hours, idle_node_hours (node time with no item running,
+      boot included), wait_s: {p50, p95, p99, max} (submit to first start, nearest-rank;
+      an item never started counts until the run's end), makespan_s (first submit to last
+      finish), items_finished, items_unfinished, items_interrupted (attempts lost),
+      work_redone_s, busy_items_killed_by_scale_in, spot_launch_failures, peak_nodes,
+      lower_bound_usd, cost_vs_lower_bound.
+"""
+
+from tidefleet.sim.engine import Interruptions, Simulation, Timing
+from tidefleet.sim.run import Report, simulate
+from tidefleet.sim.trace import TraceError, TraceItem, load_trace
+
+__all__ = ["Interruptions", "Report", "Simulation", "Timing", "TraceError", "TraceItem", "load_trace", "simulate"]

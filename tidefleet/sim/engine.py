@@ -1,0 +1,473 @@
+"""The discrete-event engine: one pool, its autoscaling group, its nodes and its items.
+
+Events live in one heap ordered by (time, sequence number), so two runs with the same
+inputs and seed take the same steps. Arrivals are merged from the sorted trace instead of
+being pushed up front, which keeps the heap small for long traces.
+
+The engine models what every policy shares: the group (desired capacity in units, the
+on-demand base, which type and purchase option it launches, which victims it picks on
+scale-in), node boot, the worker agent (one item per free slot, best fit, stop intake on
+a spot notice), spot interruptions and billing. A policy only observes the engine and
+sets desired capacity, terminates exact nodes, or changes the on-demand base.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import random
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from tidefleet.config import Environment, InstanceType, Queue
+from tidefleet.sim.trace import SpotTrace, TraceItem
+
+# Event kinds, in the order they are handled when they fall on the same time and sequence.
+BOOTED, DONE, NOTICE, RECLAIM, SPOT_DROP, POLL, KICK, RETRY, SAMPLE = range(9)
+
+RETRY_LAUNCH_S = 60.0  # the group retries a failed launch on its own about once a minute
+DRAIN_HORIZON_S = 6 * 3600.0  # after the last item: how long a policy may take to reach min
+STALL_S = 7 * 86400.0  # waiting work but nothing started or finished this long: give up
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    boot_s: float  # launch to a usable OS with the agent's first heartbeat
+    notice_s: float  # spot interruption notice to reclaim
+    kick_s: float = 2.0  # submit to the scaler's kicked run (asynchronous invoke)
+
+
+@dataclass(frozen=True, slots=True)
+class Interruptions:
+    rate_per_hour: float = 0.0  # Poisson notices per spot node-hour
+    spot: SpotTrace | None = None  # market levels: drops interrupt, zero refuses launches
+
+
+class Policy(Protocol):
+    name: str
+    poll_s: float  # how often poll() runs
+    kick_s: float | None  # also run this soon after a submit (None: never)
+    kick_on_notice: bool  # also run at once on a spot notice
+    protects_busy: bool  # busy nodes carry scale-in protection
+
+    def poll(self, sim: Simulation) -> None: ...
+
+
+class Node:
+    __slots__ = (
+        "id", "name", "itype", "weight", "slots", "spot", "price", "launched_at", "ready_at",
+        "state", "busy", "idle_since", "running", "busy_since", "busy_s",
+    )  # fmt: skip
+
+    def __init__(self, id: int, itype: InstanceType, weight: int, slots: int, spot: bool, now: float):
+        self.id = id
+        self.name = f"i-{id:08d}"
+        self.itype = itype
+        self.weight = weight
+        self.slots = slots
+        self.spot = spot
+        self.price = itype.price(spot) or 0.0
+        self.launched_at = now
+        self.ready_at: float | None = None
+        self.state = "pending"
+        self.busy = 0
+        self.idle_since: float | None = None
+        self.running: dict[int, float] = {}  # item index -> start of this attempt
+        self.busy_since = 0.0
+        self.busy_s = 0.0
+
+
+@dataclass
+class Sample:
+    t: float
+    queued: int
+    running_items: int
+    nodes: int
+    capacity_slots: int
+
+
+@dataclass
+class Outcome:
+    """Raw counts from one run; metrics.summarise turns it into the reported numbers."""
+
+    policy: str
+    first_start: list[float | None]
+    finished: list[float | None]
+    cost_usd: float = 0.0
+    node_hours: float = 0.0
+    idle_node_hours: float = 0.0
+    interruptions: int = 0
+    redone_s: float = 0.0
+    busy_killed: int = 0  # interruptions caused by a scale-in, not by the spot market
+    peak_nodes: int = 0
+    spot_launch_failures: int = 0
+    end_s: float = 0.0
+    samples: list[Sample] = field(default_factory=list)
+
+
+class Simulation:
+    def __init__(
+        self,
+        env: Environment,
+        pool: str,
+        items: list[TraceItem],
+        policy: Policy,
+        timing: Timing,
+        interruptions: Interruptions = Interruptions(),
+        seed: int = 0,
+        sample_s: float | None = None,
+    ):
+        self.env = env
+        self.pool_name = pool
+        self.pool = env.pools[pool]
+        self.policy = policy
+        self.timing = timing
+        self.interruptions = interruptions
+        self.rng = random.Random(seed)
+        self.queues = pool_queues(env, pool)
+        self.launch_types = launchable_types(env, pool, max((i.slots for i in items), default=1))
+        self.max_slots = max(self.pool.slots(t) for t in self.pool.instance_types)
+
+        self.items = items
+        self.queue_of, self.need = placement(self.queues, items)
+        self.attempt = [0] * len(items)
+        self.outcome = Outcome(policy.name, [None] * len(items), [None] * len(items))
+
+        self.now = items[0].submit_s if items else 0.0
+        self.start_s = self.now
+        self.heap: list[tuple[float, int, int, object]] = []
+        self.seq = itertools.count()
+        self.next_arrival = 0
+        self.nodes: dict[int, Node] = {}
+        self.node_ids = itertools.count(1)
+        self.free: list[dict[int, Node]] = [{} for _ in range(self.max_slots + 1)]  # intake nodes by free slots
+        self.waiting: dict[int, deque[int]] = {}  # slots needed -> items in queue order
+        self.visible = [0] * len(self.queues)
+        self.in_flight = [0] * len(self.queues)
+        self.units = 0  # capacity units of pending + running + draining nodes
+        self.desired = self.pool.min
+        self.on_demand_base = self.pool.on_demand_base
+        self.spot_failures: deque[float] = deque()
+        self.kick_pending = False
+        self.retry_pending = False
+        self.done = 0
+        self.last_progress = self.now
+        self.sample_s = sample_s
+
+    # ----------------------------------------------------------------- observation
+    def queued(self, q: int | None = None) -> int:
+        return sum(self.visible) if q is None else self.visible[q]
+
+    def running_items(self, q: int | None = None) -> int:
+        return sum(self.in_flight) if q is None else self.in_flight[q]
+
+    def alive(self) -> list[Node]:
+        return list(self.nodes.values())
+
+    def recent_spot_failures(self, window_s: float) -> tuple[float, ...]:
+        while self.spot_failures and self.spot_failures[0] < self.now - window_s:
+            self.spot_failures.popleft()
+        return tuple(self.spot_failures)
+
+    def launch_weight(self) -> int:
+        """Units one more node adds (the type the group would launch next)."""
+        return self.launch_types[0].weight
+
+    # ----------------------------------------------------------------- actions
+    def set_desired(self, units: int) -> None:
+        self.desired = max(self.pool.min, min(self.pool.max, units))
+        self._reconcile()
+
+    def set_on_demand_base(self, units: int) -> None:
+        self.on_demand_base = units
+        self._reconcile()
+
+    def terminate(self, node_id: str | int, decrement: bool = True) -> None:
+        """Terminate one exact node, like terminate-instance-in-auto-scaling-group."""
+        node = self.nodes.get(node_id if isinstance(node_id, int) else int(node_id.rsplit("-", 1)[1]))
+        if node is None:
+            return  # already gone: applying a decision twice is harmless
+        if node.busy:
+            self.outcome.busy_killed += len(node.running)
+        self._remove(node)
+        if decrement:
+            self.desired = max(self.pool.min, self.desired - node.weight)
+        self._reconcile()  # dispatches what the node ran
+
+    # ----------------------------------------------------------------- the run
+    def run(self) -> Outcome:
+        self._push(self.now, POLL, None)
+        if self.sample_s:
+            self._push(self.now, SAMPLE, None)
+        spot = self.interruptions.spot
+        if spot is not None:
+            self._drops = spot.drops(self.now, math.inf)
+            self._next_drop()
+        items, n = self.items, len(self.items)
+        done_at = None
+        while True:
+            arrival_t = items[self.next_arrival].submit_s if self.next_arrival < n else math.inf
+            event_t = self.heap[0][0] if self.heap else math.inf
+            if arrival_t <= event_t:
+                if arrival_t == math.inf:
+                    break
+                self.now = arrival_t
+                self._arrive(self.next_arrival)
+                self.next_arrival += 1
+            else:
+                t, _, kind, payload = heapq.heappop(self.heap)
+                self.now = t
+                self._handle(kind, payload)
+            if self.done == n:
+                if done_at is None:
+                    done_at = self.now
+                settled = self.units <= self.pool.min and all(nd.state != "pending" for nd in self.nodes.values())
+                if settled or self.now >= done_at + DRAIN_HORIZON_S:
+                    break
+            elif self.next_arrival == n and not any(self.in_flight) and self.now - self.last_progress > STALL_S:
+                break  # work waits and nothing runs: the policy will never serve it
+        return self._close()
+
+    def _close(self) -> Outcome:
+        for node in list(self.nodes.values()):
+            self._remove(node)
+        self.outcome.end_s = self.now
+        return self.outcome
+
+    def _push(self, t: float, kind: int, payload: object) -> None:
+        heapq.heappush(self.heap, (t, next(self.seq), kind, payload))
+
+    def _handle(self, kind: int, payload) -> None:
+        if kind == DONE:
+            node_id, index, attempt = payload
+            if self.attempt[index] == attempt and node_id in self.nodes:
+                self._finish(self.nodes[node_id], index)
+        elif kind == POLL:
+            self.policy.poll(self)
+            self._push(self.now + self.policy.poll_s, POLL, None)
+        elif kind == KICK:
+            self.kick_pending = False
+            self.policy.poll(self)
+        elif kind == BOOTED:
+            node = self.nodes.get(payload)
+            if node is not None and node.state == "pending":
+                node.state = "running"
+                node.ready_at = node.idle_since = self.now
+                self.free[node.slots][node.id] = node
+                self._dispatch()
+        elif kind == NOTICE:
+            node = self.nodes.get(payload)
+            if node is not None and node.state != "draining":
+                self._notice(node)
+        elif kind == RECLAIM:
+            node = self.nodes.get(payload)
+            if node is not None:
+                self._remove(node)
+                self._reconcile()  # the group replaces reclaimed capacity up to desired; dispatches
+        elif kind == SPOT_DROP:
+            self._spot_drop(payload)
+        elif kind == RETRY:
+            self.retry_pending = False
+            self._reconcile()
+        elif kind == SAMPLE:
+            self._sample()
+            self._push(self.now + self.sample_s, SAMPLE, None)
+
+    # ----------------------------------------------------------------- items
+    def _arrive(self, index: int) -> None:
+        self.waiting.setdefault(self.need[index], deque()).append(index)
+        self.visible[self.queue_of[index]] += 1
+        self._dispatch()
+        if self.policy.kick_s is not None and not self.kick_pending:
+            self.kick_pending = True
+            self._push(self.now + self.policy.kick_s, KICK, None)
+
+    def _dispatch(self) -> None:
+        """Agents with free slots take waiting items: oldest head first, best-fitting node."""
+        heads = sorted(self.waiting.items(), key=lambda kv: kv[1][0] if kv[1] else math.inf)
+        for need, line in heads:
+            while line:
+                node = self._fitting_node(need)
+                if node is None:
+                    break
+                self._start(node, line.popleft())
+
+    def _fitting_node(self, need: int) -> Node | None:
+        free = self.free
+        for f in range(need, self.max_slots + 1):
+            if free[f]:
+                return next(iter(free[f].values()))
+        return None
+
+    def _start(self, node: Node, index: int) -> None:
+        need = self.need[index]
+        del self.free[node.slots - node.busy][node.id]
+        if node.busy == 0:
+            node.busy_since = self.now
+            node.idle_since = None
+        node.busy += need
+        self.free[node.slots - node.busy][node.id] = node
+        node.running[index] = self.now
+        q = self.queue_of[index]
+        self.visible[q] -= 1
+        self.in_flight[q] += 1
+        if self.outcome.first_start[index] is None:
+            self.outcome.first_start[index] = self.now
+        self.last_progress = self.now
+        self._push(self.now + self.items[index].duration_s, DONE, (node.id, index, self.attempt[index]))
+
+    def _release_slots(self, node: Node, index: int) -> None:
+        del node.running[index]
+        intake = node.state == "running"
+        if intake:
+            del self.free[node.slots - node.busy][node.id]
+        node.busy -= self.need[index]
+        if intake:
+            self.free[node.slots - node.busy][node.id] = node
+        if node.busy == 0:
+            node.busy_s += self.now - node.busy_since
+            node.idle_since = self.now
+        self.in_flight[self.queue_of[index]] -= 1
+
+    def _finish(self, node: Node, index: int) -> None:
+        self._release_slots(node, index)
+        self.outcome.finished[index] = self.now
+        self.done += 1
+        self.last_progress = self.now
+        if node.state == "running":
+            self._dispatch()
+
+    def _requeue(self, node: Node, index: int) -> None:
+        """The node went away under the item: its work is lost and it waits again, first in line."""
+        self.outcome.interruptions += 1
+        self.outcome.redone_s += self.now - node.running[index]
+        self._release_slots(node, index)
+        self.attempt[index] += 1
+        self.waiting.setdefault(self.need[index], deque()).appendleft(index)
+        self.visible[self.queue_of[index]] += 1
+
+    # ----------------------------------------------------------------- nodes and the group
+    def _launch(self) -> bool:
+        od_units = sum(n.weight for n in self.nodes.values() if not n.spot)
+        above_base = max(0, self.desired - self.on_demand_base)
+        od_target = min(self.desired, self.on_demand_base) + math.ceil(above_base * self.pool.on_demand_percent / 100)
+        spot = od_units >= od_target
+        if spot and self._spot_unavailable():
+            self.spot_failures.append(self.now)
+            self.outcome.spot_launch_failures += 1
+            if not self.retry_pending:
+                self.retry_pending = True
+                self._push(self.now + RETRY_LAUNCH_S, RETRY, None)
+            return False
+        itype = self.launch_types[0]
+        node = Node(next(self.node_ids), itype, itype.weight, self.pool.slots(itype), spot, self.now)
+        self.nodes[node.id] = node
+        self.units += node.weight
+        self.outcome.peak_nodes = max(self.outcome.peak_nodes, len(self.nodes))
+        self._push(self.now + self.timing.boot_s, BOOTED, node.id)
+        if spot and self.interruptions.rate_per_hour > 0:
+            life = self.rng.expovariate(self.interruptions.rate_per_hour / 3600.0)
+            self._push(self.now + life, NOTICE, node.id)
+        return True
+
+    def _spot_unavailable(self) -> bool:
+        spot = self.interruptions.spot
+        return spot is not None and spot.level_at(self.now) <= 0
+
+    def _reconcile(self) -> None:
+        """The group's own loop: launch up to desired, or remove unprotected victims down to it."""
+        while self.units < self.desired:
+            if not self._launch():
+                break
+        if self.units <= self.desired:
+            self._dispatch()
+            return
+        # Default termination policy with one template and per-second billing: effectively
+        # arbitrary, so a seeded random pick among nodes without scale-in protection.
+        protect = self.policy.protects_busy
+        victims = [n for n in self.nodes.values() if not (protect and n.busy)]
+        self.rng.shuffle(victims)
+        for node in victims:
+            if self.units - node.weight < self.desired:
+                continue
+            if node.busy:
+                self.outcome.busy_killed += len(node.running)
+            self._remove(node)
+        self._dispatch()
+
+    def _remove(self, node: Node) -> None:
+        """The node is gone (terminated or reclaimed): bill it and requeue whatever it ran."""
+        for index in list(node.running):
+            self._requeue(node, index)
+        if node.state == "running":
+            del self.free[node.slots][node.id]
+        del self.nodes[node.id]
+        self.units -= node.weight
+        hours = (self.now - node.launched_at) / 3600.0
+        self.outcome.node_hours += hours
+        self.outcome.idle_node_hours += hours - node.busy_s / 3600.0
+        self.outcome.cost_usd += hours * node.price
+
+    def _notice(self, node: Node) -> None:
+        """Spot notice: the agent stops intake; items that end before the reclaim still finish."""
+        if node.state == "running":
+            del self.free[node.slots - node.busy][node.id]
+        node.state = "draining"
+        self._push(self.now + self.timing.notice_s, RECLAIM, node.id)
+        if self.policy.kick_on_notice and (any(self.visible) or any(self.in_flight)):
+            self.policy.poll(self)
+
+    def _spot_drop(self, share: float) -> None:
+        spot_nodes = [n for n in self.nodes.values() if n.spot and n.state != "draining"]
+        hit = round(share * len(spot_nodes))
+        for node in self.rng.sample(spot_nodes, hit):
+            if node.id in self.nodes and node.state != "draining":
+                self._notice(node)
+        self._next_drop()
+
+    def _next_drop(self) -> None:
+        nxt = next(self._drops, None)
+        if nxt is not None:
+            self._push(nxt[0], SPOT_DROP, nxt[1])
+
+    def _sample(self) -> None:
+        self.outcome.samples.append(
+            Sample(self.now, self.queued(), self.running_items(), len(self.nodes),
+                   sum(n.slots for n in self.nodes.values() if n.state == "running"))
+        )  # fmt: skip
+
+
+def pool_queues(env: Environment, pool: str) -> list[tuple[str, Queue]]:
+    """The queues feeding a pool, smallest items first."""
+    queues = sorted(env.queues_of(pool).items(), key=lambda kv: kv[1].slots_per_item)
+    if not queues:
+        raise ValueError(f"pools.{pool}: no queue feeds this pool; add a [queues.NAME] with pool = {pool!r}")
+    return queues
+
+
+def placement(queues: list[tuple[str, Queue]], items: list[TraceItem]) -> tuple[list[int], list[int]]:
+    """(queue index, slots taken) per item.
+
+    An item goes to the pool's queue with the smallest slots_per_item that holds it (else the
+    largest) and takes that many slots, as the agent reserves a queue's slots per item.
+    """
+    queue_of, need = [], []
+    for item in items:
+        q = next((i for i, (_, queue) in enumerate(queues) if queue.slots_per_item >= item.slots), len(queues) - 1)
+        queue_of.append(q)
+        need.append(max(item.slots, queues[q][1].slots_per_item))
+    return queue_of, need
+
+
+def launchable_types(env: Environment, pool: str, largest_item: int) -> list[InstanceType]:
+    """Types the group may launch, cheapest spot $/unit first.
+
+    Like the config rule that every type must fit its queues' items, types too small for the
+    trace's largest fitting item are left out: the group does not know item sizes.
+    """
+    p = env.pools[pool]
+    biggest = max(p.slots(t) for t in p.instance_types)
+    fits = [t for t in p.instance_types if p.slots(t) >= min(largest_item, biggest)]
+    return sorted(fits, key=lambda t: (t.price(True) or math.inf) / t.weight)

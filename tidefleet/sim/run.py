@@ -1,0 +1,199 @@
+"""One simulation request: load, split off what can never fit, run each policy, summarise."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from tidefleet.config import Environment
+from tidefleet.sim.engine import Interruptions, Outcome, Sample, Simulation, Timing, placement, pool_queues
+from tidefleet.sim.policies import BASELINES, POLICY_NAMES, TidefleetPolicy
+from tidefleet.sim.trace import TraceItem
+
+SCHEMA = "tidefleet.sim/1"
+PLOT_POINTS = 1500  # timeline samples per run, whatever the trace length
+
+# Boot (launch to a usable OS and the agent's first heartbeat) and spot notice, per cloud:
+# ../shared/traces/README.md gives EC2 25-60 s to a usable OS, GCE 25-45 s; notices 2 min / 30 s.
+DEFAULT_TIMING = {"aws": (45.0, 120.0), "gcp": (35.0, 30.0)}
+
+
+def default_timing(env: Environment, boot_s: float | None = None, notice_s: float | None = None) -> Timing:
+    boot, notice = DEFAULT_TIMING[env.cloud]
+    return Timing(boot if boot_s is None else boot_s, notice if notice_s is None else notice_s)
+
+
+@dataclass(frozen=True)
+class PolicyResult:
+    policy: str
+    cost_usd: float
+    node_hours: float
+    idle_node_hours: float
+    wait_s: dict[str, float]  # p50, p95, p99, max
+    makespan_s: float
+    items_finished: int
+    items_unfinished: int
+    items_interrupted: int
+    work_redone_s: float
+    busy_items_killed_by_scale_in: int
+    spot_launch_failures: int
+    peak_nodes: int
+    lower_bound_usd: float
+    cost_vs_lower_bound: float
+
+
+@dataclass
+class Report:
+    trace: str
+    env: str
+    pool: str
+    window: tuple[float, float] | None
+    seed: int
+    boot_s: float
+    notice_s: float
+    interruption_rate_per_hour: float
+    spot_trace: str | None
+    items: int
+    unfittable: dict
+    lower_bound_usd: float
+    results: list[PolicyResult]
+    timelines: dict[str, list[Sample]] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        del data["timelines"]
+        data["window"] = None if self.window is None else [self.window[0], _finite(self.window[1])]
+        return {"schema": SCHEMA, **data}
+
+
+def _finite(x: float) -> float | None:
+    return None if math.isinf(x) else x
+
+
+def split_unfittable(env: Environment, pool: str, items: list[TraceItem]) -> tuple[list[TraceItem], dict]:
+    """Items needing more slots than the pool's biggest node can never run: report them."""
+    p = env.pools[pool]
+    biggest = max(p.slots(t) for t in p.instance_types)
+    fits = [i for i in items if i.slots <= biggest]
+    too_big = [i for i in items if i.slots > biggest]
+    sizes: dict[int, int] = {}
+    for i in too_big:
+        sizes[i.slots] = sizes.get(i.slots, 0) + 1
+    info = {
+        "count": len(too_big),
+        "largest_node_slots": biggest,
+        "by_slots": {str(k): v for k, v in sorted(sizes.items())},
+        "work_s": sum(i.duration_s for i in too_big),
+    }
+    return fits, info
+
+
+def cheapest_slot_hour(env: Environment, pool: str) -> tuple[float, int]:
+    """($ per slot-hour, slots per node) of the pool's cheapest type on spot."""
+    p = env.pools[pool]
+    best = min(p.instance_types, key=lambda t: (t.price(True) or math.inf) / p.slots(t))
+    return (best.price(True) or 0.0) / p.slots(best), p.slots(best)
+
+
+def lower_bound(env: Environment, pool: str, items: list[TraceItem], need: list[int]) -> tuple[float, float]:
+    """(USD, node-hours) of the work alone at the cheapest $/slot-hour: no boot, no idle, no wait."""
+    price, slots = cheapest_slot_hour(env, pool)
+    slot_hours = sum(i.duration_s * n for i, n in zip(items, need)) / 3600.0
+    return slot_hours * price, slot_hours / slots
+
+
+def percentile(sorted_values: list[float], p: float) -> float:
+    """Nearest-rank percentile of an ascending list (0 when empty)."""
+    if not sorted_values:
+        return 0.0
+    return sorted_values[max(0, math.ceil(p / 100 * len(sorted_values)) - 1)]
+
+
+def summarise(items: list[TraceItem], outcome: Outcome, lb_usd: float) -> PolicyResult:
+    """Waits count every item: one never started waits until the run ended (a lower bound)."""
+    waits = sorted(
+        (start if start is not None else outcome.end_s) - item.submit_s
+        for item, start in zip(items, outcome.first_start)
+    )
+    finished = [t for t in outcome.finished if t is not None]
+    first_submit = items[0].submit_s if items else 0.0
+    return PolicyResult(
+        policy=outcome.policy,
+        cost_usd=outcome.cost_usd,
+        node_hours=outcome.node_hours,
+        idle_node_hours=outcome.idle_node_hours,
+        wait_s={f"p{p}": percentile(waits, p) for p in (50, 95, 99)} | {"max": waits[-1] if waits else 0.0},
+        makespan_s=(max(finished) - first_submit) if finished else 0.0,
+        items_finished=len(finished),
+        items_unfinished=len(items) - len(finished),
+        items_interrupted=outcome.interruptions,
+        work_redone_s=outcome.redone_s,
+        busy_items_killed_by_scale_in=outcome.busy_killed,
+        spot_launch_failures=outcome.spot_launch_failures,
+        peak_nodes=outcome.peak_nodes,
+        lower_bound_usd=lb_usd,
+        cost_vs_lower_bound=outcome.cost_usd / lb_usd if lb_usd else math.inf,
+    )
+
+
+def oracle_outcome(items: list[TraceItem], lb: tuple[float, float]) -> Outcome:
+    starts = [i.submit_s for i in items]
+    out = Outcome("oracle", starts, [i.submit_s + i.duration_s for i in items], cost_usd=lb[0], node_hours=lb[1])
+    out.end_s = max(out.finished, default=0.0)
+    return out
+
+
+def make_policy(name: str, env: Environment, pool: str, timing: Timing):
+    if name == "tidefleet":
+        return TidefleetPolicy(env, timing.kick_s)
+    return BASELINES[name](env, pool)
+
+
+def simulate(
+    env: Environment,
+    pool: str,
+    items: list[TraceItem],
+    policies: list[str],
+    *,
+    trace_name: str = "<items>",
+    timing: Timing | None = None,
+    interruptions: Interruptions = Interruptions(),
+    spot_trace_name: str | None = None,
+    seed: int = 0,
+    window: tuple[float, float] | None = None,
+) -> Report:
+    if pool not in env.pools:
+        raise ValueError(f"--pool: unknown pool (got {pool!r}); pools of {env.name}: {', '.join(sorted(env.pools))}")
+    unknown = [name for name in policies if name not in POLICY_NAMES]
+    if unknown:
+        raise ValueError(f"--policy: unknown policy (got {unknown[0]!r}); choose from {', '.join(POLICY_NAMES)}")
+    timing = timing or default_timing(env)
+    fits, unfittable = split_unfittable(env, pool, items)
+    span = (fits[-1].submit_s - fits[0].submit_s) if fits else 0.0
+    sample_s = max(float(env.scaler.tick_s), span / PLOT_POINTS)
+    lb = lower_bound(env, pool, fits, placement(pool_queues(env, pool), fits)[1])
+    results, timelines = [], {}
+    for name in policies:
+        if name == "oracle":
+            outcome = oracle_outcome(fits, lb)
+        else:
+            policy = make_policy(name, env, pool, timing)
+            outcome = Simulation(env, pool, fits, policy, timing, interruptions, seed, sample_s).run()
+        results.append(summarise(fits, outcome, lb[0]))
+        timelines[name] = outcome.samples
+    return Report(
+        trace=trace_name,
+        env=env.name,
+        pool=pool,
+        window=window,
+        seed=seed,
+        boot_s=timing.boot_s,
+        notice_s=timing.notice_s,
+        interruption_rate_per_hour=interruptions.rate_per_hour,
+        spot_trace=spot_trace_name,
+        items=len(items),
+        unfittable=unfittable,
+        lower_bound_usd=lb[0],
+        results=results,
+        timelines=timelines,
+    )

@@ -1,0 +1,129 @@
+"""Workload and spot traces: read, validate, filter.
+
+A workload trace is a CSV with at least `submit_s` and `duration_s` (see
+`../shared/traces/README.md`); `gpus` (empty or 0 = CPU-only) and `group` are optional.
+Bad rows stop the load with the file, line, column and value, never a silent skip.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+REQUIRED_COLUMNS = ("submit_s", "duration_s")
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be replayed; the message names the place and the fix."""
+
+
+@dataclass(frozen=True, slots=True)
+class TraceItem:
+    submit_s: float
+    duration_s: float
+    slots: int  # GPUs it needs on one node, or 1 when CPU-only
+    group: str = ""
+
+
+def _number(text: str, *, where: str, column: str, allow_empty: bool = False) -> float:
+    if text.strip() == "" and allow_empty:
+        return 0.0
+    try:
+        value = float(text)
+    except ValueError:
+        raise TraceError(f"{where}: column {column!r} is not a number (got {text!r})") from None
+    if not math.isfinite(value) or value < 0:
+        raise TraceError(f"{where}: column {column!r} must be a finite number >= 0 (got {text!r})")
+    return value
+
+
+def load_trace(path: Path, window: tuple[float, float] | None = None) -> list[TraceItem]:
+    """Items of `path` sorted by submit time; with `window`, only START <= submit_s < END."""
+    path = Path(path)
+    if not path.is_file():
+        raise TraceError(f"{path}: no such trace file")
+    with path.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        columns = reader.fieldnames or []
+        missing = [c for c in REQUIRED_COLUMNS if c not in columns]
+        if missing:
+            raise TraceError(
+                f"{path}: missing column(s) {', '.join(missing)} (got {', '.join(columns) or 'no header'}); "
+                "a trace needs submit_s and duration_s, optionally gpus and group"
+            )
+        items = []
+        for line, row in enumerate(reader, start=2):
+            where = f"{path.name} line {line}"
+            submit = _number(row["submit_s"] or "", where=where, column="submit_s")
+            if window and not window[0] <= submit < window[1]:
+                continue
+            duration = _number(row["duration_s"] or "", where=where, column="duration_s")
+            gpus = _number(row.get("gpus") or "", where=where, column="gpus", allow_empty=True)
+            if gpus != int(gpus):
+                raise TraceError(f"{where}: column 'gpus' must be a whole number (got {row['gpus']!r})")
+            items.append(TraceItem(submit, duration, max(1, int(gpus)), row.get("group") or ""))
+    items.sort(key=lambda i: i.submit_s)  # stable: equal submit times keep file order
+    return items
+
+
+def parse_window(text: str) -> tuple[float, float]:
+    """`START:END` in seconds into the trace; either side may be empty (open)."""
+    start, sep, end = text.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        lo = float(start) if start.strip() else 0.0
+        hi = float(end) if end.strip() else math.inf
+    except ValueError:
+        raise TraceError(f"--window: expected START:END in seconds, e.g. 0:86400 (got {text!r})") from None
+    if hi <= lo:
+        raise TraceError(f"--window: END must be after START (got {text!r})")
+    return lo, hi
+
+
+@dataclass(frozen=True, slots=True)
+class SpotTrace:
+    """Spot capacity over time from a skypilot-org/spot-traces JSON file.
+
+    `data[i]` is how many spot instances were available (availability traces) or still alive
+    (preemption traces) during step i of `gap_s` seconds. We read both the same way: the
+    level divided by its maximum is the share of spot capacity the market allows. The series
+    repeats when the workload trace is longer.
+    """
+
+    gap_s: float
+    levels: tuple[float, ...]  # each in [0, 1]
+
+    def level_at(self, t: float) -> float:
+        return self.levels[int(t // self.gap_s) % len(self.levels)]
+
+    def drops(self, start: float, end: float):
+        """(time, share of spot nodes lost) for every fall of the level in [start, end)."""
+        step = int(start // self.gap_s) + 1
+        while step * self.gap_s < end:
+            before = self.levels[(step - 1) % len(self.levels)]
+            after = self.levels[step % len(self.levels)]
+            if after < before:
+                yield step * self.gap_s, (before - after) / before
+            step += 1
+
+
+def load_spot_trace(path: Path) -> SpotTrace:
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text())
+        gap = float(raw["metadata"]["gap_seconds"])
+        data = [float(x) for x in raw["data"]]
+    except FileNotFoundError:
+        raise TraceError(f"{path}: no such spot trace file") from None
+    except (ValueError, KeyError, TypeError) as err:
+        raise TraceError(
+            f"{path}: not a spot trace ({err!r}); expected JSON {{'metadata': {{'gap_seconds': N}}, 'data': [...]}}"
+        ) from None
+    top = max(data, default=0.0)
+    if gap <= 0 or top <= 0:
+        raise TraceError(f"{path}: a spot trace needs gap_seconds > 0 and some data > 0 (got {gap}, max {top})")
+    return SpotTrace(gap, tuple(x / top for x in data))
