@@ -25,6 +25,11 @@ AWS_INSTANCE_TYPE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9]+$")
 GCP_MACHINE_TYPE = re.compile(r"^[a-z][a-z0-9]*-[a-z0-9-]+$")
 AWS_IMAGE = re.compile(r"^(ami-[0-9a-f]{8,17}|ssm:/[\w./-]+)$")
 SQS_MAX_VISIBILITY_S = 12 * 3600
+# A spot interruption hands an item back without it having failed, yet SQS counts that
+# receive too. The agent counts real failures in the job store and dead-letters by itself;
+# SQS's own count is the backstop for nodes that vanish mid-item, so it allows this many
+# hand-backs on top of the configured attempts before it dead-letters.
+INTERRUPTIONS_TOLERATED = 5
 
 
 class ConfigError(Exception):
@@ -99,6 +104,11 @@ class Queue(_Model):
         # decides how soon an item held by a dead node comes back: short, but longer than
         # a short item's whole run so a healthy agent never races its own heartbeat.
         return min(self.item_timeout_s + 30, 600, SQS_MAX_VISIBILITY_S)
+
+    @property
+    def max_receive_count(self) -> int:
+        """The redrive policy's maxReceiveCount (see INTERRUPTIONS_TOLERATED); stack and sandbox share it."""
+        return self.max_retries + 1 + INTERRUPTIONS_TOLERATED
 
 
 class Scaler(_Model):
