@@ -63,7 +63,7 @@ def test_provisions_queues_with_redrive_the_table_the_log_group_and_a_mixed_inst
     queue = SANDBOX.queues["demo"]
     assert int(attrs["VisibilityTimeout"]) == queue.visibility_timeout_s
     redrive = json.loads(attrs["RedrivePolicy"])
-    assert redrive["maxReceiveCount"] == queue.max_retries + 1
+    assert redrive["maxReceiveCount"] == queue.max_receive_count
     assert redrive["deadLetterTargetArn"].endswith(naming.dead_letter_queue("sandbox", "demo"))
 
     boto3.client("dynamodb", region_name=SANDBOX.region).describe_table(TableName=naming.table("sandbox"))

@@ -30,11 +30,6 @@ class Provisioned:
     groups: dict[str, str]  # pool name -> group name
 
 
-def max_receive_count(max_retries: int) -> int:
-    """First attempt plus `max_retries` retries; the next receive goes to the dead-letter queue."""
-    return max_retries + 1
-
-
 def provision(env: Environment, *, user_data: dict[str, str]) -> Provisioned:
     """Create every resource of `env`; `user_data` maps pool name -> rendered script."""
     sqs = boto3.client("sqs", region_name=env.region)
@@ -46,7 +41,7 @@ def provision(env: Environment, *, user_data: dict[str, str]) -> Provisioned:
         ]
         redrive = {
             "deadLetterTargetArn": dlq_arn,
-            "maxReceiveCount": str(max_receive_count(queue.max_retries)),
+            "maxReceiveCount": str(queue.max_receive_count),
         }
         queue_urls[name] = sqs.create_queue(
             QueueName=naming.queue(env.name, name),
