@@ -101,8 +101,13 @@ def decide(env: Environment, fleet: FleetView, now: float) -> tuple[PoolDecision
         if view.name in env.pools
     }
     _share_budget(list(plans.values()), env)
+    env_cap = ""
+    if env.scaler.cost_cap_usd_per_hour is not None:
+        env_cost = sum(p.existing_cost + p.launch_cost(p.granted) for p in plans.values())
+        env_cap = f"environment cap ({_usd(env_cost)} of {_usd(env.scaler.cost_cap_usd_per_hour)})"
     return tuple(
-        _decision(plans[view.name]) if view.name in plans else _unknown_pool(env, view) for view in fleet.pools
+        _decision(plans[view.name], env_cap) if view.name in plans else _unknown_pool(env, view)
+        for view in fleet.pools
     )
 
 
@@ -343,13 +348,13 @@ def _share_budget(plans: list[_Plan], env: Environment) -> None:
 # --- the decision and its reasons ------------------------------------------------------------
 
 
-def _decision(plan: _Plan) -> PoolDecision:
+def _decision(plan: _Plan, env_cap: str) -> PoolDecision:
     desired = min(plan.pool.max, plan.group_units + plan.granted)
     reasons = [_desired_reason(plan, desired)]
     starved: tuple[str, ...] = ()
     if plan.granted < plan.wanted:
         starved = _starved(plan)
-        reasons.append(_cap_reason(plan, desired, starved))
+        reasons.append(_cap_reason(plan, desired, starved, env_cap))
     if plan.forced and plan.launch_cost(plan.forced) + plan.existing_cost > (plan.pool.cost_cap_usd_per_hour or math.inf):
         reasons.append(
             f"pool min {plan.pool.min} units costs more than the pool cost cap "
@@ -405,13 +410,13 @@ def _starved(plan: _Plan) -> tuple[str, ...]:
     return tuple(starved)
 
 
-def _cap_reason(plan: _Plan, desired: int, starved: tuple[str, ...]) -> str:
+def _cap_reason(plan: _Plan, desired: int, starved: tuple[str, ...], env_cap: str) -> str:
     by_name = {q.name: q for q in plan.queues}
     waiting = ", ".join(f"{name} (priority {by_name[name].priority})" for name in starved) or "no queue with waiting items"
     cost = plan.existing_cost + plan.launch_cost(plan.granted)
     needs = f"demand needs {plan.group_units + plan.wanted} units"
     if plan.env_limited:
-        why = f"cost cap: pool {plan.name} capped at {desired} units by the environment cap ({_usd(cost)} for this pool)"
+        why = f"cost cap: pool {plan.name} capped at {desired} units ({_usd(cost)}) by the {env_cap}"
     elif plan.limited_by == "pool cost cap":
         why = f"cost cap: pool {plan.name} capped at {desired} units ({_usd(cost)} of {_usd(plan.pool.cost_cap_usd_per_hour)})"
     else:
@@ -434,5 +439,5 @@ def _on_demand_base(plan: _Plan, desired: int) -> tuple[int | None, str | None]:
     return None, None
 
 
-def _usd(amount: float | None) -> str:
+def _usd(amount: float) -> str:
     return f"${amount:,.2f}/h"

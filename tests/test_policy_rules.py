@@ -1,0 +1,345 @@
+"""The scaling policy, one table per rule; each case asserts the decision and its reason text."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from tidefleet.config import Environment, parse_environment
+from tidefleet.policy import apply, decide
+from tidefleet.policy.model import FleetView, NodeView, PoolDecision, PoolView, QueueView
+
+NOW = 100_000.0
+BASE = {
+    "region": "us-east-1",
+    "scaler": {
+        "scale_in_delay_s": 300,
+        "scale_out_cooldown_s": 120,
+        "spot_fallback_after_s": 240,
+        "spot_failure_window_s": 600,
+    },
+    # c6i.large $0.085 on demand / $0.034 spot; m6i.large $0.096 / $0.038 (tidefleet.prices)
+    "pools": {
+        "cpu": {
+            "max": 10,
+            "slots_per_unit": 2,
+            "command": "work",
+            "instance_types": [{"type": "c6i.large"}, {"type": "m6i.large"}],
+        }
+    },
+    "queues": {"render": {"pool": "cpu", "priority": 20}, "batch": {"pool": "cpu", "priority": 5}},
+}
+GPU_POOL = {"max": 8, "container": "train:1", "instance_types": [{"type": "g5.xlarge", "gpus": 1}]}  # $0.40 spot
+
+
+def environment(**changes) -> Environment:
+    """BASE with dotted changes: environment(**{"pools.cpu.min": 1})."""
+    data = copy.deepcopy(BASE)
+    for dotted, value in changes.items():
+        *parents, leaf = dotted.split(".")
+        at = data
+        for key in parents:
+            at = at.setdefault(key, {})
+        at[leaf] = value
+    return parse_environment(data, name="test")
+
+
+def node(
+    id: str,
+    *,
+    busy: int = 0,
+    idle: float | None = None,
+    age: float = 3600,
+    booted: bool = True,
+    state: str | None = None,
+    spot: bool = True,
+    weight: int = 1,
+    protected: bool = False,
+    type: str = "c6i.large",
+) -> NodeView:
+    """A cpu-pool node; `idle` and `age` are seconds before NOW."""
+    return NodeView(
+        id=id,
+        instance_type=type,
+        weight=weight,
+        slots=weight * 2,
+        spot=spot,
+        state=state or ("running" if booted else "pending"),
+        launched_at=NOW - age,
+        busy_slots=busy,
+        last_heartbeat=NOW - 5 if booted else None,
+        idle_since=None if idle is None else NOW - idle,
+        protected=protected,
+    )
+
+
+def fleet(env: Environment, nodes=(), *, desired=None, base=0, failures=(), pool="cpu", **depth) -> FleetView:
+    """One pool's fleet; every queue of the environment, depth given as name=(visible, in_flight)."""
+    live = [n for n in nodes if n.state != "terminating"]
+    views = [PoolView(pool, tuple(nodes), sum(n.weight for n in live) if desired is None else desired, base, tuple(failures))]
+    views += [PoolView(name, (), 0, 0) for name in env.pools if name != pool]
+    return FleetView(tuple(views), queues(env, **depth))
+
+
+def queues(env: Environment, **depth) -> tuple[QueueView, ...]:
+    return tuple(
+        QueueView(name, q.pool, q.priority, q.slots_per_item, *depth.get(name, (0, 0))) for name, q in env.queues.items()
+    )
+
+
+def decide_pool(env: Environment, fleet_view: FleetView, pool: str = "cpu") -> PoolDecision:
+    decisions = {d.pool: d for d in decide(env, fleet_view, NOW)}
+    assert set(decisions) == {p.name for p in fleet_view.pools}, "one decision per pool"
+    return decisions[pool]
+
+
+def assert_settled(env: Environment, fleet_view: FleetView) -> None:
+    """Idempotence: after applying a decision, deciding again changes nothing."""
+    after = apply(fleet_view, decide(env, fleet_view, NOW))
+    for again, pool in zip(decide(env, after, NOW), after.pools, strict=True):
+        assert (again.desired, again.terminate, again.on_demand_base) == (pool.desired, (), None), again.reasons
+
+
+# --- demand and capacity: scale out, hold, cancel ---------------------------------------------
+
+SCALE_OUT = [
+    # (case, nodes, desired before, depth, desired after, reason)
+    ("empty pool scales out at once", [], 0, {"render": (7, 2)}, 5,
+     "scale out 0 -> 5 units: demand 9 slots (queue render: 7 visible + 2 in flight) > capacity 0 slots; 5 unit(s) to launch"),
+    ("running nodes count as capacity", [node("i-a", busy=2), node("i-b", busy=2)], 2, {"render": (7, 2)}, 5,
+     "scale out 2 -> 5 units: demand 9 slots (queue render: 7 visible + 2 in flight) > capacity 4 slots; 3 unit(s) to launch"),
+    ("booting nodes count as capacity", [node("i-a", booted=False, age=60), node("i-b", booted=False, age=60)], 2,
+     {"render": (4, 0)}, 2, "keep 2 units: demand 4 slots (queue render: 4 visible + 0 in flight) <= capacity 4 slots"),
+    ("launches in progress are not launched twice", [], 5, {"render": (9, 0)}, 5,
+     "keep 5 units: demand 9 slots (queue render: 9 visible + 0 in flight) <= capacity 10 slots; 5 unit(s) to launch"),
+    ("in-flight items count", [node("i-a", busy=2)], 1, {"render": (0, 4)}, 2,
+     "scale out 1 -> 2 units: demand 4 slots (queue render: 0 visible + 4 in flight) > capacity 2 slots; 1 unit(s) to launch"),
+    ("a weighted node is its weight in slots", [node("i-a", weight=3, busy=6)], 3, {"render": (2, 6)}, 4,
+     "scale out 3 -> 4 units: demand 8 slots (queue render: 2 visible + 6 in flight) > capacity 6 slots; 1 unit(s) to launch"),
+    ("a draining node is not capacity but stays in the group", [node("i-a", state="draining", busy=1)], 1,
+     {"render": (2, 1)}, 3,
+     "scale out 1 -> 3 units: demand 3 slots (queue render: 2 visible + 1 in flight) > capacity 0 slots; 2 unit(s) to launch"),
+    ("unlaunched units demand no longer needs are cancelled", [node("i-a", busy=2)], 5, {"render": (0, 2)}, 1,
+     "scale in 5 -> 1 units: demand 2 slots (queue render: 0 visible + 2 in flight) <= capacity 10 slots"),
+    ("queues listed by priority", [], 0, {"render": (1, 0), "batch": (2, 0)}, 2,
+     "scale out 0 -> 2 units: demand 3 slots (queue render: 1 visible + 0 in flight; queue batch: 2 visible + 0 in flight)"),
+]
+
+
+@pytest.mark.parametrize("case, nodes, before, depth, after, reason", SCALE_OUT, ids=[c[0] for c in SCALE_OUT])
+def test_desired_covers_demand_in_slots(case, nodes, before, depth, after, reason):
+    env = environment()
+    view = fleet(env, nodes, desired=before, **depth)
+    decision = decide_pool(env, view)
+    assert decision.desired == after
+    assert decision.terminate == ()
+    assert decision.reasons[0].startswith(reason)
+    assert_settled(env, view)
+
+
+def test_items_needing_several_slots_count_all_their_slots():
+    env = environment(**{"queues.render.slots_per_item": 2})
+    decision = decide_pool(env, fleet(env, render=(3, 0)))
+    assert decision.desired == 3
+    assert decision.reasons[0].startswith("scale out 0 -> 3 units: demand 6 slots (queue render: 3 visible + 0 in flight x 2 slots)")
+
+
+def test_pool_min_is_kept_without_demand():
+    env = environment(**{"pools.cpu.min": 2})
+    decision = decide_pool(env, fleet(env))
+    assert decision.desired == 2
+    assert decision.reasons[0] == "scale out 0 -> 2 units: demand 0 slots <= capacity 0 slots; 2 unit(s) to launch; pool min 2 units"
+
+
+def test_a_pool_without_queues_still_gets_a_decision():
+    env = environment(**{"pools.gpu": GPU_POOL})
+    decision = decide_pool(env, fleet(env, render=(1, 0)), pool="gpu")
+    assert (decision.desired, decision.terminate) == (0, ())
+    assert decision.reasons == ("keep 0 units: demand 0 slots <= capacity 0 slots",)
+
+
+def test_a_pool_the_environment_does_not_know_is_left_unchanged():
+    env = environment()
+    view = FleetView((PoolView("old", (node("i-a"),), 1, 0),), ())
+    (decision,) = decide(env, view, NOW)
+    assert (decision.desired, decision.terminate, decision.on_demand_base) == (1, (), None)
+    assert decision.reasons == ("leave pool old unchanged: not in environment test (known pools: cpu)",)
+
+
+# --- scale-in: only specific idle nodes ---------------------------------------------------------
+
+SCALE_IN = [
+    # (case, env changes, nodes, depth, terminated, desired, reason lines expected among the reasons)
+    ("an idle node past the delay goes", {}, [node("i-a", idle=412)], {}, ("i-a",), 0,
+     ["scale in 1 -> 0 units: demand 0 slots <= capacity 2 slots", "terminate i-a: idle 412s > 300s (spot, longest idle first)"]),
+    ("an idle node within the delay stays", {}, [node("i-a", idle=100)], {}, (), 1,
+     ["keep i-a: idle 100s <= 300s"]),
+    ("the pool's own idle timeout wins", {"pools.cpu.idle_timeout_s": 60}, [node("i-a", idle=100)], {}, ("i-a",), 0,
+     ["terminate i-a: idle 100s > 60s (spot, longest idle first)"]),
+    ("a busy node is never terminated", {}, [node("i-a", busy=1)], {}, (), 1,
+     ["keep i-a: busy 1/2 slots"]),
+    ("a protected node is never terminated", {}, [node("i-a", idle=900, protected=True)], {}, (), 1,
+     ["keep i-a: scale-in protected"]),
+    ("a booting node is never terminated", {}, [node("i-a", booted=False, age=60)], {}, (), 1,
+     ["keep i-a: booting, no heartbeat yet 60s after launch"]),
+    ("a draining node with work is never terminated", {}, [node("i-a", state="draining", busy=1)], {}, (), 1,
+     ["keep i-a: draining with 1 busy slot(s)"]),
+    ("an idle draining node is released at once", {}, [node("i-a", state="draining", idle=5)], {}, ("i-a",), 0,
+     ["terminate i-a: draining and idle"]),
+    ("not within the cooldown after a scale-out", {}, [node("i-a", idle=900), node("i-b", busy=1, age=45)], {}, (), 2,
+     ["hold scale-in: 45s since scale-out < cooldown 120s"]),
+    ("never below min", {"pools.cpu.min": 1}, [node("i-a", idle=900), node("i-b", idle=800)], {}, ("i-a",), 1,
+     ["terminate i-a: idle 900s > 300s (spot, longest idle first)", "keep i-b: idle but pool min is 1 units"]),
+    ("only the surplus goes", {}, [node("i-a", idle=900), node("i-b", idle=800)], {"render": (2, 0)}, ("i-a",), 1,
+     ["keep i-b: idle but needed, demand 2 slots leaves 0 spare < its 2"]),
+    ("no surplus, no scale-in", {}, [node("i-a", idle=900), node("i-b", busy=2)], {"render": (2, 2)}, (), 2,
+     ["no scale-in: demand 4 slots needs all 4 serving slots"]),
+    ("on-demand goes before spot", {}, [node("i-s", idle=900), node("i-o", idle=400, spot=False)], {"render": (2, 0)},
+     ("i-o",), 1, ["terminate i-o: idle 400s > 300s (on-demand first)"]),
+    ("the longest idle goes first", {}, [node("i-a", idle=400), node("i-b", idle=900)], {"render": (2, 0)}, ("i-b",), 1,
+     ["terminate i-b: idle 900s > 300s (spot, longest idle first)"]),
+    ("a heavier idle node goes only if the surplus covers it", {},
+     [node("i-big", weight=2, idle=900), node("i-a", idle=400)], {"render": (3, 0)}, ("i-a",), 2,
+     ["keep i-big: idle but needed, demand 3 slots leaves 3 spare < its 4"]),
+]
+
+
+@pytest.mark.parametrize("case, changes, nodes, depth, terminated, desired, lines", SCALE_IN, ids=[c[0] for c in SCALE_IN])
+def test_scale_in_only_terminates_specific_idle_nodes(case, changes, nodes, depth, terminated, desired, lines):
+    env = environment(**changes)
+    view = fleet(env, nodes, **depth)
+    decision = decide_pool(env, view)
+    assert decision.terminate == terminated
+    assert decision.desired == desired
+    for line in lines:
+        assert line in decision.reasons
+    assert_settled(env, view)
+
+
+def test_a_scale_in_decision_never_also_scales_out():
+    env = environment()
+    view = fleet(env, [node("i-a", idle=900), node("i-b", idle=900), node("i-c", busy=2)], render=(2, 1))
+    decision = decide_pool(env, view)
+    assert decision.terminate == ("i-a",)
+    assert decision.desired == 2  # 3 units minus the one terminated, nothing launched
+    assert decision.reasons[0].startswith("scale in 3 -> 2 units")
+
+
+# --- boot timeout --------------------------------------------------------------------------------
+
+BOOT = [
+    # (case, node age, terminated, reason)
+    ("no heartbeat past the boot timeout: replaced", 640, ("i-x",), "replace i-x: no heartbeat 640s after launch > boot timeout 600s"),
+    ("still within the boot timeout: kept", 500, (), "keep 1 units: demand 2 slots (queue render: 2 visible + 0 in flight) <= capacity 2 slots"),
+]
+
+
+@pytest.mark.parametrize("case, age, terminated, reason", BOOT, ids=[c[0] for c in BOOT])
+def test_a_node_that_never_reports_is_replaced(case, age, terminated, reason):
+    env = environment(**{"scaler.spot_fallback_after_s": 3600})
+    view = fleet(env, [node("i-x", booted=False, age=age)], render=(2, 0))
+    decision = decide_pool(env, view)
+    assert decision.terminate == terminated
+    assert decision.desired == 1  # still covers demand: a replacement is launched
+    assert reason in decision.reasons
+    assert_settled(env, view)
+
+
+def test_a_replacement_is_launched_for_a_timed_out_node():
+    env = environment(**{"scaler.spot_fallback_after_s": 3600})
+    decision = decide_pool(env, fleet(env, [node("i-x", booted=False, age=640)], render=(2, 0)))
+    assert decision.reasons[0] == "keep 1 units: demand 2 slots (queue render: 2 visible + 0 in flight) > capacity 0 slots; 1 unit(s) to launch"
+
+
+# --- spot shortage ------------------------------------------------------------------------------
+
+SPOT = [
+    # (case, nodes, desired, base, failure ages, depth, new desired, new base, reason)
+    ("launch failures raise the base to cover the units to launch", [], 3, 0, [30, 200], {"render": (6, 0)}, 3, 3,
+     "spot short (2 spot launch failure(s) in the last 600s): on-demand base 0 -> 3 units so 3 unit(s) to launch come on demand"),
+    ("failures older than the window are forgotten", [], 3, 0, [700], {"render": (6, 0)}, 3, None, None),
+    ("a spot node pending too long is replaced on demand",
+     [node("i-s", booted=False, age=300), node("i-o", spot=False, busy=2)], 2, 0, [], {"render": (2, 2)}, 3, 2,
+     "spot short (i-s spot pending 300s > 240s): on-demand base 0 -> 2 units so 1 unit(s) to launch come on demand"),
+    ("healthy spot returns the base to the configured one", [node("i-o", spot=False, busy=2)], 1, 3, [], {"render": (0, 2)}, 1, 0,
+     "spot healthy: on-demand base 3 -> 0 units (configured)"),
+    ("the raised base is bounded by max", [], 0, 0, [10], {"render": (40, 0)}, 10, 10,
+     "spot short (1 spot launch failure(s) in the last 600s): on-demand base 0 -> 10 units so 10 unit(s) to launch come on demand"),
+]
+
+
+@pytest.mark.parametrize("case, nodes, desired, base, failures, depth, new_desired, new_base, reason", SPOT, ids=[c[0] for c in SPOT])
+def test_spot_shortage_shifts_to_on_demand_and_back(case, nodes, desired, base, failures, depth, new_desired, new_base, reason):
+    env = environment()
+    view = fleet(env, nodes, desired=desired, base=base, failures=[NOW - a for a in failures], **depth)
+    decision = decide_pool(env, view)
+    assert decision.desired == new_desired
+    assert decision.on_demand_base == new_base
+    assert reason is None or reason in decision.reasons
+    assert not any(r.startswith("spot") for r in decision.reasons) or reason is not None
+    assert_settled(env, view)
+
+
+# --- caps and priorities --------------------------------------------------------------------------
+
+CAPS = [
+    # (case, env changes, nodes, depth, desired, starved, reason)
+    ("max caps the pool; the lowest priority waits", {}, [], {"render": (12, 0), "batch": (10, 0)}, 10, ("batch",),
+     "at max: pool cpu capped at 10 units, demand needs 11 units; waiting: batch (priority 5)"),
+    ("pool cost cap: new units at the dearest spot unit price", {"pools.cpu.cost_cap_usd_per_hour": 0.2}, [],
+     {"render": (20, 0)}, 5, ("render",),
+     "cost cap: pool cpu capped at 5 units ($0.19/h of $0.20/h), demand needs 10 units; waiting: render (priority 20)"),
+    ("existing nodes count at their own price", {"pools.cpu.cost_cap_usd_per_hour": 0.2},
+     [node("i-o", spot=False, type="m6i.large", busy=2)], {"render": (20, 0)}, 3, ("render",),
+     "cost cap: pool cpu capped at 3 units ($0.17/h of $0.20/h), demand needs 10 units; waiting: render (priority 20)"),
+    ("the on-demand share is priced on demand",
+     {"pools.cpu.cost_cap_usd_per_hour": 0.2, "pools.cpu.on_demand_base": 1}, [], {"render": (20, 0)}, 3, ("render",),
+     "cost cap: pool cpu capped at 3 units ($0.17/h of $0.20/h), demand needs 10 units; waiting: render (priority 20)"),
+    ("higher priority served first under the cap", {"pools.cpu.cost_cap_usd_per_hour": 0.2}, [],
+     {"render": (6, 0), "batch": (6, 0)}, 5, ("batch",),
+     "cost cap: pool cpu capped at 5 units ($0.19/h of $0.20/h), demand needs 6 units; waiting: batch (priority 5)"),
+]
+
+
+@pytest.mark.parametrize("case, changes, nodes, depth, desired, starved, reason", CAPS, ids=[c[0] for c in CAPS])
+def test_caps_serve_higher_priority_first_and_name_who_waits(case, changes, nodes, depth, desired, starved, reason):
+    env = environment(**changes)
+    view = fleet(env, nodes, **depth)
+    decision = decide_pool(env, view)
+    assert decision.desired == desired
+    assert decision.starved_queues == starved
+    assert reason in decision.reasons
+    assert_settled(env, view)
+
+
+ENV_CAP = [
+    # (case, gpu queue priority, cpu desired, gpu desired, starved pool, reason)
+    ("gpu queue first: cpu gets what is left", 50, 5, 2, "cpu",
+     "cost cap: pool cpu capped at 5 units ($0.19/h) by the environment cap ($0.99/h of $1.00/h), "
+     "demand needs 10 units; waiting: render (priority 20)"),
+    ("cpu queue first: gpu gets what is left", 10, 10, 1, "gpu",
+     "cost cap: pool gpu capped at 1 units ($0.40/h) by the environment cap ($0.78/h of $1.00/h), "
+     "demand needs 2 units; waiting: train (priority 10)"),
+]
+
+
+@pytest.mark.parametrize("case, gpu_priority, cpu_desired, gpu_desired, starved_pool, reason", ENV_CAP, ids=[c[0] for c in ENV_CAP])
+def test_the_environment_cap_goes_to_pools_by_queue_priority(case, gpu_priority, cpu_desired, gpu_desired, starved_pool, reason):
+    env = environment(**{
+        "scaler.cost_cap_usd_per_hour": 1.0,
+        "pools.gpu": GPU_POOL,
+        "queues.train": {"pool": "gpu", "priority": gpu_priority},
+    })
+    view = fleet(env, render=(20, 0), train=(2, 0))
+    decisions = {d.pool: d for d in decide(env, view, NOW)}
+    assert (decisions["cpu"].desired, decisions["gpu"].desired) == (cpu_desired, gpu_desired)
+    assert reason in decisions[starved_pool].reasons
+    assert_settled(env, view)
+
+
+def test_a_min_costlier_than_the_cap_is_kept_and_reported():
+    env = environment(**{"pools.cpu.min": 2, "pools.cpu.cost_cap_usd_per_hour": 0.05})
+    decision = decide_pool(env, fleet(env))
+    assert decision.desired == 2
+    assert "pool min 2 units costs more than the pool cost cap $0.05/h: kept anyway, lower min or raise the cap" in decision.reasons
