@@ -1,0 +1,114 @@
+"""The boto3 adapters against the moto server, and what moto lacks (worked around honestly).
+
+moto 5.2 gaps met here:
+- DescribeScalingActivities always answers an empty list, so a failed spot launch cannot be
+  produced on the server: its parsing is tested on a Stubber-fed client with the shape AWS
+  documents.
+- Instances launch on demand (no InstanceLifecycle) and all of the first override's type.
+- TerminateInstanceInAutoScalingGroup on an unknown instance is a server error (AWS answers
+  a ValidationError): the adapter re-reads membership first, which is what makes a repeat a
+  no-op on both.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import boto3
+import pytest
+from botocore.stub import Stubber
+
+from tidefleet import naming
+from tidefleet.cloud import Backlog
+from tidefleet.cloud.aws import AutoScalingFleet, QueueMissing, SqsQueues
+from tidefleet.config import load_environment
+from tidefleet.sandbox.provision import provision
+
+ENV = load_environment("sandbox")
+GROUP = naming.group("sandbox", "cpu")
+
+
+@pytest.fixture
+def cloud(aws):
+    provision(ENV, user_data={"cpu": "#!/bin/sh\n"})
+    return aws
+
+
+def grow(desired: int) -> list[str]:
+    asg = boto3.client("autoscaling", region_name=ENV.region)
+    asg.set_desired_capacity(AutoScalingGroupName=GROUP, DesiredCapacity=desired)
+    return [i["InstanceId"] for i in asg.describe_auto_scaling_groups(AutoScalingGroupNames=[GROUP])["AutoScalingGroups"][0]["Instances"]]
+
+
+def test_backlog_counts_visible_and_in_flight_items_from_the_queue_itself(cloud):
+    sqs = boto3.client("sqs", region_name=ENV.region)
+    url = sqs.get_queue_url(QueueName=naming.queue("sandbox", "demo"))["QueueUrl"]
+    for n in range(5):
+        sqs.send_message(QueueUrl=url, MessageBody=str(n))
+    sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=2)
+    assert SqsQueues(ENV).backlog("demo") == Backlog(visible=3, in_flight=2)
+
+
+def test_a_missing_queue_names_the_queue_and_the_fix(aws):
+    with pytest.raises(QueueMissing, match=r"queues.demo: SQS queue 'tidefleet-sandbox-demo' does not exist.*invoke deploy --env sandbox"):
+        SqsQueues(ENV).backlog("demo")
+
+
+def test_groups_report_desired_base_instances_launch_time_and_protection(cloud):
+    ids = grow(2)
+    boto3.client("autoscaling", region_name=ENV.region).set_instance_protection(
+        AutoScalingGroupName=GROUP, InstanceIds=ids[:1], ProtectedFromScaleIn=True
+    )
+    state = AutoScalingFleet(ENV).groups(["cpu", "absent"], since=0)
+    assert set(state) == {"cpu"}
+    g = state["cpu"]
+    assert (g.name, g.desired, g.min, g.max, g.on_demand_base) == (GROUP, 2, 0, 6, 0)
+    by_id = {i.id: i for i in g.instances}
+    assert set(by_id) == set(ids)
+    assert by_id[ids[0]].protected and not by_id[ids[1]].protected
+    assert all(i.lifecycle_state == "InService" and i.instance_type == "c6i.large" for i in g.instances)
+    assert all(abs(i.launched_at - datetime.now(UTC).timestamp()) < 300 for i in g.instances)
+
+
+def test_terminate_decrements_desired_and_a_repeat_is_a_no_op(cloud):
+    ids = grow(3)
+    fleet = AutoScalingFleet(ENV)
+    assert fleet.terminate("cpu", (ids[0],)) == (ids[0],)
+    assert fleet.terminate("cpu", (ids[0],)) == ()
+    g = fleet.groups(["cpu"], since=0)["cpu"]
+    assert g.desired == 2 and ids[0] not in {i.id for i in g.instances}
+
+
+def test_the_on_demand_base_changes_and_the_rest_of_the_policy_stays(cloud):
+    fleet = AutoScalingFleet(ENV)
+    fleet.set_on_demand_base("cpu", 2)
+    policy = boto3.client("autoscaling", region_name=ENV.region).describe_auto_scaling_groups(
+        AutoScalingGroupNames=[GROUP]
+    )["AutoScalingGroups"][0]["MixedInstancesPolicy"]
+    assert fleet.groups(["cpu"], since=0)["cpu"].on_demand_base == 2
+    assert [o["InstanceType"] for o in policy["LaunchTemplate"]["Overrides"]] == ["c6i.large", "m6i.large"]
+    assert policy["InstancesDistribution"]["SpotAllocationStrategy"] == "price-capacity-optimized"
+
+
+def test_group_of_finds_the_instances_group(cloud):
+    (instance_id,) = grow(1)
+    fleet = AutoScalingFleet(ENV)
+    assert fleet.group_of(instance_id) == GROUP
+    assert fleet.group_of("i-00000000000000000") is None
+
+
+def test_only_recent_failed_spot_launches_count_as_spot_failures():
+    # moto never reports scaling activities: the AWS shape of a failed spot launch, stubbed.
+    client = boto3.client("autoscaling", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+    at = lambda minute: datetime(2026, 11, 21, 12, minute, tzinfo=UTC)  # noqa: E731
+    activity = {"ActivityId": "a", "AutoScalingGroupName": GROUP, "Cause": "c", "Progress": 100}
+    activities = [
+        activity | {"StartTime": at(9), "StatusCode": "Failed", "Description": "Launching a new EC2 instance.  Status Reason: Could not launch Spot Instances. UnfulfillableCapacity - Unable to fulfill capacity due to your request configuration. Launching EC2 instance failed.", "StatusMessage": "Could not launch Spot Instances. UnfulfillableCapacity - Unable to fulfill capacity due to your request configuration. Launching EC2 instance failed."},
+        activity | {"StartTime": at(8), "StatusCode": "Successful", "Description": "Launching a new EC2 instance: i-1"},
+        activity | {"StartTime": at(7), "StatusCode": "Failed", "Description": "Launching a new EC2 instance.  Status Reason: The requested configuration is currently not supported.", "StatusMessage": "The requested configuration is currently not supported."},
+        activity | {"StartTime": at(1), "StatusCode": "Failed", "Description": "Launching a new EC2 instance.  Status Reason: Could not launch Spot Instances. InsufficientInstanceCapacity", "StatusMessage": "Could not launch Spot Instances. InsufficientInstanceCapacity"},
+    ]
+    with Stubber(client) as stub:
+        stub.add_response("describe_scaling_activities", {"Activities": activities}, {"AutoScalingGroupName": GROUP, "MaxRecords": 50})
+        failures = AutoScalingFleet(ENV, autoscaling=client, ec2=object())._spot_failures(GROUP, since=at(5).timestamp())
+    assert failures == (at(9).timestamp(),)
