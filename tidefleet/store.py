@@ -11,10 +11,12 @@ the interruption function. Numbers go through Decimal because DynamoDB wants it.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import time
+from dataclasses import asdict, dataclass, field, fields
 from decimal import Decimal
 
 import boto3
+from botocore.exceptions import ClientError
 
 from tidefleet import naming
 
@@ -36,13 +38,59 @@ class Heartbeat:
 def _to_dynamo(value):
     if isinstance(value, float):
         return Decimal(repr(value))
+    if isinstance(value, dict):
+        return {k: _to_dynamo(v) for k, v in value.items() if v is not None}
+    if isinstance(value, (list, tuple)):
+        return [_to_dynamo(v) for v in value]
     return value
 
 
 def _from_dynamo(value):
     if isinstance(value, Decimal):
         return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, dict):
+        return {k: _from_dynamo(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_from_dynamo(v) for v in value]
     return value
+
+
+# Item lifecycle: pending (recorded, not yet sent) -> queued -> running -> one of FINAL.
+# A retried or handed-back item goes running -> queued again.
+FINAL = ("succeeded", "failed", "cancelled")
+
+
+@dataclass(frozen=True)
+class Job:
+    job_id: str
+    name: str
+    queue: str
+    created_at: float
+    total: int
+    cancelled: bool = False
+
+
+@dataclass(frozen=True)
+class Item:
+    job_id: str
+    item_id: str
+    args: list[str] = field(default_factory=list)
+    status: str = "pending"
+    attempts: int = 0  # attempts started (including interrupted ones)
+    failures: int = 0  # failed attempts: these count toward the queue's max_retries
+    interruptions: int = 0  # attempts handed back on a spot notice / drain: never counted
+    exit_code: int | None = None
+    reason: str = ""
+    node: str = ""
+    cpu_s: float | None = None
+    peak_rss_mb: float | None = None
+    updated_at: float = 0.0
+    history: list[dict] = field(default_factory=list)  # one entry per finished attempt
+
+
+def _record(cls, raw: dict):
+    known = {f.name for f in fields(cls)}
+    return cls(**{k: _from_dynamo(v) for k, v in raw.items() if k in known})
 
 
 class Store:
@@ -102,6 +150,135 @@ class Store:
 
     def forget_node(self, pool: str, node_id: str) -> None:
         self.table.delete_item(Key={"pk": f"POOL#{pool}", "sk": f"NODE#{node_id}"})
+
+    def heartbeat(self, pool: str, node_id: str) -> Heartbeat | None:
+        raw = self.table.get_item(Key={"pk": f"POOL#{pool}", "sk": f"NODE#{node_id}"}, ConsistentRead=True).get("Item")
+        if raw is None:
+            return None
+        values = {k: _from_dynamo(v) for k, v in raw.items() if k in Heartbeat.__dataclass_fields__}
+        return Heartbeat(**{"node_id": node_id, "pool": pool, "idle_since": None, **values})
+
+    # -- jobs and items ---------------------------------------------------------------
+    def put_job(self, job: Job) -> Job:
+        """Create the job unless it exists; returns the stored job either way (idempotent submit)."""
+        item = {"pk": f"JOB#{job.job_id}", "sk": "JOB", **{k: _to_dynamo(v) for k, v in asdict(job).items()}}
+        try:
+            self.table.put_item(Item=item, ConditionExpression="attribute_not_exists(pk)")
+            return job
+        except ClientError as err:
+            if err.response["Error"]["Code"] != "ConditionalCheckFailedException":
+                raise
+        return self.job(job.job_id)
+
+    def job(self, job_id: str) -> Job | None:
+        raw = self.table.get_item(Key={"pk": f"JOB#{job_id}", "sk": "JOB"}, ConsistentRead=True).get("Item")
+        return None if raw is None else _record(Job, raw)
+
+    def set_job_total(self, job_id: str, total: int) -> None:
+        self.table.update_item(
+            Key={"pk": f"JOB#{job_id}", "sk": "JOB"},
+            UpdateExpression="SET #t = :t",
+            ExpressionAttributeNames={"#t": "total"},
+            ExpressionAttributeValues={":t": total},
+        )
+
+    def cancel_job(self, job_id: str) -> None:
+        self.table.update_item(
+            Key={"pk": f"JOB#{job_id}", "sk": "JOB"},
+            UpdateExpression="SET cancelled = :t",
+            ConditionExpression="attribute_exists(pk)",
+            ExpressionAttributeValues={":t": True},
+        )
+
+    def put_item_if_new(self, item: Item) -> bool:
+        """False if an item with this id already exists in the job (left untouched)."""
+        record = {k: _to_dynamo(v) for k, v in asdict(item).items() if v is not None}
+        try:
+            self.table.put_item(
+                Item={"pk": f"JOB#{item.job_id}", "sk": f"ITEM#{item.item_id}", **record},
+                ConditionExpression="attribute_not_exists(pk)",
+            )
+            return True
+        except ClientError as err:
+            if err.response["Error"]["Code"] != "ConditionalCheckFailedException":
+                raise
+            return False
+
+    def item(self, job_id: str, item_id: str) -> Item | None:
+        raw = self.table.get_item(Key={"pk": f"JOB#{job_id}", "sk": f"ITEM#{item_id}"}, ConsistentRead=True).get("Item")
+        return None if raw is None else _record(Item, raw)
+
+    def items(self, job_id: str) -> list[Item]:
+        """Every item of a job, in item-id order (paginated query)."""
+        out: list[Item] = []
+        kwargs = {
+            "KeyConditionExpression": "pk = :pk AND begins_with(sk, :item)",
+            "ExpressionAttributeValues": {":pk": f"JOB#{job_id}", ":item": "ITEM#"},
+            "ConsistentRead": True,
+        }
+        while True:
+            page = self.table.query(**kwargs)
+            out += [_record(Item, raw) for raw in page["Items"]]
+            if "LastEvaluatedKey" not in page:
+                return out
+            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+    def update_item(
+        self,
+        job_id: str,
+        item_id: str,
+        *,
+        only_from: tuple[str, ...] | None = None,
+        never_from: tuple[str, ...] = FINAL,
+        add: dict[str, int] | None = None,
+        append: dict[str, dict] | None = None,
+        **values,
+    ) -> Item | None:
+        """Set `values` and add `add` to counters, only if the item's status is in `only_from`
+        (when given) and not in `never_from`; `append` adds one entry to a list. Returns the new item, or None when the condition
+        failed. The condition is what keeps an item from being finished twice: a duplicate
+        delivery cannot overwrite `succeeded`."""
+        values["updated_at"] = time.time()
+        names = {f"#{k}": k for k in [*values, *(add or {}), *(append or {})]}
+        sets = [f"#{k} = :{k}" for k, v in values.items() if v is not None]
+        removes = [f"#{k}" for k, v in values.items() if v is None]
+        sets += [f"#{k} = if_not_exists(#{k}, :zero) + :add_{k}" for k in add or {}]
+        expr_values = {f":{k}": _to_dynamo(v) for k, v in values.items() if v is not None}
+        expr_values |= {f":add_{k}": v for k, v in (add or {}).items()}
+        if add:
+            expr_values[":zero"] = 0
+        sets += [f"#{k} = list_append(if_not_exists(#{k}, :empty), :append_{k})" for k in append or {}]
+        expr_values |= {f":append_{k}": [_to_dynamo(v)] for k, v in (append or {}).items()}
+        if append:
+            expr_values[":empty"] = []
+        conditions = []
+        if only_from:
+            conditions.append("#status IN (" + ", ".join(f":from{i}" for i in range(len(only_from))) + ")")
+            expr_values |= {f":from{i}": s for i, s in enumerate(only_from)}
+        if never_from:
+            conditions.append(
+                "(attribute_not_exists(#status) OR NOT #status IN ("
+                + ", ".join(f":never{i}" for i in range(len(never_from)))
+                + "))"
+            )
+            expr_values |= {f":never{i}": s for i, s in enumerate(never_from)}
+        update = "SET " + ", ".join(sets) + (" REMOVE " + ", ".join(removes) if removes else "")
+        kwargs = {
+            "Key": {"pk": f"JOB#{job_id}", "sk": f"ITEM#{item_id}"},
+            "UpdateExpression": update,
+            "ExpressionAttributeNames": names,
+            "ExpressionAttributeValues": expr_values,
+            "ReturnValues": "ALL_NEW",
+        }
+        if conditions:
+            kwargs["ConditionExpression"] = " AND ".join(conditions)
+            names["#status"] = "status"
+        try:
+            return _record(Item, self.table.update_item(**kwargs)["Attributes"])
+        except ClientError as err:
+            if err.response["Error"]["Code"] != "ConditionalCheckFailedException":
+                raise
+            return None
 
 
 def create_table(env_name: str, region: str | None = None) -> None:
