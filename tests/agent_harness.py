@@ -1,0 +1,200 @@
+"""Test harness for the agent and job SDK: an environment file in tmp_path, its resources on
+the moto server, a local instance-metadata server, real agent processes, and a workload that
+records every start and finish in a ledger file."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import boto3
+
+from tidefleet import naming, store
+from tidefleet.config import Environment, load_environment
+
+WORKLOAD = r'''
+import json, os, pathlib, signal, sys, time, urllib.parse
+from tidefleet.agent import checkpoint
+
+args = dict(a.split("=", 1) for a in sys.argv[1:])
+item, attempt = os.environ["TIDEFLEET_ITEM_ID"], checkpoint.attempt()
+saved = pathlib.Path(urllib.parse.urlparse(checkpoint.checkpoint_uri()).path) / "progress"
+start = int(saved.read_text()) if saved.exists() else 0
+
+def record(event, **extra):
+    with open(os.environ["LEDGER"], "a") as f:
+        f.write(json.dumps({"event": event, "item": item, "attempt": attempt, "pid": os.getpid(), **extra}) + "\n")
+
+record("start", resumed_from=start)
+print(f"item {item} attempt {attempt} job {os.environ['TIDEFLEET_JOB_ID']} from step {start}", flush=True)
+if "fail_until" in args and not os.path.exists(args["fail_until"]):
+    print("not yet", flush=True)
+    sys.exit(3)
+if args.get("hang"):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    time.sleep(3600)
+for step in range(start, int(args.get("steps", 0))):
+    if checkpoint.should_stop():
+        saved.write_text(str(step))
+        record("checkpoint", step=step)
+        checkpoint.exit_interrupted()
+    time.sleep(0.1)
+record("done")
+sys.exit(int(args.get("exit", 0)))
+'''
+
+ENV_TOML = """
+region = "us-east-1"
+
+[pools.cpu]
+max = 4
+command = "{python} {workload}"
+slots_per_unit = 2
+env = {{ LEDGER = "{ledger}" }}
+instance_types = [{{ type = "c6i.large", weight = 1 }}]
+
+[queues.work]
+pool = "cpu"
+priority = 10
+max_retries = {max_retries}
+item_timeout_s = 60
+
+[queues.short]
+pool = "cpu"
+priority = 1
+max_retries = 0
+item_timeout_s = 2
+"""
+
+
+class Harness:
+    def __init__(self, tmp_path: Path, aws, *, max_retries: int = 2, visibility_s: int = 30):
+        self.tmp, self.aws = tmp_path, aws
+        self.ledger = tmp_path / "ledger.jsonl"
+        workload = tmp_path / "workload.py"
+        workload.write_text(WORKLOAD)
+        self.env_path = tmp_path / "t.toml"
+        self.env_path.write_text(ENV_TOML.format(python=sys.executable, workload=workload, ledger=self.ledger,
+                                                 max_retries=max_retries))
+        self.env: Environment = load_environment(str(self.env_path))
+        self.agents: list[subprocess.Popen] = []
+        provision(self.env, visibility_s)
+
+    def start_agent(self, node_id: str, imds_url: str = "http://127.0.0.1:9", **extra_env) -> subprocess.Popen:
+        log = open(self.tmp / f"agent-{node_id}.log", "ab")
+        env = {
+            **os.environ, **self.aws.env(),
+            "TIDEFLEET_NODE_ID": node_id, "TIDEFLEET_IMDS_URL": imds_url,
+            "TIDEFLEET_CHECKPOINT_ROOT": str(self.tmp / "checkpoints"),
+            "TIDEFLEET_AGENT_WORK_DIR": str(self.tmp / "work" / node_id),
+            "TIDEFLEET_AGENT_HEARTBEAT_S": "0.5", "TIDEFLEET_IMDS_POLL_S": "0.3",
+            "TIDEFLEET_AGENT_GRACE_S": "5", "TIDEFLEET_AGENT_WAIT_S": "1",
+            **extra_env,
+        }
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tidefleet.cli", "agent", "--env", str(self.env_path), "--pool", "cpu"],
+            env=env, stdout=log, stderr=subprocess.STDOUT,
+        )
+        self.agents.append(proc)
+        return proc
+
+    def agent_log(self, node_id: str) -> str:
+        return (self.tmp / f"agent-{node_id}.log").read_text()
+
+    def events(self, event: str | None = None) -> list[dict]:
+        if not self.ledger.exists():
+            return []
+        rows = [json.loads(line) for line in self.ledger.read_text().splitlines()]
+        return [r for r in rows if event is None or r["event"] == event]
+
+    def items(self, job_id: str) -> dict:
+        return {i.item_id: i for i in store.Store(self.env.name, self.env.region).items(job_id)}
+
+    def queue_depth(self, queue: str, dead_letter: bool = False) -> int:
+        sqs = boto3.client("sqs", region_name=self.env.region)
+        name = naming.dead_letter_queue(self.env.name, queue) if dead_letter else naming.queue(self.env.name, queue)
+        attrs = sqs.get_queue_attributes(
+            QueueUrl=sqs.get_queue_url(QueueName=name)["QueueUrl"],
+            AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+        )["Attributes"]
+        return int(attrs["ApproximateNumberOfMessages"]) + int(attrs["ApproximateNumberOfMessagesNotVisible"])
+
+    def stop_agents(self) -> None:
+        for proc in self.agents:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def provision(env: Environment, visibility_s: int) -> None:
+    """Queues (with the stack's redrive policy), table and log group; short visibility for tests."""
+    sqs = boto3.client("sqs", region_name=env.region)
+    for name, queue in env.queues.items():
+        dlq = sqs.create_queue(QueueName=naming.dead_letter_queue(env.name, name))["QueueUrl"]
+        arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+        redrive = {"deadLetterTargetArn": arn, "maxReceiveCount": str(queue.max_retries + 1)}
+        sqs.create_queue(
+            QueueName=naming.queue(env.name, name),
+            Attributes={"VisibilityTimeout": str(visibility_s), "RedrivePolicy": json.dumps(redrive)},
+        )
+    store.create_table(env.name, env.region)
+    boto3.client("logs", region_name=env.region).create_log_group(logGroupName=naming.item_log_group(env.name))
+
+
+class Imds:
+    """A tiny IMDSv2 endpoint; set `.spot_action` or `.lifecycle` to serve a notice."""
+
+    def __init__(self, instance_id: str = "i-0test", lifecycle: str = "InService"):
+        self.spot_action: dict | None = None
+        self.lifecycle = lifecycle
+        self.instance_id = instance_id
+        imds = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_PUT(self):
+                self._reply(200, "token-1" if self.path == "/latest/api/token" else None)
+
+            def do_GET(self):
+                if self.headers.get("X-aws-ec2-metadata-token") != "token-1":
+                    return self._reply(401, None)
+                paths = {
+                    "/latest/meta-data/instance-id": imds.instance_id,
+                    "/latest/meta-data/instance-type": "c6i.large",
+                    "/latest/meta-data/instance-life-cycle": "spot",
+                    "/latest/meta-data/autoscaling/target-lifecycle-state": imds.lifecycle,
+                    "/latest/meta-data/spot/instance-action": json.dumps(imds.spot_action) if imds.spot_action else None,
+                }
+                self._reply(200 if paths.get(self.path) else 404, paths.get(self.path))
+
+            def _reply(self, code, body):
+                data = (body or "").encode()
+                self.send_response(code if body is not None or code != 200 else 404)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+def wait_until(predicate, timeout_s: float = 30.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")

@@ -1,0 +1,154 @@
+"""Real agent processes against the moto server: items succeed, fail into the dead-letter
+queue, time out, are cancelled; a spot notice, SIGTERM and kill -9 never lose an item and
+never finish one twice."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections import Counter
+
+import pytest
+from agent_harness import Harness, Imds, wait_until
+
+from tidefleet.agent.imds import Metadata
+from tidefleet.jobs import sdk
+from tidefleet.store import FINAL, Store
+
+pytestmark = pytest.mark.moto
+
+
+@pytest.fixture
+def harness(tmp_path, aws):
+    h = Harness(tmp_path, aws)
+    yield h
+    h.stop_agents()
+
+
+def _all_final(h: Harness, job_id: str, n: int):
+    items = h.items(job_id)
+    return len(items) == n and all(i.status in FINAL for i in items.values()) and items
+
+
+def test_items_succeed_fail_into_the_dead_letter_queue_time_out_and_come_back_with_retry_failed(harness, tmp_path):
+    h = harness
+    gate = tmp_path / "gate"
+    job = sdk.submit(h.env, "lifecycle", "work", sdk.read_items(
+        [["steps=2"], ["steps=2"], ["steps=2", "exit=0"], {"id": "flaky", "args": [f"fail_until={gate}"]}]
+    ), kick=False).job_id
+    slow = sdk.submit(h.env, "slow", "short", sdk.read_items([["hang=1"]]), kick=False).job_id
+    h.start_agent("node-a")
+
+    items = wait_until(lambda: _all_final(h, job, 4), 60, "the job to finish")
+    assert [items[i].status for i in ("000000", "000001", "000002")] == ["succeeded"] * 3
+    flaky = items["flaky"]
+    assert (flaky.status, flaky.failures, flaky.attempts, flaky.exit_code) == ("failed", 3, 3, 3)
+    assert "exit code 3; last output: not yet" in flaky.reason and "gave up after 3" in flaky.reason
+    assert h.queue_depth("work", dead_letter=True) == 1 and h.queue_depth("work") == 0
+    done = items["000000"]
+    assert done.history[-1]["outcome"] == "succeeded" and done.history[-1]["cpu_s"] > 0
+    assert done.peak_rss_mb > 5 and done.cpu_s > 0  # a Python interpreter's own footprint
+
+    hung = wait_until(lambda: _all_final(h, slow, 1), 30, "the hung item to time out")["000000"]
+    assert hung.status == "failed" and hung.reason.startswith("timed out after 2s") and hung.exit_code == -9
+
+    lines = [line for _, line in sdk.log_lines(h.env, job, "000000")]
+    assert lines == [f"item 000000 attempt 1 job {job} from step 0"]
+    assert len({s for s, _ in sdk.log_lines(h.env, job, "flaky")}) == 3  # one stream per attempt
+
+    gate.touch()
+    assert sdk.retry_failed(h.env, job) == 1
+    flaky = wait_until(lambda: h.items(job)["flaky"].status == "succeeded" and h.items(job)["flaky"], 30, "the retry")
+    assert flaky.attempts == 4 and flaky.failures == 0
+    assert h.queue_depth("work", dead_letter=True) == 0
+    assert Counter(e["item"] for e in h.events("done")) == {"000000": 1, "000001": 1, "000002": 1, "flaky": 1}
+
+    hb = Store(h.env.name, h.env.region).heartbeats("cpu")["node-a"]
+    assert (hb.slots, hb.busy_slots, hb.instance_type) == (2, 0, "c6i.large") and hb.idle_since is not None
+
+
+def test_cancel_stops_running_items_and_skips_queued_ones(harness):
+    h = harness
+    job = sdk.submit(h.env, "to-cancel", "work", sdk.read_items([["steps=600"]] * 6), kick=False).job_id
+    h.start_agent("node-a")
+    wait_until(lambda: len(h.events("start")) == 2, 30, "two items running")
+    assert sdk.cancel(h.env, job) == 4  # the waiting ones, at once
+    items = wait_until(lambda: _all_final(h, job, 6), 30, "the running items to stop")
+    assert {i.status for i in items.values()} == {"cancelled"}
+    wait_until(lambda: h.queue_depth("work") == 0, 15, "the skipped messages to be deleted")
+    assert len(h.events("start")) == 2 and not h.events("done")
+
+
+def test_spot_notice_hands_every_item_back_and_another_agent_finishes_them(harness):
+    h, imds = harness, Imds()
+    try:
+        job = sdk.submit(h.env, "spot", "work", sdk.read_items([["steps=40"]] * 4), kick=False).job_id
+        first = h.start_agent("node-spot", imds.url)
+        wait_until(lambda: len(h.events("start")) == 2, 30, "two items running on the spot node")
+        imds.spot_action = {"action": "terminate", "time": "2030-01-01T00:00:00Z"}
+        assert first.wait(timeout=30) == 0
+        assert len(h.events("checkpoint")) == 2
+        assert "handed back 2 item(s) (spot interruption notice: terminate" in h.agent_log("node-spot")
+        # Nothing may stay invisible on the dead node: every item is waiting again, at once.
+        assert h.queue_depth("work") == 4 and {i.status for i in h.items(job).values()} == {"queued"}
+
+        h.start_agent("node-b")
+        items = wait_until(lambda: _all_final(h, job, 4), 60, "the other agent to finish the job")
+        assert {i.status for i in items.values()} == {"succeeded"}
+        assert sorted(i.interruptions for i in items.values()) == [0, 0, 1, 1]
+        assert all(i.failures == 0 for i in items.values())
+        resumed = [e for e in h.events("start") if e["resumed_from"] > 0]
+        assert len(resumed) == 2  # the interrupted ones resumed from their checkpoints
+        assert Counter(e["item"] for e in h.events("done")) == {i: 1 for i in items}
+    finally:
+        imds.close()
+
+
+def test_an_item_interrupted_five_times_is_not_dead_lettered(tmp_path, aws):
+    h = Harness(tmp_path, aws, max_retries=0)  # a single failure would dead-letter it
+    try:
+        job = sdk.submit(h.env, "often-interrupted", "work", sdk.read_items([["steps=100"]]), kick=False).job_id
+        for n in range(1, 6):
+            agent = h.start_agent(f"node-{n}")
+            wait_until(lambda: len(h.events("start")) == n, 30, f"attempt {n} to start")
+            agent.send_signal(signal.SIGTERM)  # the agent's own drain path
+            assert agent.wait(timeout=30) == 0
+        item = h.items(job)["000000"]
+        assert (item.status, item.interruptions, item.failures) == ("queued", 5, 0)
+        h.start_agent("node-last")
+        item = wait_until(lambda: h.items(job)["000000"].status in FINAL and h.items(job)["000000"], 60, "the finish")
+        assert item.status == "succeeded" and h.queue_depth("work", dead_letter=True) == 0
+    finally:
+        h.stop_agents()
+
+
+def test_kill_9_mid_item_redelivers_it_to_another_agent_which_finishes_it(tmp_path, aws):
+    h = Harness(tmp_path, aws, visibility_s=3)
+    try:
+        job = sdk.submit(h.env, "killed", "work", sdk.read_items([["steps=30"]]), kick=False).job_id
+        doomed = h.start_agent("node-doomed")
+        started = wait_until(lambda: h.events("start"), 30, "the item to start")[0]
+        doomed.kill()  # the node dies: agent and workload together, no word to anyone
+        os.killpg(started["pid"], signal.SIGKILL)
+        h.start_agent("node-b")
+        item = wait_until(lambda: h.items(job)["000000"].status in FINAL and h.items(job)["000000"], 60, "redelivery")
+        assert item.status == "succeeded" and item.failures == 1  # the lost attempt counts: see worker.py
+        assert "node lost" in item.history[0]["reason"]
+        assert Counter(e["item"] for e in h.events("done")) == {"000000": 1}
+        assert h.queue_depth("work") == 0
+    finally:
+        h.stop_agents()
+
+
+def test_metadata_reports_a_spot_notice_and_a_terminating_group():
+    imds = Imds()
+    try:
+        metadata = Metadata(imds.url)
+        assert metadata.notice() is None and metadata.get("/latest/meta-data/instance-id") == "i-0test"
+        imds.lifecycle = "Terminated"
+        assert metadata.notice().lifecycle
+        imds.spot_action = {"action": "stop", "time": "t"}
+        assert metadata.notice().reason == "spot interruption notice: stop at t"
+    finally:
+        imds.close()
+    assert Metadata("http://127.0.0.1:9").notice() is None  # no metadata service: no notice

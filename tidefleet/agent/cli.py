@@ -1,0 +1,61 @@
+"""`tidefleet agent`: started by a node's user-data (or by the sandbox as a local process)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+import tempfile
+from pathlib import Path
+
+import click
+from botocore.exceptions import BotoCoreError, ClientError
+
+from tidefleet.agent.imds import Metadata
+from tidefleet.agent.worker import Agent, Settings
+from tidefleet.config import ConfigError, load_environment
+
+
+@click.command()
+@click.option("--env", "env_name", envvar="TIDEFLEET_ENV", required=True, help="environment name or .toml path")
+@click.option("--pool", envvar="TIDEFLEET_POOL", required=True, help="the pool this node belongs to")
+@click.option("--heartbeat-s", envvar="TIDEFLEET_AGENT_HEARTBEAT_S", type=float, default=5.0, show_default=True,
+              help="heartbeat, visibility extension and cancel check interval")
+@click.option("--imds-poll-s", envvar="TIDEFLEET_IMDS_POLL_S", type=float, default=5.0, show_default=True,
+              help="how often to read the spot notice and lifecycle state")
+@click.option("--grace-s", envvar="TIDEFLEET_AGENT_GRACE_S", type=float, default=90.0, show_default=True,
+              help="time workloads get to checkpoint after a stop request")
+@click.option("--wait-s", envvar="TIDEFLEET_AGENT_WAIT_S", type=click.IntRange(0, 20), default=10, show_default=True,
+              help="SQS long poll when every queue is empty")
+@click.option("--work-dir", envvar="TIDEFLEET_AGENT_WORK_DIR", type=click.Path(path_type=Path), default=None,
+              help="per-attempt working directories (default: a temp dir)")
+def agent(env_name, pool, heartbeat_s, imds_poll_s, grace_s, wait_s, work_dir) -> None:
+    """Run items from POOL's queues on this node until it is interrupted or told to drain."""
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        env = load_environment(env_name)
+    except ConfigError as err:
+        raise click.ClickException(str(err)) from None
+    if pool not in env.pools:
+        raise click.ClickException(f"--pool: unknown pool {pool!r} in {env.name}; known pools: {', '.join(sorted(env.pools))}")
+    metadata = Metadata()
+    node_id = os.environ.get("TIDEFLEET_NODE_ID") or metadata.get("/latest/meta-data/instance-id") or socket.gethostname()
+    instance_type = metadata.get("/latest/meta-data/instance-type") or env.pools[pool].instance_types[0].type
+    # Unknown lifecycle (no metadata service) counts as spot: the cautious assumption.
+    spot = metadata.get("/latest/meta-data/instance-life-cycle") != "on-demand"
+    root = os.environ.get("TIDEFLEET_CHECKPOINT_ROOT")
+    settings = Settings(
+        node_id=node_id, instance_type=instance_type, spot=spot,
+        work_dir=work_dir or Path(tempfile.gettempdir()) / f"tidefleet-agent-{node_id}",
+        checkpoint_root=Path(root) if root else None,
+        heartbeat_s=heartbeat_s, imds_poll_s=imds_poll_s, grace_s=grace_s, wait_s=wait_s,
+    )
+    try:
+        code = Agent(env, pool, settings, metadata).run()
+    except (BotoCoreError, ClientError) as err:
+        raise click.ClickException(
+            f"{err}\nthe environment {env.name!r} looks undeployed or unreachable: deploy it with "
+            f"`invoke deploy --env {env.name}` or start `tidefleet sandbox --keep` and use its AWS_ENDPOINT_URL"
+        ) from None
+    sys.exit(code)

@@ -1,0 +1,565 @@
+"""The worker agent: takes items from its pool's queues and runs them, never losing one.
+
+How an item's attempts are counted (the decision the issue asks for):
+  * The SQS message carries the item's `failures` and `interruptions` (`ItemMessage`). To
+    retry a failed item or hand back an interrupted one, the agent SENDS A NEW MESSAGE with
+    the updated counts and then deletes the one it holds. A fresh message starts at receive
+    count 1, so the queue's redrive policy (maxReceiveCount) never sees polite interruptions:
+    an item interrupted five times is simply queued a sixth time.
+  * When `failures` exceeds the queue's max_retries the agent itself sends the message to
+    the dead-letter queue and marks the item failed with the reason.
+  * A message received with receive count > 1 was held by an agent that vanished without a
+    word (kill -9, kernel panic, spot reclaim without notice). That lost attempt counts as a
+    failure ("node lost"), so an item that kills its node every time still ends in the
+    dead-letter queue instead of looping forever.
+  * Order is always: send the new message, delete the old one, then record. A crash in
+    between can duplicate a message, never lose one; `succeeded` is a conditional write, so
+    a duplicate can never finish an item twice.
+
+Interruption: a spot notice or a Terminated lifecycle state (instance metadata, polled), the
+`draining` flag in the node's own heartbeat record, or SIGTERM to the agent all take the same
+path: stop intake, create each item's stop file and SIGTERM its process group, wait up to
+`grace_s`, then SIGKILL what is left and hand every unfinished item back in one batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections import defaultdict, deque
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import boto3
+from botocore.exceptions import BotoCoreError, ClientError
+
+from tidefleet import naming
+from tidefleet.agent.imds import Metadata
+from tidefleet.config import Environment, Pool, Queue
+from tidefleet.jobs.sdk import SQS_BATCH, Cloud, ItemMessage
+from tidefleet.store import FINAL, Heartbeat
+
+log = logging.getLogger("tidefleet.agent")
+CLOUD_ERRORS = (BotoCoreError, ClientError, RuntimeError)
+LOG_FLUSH_S = 1.0
+
+
+@dataclass(frozen=True)
+class Settings:
+    node_id: str
+    instance_type: str
+    spot: bool
+    work_dir: Path
+    checkpoint_root: Path | None = None  # local checkpoints (sandbox); None = the artifacts bucket
+    heartbeat_s: float = 5.0
+    imds_poll_s: float = 5.0
+    grace_s: float = 90.0  # inside the 2-minute spot notice, leaving time to hand back
+    wait_s: int = 10  # SQS long poll when every queue was empty
+
+
+@dataclass(eq=False)
+class Held:
+    """A received message this agent is responsible for until it sends, deletes or hands it back."""
+
+    queue: str
+    url: str
+    receipt: str
+    message: ItemMessage
+
+
+@dataclass(eq=False)
+class Run(Held):
+    attempt: int = 1
+    slots: int = 1
+    workdir: Path = Path(".")
+    proc: subprocess.Popen | None = None
+    fate: str | None = None  # None, "interrupt", "cancel" or "timeout": why we stopped it
+    claimed: bool = False  # whoever claims a run settles it (its runner thread or the drain)
+    kill_at: float | None = None
+    started: float = field(default_factory=time.time)
+
+    @property
+    def stop_file(self) -> Path:
+        return self.workdir / "STOP"
+
+
+def workload_command(pool: Pool, args: list[str], env_names: list[str], mounts: list[Path]) -> list[str]:
+    """The argv for one item: the pool's command with the args appended, or docker run."""
+    if pool.command is not None:
+        return [*shlex.split(pool.command), *args]
+    passthrough = [a for name in env_names for a in ("-e", name)]  # values come from our env
+    volumes = [a for m in mounts for a in ("-v", f"{m}:{m}")]  # stop file and local checkpoints
+    return ["docker", "run", "--rm", *passthrough, *volumes, pool.container, *args]
+
+
+class LogStream:
+    """One item attempt's output, sent to its own CloudWatch Logs stream in small batches."""
+
+    def __init__(self, logs, group: str, name: str):
+        self.logs, self.group, self.name = logs, group, name
+        self.lock = threading.Lock()
+        self.buffer: list[dict] = []
+        self.flushed_at = time.monotonic()
+        try:
+            logs.create_log_stream(logGroupName=group, logStreamName=name)
+            self.ok = True
+        except ClientError as err:
+            self.ok = err.response["Error"]["Code"] == "ResourceAlreadyExistsException"
+            if not self.ok:
+                log.warning("item logs off for %s: %s (deploy the log group %s)", name, err, group)
+
+    def write(self, line: str) -> None:
+        if not self.ok:
+            return
+        with self.lock:
+            self.buffer.append({"timestamp": int(time.time() * 1000), "message": line[:16000] or " "})
+        if len(self.buffer) >= 500 or time.monotonic() - self.flushed_at >= LOG_FLUSH_S:
+            self.flush()
+
+    def flush(self) -> None:
+        with self.lock:
+            batch, self.buffer = self.buffer, []
+            self.flushed_at = time.monotonic()
+            if batch:
+                try:
+                    self.logs.put_log_events(logGroupName=self.group, logStreamName=self.name, logEvents=batch)
+                except CLOUD_ERRORS as err:
+                    log.warning("lost %d log line(s) of %s: %s", len(batch), self.name, err)
+
+
+class Agent:
+    def __init__(self, env: Environment, pool: str, settings: Settings, metadata: Metadata | None = None):
+        self.env, self.pool_name, self.pool, self.s = env, pool, env.pools[pool], settings
+        self.metadata = metadata or Metadata()
+        self.cloud = Cloud(env)
+        self.store = self.cloud.store
+        self.autoscaling = boto3.client("autoscaling", region_name=env.region)
+        self.queues: list[tuple[str, Queue]] = sorted(env.queues_of(pool).items(), key=lambda kv: -kv[1].priority)
+        itype = next((t for t in self.pool.instance_types if t.type == settings.instance_type), None)
+        if itype is None:
+            itype = self.pool.instance_types[0]
+            log.warning("instance type %r is not in pool %s; sizing as %s", settings.instance_type, pool, itype.type)
+        self.slots, self.gpus = self.pool.slots(itype), itype.gpus
+        self.lock = threading.RLock()  # re-entrant: the SIGTERM handler may run while the main thread holds it
+        self.changed = threading.Condition(self.lock)
+        self.runs: list[Run] = []
+        self.stopping = threading.Event()
+        self.finished = threading.Event()
+        self.stop_reason = ""
+        self.lifecycle_terminating = False
+        self.idle_since = time.time()
+        self.protected: bool | None = None  # last protection state the group accepted
+        self.visibility: dict[str, int] = {}
+        self.jobs: dict[str, tuple[float, bool]] = {}  # job id -> (checked at, cancelled)
+        self.streams: set[LogStream] = set()
+        self.checkpoint_base = ""
+
+    # -- life of the agent --------------------------------------------------------------
+    def run(self) -> int:
+        self._prepare()
+        signal.signal(signal.SIGTERM, lambda *_: self.request_stop("SIGTERM to the agent"))
+        threads = [threading.Thread(target=self._loop, args=(f, s), daemon=True) for f, s in (
+            (self._beat, self.s.heartbeat_s), (self._watch_metadata, self.s.imds_poll_s))]
+        for t in threads:
+            t.start()
+        log.info("agent %s up: pool %s, %d slot(s), queues %s", self.s.node_id, self.pool_name, self.slots,
+                 ", ".join(n for n, _ in self.queues))
+        try:
+            self._intake()
+        finally:
+            self._drain()
+            self._leave()
+        return 0
+
+    def request_stop(self, reason: str) -> None:
+        if self.stopping.is_set():
+            return
+        self.stop_reason = reason
+        self.stopping.set()
+        log.info("stopping intake: %s", reason)
+        with self.changed:
+            self.changed.notify_all()
+
+    def _prepare(self) -> None:
+        for name, _ in self.queues:
+            url = self.cloud.queue_url(name)
+            attrs = self.cloud.sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["VisibilityTimeout"])
+            # Extend by what the queue itself uses: the deployed queue is the truth.
+            self.visibility[name] = int(attrs["Attributes"]["VisibilityTimeout"])
+            if self.s.heartbeat_s * 2 > self.visibility[name]:
+                log.warning("heartbeat every %ss is slow for queue %s (visibility %ss)", self.s.heartbeat_s, name,
+                            self.visibility[name])
+        if self.s.checkpoint_root is not None:
+            self.checkpoint_base = self.s.checkpoint_root.resolve().as_uri()
+        else:
+            account = boto3.client("sts", region_name=self.env.region).get_caller_identity()["Account"]
+            self.checkpoint_base = f"s3://{naming.artifacts_bucket(self.env.name, account)}/checkpoints"
+
+    def _loop(self, step, every_s: float) -> None:
+        while not self.finished.is_set():
+            try:
+                step()
+            except Exception:  # noqa: BLE001 - a background step must never kill the agent
+                log.exception("%s failed; retrying in %ss", step.__name__, every_s)
+            self.finished.wait(every_s)
+
+    # -- intake -------------------------------------------------------------------------
+    def _free_slots(self) -> int:
+        with self.lock:
+            return self.slots - sum(r.slots for r in self.runs)
+
+    def _intake(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                fitting = [(n, q) for n, q in self.queues if q.slots_per_item <= self._free_slots()]
+                if not fitting:
+                    with self.changed:
+                        self.changed.wait(timeout=1.0)
+                    continue
+                got = sum(self._receive(n, q, wait_s=0) for n, q in fitting)  # highest priority first
+                if not got and not self.stopping.is_set():
+                    self._receive(*fitting[0], wait_s=self.s.wait_s)
+            except CLOUD_ERRORS as err:
+                log.warning("receive failed (%s); retrying", err)
+                self.stopping.wait(1.0)
+
+    def _receive(self, name: str, queue: Queue, wait_s: int) -> int:
+        room = min(SQS_BATCH, self._free_slots() // queue.slots_per_item)
+        if room <= 0:
+            return 0
+        url = self.cloud.queue_url(name)
+        messages = self.cloud.sqs.receive_message(
+            QueueUrl=url, MaxNumberOfMessages=room, WaitTimeSeconds=wait_s,
+            MessageSystemAttributeNames=["ApproximateReceiveCount"],
+        ).get("Messages", [])
+        for m in messages:
+            self._accept(name, queue, url, m)
+        return len(messages)
+
+    def _accept(self, name: str, queue: Queue, url: str, m: dict) -> None:
+        try:
+            msg = ItemMessage.parse(m["Body"])
+        except ValueError as err:
+            log.error("%s; moving it to the dead-letter queue", err)
+            self.cloud.sqs.send_message(QueueUrl=self.cloud.queue_url(name, dead_letter=True), MessageBody=m["Body"])
+            self.cloud.delete(url, [m["ReceiptHandle"]])
+            return
+        held = Held(name, url, m["ReceiptHandle"], msg)
+        if self.stopping.is_set():  # received during the last long poll: not ours to start
+            self._requeue([held], interrupted=False)
+            return
+        if int(m.get("Attributes", {}).get("ApproximateReceiveCount", "1")) > 1:
+            self._failed(held, queue, None, "node lost mid-attempt (no result before the visibility timeout)", {})
+            return
+        if self._cancelled(msg.job):
+            self._settle_cancelled(held)
+            return
+        item = self.store.update_item(
+            msg.job, msg.item, status="running", node=self.s.node_id, args=msg.args, add={"attempts": 1}
+        )
+        if item is None:  # already succeeded, failed or cancelled: a duplicate delivery
+            log.info("%s/%s is already final; dropping the duplicate message", msg.job, msg.item)
+            self.cloud.delete(url, [held.receipt])
+            return
+        workdir = self.s.work_dir / msg.job / msg.item / str(item.attempts)
+        workdir.mkdir(parents=True, exist_ok=True)
+        run = Run(name, url, held.receipt, msg, attempt=item.attempts, slots=queue.slots_per_item, workdir=workdir)
+        with self.lock:
+            self.runs.append(run)
+            self.idle_since = None
+        threading.Thread(target=self._execute, args=(run, queue), daemon=True).start()
+
+    # -- one attempt ----------------------------------------------------------------------
+    def _checkpoint_uri(self, msg: ItemMessage) -> str:
+        if self.s.checkpoint_root is not None:
+            (self.s.checkpoint_root / msg.job / msg.item).mkdir(parents=True, exist_ok=True)
+        return f"{self.checkpoint_base}/{msg.job}/{msg.item}/"
+
+    def _execute(self, run: Run, queue: Queue) -> None:
+        msg = run.message
+        item_env = {
+            **self.pool.env,
+            "TIDEFLEET_JOB_ID": msg.job,
+            "TIDEFLEET_ITEM_ID": msg.item,
+            "TIDEFLEET_ATTEMPT": str(run.attempt),
+            "TIDEFLEET_CHECKPOINT_URI": self._checkpoint_uri(msg),
+            "TIDEFLEET_STOP_FILE": str(run.stop_file),
+        }
+        mounts = [run.workdir] + ([self.s.checkpoint_root.resolve()] if self.s.checkpoint_root else [])
+        argv = workload_command(self.pool, msg.args, list(item_env), mounts)
+        stream = LogStream(self.cloud.logs, naming.item_log_group(self.env.name), f"{msg.job}/{msg.item}/{run.attempt}")
+        with self.lock:
+            self.streams.add(stream)
+        tail: deque[str] = deque(maxlen=1)
+        usage: dict = {}
+        try:
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                env={**os.environ, **item_env}, cwd=run.workdir, start_new_session=True,
+            )
+        except OSError as err:
+            stream.write(f"tidefleet: could not start {argv[0]!r}: {err}")
+            code, tail = 127, deque([f"could not start {argv[0]!r}: {err}"])
+        else:
+            with self.lock:
+                run.proc = proc
+                if run.fate is not None:  # stopped before it started
+                    self._signal_stop(run)
+            timer = threading.Timer(queue.item_timeout_s, self._time_out, (run,))
+            timer.daemon = True
+            timer.start()
+            for raw in proc.stdout:
+                line = raw.decode(errors="replace").rstrip("\n")
+                tail.append(line)
+                stream.write(line)
+            # wait4 gives this child's own CPU time and peak memory, even with siblings running.
+            _, status, rusage = os.wait4(proc.pid, 0)
+            proc.returncode = code = os.waitstatus_to_exitcode(status)
+            timer.cancel()
+            usage = {"cpu_s": round(rusage.ru_utime + rusage.ru_stime, 3), "peak_rss_mb": round(rusage.ru_maxrss / 1024, 1)}
+        stream.flush()
+        with self.lock:
+            self.streams.discard(stream)
+        self._settle(run, queue, code, usage, tail[0] if tail else "")
+        shutil.rmtree(run.workdir, ignore_errors=True)
+
+    def _settle(self, run: Run, queue: Queue, code: int, usage: dict, last_line: str) -> None:
+        with self.lock:
+            if run.claimed:  # the drain already handed it back
+                return
+            run.claimed = True
+            fate = run.fate
+        outcome = {"attempt": run.attempt, "node": self.s.node_id, "exit_code": code,
+                   "seconds": round(time.time() - run.started, 3), **usage}
+        try:
+            if fate == "cancel":
+                self._settle_cancelled(run, outcome)
+            elif code == 0:
+                self._succeeded(run, usage, outcome)
+            elif fate == "interrupt":
+                self._requeue([run], interrupted=True)
+            elif fate == "timeout":
+                self._failed(run, queue, code, f"timed out after {queue.item_timeout_s}s", usage, outcome)
+            else:
+                detail = f"; last output: {last_line[:300]}" if last_line else ""
+                self._failed(run, queue, code, f"exit code {code}{detail}", usage, outcome)
+        except CLOUD_ERRORS as err:
+            # The message stays in flight; with no heartbeat it comes back after the visibility timeout.
+            log.error("could not record %s/%s (%s); the queue will redeliver it", run.message.job, run.message.item, err)
+        finally:
+            self._forget([run])
+
+    def _forget(self, runs: list[Run]) -> None:
+        with self.lock:
+            for run in runs:
+                if run in self.runs:
+                    self.runs.remove(run)
+            if not self.runs and self.idle_since is None:
+                self.idle_since = time.time()
+            self.changed.notify_all()
+
+    def _succeeded(self, run: Run, usage: dict, outcome: dict) -> None:
+        msg = run.message
+        item = self.store.update_item(
+            msg.job, msg.item, status="succeeded", exit_code=0, reason="", append={"history": {**outcome, "outcome": "succeeded"}},
+            **usage,
+        )
+        if item is None:
+            log.warning("%s/%s was already final; not marking it succeeded twice", msg.job, msg.item)
+        self.cloud.delete(run.url, [run.receipt])
+        log.info("%s/%s succeeded (attempt %d)", msg.job, msg.item, run.attempt)
+
+    def _settle_cancelled(self, held: Held, outcome: dict | None = None) -> None:
+        extra = {"append": {"history": {**outcome, "outcome": "cancelled"}}} if outcome else {}
+        self.store.update_item(held.message.job, held.message.item, status="cancelled", reason="job cancelled", **extra)
+        self.cloud.delete(held.url, [held.receipt])
+        log.info("%s/%s cancelled", held.message.job, held.message.item)
+
+    def _failed(self, held: Held, queue: Queue, code: int | None, reason: str, usage: dict, outcome: dict | None = None) -> None:
+        msg = held.message
+        current = self.store.item(msg.job, msg.item)
+        if current is not None and current.status in FINAL:
+            self.cloud.delete(held.url, [held.receipt])
+            return
+        failures = msg.failures + 1
+        final = failures > queue.max_retries
+        if final:
+            reason = f"{reason} (gave up after {failures} failed attempt(s); max_retries = {queue.max_retries})"
+        target = self.cloud.queue_url(held.queue, dead_letter=True) if final else held.url
+        self.cloud.send(target, [replace(msg, failures=failures)])
+        self.cloud.delete(held.url, [held.receipt])
+        entry = {"node": self.s.node_id, **(outcome or {}), "outcome": "failed", "reason": reason}
+        self.store.update_item(
+            msg.job, msg.item, status="failed" if final else "queued", failures=failures, exit_code=code,
+            reason=reason, append={"history": entry}, **usage,
+        )
+        log.info("%s/%s %s: %s", msg.job, msg.item, "dead-lettered" if final else "will retry", reason)
+
+    def _requeue(self, helds: list[Held], *, interrupted: bool) -> None:
+        """Send each item back as a fresh message (receive count 1), then delete what we held."""
+        by_url: dict[str, list[Held]] = defaultdict(list)
+        for h in helds:
+            by_url[h.url].append(h)
+        for url, group in by_url.items():
+            bump = 1 if interrupted else 0
+            self.cloud.send(url, [replace(h.message, interruptions=h.message.interruptions + bump) for h in group])
+            errors = self.cloud.delete(url, [h.receipt for h in group])
+            if errors:
+                log.warning("could not delete %d handed-back message(s): %s", len(errors), errors[0])
+        for h in helds:
+            if interrupted:
+                self.store.update_item(
+                    h.message.job, h.message.item, status="queued", node="", add={"interruptions": 1},
+                    append={"history": {"attempt": getattr(h, "attempt", 0), "node": self.s.node_id,
+                                        "outcome": "interrupted", "reason": self.stop_reason}},
+                )
+        if helds:
+            log.info("handed back %d item(s)%s", len(helds), f" ({self.stop_reason})" if interrupted else "")
+
+    # -- stopping workloads -------------------------------------------------------------
+    def _signal_stop(self, run: Run) -> None:
+        run.stop_file.touch()
+        self._kill(run, signal.SIGTERM)
+
+    @staticmethod
+    def _kill(run: Run, sig: int) -> None:
+        if run.proc is not None and run.proc.returncode is None:
+            try:
+                os.killpg(run.proc.pid, sig)  # the whole process group: shells and their children
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def _time_out(self, run: Run) -> None:
+        with self.lock:
+            if run.claimed or run.fate is not None:
+                return
+            run.fate = "timeout"
+            self._kill(run, signal.SIGKILL)
+
+    def _drain(self) -> None:
+        with self.lock:
+            for run in self.runs:
+                run.fate = run.fate or "interrupt"
+                self._signal_stop(run)
+            busy = len(self.runs)
+        if busy:
+            log.info("asked %d workload(s) to checkpoint; waiting up to %ss", busy, self.s.grace_s)
+        deadline = time.monotonic() + self.s.grace_s
+        with self.changed:
+            while any(not r.claimed for r in self.runs) and time.monotonic() < deadline:
+                self.changed.wait(min(0.2, max(0.0, deadline - time.monotonic())))
+            left = [r for r in self.runs if not r.claimed]
+            for run in left:
+                run.claimed = True
+                self._kill(run, signal.SIGKILL)
+        try:
+            self._requeue(left, interrupted=True)
+        except CLOUD_ERRORS as err:
+            log.error("hand-back failed (%s); the queue redelivers the items after their visibility timeout", err)
+        self._forget(left)
+
+    def _leave(self) -> None:
+        if self.lifecycle_terminating:
+            try:
+                self.autoscaling.complete_lifecycle_action(
+                    LifecycleHookName=naming.lifecycle_hook(self.env.name, self.pool_name),
+                    AutoScalingGroupName=naming.group(self.env.name, self.pool_name),
+                    LifecycleActionResult="CONTINUE",
+                    InstanceId=self.s.node_id,
+                )
+            except CLOUD_ERRORS as err:
+                log.warning("complete_lifecycle_action failed (%s); the hook's timeout lets the node go", err)
+        self._beat()
+        self.finished.set()
+        log.info("agent %s done: %s", self.s.node_id, self.stop_reason or "stopped")
+
+    # -- background steps ---------------------------------------------------------------
+    def _watch_metadata(self) -> None:
+        if self.stopping.is_set():
+            return
+        notice = self.metadata.notice()
+        if notice is not None:
+            self.lifecycle_terminating |= notice.lifecycle
+            self.request_stop(notice.reason)
+
+    def _cancelled(self, job_id: str) -> bool:
+        """The job's cancelled flag, read at most once per heartbeat interval."""
+        checked_at, cancelled = self.jobs.get(job_id, (0.0, False))
+        if not cancelled and time.monotonic() - checked_at >= self.s.heartbeat_s:
+            job = self.store.job(job_id)
+            cancelled = bool(job and job.cancelled)
+            self.jobs[job_id] = (time.monotonic(), cancelled)
+        return cancelled
+
+    def _beat(self) -> None:
+        with self.lock:
+            runs = [r for r in self.runs if not r.claimed]
+            busy = sum(r.slots for r in self.runs)
+            idle_since = self.idle_since
+            streams = list(self.streams)
+        self._step("heartbeat", self._write_heartbeat, busy, idle_since)
+        self._step("visibility", self._extend_visibility, runs)
+        self._step("cancel check", self._stop_cancelled, runs)
+        self._step("scale-in protection", self._protect, busy > 0 and not self.finished.is_set())
+        for stream in streams:
+            stream.flush()
+
+    @staticmethod
+    def _step(what: str, fn, *args) -> None:
+        try:
+            fn(*args)
+        except CLOUD_ERRORS as err:
+            log.warning("%s failed: %s", what, err)
+
+    def _write_heartbeat(self, busy: int, idle_since: float | None) -> None:
+        self.store.put_heartbeat(Heartbeat(
+            self.s.node_id, self.pool_name, at=time.time(), slots=self.slots, busy_slots=busy,
+            idle_since=idle_since, draining=self.stopping.is_set(), instance_type=self.s.instance_type,
+            spot=self.s.spot, gpus=self.gpus,
+        ))
+        own = self.store.heartbeat(self.pool_name, self.s.node_id)
+        if own is not None and own.draining:
+            self.request_stop("node marked draining in the job store")
+
+    def _extend_visibility(self, runs: list[Run]) -> None:
+        by_url: dict[str, list[Run]] = defaultdict(list)
+        for run in runs:
+            by_url[run.url].append(run)
+        for url, group in by_url.items():
+            for start in range(0, len(group), SQS_BATCH):
+                batch = group[start : start + SQS_BATCH]
+                result = self.cloud.sqs.change_message_visibility_batch(QueueUrl=url, Entries=[
+                    {"Id": str(i), "ReceiptHandle": r.receipt, "VisibilityTimeout": self.visibility[r.queue]}
+                    for i, r in enumerate(batch)
+                ])
+                for failed in result.get("Failed", []):
+                    log.warning("could not extend %s: %s", batch[int(failed["Id"])].message.item, failed.get("Message"))
+
+    def _stop_cancelled(self, runs: list[Run]) -> None:
+        now = time.monotonic()
+        for run in runs:
+            if run.fate is None and self._cancelled(run.message.job):
+                with self.lock:
+                    run.fate, run.kill_at = "cancel", now + min(self.s.grace_s, 10.0)
+                    self._signal_stop(run)
+                log.info("%s/%s: job cancelled, stopping it", run.message.job, run.message.item)
+            elif run.fate == "cancel" and run.kill_at is not None and now >= run.kill_at:
+                self._kill(run, signal.SIGKILL)
+
+    def _protect(self, busy: bool) -> None:
+        if busy == self.protected:
+            return
+        # Recorded before the call: a node outside any group (a laptop) would otherwise warn
+        # every heartbeat; the scaler never removes a busy node by its heartbeat anyway.
+        self.protected = busy
+        self.autoscaling.set_instance_protection(
+            InstanceIds=[self.s.node_id],
+            AutoScalingGroupName=naming.group(self.env.name, self.pool_name),
+            ProtectedFromScaleIn=busy,
+        )

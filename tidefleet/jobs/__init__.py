@@ -1,0 +1,1 @@
+"""The job SDK and CLI: submit, status, logs, cancel, retry-failed, nodes."""

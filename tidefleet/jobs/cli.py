@@ -1,0 +1,155 @@
+"""`tidefleet submit | status | logs | cancel | retry-failed | nodes`: thin wrappers over the SDK.
+
+Every command finds the environment's endpoints from its name (--env, default $TIDEFLEET_ENV)
+and turns cloud errors into a line that says what to do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import click
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn
+from rich.table import Table
+
+from tidefleet.config import ConfigError, Environment, load_environment
+from tidefleet.jobs import sdk
+
+MISSING = {"ResourceNotFoundException", "AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"}
+env_option = click.option(
+    "--env", "env_name", envvar="TIDEFLEET_ENV", required=True,
+    help="environment name or .toml path (default: $TIDEFLEET_ENV)",
+)
+
+
+def _load(env_name: str) -> Environment:
+    try:
+        return load_environment(env_name)
+    except ConfigError as err:
+        raise click.ClickException(str(err)) from None
+
+
+@contextlib.contextmanager
+def _explained(env: Environment):
+    deploy = f"deploy it with `invoke deploy --env {env.name}` or start `tidefleet sandbox --keep`"
+    try:
+        yield
+    except sdk.JobError as err:
+        raise click.ClickException(str(err)) from None
+    except NoCredentialsError:
+        raise click.ClickException("no AWS credentials: set AWS_PROFILE or AWS_ACCESS_KEY_ID (the sandbox prints them)") from None
+    except ClientError as err:
+        code = err.response["Error"]["Code"]
+        if code in MISSING:
+            raise click.ClickException(f"{err.response['Error'].get('Message', code)}: environment {env.name!r} is not deployed; {deploy}") from None
+        raise click.ClickException(f"{code}: {err}") from None
+    except BotoCoreError as err:
+        raise click.ClickException(f"cannot reach AWS for {env.name!r} ({err}); check AWS_ENDPOINT_URL / network, or {deploy}") from None
+
+
+@click.command()
+@env_option
+@click.option("--name", required=True, help="job name; the job id derives from it (re-submitting is a no-op)")
+@click.option("--queue", required=True, help="queue name from the environment file")
+@click.option("--items", "items_from", required=True, help="file of URIs or JSON lines, '-' for stdin")
+@click.option("--job-id", default=None, help="explicit job id instead of one derived from the name")
+def submit(env_name, name, queue, items_from, job_id) -> None:
+    """Submit a job: record it and its items, send them to the queue, kick the scaler."""
+    env = _load(env_name)
+    with _explained(env):
+        result = sdk.submit(env, name, queue, sdk.read_items(items_from), job_id=job_id)
+    click.echo(f"job {result.job_id}: {result.total} item(s), {result.new_items} new, {result.sent} sent; {result.kick}")
+
+
+def _show(console: Console, status: sdk.JobStatus) -> None:
+    c, total = status.counts, max(status.job.total, 1)
+    finished = c["succeeded"] + c["failed"] + c["cancelled"]
+    progress = Progress(TextColumn(f"{status.job.job_id}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                        console=console)
+    progress.add_task("", total=total, completed=finished)
+    console.print(progress.get_renderable())
+    console.print("  ".join(f"{k} {v}" for k, v in c.items()) + ("  [cancelled job]" if status.job.cancelled else ""))
+    for item in status.items:
+        if item.status == "failed":
+            console.print(f"  failed {item.item_id}: {item.reason}")
+
+
+@click.command()
+@env_option
+@click.argument("job_id")
+@click.option("--watch", is_flag=True, help="refresh every 2 s until nothing is queued or running")
+def status(env_name, job_id, watch) -> None:
+    """Counts of succeeded / running / queued / failed / cancelled items, with a progress bar."""
+    env, console = _load(env_name), Console()
+    with _explained(env):
+        while True:
+            current = sdk.status(env, job_id)
+            _show(console, current)
+            if not watch or current.done:
+                return
+            time.sleep(2)
+            console.print()
+
+
+@click.command()
+@env_option
+@click.argument("job_id")
+@click.argument("item_id", required=False)
+def logs(env_name, job_id, item_id) -> None:
+    """Print the output of every attempt of JOB_ID's items (or of ITEM_ID only)."""
+    env = _load(env_name)
+    with _explained(env):
+        current = None
+        for stream, line in sdk.log_lines(env, job_id, item_id):
+            if stream != current:
+                click.echo(f"==> {stream} <==")
+                current = stream
+            click.echo(line)
+        if current is None:
+            click.echo(f"no logs yet for {job_id}{'/' + item_id if item_id else ''}", err=True)
+
+
+@click.command()
+@env_option
+@click.argument("job_id")
+def cancel(env_name, job_id) -> None:
+    """Cancel a job: queued items are skipped, running ones are stopped by their agents."""
+    env = _load(env_name)
+    with _explained(env):
+        n = sdk.cancel(env, job_id)
+    click.echo(f"job {job_id} cancelled: {n} waiting item(s) cancelled; running items stop within a heartbeat")
+
+
+@click.command()
+@env_option
+@click.argument("job_id")
+def retry_failed(env_name, job_id) -> None:
+    """Send JOB_ID's dead-lettered items back to its queue with a fresh retry budget."""
+    env = _load(env_name)
+    with _explained(env):
+        n = sdk.retry_failed(env, job_id)
+        how = sdk.kick_scaler(env, f"retry-failed {job_id}") if n else "nothing to do"
+    click.echo(f"job {job_id}: {n} item(s) sent back; {how}")
+
+
+@click.command()
+@env_option
+def nodes(env_name) -> None:
+    """Per pool: nodes, type, spot/on-demand, busy/idle, GPUs (from heartbeats and groups)."""
+    env = _load(env_name)
+    with _explained(env):
+        pools = sdk.nodes(env)
+    console = Console()
+    for pool in pools:
+        group = "group not found" if pool.desired is None else f"desired {pool.desired}, {pool.instances} instance(s)"
+        table = Table(title=f"pool {pool.pool}: {group}", title_justify="left")
+        for column in ("node", "type", "lifecycle", "busy/slots", "state", "GPUs", "heartbeat"):
+            table.add_column(column)
+        for n in pool.nodes:
+            state = "draining" if n.draining else ("busy" if n.busy_slots else "idle")
+            table.add_row(n.node_id, n.instance_type, "spot" if n.spot else "on-demand", f"{n.busy_slots}/{n.slots}",
+                          state, str(n.gpus), f"{n.heartbeat_age_s:.0f}s ago")
+        console.print(table)

@@ -1,0 +1,391 @@
+"""The job SDK: submit a job's items, follow its progress, cancel it, read its logs, send
+its dead-lettered items back, and list the nodes working on it.
+
+A job is a name, a queue and a list of items; each item is a list of string arguments
+appended to the pool's command. Submitting is idempotent: the job id derives from the name
+(unless given) and item ids from positions (unless given), records are conditional puts, and
+only items not yet sent are sent, so running the same submit twice creates nothing twice.
+
+The SQS message of an item carries its failure and interruption counts (`ItemMessage`): the
+agent re-sends a message to retry or hand back an item, so SQS's receive count (and the
+queue's redrive policy) only ever sees lost nodes, never polite interruptions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import sys
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import boto3
+
+from tidefleet import naming
+from tidefleet.config import Environment
+from tidefleet.store import Item, Job, Store
+
+SQS_BATCH = 10
+
+
+class JobError(Exception):
+    """A user mistake or a missing resource; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class ItemMessage:
+    job: str
+    item: str
+    args: list[str]
+    failures: int = 0
+    interruptions: int = 0
+
+    def body(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def parse(cls, body: str) -> ItemMessage:
+        data = json.loads(body)
+        if not isinstance(data, dict) or not {"job", "item", "args"} <= data.keys():
+            raise ValueError(f"not a tidefleet item message: {body[:200]!r}")
+        return cls(**{k: data[k] for k in ("job", "item", "args", "failures", "interruptions") if k in data})
+
+
+@dataclass(frozen=True)
+class ItemSpec:
+    item_id: str
+    args: list[str]
+
+
+# -- reading items ------------------------------------------------------------------------
+def _spec(position: int, value, where: str) -> ItemSpec:
+    """One item from a URI string, a list of args, or {"id": ..., "args": [...] | "..."}."""
+    default_id = f"{position:06d}"
+    if isinstance(value, str):
+        return ItemSpec(default_id, [value])
+    if isinstance(value, list) and all(isinstance(a, str) for a in value):
+        return ItemSpec(default_id, list(value))
+    if isinstance(value, dict) and set(value) <= {"id", "args"} and "args" in value:
+        item_id = str(value.get("id", default_id))
+        if not re.fullmatch(r"[A-Za-z0-9_.:-]{1,200}", item_id):
+            raise JobError(f"{where}: item id {item_id!r} may use only letters, digits and _ . : - (1-200 chars)")
+        return replace(_spec(position, value["args"], where), item_id=item_id)
+    raise JobError(
+        f"{where}: not an item (got {value!r}); use a URI string, a list of string args, "
+        'or {"id": "...", "args": [...]}'
+    )
+
+
+def read_items(source: Iterable | str | Path | io.TextIOBase) -> list[ItemSpec]:
+    """Items from a Python list, a file path ('-' = stdin) or an open text stream.
+
+    Files: one item per line; a line starting with '{', '[' or '"' is JSON, any other line
+    is a URI (one argument). Blank lines and lines starting with '#' are skipped."""
+    if isinstance(source, (str, Path)):
+        if str(source) == "-":
+            return read_items(sys.stdin)
+        path = Path(source)
+        if not path.is_file():
+            raise JobError(f"items: no such file {str(path)!r}; give a file of URIs or JSON lines, or '-' for stdin")
+        with path.open() as stream:
+            return _unique(_lines(stream, str(path)))
+    if isinstance(source, io.TextIOBase) or hasattr(source, "readline"):
+        return _unique(_lines(source, "stdin"))
+    return _unique([_spec(i, v, f"items[{i}]") for i, v in enumerate(source)])
+
+
+def _lines(stream, name: str) -> list[ItemSpec]:
+    out: list[ItemSpec] = []
+    for number, line in enumerate(stream, start=1):
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        value = text
+        if text[0] in '{["':
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError as err:
+                raise JobError(f"{name}:{number}: not valid JSON ({err.msg}); fix the line or give a plain URI") from None
+        out.append(_spec(len(out), value, f"{name}:{number}"))
+    return out
+
+
+def _unique(specs: list[ItemSpec]) -> list[ItemSpec]:
+    seen = Counter(s.item_id for s in specs)
+    dup = [i for i, n in seen.items() if n > 1]
+    if dup:
+        raise JobError(f"items: duplicate item id(s) {', '.join(sorted(dup)[:5])}; give each item its own id")
+    if not specs:
+        raise JobError("items: none given; a job needs at least one item")
+    return specs
+
+
+def job_id_for(name: str) -> str:
+    """Deterministic and readable: the slug of the name plus a short hash of the exact name."""
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:40] or "job"
+    return f"{slug}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+
+
+# -- cloud access -------------------------------------------------------------------------
+class Cloud:
+    """The boto3 clients of one environment (endpoint from AWS_ENDPOINT_URL when set)."""
+
+    def __init__(self, env: Environment):
+        self.env = env
+        self.sqs = boto3.client("sqs", region_name=env.region)
+        self.logs = boto3.client("logs", region_name=env.region)
+        self.store = Store(env.name, env.region)
+        self._urls: dict[str, str] = {}
+
+    def queue_url(self, queue: str, *, dead_letter: bool = False) -> str:
+        name = naming.dead_letter_queue(self.env.name, queue) if dead_letter else naming.queue(self.env.name, queue)
+        if name not in self._urls:
+            self._urls[name] = self.sqs.get_queue_url(QueueName=name)["QueueUrl"]
+        return self._urls[name]
+
+    def send(self, url: str, messages: list[ItemMessage]) -> None:
+        """SendMessageBatch in tens; raises if any entry failed (nothing is silently dropped)."""
+        for start in range(0, len(messages), SQS_BATCH):
+            batch = messages[start : start + SQS_BATCH]
+            result = self.sqs.send_message_batch(
+                QueueUrl=url, Entries=[{"Id": str(i), "MessageBody": m.body()} for i, m in enumerate(batch)]
+            )
+            if result.get("Failed"):
+                first = result["Failed"][0]
+                raise RuntimeError(f"SQS refused {len(result['Failed'])} message(s): {first.get('Message', first)}")
+
+    def delete(self, url: str, receipts: list[str]) -> list[str]:
+        """DeleteMessageBatch in tens; returns the error of each entry that failed."""
+        errors = []
+        for start in range(0, len(receipts), SQS_BATCH):
+            batch = receipts[start : start + SQS_BATCH]
+            result = self.sqs.delete_message_batch(
+                QueueUrl=url, Entries=[{"Id": str(i), "ReceiptHandle": r} for i, r in enumerate(batch)]
+            )
+            errors += [f.get("Message", f.get("Code", "?")) for f in result.get("Failed", [])]
+        return errors
+
+
+# -- submit -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Submitted:
+    job_id: str
+    new_items: int  # recorded by this call
+    sent: int  # sent by this call (new ones plus any a crashed earlier submit left unsent)
+    total: int
+    kick: str  # how the scaler was told, or why it was not
+
+
+def submit(
+    env: Environment, name: str, queue: str, items: list[ItemSpec], *, job_id: str | None = None, kick: bool = True
+) -> Submitted:
+    if queue not in env.queues:
+        known = ", ".join(sorted(env.queues))
+        raise JobError(f"queue: unknown queue {queue!r} in environment {env.name!r}; known queues: {known}")
+    job_id = job_id or job_id_for(name)
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,100}", job_id):
+        raise JobError(f"job id: {job_id!r} may use only letters, digits and _ . - (1-100 chars)")
+    cloud = Cloud(env)
+    url = cloud.queue_url(queue)
+    stored = cloud.store.put_job(Job(job_id, name, queue, time.time(), len(items)))
+    if stored.queue != queue:
+        raise JobError(f"job {job_id!r} already exists on queue {stored.queue!r}; use another name or --job-id")
+    if stored.cancelled:
+        raise JobError(f"job {job_id!r} was cancelled; submit under another name or --job-id")
+    existing = {i.item_id: i for i in cloud.store.items(job_id)}
+    new = [s for s in items if s.item_id not in existing]
+    recorded = [s for s in new if cloud.store.put_item_if_new(Item(job_id, s.item_id, s.args, status="pending"))]
+    # "pending" = recorded but maybe not sent: a submit that crashed between the two is
+    # completed by the next one, so no item is ever recorded and never queued.
+    unsent = [s for s in items if s.item_id not in existing or existing[s.item_id].status == "pending"]
+    for start in range(0, len(unsent), SQS_BATCH):
+        batch = unsent[start : start + SQS_BATCH]
+        cloud.send(url, [ItemMessage(job_id, s.item_id, s.args) for s in batch])
+        for s in batch:  # an agent may already have started it: only pending becomes queued
+            cloud.store.update_item(job_id, s.item_id, only_from=("pending",), status="queued")
+    total = len(existing) + len(recorded)
+    if total != stored.total:
+        cloud.store.set_job_total(job_id, total)
+    how = kick_scaler(env, f"submit {job_id}") if kick and unsent else "not needed"
+    return Submitted(job_id, len(recorded), len(unsent), total, how)
+
+
+def kick_scaler(env: Environment, reason: str) -> str:
+    """Tell the scaler there is work now. Never raises: the schedule picks it up within a tick."""
+    payload = json.dumps({"tidefleet": "kick", "env": env.name, "reason": reason}).encode()
+    url = os.environ.get("TIDEFLEET_KICK_URL")
+    try:
+        if url:
+            request = urllib.request.Request(url, data=payload, headers={"Content-Type": "application/json"})
+            urllib.request.urlopen(request, timeout=5).close()
+            return f"kicked {url}"
+        boto3.client("lambda", region_name=env.region).invoke(
+            FunctionName=naming.function(env.name, "scaler"), InvocationType="Event", Payload=payload
+        )
+        return f"kicked {naming.function(env.name, 'scaler')}"
+    except Exception as err:  # noqa: BLE001 - any failure here only delays scaling by a tick
+        return f"warning: could not kick the scaler ({err}); the schedule picks the job up within {env.scaler.tick_s}s"
+
+
+# -- progress -----------------------------------------------------------------------------
+STATES = ("succeeded", "running", "queued", "failed", "cancelled")
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    job: Job
+    counts: dict[str, int]  # every state in STATES, pending counted as queued
+    items: list[Item]
+
+    @property
+    def done(self) -> bool:
+        return self.counts["running"] == 0 and self.counts["queued"] == 0
+
+
+def status(env: Environment, job_id: str) -> JobStatus:
+    store = Store(env.name, env.region)
+    job = store.job(job_id)
+    if job is None:
+        raise JobError(f"job {job_id!r} not found in environment {env.name!r}; check the id printed by submit")
+    items = store.items(job_id)
+    counts = Counter("queued" if i.status == "pending" else i.status for i in items)
+    return JobStatus(job, {s: counts.get(s, 0) for s in STATES}, items)
+
+
+def cancel(env: Environment, job_id: str) -> int:
+    """Flag the job (agents stop its running items) and cancel its waiting items; returns how many."""
+    store = Store(env.name, env.region)
+    if store.job(job_id) is None:
+        raise JobError(f"job {job_id!r} not found in environment {env.name!r}; nothing to cancel")
+    store.cancel_job(job_id)
+    waiting = [i for i in store.items(job_id) if i.status in ("pending", "queued")]
+    return sum(
+        store.update_item(job_id, i.item_id, only_from=("pending", "queued"), status="cancelled", reason="cancelled")
+        is not None
+        for i in waiting
+    )
+
+
+def retry_failed(env: Environment, job_id: str) -> int:
+    """Move this job's messages from the dead-letter queue back to its queue with a fresh retry budget."""
+    cloud = Cloud(env)
+    job = cloud.store.job(job_id)
+    if job is None:
+        raise JobError(f"job {job_id!r} not found in environment {env.name!r}")
+    url, dlq = cloud.queue_url(job.queue), cloud.queue_url(job.queue, dead_letter=True)
+    others: list[str] = []  # other jobs' messages: hidden while we scan, released at the end
+    moved = 0
+    try:
+        while True:
+            got = cloud.sqs.receive_message(QueueUrl=dlq, MaxNumberOfMessages=SQS_BATCH, VisibilityTimeout=120)
+            messages = got.get("Messages", [])
+            if not messages:
+                return moved
+            mine = []
+            for m in messages:
+                try:
+                    msg = ItemMessage.parse(m["Body"])
+                except ValueError:
+                    others.append(m["ReceiptHandle"])
+                    continue
+                if msg.job == job_id:
+                    mine.append((msg, m["ReceiptHandle"]))
+                else:
+                    others.append(m["ReceiptHandle"])
+            if mine:
+                cloud.send(url, [replace(msg, failures=0) for msg, _ in mine])
+                cloud.delete(dlq, [r for _, r in mine])
+                for msg, _ in mine:
+                    cloud.store.update_item(
+                        job_id, msg.item, never_from=("succeeded", "cancelled"), status="queued", failures=0, reason=""
+                    )
+                moved += len(mine)
+    finally:
+        for start in range(0, len(others), SQS_BATCH):
+            cloud.sqs.change_message_visibility_batch(
+                QueueUrl=dlq,
+                Entries=[
+                    {"Id": str(i), "ReceiptHandle": r, "VisibilityTimeout": 0}
+                    for i, r in enumerate(others[start : start + SQS_BATCH])
+                ],
+            )
+
+
+def log_lines(env: Environment, job_id: str, item_id: str | None = None) -> Iterator[tuple[str, str]]:
+    """(stream, line) for every attempt of the job's items (or one item), oldest first per stream."""
+    logs = boto3.client("logs", region_name=env.region)
+    group = naming.item_log_group(env.name)
+    prefix = f"{job_id}/" + (f"{item_id}/" if item_id else "")
+    streams = []
+    for page in logs.get_paginator("describe_log_streams").paginate(logGroupName=group, logStreamNamePrefix=prefix):
+        streams += [s["logStreamName"] for s in page["logStreams"]]
+    for stream in sorted(streams, key=_stream_order):
+        token = None
+        while True:
+            kwargs = {"logGroupName": group, "logStreamName": stream, "startFromHead": True}
+            if token:
+                kwargs["nextToken"] = token
+            page = logs.get_log_events(**kwargs)
+            for event in page["events"]:
+                yield stream, event["message"]
+            if not page["events"] or page.get("nextForwardToken") == token:
+                break
+            token = page.get("nextForwardToken")
+
+
+def _stream_order(stream: str) -> tuple:
+    job, item, attempt = (stream.split("/") + ["", "", ""])[:3]
+    return (item, int(attempt) if attempt.isdigit() else 0)
+
+
+# -- nodes --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class NodeRow:
+    pool: str
+    node_id: str
+    instance_type: str
+    spot: bool
+    busy_slots: int
+    slots: int
+    gpus: int
+    draining: bool
+    heartbeat_age_s: float
+
+
+@dataclass(frozen=True)
+class PoolRow:
+    pool: str
+    desired: int | None  # None: the group was not found
+    instances: int | None
+    nodes: list[NodeRow]
+
+
+def nodes(env: Environment, now: float | None = None) -> list[PoolRow]:
+    """Per pool: the group's desired size and instances, and each node's last heartbeat."""
+    now = time.time() if now is None else now
+    store = Store(env.name, env.region)
+    autoscaling = boto3.client("autoscaling", region_name=env.region)
+    names = [naming.group(env.name, p) for p in env.pools]
+    groups = {
+        g["AutoScalingGroupName"]: g
+        for g in autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=names)["AutoScalingGroups"]
+    }
+    out = []
+    for pool in env.pools:
+        group = groups.get(naming.group(env.name, pool))
+        rows = [
+            NodeRow(pool, hb.node_id, hb.instance_type, hb.spot, hb.busy_slots, hb.slots, hb.gpus, hb.draining, now - hb.at)
+            for hb in sorted(store.heartbeats(pool).values(), key=lambda h: h.node_id)
+        ]
+        out.append(
+            PoolRow(pool, group["DesiredCapacity"] if group else None, len(group["Instances"]) if group else None, rows)
+        )
+    return out
+
