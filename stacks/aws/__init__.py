@@ -1,0 +1,1 @@
+"""AWS constructs of one tidefleet environment; `stack.AwsFleetStack` composes them."""

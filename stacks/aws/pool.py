@@ -1,0 +1,174 @@
+"""One node pool: launch template, autoscaling group, termination hook and the node role.
+
+The scaler owns the group's desired capacity (Terraform ignores it) and chooses which
+nodes go; the group only launches the pool's types by weight, spot first.
+"""
+
+from __future__ import annotations
+
+from cdktn import TerraformResourceLifecycle
+from cdktn_provider_aws.autoscaling_group import (
+    AutoscalingGroup,
+    AutoscalingGroupInitialLifecycleHook,
+    AutoscalingGroupMixedInstancesPolicyLaunchTemplateOverride,
+    AutoscalingGroupTag,
+)
+from cdktn_provider_aws.iam_instance_profile import IamInstanceProfile
+from cdktn_provider_aws.launch_template import (
+    LaunchTemplate,
+    LaunchTemplateBlockDeviceMappings,
+    LaunchTemplateNetworkInterfaces,
+    LaunchTemplateTagSpecifications,
+)
+from constructs import Construct
+
+from stacks.aws.iam import AwsContext, ServiceRole, Statement
+from tidefleet import naming
+from tidefleet.config import Environment
+
+# Time a terminating node gets to hand its items back before the group goes on anyway.
+DRAIN_HEARTBEAT_S = 300
+ROOT_DEVICE = "/dev/xvda"  # Amazon Linux 2023 and its Deep Learning AMIs
+GROUP_METRICS = ["GroupInServiceInstances", "GroupPendingInstances", "GroupDesiredCapacity",
+                 "GroupInServiceCapacity", "GroupPendingCapacity"]  # fmt: skip
+
+
+def image_id(image: str) -> str:
+    """An AMI id as is; `ssm:/path` becomes EC2's resolve-at-launch syntax."""
+    return f"resolve:ssm:{image.removeprefix('ssm:')}" if image.startswith("ssm:") else image
+
+
+def pool_tags(env: Environment, pool_name: str) -> dict[str, str]:
+    """Cost attribution on every node and volume (the provider's default_tags skip those)."""
+    return {**env.tags, "tidefleet:env": env.name, "tidefleet:pool": pool_name, "tidefleet:team": env.pools[pool_name].team}
+
+
+class NodePool(Construct):
+    """Exposes `group` (name, arn) and `role`."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        env: Environment,
+        pool_name: str,
+        ctx: AwsContext,
+        subnet_ids: list[str],
+        security_group_id: str,
+        user_data_base64: str,
+        queue_arns: list[str],
+        table_arn: str,
+        item_log_group_arn: str,
+        artifacts_bucket_arn: str,
+        key_arn: str,
+    ) -> None:
+        super().__init__(scope, id)
+        pool = env.pools[pool_name]
+        group_name = naming.group(env.name, pool_name)
+        # Scoped by name: the id inside a group's ARN exists only once the group does.
+        group_arn = ctx.arn("autoscaling", f"autoScalingGroup:*:autoScalingGroupName/{group_name}")
+        self.role = ServiceRole(
+            self,
+            "node-role",
+            name=naming.node_role(env.name, pool_name),
+            service="ec2.amazonaws.com",
+            statements=[
+                Statement("WorkOwnQueues", ["sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility",
+                                            "sqs:SendMessage", "sqs:GetQueueAttributes", "sqs:GetQueueUrl"], queue_arns),
+                Statement("JobStore", ["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:Query"],
+                          [table_arn]),
+                Statement("ItemLogs", ["logs:CreateLogStream", "logs:PutLogEvents"],
+                          [item_log_group_arn, f"{item_log_group_arn}:log-stream:*"]),
+                Statement("OwnGroup", ["autoscaling:SetInstanceProtection", "autoscaling:CompleteLifecycleAction",
+                                       "autoscaling:RecordLifecycleActionHeartbeat"], [group_arn]),
+                Statement("ReadAgent", ["s3:GetObject"], [f"{artifacts_bucket_arn}/agent/*"]),
+                Statement("Checkpoints", ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"],
+                          [f"{artifacts_bucket_arn}/checkpoints/*"]),
+                Statement("ListAgentAndCheckpoints", ["s3:ListBucket"], [artifacts_bucket_arn],
+                          [{"test": "StringLike", "variable": "s3:prefix", "values": ["agent/*", "checkpoints/*"]}]),
+                Statement("ArtifactsKey", ["kms:Decrypt", "kms:GenerateDataKey"], [key_arn]),
+            ],
+        )  # fmt: skip
+        profile = IamInstanceProfile(self, "profile", name=naming.node_role(env.name, pool_name), role=self.role.name)
+        tags = pool_tags(env, pool_name)
+        template = LaunchTemplate(
+            self,
+            "launch-template",
+            name=naming.launch_template(env.name, pool_name),
+            image_id=image_id(pool.image),
+            iam_instance_profile={"arn": profile.arn},
+            user_data=user_data_base64,
+            update_default_version=True,
+            ebs_optimized="true",
+            monitoring={"enabled": True},
+            metadata_options={
+                "http_endpoint": "enabled",
+                "http_tokens": "required",
+                # Containers on docker's bridge network are one hop further from IMDS.
+                "http_put_response_hop_limit": 2 if pool.container else 1,
+            },
+            block_device_mappings=[
+                LaunchTemplateBlockDeviceMappings(
+                    device_name=ROOT_DEVICE,
+                    ebs={"volume_size": pool.disk_gb, "volume_type": "gp3", "encrypted": "true",
+                         "delete_on_termination": "true"},
+                )
+            ],
+            network_interfaces=[
+                LaunchTemplateNetworkInterfaces(
+                    device_index=0,
+                    associate_public_ip_address="true" if pool.public_ip else "false",
+                    security_groups=[security_group_id],
+                    delete_on_termination="true",
+                )
+            ],
+            tag_specifications=[LaunchTemplateTagSpecifications(resource_type="volume", tags=tags)],
+        )  # fmt: skip
+        self.group = AutoscalingGroup(
+            self,
+            "group",
+            name=group_name,
+            min_size=pool.min,
+            max_size=pool.max,
+            desired_capacity=pool.min,
+            desired_capacity_type="units",
+            vpc_zone_identifier=subnet_ids,
+            capacity_rebalance=True,
+            health_check_grace_period=pool.boot_timeout_s,
+            # The scaler picks which idle nodes go; zone rebalancing would pick busy ones.
+            suspended_processes=["AZRebalance"],
+            wait_for_capacity_timeout="0",
+            enabled_metrics=GROUP_METRICS,
+            metrics_granularity="1Minute",
+            mixed_instances_policy={
+                "instances_distribution": {
+                    "on_demand_base_capacity": pool.on_demand_base,
+                    "on_demand_percentage_above_base_capacity": pool.on_demand_percent,
+                    "spot_allocation_strategy": pool.spot_allocation_strategy,
+                    # "" = capped at the on-demand price
+                    "spot_max_price": "" if pool.spot_max_price is None else str(pool.spot_max_price),
+                },
+                "launch_template": {
+                    "launch_template_specification": {"launch_template_id": template.id, "version": "$Latest"},
+                    "override": [
+                        AutoscalingGroupMixedInstancesPolicyLaunchTemplateOverride(
+                            instance_type=t.type, weighted_capacity=str(t.weight)
+                        )
+                        for t in pool.instance_types
+                    ],
+                },
+            },
+            initial_lifecycle_hook=[
+                AutoscalingGroupInitialLifecycleHook(
+                    name=naming.lifecycle_hook(env.name, pool_name),
+                    lifecycle_transition="autoscaling:EC2_INSTANCE_TERMINATING",
+                    heartbeat_timeout=DRAIN_HEARTBEAT_S,
+                    default_result="CONTINUE",
+                )
+            ],
+            tag=[AutoscalingGroupTag(key=k, value=v, propagate_at_launch=True) for k, v in sorted(tags.items())],
+            lifecycle=TerraformResourceLifecycle(ignore_changes=["desired_capacity"]),
+        )
+        self.group_name = group_name
+        self.group_arn = group_arn

@@ -1,0 +1,114 @@
+"""One environment's AWS stack: state, network, node pools, control functions, dashboard."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable
+
+from cdktn import Fn, LocalBackend, S3Backend, TerraformLocal, TerraformStack
+from cdktn_provider_aws.cloudwatch_dashboard import CloudwatchDashboard
+from cdktn_provider_aws.provider import AwsProvider, AwsProviderDefaultTags
+from constructs import Construct
+
+from stacks.aws.functions import ControlFunctions, QueueRef
+from stacks.aws.iam import AwsContext
+from stacks.aws.network import NodeNetwork
+from stacks.aws.pool import NodePool
+from stacks.aws.storage import ArtifactsBucket, EnvironmentKey, JobTable, WorkQueue, log_group
+from tidefleet import naming
+from tidefleet.config import Environment
+
+# Rendered scripts carry this where the bucket name goes; the name holds the account id,
+# known to Terraform only, so it is spliced back in as an interpolation.
+BUCKET_PLACEHOLDER = "TIDEFLEET-ARTIFACTS-BUCKET-PLACEHOLDER"
+
+
+def terraform_literal(text: str) -> str:
+    """`text` as a Terraform JSON string that Terraform will not interpolate."""
+    return text.replace("${", "$${").replace("%{", "%%{")
+
+
+class AwsFleetStack(TerraformStack):
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        env: Environment,
+        archive_path: str,
+        local_state_path: str,
+        user_data: Callable[[str, str], str],
+    ) -> None:
+        """archive_path: the functions zip, relative to the synthesized stack directory.
+        local_state_path: state file for the local backend, likewise relative.
+        user_data(pool_name, artifacts_bucket): the pool's boot script."""
+        super().__init__(scope, id)
+        AwsProvider(self, "aws", region=env.region, default_tags=[AwsProviderDefaultTags(tags={**env.tags, "tidefleet:env": env.name})])
+        self._backend(env, local_state_path)
+        ctx = AwsContext(self, "account", region=env.region)
+        key = EnvironmentKey(
+            self, "key", env_name=env.name, ctx=ctx,
+            log_group_patterns=[f"/{naming.PREFIX}/{env.name}/*", f"/aws/lambda/{naming.function(env.name, '')}*"],
+        )  # fmt: skip
+        self.queues = {
+            name: WorkQueue(self, f"queue-{name}", env_name=env.name, queue_name=name, queue=queue)
+            for name, queue in sorted(env.queues.items())
+        }
+        self.table = JobTable(self, "jobs", env_name=env.name, key_arn=key.arn)
+        self.artifacts = ArtifactsBucket(self, "artifacts", env_name=env.name, ctx=ctx, key_arn=key.arn)
+        self.item_logs = log_group(self, "item-logs", name=naming.item_log_group(env.name), key_arn=key.arn)
+        network = NodeNetwork(self, "network", env_name=env.name, network=env.network, ctx=ctx, key_arn=key.arn)
+
+        self.pools = {}
+        for pool_name in sorted(env.pools):
+            script = terraform_literal(user_data(pool_name, BUCKET_PLACEHOLDER)).replace(BUCKET_PLACEHOLDER, self.artifacts.name)
+            script_local = TerraformLocal(self, f"user-data-{pool_name}", script)
+            self.pools[pool_name] = NodePool(
+                self, f"pool-{pool_name}", env=env, pool_name=pool_name, ctx=ctx, subnet_ids=network.subnet_ids,
+                security_group_id=network.security_group_id, user_data_base64=Fn.base64encode(script_local.as_string),
+                queue_arns=[arn for q in env.queues_of(pool_name) for arn in self.queues[q].arns],
+                table_arn=self.table.arn, item_log_group_arn=self.item_logs.arn,
+                artifacts_bucket_arn=self.artifacts.arn, key_arn=key.arn,
+            )  # fmt: skip
+        self.functions = ControlFunctions(
+            self, "control", env=env, ctx=ctx, archive_path=archive_path,
+            queues={name: QueueRef(q.name, q.queue.arn) for name, q in self.queues.items()},
+            group_names=[p.group_name for p in self.pools.values()], group_arns=[p.group_arn for p in self.pools.values()],
+            table_arn=self.table.arn, key_arn=key.arn,
+        )  # fmt: skip
+        CloudwatchDashboard(self, "dashboard", dashboard_name=naming.stack_resource(env.name, "fleet"),
+                            dashboard_body=json.dumps(dashboard(env)))  # fmt: skip
+
+    def _backend(self, env: Environment, local_state_path: str) -> None:
+        state = env.state
+        if state.backend == "s3":
+            # Without a lock table, Terraform >= 1.10 locks with a lock file beside the state.
+            lock = {"dynamodb_table": state.lock_table} if state.lock_table else {"use_lockfile": True}
+            S3Backend(self, bucket=state.bucket, key=state.key or f"tidefleet/{env.name}.tfstate",
+                      region=state.region or env.region, encrypt=True, **lock)  # fmt: skip
+        else:
+            LocalBackend(self, path=local_state_path)
+
+    def _allocate_logical_id(self, element) -> str:
+        # Readable, hash-free addresses (aws_sqs_queue.queue-render_queue): the checkov
+        # suppressions and the tests name resources by them.
+        return "_".join(element.node.path.split("/")[1:])
+
+
+def dashboard(env: Environment) -> dict:
+    """Per pool: its queues' depth and the group's in-service and pending capacity."""
+    widgets = []
+    for i, pool_name in enumerate(sorted(env.pools)):
+        group = naming.group(env.name, pool_name)
+        queues = [naming.queue(env.name, q) for q in sorted(env.queues_of(pool_name))]
+        depth = [["AWS/SQS", m, "QueueName", q] for q in queues
+                 for m in ("ApproximateNumberOfMessagesVisible", "ApproximateNumberOfMessagesNotVisible")]  # fmt: skip
+        fleet = [["AWS/AutoScaling", m, "AutoScalingGroupName", group]
+                 for m in ("GroupInServiceCapacity", "GroupPendingCapacity", "GroupDesiredCapacity")]  # fmt: skip
+        for j, (title, metrics) in enumerate(((f"{pool_name}: queue depth", depth), (f"{pool_name}: capacity", fleet))):
+            widgets.append({
+                "type": "metric", "x": 12 * j, "y": 6 * i, "width": 12, "height": 6,
+                "properties": {"title": title, "region": env.region, "stat": "Maximum", "period": 60, "metrics": metrics},
+            })  # fmt: skip
+    return {"widgets": widgets}
