@@ -1,0 +1,234 @@
+"""Both cloud functions end to end on the moto server, fed the captured event payloads in
+tests/events/, with the real policy deciding.
+
+The sandbox environment is provisioned exactly as `tidefleet sandbox` does it, with one
+change: no scale-out cooldown, because moto's instances are launched at test time and the
+test must not sleep through a cooldown to see a scale-in.
+
+moto 5.2 gaps: it has no CompleteLifecycleAction and never holds an instance in
+Terminating:Wait, so for the terminate hook the fleet adapter is wrapped to record the
+completion call instead of sending it (everything else is the real adapter on the server).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import boto3
+import pytest
+
+from lambdas.interruption import handler as interruption
+from lambdas.scaler import handler as scaler
+from tidefleet import naming
+from tidefleet.cloud import Ports
+from tidefleet.cloud.aws import AutoScalingFleet, SqsQueues, lambda_runtime
+from tidefleet.config import environments_dir
+from tidefleet.sandbox.provision import provision
+from tidefleet.store import Heartbeat, Store
+
+EVENTS = Path(__file__).parent / "events"
+GROUP = naming.group("sandbox", "cpu")
+REGION = "us-east-1"
+
+
+def event(name: str, instance_id: str | None = None) -> dict:
+    text = (EVENTS / f"{name}.json").read_text()
+    return json.loads(text.replace("i-1234567890abcdef0", instance_id) if instance_id else text)
+
+
+@pytest.fixture
+def deployed(aws, tmp_path, monkeypatch):
+    """The sandbox environment on the moto server; returns a function to rewrite its [scaler]."""
+    source = (environments_dir() / "sandbox.toml").read_text()
+
+    def configure(extra: str = "") -> None:
+        text = source.replace("scale_out_cooldown_s = 4", f"scale_out_cooldown_s = 0\n{extra}")
+        (tmp_path / "sandbox.toml").write_text(text)
+        lambda_runtime.cache_clear()  # a new cold start
+
+    monkeypatch.setenv("TIDEFLEET_ENVIRONMENTS", str(tmp_path))
+    monkeypatch.setenv("TIDEFLEET_ENV", "sandbox")
+    configure()
+    env, _ = lambda_runtime()
+    provision(env, user_data={"cpu": "#!/bin/sh\n"})
+    yield configure
+    lambda_runtime.cache_clear()
+
+
+def asg():
+    return boto3.client("autoscaling", region_name=REGION)
+
+
+def group() -> dict:
+    return asg().describe_auto_scaling_groups(AutoScalingGroupNames=[GROUP])["AutoScalingGroups"][0]
+
+
+def grow(desired: int) -> list[str]:
+    asg().set_desired_capacity(AutoScalingGroupName=GROUP, DesiredCapacity=desired)
+    return [i["InstanceId"] for i in group()["Instances"]]
+
+
+def put_items(n: int, receive: int = 0) -> None:
+    sqs = boto3.client("sqs", region_name=REGION)
+    url = sqs.get_queue_url(QueueName=naming.queue("sandbox", "demo"))["QueueUrl"]
+    for i in range(n):
+        sqs.send_message(QueueUrl=url, MessageBody=json.dumps({"item": i}))
+    if receive:
+        got = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=receive)["Messages"]
+        assert len(got) == receive
+
+
+def heartbeat(node_id: str, busy: int) -> None:
+    """What the agent reports; a busy agent also protects its node from scale-in."""
+    now = time.time()
+    Store("sandbox", REGION).put_heartbeat(
+        Heartbeat(node_id, "cpu", at=now, slots=2, busy_slots=busy, idle_since=None if busy else now - 600)
+    )
+    asg().set_instance_protection(AutoScalingGroupName=GROUP, InstanceIds=[node_id], ProtectedFromScaleIn=bool(busy))
+
+
+# -- scaler ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("trigger", ["schedule", "alarm", "kick"])
+def test_every_trigger_scales_out_on_backlog_at_once(deployed, trigger):
+    put_items(5)  # 5 one-slot items, 2 slots per node
+    summary = scaler.handler(event(trigger), None)
+    assert summary["trigger"] == trigger and summary["desired"] == {"cpu": 3}
+    g = group()
+    assert g["DesiredCapacity"] == 3 and len(g["Instances"]) == 3
+
+
+def test_idle_nodes_are_terminated_with_decrement_and_busy_or_booting_ones_kept(deployed):
+    idle_a, busy, idle_b, booting = grow(4)
+    heartbeat(idle_a, busy=0)
+    heartbeat(busy, busy=1)
+    heartbeat(idle_b, busy=0)  # `booting` has not reported yet
+    put_items(1, receive=1)  # the busy node's item, in flight
+    summary = scaler.handler(event("schedule"), None)
+    assert summary["terminated"] == 2
+    g = group()
+    assert sorted(i["InstanceId"] for i in g["Instances"]) == sorted([busy, booting])
+    assert g["DesiredCapacity"] == 2  # decremented with each termination: no replacement launched
+    states = boto3.client("ec2", region_name=REGION).describe_instances(InstanceIds=[idle_a, idle_b])
+    assert {i["State"]["Name"] for r in states["Reservations"] for i in r["Instances"]} == {"terminated"}
+
+
+def test_a_second_tick_on_the_same_world_changes_nothing(deployed):
+    idle, busy = grow(2)
+    heartbeat(idle, busy=0)
+    heartbeat(busy, busy=1)
+    put_items(3, receive=1)
+    scaler.handler(event("schedule"), None)
+    first = group()
+    scaler.handler(event("kick"), None)
+    second = group()
+    assert second["DesiredCapacity"] == first["DesiredCapacity"]
+    assert {i["InstanceId"] for i in second["Instances"]} == {i["InstanceId"] for i in first["Instances"]}
+
+
+def test_dry_run_decides_and_logs_but_changes_nothing(deployed, caplog):
+    deployed("dry_run = true")
+    idle, busy = grow(2)
+    heartbeat(idle, busy=0)
+    heartbeat(busy, busy=1)
+    put_items(9, receive=1)
+    with caplog.at_level(logging.INFO, "tidefleet"):
+        summary = scaler.handler(event("schedule"), None)
+    assert summary["desired"]["cpu"] > 2  # it did decide to grow ...
+    g = group()
+    assert g["DesiredCapacity"] == 2 and len(g["Instances"]) == 2  # ... and changed nothing
+    line = json.loads(next(r.getMessage() for r in caplog.records if r.name == "tidefleet.control"))
+    assert line["dry_run"] is True and line["reasons"]
+
+
+BAD_SCALER_EVENTS = [
+    event("malformed"),
+    event("unknown"),
+    {"tidefleet": "kick"},
+    {"tidefleet": "kick", "env": "prod", "reason": "wrong function"},
+    "garbage",
+    [],
+    None,
+]
+
+
+@pytest.mark.parametrize("bad", BAD_SCALER_EVENTS, ids=lambda e: json.dumps(e)[:40])
+def test_the_scaler_logs_and_ignores_unknown_or_malformed_events(deployed, bad, caplog):
+    put_items(4)  # backlog: a tick would scale out
+    with caplog.at_level(logging.WARNING, "tidefleet"):
+        result = scaler.handler(bad, None)
+    assert set(result) == {"ignored"} and "ignored" in caplog.text
+    assert group()["DesiredCapacity"] == 0
+
+
+# -- interruption ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("notice", ["spot_warning", "rebalance"])
+def test_a_spot_notice_marks_the_node_draining_and_asks_for_replacement_at_once(deployed, notice):
+    (node,) = grow(1)
+    heartbeat(node, busy=2)
+    put_items(4, receive=2)  # two running on the node, two waiting
+    line = interruption.handler(event(notice, node), None)
+    assert line["pool"] == "cpu" and line["backlog"] == 4
+    assert Store("sandbox", REGION).heartbeats("cpu")[node].draining
+    g = group()
+    assert node in {i["InstanceId"] for i in g["Instances"]}  # busy: handed back by its agent, not killed
+    assert g["DesiredCapacity"] > 1 and len(g["Instances"]) == g["DesiredCapacity"]
+
+
+class RecordingFleet(AutoScalingFleet):
+    """The real adapter, except CompleteLifecycleAction (moto has none) is recorded."""
+
+    completed: list[tuple] = []
+
+    def complete_lifecycle_action(self, pool, instance_id, hook, token):
+        self.completed.append((pool, instance_id, hook, token))
+
+
+@pytest.fixture
+def recording(deployed, monkeypatch):
+    env, ports = lambda_runtime()
+    fleet = RecordingFleet(env)
+    fleet.completed = []
+    monkeypatch.setattr(interruption, "lambda_runtime", lambda: (env, Ports(SqsQueues(env), fleet, ports.nodes)))
+    return fleet
+
+
+@pytest.mark.parametrize(("busy", "released"), [(0, True), (1, False)])
+def test_the_terminate_hook_is_released_only_for_an_idle_node(recording, busy, released):
+    (node,) = grow(1)
+    heartbeat(node, busy=busy)
+    line = interruption.handler(event("lifecycle_terminate", node), None)
+    assert Store("sandbox", REGION).heartbeats("cpu")[node].draining
+    expected = [("cpu", node, "tidefleet-sandbox-cpu-drain", "87654321-4321-4321-4321-210987654321")]
+    assert recording.completed == (expected if released else [])
+    assert ("released" in line) is released and ("held" in line) is not released
+
+
+def test_the_terminate_hook_is_released_for_a_node_that_never_reported(recording):
+    (node,) = grow(1)
+    line = interruption.handler(event("lifecycle_terminate", node), None)
+    assert line["released"] == "never reported" and len(recording.completed) == 1
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [event("malformed"), event("unknown"), event("schedule"), event("kick"), "garbage", None],
+    ids=lambda e: json.dumps(e)[:40],
+)
+def test_the_interruption_function_logs_and_ignores_unknown_or_malformed_events(deployed, bad, caplog):
+    (node,) = grow(1)
+    with caplog.at_level(logging.WARNING, "tidefleet"):
+        result = interruption.handler(bad, None)
+    assert set(result) == {"ignored"} and "ignored" in caplog.text
+    assert Store("sandbox", REGION).heartbeats("cpu") == {} and group()["DesiredCapacity"] == 1
+
+
+def test_a_notice_for_an_instance_of_no_tidefleet_group_is_ignored(deployed):
+    line = interruption.handler(event("spot_warning", "i-0aaaaaaaaaaaaaaaa"), None)
+    assert "no group" in line["ignored"]
