@@ -38,6 +38,7 @@ from pathlib import Path
 
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError
+from botocore.parsers import ResponseParserError
 
 from tidefleet import naming
 from tidefleet.agent.imds import Metadata
@@ -46,7 +47,8 @@ from tidefleet.jobs.sdk import SQS_BATCH, Cloud, ItemMessage
 from tidefleet.store import FINAL, Heartbeat
 
 log = logging.getLogger("tidefleet.agent")
-CLOUD_ERRORS = (BotoCoreError, ClientError, RuntimeError)
+# What a cloud call may raise: API errors, transport errors, and a garbled answer (a 500 page).
+CLOUD_ERRORS = (BotoCoreError, ClientError, ResponseParserError, RuntimeError)
 LOG_FLUSH_S = 1.0
 
 
@@ -81,6 +83,7 @@ class Run(Held):
     proc: subprocess.Popen | None = None
     fate: str | None = None  # None, "interrupt", "cancel" or "timeout": why we stopped it
     claimed: bool = False  # whoever claims a run settles it (its runner thread or the drain)
+    exited: bool = False  # stopped for a drain and gone: the drain hands it back with the rest
     kill_at: float | None = None
     started: float = field(default_factory=time.time)
 
@@ -333,6 +336,10 @@ class Agent:
         with self.lock:
             if run.claimed:  # the drain already handed it back
                 return
+            if run.fate == "interrupt" and code != 0:
+                run.exited = True
+                self.changed.notify_all()
+                return
             run.claimed = True
             fate = run.fate
         outcome = {"attempt": run.attempt, "node": self.s.node_id, "exit_code": code,
@@ -342,8 +349,6 @@ class Agent:
                 self._settle_cancelled(run, outcome)
             elif code == 0:
                 self._succeeded(run, usage, outcome)
-            elif fate == "interrupt":
-                self._requeue([run], interrupted=True)
             elif fate == "timeout":
                 self._failed(run, queue, code, f"timed out after {queue.item_timeout_s}s", usage, outcome)
             else:
@@ -452,12 +457,13 @@ class Agent:
             log.info("asked %d workload(s) to checkpoint; waiting up to %ss", busy, self.s.grace_s)
         deadline = time.monotonic() + self.s.grace_s
         with self.changed:
-            while any(not r.claimed for r in self.runs) and time.monotonic() < deadline:
+            while any(not (r.claimed or r.exited) for r in self.runs) and time.monotonic() < deadline:
                 self.changed.wait(min(0.2, max(0.0, deadline - time.monotonic())))
             left = [r for r in self.runs if not r.claimed]
             for run in left:
                 run.claimed = True
-                self._kill(run, signal.SIGKILL)
+                if not run.exited:
+                    self._kill(run, signal.SIGKILL)
         try:
             self._requeue(left, interrupted=True)
         except CLOUD_ERRORS as err:
@@ -473,7 +479,7 @@ class Agent:
                     LifecycleActionResult="CONTINUE",
                     InstanceId=self.s.node_id,
                 )
-            except CLOUD_ERRORS as err:
+            except Exception as err:  # noqa: BLE001 - leaving must not fail on a cloud error
                 log.warning("complete_lifecycle_action failed (%s); the hook's timeout lets the node go", err)
         self._beat()
         self.finished.set()
@@ -514,8 +520,8 @@ class Agent:
     def _step(what: str, fn, *args) -> None:
         try:
             fn(*args)
-        except CLOUD_ERRORS as err:
-            log.warning("%s failed: %s", what, err)
+        except Exception as err:  # noqa: BLE001 - one failed step must not stop the others
+            log.warning("%s failed: %s", what, str(err).splitlines()[0][:300])
 
     def _write_heartbeat(self, busy: int, idle_since: float | None) -> None:
         self.store.put_heartbeat(Heartbeat(
