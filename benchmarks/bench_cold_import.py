@@ -1,0 +1,78 @@
+"""Cold import of the function handlers, against a bare `import boto3` in the same run.
+
+Each sample is a fresh interpreter (what a Lambda cold start pays), timed from inside the
+child so interpreter start-up is left out. Also lists the heaviest modules on the scaler's
+path (python -X importtime) and checks that no heavy library we ship elsewhere is imported.
+
+    python benchmarks/bench_cold_import.py [--runs 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGETS = {
+    "baseline: import boto3": "boto3",
+    "lambdas.scaler.handler": "lambdas.scaler.handler",
+    "lambdas.interruption.handler": "lambdas.interruption.handler",
+}
+MUST_NOT_LOAD = ("jinja2", "click", "cdktn", "constructs", "rich", "moto", "tidefleet.cli")
+TIMER = (
+    "import time, importlib, sys; t = time.perf_counter(); importlib.import_module({mod!r}); "
+    "print(time.perf_counter() - t); print(','.join(sorted(m for m in {heavy!r} if m in sys.modules)))"
+)
+
+
+def sample(module: str) -> tuple[float, str]:
+    out = subprocess.run(
+        [sys.executable, "-c", TIMER.format(mod=module, heavy=MUST_NOT_LOAD)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    return float(out[0]), out[1] if len(out) > 1 else ""
+
+
+def heaviest(module: str, top: int = 8) -> list[tuple[int, str]]:
+    """(cumulative microseconds, module) from python -X importtime, largest first."""
+    err = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", f"import {module}"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stderr
+    rows = []
+    for line in err.splitlines():
+        if line.startswith("import time:") and "|" in line and "cumulative" not in line:
+            _, cumulative, name = line.removeprefix("import time:").split("|")
+            rows.append((int(cumulative), name.strip()))
+    return sorted(rows, reverse=True)[:top]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=15, help="fresh interpreters per target")
+    args = parser.parse_args()
+    medians = {}
+    for label, module in TARGETS.items():
+        samples = [sample(module) for _ in range(args.runs)]
+        times = sorted(t for t, _ in samples)
+        medians[label] = statistics.median(times)
+        heavy = {h for _, h in samples if h}
+        print(
+            f"{label:32s} median {medians[label] * 1000:7.1f} ms  min {times[0] * 1000:7.1f}  "
+            f"max {times[-1] * 1000:7.1f}  heavy modules loaded: {', '.join(heavy) or 'none'}"
+        )
+    base = medians["baseline: import boto3"]
+    for label in list(TARGETS)[1:]:
+        print(f"{label} / boto3 = {medians[label] / base:.2f}x  (+{(medians[label] - base) * 1000:.1f} ms over boto3)")
+    print("\nheaviest imports on the scaler's path (cumulative ms, python -X importtime):")
+    for micros, name in heaviest("lambdas.scaler.handler"):
+        print(f"  {micros / 1000:7.1f}  {name}")
+
+
+if __name__ == "__main__":
+    main()
