@@ -1,0 +1,177 @@
+"""The job SDK and CLI against the moto server: items parsed from every source, idempotent
+submit, status counts, cancel of waiting items, the scaler kick, and errors that say what to do."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import boto3
+import pytest
+from agent_harness import Harness
+from click.testing import CliRunner
+
+from tidefleet import naming
+from tidefleet.agent.worker import workload_command
+from tidefleet.cli import main
+from tidefleet.config import Pool
+from tidefleet.jobs import sdk
+from tidefleet.store import Heartbeat, Item, Store
+
+
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        (["s3://b/a", "s3://b/b"], [("000000", ["s3://b/a"]), ("000001", ["s3://b/b"])]),
+        ([["--lr", "0.1"]], [("000000", ["--lr", "0.1"])]),
+        ([{"id": "run-7", "args": ["x"]}], [("run-7", ["x"])]),
+        (io.StringIO('# comment\ns3://b/a\n\n{"id": "k", "args": "s3://b/b"}\n["a", "b"]\n'),
+         [("000000", ["s3://b/a"]), ("k", ["s3://b/b"]), ("000002", ["a", "b"])]),
+    ],
+)
+def test_reads_items_from_lists_uris_and_json_lines(source, expected):
+    assert [(s.item_id, s.args) for s in sdk.read_items(source)] == expected
+
+
+@pytest.mark.parametrize(
+    "source, message",
+    [
+        ([], "none given"),
+        ([{"id": "a", "args": []}, {"id": "a", "args": []}], "duplicate item id(s) a"),
+        ([{"id": "bad id!", "args": []}], "item id 'bad id!'"),
+        ([3], "not an item (got 3)"),
+        (io.StringIO('{"id": \n'), "stdin:1: not valid JSON"),
+        ("/no/such/file", "no such file '/no/such/file'"),
+    ],
+)
+def test_bad_items_are_refused_with_what_to_do(source, message):
+    with pytest.raises(sdk.JobError) as err:
+        sdk.read_items(source)
+    assert message in str(err.value)
+
+
+def test_job_id_is_deterministic_and_readable():
+    assert sdk.job_id_for("Nightly eval #3") == sdk.job_id_for("Nightly eval #3")
+    assert sdk.job_id_for("Nightly eval #3").startswith("nightly-eval-3-")
+    assert sdk.job_id_for("a") != sdk.job_id_for("A")
+
+
+def test_container_pools_run_docker_with_the_item_environment_passed_through(tmp_path):
+    pool = Pool(instance_types=[{"type": "c6i.large"}], max=1, container="ghcr.io/x/train:1")
+    argv = workload_command(pool, ["--epochs", "3"], ["TIDEFLEET_JOB_ID"], [tmp_path])
+    assert argv == ["docker", "run", "--rm", "-e", "TIDEFLEET_JOB_ID", "-v", f"{tmp_path}:{tmp_path}",
+                    "ghcr.io/x/train:1", "--epochs", "3"]
+    command_pool = Pool(instance_types=[{"type": "c6i.large"}], max=1, command="python3 -m train --fast")
+    assert workload_command(command_pool, ["s3://x"], [], []) == ["python3", "-m", "train", "--fast", "s3://x"]
+
+
+@pytest.fixture
+def h(tmp_path, aws):
+    return Harness(tmp_path, aws)
+
+
+def test_submitting_the_same_job_twice_creates_nothing_twice(h):
+    items = sdk.read_items([f"s3://b/{i}" for i in range(23)])  # three SQS batches
+    first = sdk.submit(h.env, "twice", "work", items, kick=False)
+    again = sdk.submit(h.env, "twice", "work", items, kick=False)
+    assert (first.new_items, first.sent, first.total) == (23, 23, 23)
+    assert (again.job_id, again.new_items, again.sent, again.total) == (first.job_id, 0, 0, 23)
+    assert h.queue_depth("work") == 23
+    status = sdk.status(h.env, first.job_id)
+    assert status.counts == {"succeeded": 0, "running": 0, "queued": 23, "failed": 0, "cancelled": 0}
+
+
+def test_a_submit_that_crashed_before_sending_is_completed_by_the_next(h):
+    items = sdk.read_items(["a", "b"])
+    job_id = sdk.job_id_for("crashed")
+    Store(h.env.name, h.env.region).put_item_if_new(Item(job_id, "000000", ["a"]))  # recorded, never sent
+    result = sdk.submit(h.env, "crashed", "work", items, kick=False)
+    assert (result.new_items, result.sent) == (1, 2) and h.queue_depth("work") == 2
+
+
+def test_a_job_name_cannot_move_to_another_queue(h):
+    sdk.submit(h.env, "j", "work", sdk.read_items(["a"]), kick=False)
+    with pytest.raises(sdk.JobError, match="already exists on queue 'work'"):
+        sdk.submit(h.env, "j", "short", sdk.read_items(["a"]), kick=False)
+    with pytest.raises(sdk.JobError, match="unknown queue 'nope'.*known queues: short, work"):
+        sdk.submit(h.env, "j", "nope", sdk.read_items(["a"]), kick=False)
+
+
+def test_cancel_marks_waiting_items_cancelled_and_flags_the_job(h):
+    job_id = sdk.submit(h.env, "c", "work", sdk.read_items(["a", "b", "c"]), kick=False).job_id
+    assert sdk.cancel(h.env, job_id) == 3
+    status = sdk.status(h.env, job_id)
+    assert status.job.cancelled and status.counts["cancelled"] == 3 and status.done
+    with pytest.raises(sdk.JobError, match="was cancelled"):
+        sdk.submit(h.env, "c", "work", sdk.read_items(["a"]), kick=False)
+
+
+def test_submit_kicks_the_scaler_and_a_failed_kick_only_warns(h, monkeypatch):
+    received = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(204)
+            self.end_headers()
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("TIDEFLEET_KICK_URL", f"http://127.0.0.1:{server.server_address[1]}/kick")
+        result = sdk.submit(h.env, "kicked", "work", sdk.read_items(["a"]))
+        assert received == [{"tidefleet": "kick", "env": "t", "reason": f"submit {result.job_id}"}]
+    finally:
+        server.shutdown()
+    result = sdk.submit(h.env, "kick-fails", "work", sdk.read_items(["a"]))  # nobody listens any more
+    assert result.kick.startswith("warning: could not kick the scaler") and result.sent == 1
+    monkeypatch.delenv("TIDEFLEET_KICK_URL")  # no URL: the scaler function, absent on the emulator
+    assert "within 60s" in sdk.submit(h.env, "kick-lambda", "work", sdk.read_items(["a"])).kick
+
+
+def test_cli_submit_status_and_nodes_from_the_environment_name(h, tmp_path):
+    items = tmp_path / "items.txt"
+    items.write_text("s3://b/1\ns3://b/2\n")
+    runner = CliRunner()
+    env = {"TIDEFLEET_ENV": str(h.env_path), "TIDEFLEET_KICK_URL": "http://127.0.0.1:9/"}
+    out = runner.invoke(main, ["submit", "--name", "cli", "--queue", "work", "--items", str(items)], env=env)
+    assert out.exit_code == 0 and "2 item(s), 2 new, 2 sent" in out.output
+    job_id = sdk.job_id_for("cli")
+    out = runner.invoke(main, ["status", job_id], env=env)
+    assert out.exit_code == 0 and "queued 2" in out.output and "0/2" in out.output
+    Store(h.env.name, h.env.region).put_heartbeat(
+        Heartbeat(
+            "i-1", "cpu", at=0.0, slots=2, busy_slots=1, idle_since=None, instance_type="c6i.large", spot=False
+        )
+    )
+    out = runner.invoke(main, ["nodes"], env=env)
+    assert out.exit_code == 0 and "i-1" in out.output and "on-demand" in out.output and "1/2" in out.output
+    assert "group not found" in out.output
+
+
+def test_cli_errors_say_how_to_deploy_when_the_environment_is_missing(aws, tmp_path):
+    h_env = tmp_path / "gone.toml"
+    h_env.write_text('region = "us-east-1"\n[pools.cpu]\nmax = 1\ncommand = "true"\n'
+                     'instance_types = [{ type = "c6i.large" }]\n[queues.q]\npool = "cpu"\n')
+    runner = CliRunner()
+    out = runner.invoke(main, ["status", "nope", "--env", str(h_env)])
+    assert out.exit_code == 1 and "invoke deploy --env gone" in out.output and "tidefleet sandbox --keep" in out.output
+    out = runner.invoke(main, ["submit", "--env", str(h_env), "--name", "x", "--queue", "q", "--items", "-"], input="a\n")
+    assert out.exit_code == 1 and "invoke deploy --env gone" in out.output
+    out = runner.invoke(main, ["status", "x", "--env", "no-such-env"])
+    assert out.exit_code == 1 and "unknown environment" in out.output
+
+
+def test_retry_failed_leaves_other_jobs_dead_letters_alone(h):
+    sqs = boto3.client("sqs", region_name=h.env.region)
+    dlq = sqs.get_queue_url(QueueName=naming.dead_letter_queue(h.env.name, "work"))["QueueUrl"]
+    for job in ("mine", "other"):
+        sdk.submit(h.env, job, "work", sdk.read_items(["a"]), kick=False)
+        sqs.send_message(QueueUrl=dlq, MessageBody=sdk.ItemMessage(sdk.job_id_for(job), "000000", ["a"], failures=3).body())
+    assert sdk.retry_failed(h.env, sdk.job_id_for("mine")) == 1
+    assert h.queue_depth("work", dead_letter=True) == 1 and h.queue_depth("work") == 3
