@@ -3,6 +3,8 @@ adapters, the agent, the CLI and the sandbox, so they always agree."""
 
 from __future__ import annotations
 
+import hashlib
+
 PREFIX = "tidefleet"
 
 
@@ -56,3 +58,22 @@ def function_failures(env: str) -> str:
 def stack_resource(env: str, what: str) -> str:
     """Names only the stack itself uses (VPC, security group, alarms, rules, key alias, roles)."""
     return f"{PREFIX}-{env}-{what}"
+
+
+# -- GCP only -------------------------------------------------------------------------------
+# Pub/Sub topics and subscriptions use queue() / dead_letter_queue() (separate namespaces);
+# the Firestore database uses table(); the spot managed instance group uses group().
+def on_demand_group(env: str, pool: str) -> str:
+    """GCP: a template is either Spot or standard, so on-demand capacity is a second group."""
+    return f"{PREFIX}-{env}-{pool}-od"
+
+
+def service_account(env: str, role: str) -> str:
+    """GCP service account id (6-30 chars): the readable name, or a short hash when too long."""
+    name = f"{PREFIX}-{env}-{role}"
+    return name if len(name) <= 30 else f"{PREFIX}-{hashlib.sha256(name.encode()).hexdigest()[:16]}"
+
+
+def item_log(env: str) -> str:
+    """GCP: the Cloud Logging log id that carries every item's output (labels job/item/attempt)."""
+    return f"{PREFIX}-{env}-items"
