@@ -14,7 +14,7 @@ from __future__ import annotations
 import ipaddress
 
 from cdktn import Fn
-from cdktn_provider_aws.data_aws_availability_zones import DataAwsAvailabilityZones
+from cdktn_provider_aws.data_aws_availability_zones import DataAwsAvailabilityZones, DataAwsAvailabilityZonesFilter
 from cdktn_provider_aws.data_aws_subnet import DataAwsSubnet
 from cdktn_provider_aws.default_security_group import DefaultSecurityGroup
 from cdktn_provider_aws.eip import Eip
@@ -59,12 +59,17 @@ class NodeNetwork(Construct):
         ).id  # fmt: skip
 
     def _create_vpc(self, env_name: str, network: Network, ctx: AwsContext, key_arn: str) -> None:
+        region = ctx.region
         name = naming.stack_resource(env_name, "network")
         vpc = Vpc(self, "vpc", cidr_block=network.vpc_cidr, enable_dns_hostnames=True, enable_dns_support=True,
                   tags={"Name": name})  # fmt: skip
         self.vpc_id = vpc.id
         DefaultSecurityGroup(self, "default-security-group", vpc_id=vpc.id, ingress=[], egress=[])
-        zones = DataAwsAvailabilityZones(self, "zones", state="available").names
+        # A closed set of zone names, not "every available zone": a zone that AWS adds, or
+        # one that is impaired for a while, must not shift the subnets Terraform manages.
+        zones = DataAwsAvailabilityZones(
+            self, "zones", filter=[DataAwsAvailabilityZonesFilter(name="zone-name", values=[f"{region}{letter}" for letter in "abcdef"])]
+        ).names
         cidrs = ipaddress.ip_network(network.vpc_cidr).subnets(prefixlen_diff=4)
         public = Subnet(
             self, "public", vpc_id=vpc.id, cidr_block=str(next(cidrs)), availability_zone=Fn.element(zones, 0),
