@@ -72,7 +72,7 @@ BAD = [
     ("gpu weight not gpu count", {"pools.cpu.capacity_unit": "gpus", "pools.cpu.instance_types": [{"type": "g5.xlarge", "weight": 1}]}, "pools.cpu.instance_types[0].weight: with capacity_unit 'gpus' the weight is the GPU count"),
     ("item needs more slots than any node", {"queues.default.slots_per_item": 8}, "queues.default.slots_per_item: nodes of c6i.large, c7i.large, m6i.large in pool 'cpu' have fewer slots (got 8 > 2)"),
     ("reserved env var", {"pools.cpu.env": {"TIDEFLEET_JOB_ID": "x"}}, "pools.cpu.env.TIDEFLEET_JOB_ID: not a usable variable name"),
-    ("gcp without project", {"cloud": "gcp", "region": "us-central1", "pools.cpu.instance_types": [{"type": "n2-standard-4"}]}, "project: required when cloud = 'gcp'"),
+    ("gcp without project", {"cloud": "gcp", "region": "us-central1", "pools.cpu.instance_types": [{"type": "n2-standard-4"}], "pools.cpu.image": "projects/debian-cloud/global/images/family/debian-12"}, "project: required when cloud = 'gcp'"),
     ("no pools", {"pools": {}}, "pools: Dictionary should have at least 1 item"),
     ("wrong type for tags", {"tags": "ml"}, "tags: Input should be a valid dictionary (got 'ml')"),
     ("bad vpc cidr", {"network.vpc_cidr": "10.0.0.0/8"}, "network.vpc_cidr: String should match pattern"),

@@ -23,6 +23,7 @@ AWS_REGION = re.compile(r"^(us|eu|ap|sa|ca|me|af|il|mx)(-gov)?-(north|south|east
 GCP_REGION = re.compile(r"^[a-z]+-[a-z]+\d$")
 AWS_INSTANCE_TYPE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9]+$")
 GCP_MACHINE_TYPE = re.compile(r"^[a-z][a-z0-9]*-[a-z0-9-]+$")
+GCP_IMAGE = re.compile(r"^projects/[a-z][a-z0-9-]+/global/images/(family/)?[a-z][a-z0-9-]*$")
 AWS_IMAGE = re.compile(r"^(ami-[0-9a-f]{8,17}|ssm:/[\w./-]+)$")
 SQS_MAX_VISIBILITY_S = 12 * 3600
 # A spot interruption hands an item back without it having failed, yet SQS counts that
@@ -234,6 +235,8 @@ def _pool_problems(env: Environment, name: str, pool: Pool) -> list[str]:
             out.append(f"{at}.{missing[0]}: no built-in price for {itype.type!r}; set {' and '.join(missing)} in USD/hour")
         if env.cloud == "aws" and itype.accelerator:
             out.append(f"{at}.accelerator: only for cloud 'gcp' (got {itype.accelerator!r})")
+    if env.cloud == "gcp":
+        out += _gcp_pool_problems(where, pool)
     if env.cloud == "aws" and not AWS_IMAGE.match(pool.image):
         out.append(f"{where}.image: not an AMI id or ssm:/ parameter (got {pool.image!r})")
     if pool.spot_max_price is not None and pool.spot_max_price < min(
@@ -243,6 +246,25 @@ def _pool_problems(env: Environment, name: str, pool: Pool) -> list[str]:
     for key in pool.env:
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key) or key.startswith("TIDEFLEET_"):
             out.append(f"{where}.env.{key}: not a usable variable name (got {key!r}); TIDEFLEET_* is reserved")
+    return out
+
+
+def _gcp_pool_problems(where: str, pool: Pool) -> list[str]:
+    """A managed instance group sizes in VMs and a template is either Spot or standard."""
+    out = []
+    weights = sorted({t.weight for t in pool.instance_types})
+    if len(weights) > 1:
+        out.append(f"{where}.instance_types: on gcp every type of a pool needs the same weight (got {weights}); "
+                   "a managed instance group counts VMs, so split the types into pools")
+    if pool.on_demand_percent:
+        out.append(f"{where}.on_demand_percent: not supported on gcp (got {pool.on_demand_percent}); "
+                   "use on_demand_base (the pool's on-demand group) instead")
+    if not GCP_IMAGE.match(pool.image):
+        out.append(f"{where}.image: not a GCE image (got {pool.image!r}); "
+                   "use projects/<project>/global/images/[family/]<name>")
+    for i, itype in enumerate(pool.instance_types):
+        if itype.accelerator and not itype.gpus:
+            out.append(f"{where}.instance_types[{i}].gpus: must be > 0 with an accelerator (got 0); set the GPU count")
     return out
 
 
