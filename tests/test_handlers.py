@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import boto3
@@ -168,17 +170,51 @@ def test_the_scaler_logs_and_ignores_unknown_or_malformed_events(deployed, bad, 
 # -- interruption ---------------------------------------------------------------------------
 
 
+@pytest.fixture
+def kicks(monkeypatch):
+    """Where the interruption function's kick lands: the SDK posts to TIDEFLEET_KICK_URL when
+    set (as in the sandbox) instead of invoking the scaler function."""
+    received: list[dict] = []
+
+    class Receiver(BaseHTTPRequestHandler):
+        def do_POST(self):
+            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("TIDEFLEET_KICK_URL", f"http://127.0.0.1:{server.server_address[1]}/kick")
+    yield received
+    server.shutdown()
+    server.server_close()
+
+
 @pytest.mark.parametrize("notice", ["spot_warning", "rebalance"])
-def test_a_spot_notice_marks_the_node_draining_and_asks_for_replacement_at_once(deployed, notice):
+def test_a_spot_notice_marks_the_node_draining_and_kicks_the_scaler_for_a_replacement(deployed, kicks, notice):
     (node,) = grow(1)
     heartbeat(node, busy=2)
     put_items(4, receive=2)  # two running on the node, two waiting
     line = interruption.handler(event(notice, node), None)
-    assert line["pool"] == "cpu" and line["backlog"] == 4
+    assert line["pool"] == "cpu" and line["backlog"] == 4 and line["replacement"].startswith("kicked")
     assert Store("sandbox", REGION).heartbeats("cpu")[node].draining
+    (kick,) = kicks
+    assert kick["tidefleet"] == "kick" and kick["env"] == "sandbox" and kick["reason"].startswith("cpu: ")
+
+    scaler.handler(kick, None)  # what the kicked scaler function does
     g = group()
     assert node in {i["InstanceId"] for i in g["Instances"]}  # busy: handed back by its agent, not killed
     assert g["DesiredCapacity"] > 1 and len(g["Instances"]) == g["DesiredCapacity"]
+
+
+def test_a_notice_without_backlog_kicks_nothing(deployed, kicks):
+    (node,) = grow(1)
+    heartbeat(node, busy=0)
+    line = interruption.handler(event("spot_warning", node), None)
+    assert line["backlog"] == 0 and "replacement" not in line and kicks == []
 
 
 class RecordingFleet(AutoScalingFleet):
@@ -232,3 +268,23 @@ def test_the_interruption_function_logs_and_ignores_unknown_or_malformed_events(
 def test_a_notice_for_an_instance_of_no_tidefleet_group_is_ignored(deployed):
     line = interruption.handler(event("spot_warning", "i-0aaaaaaaaaaaaaaaa"), None)
     assert "no group" in line["ignored"]
+
+
+# -- the same tick from a laptop ------------------------------------------------------------
+
+
+def test_the_tick_command_prints_each_decision_with_its_reasons_and_dry_run_changes_nothing(deployed):
+    from click.testing import CliRunner
+
+    from tidefleet.cli import main
+
+    put_items(5)
+    result = CliRunner().invoke(main, ["tick", "--env", "sandbox", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    first, *reasons = result.output.splitlines()
+    assert first == "cpu: desired 3 (dry run: nothing changed)"
+    assert reasons and all(r.startswith("  - ") for r in reasons) and "demand 5 slots" in result.output
+    assert group()["DesiredCapacity"] == 0
+
+    result = CliRunner().invoke(main, ["tick", "--env", "sandbox", "--pool", "gpu"])
+    assert result.exit_code == 2 and "unknown pool(s) gpu; known: cpu" in result.output

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from tidefleet import policy
 from tidefleet.cloud import GroupInstance, GroupState, Ports
@@ -191,10 +191,22 @@ def tick(
     return decisions
 
 
-def drain(env: Environment, ports: Ports, action: DrainNode, now: float, *, dry_run: bool = False) -> dict:
+def drain(
+    env: Environment,
+    ports: Ports,
+    action: DrainNode,
+    now: float,
+    *,
+    dry_run: bool = False,
+    replace: Callable[[str], object] | None = None,
+) -> dict:
     """The edge of an interruption: mark the node draining, let an idle node held by the
-    terminate hook go, and if its pool still has backlog run a tick for that pool at once,
-    so a replacement launches now (a draining node no longer counts as capacity).
+    terminate hook go, and if its pool still has backlog ask for a replacement at once (a
+    draining node no longer counts as capacity, so the next decision launches one).
+
+    `replace(pool)` asks for that decision; by default it runs a tick for the pool here. The
+    interruption function instead kicks the scaler function, so ticks stay with one writer
+    (the scaler's reserved concurrency of one) and this function needs no scaling rights.
 
     A busy node held by the hook is NOT released here: its agent hands its items back and
     then completes the lifecycle action itself (it holds the token, from the group's event or
@@ -218,6 +230,7 @@ def drain(env: Environment, ports: Ports, action: DrainNode, now: float, *, dry_
         backlog = sum(b.visible + b.in_flight for b in map(ports.queues.backlog, env.queues_of(pool)))
         line["backlog"] = backlog
         if backlog:
-            line["replacement"] = [d.desired for d in tick(env, ports, now, pools=[pool])]
+            asked = replace(pool) if replace else [d.desired for d in tick(env, ports, now, pools=[pool])]
+            line["replacement"] = asked
     log.info(json.dumps(line))
     return line

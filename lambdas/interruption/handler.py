@@ -1,8 +1,9 @@
 """Interruption function: spot interruption warnings, rebalance recommendations and the
 group's terminate lifecycle action. The pure `action_for` decides; `control.drain` marks
-the node draining, releases an idle node held by the hook, and asks for a replacement at
-once when its pool still has backlog. A busy node stays held until its agent has handed its
-items back and completes the lifecycle action itself.
+the node draining, releases an idle node held by the hook, and when its pool still has
+backlog kicks the scaler function (asynchronously), whose tick launches the replacement:
+one writer of desired capacity, and no scaling rights needed here. A busy node stays held
+until its agent has handed its items back and completes the lifecycle action itself.
 
 Unknown or malformed events are logged and ignored (the function returns normally, so
 EventBridge does not retry them).
@@ -16,6 +17,7 @@ import time
 
 from tidefleet.cloud.aws import lambda_runtime
 from tidefleet.control import drain
+from tidefleet.jobs.sdk import kick_scaler
 from tidefleet.policy.interruption import Ignore, action_for
 
 log = logging.getLogger("tidefleet.interruption")
@@ -28,4 +30,6 @@ def handler(event, context=None) -> dict:
     if isinstance(action, Ignore):
         log.warning(json.dumps({"ignored": action.reason}))
         return {"ignored": action.reason}
-    return drain(env, ports, action, time.time())
+    return drain(
+        env, ports, action, time.time(), replace=lambda pool: kick_scaler(env, f"{pool}: {action.reason}")
+    )
