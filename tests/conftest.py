@@ -24,3 +24,22 @@ def aws(moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch) -> MotoServer:
     for key, value in moto_server.env().items():
         monkeypatch.setenv(key, value)
     return moto_server
+
+
+SHIPPED_ENVS = ("sandbox", "dev", "prod")
+
+
+@pytest.fixture(scope="session")
+def synthesized(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Every shipped environment synthesized once per session: name -> (stack dir, parsed cdk.tf.json).
+    The provider import costs seconds, so synth and scan tests share this."""
+    import json
+
+    from stacks.app import synth
+    from tidefleet.config import load_environment
+
+    out = {}
+    for name in SHIPPED_ENVS:
+        stack_dir = synth(load_environment(name), tmp_path_factory.mktemp(f"synth-{name}"))
+        out[name] = (stack_dir, json.loads((stack_dir / "cdk.tf.json").read_text()))
+    return out
