@@ -152,16 +152,21 @@ def decision(pool, desired, terminate=(), on_demand_base=None):
     ],
 )
 def test_node_state_comes_from_the_group_and_the_heartbeat(lifecycle, heartbeat, expected):
-    view = control.node_view(ENV.pools["cpu"], instance("i-1", lifecycle), heartbeat)
+    view = control.node_view(ENV.pools["cpu"], instance("i-1", lifecycle), heartbeat, NOW)
     assert (view.state if view else None) == expected
 
 
 def test_a_node_view_carries_weight_slots_busy_and_protection_from_config_group_and_heartbeat():
     view = control.node_view(
-        ENV.pools["gpu"], instance("i-9", type_="g5.12xlarge", protected=True), beat("i-9", pool="gpu", busy=4)
+        ENV.pools["gpu"], instance("i-9", type_="g5.12xlarge", protected=True), beat("i-9", pool="gpu", busy=4), NOW
     )
     assert (view.weight, view.slots, view.busy_slots, view.protected, view.idle_since) == (4, 4, 4, True, None)
     assert view.last_heartbeat == NOW - 5 and view.spot
+
+
+def test_a_node_ec2_does_not_list_yet_counts_as_just_launched_so_it_is_not_replaced():
+    unlisted = replace(instance("i-1"), launched_at=None)
+    assert control.node_view(ENV.pools["cpu"], unlisted, None, NOW).launched_at == NOW
 
 
 def test_observe_reads_backlog_per_queue_and_skips_pools_without_a_group(caplog):

@@ -53,7 +53,7 @@ def _weight(pool: Pool, instance: GroupInstance) -> int:
     return itype.weight if itype else (instance.weight or 1)
 
 
-def node_view(pool: Pool, instance: GroupInstance, heartbeat: Heartbeat | None) -> NodeView | None:
+def node_view(pool: Pool, instance: GroupInstance, heartbeat: Heartbeat | None, now: float) -> NodeView | None:
     state = instance.lifecycle_state
     if state in GOING:
         node_state = "terminating"
@@ -72,7 +72,9 @@ def node_view(pool: Pool, instance: GroupInstance, heartbeat: Heartbeat | None) 
         slots=pool.slots(itype) if itype else weight * pool.slots_per_unit,
         spot=instance.spot,
         state=node_state,
-        launched_at=instance.launched_at,
+        # Unknown launch time: take it as just launched, so it is never replaced as "no
+        # heartbeat past the boot timeout" because EC2 had not listed it yet.
+        launched_at=now if instance.launched_at is None else instance.launched_at,
         busy_slots=heartbeat.busy_slots if heartbeat else 0,
         last_heartbeat=heartbeat.at if heartbeat else None,
         idle_since=heartbeat.idle_since if heartbeat else None,
@@ -91,7 +93,7 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
     pool_views = []
     for name, group in groups.items():
         beats = ports.nodes.heartbeats(name)
-        nodes = (node_view(env.pools[name], i, beats.get(i.id)) for i in group.instances)
+        nodes = (node_view(env.pools[name], i, beats.get(i.id), now) for i in group.instances)
         pool_views.append(
             PoolView(
                 name=name,

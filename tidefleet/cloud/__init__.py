@@ -27,7 +27,7 @@ class GroupInstance:
     instance_type: str
     lifecycle_state: str  # the group's word: Pending, InService, Terminating:Wait, ...
     spot: bool
-    launched_at: float  # epoch seconds
+    launched_at: float | None  # epoch seconds; None if EC2 does not list it yet (eventual consistency)
     protected: bool  # scale-in protection (set by a busy agent)
     weight: int | None = None  # the group's weighted capacity, when it reports one
 

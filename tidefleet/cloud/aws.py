@@ -85,9 +85,9 @@ class AutoScalingFleet:
                 out += page["AutoScalingGroups"]
         return out
 
-    def _ec2_facts(self, instance_ids: list[str]) -> dict[str, tuple[float, bool]]:
+    def _ec2_facts(self, instance_ids: list[str]) -> dict[str, tuple[float | None, bool]]:
         """Launch time and spot-ness, which the group's own listing does not carry."""
-        facts: dict[str, tuple[float, bool]] = {}
+        facts: dict[str, tuple[float | None, bool]] = {}
         pages = self.ec2.get_paginator("describe_instances")
         # A filter, not InstanceIds: an instance that vanished since the group listing must
         # not fail the whole call.
@@ -121,7 +121,7 @@ class AutoScalingFleet:
             distribution = (g.get("MixedInstancesPolicy") or {}).get("InstancesDistribution", {})
             instances = []
             for i in g["Instances"]:
-                launched_at, spot = facts.get(i["InstanceId"], (0.0, False))
+                launched_at, spot = facts.get(i["InstanceId"], (None, False))
                 weight = i.get("WeightedCapacity")
                 instances.append(
                     GroupInstance(
