@@ -58,7 +58,7 @@ class Policy(Protocol):
 class Node:
     __slots__ = (
         "id", "name", "itype", "weight", "slots", "spot", "price", "launched_at", "ready_at",
-        "state", "busy", "idle_since", "running", "busy_since", "busy_s",
+        "state", "busy", "idle_since", "running", "busy_since", "busy_s", "reported_at", "view",
     )  # fmt: skip
 
     def __init__(self, id: int, itype: InstanceType, weight: int, slots: int, spot: bool, now: float):
@@ -77,6 +77,13 @@ class Node:
         self.running: dict[int, float] = {}  # item index -> start of this attempt
         self.busy_since = 0.0
         self.busy_s = 0.0
+        self.reported_at: float | None = None  # the agent's last heartbeat: at boot and at every change
+        self.view = None  # a policy's cached view of this node, dropped on every change
+
+    def changed(self, now: float) -> None:
+        self.view = None
+        if self.ready_at is not None:
+            self.reported_at = now
 
 
 @dataclass
@@ -255,6 +262,7 @@ class Simulation:
             if node is not None and node.state == "pending":
                 node.state = "running"
                 node.ready_at = node.idle_since = self.now
+                node.changed(self.now)
                 self.free[node.slots][node.id] = node
                 self._dispatch()
         elif kind == NOTICE:
@@ -308,6 +316,7 @@ class Simulation:
             node.busy_since = self.now
             node.idle_since = None
         node.busy += need
+        node.changed(self.now)
         self.free[node.slots - node.busy][node.id] = node
         node.running[index] = self.now
         q = self.queue_of[index]
@@ -324,6 +333,7 @@ class Simulation:
         if intake:
             del self.free[node.slots - node.busy][node.id]
         node.busy -= self.need[index]
+        node.changed(self.now)
         if intake:
             self.free[node.slots - node.busy][node.id] = node
         if node.busy == 0:
@@ -415,6 +425,7 @@ class Simulation:
         if node.state == "running":
             del self.free[node.slots - node.busy][node.id]
         node.state = "draining"
+        node.changed(self.now)
         self._push(self.now + self.timing.notice_s, RECLAIM, node.id)
         if self.policy.kick_on_notice and (any(self.visible) or any(self.in_flight)):
             self.policy.poll(self)

@@ -37,27 +37,29 @@ class TidefleetPolicy:
                 apply_decision(sim, decision)
 
 
-def node_view(node: Node, now: float) -> NodeView:
-    ready = node.ready_at is not None
-    return NodeView(
-        id=node.name,
-        instance_type=node.itype.type,
-        weight=node.weight,
-        slots=node.slots,
-        spot=node.spot,
-        state=node.state,
-        launched_at=node.launched_at,
-        busy_slots=node.busy,
-        last_heartbeat=now if ready else None,  # a live agent heartbeats continuously
-        idle_since=node.idle_since,
-        protected=node.busy > 0,
-    )
+def node_view(node: Node) -> NodeView:
+    """The node as its heartbeat record shows it; cached until the node changes."""
+    if node.view is None:
+        node.view = NodeView(
+            id=node.name,
+            instance_type=node.itype.type,
+            weight=node.weight,
+            slots=node.slots,
+            spot=node.spot,
+            state=node.state,
+            launched_at=node.launched_at,
+            busy_slots=node.busy,
+            last_heartbeat=node.reported_at,
+            idle_since=node.idle_since,
+            protected=node.busy > 0,
+        )
+    return node.view
 
 
 def fleet_view(sim: Simulation) -> FleetView:
     """What the AWS adapter observes for one pool: its group's nodes and its queues."""
     window = sim.env.scaler.spot_failure_window_s
-    nodes = tuple(node_view(n, sim.now) for n in sim.nodes.values())
+    nodes = tuple(map(node_view, sim.nodes.values()))
     pool = PoolView(sim.pool_name, nodes, sim.desired, sim.on_demand_base, sim.recent_spot_failures(window))
     queues = tuple(
         QueueView(name, q.pool, q.priority, q.slots_per_item, sim.visible[i], sim.in_flight[i])

@@ -1,0 +1,81 @@
+"""`tidefleet simulate`: replay a trace through scaling policies (see tidefleet.sim)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from tidefleet.config import ConfigError, load_environment
+from tidefleet.sim.engine import Interruptions
+from tidefleet.sim.policies import POLICY_NAMES
+from tidefleet.sim.run import Report, default_timing, simulate as run_simulation
+from tidefleet.sim.trace import TraceError, load_spot_trace, load_trace, parse_window
+
+
+def format_table(report: Report) -> str:
+    """A markdown table, one row per policy."""
+    head = "| policy | cost $ | ÷ lower bound | node-h | idle node-h | wait p50/p95/p99/max s | makespan h | interrupted | redone h | unfinished |"
+    rows = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in report.results:
+        w = r.wait_s
+        rows.append(
+            f"| {r.policy} | {r.cost_usd:,.2f} | {r.cost_vs_lower_bound:.2f} | {r.node_hours:,.1f} | "
+            f"{r.idle_node_hours:,.1f} | {w['p50']:.0f}/{w['p95']:.0f}/{w['p99']:.0f}/{w['max']:.0f} | "
+            f"{r.makespan_s / 3600:,.1f} | {r.items_interrupted} | {r.work_redone_s / 3600:,.1f} | {r.items_unfinished} |"
+        )
+    return "\n".join(rows)
+
+
+@click.command()
+@click.argument("trace", type=click.Path(path_type=Path))
+@click.option("--env", "env_name", required=True, help="environment name (environments/<name>.toml) or a .toml path")
+@click.option("--pool", required=True, help="pool whose instance types, slots and prices are simulated")
+@click.option("--policy", "policies", multiple=True, type=click.Choice(POLICY_NAMES), default=("tidefleet",),
+              show_default=True, help="policy to replay; repeat for several")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="print the report as JSON (schema in tidefleet.sim)")
+@click.option("--plot", type=click.Path(path_type=Path), help="write cost vs p95 wait and a timeline to this PNG")
+@click.option("--window", help="START:END seconds into the trace; only items submitted in it")
+@click.option("--seed", default=0, show_default=True, help="seed for every random pick")
+@click.option("--spot-trace", type=click.Path(path_type=Path), help="skypilot spot-traces JSON: interruptions and refusals")
+@click.option("--interruption-rate", type=float, help="spot notices per spot node-hour (Poisson)")
+@click.option("--boot-s", type=float, help="launch to first heartbeat, s (default: AWS 45, GCP 35)")
+@click.option("--notice-s", type=float, help="spot notice to reclaim, s (default: AWS 120, GCP 30)")
+def simulate(trace, env_name, pool, policies, as_json, plot, window, seed, spot_trace, interruption_rate, boot_s, notice_s):
+    """Replay TRACE (CSV: submit_s, duration_s, gpus, group) through scaling policies on one pool."""
+    if spot_trace and interruption_rate is not None:
+        raise click.UsageError("use either --spot-trace or --interruption-rate, not both")
+    for flag, value in (("--interruption-rate", interruption_rate), ("--boot-s", boot_s), ("--notice-s", notice_s)):
+        if value is not None and value < 0:
+            raise click.UsageError(f"{flag}: must be >= 0 (got {value})")
+    try:
+        env = load_environment(env_name)
+        bounds = parse_window(window) if window else None
+        items = load_trace(trace, bounds)
+        interruptions = Interruptions(
+            rate_per_hour=interruption_rate or 0.0, spot=load_spot_trace(spot_trace) if spot_trace else None
+        )
+        report = run_simulation(
+            env, pool, items, list(policies), trace_name=Path(trace).name, timing=default_timing(env, boot_s, notice_s),
+            interruptions=interruptions, spot_trace_name=Path(spot_trace).name if spot_trace else None,
+            seed=seed, window=bounds,
+        )  # fmt: skip
+    except (ConfigError, TraceError, ValueError) as err:
+        raise click.ClickException(str(err)) from None
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2))
+    else:
+        unfit = report.unfittable
+        click.echo(f"{report.trace} on {report.env}/{report.pool}: {report.items} items, "
+                   f"lower bound ${report.lower_bound_usd:,.2f}")  # fmt: skip
+        if unfit["count"]:
+            click.echo(f"not replayed: {unfit['count']} item(s) need more than the {unfit['largest_node_slots']} "
+                       f"slots of the pool's biggest node (by slots: {unfit['by_slots']})")  # fmt: skip
+        click.echo(format_table(report))
+    if plot:
+        from tidefleet.sim.plot import plot_report
+
+        plot_report(report, plot)
+        if not as_json:
+            click.echo(f"plot: {plot}")
