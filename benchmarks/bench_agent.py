@@ -79,7 +79,7 @@ def agent(env, env_path: Path, items: int, server_env: dict, root: Path) -> floa
         [sys.executable, "-m", "tidefleet.cli", "agent", "--env", str(env_path), "--pool", "cpu"],
         env={**os.environ, **server_env, "TIDEFLEET_NODE_ID": "bench", "TIDEFLEET_IMDS_URL": "http://127.0.0.1:9",
              "TIDEFLEET_CHECKPOINT_ROOT": str(root / "ck"), "TIDEFLEET_AGENT_WAIT_S": "1"},
-        stdout=subprocess.DEVNULL, stderr=open(root / "agent.log", "w"),
+        stdout=subprocess.DEVNULL, stderr=open(root / "agent.log", "w"),  # noqa: SIM115 - the child owns it
     )
     try:
         while store.heartbeat("cpu", "bench") is None:

@@ -87,7 +87,7 @@ class Harness:
         provision(self.env, visibility_s)
 
     def start_agent(self, node_id: str, imds_url: str = "http://127.0.0.1:9", **extra_env) -> subprocess.Popen:
-        log = open(self.tmp / f"agent-{node_id}.log", "ab")
+        log = open(self.tmp / f"agent-{node_id}.log", "ab")  # noqa: SIM115 - the child owns it while it runs
         env = {
             **os.environ, **self.aws.env(),
             "TIDEFLEET_NODE_ID": node_id, "TIDEFLEET_IMDS_URL": imds_url,

@@ -110,7 +110,7 @@ def test_an_item_interrupted_five_times_is_not_dead_lettered(tmp_path, aws):
         job = sdk.submit(h.env, "often-interrupted", "work", sdk.read_items([["steps=100"]]), kick=False).job_id
         for n in range(1, 6):
             agent = h.start_agent(f"node-{n}")
-            wait_until(lambda: len(h.events("start")) == n, 30, f"attempt {n} to start")
+            wait_until(lambda n=n: len(h.events("start")) == n, 30, f"attempt {n} to start")
             agent.send_signal(signal.SIGTERM)  # the agent's own drain path
             assert agent.wait(timeout=30) == 0
         item = h.items(job)["000000"]

@@ -208,7 +208,7 @@ class Agent:
         while not self.finished.is_set():
             try:
                 step()
-            except Exception:  # noqa: BLE001 - a background step must never kill the agent
+            except Exception:
                 log.exception("%s failed; retrying in %ss", step.__name__, every_s)
             self.finished.wait(every_s)
 

@@ -341,7 +341,7 @@ def log_lines(env: Environment, job_id: str, item_id: str | None = None) -> Iter
 
 
 def _stream_order(stream: str) -> tuple:
-    job, item, attempt = (stream.split("/") + ["", "", ""])[:3]
+    _job, item, attempt = (stream.split("/") + ["", "", ""])[:3]
     return (item, int(attempt) if attempt.isdigit() else 0)
 
 
