@@ -1,0 +1,159 @@
+"""The simulator on tiny traces whose answers are worked out by hand."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from tidefleet.config import parse_environment
+from tidefleet.sim import Interruptions, Timing, TraceError, TraceItem, load_trace, simulate
+from tidefleet.sim.cli import simulate as simulate_command
+from tidefleet.sim.trace import SpotTrace
+
+BOOT = 45.0
+NO_KICK = Timing(boot_s=BOOT, notice_s=120.0, kick_s=0.0)
+
+
+def make_env(*, slots_per_unit=1, types=None, idle_s=60):
+    types = types or [{"type": "c6i.large", "weight": 1, "on_demand_price": 2.0, "spot_price": 1.0}]
+    return parse_environment(
+        {
+            "region": "us-east-1",
+            "scaler": {"tick_s": 60, "scale_in_delay_s": idle_s, "scale_out_cooldown_s": 0},
+            "pools": {"p": {"max": 10, "command": "run", "slots_per_unit": slots_per_unit, "instance_types": types}},
+            "queues": {"q": {"pool": "p"}},
+        },
+        name="t",
+    )
+
+
+def run(env, items, policy="tidefleet", **kw):
+    report = simulate(env, "p", items, [policy], timing=kw.pop("timing", NO_KICK), **kw)
+    return report.results[0]
+
+
+def test_one_item_waits_exactly_the_boot_time():
+    result = run(make_env(), [TraceItem(0, 100, 1)])
+    assert result.wait_s == {"p50": BOOT, "p95": BOOT, "p99": BOOT, "max": BOOT}
+    assert result.items_finished == 1
+
+
+def test_one_item_costs_node_time_times_the_spot_price():
+    # Launched at 0, item runs 45..145, idle > 60 s first seen at the 240 s tick: terminated then.
+    result = run(make_env(), [TraceItem(0, 100, 1)])
+    assert result.node_hours == pytest.approx(240 / 3600)
+    assert result.cost_usd == pytest.approx(240 / 3600 * 1.0)
+    assert result.idle_node_hours == pytest.approx((240 - 100) / 3600)
+
+
+def test_two_one_slot_items_share_one_two_slot_node():
+    result = run(make_env(slots_per_unit=2), [TraceItem(0, 100, 1), TraceItem(0, 100, 1)])
+    assert result.peak_nodes == 1
+    assert result.wait_s["max"] == BOOT
+    assert result.node_hours == pytest.approx(240 / 3600)
+
+
+def test_a_spot_reclaim_redoes_the_lost_work_from_scratch():
+    # Spot level falls at t=200: notice then, reclaim at 320; the item ran 45..320 and is lost.
+    market = SpotTrace(100.0, (1.0, 1.0) + (0.0,) + (1.0,) * 97)
+    result = run(make_env(), [TraceItem(0, 300, 1)], interruptions=Interruptions(spot=market))
+    assert result.items_interrupted == 1
+    assert result.work_redone_s == pytest.approx(320 - 45)
+    assert result.items_finished == 1
+
+
+def test_an_item_that_ends_within_the_notice_still_finishes():
+    market = SpotTrace(100.0, (1.0, 1.0) + (0.0,) + (1.0,) * 97)
+    result = run(make_env(), [TraceItem(0, 200, 1)], interruptions=Interruptions(spot=market))
+    assert result.items_interrupted == 0 and result.items_finished == 1
+
+
+def test_oracle_is_the_work_at_the_cheapest_price_per_slot():
+    types = [
+        {"type": "c6i.large", "weight": 1, "on_demand_price": 2.0, "spot_price": 1.0},  # $1 per slot-hour
+        {"type": "c6i.4xlarge", "weight": 4, "on_demand_price": 4.0, "spot_price": 2.0},  # $0.5 per slot-hour
+    ]
+    report = simulate(make_env(types=types), "p", [TraceItem(0, 3600, 1), TraceItem(10, 3600, 1)], ["oracle"])
+    oracle = report.results[0]
+    assert oracle.cost_usd == pytest.approx(2 * 0.5) == report.lower_bound_usd
+    assert oracle.wait_s["max"] == 0 and oracle.idle_node_hours == 0
+
+
+def test_an_item_bigger_than_every_node_is_reported_not_replayed():
+    report = simulate(make_env(), "p", [TraceItem(0, 100, 1), TraceItem(5, 100, 4)], ["tidefleet"], timing=NO_KICK)
+    assert report.unfittable["count"] == 1 and report.unfittable["by_slots"] == {"4": 1}
+    assert report.results[0].items_finished == 1
+
+
+@pytest.mark.parametrize("policy", ["tidefleet", "target-tracking", "clearml", "keda"])
+def test_every_policy_finishes_a_burst(policy):
+    items = [TraceItem(i * 7.0, 300 + 50 * (i % 5), 1) for i in range(40)]
+    result = run(make_env(), items, policy=policy)
+    assert result.items_finished == 40 and result.items_unfinished == 0
+    assert result.cost_usd >= result.lower_bound_usd
+
+
+def test_tidefleet_never_kills_busy_work_on_scale_in():
+    items = [TraceItem(i * 30.0, 100 + 400 * (i % 3), 1) for i in range(60)]
+    result = run(make_env(), items)
+    assert result.busy_items_killed_by_scale_in == 0 and result.items_interrupted == 0
+
+
+def test_the_same_seed_gives_the_same_run_and_another_seed_another():
+    items = [TraceItem(i * 20.0, 900, 1) for i in range(50)]
+
+    def with_seed(seed):
+        report = simulate(make_env(), "p", items, ["tidefleet", "keda"], timing=NO_KICK,
+                          interruptions=Interruptions(rate_per_hour=2.0), seed=seed)  # fmt: skip
+        return json.dumps(report.to_json(), sort_keys=True)
+
+    assert with_seed(1) == with_seed(1)
+    assert with_seed(1) != with_seed(2)
+
+
+def write(tmp_path, text):
+    path = tmp_path / "trace.csv"
+    path.write_text(text)
+    return path
+
+
+def test_window_keeps_only_items_submitted_inside_it(tmp_path):
+    path = write(tmp_path, "submit_s,duration_s,gpus\n0,10,1\n10,10,1\n19,10,\n20,10,2\n")
+    assert [i.submit_s for i in load_trace(path, (10, 20))] == [10, 19]
+    assert [i.slots for i in load_trace(path)] == [1, 1, 1, 2]
+
+
+@pytest.mark.parametrize(
+    ("csv_text", "message"),
+    [
+        ("submit,duration_s\n0,1\n", "missing column(s) submit_s"),
+        ("submit_s,duration_s\n0,1\nabc,5\n", "line 3: column 'submit_s' is not a number (got 'abc')"),
+        ("submit_s,duration_s\n0,-5\n", "line 2: column 'duration_s' must be a finite number >= 0 (got '-5')"),
+        ("submit_s,duration_s,gpus\n0,5,1.5\n", "line 2: column 'gpus' must be a whole number (got '1.5')"),
+        ("submit_s,duration_s\n0,\n", "line 2: column 'duration_s' is not a number (got '')"),
+    ],
+)
+def test_a_bad_trace_names_the_line_and_column(tmp_path, csv_text, message):
+    with pytest.raises(TraceError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_trace(write(tmp_path, csv_text))
+
+
+def test_the_command_prints_the_documented_json(tmp_path):
+    path = write(tmp_path, "submit_s,duration_s,gpus,group\n0,100,1,a\n30,200,1,b\n")
+    out = CliRunner().invoke(
+        simulate_command,
+        [str(path), "--env", "bench", "--pool", "gpu", "--policy", "tidefleet", "--policy", "oracle", "--json"],
+    )
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.output)
+    assert data["schema"] == "tidefleet.sim/1" and data["items"] == 2
+    assert [r["policy"] for r in data["results"]] == ["tidefleet", "oracle"]
+    assert set(data["results"][0]["wait_s"]) == {"p50", "p95", "p99", "max"}
+
+
+def test_the_command_explains_a_bad_trace(tmp_path):
+    path = write(tmp_path, "submit_s,duration_s\n0,x\n")
+    out = CliRunner().invoke(simulate_command, [str(path), "--env", "bench", "--pool", "gpu"])
+    assert out.exit_code == 1 and "column 'duration_s' is not a number" in out.output
