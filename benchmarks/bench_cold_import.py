@@ -42,7 +42,11 @@ def sample(module: str) -> tuple[float, str]:
 def heaviest(module: str, top: int = 8) -> list[tuple[int, str]]:
     """(cumulative microseconds, module) from python -X importtime, largest first."""
     err = subprocess.run(
-        [sys.executable, "-X", "importtime", "-c", f"import {module}"], cwd=ROOT, capture_output=True, text=True, check=True
+        [sys.executable, "-X", "importtime", "-c", f"import {module}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stderr
     rows = []
     for line in err.splitlines():
@@ -68,7 +72,9 @@ def main() -> None:
         )
     base = medians["baseline: import boto3"]
     for label in list(TARGETS)[1:]:
-        print(f"{label} / boto3 = {medians[label] / base:.2f}x  (+{(medians[label] - base) * 1000:.1f} ms over boto3)")
+        print(
+            f"{label} / boto3 = {medians[label] / base:.2f}x  (+{(medians[label] - base) * 1000:.1f} ms over boto3)"
+        )
     print("\nheaviest imports on the scaler's path (cumulative ms, python -X importtime):")
     for micros, name in heaviest("lambdas.scaler.handler"):
         print(f"  {micros / 1000:7.1f}  {name}")

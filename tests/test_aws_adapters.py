@@ -37,7 +37,12 @@ def cloud(aws):
 def grow(desired: int) -> list[str]:
     asg = boto3.client("autoscaling", region_name=ENV.region)
     asg.set_desired_capacity(AutoScalingGroupName=GROUP, DesiredCapacity=desired)
-    return [i["InstanceId"] for i in asg.describe_auto_scaling_groups(AutoScalingGroupNames=[GROUP])["AutoScalingGroups"][0]["Instances"]]
+    return [
+        i["InstanceId"]
+        for i in asg.describe_auto_scaling_groups(AutoScalingGroupNames=[GROUP])["AutoScalingGroups"][0][
+            "Instances"
+        ]
+    ]
 
 
 def test_backlog_counts_visible_and_in_flight_items_from_the_queue_itself(cloud):
@@ -50,7 +55,10 @@ def test_backlog_counts_visible_and_in_flight_items_from_the_queue_itself(cloud)
 
 
 def test_a_missing_queue_names_the_queue_and_the_fix(aws):
-    with pytest.raises(QueueMissing, match=r"queues.demo: SQS queue 'tidefleet-sandbox-demo' does not exist.*invoke deploy --env sandbox"):
+    with pytest.raises(
+        QueueMissing,
+        match=r"queues.demo: SQS queue 'tidefleet-sandbox-demo' does not exist.*invoke deploy --env sandbox",
+    ):
         SqsQueues(ENV).backlog("demo")
 
 
@@ -99,16 +107,47 @@ def test_group_of_finds_the_instances_group(cloud):
 
 def test_only_recent_failed_spot_launches_count_as_spot_failures():
     # moto never reports scaling activities: the AWS shape of a failed spot launch, stubbed.
-    client = boto3.client("autoscaling", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
-    at = lambda minute: datetime(2026, 11, 21, 12, minute, tzinfo=UTC)  # noqa: E731
+    client = boto3.client(
+        "autoscaling", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x"
+    )
+    at = lambda minute: datetime(2026, 11, 21, 12, minute, tzinfo=UTC)
     activity = {"ActivityId": "a", "AutoScalingGroupName": GROUP, "Cause": "c", "Progress": 100}
     activities = [
-        activity | {"StartTime": at(9), "StatusCode": "Failed", "Description": "Launching a new EC2 instance.  Status Reason: Could not launch Spot Instances. UnfulfillableCapacity - Unable to fulfill capacity due to your request configuration. Launching EC2 instance failed.", "StatusMessage": "Could not launch Spot Instances. UnfulfillableCapacity - Unable to fulfill capacity due to your request configuration. Launching EC2 instance failed."},
-        activity | {"StartTime": at(8), "StatusCode": "Successful", "Description": "Launching a new EC2 instance: i-1"},
-        activity | {"StartTime": at(7), "StatusCode": "Failed", "Description": "Launching a new EC2 instance.  Status Reason: The requested configuration is currently not supported.", "StatusMessage": "The requested configuration is currently not supported."},
-        activity | {"StartTime": at(1), "StatusCode": "Failed", "Description": "Launching a new EC2 instance.  Status Reason: Could not launch Spot Instances. InsufficientInstanceCapacity", "StatusMessage": "Could not launch Spot Instances. InsufficientInstanceCapacity"},
+        activity
+        | {
+            "StartTime": at(9),
+            "StatusCode": "Failed",
+            "Description": "Launching a new EC2 instance.  Status Reason: Could not launch Spot Instances. UnfulfillableCapacity - Unable to fulfill capacity due to your request configuration. Launching EC2 instance failed.",
+            "StatusMessage": "Could not launch Spot Instances. UnfulfillableCapacity - Unable to fulfill capacity due to your request configuration. Launching EC2 instance failed.",
+        },
+        activity
+        | {
+            "StartTime": at(8),
+            "StatusCode": "Successful",
+            "Description": "Launching a new EC2 instance: i-1",
+        },
+        activity
+        | {
+            "StartTime": at(7),
+            "StatusCode": "Failed",
+            "Description": "Launching a new EC2 instance.  Status Reason: The requested configuration is currently not supported.",
+            "StatusMessage": "The requested configuration is currently not supported.",
+        },
+        activity
+        | {
+            "StartTime": at(1),
+            "StatusCode": "Failed",
+            "Description": "Launching a new EC2 instance.  Status Reason: Could not launch Spot Instances. InsufficientInstanceCapacity",
+            "StatusMessage": "Could not launch Spot Instances. InsufficientInstanceCapacity",
+        },
     ]
     with Stubber(client) as stub:
-        stub.add_response("describe_scaling_activities", {"Activities": activities}, {"AutoScalingGroupName": GROUP, "MaxRecords": 50})
-        failures = AutoScalingFleet(ENV, autoscaling=client, ec2=object())._spot_failures(GROUP, since=at(5).timestamp())
+        stub.add_response(
+            "describe_scaling_activities",
+            {"Activities": activities},
+            {"AutoScalingGroupName": GROUP, "MaxRecords": 50},
+        )
+        failures = AutoScalingFleet(ENV, autoscaling=client, ec2=object())._spot_failures(
+            GROUP, since=at(5).timestamp()
+        )
     assert failures == (at(9).timestamp(),)

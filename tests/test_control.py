@@ -26,7 +26,12 @@ ENV = parse_environment(
     {
         "region": "us-east-1",
         "pools": {
-            "cpu": {"max": 6, "command": "work", "slots_per_unit": 2, "instance_types": [{"type": "c6i.large"}]},
+            "cpu": {
+                "max": 6,
+                "command": "work",
+                "slots_per_unit": 2,
+                "instance_types": [{"type": "c6i.large"}],
+            },
             "gpu": {
                 "max": 8,
                 "command": "train",
@@ -45,7 +50,15 @@ def instance(id_, state="InService", type_="c6i.large", protected=False):
 
 
 def beat(id_, pool="cpu", busy=0, draining=False):
-    return Heartbeat(id_, pool, at=NOW - 5, slots=2, busy_slots=busy, idle_since=None if busy else NOW - 600, draining=draining)
+    return Heartbeat(
+        id_,
+        pool,
+        at=NOW - 5,
+        slots=2,
+        busy_slots=busy,
+        idle_since=None if busy else NOW - 600,
+        draining=draining,
+    )
 
 
 @dataclass
@@ -158,9 +171,18 @@ def test_node_state_comes_from_the_group_and_the_heartbeat(lifecycle, heartbeat,
 
 def test_a_node_view_carries_weight_slots_busy_and_protection_from_config_group_and_heartbeat():
     view = control.node_view(
-        ENV.pools["gpu"], instance("i-9", type_="g5.12xlarge", protected=True), beat("i-9", pool="gpu", busy=4), NOW
+        ENV.pools["gpu"],
+        instance("i-9", type_="g5.12xlarge", protected=True),
+        beat("i-9", pool="gpu", busy=4),
+        NOW,
     )
-    assert (view.weight, view.slots, view.busy_slots, view.protected, view.idle_since) == (4, 4, 4, True, None)
+    assert (view.weight, view.slots, view.busy_slots, view.protected, view.idle_since) == (
+        4,
+        4,
+        4,
+        True,
+        None,
+    )
     assert view.last_heartbeat == NOW - 5 and view.spot
 
 
@@ -221,7 +243,11 @@ def test_never_terminates_a_node_that_is_not_in_the_pools_group(decide):
     p = ports(group("cpu", 1, instance("i-1")), group("gpu", 4, instance("i-g", type_="g5.12xlarge")))
     decide(decision("cpu", 1, terminate=["i-g"]))
     control.tick(ENV, p, NOW)
-    assert ("terminate", "gpu", "i-g") not in p.fleet.calls and ("terminate", "cpu", "i-g") not in p.fleet.calls
+    assert ("terminate", "gpu", "i-g") not in p.fleet.calls and (
+        "terminate",
+        "cpu",
+        "i-g",
+    ) not in p.fleet.calls
 
 
 @pytest.mark.parametrize("how", ["flag", "environment"])
@@ -260,7 +286,9 @@ def test_a_tick_for_one_pool_observes_only_that_pool(decide):
     p = ports(group("cpu", 0), group("gpu", 0), backlogs={"demo": Backlog(1, 0)})
     seen = decide()
     control.tick(ENV, p, NOW, pools=["gpu"])
-    assert [v.name for v in seen["fleet"].pools] == ["gpu"] and [q.name for q in seen["fleet"].queues] == ["train"]
+    assert [v.name for v in seen["fleet"].pools] == ["gpu"] and [q.name for q in seen["fleet"].queues] == [
+        "train"
+    ]
 
 
 # -- interruptions ------------------------------------------------------------------------
@@ -279,8 +307,21 @@ SANDBOXED = ENV.model_copy(update={"name": "sandbox"})
 @pytest.mark.parametrize(
     ("raw", "expected"),
     [
-        (event("spot_warning"), DrainNode("i-1234567890abcdef0", None, SPOT_WARNING_AT + 120, "spot interruption warning: the instance will terminate in 120s")),
-        (event("rebalance"), DrainNode("i-1234567890abcdef0", None, None, "rebalance recommendation: spot interruption risk is high")),
+        (
+            event("spot_warning"),
+            DrainNode(
+                "i-1234567890abcdef0",
+                None,
+                SPOT_WARNING_AT + 120,
+                "spot interruption warning: the instance will terminate in 120s",
+            ),
+        ),
+        (
+            event("rebalance"),
+            DrainNode(
+                "i-1234567890abcdef0", None, None, "rebalance recommendation: spot interruption risk is high"
+            ),
+        ),
         (
             event("lifecycle_terminate"),
             DrainNode(
@@ -291,10 +332,30 @@ SANDBOXED = ENV.model_copy(update={"name": "sandbox"})
                 LifecycleHold("tidefleet-sandbox-cpu-drain", "87654321-4321-4321-4321-210987654321"),
             ),
         ),
-        (event("malformed"), Ignore("EC2 Spot Instance Interruption Warning: detail.instance-id missing or not an instance id (got None)")),
-        (event("unknown"), Ignore("event 'EC2 Instance State-change Notification' from 'aws.ec2' is not an interruption this function handles")),
-        (event("lifecycle_terminate", AutoScalingGroupName="someone-elses"), Ignore("EC2 Instance-terminate Lifecycle Action: group 'someone-elses' is not a pool of environment 'sandbox'")),
-        (event("lifecycle_terminate", LifecycleTransition="autoscaling:EC2_INSTANCE_LAUNCHING"), Ignore("EC2 Instance-terminate Lifecycle Action: transition 'autoscaling:EC2_INSTANCE_LAUNCHING' is not a termination")),
+        (
+            event("malformed"),
+            Ignore(
+                "EC2 Spot Instance Interruption Warning: detail.instance-id missing or not an instance id (got None)"
+            ),
+        ),
+        (
+            event("unknown"),
+            Ignore(
+                "event 'EC2 Instance State-change Notification' from 'aws.ec2' is not an interruption this function handles"
+            ),
+        ),
+        (
+            event("lifecycle_terminate", AutoScalingGroupName="someone-elses"),
+            Ignore(
+                "EC2 Instance-terminate Lifecycle Action: group 'someone-elses' is not a pool of environment 'sandbox'"
+            ),
+        ),
+        (
+            event("lifecycle_terminate", LifecycleTransition="autoscaling:EC2_INSTANCE_LAUNCHING"),
+            Ignore(
+                "EC2 Instance-terminate Lifecycle Action: transition 'autoscaling:EC2_INSTANCE_LAUNCHING' is not a termination"
+            ),
+        ),
         ("not json at all", Ignore("not an EventBridge event (no 'detail' object)")),
         ({"detail": []}, Ignore("not an EventBridge event (no 'detail' object)")),
     ],
@@ -303,9 +364,14 @@ def test_action_for_each_interruption_event(raw, expected):
     assert action_for(raw, SANDBOXED) == expected
 
 
-def drain_ports(heartbeat=None, backlog=Backlog(0, 0)):
+NO_BACKLOG = Backlog(0, 0)
+
+
+def drain_ports(heartbeat=None, backlog=NO_BACKLOG):
     return ports(
-        group("cpu", 1, instance("i-1")), beats={"cpu": {"i-1": heartbeat}} if heartbeat else {}, backlogs={"demo": backlog}
+        group("cpu", 1, instance("i-1")),
+        beats={"cpu": {"i-1": heartbeat}} if heartbeat else {},
+        backlogs={"demo": backlog},
     )
 
 
@@ -322,7 +388,9 @@ def test_the_terminate_hook_is_completed_only_for_an_idle_or_silent_node(heartbe
     assert p.nodes.marked == [("cpu", "i-1")]
     completed = [c for c in p.fleet.calls if c[0] == "complete_lifecycle_action"]
     assert line.get("released") == released
-    assert completed == ([("complete_lifecycle_action", "cpu", "i-1", "tidefleet-t-cpu-drain", "tok")] if released else [])
+    assert completed == (
+        [("complete_lifecycle_action", "cpu", "i-1", "tidefleet-t-cpu-drain", "tok")] if released else []
+    )
 
 
 def test_a_drain_with_backlog_runs_a_tick_for_that_pool_at_once(decide):

@@ -89,7 +89,9 @@ def heartbeat(node_id: str, busy: int) -> None:
     Store("sandbox", REGION).put_heartbeat(
         Heartbeat(node_id, "cpu", at=now, slots=2, busy_slots=busy, idle_since=None if busy else now - 600)
     )
-    asg().set_instance_protection(AutoScalingGroupName=GROUP, InstanceIds=[node_id], ProtectedFromScaleIn=bool(busy))
+    asg().set_instance_protection(
+        AutoScalingGroupName=GROUP, InstanceIds=[node_id], ProtectedFromScaleIn=bool(busy)
+    )
 
 
 # -- scaler ---------------------------------------------------------------------------------
@@ -194,7 +196,9 @@ def kicks(monkeypatch):
 
 
 @pytest.mark.parametrize("notice", ["spot_warning", "rebalance"])
-def test_a_spot_notice_marks_the_node_draining_and_kicks_the_scaler_for_a_replacement(deployed, kicks, notice):
+def test_a_spot_notice_marks_the_node_draining_and_kicks_the_scaler_for_a_replacement(
+    deployed, kicks, notice
+):
     (node,) = grow(1)
     heartbeat(node, busy=2)
     put_items(4, receive=2)  # two running on the node, two waiting
@@ -220,7 +224,9 @@ def test_a_notice_without_backlog_kicks_nothing(deployed, kicks):
 class RecordingFleet(AutoScalingFleet):
     """The real adapter, except CompleteLifecycleAction (moto has none) is recorded."""
 
-    completed: list[tuple] = []
+    def __init__(self, env):
+        super().__init__(env)
+        self.completed: list[tuple] = []
 
     def complete_lifecycle_action(self, pool, instance_id, hook, token):
         self.completed.append((pool, instance_id, hook, token))
@@ -230,8 +236,9 @@ class RecordingFleet(AutoScalingFleet):
 def recording(deployed, monkeypatch):
     env, ports = lambda_runtime()
     fleet = RecordingFleet(env)
-    fleet.completed = []
-    monkeypatch.setattr(interruption, "lambda_runtime", lambda: (env, Ports(SqsQueues(env), fleet, ports.nodes)))
+    monkeypatch.setattr(
+        interruption, "lambda_runtime", lambda: (env, Ports(SqsQueues(env), fleet, ports.nodes))
+    )
     return fleet
 
 
@@ -258,7 +265,7 @@ def test_the_terminate_hook_is_released_for_a_node_that_never_reported(recording
     ids=lambda e: json.dumps(e)[:40],
 )
 def test_the_interruption_function_logs_and_ignores_unknown_or_malformed_events(deployed, bad, caplog):
-    (node,) = grow(1)
+    grow(1)
     with caplog.at_level(logging.WARNING, "tidefleet"):
         result = interruption.handler(bad, None)
     assert set(result) == {"ignored"} and "ignored" in caplog.text

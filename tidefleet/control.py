@@ -53,7 +53,9 @@ def _weight(pool: Pool, instance: GroupInstance) -> int:
     return itype.weight if itype else (instance.weight or 1)
 
 
-def node_view(pool: Pool, instance: GroupInstance, heartbeat: Heartbeat | None, now: float) -> NodeView | None:
+def node_view(
+    pool: Pool, instance: GroupInstance, heartbeat: Heartbeat | None, now: float
+) -> NodeView | None:
     state = instance.lifecycle_state
     if state in GOING:
         node_state = "terminating"
@@ -82,7 +84,9 @@ def node_view(pool: Pool, instance: GroupInstance, heartbeat: Heartbeat | None, 
     )
 
 
-def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) -> tuple[FleetView, dict[str, GroupState]]:
+def observe(
+    env: Environment, ports: Ports, now: float, pools: Iterable[str]
+) -> tuple[FleetView, dict[str, GroupState]]:
     """The policy's view of these pools, plus the raw groups the act step checks against.
 
     A pool whose group does not exist (not deployed yet) is left out and logged."""
@@ -184,7 +188,7 @@ def tick(
         if not dry_run:
             try:
                 line |= act(ports, env, decision, group)
-            except Exception as err:  # one pool's failure must not stop the others
+            except Exception as err:  # noqa: BLE001 - one pool's failure must not stop the others; re-raised below
                 line["error"] = f"{type(err).__name__}: {err}"
                 failures.append(f"{decision.pool}: {line['error']}")
         log.info(json.dumps(line))
@@ -225,10 +229,14 @@ def drain(
         if action.hold is not None:
             heartbeat = ports.nodes.heartbeats(pool).get(action.instance_id)
             if heartbeat is None or heartbeat.busy_slots == 0:
-                ports.fleet.complete_lifecycle_action(pool, action.instance_id, action.hold.hook, action.hold.token)
+                ports.fleet.complete_lifecycle_action(
+                    pool, action.instance_id, action.hold.hook, action.hold.token
+                )
                 line["released"] = "never reported" if heartbeat is None else "idle"
             else:
-                line["held"] = f"busy ({heartbeat.busy_slots} slots): its agent completes the lifecycle action"
+                line["held"] = (
+                    f"busy ({heartbeat.busy_slots} slots): its agent completes the lifecycle action"
+                )
         backlog = sum(b.visible + b.in_flight for b in map(ports.queues.backlog, env.queues_of(pool)))
         line["backlog"] = backlog
         if backlog:

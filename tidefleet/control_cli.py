@@ -10,7 +10,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from tidefleet.cloud.aws import QueueMissing, aws_ports
 from tidefleet.config import ConfigError, load_environment
-from tidefleet.control import TickError, tick as run_tick
+from tidefleet.control import TickError
+from tidefleet.control import tick as run_tick
 
 
 @click.command()
@@ -26,7 +27,9 @@ def tick(env_name: str, dry_run: bool, pools: tuple[str, ...], log_json: bool) -
         raise click.ClickException(str(err)) from None
     unknown = sorted(set(pools) - set(env.pools))
     if unknown:
-        raise click.BadParameter(f"unknown pool(s) {', '.join(unknown)}; known: {', '.join(env.pools)}", param_hint="--pool")
+        raise click.BadParameter(
+            f"unknown pool(s) {', '.join(unknown)}; known: {', '.join(env.pools)}", param_hint="--pool"
+        )
     if log_json:
         logging.basicConfig(level=logging.INFO, format="%(message)s")
     failed = None
@@ -37,7 +40,9 @@ def tick(env_name: str, dry_run: bool, pools: tuple[str, ...], log_json: bool) -
     except QueueMissing as err:
         raise click.ClickException(str(err)) from None
     except (BotoCoreError, ClientError) as err:
-        raise click.ClickException(f"cloud call failed: {err}; check credentials, region {env.region} and the deployment")
+        raise click.ClickException(
+            f"cloud call failed: {err}; check credentials, region {env.region} and the deployment"
+        )
     dry = dry_run or env.scaler.dry_run
     for d in decisions:
         changes = [f"desired {d.desired}"]

@@ -53,7 +53,6 @@ def parse(event: object) -> Trigger | Ignored:
     return Ignored(f"unknown event (source {event.get('source')!r}, keys {sorted(event)[:8]})")
 
 
-
 def handler(event, context=None) -> dict:
     trigger = parse(event)
     if isinstance(trigger, Ignored):

@@ -103,7 +103,9 @@ class AutoScalingFleet:
 
     def _spot_failures(self, group: str, since: float) -> tuple[float, ...]:
         # Newest first; one page covers the failure window at a one-minute tick.
-        activities = self.asg.describe_scaling_activities(AutoScalingGroupName=group, MaxRecords=50)["Activities"]
+        activities = self.asg.describe_scaling_activities(AutoScalingGroupName=group, MaxRecords=50)[
+            "Activities"
+        ]
         return tuple(
             sorted(
                 a["StartTime"].timestamp()
@@ -157,7 +159,9 @@ class AutoScalingFleet:
         group = self._group_name(pool)
         # Re-read just before acting: another tick (or the group) may have removed some since
         # we observed them, and a second terminate would decrement desired twice.
-        current = self.asg.describe_auto_scaling_instances(InstanceIds=list(instance_ids))["AutoScalingInstances"]
+        current = self.asg.describe_auto_scaling_instances(InstanceIds=list(instance_ids))[
+            "AutoScalingInstances"
+        ]
         live = [
             i["InstanceId"]
             for i in current
@@ -191,7 +195,10 @@ class AutoScalingFleet:
             MixedInstancesPolicy={
                 **policy,
                 "LaunchTemplate": {**policy["LaunchTemplate"], "LaunchTemplateSpecification": spec},
-                "InstancesDistribution": {**policy.get("InstancesDistribution", {}), "OnDemandBaseCapacity": units},
+                "InstancesDistribution": {
+                    **policy.get("InstancesDistribution", {}),
+                    "OnDemandBaseCapacity": units,
+                },
             },
         )
 

@@ -72,7 +72,9 @@ def action_for(event: object, env: Environment) -> Action:
             return Ignore(f"{kind}: detail.instance-id missing or not an instance id (got {instance_id!r})")
         at = _epoch(event.get("time"))
         if kind == REBALANCE:
-            return DrainNode(instance_id, None, None, "rebalance recommendation: spot interruption risk is high")
+            return DrainNode(
+                instance_id, None, None, "rebalance recommendation: spot interruption risk is high"
+            )
         action = detail.get("instance-action", "terminate")
         return DrainNode(
             instance_id,
