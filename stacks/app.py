@@ -28,14 +28,17 @@ def stack_id(env: Environment) -> str:
 
 def synth(env: Environment, outdir: Path) -> Path:
     """Write `outdir/stacks/<stack id>/cdk.tf.json`; return that directory (terraform runs there)."""
-    if env.cloud != "aws":
-        raise ValueError(f"cloud: only 'aws' stacks can be synthesized here (got {env.cloud!r})")
     outdir = Path(outdir).resolve()
     stack_dir = outdir / "stacks" / stack_id(env)
     state = Path(env.state.path) if env.state.path else STATE_DIR / f"{env.name}.tfstate"
     outdir.mkdir(parents=True, exist_ok=True)
     app = App(outdir=str(outdir))
-    AwsFleetStack(
+    stack_class = AwsFleetStack
+    if env.cloud == "gcp":
+        from stacks.gcp.stack import GcpFleetStack  # the google provider bindings: the gcp extra only
+
+        stack_class = GcpFleetStack
+    stack_class(
         app,
         stack_id(env),
         env=env,

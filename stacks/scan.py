@@ -91,10 +91,10 @@ def run_checkov(stack_file: Path) -> list[Finding]:
     return findings
 
 
-def scan(synth_dir: Path, env_name: str) -> int:
+def scan(synth_dir: Path, env_name: str, *, suppressions_file: Path = SUPPRESSIONS) -> int:
     """Print every unsuppressed failed check and every stale suppression; return the failures."""
     findings = run_checkov(Path(synth_dir) / "cdk.tf.json")
-    suppressions = [s for s in load_suppressions() if s.applies_to(env_name)]
+    suppressions = [s for s in load_suppressions(suppressions_file) if s.applies_to(env_name)]
     suppressed = {(s.check, s.resource) for s in suppressions}
     failures = [f for f in findings if (f.check, f.resource) not in suppressed]
     for f in failures:

@@ -1,0 +1,1 @@
+"""The GCP stack: Pub/Sub, Spot VM managed instance groups, Firestore, the Cloud Function scaler."""

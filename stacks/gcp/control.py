@@ -1,0 +1,122 @@
+"""The control plane on GCP: the scaler as a 2nd-gen Cloud Function (the same control tick
+and policy as the AWS function) and its least-privilege service account.
+
+It is triggered by messages on the environment's "kick" topic: Cloud Scheduler publishes one
+every minute, and the job SDK publishes one after a submit (the counterpart of the AWS
+asynchronous invoke), so scale-out starts in seconds (a producer needs roles/pubsub.publisher on that topic,
+granted outside this stack). Eventarc delivers them with an OIDC
+identity that may only invoke this function, and the function accepts internal traffic only.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+
+from cdktn import Fn
+from cdktn_provider_google.cloud_run_service_iam_member import CloudRunServiceIamMember
+from cdktn_provider_google.cloud_scheduler_job import CloudSchedulerJob
+from cdktn_provider_google.cloudfunctions2_function import Cloudfunctions2Function
+from cdktn_provider_google.project_iam_custom_role import ProjectIamCustomRole
+from cdktn_provider_google.project_iam_member import ProjectIamMember
+from cdktn_provider_google.pubsub_topic import PubsubTopic
+from cdktn_provider_google.pubsub_topic_iam_member import PubsubTopicIamMember
+from cdktn_provider_google.service_account import ServiceAccount
+from cdktn_provider_google.storage_bucket_object import StorageBucketObject
+from constructs import Construct
+
+from tidefleet import naming
+from tidefleet.config import Environment
+
+RUNTIME = "python312"
+ENTRY_POINT = "tick"
+PUBLISHED = "google.cloud.pubsub.topic.v1.messagePublished"
+SCHEDULE_MESSAGE = {"tidefleet": "schedule"}
+SOURCE_FILE = "lambdas/gcp_scaler/main.py"  # inside the archive; the buildpack's GOOGLE_FUNCTION_SOURCE
+TIMEOUT_S = 60
+# What one tick does to the fleet, and nothing else: read the groups and their instances,
+# resize, delete chosen instances. GCE has no per-group IAM, so this is a project role.
+FLEET_PERMISSIONS = [
+    "compute.instanceGroupManagers.get",
+    "compute.instanceGroupManagers.update",  # resize, deleteInstances
+    "compute.instances.delete",  # deleteInstances acts on the chosen instances
+    "compute.instances.get",
+    "compute.instances.list",  # launch time and machine type of the listed instances
+    "compute.regionOperations.get",
+]
+
+
+def schedule(tick_s: int) -> str:
+    """Cloud Scheduler's finest is one minute; faster ticks come from kicks."""
+    minutes = max(1, math.ceil(tick_s / 60))
+    return "* * * * *" if minutes == 1 else f"*/{minutes} * * * *"
+
+
+def database_condition(project: str, database: str) -> dict:
+    return {"title": f"only {database}", "description": "The environment's own Firestore database.",
+            "expression": f'resource.name.startsWith("projects/{project}/databases/{database}")'}  # fmt: skip
+
+
+class ScalerFunction(Construct):
+    """Exposes `function`, `kick_topic` and `service_account`."""
+
+    def __init__(self, scope: Construct, id: str, *, env: Environment, archive_path: str, bucket: str,
+                 kms_key_id: str, labels: dict[str, str]) -> None:  # fmt: skip
+        super().__init__(scope, id)
+        self.kick_topic = PubsubTopic(self, "kick", name=naming.stack_resource(env.name, "kick"),
+                                      kms_key_name=kms_key_id, labels=labels)  # fmt: skip
+        project = env.project
+        self.service_account = ServiceAccount(
+            self, "scaler", account_id=naming.service_account(env.name, "scaler"),
+            display_name=f"tidefleet {env.name} scaler",
+            description="Control tick: reads backlog, groups and heartbeats; resizes groups; deletes idle nodes.",
+        )  # fmt: skip
+        member = self.service_account.member
+        role = ProjectIamCustomRole(
+            self, "fleet-role", role_id=f"tidefleet_{env.name.replace('-', '_')}_scaler",
+            title=f"tidefleet {env.name} scaler", permissions=FLEET_PERMISSIONS,
+        )  # fmt: skip
+        ProjectIamMember(self, "fleet", project=project, role=role.name, member=member)
+        ProjectIamMember(self, "backlog", project=project, role="roles/monitoring.viewer", member=member)
+        ProjectIamMember(self, "heartbeats", project=project, role="roles/datastore.user", member=member,
+                         condition=database_condition(project, naming.table(env.name)))  # fmt: skip
+        source = StorageBucketObject(
+            self, "source", bucket=bucket, source=archive_path,
+            # The digest in the name makes a new archive a new object, hence a new build.
+            name=f"functions/scaler-{Fn.filemd5(archive_path)}.zip",
+        )  # fmt: skip
+        invoker = ServiceAccount(
+            self, "trigger", account_id=naming.service_account(env.name, "tick"),
+            display_name=f"tidefleet {env.name} tick trigger", description="Only delivers kicks to the scaler function.",
+        )  # fmt: skip
+        self.function = Cloudfunctions2Function(
+            self, "function", name=naming.function(env.name, "scaler"), location=env.region, labels=labels,
+            description=f"tidefleet {env.name}: one control tick per kick",
+            build_config={"runtime": RUNTIME, "entry_point": ENTRY_POINT,
+                          "environment_variables": {"GOOGLE_FUNCTION_SOURCE": SOURCE_FILE},
+                          "source": {"storage_source": {"bucket": bucket, "object": source.name}}},
+            service_config={
+                # One tick at a time (its actions are idempotent, but two would race each other).
+                "max_instance_count": 1, "min_instance_count": 0, "max_instance_request_concurrency": 1,
+                "available_memory": "512Mi", "timeout_seconds": TIMEOUT_S,
+                "service_account_email": self.service_account.email,
+                "ingress_settings": "ALLOW_INTERNAL_ONLY", "all_traffic_on_latest_revision": True,
+                "environment_variables": {"TIDEFLEET_ENV": env.name, "LOG_EXECUTION_ID": "true"},
+            },
+            event_trigger={
+                "trigger_region": env.region, "event_type": PUBLISHED, "pubsub_topic": self.kick_topic.id,
+                "service_account_email": invoker.email,
+                # A failed tick is superseded by the next one; retrying it only adds load.
+                "retry_policy": "RETRY_POLICY_DO_NOT_RETRY",
+            },
+        )  # fmt: skip
+        CloudRunServiceIamMember(self, "trigger-invokes", location=env.region, service=self.function.name,
+                                 role="roles/run.invoker", member=invoker.member)  # fmt: skip
+        CloudSchedulerJob(
+            self, "schedule", name=naming.stack_resource(env.name, "tick"), region=env.region,
+            schedule=schedule(env.scaler.tick_s), time_zone="Etc/UTC",
+            retry_config={"retry_count": 0},
+            pubsub_target={"topic_name": self.kick_topic.id,
+                           "data": base64.b64encode(json.dumps(SCHEDULE_MESSAGE).encode()).decode()},
+        )  # fmt: skip

@@ -1,0 +1,76 @@
+"""Per queue: a Pub/Sub topic and pull subscription with a dead-letter topic (and a
+subscription on it, so dead-lettered items are kept and can be sent back).
+
+Pub/Sub dead-letters a message after `max_delivery_attempts` deliveries, and only accepts
+5..100. The count is the queue's `max_receive_count` (the same backstop as SQS's redrive:
+the agent dead-letters real failures itself), clamped into that range.
+"""
+
+from __future__ import annotations
+
+from cdktn_provider_google.pubsub_subscription import PubsubSubscription
+from cdktn_provider_google.pubsub_subscription_iam_member import PubsubSubscriptionIamMember
+from cdktn_provider_google.pubsub_topic import PubsubTopic
+from cdktn_provider_google.pubsub_topic_iam_member import PubsubTopicIamMember
+from constructs import Construct
+
+from tidefleet import naming
+from tidefleet.config import Queue
+
+PUBSUB_MIN_ATTEMPTS, PUBSUB_MAX_ATTEMPTS = 5, 100
+PUBSUB_ACK_DEADLINE_S = (10, 600)
+RETENTION = "604800s"  # 7 days: a queued item survives a long weekend with the fleet at zero
+
+
+def max_delivery_attempts(queue: Queue) -> int:
+    return min(max(queue.max_receive_count, PUBSUB_MIN_ATTEMPTS), PUBSUB_MAX_ATTEMPTS)
+
+
+def ack_deadline_s(queue: Queue) -> int:
+    """As SQS's visibility timeout: the agent extends it while an item runs, so it only
+    decides how soon an item held by a dead node comes back."""
+    low, high = PUBSUB_ACK_DEADLINE_S
+    return min(max(queue.visibility_timeout_s, low), high)
+
+
+class WorkTopic(Construct):
+    """Exposes `topic`, `subscription`, `dead_letter_topic`, `dead_letter_subscription`."""
+
+    def __init__(self, scope: Construct, id: str, *, env_name: str, queue_name: str, queue: Queue,
+                 pubsub_agent: str, kms_key_id: str, labels: dict[str, str]) -> None:  # fmt: skip
+        """pubsub_agent: the project's Pub/Sub service agent, which moves messages to the dead-letter topic."""
+        super().__init__(scope, id)
+        name, dlq_name = naming.queue(env_name, queue_name), naming.dead_letter_queue(env_name, queue_name)
+        self.topic = PubsubTopic(self, "topic", name=name, kms_key_name=kms_key_id, labels=labels,
+                                 message_retention_duration=RETENTION)  # fmt: skip
+        self.dead_letter_topic = PubsubTopic(self, "dlq-topic", name=dlq_name, kms_key_name=kms_key_id, labels=labels,
+                                             message_retention_duration=RETENTION)  # fmt: skip
+        never_expire = {"ttl": ""}  # an idle subscription must not vanish after 31 days
+        self.subscription = PubsubSubscription(
+            self, "subscription", name=name, topic=self.topic.id, labels=labels,
+            ack_deadline_seconds=ack_deadline_s(queue), message_retention_duration=RETENTION,
+            expiration_policy=never_expire,
+            dead_letter_policy={"dead_letter_topic": self.dead_letter_topic.id,
+                                "max_delivery_attempts": max_delivery_attempts(queue)},
+            retry_policy={"minimum_backoff": "10s", "maximum_backoff": "60s"},
+        )  # fmt: skip
+        self.dead_letter_subscription = PubsubSubscription(
+            self, "dlq-subscription", name=dlq_name, topic=self.dead_letter_topic.id, labels=labels,
+            ack_deadline_seconds=60, message_retention_duration=RETENTION, expiration_policy=never_expire,
+        )  # fmt: skip
+        # Dead-lettering is done by Pub/Sub's own agent: it must publish to the DLQ topic and
+        # acknowledge on the source subscription.
+        PubsubTopicIamMember(self, "dlq-publish", topic=self.dead_letter_topic.id, role="roles/pubsub.publisher",
+                             member=pubsub_agent)  # fmt: skip
+        PubsubSubscriptionIamMember(self, "dlq-forward", subscription=self.subscription.id,
+                                    role="roles/pubsub.subscriber", member=pubsub_agent)  # fmt: skip
+
+    def grant_worker(self, id: str, member: str) -> None:
+        """What a node's agent needs: pull/ack/extend on the subscription, read its ack
+        deadline, publish retries to the topic and give-ups to the dead-letter topic."""
+        for role in ("roles/pubsub.subscriber", "roles/pubsub.viewer"):
+            PubsubSubscriptionIamMember(self, f"{id}-{role.split('.')[-1]}", subscription=self.subscription.id,
+                                        role=role, member=member)  # fmt: skip
+        for topic in (self.topic, self.dead_letter_topic):
+            PubsubTopicIamMember(self, f"{id}-publish-{topic.node.id}", topic=topic.id, role="roles/pubsub.publisher",
+                                 member=member)  # fmt: skip

@@ -1,0 +1,107 @@
+"""One node pool on GCP: a least-privilege service account, a Spot and a standard
+instance template, and two regional managed instance groups (Spot, and on-demand for the
+pool's on-demand base and the policy's spot fallback).
+
+A template is either Spot or standard, so the on-demand share is a second group; the fleet
+adapter presents both as one pool to the control tick. Terraform creates the groups and then
+ignores their size: the scaler owns `target_size`. Spot VMs are deleted on preemption (no
+stopped VMs to pay disks for) and nothing restarts them; the group recreates capacity only
+when the scaler asks.
+"""
+
+from __future__ import annotations
+
+from cdktn import TerraformResourceLifecycle
+from cdktn_provider_google.compute_instance_template import (
+    ComputeInstanceTemplate,
+    ComputeInstanceTemplateDisk,
+    ComputeInstanceTemplateGuestAccelerator,
+    ComputeInstanceTemplateNetworkInterface,
+    ComputeInstanceTemplateNetworkInterfaceAccessConfig,
+)
+from cdktn_provider_google.compute_region_instance_group_manager import (
+    ComputeRegionInstanceGroupManager,
+    ComputeRegionInstanceGroupManagerInstanceFlexibilityPolicyInstanceSelections as Selection,
+    ComputeRegionInstanceGroupManagerVersion,
+)
+from cdktn_provider_google.service_account import ServiceAccount
+from constructs import Construct
+
+from tidefleet import naming
+from tidefleet.config import Environment
+
+# Google's recommended scope: the service account's IAM roles are what limit a node.
+NODE_SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
+# Regional groups accept 0 or at least the number of zones; no region has more than 4 today.
+MAX_UNAVAILABLE = 10
+
+
+def _scheduling(spot: bool, gpus: int) -> dict:
+    if spot:
+        return {"provisioning_model": "SPOT", "preemptible": True, "automatic_restart": False,
+                "on_host_maintenance": "TERMINATE", "instance_termination_action": "DELETE"}  # fmt: skip
+    # GPUs cannot live-migrate.
+    return {"provisioning_model": "STANDARD", "preemptible": False, "automatic_restart": True,
+            "on_host_maintenance": "TERMINATE" if gpus else "MIGRATE"}  # fmt: skip
+
+
+class NodePool(Construct):
+    """Exposes `service_account` (email, member), `groups` (spot, on_demand) and `templates`."""
+
+    def __init__(self, scope: Construct, id: str, *, env: Environment, pool_name: str, subnetwork: str,
+                 startup_script: str, labels: dict[str, str], kms_key_id: str) -> None:  # fmt: skip
+        super().__init__(scope, id)
+        pool = env.pools[pool_name]
+        self.service_account = ServiceAccount(
+            self, "node", account_id=naming.service_account(env.name, f"{pool_name}-node"),
+            display_name=f"tidefleet {env.name} {pool_name} nodes",
+            description="Worker agents of one pool: its own queues, the job store, item logs, the artifacts bucket.",
+        )  # fmt: skip
+        self.member = self.service_account.member
+        first = pool.instance_types[0]
+        gpus = first.gpus
+        pool_labels = {**labels, "tidefleet-pool": pool_name, "tidefleet-team": pool.team}
+        self.templates = {}
+        self.groups = {}
+        for kind, spot, group_name, size in (
+            ("spot", True, naming.group(env.name, pool_name), pool.min),
+            ("on-demand", False, naming.on_demand_group(env.name, pool_name), pool.on_demand_base),
+        ):
+            template = ComputeInstanceTemplate(
+                self, f"template-{kind}", name_prefix=f"{naming.launch_template(env.name, pool_name)}-{kind}-"[:37],
+                machine_type=first.type, labels={**pool_labels, "tidefleet-lifecycle": kind},
+                disk=[ComputeInstanceTemplateDisk(
+                    boot=True, auto_delete=True, source_image=pool.image, disk_size_gb=pool.disk_gb,
+                    disk_type="pd-balanced", disk_encryption_key={"kms_key_self_link": kms_key_id})],
+                # No access_config: no external IP; the subnet's Cloud NAT reaches the internet.
+                network_interface=[ComputeInstanceTemplateNetworkInterface(
+                    subnetwork=subnetwork,
+                    access_config=[ComputeInstanceTemplateNetworkInterfaceAccessConfig()] if pool.public_ip else None)],
+                scheduling=_scheduling(spot, gpus),
+                guest_accelerator=[ComputeInstanceTemplateGuestAccelerator(type=first.accelerator, count=gpus)]
+                if first.accelerator else None,
+                shielded_instance_config={"enable_secure_boot": True, "enable_vtpm": True,
+                                          "enable_integrity_monitoring": True},
+                service_account={"email": self.service_account.email, "scopes": NODE_SCOPES},
+                metadata={"startup-script": startup_script, "block-project-ssh-keys": "true",
+                          "enable-oslogin": "TRUE", "serial-port-enable": "false"},
+                can_ip_forward=False,
+                lifecycle=TerraformResourceLifecycle(create_before_destroy=True),
+            )  # fmt: skip
+            # More types than the template's: the group may use them too, in the configured order.
+            ranked = [Selection(name=f"rank-{i}", rank=i, machine_types=[t.type]) for i, t in enumerate(pool.instance_types)]
+            self.templates[kind] = template
+            self.groups[kind] = ComputeRegionInstanceGroupManager(
+                self, f"group-{kind}", name=group_name, base_instance_name=group_name, region=env.region,
+                version=[ComputeRegionInstanceGroupManagerVersion(name=kind, instance_template=template.self_link_unique)],
+                target_size=size // first.weight,
+                # ANY: put Spot VMs in whichever zones have capacity (needs redistribution NONE).
+                distribution_policy_target_shape="ANY",
+                update_policy={"type": "OPPORTUNISTIC", "minimal_action": "REPLACE",
+                               "instance_redistribution_type": "NONE", "max_surge_fixed": 0,
+                               "max_unavailable_fixed": MAX_UNAVAILABLE},
+                instance_flexibility_policy={"instance_selections": ranked} if len(ranked) > 1 else None,
+                wait_for_instances=False,
+                # Terraform never fights the scaler over the size.
+                lifecycle=TerraformResourceLifecycle(ignore_changes=["target_size"]),
+            )  # fmt: skip

@@ -1,0 +1,199 @@
+"""One environment's GCP stack: state, KMS key, network, queues, job store, artifacts bucket,
+item logs, node pools, the scaler function and the backlog alert."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from cdktn import GcsBackend, LocalBackend, TerraformStack
+from cdktn_provider_google.compute_firewall import ComputeFirewall, ComputeFirewallDeny
+from cdktn_provider_google.compute_network import ComputeNetwork
+from cdktn_provider_google.compute_router import ComputeRouter
+from cdktn_provider_google.compute_router_nat import ComputeRouterNat
+from cdktn_provider_google.compute_subnetwork import ComputeSubnetwork
+from cdktn_provider_google.data_google_project import DataGoogleProject
+from cdktn_provider_google.firestore_database import FirestoreDatabase
+from cdktn_provider_google.kms_crypto_key import KmsCryptoKey
+from cdktn_provider_google.kms_crypto_key_iam_member import KmsCryptoKeyIamMember
+from cdktn_provider_google.kms_key_ring import KmsKeyRing
+from cdktn_provider_google.logging_metric import LoggingMetric, LoggingMetricMetricDescriptorLabels
+from cdktn_provider_google.logging_project_bucket_config import LoggingProjectBucketConfig
+from cdktn_provider_google.logging_project_sink import LoggingProjectSink
+from cdktn_provider_google.monitoring_alert_policy import (
+    MonitoringAlertPolicy,
+    MonitoringAlertPolicyConditions,
+    MonitoringAlertPolicyConditionsConditionThresholdAggregations,
+)
+from cdktn_provider_google.project_iam_member import ProjectIamMember
+from cdktn_provider_google.provider import GoogleProvider
+from cdktn_provider_google.storage_bucket import StorageBucket, StorageBucketLifecycleRule
+from cdktn_provider_google.storage_bucket_iam_member import StorageBucketIamMember
+from constructs import Construct
+
+from stacks.gcp.control import ScalerFunction, database_condition
+from stacks.gcp.messaging import WorkTopic
+from stacks.gcp.pool import NodePool
+from tidefleet import naming
+from tidefleet.config import Environment
+
+LOG_RETENTION_DAYS = 365
+KEY_ROTATION = "7776000s"  # 90 days
+# Backlog older than this with nothing taking it means the fleet is stuck (or capped).
+STUCK_AFTER_S = 900
+
+
+def labels(env: Environment) -> dict[str, str]:
+    """Tags as GCP labels: lowercase keys and values of [a-z0-9_-]."""
+    clean = lambda text: re.sub(r"[^a-z0-9_-]", "-", text.lower())[:63]  # noqa: E731
+    return {clean(k): clean(v) for k, v in {**env.tags, "tidefleet-env": env.name}.items()}
+
+
+def terraform_literal(text: str) -> str:
+    """`text` as a Terraform JSON string that Terraform will not interpolate."""
+    return text.replace("${", "$${").replace("%{", "%%{")
+
+
+class GcpFleetStack(TerraformStack):
+    def __init__(self, scope: Construct, id: str, *, env: Environment, archive_path: str, local_state_path: str,
+                 user_data: Callable[[str, str], str]) -> None:  # fmt: skip
+        """archive_path: the functions zip, relative to the synthesized stack directory.
+        user_data(pool_name, artifacts_bucket): the pool's startup script."""
+        super().__init__(scope, id)
+        project, region = env.project, env.region
+        tags = labels(env)
+        GoogleProvider(self, "google", project=project, region=region, default_labels=tags)
+        self._backend(env, local_state_path)
+        number = DataGoogleProject(self, "project", project_id=project).number
+        agent = lambda service: f"serviceAccount:service-{number}@{service}.iam.gserviceaccount.com"  # noqa: E731
+
+        ring = KmsKeyRing(self, "keyring", name=naming.stack_resource(env.name, "keys"), location=region)
+        self.key = KmsCryptoKey(self, "key", name=naming.stack_resource(env.name, "data"), key_ring=ring.id,
+                                rotation_period=KEY_ROTATION, labels=tags)  # fmt: skip
+        # The Google services that encrypt with it on our behalf.
+        for i, service in enumerate(("gcp-sa-pubsub", "compute-system", "gs-project-accounts")):
+            KmsCryptoKeyIamMember(self, f"key-user-{i}", crypto_key_id=self.key.id,
+                                  role="roles/cloudkms.cryptoKeyEncrypterDecrypter", member=agent(service))  # fmt: skip
+
+        self.queues = {
+            name: WorkTopic(self, f"queue-{name}", env_name=env.name, queue_name=name, queue=queue,
+                            pubsub_agent=agent("gcp-sa-pubsub"), kms_key_id=self.key.id, labels=tags)
+            for name, queue in sorted(env.queues.items())
+        }  # fmt: skip
+        self.database = FirestoreDatabase(
+            self, "jobs", name=naming.table(env.name), location_id=region, type="FIRESTORE_NATIVE",
+            point_in_time_recovery_enablement="POINT_IN_TIME_RECOVERY_ENABLED",
+            delete_protection_state="DELETE_PROTECTION_ENABLED",
+        )  # fmt: skip
+        bucket_name = naming.artifacts_bucket(env.name, project)
+        self.artifacts = StorageBucket(
+            self, "artifacts", name=bucket_name, location=region.upper(), labels=tags,
+            uniform_bucket_level_access=True, public_access_prevention="enforced",
+            versioning={"enabled": True}, encryption={"default_kms_key_name": self.key.id},
+            lifecycle_rule=[StorageBucketLifecycleRule(action={"type": "Delete"},
+                                                       condition={"days_since_noncurrent_time": 30})],
+        )  # fmt: skip
+        self._item_logs(env)
+        subnetwork = self._network(env)
+
+        self.pools = {}
+        for pool_name in sorted(env.pools):
+            pool = NodePool(self, f"pool-{pool_name}", env=env, pool_name=pool_name, subnetwork=subnetwork,
+                            startup_script=terraform_literal(user_data(pool_name, bucket_name)),
+                            labels=tags, kms_key_id=self.key.id)  # fmt: skip
+            self._grant_node(env, pool_name, pool.member)
+            self.pools[pool_name] = pool
+
+        self.scaler = ScalerFunction(self, "control", env=env, archive_path=archive_path, bucket=self.artifacts.name,
+                                     kms_key_id=self.key.id, labels=tags)  # fmt: skip
+        self._backlog_alert(env)
+
+    def _grant_node(self, env: Environment, pool_name: str, member: str) -> None:
+        """A node's agent: its own queues, the job store, item logs, the artifacts bucket."""
+        id = f"node-{pool_name}"
+        for queue_name in sorted(env.queues_of(pool_name)):
+            self.queues[queue_name].grant_worker(id, member)
+        ProjectIamMember(self, f"{id}-jobs", project=env.project, role="roles/datastore.user", member=member,
+                         condition=database_condition(env.project, naming.table(env.name)))  # fmt: skip
+        # Log writing has no finer scope than the project; it can only append.
+        ProjectIamMember(self, f"{id}-logs", project=env.project, role="roles/logging.logWriter", member=member)
+        # Agent wheel (read) and per-item checkpoints (read/write); no bucket administration.
+        StorageBucketIamMember(self, f"{id}-artifacts", bucket=self.artifacts.name, role="roles/storage.objectUser",
+                               member=member)  # fmt: skip
+
+    def _network(self, env: Environment) -> str:
+        """The subnet nodes use: the configured one, or a private subnet with Cloud NAT."""
+        if env.network.subnet_ids:
+            return env.network.subnet_ids[0]
+        name = naming.stack_resource(env.name, "nodes")
+        network = ComputeNetwork(self, "network", name=name, auto_create_subnetworks=False)
+        subnet = ComputeSubnetwork(
+            self, "subnet", name=name, network=network.id, region=env.region, ip_cidr_range=env.network.vpc_cidr,
+            private_ip_google_access=True,
+            log_config={"aggregation_interval": "INTERVAL_5_MIN", "flow_sampling": 0.5, "metadata": "INCLUDE_ALL_METADATA"},
+        )  # fmt: skip
+        # Nodes only pull work; nothing may connect to them.
+        ComputeFirewall(self, "deny-ingress", name=f"{name}-deny-ingress", network=network.id, direction="INGRESS",
+                        priority=65534, source_ranges=["0.0.0.0/0"], deny=[ComputeFirewallDeny(protocol="all")],
+                        log_config={"metadata": "INCLUDE_ALL_METADATA"})  # fmt: skip
+        router = ComputeRouter(self, "router", name=name, network=network.id, region=env.region)
+        ComputeRouterNat(self, "nat", name=name, router=router.name, region=env.region,
+                         nat_ip_allocate_option="AUTO_ONLY", source_subnetwork_ip_ranges_to_nat="ALL_SUBNETWORKS_ALL_IP_RANGES",
+                         log_config={"enable": True, "filter": "ERRORS_ONLY"})  # fmt: skip
+        return subnet.id
+
+    def _item_logs(self, env: Environment) -> None:
+        """Every item's output lands in the environment's own log bucket (one year), and a
+        log-based metric counts finished attempts by outcome."""
+        log_id = naming.item_log(env.name)
+        bucket = LoggingProjectBucketConfig(
+            self, "item-logs", project=env.project, location="global", bucket_id=log_id,
+            retention_days=LOG_RETENTION_DAYS, description="tidefleet item output, one entry per line",
+        )  # fmt: skip
+        log_filter = f'logName="projects/{env.project}/logs/{log_id}"'
+        LoggingProjectSink(self, "item-logs-sink", name=log_id, filter=log_filter, unique_writer_identity=True,
+                           destination=f"logging.googleapis.com/{bucket.id}")  # fmt: skip
+        LoggingMetric(
+            self, "item-outcomes", name=naming.stack_resource(env.name, "item-outcomes"),
+            filter=f"{log_filter} AND jsonPayload.outcome:*",
+            metric_descriptor={"metric_kind": "DELTA", "value_type": "INT64",
+                               "labels": [LoggingMetricMetricDescriptorLabels(key=k, value_type="STRING")
+                                          for k in ("outcome", "queue")]},
+            label_extractors={"outcome": "EXTRACT(jsonPayload.outcome)", "queue": "EXTRACT(jsonPayload.queue)"},
+        )  # fmt: skip
+
+    def _backlog_alert(self, env: Environment) -> None:
+        """Work waiting with nothing taking it (a capped, failing or stuck fleet), per queue,
+        and anything in a dead-letter subscription."""
+        conditions = []
+        for name in sorted(env.queues):
+            for kind, sub, duration in (("waiting", naming.queue(env.name, name), f"{STUCK_AFTER_S}s"),
+                                        ("dead-lettered", naming.dead_letter_queue(env.name, name), "0s")):
+                conditions.append(MonitoringAlertPolicyConditions(
+                    display_name=f"{name}: items {kind}",
+                    condition_threshold={
+                        "filter": ('resource.type = "pubsub_subscription" AND '
+                                   f'resource.labels.subscription_id = "{sub}" AND '
+                                   'metric.type = "pubsub.googleapis.com/subscription/num_undelivered_messages"'),
+                        "comparison": "COMPARISON_GT", "threshold_value": 0, "duration": duration,
+                        "aggregations": [MonitoringAlertPolicyConditionsConditionThresholdAggregations(
+                            alignment_period="60s", per_series_aligner="ALIGN_MAX")],
+                    },
+                ))  # fmt: skip
+        MonitoringAlertPolicy(
+            self, "backlog-alert", display_name=f"tidefleet {env.name}: backlog", combiner="OR", conditions=conditions,
+            documentation={"mime_type": "text/markdown",
+                           "content": f"`tidefleet status` and the scaler's log line (function {naming.function(env.name, 'scaler')}) "
+                                      "give the reason: cap, spot shortage, or boot failures."},
+            user_labels=labels(env),
+        )  # fmt: skip
+
+    def _backend(self, env: Environment, local_state_path: str) -> None:
+        if env.state.backend == "gcs":
+            GcsBackend(self, bucket=env.state.bucket, prefix=env.state.key or f"tidefleet/{env.name}")
+        else:
+            LocalBackend(self, path=local_state_path)
+
+    def _allocate_logical_id(self, element) -> str:
+        # Readable, hash-free addresses: the checkov suppressions and the tests name resources by them.
+        return "_".join(element.node.path.split("/")[1:])

@@ -1,0 +1,76 @@
+"""Node user-data: small enough for EC2, shellcheck-clean, and it boots what it says."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from stacks.userdata import EXAMPLE_BUCKET, shellcheck, shellcheck_all
+from tidefleet.config import load_environment
+from tidefleet.userdata import EC2_USER_DATA_LIMIT, LOCAL_PYTHON, render_user_data
+
+
+def test_every_environments_user_data_is_shellcheck_clean_in_both_modes():
+    assert shellcheck_all() == []
+
+
+def test_shellcheck_does_report_a_broken_script():
+    assert "SC2086" in shellcheck("#!/bin/bash\nrm $1\n")
+
+
+@pytest.mark.parametrize("local", [None, {LOCAL_PYTHON: "/usr/bin/python3"}], ids=["cloud", "local"])
+def test_prods_biggest_pool_renders_under_ec2s_16_kb_limit(local):
+    env = load_environment("prod")
+    sizes = {p: len(render_user_data(env, p, artifacts_bucket=EXAMPLE_BUCKET, local=local).encode()) for p in env.pools}
+    assert max(sizes.values()) < EC2_USER_DATA_LIMIT, sizes
+
+
+def test_cloud_mode_installs_the_agent_from_the_bucket_and_runs_it_as_a_service():
+    env = load_environment("prod")
+    script = render_user_data(env, "gpu", artifacts_bucket="tidefleet-prod-artifacts-1")
+    assert "aws s3 cp --recursive --region us-east-1 s3://tidefleet-prod-artifacts-1/agent/" in script
+    assert "/opt/tidefleet/venv/bin/pip install --no-cache-dir /opt/tidefleet/agent/*.whl" in script
+    assert "ExecStart=/opt/tidefleet/venv/bin/tidefleet agent --env prod --pool gpu\n" in script
+    assert 'Environment="NCCL_DEBUG=WARN"' in script
+    assert "systemctl enable --now tidefleet-agent.service" in script
+
+
+def test_an_unknown_pool_is_refused_by_name():
+    with pytest.raises(ValueError, match="unknown pool.*'nope'.*known pools: cpu"):
+        render_user_data(load_environment("dev"), "nope", artifacts_bucket="b")
+
+
+def test_local_mode_exports_the_variables_runs_the_init_script_then_execs_the_agent(tmp_path):
+    """Run the rendered script with bash; a stand-in 'python' prints what it was given."""
+    fake_python = tmp_path / "py thon"
+    fake_python.write_text('#!/bin/bash\necho "args: $*"\necho "endpoint: $AWS_ENDPOINT_URL"\necho "nccl: $NCCL_DEBUG"\n'
+                           'echo "marker: $(cat "$MARKER")"\n')  # fmt: skip
+    fake_python.chmod(0o755)
+    env = load_environment("prod")
+    pool = env.pools["gpu"].model_copy(update={"init_script": 'echo "init ran" > "$MARKER"', "env": {"NCCL_DEBUG": "it's \"quoted\" $HOME"}})
+    env = env.model_copy(update={"pools": {**env.pools, "gpu": pool}})
+    local = {"AWS_ENDPOINT_URL": "http://127.0.0.1:5000", "MARKER": str(tmp_path / "marker"), LOCAL_PYTHON: str(fake_python)}
+    script = render_user_data(env, "gpu", artifacts_bucket="unused", local=local)
+    assert "systemctl" not in script and "dnf" not in script
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env={"PATH": os.environ["PATH"]}, check=True).stdout
+    assert out.splitlines() == [
+        "args: -m tidefleet.cli agent --env prod --pool gpu",
+        "endpoint: http://127.0.0.1:5000",
+        "nccl: it's \"quoted\" $HOME",
+        "marker: init ran",
+    ]
+
+
+def test_an_env_value_with_a_newline_is_refused_for_the_systemd_unit():
+    env = load_environment("dev")
+    pool = env.pools["cpu"].model_copy(update={"env": {"A": "one\ntwo"}})
+    with pytest.raises(ValueError, match="newline"):
+        render_user_data(env.model_copy(update={"pools": {"cpu": pool}}), "cpu", artifacts_bucket="b")
+
+
+def test_the_sandbox_can_render_with_its_own_interpreter():
+    script = render_user_data(load_environment("sandbox"), "cpu", artifacts_bucket="b", local={LOCAL_PYTHON: sys.executable})
+    assert script.rstrip().endswith(f"exec {sys.executable} -m tidefleet.cli agent --env sandbox --pool cpu")
