@@ -21,7 +21,6 @@ from cdktn_provider_google.cloudfunctions2_function import Cloudfunctions2Functi
 from cdktn_provider_google.project_iam_custom_role import ProjectIamCustomRole
 from cdktn_provider_google.project_iam_member import ProjectIamMember
 from cdktn_provider_google.pubsub_topic import PubsubTopic
-from cdktn_provider_google.pubsub_topic_iam_member import PubsubTopicIamMember
 from cdktn_provider_google.service_account import ServiceAccount
 from cdktn_provider_google.storage_bucket_object import StorageBucketObject
 from constructs import Construct

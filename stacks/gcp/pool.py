@@ -21,8 +21,10 @@ from cdktn_provider_google.compute_instance_template import (
 )
 from cdktn_provider_google.compute_region_instance_group_manager import (
     ComputeRegionInstanceGroupManager,
-    ComputeRegionInstanceGroupManagerInstanceFlexibilityPolicyInstanceSelections as Selection,
     ComputeRegionInstanceGroupManagerVersion,
+)
+from cdktn_provider_google.compute_region_instance_group_manager import (
+    ComputeRegionInstanceGroupManagerInstanceFlexibilityPolicyInstanceSelections as Selection,
 )
 from cdktn_provider_google.service_account import ServiceAccount
 from constructs import Construct

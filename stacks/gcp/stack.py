@@ -45,7 +45,7 @@ STUCK_AFTER_S = 900
 
 def labels(env: Environment) -> dict[str, str]:
     """Tags as GCP labels: lowercase keys and values of [a-z0-9_-]."""
-    clean = lambda text: re.sub(r"[^a-z0-9_-]", "-", text.lower())[:63]  # noqa: E731
+    clean = lambda text: re.sub(r"[^a-z0-9_-]", "-", text.lower())[:63]
     return {clean(k): clean(v) for k, v in {**env.tags, "tidefleet-env": env.name}.items()}
 
 
@@ -65,7 +65,7 @@ class GcpFleetStack(TerraformStack):
         GoogleProvider(self, "google", project=project, region=region, default_labels=tags)
         self._backend(env, local_state_path)
         number = DataGoogleProject(self, "project", project_id=project).number
-        agent = lambda service: f"serviceAccount:service-{number}@{service}.iam.gserviceaccount.com"  # noqa: E731
+        agent = lambda service: f"serviceAccount:service-{number}@{service}.iam.gserviceaccount.com"
 
         ring = KmsKeyRing(self, "keyring", name=naming.stack_resource(env.name, "keys"), location=region)
         self.key = KmsCryptoKey(self, "key", name=naming.stack_resource(env.name, "data"), key_ring=ring.id,
