@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import stacks  # noqa: F401  (points jsii at the bundled Node before cdktn loads)
 from cdktn import App
 
+import stacks  # noqa: F401  (points jsii at the bundled Node before cdktn loads)
 from stacks.aws.stack import AwsFleetStack
 from tidefleet.config import Environment
 from tidefleet.userdata import render_user_data
