@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 
 import boto3
 import pytest
+from botocore.exceptions import ClientError
 from botocore.stub import Stubber
 
 from tidefleet import naming
@@ -26,6 +27,28 @@ from tidefleet.sandbox.provision import provision
 
 ENV = load_environment("sandbox")
 GROUP = naming.group("sandbox", "cpu")
+
+
+LISTED = {
+    "AutoScalingInstances": [
+        {
+            "InstanceId": "i-0aaaaaaaaaaaaaaaa",
+            "InstanceType": "c6i.large",
+            "AutoScalingGroupName": GROUP,
+            "AvailabilityZone": "us-east-1a",
+            "LifecycleState": "InService",
+            "HealthStatus": "Healthy",
+            "ProtectedFromScaleIn": False,
+        }
+    ]
+}
+
+
+def offline_client():
+    """For answers moto cannot give: a client fed by botocore's Stubber, never on the network."""
+    return boto3.client(
+        "autoscaling", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x"
+    )
 
 
 @pytest.fixture
@@ -107,9 +130,7 @@ def test_group_of_finds_the_instances_group(cloud):
 
 def test_only_recent_failed_spot_launches_count_as_spot_failures():
     # moto never reports scaling activities: the AWS shape of a failed spot launch, stubbed.
-    client = boto3.client(
-        "autoscaling", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x"
-    )
+    client = offline_client()
     at = lambda minute: datetime(2026, 11, 21, 12, minute, tzinfo=UTC)
     activity = {"ActivityId": "a", "AutoScalingGroupName": GROUP, "Cause": "c", "Progress": 100}
     activities = [
@@ -151,3 +172,32 @@ def test_only_recent_failed_spot_launches_count_as_spot_failures():
             GROUP, since=at(5).timestamp()
         )
     assert failures == (at(9).timestamp(),)
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        "Instance Id not found - No managed instance found for instance ID: i-0aaaaaaaaaaaaaaaa",
+        "The instance i-0aaaaaaaaaaaaaaaa is not in InService or Standby.",
+    ],
+)
+def test_a_terminate_that_lost_the_race_to_another_tick_is_a_no_op(refusal):
+    # AWS's refusals when the instance left between our re-read and our call (moto answers a
+    # server error instead), stubbed with the messages AWS sends.
+    client = offline_client()
+    with Stubber(client) as stub:
+        stub.add_response("describe_auto_scaling_instances", LISTED)
+        stub.add_client_error("terminate_instance_in_auto_scaling_group", "ValidationError", refusal)
+        assert (
+            AutoScalingFleet(ENV, autoscaling=client, ec2=object()).terminate("cpu", ("i-0aaaaaaaaaaaaaaaa",))
+            == ()
+        )
+
+
+def test_any_other_terminate_refusal_is_raised():
+    client = offline_client()
+    with Stubber(client) as stub:
+        stub.add_response("describe_auto_scaling_instances", LISTED)
+        stub.add_client_error("terminate_instance_in_auto_scaling_group", "AccessDenied", "not authorized")
+        with pytest.raises(ClientError, match="AccessDenied"):
+            AutoScalingFleet(ENV, autoscaling=client, ec2=object()).terminate("cpu", ("i-0aaaaaaaaaaaaaaaa",))

@@ -3,12 +3,15 @@
 Safe when two ticks run at once (the stack also reserves a concurrency of one):
 - every action sets an absolute target computed from fresh observations, never a delta:
   two ticks that saw the same world set the same desired capacity;
-- scale-in is only `terminate` with a decrement of desired capacity, and the fleet port
+- scale-in is only `terminate` with a decrement of desired capacity; the fleet port
   re-reads each instance just before terminating it and skips those already gone or on
-  their way out, so a node removed by one tick is not removed (nor decremented) again;
+  their way out, and if another tick wins the race in between, AWS refuses the second
+  terminate without decrementing ("not in InService", "No managed instance found"), which
+  the port takes as done: a node is removed, and desired decremented, once;
 - desired capacity is never lowered below the capacity of the instances still in the
   group, so the group itself never picks a node to stop (it could pick a busy one).
-With `dry_run` (the flag or `scaler.dry_run` in the environment) the tick decides and logs
+The interruption function does not tick itself: it kicks the scaler function, so there is
+one writer. With `dry_run` (the flag or `scaler.dry_run` in the environment) the tick decides and logs
 exactly the same lines but changes nothing.
 """
 

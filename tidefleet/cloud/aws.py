@@ -68,6 +68,13 @@ def _is_spot_failure(activity: dict) -> bool:
     return activity.get("StatusCode") == "Failed" and "spot" in text.lower()
 
 
+def _already_leaving(err: ClientError) -> bool:
+    message = err.response["Error"].get("Message", "")
+    return err.response["Error"]["Code"] == "ValidationError" and (
+        "No managed instance found" in message or "is not in InService or Standby" in message
+    )
+
+
 class AutoScalingFleet:
     def __init__(self, env: Environment, *, autoscaling=None, ec2=None):
         self.env = env
@@ -175,8 +182,9 @@ class AutoScalingFleet:
                 )
                 done.append(instance_id)
             except ClientError as err:
-                # Gone between the re-read and now: the goal is reached, not an error.
-                if err.response["Error"]["Code"] != "ValidationError" or "not found" not in str(err).lower():
+                # Gone or already leaving since the re-read (another tick got there first):
+                # AWS refuses without decrementing, and the goal is reached.
+                if not _already_leaving(err):
                     raise
         return tuple(done)
 
