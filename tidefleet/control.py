@@ -11,8 +11,8 @@ Safe when two ticks run at once (the stack also reserves a concurrency of one):
 - desired capacity is never lowered below the capacity of the instances still in the
   group, so the group itself never picks a node to stop (it could pick a busy one).
 The interruption function does not tick itself: it kicks the scaler function, so there is
-one writer. With `dry_run` (the flag or `scaler.dry_run` in the environment) the tick decides and logs
-exactly the same lines but changes nothing.
+one writer. With `dry_run` (the flag or `scaler.dry_run` in the environment) the tick
+decides and logs exactly the same lines but changes nothing.
 """
 
 from __future__ import annotations
