@@ -1,0 +1,218 @@
+"""google-cloud adapters for the control ports: Pub/Sub backlog, the pool's managed instance
+groups, and node heartbeats in Firestore. The control tick and the policy are the AWS ones.
+
+- Fleet (google-cloud-compute, REST): a pool is two regional managed instance groups, Spot
+  and on-demand (a template is one or the other). The port shows them as one group: desired =
+  both target sizes, on-demand base = the on-demand group's. Instances are reported in the
+  tick's lifecycle words (Pending / InService / Terminating / Terminated). GCE has no scale-in
+  protection: only the policy's chosen instances go, by `deleteInstances` (which lowers the
+  target size with them) with skip-instances-on-validation-error, so one that is already gone
+  is skipped instead of failing the call; a target size is never lowered below the instances
+  left (the tick guarantees it), so the group never picks a victim of its own.
+- Backlog: Pub/Sub has no API that counts a subscription's messages; Cloud Monitoring's
+  `subscription/num_undelivered_messages` is the count (delivered-but-unacked included). It is
+  sampled every minute and visible up to ~2 minutes later, so a scale-out from zero can trail a
+  submit by that much on GCP (AWS reads SQS attributes directly). A pull-based estimate was
+  rejected: pulling to count, then nacking, raises each message's delivery attempt and walks
+  items toward the dead-letter topic. Undelivered messages are reported as `visible`, in-flight
+  0: the policy's demand is their sum, which is exactly the undelivered count.
+- Heartbeats (google-cloud-firestore's GAPIC client, REST): documents
+  `pools/<pool>/nodes/<node>` in the environment's database, the same fields as DynamoDB's.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from datetime import datetime, timezone
+from functools import cache
+
+from google.api_core import exceptions as gexc
+from google.auth.transport.requests import AuthorizedSession
+from google.cloud import compute_v1
+
+from tidefleet import naming
+from tidefleet.cloud import Backlog, GroupInstance, GroupState, Ports
+from tidefleet.config import Environment, load_environment
+from tidefleet.store import Heartbeat
+
+MONITORING = "https://monitoring.googleapis.com/v3"
+UNDELIVERED = "pubsub.googleapis.com/subscription/num_undelivered_messages"
+BACKLOG_WINDOW_S = 300  # newest point within the last five minutes; none = an empty, quiet subscription
+# What a managed instance is doing, in the tick's (Auto Scaling's) words.
+PENDING_ACTIONS = frozenset({"CREATING", "CREATING_WITHOUT_RETRIES", "RECREATING", "VERIFYING", "RESTARTING",
+                             "REFRESHING", "RESUMING", "STARTING"})  # fmt: skip
+GOING_ACTIONS = frozenset({"DELETING", "ABANDONING", "STOPPING", "SUSPENDING"})
+# Errors of a Spot group that mean "no Spot capacity now", as the policy's spot failures.
+SPOT_SHORTAGE = ("ZONE_RESOURCE_POOL_EXHAUSTED", "STOCKOUT", "RESOURCE_POOL_EXHAUSTED")
+
+
+def _epoch(rfc3339: str) -> float:
+    return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp() if rfc3339 else 0.0
+
+
+def _last(url: str) -> str:
+    return url.rsplit("/", 1)[-1]
+
+
+def lifecycle_state(managed: compute_v1.ManagedInstance) -> str:
+    action, status = managed.current_action, managed.instance_status
+    if action in GOING_ACTIONS or status in ("STOPPING", "SUSPENDING"):
+        return "Terminating"
+    if status in ("TERMINATED", "STOPPED", "SUSPENDED"):
+        return "Terminated"
+    if action in PENDING_ACTIONS or status != "RUNNING":
+        return "Pending"
+    return "InService"
+
+
+class MonitoringQueues:
+    """QueuePort: a subscription's undelivered messages from Cloud Monitoring."""
+
+    def __init__(self, env: Environment, *, session: AuthorizedSession | None = None, credentials=None):
+        self.env = env
+        if session is None:
+            import google.auth
+
+            creds = credentials or google.auth.default(scopes=["https://www.googleapis.com/auth/monitoring.read"])[0]
+            session = AuthorizedSession(creds)
+        self.session = session
+
+    def backlog(self, queue: str) -> Backlog:
+        now = time.time()
+        stamp = lambda t: datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")  # noqa: E731
+        response = self.session.get(
+            f"{MONITORING}/projects/{self.env.project}/timeSeries",
+            params={
+                "filter": f'metric.type = "{UNDELIVERED}" AND '
+                          f'resource.labels.subscription_id = "{naming.queue(self.env.name, queue)}"',
+                "interval.startTime": stamp(now - BACKLOG_WINDOW_S),
+                "interval.endTime": stamp(now),
+                "view": "FULL",
+            },
+            timeout=10,
+        )  # fmt: skip
+        response.raise_for_status()
+        newest = [p for series in response.json().get("timeSeries", []) for p in series.get("points", [])[:1]]
+        # Points come newest first; a subscription has one series (several only while labels change).
+        visible = max((int(p["value"].get("int64Value", 0)) for p in newest), default=0)
+        return Backlog(visible=visible, in_flight=0)
+
+
+class MigFleet:
+    """FleetPort over a pool's Spot and on-demand regional managed instance groups."""
+
+    def __init__(self, env: Environment, *, groups=None, instances=None, credentials=None):
+        self.env, self.project, self.region = env, env.project, env.region
+        self.migs = groups or compute_v1.RegionInstanceGroupManagersClient(credentials=credentials)
+        self.instances = instances or compute_v1.InstancesClient(credentials=credentials)
+
+    def _names(self, pool: str) -> tuple[str, str]:
+        return naming.group(self.env.name, pool), naming.on_demand_group(self.env.name, pool)
+
+    def _weight(self, pool: str) -> int:
+        return self.env.pools[pool].instance_types[0].weight  # one weight per GCP pool (config rule)
+
+    def _where(self, group: str) -> dict:
+        return {"project": self.project, "region": self.region, "instance_group_manager": group}
+
+    def _get(self, group: str) -> compute_v1.InstanceGroupManager | None:
+        try:
+            return self.migs.get(**self._where(group))
+        except gexc.NotFound:
+            return None
+
+    def _managed(self, group: str) -> list[compute_v1.ManagedInstance]:
+        return list(self.migs.list_managed_instances(**self._where(group)))
+
+    def _facts(self) -> dict[str, compute_v1.Instance]:
+        """Creation time and machine type of the environment's instances, by self link: one
+        aggregated list per tick (the group's listing carries neither)."""
+        request = compute_v1.AggregatedListInstancesRequest(
+            project=self.project, filter=f'labels.tidefleet-env = "{self.env.name}"', return_partial_success=True
+        )
+        return {i.self_link: i for _, scoped in self.instances.aggregated_list(request=request) for i in scoped.instances}
+
+    def _spot_failures(self, group: str, since: float) -> tuple[float, ...]:
+        return tuple(sorted(
+            _epoch(e.timestamp) for e in self.migs.list_errors(**self._where(group))
+            if any(code in e.error.code for code in SPOT_SHORTAGE) and _epoch(e.timestamp) >= since
+        ))  # fmt: skip
+
+    def groups(self, pools: list[str], since: float) -> dict[str, GroupState]:
+        found = {p: (self._get(self._names(p)[0]), self._get(self._names(p)[1])) for p in pools}
+        found = {p: pair for p, pair in found.items() if pair[0] is not None}
+        facts = self._facts() if found else {}
+        out = {}
+        for pool, (spot_group, od_group) in found.items():
+            weight = self._weight(pool)
+            instances = []
+            for group, spot in ((spot_group, True), (od_group, False)):
+                if group is None:
+                    continue
+                for managed in self._managed(group.name):
+                    fact = facts.get(managed.instance)
+                    instances.append(GroupInstance(
+                        id=_last(managed.instance), lifecycle_state=lifecycle_state(managed), spot=spot,
+                        instance_type=_last(fact.machine_type) if fact else self.env.pools[pool].instance_types[0].type,
+                        launched_at=_epoch(fact.creation_timestamp) if fact else 0.0,
+                        protected=False,  # GCE has none; busy nodes are kept by their heartbeats
+                        weight=weight,
+                    ))  # fmt: skip
+            od_size = od_group.target_size if od_group else 0
+            out[pool] = GroupState(
+                name=spot_group.name, desired=(spot_group.target_size + od_size) * weight,
+                min=self.env.pools[pool].min, max=self.env.pools[pool].max, on_demand_base=od_size * weight,
+                instances=tuple(instances), spot_failures=self._spot_failures(spot_group.name, since),
+            )  # fmt: skip
+        return out
+
+    def set_desired(self, pool: str, desired: int) -> None:
+        spot, on_demand = self._names(pool)
+        od_group = self._get(on_demand)
+        nodes = math.ceil(desired / self._weight(pool))
+        self.migs.resize(**self._where(spot), size=max(0, nodes - (od_group.target_size if od_group else 0)))
+
+    def set_on_demand_base(self, pool: str, units: int) -> None:
+        self.migs.resize(**self._where(self._names(pool)[1]), size=math.ceil(units / self._weight(pool)))
+
+    def terminate(self, pool: str, instance_ids: tuple[str, ...]) -> tuple[str, ...]:
+        if not instance_ids:
+            return ()
+        wanted, done = set(instance_ids), []
+        for group in self._names(pool):
+            if self._get(group) is None:
+                continue
+            # Re-read just before acting: only instances still running in this group, so a
+            # second tick never deletes (and lowers the target for) the same node twice.
+            urls = [m.instance for m in self._managed(group)
+                    if _last(m.instance) in wanted and lifecycle_state(m) == "InService"]  # fmt: skip
+            if urls:
+                self.migs.delete_instances(
+                    **self._where(group),
+                    region_instance_group_managers_delete_instances_request_resource=(
+                        compute_v1.RegionInstanceGroupManagersDeleteInstancesRequest(
+                            instances=urls, skip_instances_on_validation_error=True)
+                    ),
+                )  # fmt: skip
+                done += [_last(u) for u in urls]
+        return tuple(done)
+
+    def group_of(self, instance_id: str) -> str | None:
+        """Instances of a group are named `<group>-<suffix>`; the longest matching group wins
+        (the on-demand group's name extends the Spot group's)."""
+        names = sorted((n for p in self.env.pools for n in self._names(p)), key=len, reverse=True)
+        return next((n for n in names if instance_id.startswith(f"{n}-")), None)
+
+    def complete_lifecycle_action(self, pool: str, instance_id: str, hook: str, token: str | None) -> None:
+        """GCE has no lifecycle hooks: nothing holds a node, so there is nothing to release."""
+
+
+@cache
+def function_runtime() -> tuple[Environment, Ports]:
+    """Settings and clients, once per cold start: the environment named by TIDEFLEET_ENV."""
+    from tidefleet.cloud.firestore import FirestoreNodes
+
+    env = load_environment(os.environ["TIDEFLEET_ENV"])
+    return env, Ports(queues=MonitoringQueues(env), fleet=MigFleet(env), nodes=FirestoreNodes(env))
