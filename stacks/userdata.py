@@ -32,7 +32,7 @@ def shellcheck_binary() -> str:
 def shellcheck(script: str) -> str:
     """shellcheck's findings for one bash script ('' when clean)."""
     result = subprocess.run(
-        [shellcheck_binary(), "--shell=bash", "--format=gcc", "-"], input=script, capture_output=True, text=True
+        [shellcheck_binary(), "--shell=bash", "--format=gcc", "-"], input=script, capture_output=True, text=True, check=False
     )
     return result.stdout + result.stderr
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
 import zipfile
 
 import pytest
 
-from stacks.package import FIXED_TIME, build_archive, runtime_wheels
+from stacks.package import FIXED_TIME, ROOT, SOURCES, build_archive, runtime_wheels
 
 
 @pytest.fixture(scope="module")
@@ -18,9 +19,15 @@ def wheels():
 
 
 def test_same_inputs_give_the_same_archive_byte_for_byte(tmp_path, wheels):
-    first, digest = build_archive(tmp_path / "a.zip", wheels=wheels)
-    (tmp_path / "touch").write_text("later")  # time passes, unrelated files change
-    second, again = build_archive(tmp_path / "b.zip", wheels=wheels)
+    # A snapshot of the sources: the shared checkout may change between the two builds.
+    snapshot = tmp_path / "src"
+    for top in SOURCES:
+        shutil.copytree(ROOT / top, snapshot / top)
+    first, digest = build_archive(tmp_path / "a.zip", root=snapshot, wheels=wheels)
+    for path in snapshot.rglob("*"):  # new timestamps and modes must not matter
+        path.touch()
+        path.chmod(0o755 if path.is_dir() else 0o600)
+    second, again = build_archive(tmp_path / "b.zip", root=snapshot, wheels=wheels)
     assert digest == again and first.read_bytes() == second.read_bytes()
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import SHIPPED_ENVS
+
 from stacks.scan import SUPPRESSIONS, load_suppressions, scan
 
 pytestmark = pytest.mark.synth

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
-
 from conftest import SHIPPED_ENVS
+
 from stacks.aws.stack import terraform_literal
 from stacks.aws.storage import max_receive_count
 from tidefleet import naming
@@ -39,7 +40,7 @@ def shipped(request, synthesized):
 
 
 def test_every_launch_template_requires_imdsv2(shipped):
-    env, stack = shipped
+    _env, stack = shipped
     for name, template in resources(stack, "aws_launch_template").items():
         options = template["metadata_options"]
         assert (name, options["http_tokens"], options["http_endpoint"]) == (name, "required", "enabled")
@@ -71,10 +72,9 @@ def test_every_queue_is_encrypted_and_redrives_to_its_own_dead_letter_queue(ship
         main = queues[f"queue-{name}_queue"]
         assert main["name"] == naming.queue(env.name, name)
         assert main["visibility_timeout_seconds"] == queue.visibility_timeout_s
-        assert main["redrive_policy"] == (
-            '{"deadLetterTargetArn": "${aws_sqs_queue.queue-%s_dead-letter.arn}", "maxReceiveCount": %d}'
-            % (name, max_receive_count(queue))
-        )
+        dead_letter_arn = f"${{aws_sqs_queue.queue-{name}_dead-letter.arn}}"
+        assert json.loads(main["redrive_policy"]) == {
+            "deadLetterTargetArn": dead_letter_arn, "maxReceiveCount": max_receive_count(queue)}  # fmt: skip
         assert queues[f"queue-{name}_dead-letter"]["name"] == naming.dead_letter_queue(env.name, name)
 
 
@@ -88,7 +88,7 @@ def test_job_table_is_on_demand_recoverable_and_encrypted_with_the_environment_k
 
 
 def test_artifacts_bucket_is_private_versioned_encrypted_and_tls_only(shipped):
-    env, stack = shipped
+    _env, stack = shipped
     block = resources(stack, "aws_s3_bucket_public_access_block")["artifacts_public-access-block"]
     assert all(block[k] is True for k in ("block_public_acls", "block_public_policy", "ignore_public_acls",
                                           "restrict_public_buckets"))  # fmt: skip
@@ -129,7 +129,7 @@ def test_groups_mix_the_pools_types_with_their_weights(shipped):
 
 
 def test_terraform_ignores_desired_capacity_because_the_scaler_owns_it(shipped):
-    env, stack = shipped
+    _env, stack = shipped
     for name, group in resources(stack, "aws_autoscaling_group").items():
         assert (name, group["lifecycle"]["ignore_changes"]) == (name, ["desired_capacity"])
 
@@ -160,7 +160,7 @@ def test_nodes_carry_env_pool_team_and_cost_tags_from_launch(shipped):
 
 
 def test_no_policy_allows_a_wildcard_action_or_an_unscoped_resource_beyond_the_documented_ones(shipped):
-    env, stack = shipped
+    _env, stack = shipped
     for doc_name, doc in policy_documents(stack).items():
         for statement in doc["statement"]:
             where = (doc_name, statement.get("sid"))
@@ -221,8 +221,6 @@ def test_the_scaler_is_ticked_by_schedule_and_by_one_backlog_alarm_per_queue(shi
 
 def test_interruption_rules_cover_spot_warnings_rebalance_and_this_envs_terminate_hooks(shipped):
     env, stack = shipped
-    import json
-
     rules = resources(stack, "aws_cloudwatch_event_rule")
     patterns = [json.loads(r["event_pattern"]) for r in rules.values() if "event_pattern" in r]
     assert sorted(p["detail-type"][0] for p in patterns) == [

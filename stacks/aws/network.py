@@ -14,7 +14,10 @@ from __future__ import annotations
 import ipaddress
 
 from cdktn import Fn
-from cdktn_provider_aws.data_aws_availability_zones import DataAwsAvailabilityZones, DataAwsAvailabilityZonesFilter
+from cdktn_provider_aws.data_aws_availability_zones import (
+    DataAwsAvailabilityZones,
+    DataAwsAvailabilityZonesFilter,
+)
 from cdktn_provider_aws.data_aws_subnet import DataAwsSubnet
 from cdktn_provider_aws.default_security_group import DefaultSecurityGroup
 from cdktn_provider_aws.eip import Eip
