@@ -1,0 +1,279 @@
+"""Properties of the scaling policy over generated environments, fleets and queues."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tidefleet.config import Environment, parse_environment
+from tidefleet.policy import apply, decide
+from tidefleet.policy.model import FleetView, NodeView, PoolDecision, PoolView, QueueView
+
+NOW = 50_000.0
+TYPES = ("c6i.large", "m6i.large", "c6i.xlarge")  # $0.085/0.034, $0.096/0.038, $0.17/0.068
+EXAMPLES = settings(max_examples=100, deadline=None)
+
+
+@st.composite
+def environments(draw, *, max_pools: int = 2, env_cap: bool = True) -> Environment:
+    pools, queues = {}, {}
+    for p in range(draw(st.integers(1, max_pools))):
+        weights = draw(st.lists(st.integers(1, 3), min_size=1, max_size=len(TYPES)))
+        spu = draw(st.integers(1, 3))
+        high = draw(st.integers(0, 12))
+        low = draw(st.integers(0, min(high, 3)))
+        name = f"p{p}"
+        pools[name] = {
+            "command": "work",
+            "min": low,
+            "max": high,
+            "slots_per_unit": spu,
+            "on_demand_base": draw(st.integers(0, min(high, 2))),
+            "on_demand_percent": draw(st.sampled_from([0, 0, 10, 50, 100])),
+            "boot_timeout_s": draw(st.sampled_from([60, 600])),
+            "idle_timeout_s": draw(st.sampled_from([None, 0, 300])),
+            "cost_cap_usd_per_hour": draw(st.none() | st.floats(0.05, 3.0)),
+            "instance_types": [{"type": t, "weight": w} for t, w in zip(TYPES, weights)],
+        }
+        for q in range(draw(st.integers(0, 3))):
+            queues[f"{name}-q{q}"] = {
+                "pool": name,
+                "priority": draw(st.integers(0, 3)),
+                "slots_per_item": draw(st.integers(1, min(weights) * spu)),
+            }
+    if not queues:  # the config requires at least one queue
+        queues["p0-q0"] = {"pool": "p0"}
+    scaler = {
+        "scale_in_delay_s": draw(st.sampled_from([0, 120, 300])),
+        "scale_out_cooldown_s": draw(st.sampled_from([0, 120])),
+        "spot_fallback_after_s": draw(st.sampled_from([60, 240])),
+        "spot_failure_window_s": 600,
+        "cost_cap_usd_per_hour": draw(st.none() | st.floats(0.1, 5.0)) if env_cap else None,
+    }
+    return parse_environment(
+        {"region": "us-east-1", "scaler": scaler, "pools": pools, "queues": queues}, name="prop"
+    )
+
+
+@st.composite
+def nodes(draw, env: Environment, pool: str, index: int) -> NodeView:
+    spec = env.pools[pool]
+    itype = draw(st.sampled_from(spec.instance_types))
+    launched_at = NOW - draw(st.floats(0, 5000))
+    booted = draw(st.booleans())
+    slots = spec.slots(itype)
+    busy = draw(st.just(0) | st.integers(0, slots)) if booted else 0
+    # Not tied to busy on purpose: a stale idle_since on a busy node must not make it a victim.
+    idle_since = draw(st.none() | st.floats(launched_at, NOW)) if booted else None
+    return NodeView(
+        id=f"{pool}-i{index}",
+        instance_type=itype.type,
+        weight=itype.weight,
+        slots=slots,
+        spot=draw(st.booleans()),
+        state=draw(st.sampled_from(["running", "running", "draining", "terminating"])) if booted else "pending",
+        launched_at=launched_at,
+        busy_slots=busy,
+        last_heartbeat=draw(st.floats(launched_at, NOW)) if booted else None,
+        idle_since=idle_since,
+        protected=busy > 0 and draw(st.booleans()),
+    )
+
+
+@st.composite
+def fleets(draw, env: Environment) -> FleetView:
+    pools = []
+    for name, spec in env.pools.items():
+        members = draw(st.lists(nodes(env, name, 0), max_size=8))
+        members = [replace(n, id=f"{name}-i{i}") for i, n in enumerate(members)]
+        failures = draw(st.lists(st.floats(NOW - 1200, NOW), max_size=2))
+        pools.append(
+            PoolView(
+                name,
+                tuple(members),
+                desired=draw(st.integers(spec.min, spec.max)),
+                on_demand_base=draw(st.integers(0, spec.max)),
+                spot_failures=tuple(failures),
+            )
+        )
+    # Often empty or shallow, so surplus and scale-in are exercised as much as growth.
+    depth = st.just((0, 0)) | st.tuples(st.integers(0, 4), st.integers(0, 4)) | st.tuples(st.integers(0, 30), st.integers(0, 10))
+    queues = tuple(
+        QueueView(name, q.pool, q.priority, q.slots_per_item, *draw(depth)) for name, q in env.queues.items()
+    )
+    return FleetView(tuple(pools), queues)
+
+
+@st.composite
+def cases(draw, **env_options):
+    env = draw(environments(**env_options))
+    return env, draw(fleets(env))
+
+
+@st.composite
+def quiet_cases(draw):
+    """A settled pool: old nodes, mostly idle for long, shallow queues: where scale-in happens."""
+    env = draw(environments(max_pools=1))
+    env, fleet = env, draw(fleets(env))
+    (pool,) = fleet.pools
+    settled = []
+    for n in pool.nodes:
+        age = draw(st.floats(600, 5000))
+        idle = draw(st.booleans())
+        settled.append(
+            replace(
+                n,
+                state="running",
+                launched_at=NOW - age,
+                last_heartbeat=NOW - 1,
+                busy_slots=0 if idle else n.slots,
+                idle_since=NOW - draw(st.floats(0, age)) if idle else None,
+                protected=False,
+            )
+        )
+    pool = replace(pool, nodes=tuple(settled), desired=sum(n.weight for n in settled))
+    shallow = tuple(replace(q, visible=draw(st.integers(0, 3)), in_flight=draw(st.integers(0, 3))) for q in fleet.queues)
+    return env, FleetView((pool,), shallow)
+
+
+def by_pool(decisions: tuple[PoolDecision, ...]) -> dict[str, PoolDecision]:
+    return {d.pool: d for d in decisions}
+
+
+# --- properties ------------------------------------------------------------------------------------
+
+
+@EXAMPLES
+@given(cases() | quiet_cases())
+def test_desired_stays_within_min_and_max(case):
+    env, fleet = case
+    for d in decide(env, fleet, NOW):
+        assert env.pools[d.pool].min <= d.desired <= env.pools[d.pool].max, d.reasons
+
+
+@EXAMPLES
+@given(cases() | quiet_cases())
+def test_never_terminates_a_busy_protected_booting_or_working_draining_node(case):
+    env, fleet = case
+    for pool, d in zip(fleet.pools, decide(env, fleet, NOW), strict=True):
+        nodes = {n.id: n for n in pool.nodes}
+        for node_id in d.terminate:
+            n = nodes[node_id]
+            assert n.busy_slots == 0 and not n.protected, d.reasons
+            assert n.state != "terminating"
+            if n.last_heartbeat is None:  # booting: only the boot-timeout rule may remove it
+                assert NOW - n.launched_at > env.pools[pool.name].boot_timeout_s, d.reasons
+            else:
+                assert n.idle_since is not None, d.reasons
+
+
+@EXAMPLES
+@given(cases() | quiet_cases())
+def test_every_decision_explains_itself(case):
+    env, fleet = case
+    for d in decide(env, fleet, NOW):
+        assert d.reasons and all(r and "\n" not in r for r in d.reasons)
+        for node_id in d.terminate:
+            assert any(node_id in r and r.split()[0] in ("terminate", "replace") for r in d.reasons)
+
+
+@EXAMPLES
+@given(cases(max_pools=1), st.data())
+def test_more_waiting_items_never_lower_desired(case, data):
+    env, fleet = case
+    grown_queue = data.draw(st.sampled_from(fleet.queues))
+    extra = data.draw(st.integers(1, 20))
+    more = replace(
+        fleet,
+        queues=tuple(replace(q, visible=q.visible + extra) if q is grown_queue else q for q in fleet.queues),
+    )
+    before = by_pool(decide(env, fleet, NOW))[grown_queue.pool]
+    after = by_pool(decide(env, more, NOW))[grown_queue.pool]
+    assert after.desired >= before.desired, (before.reasons, after.reasons)
+
+
+@EXAMPLES
+@given(cases() | quiet_cases())
+def test_applying_a_decision_twice_equals_applying_it_once(case):
+    env, fleet = case
+    decisions = decide(env, fleet, NOW)
+    once = apply(fleet, decisions)
+    assert apply(once, decisions) == once
+
+
+@EXAMPLES
+@given(cases() | quiet_cases())
+def test_deciding_again_after_applying_changes_nothing(case):
+    env, fleet = case
+    once = apply(fleet, decide(env, fleet, NOW))
+    for pool, again in zip(once.pools, decide(env, once, NOW), strict=True):
+        assert (again.desired, again.terminate, again.on_demand_base) == (pool.desired, (), None), again.reasons
+
+
+@EXAMPLES
+@given(cases() | quiet_cases())
+def test_idle_scale_in_keeps_min_demand_and_cooldown_and_never_scales_out_too(case):
+    env, fleet = case
+    demand = {p.name: 0 for p in fleet.pools}
+    for q in fleet.queues:
+        demand[q.pool] += (q.visible + q.in_flight) * q.slots_per_item
+    for pool, d in zip(fleet.pools, decide(env, fleet, NOW), strict=True):
+        idle_removed = [n for n in pool.nodes if n.id in d.terminate and n.state == "running" and n.last_heartbeat]
+        if not idle_removed:
+            continue
+        serving_left = sum(
+            n.slots for n in pool.nodes if n.state in ("running", "pending") and n.id not in d.terminate
+        )
+        assert d.desired <= staying_units(pool, d), d.reasons  # nothing launched
+        assert staying_units(pool, d) >= env.pools[pool.name].min, d.reasons
+        assert serving_left >= demand[pool.name], d.reasons
+        assert NOW - max(n.launched_at for n in pool.nodes) >= env.scaler.scale_out_cooldown_s, d.reasons
+
+
+@EXAMPLES
+@given(cases() | quiet_cases())
+def test_the_cost_caps_are_never_exceeded_by_launches(case):
+    """Launches beyond what pool min forces never take a pool or the environment over its cap.
+
+    The group is assumed to launch the worst it may: every unit at the dearest $/unit of its
+    lifecycle, on demand for the base (as decided) plus the on-demand percentage rounded up.
+    """
+    env, fleet = case
+    decisions = decide(env, fleet, NOW)
+    costs, grew = {}, False
+    for pool, d in zip(fleet.pools, decisions, strict=True):
+        spec = env.pools[pool.name]
+        launched = d.desired - staying_units(pool, d)
+        pool_grew = launched > max(0, spec.min - staying_units(pool, d))
+        costs[pool.name] = worst_case_cost(env, pool, d)
+        if pool_grew and spec.cost_cap_usd_per_hour is not None:
+            assert costs[pool.name] <= spec.cost_cap_usd_per_hour + 1e-9, d.reasons
+        grew |= pool_grew
+    if grew and env.scaler.cost_cap_usd_per_hour is not None:
+        assert sum(costs.values()) <= env.scaler.cost_cap_usd_per_hour + 1e-9, [d.reasons for d in decisions]
+
+
+# --- an independent model of what the group costs after a decision ------------------------------
+
+
+def staying_units(pool: PoolView, d: PoolDecision) -> int:
+    return sum(n.weight for n in pool.nodes if n.state != "terminating" and n.id not in d.terminate)
+
+
+def worst_case_cost(env: Environment, pool: PoolView, d: PoolDecision) -> float:
+    spec = env.pools[pool.name]
+    price = {(t.type, spot): t.price(spot) for t in spec.instance_types for spot in (False, True)}
+    staying = [n for n in pool.nodes if n.id not in d.terminate]
+    existing = sum(price[n.instance_type, n.spot] for n in staying)
+    in_group = [n for n in staying if n.state != "terminating"]
+    units = sum(n.weight for n in in_group)
+    launched = max(0, d.desired - units)
+    base = pool.on_demand_base if d.on_demand_base is None else d.on_demand_base
+    total = units + launched
+    on_demand_target = min(total, base) + math.ceil(max(0, total - base) * spec.on_demand_percent / 100)
+    on_demand_new = min(launched, max(0, on_demand_target - sum(n.weight for n in in_group if not n.spot)))
+    dearest = {spot: max(price[t.type, spot] / t.weight for t in spec.instance_types) for spot in (False, True)}
+    return existing + on_demand_new * dearest[False] + (launched - on_demand_new) * dearest[True]
