@@ -75,7 +75,7 @@ class FirestoreNodes:
 
     def heartbeat(self, pool: str, node_id: str) -> Heartbeat | None:
         try:
-            return self._heartbeat(pool, self.client.get_document(name=self._doc(pool, node_id)))
+            return self._heartbeat(pool, self.client.get_document(request={"name": self._doc(pool, node_id)}))
         except gexc.NotFound:
             return None
 
@@ -87,4 +87,4 @@ class FirestoreNodes:
         )
 
     def forget_node(self, pool: str, node_id: str) -> None:
-        self.client.delete_document(name=self._doc(pool, node_id))
+        self.client.delete_document(request={"name": self._doc(pool, node_id)})

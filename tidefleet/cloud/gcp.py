@@ -130,7 +130,7 @@ class MigFleet:
         """Creation time and machine type of the environment's instances, by self link: one
         aggregated list per tick (the group's listing carries neither)."""
         request = compute_v1.AggregatedListInstancesRequest(
-            project=self.project, filter=f'labels.tidefleet-env = "{self.env.name}"', return_partial_success=True
+            project=self.project, filter=f'labels.tidefleet-env = "{self.env.name}"'
         )
         return {i.self_link: i for _, scoped in self.instances.aggregated_list(request=request) for i in scoped.instances}
 

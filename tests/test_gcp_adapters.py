@@ -1,0 +1,157 @@
+"""The GCP adapters through the real google-cloud clients, against a faked HTTP transport
+(tests/gcp_fake.py) that asserts the exact requests; and the SAME control tick and policy
+as on AWS, run on the GCP ports."""
+
+from __future__ import annotations
+
+import pytest
+import responses
+from google.auth.credentials import AnonymousCredentials
+from google.auth.transport.requests import AuthorizedSession
+
+from tests.gcp_fake import COMPUTE, FakeGcp, FakeVm
+from tidefleet.cloud import Ports
+from tidefleet.cloud.firestore import FirestoreNodes
+from tidefleet.cloud.gcp import MigFleet, MonitoringQueues
+from tidefleet.config import load_environment
+from tidefleet.control import tick
+from tidefleet.store import Heartbeat
+
+ENV = load_environment("gcp-dev")
+IGM = f"/compute/v1/projects/{ENV.project}/regions/{ENV.region}/instanceGroupManagers"
+NOW = 1_800_000_000.0
+
+
+@pytest.fixture
+def gcp():
+    fake = FakeGcp(ENV.project, ENV.region)
+    with responses.RequestsMock(assert_all_requests_are_fired=False) as mock:
+        fake.install(mock)
+        yield fake
+
+
+def ports() -> Ports:
+    creds = AnonymousCredentials()
+    return Ports(
+        queues=MonitoringQueues(ENV, session=AuthorizedSession(creds)),
+        fleet=MigFleet(ENV, credentials=creds),
+        nodes=FirestoreNodes(ENV, credentials=creds),
+    )
+
+
+def calls(gcp: FakeGcp, method: str, suffix: str) -> list[dict]:
+    return [c for m, path, c in gcp.calls if m == method and path.endswith(suffix)]
+
+
+def test_backlog_is_the_subscriptions_undelivered_messages(gcp):
+    gcp.undelivered["tidefleet-gcp-dev-default"] = 7
+    backlog = ports().queues.backlog("default")
+    assert (backlog.visible, backlog.in_flight) == (7, 0)
+    (call,) = calls(gcp, "GET", "/timeSeries")
+    assert call["query"]["filter"] == (
+        'metric.type = "pubsub.googleapis.com/subscription/num_undelivered_messages" AND '
+        'resource.labels.subscription_id = "tidefleet-gcp-dev-default"'
+    )
+
+
+def test_a_quiet_subscription_has_no_backlog(gcp):
+    assert ports().queues.backlog("train").visible == 0
+
+
+def test_spot_and_on_demand_groups_are_one_pool_in_the_ticks_words(gcp):
+    gcp.groups |= {"tidefleet-gcp-dev-cpu": 2, "tidefleet-gcp-dev-cpu-od": 1}
+    gcp.vms["tidefleet-gcp-dev-cpu"] = [FakeVm("tidefleet-gcp-dev-cpu-aaaa"), FakeVm("tidefleet-gcp-dev-cpu-bbbb", action="CREATING", status="")]
+    gcp.vms["tidefleet-gcp-dev-cpu-od"] = [FakeVm("tidefleet-gcp-dev-cpu-od-cccc", action="DELETING")]
+    gcp.errors["tidefleet-gcp-dev-cpu"] = [
+        {"timestamp": "2027-01-15T08:00:00Z", "error": {"code": "ZONE_RESOURCE_POOL_EXHAUSTED", "message": "no spot"}},
+        {"timestamp": "2027-01-15T08:00:00Z", "error": {"code": "QUOTA_EXCEEDED", "message": "quota"}},
+    ]
+    (group,) = ports().fleet.groups(["cpu"], since=0).values()
+    assert (group.desired, group.on_demand_base, group.min, group.max) == (3, 1, 0, 10)
+    states = {i.id: (i.lifecycle_state, i.spot, i.protected, i.instance_type) for i in group.instances}
+    assert states == {
+        "tidefleet-gcp-dev-cpu-aaaa": ("InService", True, False, "n2-standard-4"),
+        "tidefleet-gcp-dev-cpu-bbbb": ("Pending", True, False, "n2-standard-4"),
+        "tidefleet-gcp-dev-cpu-od-cccc": ("Terminating", False, False, "n2-standard-4"),
+    }
+    assert len(group.spot_failures) == 1, "only capacity shortages count as spot failures"
+
+
+def test_an_undeployed_pool_is_left_out(gcp):
+    assert ports().fleet.groups(["cpu", "gpu"], since=0) == {}
+
+
+def test_terminate_deletes_exactly_the_chosen_running_instances_skipping_vanished_ones(gcp):
+    gcp.groups |= {"tidefleet-gcp-dev-cpu": 3, "tidefleet-gcp-dev-cpu-od": 0}
+    gcp.vms["tidefleet-gcp-dev-cpu"] = [FakeVm("tidefleet-gcp-dev-cpu-aaaa"), FakeVm("tidefleet-gcp-dev-cpu-bbbb"),
+                                        FakeVm("tidefleet-gcp-dev-cpu-cccc", action="DELETING")]
+    done = ports().fleet.terminate("cpu", ("tidefleet-gcp-dev-cpu-aaaa", "tidefleet-gcp-dev-cpu-cccc", "elsewhere-1"))
+    assert done == ("tidefleet-gcp-dev-cpu-aaaa",)
+    (delete,) = calls(gcp, "POST", "/deleteInstances")
+    assert delete["body"] == {
+        "instances": [f"{COMPUTE}/projects/{ENV.project}/zones/us-central1-a/instances/tidefleet-gcp-dev-cpu-aaaa"],
+        "skipInstancesOnValidationError": True,
+    }
+    assert gcp.groups["tidefleet-gcp-dev-cpu"] == 2, "deleteInstances lowered the target with the instance"
+    assert not calls(gcp, "POST", "/resize")
+
+
+def test_desired_capacity_is_split_between_the_on_demand_group_and_the_spot_group(gcp):
+    gcp.groups |= {"tidefleet-gcp-dev-gpu": 0, "tidefleet-gcp-dev-gpu-od": 0}
+    fleet = ports().fleet
+    fleet.set_on_demand_base("gpu", 1)
+    fleet.set_desired("gpu", 4)
+    assert gcp.groups == {"tidefleet-gcp-dev-gpu": 3, "tidefleet-gcp-dev-gpu-od": 1}
+    assert [c["query"]["size"] for c in calls(gcp, "POST", "/resize")] == ["1", "3"]
+
+
+def test_group_of_maps_an_instance_name_to_its_group():
+    fleet = MigFleet(ENV, groups=object(), instances=object())
+    assert fleet.group_of("tidefleet-gcp-dev-gpu-od-x1y2") == "tidefleet-gcp-dev-gpu-od"
+    assert fleet.group_of("tidefleet-gcp-dev-gpu-x1y2") == "tidefleet-gcp-dev-gpu"
+    assert fleet.group_of("someone-else-1") is None
+
+
+def test_heartbeats_round_trip_and_draining_is_sticky(gcp):
+    nodes = ports().nodes
+    nodes.put_heartbeat(Heartbeat("vm-1", "cpu", at=NOW, slots=2, busy_slots=0, idle_since=NOW - 5, instance_type="n2-standard-4"))
+    nodes.mark_draining("cpu", "vm-1")
+    nodes.put_heartbeat(Heartbeat("vm-1", "cpu", at=NOW + 5, slots=2, busy_slots=1, idle_since=None))
+    nodes.mark_draining("cpu", "vm-2")  # before vm-2's first heartbeat: not a heartbeat
+    beats = nodes.heartbeats("cpu")
+    assert list(beats) == ["vm-1"]
+    assert (beats["vm-1"].at, beats["vm-1"].busy_slots, beats["vm-1"].idle_since, beats["vm-1"].draining) == (NOW + 5, 1, None, True)
+    assert nodes.heartbeat("cpu", "vm-9") is None
+    patch = calls(gcp, "PATCH", "/nodes/vm-1")[-1]
+    assert "draining" not in patch["query"].get("updateMask.fieldPaths", "") and "idle_since" not in patch["body"]["fields"]
+
+
+# -- the same control tick and policy, on GCP ports ---------------------------------------
+def test_tick_scales_out_from_zero_on_gcp_backlog(gcp):
+    gcp.groups |= {"tidefleet-gcp-dev-cpu": 0, "tidefleet-gcp-dev-cpu-od": 0}
+    gcp.undelivered["tidefleet-gcp-dev-default"] = 7  # 7 items, 2 slots a node: 4 nodes
+    (decision,) = tick(ENV, ports(), NOW, pools=["cpu"])
+    assert decision.desired == 4 and gcp.groups["tidefleet-gcp-dev-cpu"] == 4
+    assert any("default" in r for r in decision.reasons)
+
+
+def test_tick_deletes_only_the_idle_node_and_keeps_the_busy_one_on_gcp(gcp):
+    gcp.groups |= {"tidefleet-gcp-dev-cpu": 2, "tidefleet-gcp-dev-cpu-od": 0}
+    old = "2027-01-15T00:00:00Z"
+    gcp.vms["tidefleet-gcp-dev-cpu"] = [FakeVm("tidefleet-gcp-dev-cpu-busy", created=old), FakeVm("tidefleet-gcp-dev-cpu-idle", created=old)]
+    gcp.undelivered["tidefleet-gcp-dev-default"] = 1  # the busy node's item
+    nodes = ports().nodes
+    nodes.put_heartbeat(Heartbeat("tidefleet-gcp-dev-cpu-busy", "cpu", at=NOW, slots=2, busy_slots=1, idle_since=None))
+    nodes.put_heartbeat(Heartbeat("tidefleet-gcp-dev-cpu-idle", "cpu", at=NOW, slots=2, busy_slots=0, idle_since=NOW - 3600))
+    (decision,) = tick(ENV, ports(), NOW, pools=["cpu"])
+    assert decision.terminate == ("tidefleet-gcp-dev-cpu-idle",)
+    (delete,) = calls(gcp, "POST", "/deleteInstances")
+    assert [u.rsplit("/", 1)[-1] for u in delete["body"]["instances"]] == ["tidefleet-gcp-dev-cpu-idle"]
+    assert gcp.groups["tidefleet-gcp-dev-cpu"] == 1
+
+
+def test_dry_run_tick_changes_nothing_on_gcp(gcp):
+    gcp.groups |= {"tidefleet-gcp-dev-cpu": 0, "tidefleet-gcp-dev-cpu-od": 0}
+    gcp.undelivered["tidefleet-gcp-dev-default"] = 3
+    tick(ENV, ports(), NOW, pools=["cpu"], dry_run=True)
+    assert not [c for m, p, c in gcp.calls if m != "GET" and not p.endswith("/listManagedInstances")]
