@@ -110,6 +110,9 @@ class FakeNodes:
     def mark_draining(self, pool, node_id):
         self.marked.append((pool, node_id))
 
+    def forget_node(self, pool, node_id):
+        del self.beats[pool][node_id]
+
 
 @dataclass
 class FakeQueues:
@@ -194,11 +197,25 @@ def test_a_node_ec2_does_not_list_yet_counts_as_just_launched_so_it_is_not_repla
 def test_observe_reads_backlog_per_queue_and_skips_pools_without_a_group(caplog):
     p = ports(group("cpu", 1, instance("i-1")), backlogs={"demo": Backlog(7, 2), "train": Backlog(3, 0)})
     with caplog.at_level(logging.WARNING, "tidefleet.control"):
-        fleet, groups = control.observe(ENV, p, NOW, ["cpu", "gpu"])
-    assert [q.name for q in fleet.queues] == ["demo"]
-    assert (fleet.queues[0].visible, fleet.queues[0].in_flight) == (7, 2)
-    assert [v.name for v in fleet.pools] == ["cpu"] and set(groups) == {"cpu"}
+        seen = control.observe(ENV, p, NOW, ["cpu", "gpu"])
+    assert [q.name for q in seen.fleet.queues] == ["demo"]
+    assert (seen.fleet.queues[0].visible, seen.fleet.queues[0].in_flight) == (7, 2)
+    assert [v.name for v in seen.fleet.pools] == ["cpu"] and set(seen.groups) == {"cpu"}
     assert "no auto scaling group" in caplog.text and '"gpu"' in caplog.text
+
+
+def test_heartbeats_of_nodes_long_gone_from_the_group_are_forgotten_and_recent_ones_kept(decide):
+    reclaimed = replace(beat("i-old"), at=NOW - ENV.pools["cpu"].boot_timeout_s - 1)
+    just_left = beat("i-new")  # silent for 5s only: maybe still on its way out
+    p = ports(
+        group("cpu", 1, instance("i-1")),
+        beats={"cpu": {"i-1": beat("i-1"), "i-old": reclaimed, "i-new": just_left}},
+    )
+    decide(decision("cpu", 1))
+    control.tick(ENV, p, NOW, dry_run=True)
+    assert set(p.nodes.beats["cpu"]) == {"i-1", "i-old", "i-new"}  # a dry run forgets nothing
+    control.tick(ENV, p, NOW)
+    assert set(p.nodes.beats["cpu"]) == {"i-1", "i-new"}
 
 
 # -- act ----------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from tidefleet import policy
 from tidefleet.cloud import GroupInstance, GroupState, Ports
@@ -87,17 +88,21 @@ def node_view(
     )
 
 
-def observe(
-    env: Environment, ports: Ports, now: float, pools: Iterable[str]
-) -> tuple[FleetView, dict[str, GroupState]]:
-    """The policy's view of these pools, plus the raw groups the act step checks against.
+@dataclass(frozen=True)
+class Observation:
+    fleet: FleetView  # what the policy sees
+    groups: dict[str, GroupState]  # the raw groups, which the act step checks against
+    gone: dict[str, tuple[str, ...]]  # per pool: heartbeats of nodes long gone from the group
 
-    A pool whose group does not exist (not deployed yet) is left out and logged."""
+
+def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) -> Observation:
+    """The policy's view of these pools. A pool whose group does not exist (not deployed yet)
+    is left out and logged."""
     names = list(pools)
     groups = ports.fleet.groups(names, since=now - env.scaler.spot_failure_window_s)
     for missing in sorted(set(names) - set(groups)):
         log.warning(json.dumps({"pool": missing, "skipped": "no auto scaling group; deploy the environment"}))
-    pool_views = []
+    pool_views, gone = [], {}
     for name, group in groups.items():
         beats = ports.nodes.heartbeats(name)
         nodes = (node_view(env.pools[name], i, beats.get(i.id), now) for i in group.instances)
@@ -110,6 +115,11 @@ def observe(
                 spot_failures=group.spot_failures,
             )
         )
+        # A node the group no longer lists and that has been silent longer than a boot: its
+        # record would otherwise stay forever (a reclaimed spot node never says goodbye).
+        members = {i.id for i in group.instances}
+        silent_since = now - env.pools[name].boot_timeout_s
+        gone[name] = tuple(n for n, hb in beats.items() if n not in members and hb.at < silent_since)
     queue_views = []
     for qname, queue in env.queues.items():
         if queue.pool in groups:
@@ -124,7 +134,7 @@ def observe(
                     in_flight=backlog.in_flight,
                 )
             )
-    return FleetView(pools=tuple(pool_views), queues=tuple(queue_views)), groups
+    return Observation(FleetView(pools=tuple(pool_views), queues=tuple(queue_views)), groups, gone)
 
 
 def _live_capacity(env: Environment, pool: str, group: GroupState, leaving: Iterable[str]) -> int:
@@ -172,11 +182,11 @@ def tick(
 
     Raises TickError after acting on every other pool if some pool's actions failed."""
     dry_run = dry_run or env.scaler.dry_run
-    fleet, groups = observe(env, ports, now, pools if pools is not None else env.pools)
-    decisions = policy.decide(env, fleet, now)
+    seen = observe(env, ports, now, pools if pools is not None else env.pools)
+    decisions = policy.decide(env, seen.fleet, now)
     failures = []
     for decision in decisions:
-        group = groups[decision.pool]
+        group = seen.groups[decision.pool]
         line = {
             "pool": decision.pool,
             "desired_before": group.desired,
@@ -191,6 +201,10 @@ def tick(
         if not dry_run:
             try:
                 line |= act(ports, env, decision, group)
+                for node_id in seen.gone.get(decision.pool, ()):
+                    ports.nodes.forget_node(decision.pool, node_id)
+                if seen.gone.get(decision.pool):
+                    line["forgotten"] = list(seen.gone[decision.pool])
             except Exception as err:  # noqa: BLE001 - one pool's failure must not stop the others; re-raised below
                 line["error"] = f"{type(err).__name__}: {err}"
                 failures.append(f"{decision.pool}: {line['error']}")

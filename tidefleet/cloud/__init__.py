@@ -73,6 +73,8 @@ class NodeStatePort(Protocol):
 
     def mark_draining(self, pool: str, node_id: str) -> None: ...
 
+    def forget_node(self, pool: str, node_id: str) -> None: ...
+
 
 @dataclass(frozen=True)
 class Ports:
