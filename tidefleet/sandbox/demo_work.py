@@ -1,10 +1,15 @@
 """The sandbox demo's workload: one item = one generated text file.
 
-It counts words, finds the most common one, hashes the bytes and counts the primes below a
-bound proportional to the text's length (a sieve: real CPU work, a fraction of a second). An input that
-is not UTF-8 fails on purpose with a clear reason. Each start and success is appended to
-`<workdir>/events.jsonl` (the file's grandparent), the sandbox's own evidence of what ran
-where, independent of the job store. Standard library only: it starts once per item.
+It reads the file in pages, as if each came from object storage (a short wait per page),
+counting words as it goes; then finds the most common word, hashes the bytes and counts the
+primes below a bound proportional to the text's length (a sieve: real CPU work). Between
+pages it asks the agent whether to stop (spot notice, drain); if so it saves its progress to
+the item's checkpoint and exits "interrupted", and the next attempt, on any node, resumes
+there. An input that is not UTF-8 fails on purpose with a clear reason.
+
+Each start, resume and success is appended to `<workdir>/events.jsonl` (the input's
+grandparent): the sandbox's own evidence of what ran where, independent of the job store.
+Standard library and the agent's checkpoint API only: it starts once per item.
 
     python -m tidefleet.sandbox.demo_work WORKDIR/inputs/item-0007.txt
 """
@@ -17,9 +22,15 @@ import json
 import os
 import sys
 import time
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
+from tidefleet.agent import checkpoint
+
 EVENTS = "events.jsonl"
+PAGES = 8
+PAGE_FETCH_S = 0.12  # the pretend object-storage latency of one page
 PRIMES_PER_WORD = 1000  # sieve bound per word of input: bigger files, more work
 
 
@@ -51,13 +62,41 @@ def count_primes_below(n: int) -> int:
     return sum(sieve)
 
 
-def analyse(data: bytes) -> dict:
-    text = data.decode("utf-8")  # raises on the inputs made to fail
+def checkpoint_file() -> Path | None:
+    """The item's checkpoint as a local file (the sandbox's file:// checkpoints); None elsewhere."""
+    uri = os.environ.get("TIDEFLEET_CHECKPOINT_URI", "")
+    if not uri.startswith("file://"):
+        return None
+    return Path(urllib.request.url2pathname(urllib.parse.urlparse(uri).path)) / "progress.json"
+
+
+def count_words(text: str, workdir: Path, saved: Path | None) -> collections.Counter:
+    """Word counts page by page, resuming from and saving to the checkpoint."""
     words = text.split()
-    top, top_count = collections.Counter(words).most_common(1)[0]
-    bound = PRIMES_PER_WORD * len(words)
+    page_size = -(-len(words) // PAGES)
+    counts, page = collections.Counter(), 0
+    if saved is not None and saved.exists():
+        state = json.loads(saved.read_text())
+        counts, page = collections.Counter(state["counts"]), state["page"]
+        record(workdir, "resume", page=page)
+    while page < PAGES:
+        if checkpoint.should_stop():
+            if saved is not None:
+                saved.write_text(json.dumps({"page": page, "counts": counts}))
+            checkpoint.exit_interrupted()
+        time.sleep(PAGE_FETCH_S)
+        counts.update(words[page * page_size : (page + 1) * page_size])
+        page += 1
+    return counts
+
+
+def analyse(data: bytes, workdir: Path) -> dict:
+    text = data.decode("utf-8")  # raises on the inputs made to fail
+    counts = count_words(text, workdir, checkpoint_file())
+    (top, top_count), words = counts.most_common(1)[0], sum(counts.values())
+    bound = PRIMES_PER_WORD * words
     return {
-        "words": len(words),
+        "words": words,
         "top_word": top,
         "top_count": top_count,
         "sha256": hashlib.sha256(data).hexdigest(),
@@ -73,7 +112,7 @@ def main(argv: list[str]) -> int:
     workdir = path.parent.parent
     record(workdir, "start", input=path.name)
     try:
-        result = analyse(path.read_bytes())
+        result = analyse(path.read_bytes(), workdir)
     except UnicodeDecodeError as err:
         print(
             f"{path.name}: not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start}); "

@@ -151,7 +151,12 @@ class Launcher:
         node_dir = self.workdir / "nodes" / node.instance_id
         node_dir.mkdir(parents=True, exist_ok=True)
         (node_dir / "user-data.sh").write_text(script)
-        env = {**self.node_env, "TIDEFLEET_IMDS_URL": node.imds_url, "TIDEFLEET_NODE_ID": node.instance_id}
+        env = {
+            **self.node_env,
+            "TIDEFLEET_IMDS_URL": node.imds_url,
+            "TIDEFLEET_NODE_ID": node.instance_id,
+            "TIDEFLEET_AGENT_WORK_DIR": str(node_dir / "work"),
+        }
         with open(node_dir / "console.log", "ab") as console:
             node.process = subprocess.Popen(
                 ["bash", str(node_dir / "user-data.sh")],

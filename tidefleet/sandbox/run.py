@@ -55,11 +55,20 @@ WORDS = [
 ]
 
 
+# The agent's intervals, in seconds, on the sandbox's clock (its defaults suit real nodes).
+AGENT_CLOCK = {
+    "TIDEFLEET_AGENT_HEARTBEAT_S": 1,
+    "TIDEFLEET_IMDS_POLL_S": 1,
+    "TIDEFLEET_AGENT_GRACE_S": 5,  # within Timing.grace_s, so a leaving node hands back before it is killed
+    "TIDEFLEET_AGENT_WAIT_S": 1,
+}
+
+
 @dataclass
 class Timing:
     boot_delay_s: float = 1.5  # an instance in service -> its user-data starts
     grace_s: float = 8.0  # a leaving node's agent gets this long before its processes are killed
-    reclaim_after_s: float = 6.0  # spot notice -> EC2 takes the instance (two minutes on AWS)
+    reclaim_after_s: float = 10.0  # spot notice -> EC2 takes the instance (two minutes on AWS)
     tick_s: float | None = None  # None: the environment's scaler.tick_s
 
 
@@ -114,13 +123,15 @@ class Sandbox:
         self.imds = MetadataServer().start()
         self._servers.append(self.imds)
 
-        # What every node exports: the emulator, the kick, shared checkpoints, this Python.
+        # What every node exports: the emulator, the kick, shared checkpoints, this Python,
+        # and an agent on the sandbox's fast clock.
         local = {
             **self.moto.env(self.env.region),
             "TIDEFLEET_KICK_URL": self.kick_url,
             "TIDEFLEET_CHECKPOINT_ROOT": str(self.workdir / "checkpoints"),
             "TIDEFLEET_ENVIRONMENTS": str(environments_dir()),
             LOCAL_PYTHON: sys.executable,
+            **{k: str(v) for k, v in AGENT_CLOCK.items()},
         }
         bucket = naming.artifacts_bucket(self.env.name, EMULATOR_ACCOUNT)
         user_data = {
@@ -250,6 +261,7 @@ class Summary:
     duplicates_explained: bool  # every duplicate's first success ran on a node that was SIGKILLed
     redelivered: int  # items that needed more than one attempt
     interruptions: int  # attempts handed back on a notice
+    resumed: int  # attempts that resumed from a checkpoint an interrupted one saved
     peak_nodes: int
     node_seconds: float
     submit_to_first_start_s: float | None
@@ -314,6 +326,7 @@ def account(status: sdk.JobStatus, doomed: set[str], events: list[dict], killed_
         "duplicates_explained": explained,
         "redelivered": sum(1 for i in status.items if i.attempts > 1),
         "interruptions": sum(i.interruptions for i in status.items),
+        "resumed": sum(1 for e in events if e["event"] == "resume"),
     }
 
 
@@ -322,7 +335,7 @@ class Chaos:
     """While the job runs, every `every_s`: SIGKILL one busy node, or send one a spot notice."""
 
     rng: random.Random
-    every_s: float = 4.0
+    every_s: float = 3.0
     next_at: float = 0.0
     killed: set[str] = field(default_factory=set)
     noticed: set[str] = field(default_factory=set)
@@ -359,6 +372,7 @@ def run_demo(
     job = sdk.submit(sandbox.env, DEMO_JOB, queue, specs)
     status = sdk.status(sandbox.env, job.job_id)
     done_at = zero_at = None
+    stray_in_flight_s = 0.0  # messages in flight after every item finished: they hold a node up
     while time.time() < deadline:
         now = time.time()
         status = sdk.status(sandbox.env, job.job_id)
@@ -367,11 +381,20 @@ def run_demo(
         if status.done and done_at is None:
             done_at = now
         at_zero = sandbox.fleet_at_zero()
-        on_progress({"status": status, "queues": sandbox.queue_depths(), "job": job.job_id})
+        queues = sandbox.queue_depths()
+        if done_at is not None and any(in_flight for _, in_flight, _ in queues.values()):
+            stray_in_flight_s = now - done_at
+        on_progress({"status": status, "queues": queues, "job": job.job_id})
         if done_at is not None and at_zero:
             zero_at = now
             break
         time.sleep(0.5)
+    notes = [f"scaler error: {sandbox.tick_error}"] if sandbox.tick_error else []
+    if stray_in_flight_s > 2:
+        notes.append(
+            f"a message stayed in flight {stray_in_flight_s:.0f}s after every item had finished, "
+            "keeping a node up until its visibility timeout"
+        )
 
     events = read_events(sandbox.workdir)
     starts = [e["at"] for e in events if e["event"] == "start"]
@@ -392,5 +415,5 @@ def run_demo(
         fleet_at_zero=zero_at is not None,
         wall_s=round(time.time() - started, 1),
         workdir=str(sandbox.workdir),
-        notes=[f"scaler error: {sandbox.tick_error}"] if sandbox.tick_error else [],
+        notes=notes,
     )

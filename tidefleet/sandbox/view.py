@@ -89,6 +89,7 @@ def summary_table(summary) -> Table:
         ),
         ("items needing a second attempt", summary.redelivered),
         ("attempts handed back on a notice", summary.interruptions),
+        ("attempts resumed from a checkpoint", summary.resumed),
         ("peak nodes", summary.peak_nodes),
         ("node-seconds", summary.node_seconds),
         ("submit -> first item started", _seconds(summary.submit_to_first_start_s)),
