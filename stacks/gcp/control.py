@@ -29,7 +29,7 @@ from tidefleet import naming
 from tidefleet.config import Environment
 
 RUNTIME = "python312"
-ENTRY_POINT = "tick"
+ENTRY_POINT = "on_kick"
 PUBLISHED = "google.cloud.pubsub.topic.v1.messagePublished"
 SCHEDULE_MESSAGE = {"tidefleet": "schedule"}
 SOURCE_FILE = "lambdas/gcp_scaler/main.py"  # inside the archive; the buildpack's GOOGLE_FUNCTION_SOURCE
