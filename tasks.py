@@ -122,11 +122,13 @@ def lint(c):
         "chaos": "SIGKILL random nodes and send spot notices while the job runs",
         "keep": "stay up afterwards and print how to point the CLI at it",
         "time_limit": "give up after this many seconds",
+        "tick": "control tick in seconds (default: the environment's scaler.tick_s)",
     }
 )
-def sandbox(c, items=200, chaos=False, keep=False, time_limit=600):
+def sandbox(c, items=200, chaos=False, keep=False, time_limit=600, tick=None):
     """The whole system on this machine against a moto server: a job in, nodes up, work done, fleet at zero."""
     flags = f"--items {int(items)} --time-limit {int(time_limit)}" + (" --chaos" if chaos else "") + (" --keep" if keep else "")
+    flags += f" --tick {float(tick)}" if tick else ""
     result = c.run(f"{sys.executable} -m tidefleet.cli sandbox {flags}", warn=True, pty=sys.stdout.isatty())
     if result.exited:
         raise Exit(code=result.exited)
