@@ -246,6 +246,13 @@ def test_never_lowers_desired_below_the_nodes_still_in_the_group(decide, caplog)
     assert "desired kept at 2, not 0" in caplog.text
 
 
+def test_a_node_held_by_the_terminate_hook_does_not_hold_desired_up(decide):
+    p = ports(group("cpu", 2, instance("i-1"), instance("i-2", "Terminating:Wait")))
+    decide(decision("cpu", 1))
+    control.tick(ENV, p, NOW)
+    assert p.fleet.calls == [("set_desired", "cpu", 1)]
+
+
 def test_applying_the_same_decision_twice_changes_nothing_the_second_time(decide):
     p = ports(group("cpu", 2, instance("i-1"), instance("i-2")), group("gpu", 0, on_demand_base=0))
     decide(decision("cpu", 1, terminate=["i-2"]), decision("gpu", 0, on_demand_base=4))

@@ -143,7 +143,8 @@ def _live_capacity(env: Environment, pool: str, group: GroupState, leaving: Iter
     return sum(
         _weight(env.pools[pool], i)
         for i in group.instances
-        if i.id not in leaving and i.lifecycle_state in LAUNCHING | IN_SERVICE | HELD_FOR_DRAIN
+        # A Terminating:Wait instance already left the group's capacity: not counted.
+        if i.id not in leaving and i.lifecycle_state in LAUNCHING | IN_SERVICE
     )
 
 
