@@ -181,7 +181,7 @@ def test_every_decision_explains_itself(case):
 
 
 @EXAMPLES
-@given(cases(max_pools=1), st.data())
+@given(cases(max_pools=1) | quiet_cases(), st.data())
 def test_more_waiting_items_never_lower_desired(case, data):
     env, fleet = case
     grown_queue = data.draw(st.sampled_from(fleet.queues))
