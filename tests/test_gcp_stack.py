@@ -1,0 +1,110 @@
+"""Synth and scan of gcp-dev: the properties that matter, read from the Terraform JSON."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stacks.gcp.messaging import max_delivery_attempts
+from tidefleet.config import Queue, load_environment
+
+pytestmark = pytest.mark.synth
+ENV = load_environment("gcp-dev")
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    from stacks.app import synth
+
+    stack_dir = synth(ENV, tmp_path_factory.mktemp("synth-gcp-dev"))
+    return stack_dir, json.loads((stack_dir / "cdk.tf.json").read_text())
+
+
+def resources(stack, rtype: str) -> dict:
+    return stack[1]["resource"].get(rtype, {})
+
+
+def test_spot_templates_are_spot_deleted_on_preemption_shielded_and_without_external_ip(stack):
+    templates = resources(stack, "google_compute_instance_template")
+    spot = {k: v for k, v in templates.items() if k.endswith("template-spot")}
+    assert set(spot) == {"pool-cpu_template-spot", "pool-gpu_template-spot"}
+    for t in templates.values():
+        (nic,) = t["network_interface"]
+        assert "access_config" not in nic, "no external IP unless the pool asks for one"
+        assert t["shielded_instance_config"] == {"enable_integrity_monitoring": True, "enable_secure_boot": True, "enable_vtpm": True}
+        assert t["metadata"]["startup-script"].startswith("#!/bin/bash")
+    for t in spot.values():
+        assert t["scheduling"] == {"automatic_restart": False, "instance_termination_action": "DELETE",
+                                   "on_host_maintenance": "TERMINATE", "preemptible": True, "provisioning_model": "SPOT"}
+
+
+def test_gpu_pool_attaches_its_accelerator_and_never_live_migrates(stack):
+    templates = resources(stack, "google_compute_instance_template")
+    for kind in ("spot", "on-demand"):
+        t = templates[f"pool-gpu_template-{kind}"]
+        assert t["machine_type"] == "g2-standard-8"
+        assert t["guest_accelerator"] == [{"count": 1, "type": "nvidia-l4"}]
+        assert t["scheduling"]["on_host_maintenance"] == "TERMINATE"
+    assert "guest_accelerator" not in templates["pool-cpu_template-spot"]
+
+
+def test_group_size_is_left_to_the_scaler(stack):
+    groups = resources(stack, "google_compute_region_instance_group_manager")
+    assert set(groups) == {f"pool-{p}_group-{k}" for p in ("cpu", "gpu") for k in ("spot", "on-demand")}
+    for g in groups.values():
+        assert g["lifecycle"]["ignore_changes"] == ["target_size"]
+        assert g["target_size"] == 0
+
+
+def test_every_queue_dead_letters_after_its_attempts_with_ack_deadline_from_the_item_timeout(stack):
+    subs = resources(stack, "google_pubsub_subscription")
+    topics = resources(stack, "google_pubsub_topic")
+    for name, queue in ENV.queues.items():
+        sub = subs[f"queue-{name}_subscription"]
+        assert sub["dead_letter_policy"] == {
+            "dead_letter_topic": "${google_pubsub_topic.queue-%s_dlq-topic.id}" % name,
+            "max_delivery_attempts": queue.max_receive_count,
+        }
+        assert sub["ack_deadline_seconds"] == min(queue.item_timeout_s + 30, 600)
+        assert sub["expiration_policy"] == {"ttl": ""}
+        assert f"queue-{name}_dlq-subscription" in subs and topics[f"queue-{name}_dlq-topic"]["kms_key_name"]
+
+
+@pytest.mark.parametrize("retries,attempts", [(0, 6), (3, 9), (100, 100)])
+def test_delivery_attempts_are_clamped_to_what_pubsub_accepts(retries, attempts):
+    assert max_delivery_attempts(Queue(pool="cpu", max_retries=retries)) == attempts
+
+
+def test_node_service_accounts_are_scoped_to_their_own_resources(stack):
+    project_roles = {(m["member"], m["role"]) for m in resources(stack, "google_project_iam_member").values()}
+    cpu = "${google_service_account.pool-cpu_node.member}"
+    assert {r for m, r in project_roles if m == cpu} == {"roles/datastore.user", "roles/logging.logWriter"}
+    assert not any(r in ("roles/editor", "roles/owner") for _, r in project_roles)
+    datastore = [m for m in resources(stack, "google_project_iam_member").values() if m["role"] == "roles/datastore.user"]
+    assert all('databases/tidefleet-gcp-dev")' in m["condition"]["expression"] for m in datastore)
+    subs = resources(stack, "google_pubsub_subscription_iam_member").values()
+    cpu_subs = {s["subscription"] for s in subs if s["member"] == cpu}
+    assert cpu_subs == {"${google_pubsub_subscription.queue-default_subscription.id}"}, "only its own queue"
+    templates = resources(stack, "google_compute_instance_template")
+    assert templates["pool-cpu_template-spot"]["service_account"]["email"] == "${google_service_account.pool-cpu_node.email}"
+
+
+def test_scaler_runs_on_a_schedule_and_kicks_with_one_instance_internal_only(stack):
+    (fn,) = resources(stack, "google_cloudfunctions2_function").values()
+    assert fn["service_config"]["max_instance_count"] == 1
+    assert fn["service_config"]["ingress_settings"] == "ALLOW_INTERNAL_ONLY"
+    assert fn["build_config"]["entry_point"] == "on_kick"
+    (job,) = resources(stack, "google_cloud_scheduler_job").values()
+    assert job["schedule"] == "* * * * *"
+    assert job["pubsub_target"]["topic_name"] == fn["event_trigger"]["pubsub_topic"]
+    (alert,) = resources(stack, "google_monitoring_alert_policy").values()
+    assert all("num_undelivered_messages" in c["condition_threshold"]["filter"] for c in alert["conditions"])
+    assert resources(stack, "google_firestore_database")["jobs"]["type"] == "FIRESTORE_NATIVE"
+    assert "item-logs" in resources(stack, "google_logging_project_bucket_config")
+
+
+def test_gcp_dev_has_zero_unsuppressed_checkov_failures(stack, capsys):
+    from stacks.scan import scan
+
+    assert scan(stack[0], "gcp-dev") == 0, capsys.readouterr().out
