@@ -246,6 +246,14 @@ def test_never_lowers_desired_below_the_nodes_still_in_the_group(decide, caplog)
     assert "desired kept at 2, not 0" in caplog.text
 
 
+def test_a_node_the_group_would_not_terminate_still_holds_desired_up(decide):
+    # The policy replaces a node stuck booting; the group only terminates InService nodes.
+    p = ports(group("cpu", 2, instance("i-1"), instance("i-stuck", "Pending")))
+    decide(decision("cpu", 1, terminate=["i-stuck"]))
+    control.tick(ENV, p, NOW)
+    assert p.fleet.calls == []  # desired stays 2: lowering it would let the group pick i-1
+
+
 def test_a_node_held_by_the_terminate_hook_does_not_hold_desired_up(decide):
     p = ports(group("cpu", 2, instance("i-1"), instance("i-2", "Terminating:Wait")))
     decide(decision("cpu", 1))

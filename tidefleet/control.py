@@ -157,7 +157,9 @@ def act(ports: Ports, env: Environment, decision: PoolDecision, group: GroupStat
     terminated = ports.fleet.terminate(decision.pool, leaving)
     if decision.on_demand_base is not None and decision.on_demand_base != group.on_demand_base:
         ports.fleet.set_on_demand_base(decision.pool, decision.on_demand_base)
-    target = max(decision.desired, _live_capacity(env, decision.pool, group, leaving))
+    # Only nodes really terminated leave the floor: one the group refused to terminate (still
+    # Pending, say) stays, and a lower desired would let the group pick a victim instead.
+    target = max(decision.desired, _live_capacity(env, decision.pool, group, terminated))
     # After terminations the group's desired already dropped by their weights; setting the
     # absolute target again is a no-op then, and corrects it if the decrement differed.
     if terminated or target != group.desired:
