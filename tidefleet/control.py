@@ -235,8 +235,10 @@ def drain(
     (the scaler's reserved concurrency of one) and this function needs no scaling rights.
 
     A busy node held by the hook is NOT released here: its agent hands its items back and
-    then completes the lifecycle action itself (it holds the token, from the group's event or
-    instance metadata). Completing it now would kill the node mid-item. Returns the log line."""
+    then completes the lifecycle action itself (by its own instance id, with the hook name
+    from `naming.lifecycle_hook`). Completing it now would kill the node mid-item. An item an
+    idle node received after its last heartbeat is not lost: it returns to the queue when its
+    visibility timeout ends. Returns the log line."""
     dry_run = dry_run or env.scaler.dry_run
     pool = action.pool or pool_of_group(env, ports.fleet.group_of(action.instance_id) or "")
     line: dict = {"instance": action.instance_id, "pool": pool, "reason": action.reason, "dry_run": dry_run}

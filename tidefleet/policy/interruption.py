@@ -27,7 +27,7 @@ SPOT_NOTICE_S = 120  # EC2 reclaims a spot instance two minutes after the warnin
 @dataclass(frozen=True, slots=True)
 class LifecycleHold:
     """The terminate hook holds the instance. Whoever finishes with it completes the action:
-    the agent after handing its items back (it knows its own token), or the interruption
+    the agent after handing its items back (by its own instance id), or the interruption
     function at once when the node is idle or never reported."""
 
     hook: str
