@@ -8,7 +8,7 @@ Rules
    In-flight items count, so work that is running is never mistaken for surplus.
 2. Capacity = slots of running and booting nodes + group units not yet materialised as
    nodes (group desired > units of its nodes: launches in progress). Draining, terminating,
-   boot-timed-out and stuck-spot nodes do not count. Desired is always set absolutely, so a
+   and boot-timed-out nodes do not count. Desired is always set absolutely, so a
    booting node or an in-progress launch is never launched twice.
 3. Desired units = units of nodes that stay in the group + the units demand still needs
    (ceil(missing slots / slots_per_unit)), clamped to [min, max]. Scale-out is immediate.
@@ -23,9 +23,11 @@ Rules
 5. A node with no heartbeat `boot_timeout_s` after launch is replaced: terminated, and
    desired keeps covering demand so a new one is launched.
 6. Spot shortage (a spot launch failure within `spot_failure_window_s`, or a spot node still
-   pending after `spot_fallback_after_s`): stuck spot nodes stop counting as capacity, and the
-   on-demand base is raised so the units to launch come on demand (bounded by max). When spot
-   is healthy again the base returns to the configured one.
+   without a heartbeat `spot_fallback_after_s` after launch): the on-demand base is raised so
+   the units to launch (new demand, unmaterialised launches, replacements) come on demand,
+   bounded by max. A slow spot node still counts as capacity until its boot timeout: a slow
+   boot (GPU images) must not launch a duplicate. When spot is healthy again the base
+   returns to the configured one.
 7. Cost caps (pool and environment, $/hour, see `cost.py`): desired never makes a pool or the
    environment exceed its cap. Pool min is the one exception: the group refuses a desired
    below it, so a min costlier than the cap is reported, not obeyed.
@@ -56,7 +58,6 @@ class _Nodes:
     replace: list[NodeView] = field(default_factory=list)  # no heartbeat past the boot timeout
     release: list[NodeView] = field(default_factory=list)  # draining and idle
     draining_busy: list[NodeView] = field(default_factory=list)  # draining with work: kept, not capacity
-    stuck_spot: list[NodeView] = field(default_factory=list)  # spot pending too long: kept, not capacity
     leaving: list[NodeView] = field(default_factory=list)  # already terminating: not in the group
 
 
@@ -125,15 +126,15 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
     scaler = env.scaler
     queues = sorted(queues, key=lambda q: (-q.priority, q.name))
     demand = sum(_queue_demand(q) for q in queues)
-    nodes = _sort_nodes(view.nodes, pool, scaler.spot_fallback_after_s, now)
+    nodes = _sort_nodes(view.nodes, pool, now)
     reasons = [_replace_reason(n, pool, now) for n in nodes.replace]
     reasons += [f"terminate {n.id}: draining and idle" for n in nodes.release]
     reasons += [f"keep {n.id}: draining with {n.busy_slots} busy slot(s)" for n in nodes.draining_busy]
 
-    members = nodes.serving + nodes.release + nodes.replace + nodes.draining_busy + nodes.stuck_spot
+    members = nodes.serving + nodes.release + nodes.replace + nodes.draining_busy
     launching = max(0, view.desired - _units(members))
     serving_slots = _slots(nodes.serving)
-    held_units = _units(nodes.draining_busy) + _units(nodes.stuck_spot)
+    held_units = _units(nodes.draining_busy)
     idle_out, idle_reasons = _choose_idle(
         nodes.serving,
         demand=demand,
@@ -150,7 +151,7 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
     gone = {n.id for n in terminated}
     staying = [n for n in members if n.id not in gone]
 
-    shortage = _spot_shortage(view, nodes.stuck_spot, scaler.spot_failure_window_s, scaler.spot_fallback_after_s, now)
+    shortage = _spot_shortage(view, nodes.serving, scaler.spot_failure_window_s, scaler.spot_fallback_after_s, now)
     prices = PoolPrices.of(pool)
     group_units = _units(staying)
     launch_cost = LaunchCost(
@@ -201,7 +202,7 @@ def _slots(nodes: list[NodeView]) -> int:
     return sum(n.slots for n in nodes)
 
 
-def _sort_nodes(nodes: tuple[NodeView, ...], pool: Pool, spot_fallback_after_s: int, now: float) -> _Nodes:
+def _sort_nodes(nodes: tuple[NodeView, ...], pool: Pool, now: float) -> _Nodes:
     out = _Nodes()
     for node in nodes:
         if node.state == "terminating":
@@ -211,8 +212,6 @@ def _sort_nodes(nodes: tuple[NodeView, ...], pool: Pool, spot_fallback_after_s: 
         elif node.state == "draining":
             idle = node.busy_slots == 0 and node.idle_since is not None and not node.protected
             (out.release if idle else out.draining_busy).append(node)
-        elif node.spot and node.state == "pending" and now - node.launched_at > spot_fallback_after_s:
-            out.stuck_spot.append(node)
         else:
             out.serving.append(node)
     return out
@@ -300,13 +299,19 @@ def _choose_idle(
     return chosen, reasons
 
 
-def _spot_shortage(view: PoolView, stuck: list[NodeView], window_s: int, fallback_s: int, now: float) -> list[str]:
+def _spot_shortage(view: PoolView, serving: list[NodeView], window_s: int, fallback_s: int, now: float) -> list[str]:
+    """Signals that spot is short. Slow nodes signal only while they stay: one being replaced
+    is gone after this decision, and the signal must not vanish with it (idempotence); if its
+    spot replacement cannot launch, the launch failure is the signal."""
     signals = []
     failures = sum(1 for t in view.spot_failures if now - t <= window_s)
     if failures:
         signals.append(f"{failures} spot launch failure(s) in the last {window_s}s")
-    for n in stuck:
-        signals.append(f"{n.id} spot pending {now - n.launched_at:.0f}s > {fallback_s}s")
+    signals += [
+        f"{n.id} spot without heartbeat {now - n.launched_at:.0f}s > {fallback_s}s"
+        for n in serving
+        if n.spot and n.last_heartbeat is None and now - n.launched_at > fallback_s
+    ]
     return signals
 
 
@@ -428,10 +433,11 @@ def _on_demand_base(plan: _Plan, desired: int) -> tuple[int | None, str | None]:
     """Rule 6: raise the base to cover the units to launch while spot is short; restore it after."""
     current, configured = plan.view.on_demand_base, plan.pool.on_demand_base
     if plan.shortage:
+        # Only what is launched now needs the base; it is never lowered while spot is short.
         to_launch = max(0, desired - plan.group_units)
         wanted = min(plan.pool.max, max(configured, plan.launch_cost.on_demand_units + to_launch))
         signals = "; ".join(plan.shortage)
-        if wanted == current:
+        if to_launch == 0 or wanted <= current:
             return None, f"spot short ({signals}): on-demand base stays {current} units"
         return wanted, f"spot short ({signals}): on-demand base {current} -> {wanted} units so {to_launch} unit(s) to launch come on demand"
     if current != configured:
