@@ -29,12 +29,21 @@ def environment(pools: int, queues: int) -> Environment:
             "max": 2000,
             "slots_per_unit": 2,
             "cost_cap_usd_per_hour": 40.0 if p % 4 == 0 else None,
-            "instance_types": [{"type": "c6i.large"}, {"type": "m6i.large"}, {"type": "c6i.xlarge", "weight": 2}],
+            "instance_types": [
+                {"type": "c6i.large"},
+                {"type": "m6i.large"},
+                {"type": "c6i.xlarge", "weight": 2},
+            ],
         }
         for p in range(pools)
     }
     queue_specs = {f"q{q}": {"pool": f"p{q % pools}", "priority": q % 7} for q in range(queues)}
-    data = {"region": "us-east-1", "scaler": {"cost_cap_usd_per_hour": 2000.0}, "pools": pool_specs, "queues": queue_specs}
+    data = {
+        "region": "us-east-1",
+        "scaler": {"cost_cap_usd_per_hour": 2000.0},
+        "pools": pool_specs,
+        "queues": queue_specs,
+    }
     return parse_environment(data, name="bench")
 
 
@@ -42,14 +51,35 @@ def node(rng: random.Random, pool: str, i: int) -> NodeView:
     kind = rng.random()
     weight = 2 if rng.random() < 0.2 else 1
     itype = "c6i.xlarge" if weight == 2 else rng.choice(["c6i.large", "m6i.large"])
-    common = dict(id=f"{pool}-i{i}", instance_type=itype, weight=weight, slots=2 * weight, spot=rng.random() < 0.8)
+    common = {"id": f"{pool}-i{i}", "instance_type": itype, "weight": weight, "slots": 2 * weight}
+    common["spot"] = rng.random() < 0.8
     if kind < 0.55:  # busy
-        return NodeView(**common, state="running", launched_at=NOW - 4000, busy_slots=1, last_heartbeat=NOW - 3, protected=True)
+        return NodeView(
+            **common,
+            state="running",
+            launched_at=NOW - 4000,
+            busy_slots=1,
+            last_heartbeat=NOW - 3,
+            protected=True,
+        )
     if kind < 0.85:  # idle, some past the delay
-        return NodeView(**common, state="running", launched_at=NOW - 4000, last_heartbeat=NOW - 3, idle_since=NOW - rng.uniform(0, 900))
+        return NodeView(
+            **common,
+            state="running",
+            launched_at=NOW - 4000,
+            last_heartbeat=NOW - 3,
+            idle_since=NOW - rng.uniform(0, 900),
+        )
     if kind < 0.95:  # booting, some past the boot timeout
         return NodeView(**common, state="pending", launched_at=NOW - rng.uniform(0, 800))
-    return NodeView(**common, state="draining", launched_at=NOW - 4000, busy_slots=rng.choice([0, 1]), last_heartbeat=NOW - 3, idle_since=NOW - 10)
+    return NodeView(
+        **common,
+        state="draining",
+        launched_at=NOW - 4000,
+        busy_slots=rng.choice([0, 1]),
+        last_heartbeat=NOW - 3,
+        idle_since=NOW - 10,
+    )
 
 
 def fleet(env: Environment, nodes: int, seed: int = 7) -> FleetView:
@@ -60,9 +90,19 @@ def fleet(env: Environment, nodes: int, seed: int = 7) -> FleetView:
     for p, name in enumerate(names):
         members = tuple(node(rng, name, i) for i in range(per_pool))
         failures = (NOW - 30,) if p % 10 == 0 else ()
-        pools.append(PoolView(name, members, desired=sum(n.weight for n in members if n.state != "terminating"), on_demand_base=0, spot_failures=failures))
+        pools.append(
+            PoolView(
+                name,
+                members,
+                desired=sum(n.weight for n in members if n.state != "terminating"),
+                on_demand_base=0,
+                spot_failures=failures,
+            )
+        )
     queues = tuple(
-        QueueView(name, q.pool, q.priority, q.slots_per_item, rng.choice([0, 0, 3, 40, 400]), rng.randint(0, 20))
+        QueueView(
+            name, q.pool, q.priority, q.slots_per_item, rng.choice([0, 0, 3, 40, 400]), rng.randint(0, 20)
+        )
         for name, q in env.queues.items()
     )
     return FleetView(tuple(pools), queues)
@@ -104,7 +144,9 @@ def main() -> None:
         print(f"{label:<10} {queues:>7} {pools:>6} {nodes:>7} {median * 1000:>10.1f} {median / base:>11.2f}x")
     reasons = sum(len(d.reasons) for d in decisions)
     terminated = sum(len(d.terminate) for d in decisions)
-    print(f"(last shape: {reasons} reason lines, {terminated} nodes terminated, {sum(bool(d.starved_queues) for d in decisions)} pools capped)")
+    print(
+        f"(last shape: {reasons} reason lines, {terminated} nodes terminated, {sum(bool(d.starved_queues) for d in decisions)} pools capped)"
+    )
 
 
 if __name__ == "__main__":

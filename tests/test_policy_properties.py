@@ -74,7 +74,9 @@ def nodes(draw, env: Environment, pool: str, index: int) -> NodeView:
         weight=itype.weight,
         slots=slots,
         spot=draw(st.booleans()),
-        state=draw(st.sampled_from(["running", "running", "draining", "terminating"])) if booted else "pending",
+        state=draw(st.sampled_from(["running", "running", "draining", "terminating"]))
+        if booted
+        else "pending",
         launched_at=launched_at,
         busy_slots=busy,
         last_heartbeat=draw(st.floats(launched_at, NOW)) if booted else None,
@@ -100,7 +102,11 @@ def fleets(draw, env: Environment) -> FleetView:
             )
         )
     # Often empty or shallow, so surplus and scale-in are exercised as much as growth.
-    depth = st.just((0, 0)) | st.tuples(st.integers(0, 4), st.integers(0, 4)) | st.tuples(st.integers(0, 30), st.integers(0, 10))
+    depth = (
+        st.just((0, 0))
+        | st.tuples(st.integers(0, 4), st.integers(0, 4))
+        | st.tuples(st.integers(0, 30), st.integers(0, 10))
+    )
     queues = tuple(
         QueueView(name, q.pool, q.priority, q.slots_per_item, *draw(depth)) for name, q in env.queues.items()
     )
@@ -117,7 +123,7 @@ def cases(draw, **env_options):
 def quiet_cases(draw):
     """A settled pool: old nodes, mostly idle for long, shallow queues: where scale-in happens."""
     env = draw(environments(max_pools=1))
-    env, fleet = env, draw(fleets(env))
+    fleet = draw(fleets(env))
     (pool,) = fleet.pools
     settled = []
     for n in pool.nodes:
@@ -135,7 +141,9 @@ def quiet_cases(draw):
             )
         )
     pool = replace(pool, nodes=tuple(settled), desired=sum(n.weight for n in settled))
-    shallow = tuple(replace(q, visible=draw(st.integers(0, 3)), in_flight=draw(st.integers(0, 3))) for q in fleet.queues)
+    shallow = tuple(
+        replace(q, visible=draw(st.integers(0, 3)), in_flight=draw(st.integers(0, 3))) for q in fleet.queues
+    )
     return env, FleetView((pool,), shallow)
 
 
@@ -210,7 +218,9 @@ def test_deciding_again_after_applying_changes_nothing(case):
     env, fleet = case
     once = apply(fleet, decide(env, fleet, NOW))
     for pool, again in zip(once.pools, decide(env, once, NOW), strict=True):
-        assert (again.desired, again.terminate, again.on_demand_base) == (pool.desired, (), None), again.reasons
+        assert (again.desired, again.terminate, again.on_demand_base) == (pool.desired, (), None), (
+            again.reasons
+        )
 
 
 @EXAMPLES
@@ -221,7 +231,9 @@ def test_idle_scale_in_keeps_min_demand_and_cooldown_and_never_scales_out_too(ca
     for q in fleet.queues:
         demand[q.pool] += (q.visible + q.in_flight) * q.slots_per_item
     for pool, d in zip(fleet.pools, decide(env, fleet, NOW), strict=True):
-        idle_removed = [n for n in pool.nodes if n.id in d.terminate and n.state == "running" and n.last_heartbeat]
+        idle_removed = [
+            n for n in pool.nodes if n.id in d.terminate and n.state == "running" and n.last_heartbeat
+        ]
         if not idle_removed:
             continue
         serving_left = sum(
@@ -275,5 +287,7 @@ def worst_case_cost(env: Environment, pool: PoolView, d: PoolDecision) -> float:
     total = units + launched
     on_demand_target = min(total, base) + math.ceil(max(0, total - base) * spec.on_demand_percent / 100)
     on_demand_new = min(launched, max(0, on_demand_target - sum(n.weight for n in in_group if not n.spot)))
-    dearest = {spot: max(price[t.type, spot] / t.weight for t in spec.instance_types) for spot in (False, True)}
+    dearest = {
+        spot: max(price[t.type, spot] / t.weight for t in spec.instance_types) for spot in (False, True)
+    }
     return existing + on_demand_new * dearest[False] + (launched - on_demand_new) * dearest[True]

@@ -30,7 +30,11 @@ BASE = {
     },
     "queues": {"render": {"pool": "cpu", "priority": 20}, "batch": {"pool": "cpu", "priority": 5}},
 }
-GPU_POOL = {"max": 8, "container": "train:1", "instance_types": [{"type": "g5.xlarge", "gpus": 1}]}  # $0.40 spot
+GPU_POOL = {
+    "max": 8,
+    "container": "train:1",
+    "instance_types": [{"type": "g5.xlarge", "gpus": 1}],
+}  # $0.40 spot
 
 
 def environment(**changes) -> Environment:
@@ -77,14 +81,23 @@ def node(
 def fleet(env: Environment, nodes=(), *, desired=None, base=0, failures=(), pool="cpu", **depth) -> FleetView:
     """One pool's fleet; every queue of the environment, depth given as name=(visible, in_flight)."""
     live = [n for n in nodes if n.state != "terminating"]
-    views = [PoolView(pool, tuple(nodes), sum(n.weight for n in live) if desired is None else desired, base, tuple(failures))]
+    views = [
+        PoolView(
+            pool,
+            tuple(nodes),
+            sum(n.weight for n in live) if desired is None else desired,
+            base,
+            tuple(failures),
+        )
+    ]
     views += [PoolView(name, (), 0, 0) for name in env.pools if name != pool]
     return FleetView(tuple(views), queues(env, **depth))
 
 
 def queues(env: Environment, **depth) -> tuple[QueueView, ...]:
     return tuple(
-        QueueView(name, q.pool, q.priority, q.slots_per_item, *depth.get(name, (0, 0))) for name, q in env.queues.items()
+        QueueView(name, q.pool, q.priority, q.slots_per_item, *depth.get(name, (0, 0)))
+        for name, q in env.queues.items()
     )
 
 
@@ -98,11 +111,14 @@ def assert_settled(env: Environment, fleet_view: FleetView) -> None:
     """Idempotence: after applying a decision, deciding again changes nothing."""
     after = apply(fleet_view, decide(env, fleet_view, NOW))
     for again, pool in zip(decide(env, after, NOW), after.pools, strict=True):
-        assert (again.desired, again.terminate, again.on_demand_base) == (pool.desired, (), None), again.reasons
+        assert (again.desired, again.terminate, again.on_demand_base) == (pool.desired, (), None), (
+            again.reasons
+        )
 
 
 # --- demand and capacity: scale out, hold, cancel ---------------------------------------------
 
+# fmt: off
 SCALE_OUT = [
     # (case, nodes, desired before, depth, desired after, reason)
     ("empty pool scales out at once", [], 0, {"render": (7, 2)}, 5,
@@ -125,9 +141,12 @@ SCALE_OUT = [
     ("queues listed by priority", [], 0, {"render": (1, 0), "batch": (2, 0)}, 2,
      "scale out 0 -> 2 units: demand 3 slots (queue render: 1 visible + 0 in flight; queue batch: 2 visible + 0 in flight)"),
 ]
+# fmt: on
 
 
-@pytest.mark.parametrize("case, nodes, before, depth, after, reason", SCALE_OUT, ids=[c[0] for c in SCALE_OUT])
+@pytest.mark.parametrize(
+    "case, nodes, before, depth, after, reason", SCALE_OUT, ids=[c[0] for c in SCALE_OUT]
+)
 def test_desired_covers_demand_in_slots(case, nodes, before, depth, after, reason):
     env = environment()
     view = fleet(env, nodes, desired=before, **depth)
@@ -142,14 +161,19 @@ def test_items_needing_several_slots_count_all_their_slots():
     env = environment(**{"queues.render.slots_per_item": 2})
     decision = decide_pool(env, fleet(env, render=(3, 0)))
     assert decision.desired == 3
-    assert decision.reasons[0].startswith("scale out 0 -> 3 units: demand 6 slots (queue render: 3 visible + 0 in flight x 2 slots)")
+    assert decision.reasons[0].startswith(
+        "scale out 0 -> 3 units: demand 6 slots (queue render: 3 visible + 0 in flight x 2 slots)"
+    )
 
 
 def test_pool_min_is_kept_without_demand():
     env = environment(**{"pools.cpu.min": 2})
     decision = decide_pool(env, fleet(env))
     assert decision.desired == 2
-    assert decision.reasons[0] == "scale out 0 -> 2 units: demand 0 slots <= capacity 0 slots; 2 unit(s) to launch; pool min 2 units"
+    assert (
+        decision.reasons[0]
+        == "scale out 0 -> 2 units: demand 0 slots <= capacity 0 slots; 2 unit(s) to launch; pool min 2 units"
+    )
 
 
 def test_a_pool_without_queues_still_gets_a_decision():
@@ -169,6 +193,7 @@ def test_a_pool_the_environment_does_not_know_is_left_unchanged():
 
 # --- scale-in: only specific idle nodes ---------------------------------------------------------
 
+# fmt: off
 SCALE_IN = [
     # (case, env changes, nodes, depth, terminated, desired, reason lines expected among the reasons)
     ("an idle node past the delay goes", {}, [node("i-a", idle=412)], {}, ("i-a",), 0,
@@ -203,10 +228,15 @@ SCALE_IN = [
      [node("i-big", weight=2, idle=900), node("i-a", idle=400)], {"render": (3, 0)}, ("i-a",), 2,
      ["keep i-big: idle but needed, demand 3 slots leaves 3 spare < its 4"]),
 ]
+# fmt: on
 
 
-@pytest.mark.parametrize("case, changes, nodes, depth, terminated, desired, lines", SCALE_IN, ids=[c[0] for c in SCALE_IN])
-def test_scale_in_only_terminates_specific_idle_nodes(case, changes, nodes, depth, terminated, desired, lines):
+@pytest.mark.parametrize(
+    "case, changes, nodes, depth, terminated, desired, lines", SCALE_IN, ids=[c[0] for c in SCALE_IN]
+)
+def test_scale_in_only_terminates_specific_idle_nodes(
+    case, changes, nodes, depth, terminated, desired, lines
+):
     env = environment(**changes)
     view = fleet(env, nodes, **depth)
     decision = decide_pool(env, view)
@@ -228,11 +258,13 @@ def test_a_scale_in_decision_never_also_scales_out():
 
 # --- boot timeout --------------------------------------------------------------------------------
 
+# fmt: off
 BOOT = [
     # (case, node age, terminated, reason)
     ("no heartbeat past the boot timeout: replaced", 640, ("i-x",), "replace i-x: no heartbeat 640s after launch > boot timeout 600s"),
     ("still within the boot timeout: kept", 500, (), "keep 1 units: demand 2 slots (queue render: 2 visible + 0 in flight) <= capacity 2 slots"),
 ]
+# fmt: on
 
 
 @pytest.mark.parametrize("case, age, terminated, reason", BOOT, ids=[c[0] for c in BOOT])
@@ -249,11 +281,15 @@ def test_a_node_that_never_reports_is_replaced(case, age, terminated, reason):
 def test_a_replacement_is_launched_for_a_timed_out_node():
     env = environment(**{"scaler.spot_fallback_after_s": 3600})
     decision = decide_pool(env, fleet(env, [node("i-x", booted=False, age=640)], render=(2, 0)))
-    assert decision.reasons[0] == "keep 1 units: demand 2 slots (queue render: 2 visible + 0 in flight) > capacity 0 slots; 1 unit(s) to launch"
+    assert (
+        decision.reasons[0]
+        == "keep 1 units: demand 2 slots (queue render: 2 visible + 0 in flight) > capacity 0 slots; 1 unit(s) to launch"
+    )
 
 
 # --- spot shortage ------------------------------------------------------------------------------
 
+# fmt: off
 SPOT = [
     # (case, nodes, desired, base, failure ages, depth, new desired, new base, reason)
     ("launch failures raise the base to cover the units to launch", [], 3, 0, [30, 200], {"render": (6, 0)}, 3, 3,
@@ -272,10 +308,17 @@ SPOT = [
     ("the raised base is bounded by max", [], 0, 0, [10], {"render": (40, 0)}, 10, 10,
      "spot short (1 spot launch failure(s) in the last 600s): on-demand base 0 -> 10 units so 10 unit(s) to launch come on demand"),
 ]
+# fmt: on
 
 
-@pytest.mark.parametrize("case, nodes, desired, base, failures, depth, new_desired, new_base, reason", SPOT, ids=[c[0] for c in SPOT])
-def test_spot_shortage_shifts_to_on_demand_and_back(case, nodes, desired, base, failures, depth, new_desired, new_base, reason):
+@pytest.mark.parametrize(
+    "case, nodes, desired, base, failures, depth, new_desired, new_base, reason",
+    SPOT,
+    ids=[c[0] for c in SPOT],
+)
+def test_spot_shortage_shifts_to_on_demand_and_back(
+    case, nodes, desired, base, failures, depth, new_desired, new_base, reason
+):
     env = environment()
     view = fleet(env, nodes, desired=desired, base=base, failures=[NOW - a for a in failures], **depth)
     decision = decide_pool(env, view)
@@ -288,6 +331,7 @@ def test_spot_shortage_shifts_to_on_demand_and_back(case, nodes, desired, base, 
 
 # --- caps and priorities --------------------------------------------------------------------------
 
+# fmt: off
 CAPS = [
     # (case, env changes, nodes, depth, desired, starved, reason)
     ("max caps the pool; the lowest priority waits", {}, [], {"render": (12, 0), "batch": (10, 0)}, 10, ("batch",),
@@ -305,10 +349,15 @@ CAPS = [
      {"render": (6, 0), "batch": (6, 0)}, 5, ("batch",),
      "cost cap: pool cpu capped at 5 units ($0.19/h of $0.20/h), demand needs 6 units; waiting: batch (priority 5)"),
 ]
+# fmt: on
 
 
-@pytest.mark.parametrize("case, changes, nodes, depth, desired, starved, reason", CAPS, ids=[c[0] for c in CAPS])
-def test_caps_serve_higher_priority_first_and_name_who_waits(case, changes, nodes, depth, desired, starved, reason):
+@pytest.mark.parametrize(
+    "case, changes, nodes, depth, desired, starved, reason", CAPS, ids=[c[0] for c in CAPS]
+)
+def test_caps_serve_higher_priority_first_and_name_who_waits(
+    case, changes, nodes, depth, desired, starved, reason
+):
     env = environment(**changes)
     view = fleet(env, nodes, **depth)
     decision = decide_pool(env, view)
@@ -318,24 +367,32 @@ def test_caps_serve_higher_priority_first_and_name_who_waits(case, changes, node
     assert_settled(env, view)
 
 
+# fmt: off
 ENV_CAP = [
     # (case, gpu queue priority, cpu desired, gpu desired, starved pool, reason)
     ("gpu queue first: cpu gets what is left", 50, 5, 2, "cpu",
-     "cost cap: pool cpu capped at 5 units ($0.19/h) by the environment cap ($0.99/h of $1.00/h), "
-     "demand needs 10 units; waiting: render (priority 20)"),
+     ("cost cap: pool cpu capped at 5 units ($0.19/h) by the environment cap ($0.99/h of $1.00/h), "
+      "demand needs 10 units; waiting: render (priority 20)")),
     ("cpu queue first: gpu gets what is left", 10, 10, 1, "gpu",
-     "cost cap: pool gpu capped at 1 units ($0.40/h) by the environment cap ($0.78/h of $1.00/h), "
-     "demand needs 2 units; waiting: train (priority 10)"),
+     ("cost cap: pool gpu capped at 1 units ($0.40/h) by the environment cap ($0.78/h of $1.00/h), "
+      "demand needs 2 units; waiting: train (priority 10)")),
 ]
+# fmt: on
 
 
-@pytest.mark.parametrize("case, gpu_priority, cpu_desired, gpu_desired, starved_pool, reason", ENV_CAP, ids=[c[0] for c in ENV_CAP])
-def test_the_environment_cap_goes_to_pools_by_queue_priority(case, gpu_priority, cpu_desired, gpu_desired, starved_pool, reason):
-    env = environment(**{
-        "scaler.cost_cap_usd_per_hour": 1.0,
-        "pools.gpu": GPU_POOL,
-        "queues.train": {"pool": "gpu", "priority": gpu_priority},
-    })
+@pytest.mark.parametrize(
+    "case, gpu_priority, cpu_desired, gpu_desired, starved_pool, reason", ENV_CAP, ids=[c[0] for c in ENV_CAP]
+)
+def test_the_environment_cap_goes_to_pools_by_queue_priority(
+    case, gpu_priority, cpu_desired, gpu_desired, starved_pool, reason
+):
+    env = environment(
+        **{
+            "scaler.cost_cap_usd_per_hour": 1.0,
+            "pools.gpu": GPU_POOL,
+            "queues.train": {"pool": "gpu", "priority": gpu_priority},
+        }
+    )
     view = fleet(env, render=(20, 0), train=(2, 0))
     decisions = {d.pool: d for d in decide(env, view, NOW)}
     assert (decisions["cpu"].desired, decisions["gpu"].desired) == (cpu_desired, gpu_desired)
@@ -347,4 +404,7 @@ def test_a_min_costlier_than_the_cap_is_kept_and_reported():
     env = environment(**{"pools.cpu.min": 2, "pools.cpu.cost_cap_usd_per_hour": 0.05})
     decision = decide_pool(env, fleet(env))
     assert decision.desired == 2
-    assert "pool min 2 units costs more than the pool cost cap $0.05/h: kept anyway, lower min or raise the cap" in decision.reasons
+    assert (
+        "pool min 2 units costs more than the pool cost cap $0.05/h: kept anyway, lower min or raise the cap"
+        in decision.reasons
+    )

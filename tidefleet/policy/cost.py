@@ -27,7 +27,9 @@ class PoolPrices:
 
     @classmethod
     def of(cls, pool: Pool) -> PoolPrices:
-        by_type = {(t.type, spot): t.price(spot) or 0.0 for t in pool.instance_types for spot in (False, True)}
+        by_type = {
+            (t.type, spot): t.price(spot) or 0.0 for t in pool.instance_types for spot in (False, True)
+        }
         return cls(
             by_type=by_type,
             on_demand_unit=max(by_type[t.type, False] / t.weight for t in pool.instance_types),
@@ -55,7 +57,9 @@ class LaunchCost:
     def __call__(self, k: int) -> float:
         total = self.group_units + k
         above_base = max(0, total - self.on_demand_base)
-        on_demand_target = min(total, self.on_demand_base) + math.ceil(above_base * self.on_demand_percent / 100)
+        on_demand_target = min(total, self.on_demand_base) + math.ceil(
+            above_base * self.on_demand_percent / 100
+        )
         on_demand_new = min(k, max(0, on_demand_target - self.on_demand_units))
         return on_demand_new * self.prices.on_demand_unit + (k - on_demand_new) * self.prices.spot_unit
 

@@ -151,7 +151,9 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
     gone = {n.id for n in terminated}
     staying = [n for n in members if n.id not in gone]
 
-    shortage = _spot_shortage(view, nodes.serving, scaler.spot_failure_window_s, scaler.spot_fallback_after_s, now)
+    shortage = _spot_shortage(
+        view, nodes.serving, scaler.spot_failure_window_s, scaler.spot_fallback_after_s, now
+    )
     prices = PoolPrices.of(pool)
     group_units = _units(staying)
     launch_cost = LaunchCost(
@@ -287,7 +289,9 @@ def _choose_idle(
     chosen = []
     for n in overdue:
         if n.slots > surplus:
-            reasons.append(f"keep {n.id}: idle but needed, demand {demand} slots leaves {surplus} spare < its {n.slots}")
+            reasons.append(
+                f"keep {n.id}: idle but needed, demand {demand} slots leaves {surplus} spare < its {n.slots}"
+            )
         elif group_units - n.weight < pool.min:
             reasons.append(f"keep {n.id}: idle but pool min is {pool.min} units")
         else:
@@ -299,7 +303,9 @@ def _choose_idle(
     return chosen, reasons
 
 
-def _spot_shortage(view: PoolView, serving: list[NodeView], window_s: int, fallback_s: int, now: float) -> list[str]:
+def _spot_shortage(
+    view: PoolView, serving: list[NodeView], window_s: int, fallback_s: int, now: float
+) -> list[str]:
     """Signals that spot is short. Slow nodes signal only while they stay: one being replaced
     is gone after this decision, and the signal must not vanish with it (idempotence); if its
     spot replacement cannot launch, the launch failure is the signal."""
@@ -360,7 +366,9 @@ def _decision(plan: _Plan, env_cap: str) -> PoolDecision:
     if plan.granted < plan.wanted:
         starved = _starved(plan)
         reasons.append(_cap_reason(plan, desired, starved, env_cap))
-    if plan.forced and plan.launch_cost(plan.forced) + plan.existing_cost > (plan.pool.cost_cap_usd_per_hour or math.inf):
+    if plan.forced and plan.launch_cost(plan.forced) + plan.existing_cost > (
+        plan.pool.cost_cap_usd_per_hour or math.inf
+    ):
         reasons.append(
             f"pool min {plan.pool.min} units costs more than the pool cost cap "
             f"{_usd(plan.pool.cost_cap_usd_per_hour)}: kept anyway, lower min or raise the cap"
@@ -417,7 +425,10 @@ def _starved(plan: _Plan) -> tuple[str, ...]:
 
 def _cap_reason(plan: _Plan, desired: int, starved: tuple[str, ...], env_cap: str) -> str:
     by_name = {q.name: q for q in plan.queues}
-    waiting = ", ".join(f"{name} (priority {by_name[name].priority})" for name in starved) or "no queue with waiting items"
+    waiting = (
+        ", ".join(f"{name} (priority {by_name[name].priority})" for name in starved)
+        or "no queue with waiting items"
+    )
     cost = plan.existing_cost + plan.launch_cost(plan.granted)
     needs = f"demand needs {plan.group_units + plan.wanted} units"
     if plan.env_limited:
@@ -439,7 +450,10 @@ def _on_demand_base(plan: _Plan, desired: int) -> tuple[int | None, str | None]:
         signals = "; ".join(plan.shortage)
         if to_launch == 0 or wanted <= current:
             return None, f"spot short ({signals}): on-demand base stays {current} units"
-        return wanted, f"spot short ({signals}): on-demand base {current} -> {wanted} units so {to_launch} unit(s) to launch come on demand"
+        return (
+            wanted,
+            f"spot short ({signals}): on-demand base {current} -> {wanted} units so {to_launch} unit(s) to launch come on demand",
+        )
     if current != configured:
         return configured, f"spot healthy: on-demand base {current} -> {configured} units (configured)"
     return None, None
