@@ -109,7 +109,7 @@ class FakeGcp:
 
     # -- firestore ----------------------------------------------------------------------
     def _firestore(self, request):
-        path, query = self._record(request)
+        path, _ = self._record(request)
         name = path.removeprefix("/v1/")
         if request.method == "PATCH":
             mask = parse_qs(urlparse(request.url).query).get("updateMask.fieldPaths", [])

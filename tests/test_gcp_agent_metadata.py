@@ -15,7 +15,7 @@ def metadata_server():
     state = {"preempted": "FALSE", "headers": []}
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
+        def do_GET(self):
             state["headers"].append(self.headers.get("Metadata-Flavor"))
             if self.path != PREEMPTED or self.headers.get("Metadata-Flavor") != "Google":
                 self.send_response(403 if self.path == PREEMPTED else 404)

@@ -63,7 +63,7 @@ def test_every_queue_dead_letters_after_its_attempts_with_ack_deadline_from_the_
     for name, queue in ENV.queues.items():
         sub = subs[f"queue-{name}_subscription"]
         assert sub["dead_letter_policy"] == {
-            "dead_letter_topic": "${google_pubsub_topic.queue-%s_dlq-topic.id}" % name,
+            "dead_letter_topic": f"${{google_pubsub_topic.queue-{name}_dlq-topic.id}}",
             "max_delivery_attempts": queue.max_receive_count,
         }
         assert sub["ack_deadline_seconds"] == min(queue.item_timeout_s + 30, 600)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import cache
 
 from google.api_core import exceptions as gexc
@@ -35,7 +35,6 @@ from google.cloud import compute_v1
 from tidefleet import naming
 from tidefleet.cloud import Backlog, GroupInstance, GroupState, Ports
 from tidefleet.config import Environment, load_environment
-from tidefleet.store import Heartbeat
 
 MONITORING = "https://monitoring.googleapis.com/v3"
 UNDELIVERED = "pubsub.googleapis.com/subscription/num_undelivered_messages"
@@ -49,7 +48,7 @@ SPOT_SHORTAGE = ("ZONE_RESOURCE_POOL_EXHAUSTED", "STOCKOUT", "RESOURCE_POOL_EXHA
 
 
 def _epoch(rfc3339: str) -> float:
-    return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp() if rfc3339 else 0.0
+    return datetime.fromisoformat(rfc3339).timestamp() if rfc3339 else 0.0
 
 
 def _last(url: str) -> str:
@@ -81,7 +80,7 @@ class MonitoringQueues:
 
     def backlog(self, queue: str) -> Backlog:
         now = time.time()
-        stamp = lambda t: datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")  # noqa: E731
+        stamp = lambda t: datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         response = self.session.get(
             f"{MONITORING}/projects/{self.env.project}/timeSeries",
             params={
