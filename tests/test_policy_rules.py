@@ -212,6 +212,8 @@ SCALE_IN = [
      ["keep i-a: draining with 1 busy slot(s)"]),
     ("an idle draining node is released at once", {}, [node("i-a", state="draining", idle=5)], {}, ("i-a",), 0,
      ["terminate i-a: draining and idle"]),
+    ("a draining node that has not reported idle stays", {}, [node("i-a", state="draining")], {}, (), 1,
+     ["keep i-a: draining, not reported idle yet"]),
     ("not within the cooldown after a scale-out", {}, [node("i-a", idle=900), node("i-b", busy=1, age=45)], {}, (), 2,
      ["hold scale-in: 45s since scale-out < cooldown 120s"]),
     ("never below min", {"pools.cpu.min": 1}, [node("i-a", idle=900), node("i-b", idle=800)], {}, ("i-a",), 1,

@@ -92,7 +92,10 @@ class _Plan:
 
 
 def decide(env: Environment, fleet: FleetView, now: float) -> tuple[PoolDecision, ...]:
-    """One decision per pool in `fleet` (see the module docstring for the rules)."""
+    """One decision per pool in `fleet` (see the module docstring for the rules).
+
+    The environment cost cap sees only the pools in `fleet`: when it is set, pass them all.
+    """
     queues_by_pool: dict[str, list[QueueView]] = {}
     for queue in fleet.queues:
         queues_by_pool.setdefault(queue.pool, []).append(queue)
@@ -129,7 +132,7 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
     nodes = _sort_nodes(view.nodes, pool, now)
     reasons = [_replace_reason(n, pool, now) for n in nodes.replace]
     reasons += [f"terminate {n.id}: draining and idle" for n in nodes.release]
-    reasons += [f"keep {n.id}: draining with {n.busy_slots} busy slot(s)" for n in nodes.draining_busy]
+    reasons += [_draining_kept_reason(n) for n in nodes.draining_busy]
 
     members = nodes.serving + nodes.release + nodes.replace + nodes.draining_busy
     launching = max(0, view.desired - _units(members))
@@ -229,6 +232,14 @@ def _replace_reason(node: NodeView, pool: Pool, now: float) -> str:
         f"replace {node.id}: no heartbeat {now - node.launched_at:.0f}s after launch "
         f"> boot timeout {pool.boot_timeout_s}s"
     )
+
+
+def _draining_kept_reason(node: NodeView) -> str:
+    if node.busy_slots:
+        return f"keep {node.id}: draining with {node.busy_slots} busy slot(s)"
+    if node.protected:
+        return f"keep {node.id}: draining, scale-in protected"
+    return f"keep {node.id}: draining, not reported idle yet"
 
 
 def _is_idle(node: NodeView) -> bool:
