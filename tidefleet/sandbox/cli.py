@@ -115,6 +115,7 @@ def sandbox(env_name, items, chaos, keep, time_limit, tick, boot_delay, seed, wo
             if as_json:
                 click.echo(summary.to_json())
             else:
+                console.print()
                 console.print(view.summary_table(summary))
         if keep:
             console.print("\n[bold]The sandbox stays up.[/bold] In another shell:\n")
