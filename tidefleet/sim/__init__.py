@@ -34,7 +34,9 @@ The model
 - Deterministic: events are ordered by (time, sequence); every random pick uses one
   `random.Random(seed)` per run.
 - The run ends when every item is done and the pool is back at min (or 6 h later, the
-  remaining nodes billed to then), or when work waits with nothing running for 7 days.
+  remaining nodes billed to then), when work waits with nothing running for 7 days, or at
+  last submit + 2 x the longest item + 7 days (work that keeps being lost); what is left
+  counts as `items_unfinished`.
 
 Policies
 - `tidefleet`: the real `tidefleet.policy.decide` on views built from simulated state, at

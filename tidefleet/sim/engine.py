@@ -162,6 +162,8 @@ class Simulation:
         self.done = 0
         self.last_progress = self.now
         self.sample_s = sample_s
+        longest = max((i.duration_s for i in items), default=0.0)
+        self.horizon = (items[-1].submit_s if items else 0.0) + 2 * longest + STALL_S
 
     # ----------------------------------------------------------------- observation
     def queued(self, q: int | None = None) -> int:
@@ -235,6 +237,8 @@ class Simulation:
                     break
             elif self.next_arrival == n and not any(self.in_flight) and self.now - self.last_progress > STALL_S:
                 break  # work waits and nothing runs: the policy will never serve it
+            elif self.now > self.horizon:
+                break  # work keeps being lost (e.g. scale-in killing long items): report it unfinished
         return self._close()
 
     def _close(self) -> Outcome:
