@@ -128,10 +128,11 @@ def test_groups_mix_the_pools_types_with_their_weights(shipped):
             naming.group(env.name, pool_name), pool.min, pool.max, True)  # fmt: skip
 
 
-def test_terraform_ignores_desired_capacity_because_the_scaler_owns_it(shipped):
+def test_terraform_ignores_desired_capacity_and_on_demand_base_because_the_scaler_owns_them(shipped):
     _env, stack = shipped
+    owned = ["desired_capacity", "mixed_instances_policy[0].instances_distribution[0].on_demand_base_capacity"]
     for name, group in resources(stack, "aws_autoscaling_group").items():
-        assert (name, group["lifecycle"]["ignore_changes"]) == (name, ["desired_capacity"])
+        assert (name, group["lifecycle"]["ignore_changes"]) == (name, owned)
 
 
 def test_every_group_spans_every_subnet(shipped):

@@ -87,7 +87,7 @@ class ControlFunctions(Construct):
             XRAY_WRITE,
             Statement("ReadSettings", ["kms:Decrypt"], [key_arn]),
             Statement("ReportFailures", ["sqs:SendMessage"], [self.failures.arn]),
-            Statement("QueueDepth", ["sqs:GetQueueAttributes"], [q.arn for q in queues.values()]),
+            Statement("QueueDepth", ["sqs:GetQueueUrl", "sqs:GetQueueAttributes"], [q.arn for q in queues.values()]),
         ]
         statements = {
             "scaler": [

@@ -168,7 +168,11 @@ class NodePool(Construct):
                 )
             ],
             tag=[AutoscalingGroupTag(key=k, value=v, propagate_at_launch=True) for k, v in sorted(tags.items())],
-            lifecycle=TerraformResourceLifecycle(ignore_changes=["desired_capacity"]),
+            # The scaler owns desired capacity and, while spot is short, the on-demand base.
+            lifecycle=TerraformResourceLifecycle(ignore_changes=[
+                "desired_capacity",
+                "mixed_instances_policy[0].instances_distribution[0].on_demand_base_capacity",
+            ]),
         )
         self.group_name = group_name
         self.group_arn = group_arn
