@@ -27,6 +27,19 @@ class PoolPrices:
 
     @classmethod
     def of(cls, pool: Pool) -> PoolPrices:
+        # Config objects are frozen; the simulator asks ~160k times for the same pool. The
+        # identity check makes a reused id() of a dead config harmless.
+        cached = _PRICES.get(id(pool))
+        if cached is not None and cached[0] is pool:
+            return cached[1]
+        if len(_PRICES) > 1024:
+            _PRICES.clear()
+        prices = cls._compute(pool)
+        _PRICES[id(pool)] = (pool, prices)
+        return prices
+
+    @classmethod
+    def _compute(cls, pool: Pool) -> PoolPrices:
         by_type = {
             (t.type, spot): t.price(spot) or 0.0 for t in pool.instance_types for spot in (False, True)
         }
@@ -42,6 +55,9 @@ class PoolPrices:
             return own
         # A type no longer in the config: assume the dearest unit price, never zero.
         return node.weight * (self.spot_unit if node.spot else self.on_demand_unit)
+
+
+_PRICES: dict[int, tuple[Pool, PoolPrices]] = {}
 
 
 @dataclass(frozen=True, slots=True)

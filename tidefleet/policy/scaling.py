@@ -167,13 +167,14 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
         on_demand_percent=pool.on_demand_percent,
     )
     existing_cost = sum(prices.node(n) for n in view.nodes if n.id not in gone)
-    room = max(0, pool.max - group_units)
-    limit, limited_by = room, "max"
-    if pool.cost_cap_usd_per_hour is not None:
-        affordable = launch_cost.affordable(pool.cost_cap_usd_per_hour - existing_cost, room)
-        if affordable < room:
-            limit, limited_by = affordable, "pool cost cap"
     staying_serving_slots = serving_slots - _slots(idle_out)
+    wanted = math.ceil(max(0, demand - staying_serving_slots) / pool.slots_per_unit)
+    limit, limited_by = max(0, pool.max - group_units), "max"
+    if pool.cost_cap_usd_per_hour is not None and min(limit, wanted) > 0:
+        # Searching only up to what demand wants keeps the common, uncapped case one price call.
+        affordable = launch_cost.affordable(pool.cost_cap_usd_per_hour - existing_cost, min(limit, wanted))
+        if affordable < min(limit, wanted):
+            limit, limited_by = affordable, "pool cost cap"
     return _Plan(
         name=view.name,
         pool=pool,
@@ -187,7 +188,7 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
         reasons=reasons,
         launch_cost=launch_cost,
         existing_cost=existing_cost,
-        wanted=math.ceil(max(0, demand - staying_serving_slots) / pool.slots_per_unit),
+        wanted=wanted,
         forced=max(0, min(pool.min, pool.max) - group_units),
         limit=limit,
         limited_by=limited_by,
