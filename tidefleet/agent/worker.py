@@ -50,6 +50,7 @@ log = logging.getLogger("tidefleet.agent")
 # What a cloud call may raise: API errors, transport errors, and a garbled answer (a 500 page).
 CLOUD_ERRORS = (BotoCoreError, ClientError, ResponseParserError, RuntimeError)
 LOG_FLUSH_S = 1.0
+SETTLE_S = 5.0  # after the grace: time for an exited workload's runner to record its result
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,16 @@ class Run(Held):
     @property
     def stop_file(self) -> Path:
         return self.workdir / "STOP"
+
+
+def _has_exited(run: Run) -> bool:
+    """Whether the workload process has ended, without reaping it (its runner thread does)."""
+    if run.proc is None:
+        return False
+    try:
+        return os.waitid(os.P_PID, run.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # already reaped: the runner is settling it
+        return True
 
 
 def workload_command(pool: Pool, args: list[str], env_names: list[str], mounts: list[Path]) -> list[str]:
@@ -334,14 +345,20 @@ class Agent:
 
     def _settle(self, run: Run, queue: Queue, code: int, usage: dict, last_line: str) -> None:
         with self.lock:
-            if run.claimed:  # the drain already handed it back
-                return
-            if run.fate == "interrupt" and code != 0:
-                run.exited = True
-                self.changed.notify_all()
-                return
-            run.claimed = True
-            fate = run.fate
+            handed_back, fate = run.claimed, run.fate
+            if not handed_back:
+                if fate == "interrupt" and code != 0:
+                    run.exited = True
+                    self.changed.notify_all()
+                    return
+                run.claimed = True
+        if handed_back:  # the drain already handed it back
+            if code == 0 and fate != "cancel":
+                # It finished after all: record it, so the handed-back copy is dropped as a
+                # duplicate wherever it is received instead of running to success again.
+                self._step("late success", self.store.update_item, run.message.job, run.message.item,
+                           status="succeeded", exit_code=0, reason="")
+            return
         outcome = {"attempt": run.attempt, "node": self.s.node_id, "exit_code": code,
                    "seconds": round(time.time() - run.started, 3), **usage}
         try:
@@ -459,6 +476,11 @@ class Agent:
         with self.changed:
             while any(not (r.claimed or r.exited) for r in self.runs) and time.monotonic() < deadline:
                 self.changed.wait(min(0.2, max(0.0, deadline - time.monotonic())))
+            # A workload that exited just before the deadline may not be settled yet (its runner
+            # is still reading the last output): handing it back would run a finished item again.
+            settle_by = time.monotonic() + SETTLE_S
+            while any(not (r.claimed or r.exited) and _has_exited(r) for r in self.runs) and time.monotonic() < settle_by:
+                self.changed.wait(0.1)
             left = [r for r in self.runs if not r.claimed]
             for run in left:
                 run.claimed = True

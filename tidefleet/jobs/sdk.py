@@ -300,12 +300,14 @@ def retry_failed(env: Environment, job_id: str) -> int:
                 else:
                     others.append(m["ReceiptHandle"])
             if mine:
-                cloud.send(url, [replace(msg, failures=0) for msg, _ in mine])
-                cloud.delete(dlq, [r for _, r in mine])
+                # Store first: an agent drops a message whose item is still final, so the item
+                # must be queued again before its message can be received.
                 for msg, _ in mine:
                     cloud.store.update_item(
                         job_id, msg.item, never_from=("succeeded", "cancelled"), status="queued", failures=0, reason=""
                     )
+                cloud.send(url, [replace(msg, failures=0) for msg, _ in mine])
+                cloud.delete(dlq, [r for _, r in mine])
                 moved += len(mine)
     finally:
         for start in range(0, len(others), SQS_BATCH):
