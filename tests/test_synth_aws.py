@@ -9,7 +9,6 @@ import pytest
 from conftest import SHIPPED_ENVS
 
 from stacks.aws.stack import terraform_literal
-from stacks.aws.storage import max_receive_count
 from tidefleet import naming
 from tidefleet.config import load_environment
 from tidefleet.userdata import render_user_data
@@ -74,7 +73,7 @@ def test_every_queue_is_encrypted_and_redrives_to_its_own_dead_letter_queue(ship
         assert main["visibility_timeout_seconds"] == queue.visibility_timeout_s
         dead_letter_arn = f"${{aws_sqs_queue.queue-{name}_dead-letter.arn}}"
         assert json.loads(main["redrive_policy"]) == {
-            "deadLetterTargetArn": dead_letter_arn, "maxReceiveCount": max_receive_count(queue)}  # fmt: skip
+            "deadLetterTargetArn": dead_letter_arn, "maxReceiveCount": queue.max_receive_count}  # fmt: skip
         assert queues[f"queue-{name}_dead-letter"]["name"] == naming.dead_letter_queue(env.name, name)
 
 

@@ -26,10 +26,10 @@ GCP_MACHINE_TYPE = re.compile(r"^[a-z][a-z0-9]*-[a-z0-9-]+$")
 GCP_IMAGE = re.compile(r"^projects/[a-z][a-z0-9-]+/global/images/(family/)?[a-z][a-z0-9-]*$")
 AWS_IMAGE = re.compile(r"^(ami-[0-9a-f]{8,17}|ssm:/[\w./-]+)$")
 SQS_MAX_VISIBILITY_S = 12 * 3600
-# A spot interruption hands an item back without it having failed, yet SQS counts that
-# receive too. The agent counts real failures in the job store and dead-letters by itself;
-# SQS's own count is the backstop for nodes that vanish mid-item, so it allows this many
-# hand-backs on top of the configured attempts before it dead-letters.
+# The agent counts failed attempts itself and dead-letters an item when they run out; a
+# hand-back or a retry is a fresh message, so SQS's receive count only grows when a node dies
+# holding the item. SQS's redrive is the backstop for messages that keep killing their node:
+# it allows this many such deaths on top of the configured attempts.
 INTERRUPTIONS_TOLERATED = 5
 
 

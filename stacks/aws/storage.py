@@ -40,11 +40,6 @@ from tidefleet.config import Queue
 # One year: checkov's CKV_AWS_338 floor, and long enough to answer "why did item X fail" later.
 LOG_RETENTION_DAYS = 365
 SQS_MAX_RETENTION_S = 14 * 24 * 3600
-# A spot interruption hands an item back without it having failed, yet SQS counts that
-# receive too. The agent counts real failures in the job store and dead-letters by itself;
-# SQS's own count is the backstop for nodes that vanish mid-item, so it allows this many
-# hand-backs on top of the configured attempts before it dead-letters.
-INTERRUPTIONS_TOLERATED = 5
 
 # What the account (through IAM policies) may do with the key: administer it and use it.
 # Listed, not "kms:*", so no statement anywhere carries a wildcard action.
@@ -58,11 +53,6 @@ KEY_ACCOUNT_ACTIONS = [
 ]  # fmt: skip
 KEY_USE_ACTIONS = ["kms:Encrypt", "kms:Decrypt", "kms:ReEncryptFrom", "kms:ReEncryptTo", "kms:GenerateDataKey",
                    "kms:GenerateDataKeyWithoutPlaintext", "kms:DescribeKey"]  # fmt: skip
-
-
-def max_receive_count(queue: Queue) -> int:
-    """Receives before SQS moves a message to the dead-letter queue (see INTERRUPTIONS_TOLERATED)."""
-    return queue.max_retries + 1 + INTERRUPTIONS_TOLERATED
 
 
 class EnvironmentKey(Construct):
@@ -129,7 +119,7 @@ class WorkQueue(Construct):
             name=naming.queue(env_name, queue_name),
             visibility_timeout_seconds=queue.visibility_timeout_s,
             redrive_policy=json.dumps(
-                {"deadLetterTargetArn": self.dead_letter.arn, "maxReceiveCount": max_receive_count(queue)}
+                {"deadLetterTargetArn": self.dead_letter.arn, "maxReceiveCount": queue.max_receive_count}
             ),
         )
         self.name = naming.queue(env_name, queue_name)
