@@ -87,8 +87,21 @@ def plan(c, env=None):
 
 @task(help={"env": ENV_HELP, "yes": "apply without asking (CI)"})
 def deploy(c, env=None, yes=False):
-    """Build the functions, synthesize, and terraform/tofu apply an environment."""
+    """Build the functions, synthesize, terraform/tofu apply, then publish the agent nodes install."""
     _terraform(c, env, "apply", "-input=false", *(["-auto-approve"] if yes else []))
+    publish(c, env)
+
+
+@task(help={"env": ENV_HELP})
+def publish(c, env=None):
+    """Upload the agent wheel and the environment file to the artifacts bucket (deploy does this)."""
+    from stacks.publish import publish_agent
+
+    try:
+        for uri in publish_agent(_env(env)):
+            print(f"published {uri}")
+    except ValueError as err:
+        raise Exit(str(err)) from None
 
 
 @task(help={"env": ENV_HELP, "yes": "destroy without asking (CI)"})
