@@ -79,7 +79,10 @@ def nodes(draw, env: Environment, pool: str, index: int) -> NodeView:
         else "pending",
         launched_at=launched_at,
         busy_slots=busy,
-        last_heartbeat=draw(st.floats(launched_at, NOW)) if booted else None,
+        # Mostly fresh (a live agent beats every few seconds), sometimes silent past the boot timeout.
+        last_heartbeat=draw(st.floats(max(launched_at, NOW - 30), NOW) | st.floats(launched_at, NOW))
+        if booted
+        else None,
         idle_since=idle_since,
         protected=busy > 0 and draw(st.booleans()),
     )
@@ -164,18 +167,33 @@ def test_desired_stays_within_min_and_max(case):
 
 @EXAMPLES
 @given(cases() | quiet_cases())
-def test_never_terminates_a_busy_protected_booting_or_working_draining_node(case):
+def test_never_terminates_a_busy_protected_booting_or_working_draining_node_whose_heartbeat_is_fresh(case):
     env, fleet = case
     for pool, d in zip(fleet.pools, decide(env, fleet, NOW), strict=True):
         nodes = {n.id: n for n in pool.nodes}
+        timeout = env.pools[pool.name].boot_timeout_s
         for node_id in d.terminate:
             n = nodes[node_id]
-            assert n.busy_slots == 0 and not n.protected, d.reasons
             assert n.state != "terminating"
+            if silent(n, timeout):
+                continue  # its agent is dead or hung: replaced whatever its last heartbeat said
+            assert n.busy_slots == 0 and not n.protected, d.reasons
             if n.last_heartbeat is None:  # booting: only the boot-timeout rule may remove it
-                assert NOW - n.launched_at > env.pools[pool.name].boot_timeout_s, d.reasons
+                assert NOW - n.launched_at > timeout, d.reasons
             else:
                 assert n.idle_since is not None, d.reasons
+
+
+@EXAMPLES
+@given(cases() | quiet_cases())
+def test_a_node_silent_past_the_boot_timeout_is_always_replaced(case):
+    env, fleet = case
+    for pool, d in zip(fleet.pools, decide(env, fleet, NOW), strict=True):
+        timeout = env.pools[pool.name].boot_timeout_s
+        for n in pool.nodes:
+            if n.state != "terminating" and silent(n, timeout):
+                assert n.id in d.terminate, d.reasons
+                assert f"replace {n.id}: last heartbeat" in "\n".join(d.reasons)
 
 
 @EXAMPLES
@@ -231,8 +249,14 @@ def test_idle_scale_in_keeps_min_demand_and_cooldown_and_never_scales_out_too(ca
     for q in fleet.queues:
         demand[q.pool] += (q.visible + q.in_flight) * q.slots_per_item
     for pool, d in zip(fleet.pools, decide(env, fleet, NOW), strict=True):
+        timeout = env.pools[pool.name].boot_timeout_s
         idle_removed = [
-            n for n in pool.nodes if n.id in d.terminate and n.state == "running" and n.last_heartbeat
+            n
+            for n in pool.nodes
+            if n.id in d.terminate
+            and n.state == "running"
+            and n.last_heartbeat is not None
+            and not silent(n, timeout)
         ]
         if not idle_removed:
             continue
@@ -266,6 +290,11 @@ def test_the_cost_caps_are_never_exceeded_by_launches(case):
         grew |= pool_grew
     if grew and env.scaler.cost_cap_usd_per_hour is not None:
         assert sum(costs.values()) <= env.scaler.cost_cap_usd_per_hour + 1e-9, [d.reasons for d in decisions]
+
+
+def silent(n: NodeView, boot_timeout_s: int) -> bool:
+    """The agent reported once and has been quiet longer than the boot timeout."""
+    return n.last_heartbeat is not None and NOW - n.last_heartbeat > boot_timeout_s
 
 
 # --- an independent model of what the group costs after a decision ------------------------------

@@ -61,8 +61,9 @@ def node(
     weight: int = 1,
     protected: bool = False,
     type: str = "c6i.large",
+    silent: float = 5,
 ) -> NodeView:
-    """A cpu-pool node; `idle` and `age` are seconds before NOW."""
+    """A cpu-pool node; `idle`, `age` and `silent` (since its last heartbeat) are seconds before NOW."""
     return NodeView(
         id=id,
         instance_type=type,
@@ -72,7 +73,7 @@ def node(
         state=state or ("running" if booted else "pending"),
         launched_at=NOW - age,
         busy_slots=busy,
-        last_heartbeat=NOW - 5 if booted else None,
+        last_heartbeat=NOW - silent if booted else None,
         idle_since=None if idle is None else NOW - idle,
         protected=protected,
     )
@@ -277,6 +278,33 @@ def test_a_node_that_never_reports_is_replaced(case, age, terminated, reason):
     assert decision.terminate == terminated
     assert decision.desired == 1  # still covers demand: a replacement is launched
     assert reason in decision.reasons
+    assert_settled(env, view)
+
+
+# fmt: off
+SILENT = [
+    # (case, the silent node, depth (i-ok runs 2 of the in-flight items), reason)
+    ("an idle node silent past the boot timeout", node("i-x", idle=900, silent=700), {"render": (2, 2)},
+     "replace i-x: last heartbeat 700s ago > boot timeout 600s (agent silent)"),
+    ("a node whose last heartbeat said busy", node("i-x", busy=2, silent=700), {"render": (0, 4)},
+     "replace i-x: last heartbeat 700s ago > boot timeout 600s (agent silent)"),
+    ("a node whose last heartbeat said protected", node("i-x", busy=1, protected=True, silent=601), {"render": (0, 3)},
+     "replace i-x: last heartbeat 601s ago > boot timeout 600s (agent silent)"),
+    ("a draining node with work whose agent went silent", node("i-x", state="draining", busy=2, silent=700),
+     {"render": (0, 4)}, "replace i-x: last heartbeat 700s ago > boot timeout 600s (agent silent)"),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize("case, silent, depth, reason", SILENT, ids=[c[0] for c in SILENT])
+def test_a_node_whose_agent_went_silent_is_replaced_and_not_counted(case, silent, depth, reason):
+    env = environment()
+    view = fleet(env, [silent, node("i-ok", busy=2, silent=590)], **depth)
+    decision = decide_pool(env, view)
+    assert decision.terminate == ("i-x",)
+    assert reason in decision.reasons
+    assert decision.desired == 2  # i-ok stays; a replacement covers the 2 slots i-x no longer does
+    assert decision.reasons[0].endswith("> capacity 2 slots; 1 unit(s) to launch")
     assert_settled(env, view)
 
 

@@ -101,6 +101,16 @@ def test_tidefleet_never_kills_busy_work_on_scale_in():
     assert result.busy_items_killed_by_scale_in == 0 and result.items_interrupted == 0
 
 
+def test_a_node_running_one_item_for_hours_keeps_heartbeating_and_is_never_replaced():
+    # Nothing changes on the node for 3 boot timeouts: only its periodic heartbeat tells the
+    # policy the agent is alive (a silent node would be replaced and its item redone).
+    env = make_env()
+    long = 3 * env.pools["p"].boot_timeout_s + 100
+    result = run(env, [TraceItem(0, long, 1)])
+    assert (result.items_interrupted, result.busy_items_killed_by_scale_in, result.peak_nodes) == (0, 0, 1)
+    assert result.items_finished == 1
+
+
 def test_the_same_seed_gives_the_same_run_and_another_seed_another():
     items = [TraceItem(i * 20.0, 900, 1) for i in range(50)]
 

@@ -8,7 +8,7 @@ Rules
    In-flight items count, so work that is running is never mistaken for surplus.
 2. Capacity = slots of running and booting nodes + group units not yet materialised as
    nodes (group desired > units of its nodes: launches in progress). Draining, terminating,
-   and boot-timed-out nodes do not count. Desired is always set absolutely, so a
+   and replaced (rule 5) nodes do not count. Desired is always set absolutely, so a
    booting node or an in-progress launch is never launched twice.
 3. Desired units = units of nodes that stay in the group + the units demand still needs
    (ceil(missing slots / slots_per_unit)), clamped to [min, max]. Scale-out is immediate.
@@ -19,9 +19,10 @@ Rules
    idle first; only while the remaining slots still cover demand and the group stays at or
    above min; never within the scale-out cooldown after the newest node's launch. Idle
    draining nodes are released at once (they are leaving anyway). Busy, protected, booting
-   and draining-with-work nodes are never terminated.
-5. A node with no heartbeat `boot_timeout_s` after launch is replaced: terminated, and
-   desired keeps covering demand so a new one is launched.
+   and draining-with-work nodes are never scaled in (a silent one is replaced, rule 5).
+5. A node with no heartbeat `boot_timeout_s` after launch, or silent for `boot_timeout_s`
+   since its last heartbeat (agent dead or hung; busy or protected or not), is replaced:
+   terminated, not capacity, and desired keeps covering demand so a new one is launched.
 6. Spot shortage (a spot launch failure within `spot_failure_window_s`, or a spot node still
    without a heartbeat `spot_fallback_after_s` after launch): the on-demand base is raised so
    the units to launch (new demand, unmaterialised launches, replacements) come on demand,
@@ -224,11 +225,25 @@ def _sort_nodes(nodes: tuple[NodeView, ...], pool: Pool, now: float) -> _Nodes:
 
 
 def _boot_timed_out(node: NodeView, pool: Pool, now: float) -> bool:
-    never_reported = node.last_heartbeat is None and node.busy_slots == 0 and not node.protected
+    """Rule 5: never reported since launch, or silent since its last heartbeat, past the boot timeout.
+
+    A silent node is replaced even if its last heartbeat said busy or protected: its agent is
+    dead or hung, its items come back through the queue's visibility timeout, and an explicit
+    terminate ignores scale-in protection. A node never heard from but showing work or
+    protection (from the group) is not a dead boot and is left alone.
+    """
+    if node.last_heartbeat is not None:
+        return now - node.last_heartbeat > pool.boot_timeout_s
+    never_reported = node.busy_slots == 0 and not node.protected
     return never_reported and now - node.launched_at > pool.boot_timeout_s
 
 
 def _replace_reason(node: NodeView, pool: Pool, now: float) -> str:
+    if node.last_heartbeat is not None:
+        return (
+            f"replace {node.id}: last heartbeat {now - node.last_heartbeat:.0f}s ago "
+            f"> boot timeout {pool.boot_timeout_s}s (agent silent)"
+        )
     return (
         f"replace {node.id}: no heartbeat {now - node.launched_at:.0f}s after launch "
         f"> boot timeout {pool.boot_timeout_s}s"

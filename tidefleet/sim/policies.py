@@ -56,9 +56,15 @@ def node_view(node: Node) -> NodeView:
     return node.view
 
 
+HEARTBEAT_GRAIN = 0.25  # of the boot timeout: a live node's last beat is never older than this
+
+
 def fleet_view(sim: Simulation) -> FleetView:
     """What the AWS adapter observes for one pool: its group's nodes and its queues."""
     window = sim.env.scaler.spot_failure_window_s
+    every_s = sim.pool.boot_timeout_s * HEARTBEAT_GRAIN
+    for node in sim.nodes.values():
+        node.beat(sim.now, every_s)
     nodes = tuple(map(node_view, sim.nodes.values()))
     pool = PoolView(sim.pool_name, nodes, sim.desired, sim.on_demand_base, sim.recent_spot_failures(window))
     queues = tuple(
