@@ -77,3 +77,8 @@ def service_account(env: str, role: str) -> str:
 def item_log(env: str) -> str:
     """GCP: the Cloud Logging log id that carries every item's output (labels job/item/attempt)."""
     return f"{PREFIX}-{env}-items"
+
+
+def kick_topic(env: str) -> str:
+    """GCP: the scaler function's trigger topic (Cloud Scheduler's tick and the SDK's kick)."""
+    return stack_resource(env, "kick")

@@ -63,7 +63,7 @@ class ScalerFunction(Construct):
     def __init__(self, scope: Construct, id: str, *, env: Environment, archive_path: str, bucket: str,
                  kms_key_id: str, labels: dict[str, str]) -> None:  # fmt: skip
         super().__init__(scope, id)
-        self.kick_topic = PubsubTopic(self, "kick", name=naming.stack_resource(env.name, "kick"),
+        self.kick_topic = PubsubTopic(self, "kick", name=naming.kick_topic(env.name),
                                       kms_key_name=kms_key_id, labels=labels)  # fmt: skip
         project = env.project
         self.service_account = ServiceAccount(
