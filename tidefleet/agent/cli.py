@@ -24,10 +24,11 @@ from tidefleet.config import ConfigError, load_environment
               help="heartbeat, visibility extension and cancel check interval")
 @click.option("--imds-poll-s", envvar="TIDEFLEET_IMDS_POLL_S", type=float, default=5.0, show_default=True,
               help="how often to read the spot notice and lifecycle state")
-@click.option("--grace-s", envvar="TIDEFLEET_AGENT_GRACE_S", type=float, default=90.0, show_default=True,
-              help="time workloads get to checkpoint after a stop request")
+@click.option("--grace-s", envvar="TIDEFLEET_AGENT_GRACE_S", type=float, default=None,
+              help="time workloads get to checkpoint after a stop request "
+                   "[default: 90 on AWS (2-minute spot notice), 20 on GCP (about 30 s)]")
 @click.option("--wait-s", envvar="TIDEFLEET_AGENT_WAIT_S", type=click.IntRange(0, 20), default=10, show_default=True,
-              help="SQS long poll when every queue is empty")
+              help="queue long poll when every queue is empty")
 @click.option("--work-dir", envvar="TIDEFLEET_AGENT_WORK_DIR", type=click.Path(path_type=Path), default=None,
               help="per-attempt working directories (default: a temp dir)")
 def agent(env_name, pool, heartbeat_s, imds_poll_s, grace_s, wait_s, work_dir) -> None:

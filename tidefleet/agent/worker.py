@@ -37,19 +37,20 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import boto3
-from botocore.exceptions import BotoCoreError, ClientError
-from botocore.parsers import ResponseParserError
 
 from tidefleet import naming
+from tidefleet.agent.gce import GceMetadata
 from tidefleet.agent.imds import Metadata
+from tidefleet.cloud.work import CLOUD_ERRORS, Delivery
 from tidefleet.config import Environment, Pool, Queue
-from tidefleet.jobs.sdk import SQS_BATCH, Cloud, ItemMessage
+from tidefleet.jobs.sdk import Cloud, ItemMessage
 from tidefleet.store import FINAL, Heartbeat
 
 log = logging.getLogger("tidefleet.agent")
-# What a cloud call may raise: API errors, transport errors, and a garbled answer (a 500 page).
-CLOUD_ERRORS = (BotoCoreError, ClientError, ResponseParserError, RuntimeError)
-LOG_FLUSH_S = 1.0
+RECEIVE_BATCH = 10  # SQS's most per receive; more than a node's free slots anyway
+# The workloads' checkpoint time after a stop request, inside each cloud's notice and leaving
+# time to hand the items back: AWS gives a spot node 2 minutes, GCE a Spot VM about 30 s.
+GRACE_S = {"aws": 90.0, "gcp": 20.0}
 SETTLE_S = 5.0  # after the grace: time for an exited workload's runner to record its result
 
 
@@ -62,8 +63,8 @@ class Settings:
     checkpoint_root: Path | None = None  # local checkpoints (sandbox); None = the artifacts bucket
     heartbeat_s: float = 5.0
     imds_poll_s: float = 5.0
-    grace_s: float = 90.0  # inside the 2-minute spot notice, leaving time to hand back
-    wait_s: int = 10  # SQS long poll when every queue was empty
+    grace_s: float | None = None  # None: GRACE_S of the environment's cloud
+    wait_s: int = 10  # long poll when every queue was empty
 
 
 @dataclass(eq=False)
@@ -71,8 +72,7 @@ class Held:
     """A received message this agent is responsible for until it sends, deletes or hands it back."""
 
     queue: str
-    url: str
-    receipt: str
+    receipt: str  # the queue's handle for this delivery (SQS receipt handle, Pub/Sub ack id)
     message: ItemMessage
 
 
@@ -112,48 +112,17 @@ def workload_command(pool: Pool, args: list[str], env_names: list[str], mounts: 
     return ["docker", "run", "--rm", *passthrough, *volumes, pool.container, *args]
 
 
-class LogStream:
-    """One item attempt's output, sent to its own CloudWatch Logs stream in small batches."""
-
-    def __init__(self, logs, group: str, name: str):
-        self.logs, self.group, self.name = logs, group, name
-        self.lock = threading.Lock()
-        self.buffer: list[dict] = []
-        self.flushed_at = time.monotonic()
-        try:
-            logs.create_log_stream(logGroupName=group, logStreamName=name)
-            self.ok = True
-        except ClientError as err:
-            self.ok = err.response["Error"]["Code"] == "ResourceAlreadyExistsException"
-            if not self.ok:
-                log.warning("item logs off for %s: %s (deploy the log group %s)", name, err, group)
-
-    def write(self, line: str) -> None:
-        if not self.ok:
-            return
-        with self.lock:
-            self.buffer.append({"timestamp": int(time.time() * 1000), "message": line[:16000] or " "})
-        if len(self.buffer) >= 500 or time.monotonic() - self.flushed_at >= LOG_FLUSH_S:
-            self.flush()
-
-    def flush(self) -> None:
-        with self.lock:
-            batch, self.buffer = self.buffer, []
-            self.flushed_at = time.monotonic()
-            if batch:
-                try:
-                    self.logs.put_log_events(logGroupName=self.group, logStreamName=self.name, logEvents=batch)
-                except CLOUD_ERRORS as err:
-                    log.warning("lost %d log line(s) of %s: %s", len(batch), self.name, err)
-
-
 class Agent:
-    def __init__(self, env: Environment, pool: str, settings: Settings, metadata: Metadata | None = None):
+    def __init__(self, env: Environment, pool: str, settings: Settings, metadata: Metadata | GceMetadata | None = None):
+        if settings.grace_s is None:
+            settings = replace(settings, grace_s=GRACE_S[env.cloud])
         self.env, self.pool_name, self.pool, self.s = env, pool, env.pools[pool], settings
-        self.metadata = metadata or Metadata()
+        self.metadata = metadata or (GceMetadata() if env.cloud == "gcp" else Metadata())
         self.cloud = Cloud(env)
         self.store = self.cloud.store
-        self.autoscaling = boto3.client("autoscaling", region_name=env.region)
+        # Scale-in protection and lifecycle hooks are Auto Scaling's; GCE has neither (its
+        # scaler only deletes the idle instances it names, by their heartbeats).
+        self.autoscaling = boto3.client("autoscaling", region_name=env.region) if env.cloud == "aws" else None
         self.queues: list[tuple[str, Queue]] = sorted(env.queues_of(pool).items(), key=lambda kv: -kv[1].priority)
         itype = next((t for t in self.pool.instance_types if t.type == settings.instance_type), None)
         if itype is None:
@@ -171,7 +140,7 @@ class Agent:
         self.protected: bool | None = None  # last protection state the group accepted
         self.visibility: dict[str, int] = {}
         self.jobs: dict[str, tuple[float, bool]] = {}  # job id -> (checked at, cancelled)
-        self.streams: set[LogStream] = set()
+        self.streams: set = set()
         self.checkpoint_base = ""
 
     # -- life of the agent --------------------------------------------------------------
@@ -202,15 +171,15 @@ class Agent:
 
     def _prepare(self) -> None:
         for name, _ in self.queues:
-            url = self.cloud.queue_url(name)
-            attrs = self.cloud.sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["VisibilityTimeout"])
             # Extend by what the queue itself uses: the deployed queue is the truth.
-            self.visibility[name] = int(attrs["Attributes"]["VisibilityTimeout"])
+            self.visibility[name] = self.cloud.queues.lease_s(name)
             if self.s.heartbeat_s * 2 > self.visibility[name]:
                 log.warning("heartbeat every %ss is slow for queue %s (visibility %ss)", self.s.heartbeat_s, name,
                             self.visibility[name])
         if self.s.checkpoint_root is not None:
             self.checkpoint_base = self.s.checkpoint_root.resolve().as_uri()
+        elif self.env.cloud == "gcp":
+            self.checkpoint_base = f"gs://{naming.artifacts_bucket(self.env.name, self.env.project)}/checkpoints"
         else:
             account = boto3.client("sts", region_name=self.env.region).get_caller_identity()["Account"]
             self.checkpoint_base = f"s3://{naming.artifacts_bucket(self.env.name, account)}/checkpoints"
@@ -244,31 +213,27 @@ class Agent:
                 self.stopping.wait(1.0)
 
     def _receive(self, name: str, queue: Queue, wait_s: int) -> int:
-        room = min(SQS_BATCH, self._free_slots() // queue.slots_per_item)
+        room = min(RECEIVE_BATCH, self._free_slots() // queue.slots_per_item)
         if room <= 0:
             return 0
-        url = self.cloud.queue_url(name)
-        messages = self.cloud.sqs.receive_message(
-            QueueUrl=url, MaxNumberOfMessages=room, WaitTimeSeconds=wait_s,
-            MessageSystemAttributeNames=["ApproximateReceiveCount"],
-        ).get("Messages", [])
-        for m in messages:
-            self._accept(name, queue, url, m)
-        return len(messages)
+        deliveries = self.cloud.queues.receive(name, room, wait_s)
+        for delivery in deliveries:
+            self._accept(name, queue, delivery)
+        return len(deliveries)
 
-    def _accept(self, name: str, queue: Queue, url: str, m: dict) -> None:
+    def _accept(self, name: str, queue: Queue, delivery: Delivery) -> None:
         try:
-            msg = ItemMessage.parse(m["Body"])
+            msg = ItemMessage.parse(delivery.body)
         except ValueError as err:
             log.error("%s; moving it to the dead-letter queue", err)
-            self.cloud.sqs.send_message(QueueUrl=self.cloud.queue_url(name, dead_letter=True), MessageBody=m["Body"])
-            self.cloud.delete(url, [m["ReceiptHandle"]])
+            self.cloud.queues.send(name, [delivery.body], dead_letter=True)
+            self.cloud.queues.delete(name, [delivery.handle])
             return
-        held = Held(name, url, m["ReceiptHandle"], msg)
+        held = Held(name, delivery.handle, msg)
         if self.stopping.is_set():  # received during the last long poll: not ours to start
             self._requeue([held], interrupted=False)
             return
-        if int(m.get("Attributes", {}).get("ApproximateReceiveCount", "1")) > 1:
+        if delivery.deliveries > 1:
             self._failed(held, queue, None, "node lost mid-attempt (no result before the visibility timeout)", {})
             return
         if self._cancelled(msg.job):
@@ -279,11 +244,11 @@ class Agent:
         )
         if item is None:  # already succeeded, failed or cancelled: a duplicate delivery
             log.info("%s/%s is already final; dropping the duplicate message", msg.job, msg.item)
-            self.cloud.delete(url, [held.receipt])
+            self.cloud.queues.delete(name, [held.receipt])
             return
         workdir = self.s.work_dir / msg.job / msg.item / str(item.attempts)
         workdir.mkdir(parents=True, exist_ok=True)
-        run = Run(name, url, held.receipt, msg, attempt=item.attempts, slots=queue.slots_per_item, workdir=workdir)
+        run = Run(name, held.receipt, msg, attempt=item.attempts, slots=queue.slots_per_item, workdir=workdir)
         with self.lock:
             self.runs.append(run)
             self.idle_since = None
@@ -307,7 +272,7 @@ class Agent:
         }
         mounts = [run.workdir] + ([self.s.checkpoint_root.resolve()] if self.s.checkpoint_root else [])
         argv = workload_command(self.pool, msg.args, list(item_env), mounts)
-        stream = LogStream(self.cloud.logs, naming.item_log_group(self.env.name), f"{msg.job}/{msg.item}/{run.attempt}")
+        stream = self.cloud.logs.stream(msg.job, msg.item, run.attempt)
         with self.lock:
             self.streams.add(stream)
         tail: deque[str] = deque(maxlen=1)
@@ -394,28 +359,27 @@ class Agent:
         )
         if item is None:
             log.warning("%s/%s was already final; not marking it succeeded twice", msg.job, msg.item)
-        self.cloud.delete(run.url, [run.receipt])
+        self.cloud.queues.delete(run.queue, [run.receipt])
         log.info("%s/%s succeeded (attempt %d)", msg.job, msg.item, run.attempt)
 
     def _settle_cancelled(self, held: Held, outcome: dict | None = None) -> None:
         extra = {"append": {"history": {**outcome, "outcome": "cancelled"}}} if outcome else {}
         self.store.update_item(held.message.job, held.message.item, status="cancelled", reason="job cancelled", **extra)
-        self.cloud.delete(held.url, [held.receipt])
+        self.cloud.queues.delete(held.queue, [held.receipt])
         log.info("%s/%s cancelled", held.message.job, held.message.item)
 
     def _failed(self, held: Held, queue: Queue, code: int | None, reason: str, usage: dict, outcome: dict | None = None) -> None:
         msg = held.message
         current = self.store.item(msg.job, msg.item)
         if current is not None and current.status in FINAL:
-            self.cloud.delete(held.url, [held.receipt])
+            self.cloud.queues.delete(held.queue, [held.receipt])
             return
         failures = msg.failures + 1
         final = failures > queue.max_retries
         if final:
             reason = f"{reason} (gave up after {failures} failed attempt(s); max_retries = {queue.max_retries})"
-        target = self.cloud.queue_url(held.queue, dead_letter=True) if final else held.url
-        self.cloud.send(target, [replace(msg, failures=failures)])
-        self.cloud.delete(held.url, [held.receipt])
+        self.cloud.send(held.queue, [replace(msg, failures=failures)], dead_letter=final)
+        self.cloud.queues.delete(held.queue, [held.receipt])
         entry = {"node": self.s.node_id, **(outcome or {}), "outcome": "failed", "reason": reason}
         self.store.update_item(
             msg.job, msg.item, status="failed" if final else "queued", failures=failures, exit_code=code,
@@ -425,13 +389,13 @@ class Agent:
 
     def _requeue(self, helds: list[Held], *, interrupted: bool) -> None:
         """Send each item back as a fresh message (receive count 1), then delete what we held."""
-        by_url: dict[str, list[Held]] = defaultdict(list)
+        by_queue: dict[str, list[Held]] = defaultdict(list)
         for h in helds:
-            by_url[h.url].append(h)
-        for url, group in by_url.items():
+            by_queue[h.queue].append(h)
+        for queue, group in by_queue.items():
             bump = 1 if interrupted else 0
-            self.cloud.send(url, [replace(h.message, interruptions=h.message.interruptions + bump) for h in group])
-            errors = self.cloud.delete(url, [h.receipt for h in group])
+            self.cloud.send(queue, [replace(h.message, interruptions=h.message.interruptions + bump) for h in group])
+            errors = self.cloud.queues.delete(queue, [h.receipt for h in group])
             if errors:
                 log.warning("could not delete %d handed-back message(s): %s", len(errors), errors[0])
         for h in helds:
@@ -493,7 +457,7 @@ class Agent:
         self._forget(left)
 
     def _leave(self) -> None:
-        if self.lifecycle_terminating:
+        if self.lifecycle_terminating and self.autoscaling is not None:
             try:
                 self.autoscaling.complete_lifecycle_action(
                     LifecycleHookName=naming.lifecycle_hook(self.env.name, self.pool_name),
@@ -534,7 +498,8 @@ class Agent:
         self._step("heartbeat", self._write_heartbeat, busy, idle_since)
         self._step("visibility", self._extend_visibility, runs)
         self._step("cancel check", self._stop_cancelled, runs)
-        self._step("scale-in protection", self._protect, busy > 0 and not self.finished.is_set())
+        if self.autoscaling is not None:
+            self._step("scale-in protection", self._protect, busy > 0 and not self.finished.is_set())
         for stream in streams:
             stream.flush()
 
@@ -556,18 +521,14 @@ class Agent:
             self.request_stop("node marked draining in the job store")
 
     def _extend_visibility(self, runs: list[Run]) -> None:
-        by_url: dict[str, list[Run]] = defaultdict(list)
+        by_queue: dict[str, list[Run]] = defaultdict(list)
         for run in runs:
-            by_url[run.url].append(run)
-        for url, group in by_url.items():
-            for start in range(0, len(group), SQS_BATCH):
-                batch = group[start : start + SQS_BATCH]
-                result = self.cloud.sqs.change_message_visibility_batch(QueueUrl=url, Entries=[
-                    {"Id": str(i), "ReceiptHandle": r.receipt, "VisibilityTimeout": self.visibility[r.queue]}
-                    for i, r in enumerate(batch)
-                ])
-                for failed in result.get("Failed", []):
-                    log.warning("could not extend %s: %s", batch[int(failed["Id"])].message.item, failed.get("Message"))
+            by_queue[run.queue].append(run)
+        for queue, group in by_queue.items():
+            failed = self.cloud.queues.extend(queue, [r.receipt for r in group], self.visibility[queue])
+            for run in group:
+                if run.receipt in failed:
+                    log.warning("could not extend %s: %s", run.message.item, failed[run.receipt])
 
     def _stop_cancelled(self, runs: list[Run]) -> None:
         now = time.monotonic()

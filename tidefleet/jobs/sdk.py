@@ -30,9 +30,10 @@ import boto3
 
 from tidefleet import naming
 from tidefleet.config import Environment
+from tidefleet.cloud.work import CloudWatchItemLogs, SqsWorkQueues
 from tidefleet.store import Item, Job, Store
 
-SQS_BATCH = 10
+SEND_BATCH = 10  # items sent between store updates (one SQS batch)
 
 
 class JobError(Exception):
@@ -135,42 +136,22 @@ def job_id_for(name: str) -> str:
 
 # -- cloud access -------------------------------------------------------------------------
 class Cloud:
-    """The boto3 clients of one environment (endpoint from AWS_ENDPOINT_URL when set)."""
+    """The environment's work queues, job store and item logs: SQS, DynamoDB and CloudWatch
+    Logs on AWS (endpoint from AWS_ENDPOINT_URL when set); Pub/Sub, Firestore and Cloud
+    Logging on GCP (credentials from google.auth.default)."""
 
     def __init__(self, env: Environment):
         self.env = env
-        self.sqs = boto3.client("sqs", region_name=env.region)
-        self.logs = boto3.client("logs", region_name=env.region)
-        self.store = Store(env.name, env.region)
-        self._urls: dict[str, str] = {}
+        if env.cloud == "gcp":
+            from tidefleet.cloud.firestore import FirestoreStore
+            from tidefleet.cloud.gcp_work import CloudLoggingItemLogs, PubSubWorkQueues
 
-    def queue_url(self, queue: str, *, dead_letter: bool = False) -> str:
-        name = naming.dead_letter_queue(self.env.name, queue) if dead_letter else naming.queue(self.env.name, queue)
-        if name not in self._urls:
-            self._urls[name] = self.sqs.get_queue_url(QueueName=name)["QueueUrl"]
-        return self._urls[name]
+            self.queues, self.store, self.logs = PubSubWorkQueues(env), FirestoreStore(env), CloudLoggingItemLogs(env)
+        else:
+            self.queues, self.store, self.logs = SqsWorkQueues(env), Store(env.name, env.region), CloudWatchItemLogs(env)
 
-    def send(self, url: str, messages: list[ItemMessage]) -> None:
-        """SendMessageBatch in tens; raises if any entry failed (nothing is silently dropped)."""
-        for start in range(0, len(messages), SQS_BATCH):
-            batch = messages[start : start + SQS_BATCH]
-            result = self.sqs.send_message_batch(
-                QueueUrl=url, Entries=[{"Id": str(i), "MessageBody": m.body()} for i, m in enumerate(batch)]
-            )
-            if result.get("Failed"):
-                first = result["Failed"][0]
-                raise RuntimeError(f"SQS refused {len(result['Failed'])} message(s): {first.get('Message', first)}")
-
-    def delete(self, url: str, receipts: list[str]) -> list[str]:
-        """DeleteMessageBatch in tens; returns the error of each entry that failed."""
-        errors = []
-        for start in range(0, len(receipts), SQS_BATCH):
-            batch = receipts[start : start + SQS_BATCH]
-            result = self.sqs.delete_message_batch(
-                QueueUrl=url, Entries=[{"Id": str(i), "ReceiptHandle": r} for i, r in enumerate(batch)]
-            )
-            errors += [f.get("Message", f.get("Code", "?")) for f in result.get("Failed", [])]
-        return errors
+    def send(self, queue: str, messages: list[ItemMessage], *, dead_letter: bool = False) -> None:
+        self.queues.send(queue, [m.body() for m in messages], dead_letter=dead_letter)
 
 
 # -- submit -------------------------------------------------------------------------------
@@ -193,7 +174,6 @@ def submit(
     if not re.fullmatch(r"[A-Za-z0-9_.-]{1,100}", job_id):
         raise JobError(f"job id: {job_id!r} may use only letters, digits and _ . - (1-100 chars)")
     cloud = Cloud(env)
-    url = cloud.queue_url(queue)
     stored = cloud.store.put_job(Job(job_id, name, queue, time.time(), len(items)))
     if stored.queue != queue:
         raise JobError(f"job {job_id!r} already exists on queue {stored.queue!r}; use another name or --job-id")
@@ -205,9 +185,9 @@ def submit(
     # "pending" = recorded but maybe not sent: a submit that crashed between the two is
     # completed by the next one, so no item is ever recorded and never queued.
     unsent = [s for s in items if s.item_id not in existing or existing[s.item_id].status == "pending"]
-    for start in range(0, len(unsent), SQS_BATCH):
-        batch = unsent[start : start + SQS_BATCH]
-        cloud.send(url, [ItemMessage(job_id, s.item_id, s.args) for s in batch])
+    for start in range(0, len(unsent), SEND_BATCH):
+        batch = unsent[start : start + SEND_BATCH]
+        cloud.send(queue, [ItemMessage(job_id, s.item_id, s.args) for s in batch])
         for s in batch:  # an agent may already have started it: only pending becomes queued
             cloud.store.update_item(job_id, s.item_id, only_from=("pending",), status="queued")
     total = len(existing) + len(recorded)
@@ -226,6 +206,11 @@ def kick_scaler(env: Environment, reason: str) -> str:
             request = urllib.request.Request(url, data=payload, headers={"Content-Type": "application/json"})
             urllib.request.urlopen(request, timeout=5).close()
             return f"kicked {url}"
+        if env.cloud == "gcp":  # the scaler function's trigger topic
+            from tidefleet.cloud.gcp_work import publish
+
+            publish(env, naming.kick_topic(env.name), [payload])
+            return f"kicked {naming.kick_topic(env.name)}"
         boto3.client("lambda", region_name=env.region).invoke(
             FunctionName=naming.function(env.name, "scaler"), InvocationType="Event", Payload=payload
         )
@@ -250,7 +235,7 @@ class JobStatus:
 
 
 def status(env: Environment, job_id: str) -> JobStatus:
-    store = Store(env.name, env.region)
+    store = Cloud(env).store
     job = store.job(job_id)
     if job is None:
         raise JobError(f"job {job_id!r} not found in environment {env.name!r}; check the id printed by submit")
@@ -261,7 +246,7 @@ def status(env: Environment, job_id: str) -> JobStatus:
 
 def cancel(env: Environment, job_id: str) -> int:
     """Flag the job (agents stop its running items) and cancel its waiting items; returns how many."""
-    store = Store(env.name, env.region)
+    store = Cloud(env).store
     if store.job(job_id) is None:
         raise JobError(f"job {job_id!r} not found in environment {env.name!r}; nothing to cancel")
     store.cancel_job(job_id)
@@ -279,26 +264,24 @@ def retry_failed(env: Environment, job_id: str) -> int:
     job = cloud.store.job(job_id)
     if job is None:
         raise JobError(f"job {job_id!r} not found in environment {env.name!r}")
-    url, dlq = cloud.queue_url(job.queue), cloud.queue_url(job.queue, dead_letter=True)
     others: list[str] = []  # other jobs' messages: hidden while we scan, released at the end
     moved = 0
     try:
         while True:
-            got = cloud.sqs.receive_message(QueueUrl=dlq, MaxNumberOfMessages=SQS_BATCH, VisibilityTimeout=120)
-            messages = got.get("Messages", [])
-            if not messages:
+            got = cloud.queues.receive(job.queue, SEND_BATCH, 0, dead_letter=True, hold_s=120)
+            if not got:
                 return moved
             mine = []
-            for m in messages:
+            for m in got:
                 try:
-                    msg = ItemMessage.parse(m["Body"])
+                    msg = ItemMessage.parse(m.body)
                 except ValueError:
-                    others.append(m["ReceiptHandle"])
+                    others.append(m.handle)
                     continue
                 if msg.job == job_id:
-                    mine.append((msg, m["ReceiptHandle"]))
+                    mine.append((msg, m.handle))
                 else:
-                    others.append(m["ReceiptHandle"])
+                    others.append(m.handle)
             if mine:
                 # Store first: an agent drops a message whose item is still final, so the item
                 # must be queued again before its message can be received.
@@ -306,45 +289,17 @@ def retry_failed(env: Environment, job_id: str) -> int:
                     cloud.store.update_item(
                         job_id, msg.item, never_from=("succeeded", "cancelled"), status="queued", failures=0, reason=""
                     )
-                cloud.send(url, [replace(msg, failures=0) for msg, _ in mine])
-                cloud.delete(dlq, [r for _, r in mine])
+                cloud.send(job.queue, [replace(msg, failures=0) for msg, _ in mine])
+                cloud.queues.delete(job.queue, [r for _, r in mine], dead_letter=True)
                 moved += len(mine)
     finally:
-        for start in range(0, len(others), SQS_BATCH):
-            cloud.sqs.change_message_visibility_batch(
-                QueueUrl=dlq,
-                Entries=[
-                    {"Id": str(i), "ReceiptHandle": r, "VisibilityTimeout": 0}
-                    for i, r in enumerate(others[start : start + SQS_BATCH])
-                ],
-            )
+        if others:
+            cloud.queues.release(job.queue, others, dead_letter=True)
 
 
 def log_lines(env: Environment, job_id: str, item_id: str | None = None) -> Iterator[tuple[str, str]]:
     """(stream, line) for every attempt of the job's items (or one item), oldest first per stream."""
-    logs = boto3.client("logs", region_name=env.region)
-    group = naming.item_log_group(env.name)
-    prefix = f"{job_id}/" + (f"{item_id}/" if item_id else "")
-    streams = []
-    for page in logs.get_paginator("describe_log_streams").paginate(logGroupName=group, logStreamNamePrefix=prefix):
-        streams += [s["logStreamName"] for s in page["logStreams"]]
-    for stream in sorted(streams, key=_stream_order):
-        token = None
-        while True:
-            kwargs = {"logGroupName": group, "logStreamName": stream, "startFromHead": True}
-            if token:
-                kwargs["nextToken"] = token
-            page = logs.get_log_events(**kwargs)
-            for event in page["events"]:
-                yield stream, event["message"]
-            if not page["events"] or page.get("nextForwardToken") == token:
-                break
-            token = page.get("nextForwardToken")
-
-
-def _stream_order(stream: str) -> tuple:
-    _job, item, attempt = (stream.split("/") + ["", "", ""])[:3]
-    return (item, int(attempt) if attempt.isdigit() else 0)
+    return Cloud(env).logs.lines(job_id, item_id)
 
 
 # -- nodes --------------------------------------------------------------------------------
