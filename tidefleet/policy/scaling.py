@@ -268,14 +268,34 @@ def _is_idle(node: NodeView) -> bool:
     )
 
 
-def _not_idle_reason(node: NodeView, now: float) -> str:
-    if node.busy_slots:
-        return f"keep {node.id}: busy {node.busy_slots}/{node.slots} slots"
-    if node.protected:
-        return f"keep {node.id}: scale-in protected"
-    if node.last_heartbeat is None or node.state == "pending":
-        return f"keep {node.id}: booting, no heartbeat yet {now - node.launched_at:.0f}s after launch"
-    return f"keep {node.id}: not reported idle yet"
+def _kept_line(serving: list[NodeView], idle_timeout_s: int, now: float) -> list[str]:
+    """One line for the serving nodes that are no scale-in candidate yet, counted by why: a
+    line per node would bury the decision at thousands of nodes (and cost a string each)."""
+    busy, protected, booting, unreported, young = [], [], [], [], []
+    for n in serving:
+        if n.busy_slots:
+            busy.append(n)
+        elif n.protected:
+            protected.append(n)
+        elif n.last_heartbeat is None or n.state == "pending":
+            booting.append(n)
+        elif n.idle_since is None:
+            unreported.append(n)
+        elif now - n.idle_since <= idle_timeout_s:
+            young.append(n)
+    parts = [f"{len(busy)} busy"] if busy else []
+    if protected:
+        parts.append(f"{len(protected)} scale-in protected")
+    if booting:
+        oldest = now - min(n.launched_at for n in booting)
+        parts.append(f"{len(booting)} booting (no heartbeat yet, oldest {oldest:.0f}s after launch)")
+    if unreported:
+        parts.append(f"{len(unreported)} not reported idle yet")
+    if young:
+        longest = now - min(n.idle_since for n in young)
+        parts.append(f"{len(young)} idle <= {idle_timeout_s}s (longest {longest:.0f}s)")
+    kept = len(busy) + len(protected) + len(booting) + len(unreported) + len(young)
+    return [f"keep {kept} node(s): {', '.join(parts)}"] if kept else []
 
 
 def _choose_idle(
@@ -290,7 +310,8 @@ def _choose_idle(
     last_launch: float | None,
     now: float,
 ) -> tuple[list[NodeView], list[str]]:
-    """Idle nodes to terminate (rule 4) and a line for every serving node kept while there is surplus."""
+    """Idle nodes to terminate (rule 4), a line for each of them and for each overdue node kept,
+    and one line counting the other serving nodes kept while there is surplus."""
     idle = [n for n in serving if _is_idle(n)]
     overdue = sorted(
         (n for n in idle if now - n.idle_since > idle_timeout_s),
@@ -301,12 +322,7 @@ def _choose_idle(
         if overdue:
             return [], [f"no scale-in: demand {demand} slots needs all {serving_slots} serving slots"]
         return [], []
-    reasons = [_not_idle_reason(n, now) for n in serving if not _is_idle(n)]
-    reasons += [
-        f"keep {n.id}: idle {now - n.idle_since:.0f}s <= {idle_timeout_s}s"
-        for n in idle
-        if now - n.idle_since <= idle_timeout_s
-    ]
+    reasons = _kept_line(serving, idle_timeout_s, now)
     if not overdue:
         return [], reasons
     since = None if last_launch is None else now - last_launch
