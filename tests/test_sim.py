@@ -22,7 +22,9 @@ def make_env(*, slots_per_unit=1, types=None, idle_s=60):
         {
             "region": "us-east-1",
             "scaler": {"tick_s": 60, "scale_in_delay_s": idle_s, "scale_out_cooldown_s": 0},
-            "pools": {"p": {"max": 10, "command": "run", "slots_per_unit": slots_per_unit, "instance_types": types}},
+            "pools": {
+                "p": {"max": 10, "command": "run", "slots_per_unit": slots_per_unit, "instance_types": types}
+            },
             "queues": {"q": {"pool": "p"}},
         },
         name="t",
@@ -82,7 +84,9 @@ def test_oracle_is_the_work_at_the_cheapest_price_per_slot():
 
 
 def test_an_item_bigger_than_every_node_is_reported_not_replayed():
-    report = simulate(make_env(), "p", [TraceItem(0, 100, 1), TraceItem(5, 100, 4)], ["tidefleet"], timing=NO_KICK)
+    report = simulate(
+        make_env(), "p", [TraceItem(0, 100, 1), TraceItem(5, 100, 4)], ["tidefleet"], timing=NO_KICK
+    )
     assert report.unfittable["count"] == 1 and report.unfittable["by_slots"] == {"4": 1}
     assert report.results[0].items_finished == 1
 
@@ -140,7 +144,10 @@ def test_window_keeps_only_items_submitted_inside_it(tmp_path):
     [
         ("submit,duration_s\n0,1\n", "missing column(s) submit_s"),
         ("submit_s,duration_s\n0,1\nabc,5\n", "line 3: column 'submit_s' is not a number (got 'abc')"),
-        ("submit_s,duration_s\n0,-5\n", "line 2: column 'duration_s' must be a finite number >= 0 (got '-5')"),
+        (
+            "submit_s,duration_s\n0,-5\n",
+            "line 2: column 'duration_s' must be a finite number >= 0 (got '-5')",
+        ),
         ("submit_s,duration_s,gpus\n0,5,1.5\n", "line 2: column 'gpus' must be a whole number (got '1.5')"),
         ("submit_s,duration_s\n0,\n", "line 2: column 'duration_s' is not a number (got '')"),
     ],
@@ -154,7 +161,18 @@ def test_the_command_prints_the_documented_json(tmp_path):
     path = write(tmp_path, "submit_s,duration_s,gpus,group\n0,100,1,a\n30,200,1,b\n")
     out = CliRunner().invoke(
         simulate_command,
-        [str(path), "--env", "bench", "--pool", "gpu", "--policy", "tidefleet", "--policy", "oracle", "--json"],
+        [
+            str(path),
+            "--env",
+            "bench",
+            "--pool",
+            "gpu",
+            "--policy",
+            "tidefleet",
+            "--policy",
+            "oracle",
+            "--json",
+        ],
     )
     assert out.exit_code == 0, out.output
     data = json.loads(out.output)
@@ -167,3 +185,26 @@ def test_the_command_explains_a_bad_trace(tmp_path):
     path = write(tmp_path, "submit_s,duration_s\n0,x\n")
     out = CliRunner().invoke(simulate_command, [str(path), "--env", "bench", "--pool", "gpu"])
     assert out.exit_code == 1 and "column 'duration_s' is not a number" in out.output
+
+
+def test_the_command_writes_the_plot_it_is_asked_for(tmp_path):
+    path = write(tmp_path, "submit_s,duration_s,gpus\n0,100,1\n30,200,1\n400,50,1\n")
+    plot = tmp_path / "out" / "run.png"
+    out = CliRunner().invoke(
+        simulate_command,
+        [str(path), "--env", "bench", "--pool", "gpu", "--policy", "tidefleet", "--policy", "keda",
+         "--plot", str(plot)],
+    )  # fmt: skip
+    assert out.exit_code == 0, out.output
+    assert f"plot: {plot}" in out.output
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 10_000
+
+
+def test_an_item_killed_max_receive_count_times_is_dead_lettered_not_retried_forever():
+    # Target tracking sees no visible backlog while the item runs, scales in to zero after 15
+    # datapoints (killing it: no protection), its 0 -> 1 alarm brings a node back, and so on.
+    env = make_env()
+    receives = env.queues["q"].max_receive_count
+    result = run(env, [TraceItem(0, 10 * 86400, 1)], policy="target-tracking")
+    assert (result.items_dead_lettered, result.items_unfinished, result.items_finished) == (1, 1, 0)
+    assert result.items_interrupted == result.busy_items_killed_by_scale_in == receives

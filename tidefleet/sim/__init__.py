@@ -21,7 +21,10 @@ The model
   that end before the reclaim finish, the others are lost when the node goes.
 - Lost work: an item whose node is reclaimed or terminated under it goes back to the head
   of its queue at once and is redone from scratch (trace items do not checkpoint);
-  the time it had run counts as `work_redone_s`. Every policy shares this agent.
+  the time it had run counts as `work_redone_s`. Every policy shares this agent. Each
+  attempt is a receive: after the queue's `max_receive_count` (config: retries + 1 +
+  interruptions tolerated) the redrive policy dead-letters the item (`items_dead_lettered`,
+  also counted in `items_unfinished`), so a policy that keeps killing it cannot loop forever.
 - The group: when a policy lowers desired below the nodes it has, the group removes
   victims itself (default termination policy: effectively a seeded random pick) among
   nodes without scale-in protection: busy ones too, which interrupts their items
@@ -68,7 +71,7 @@ Metrics and the `--json` schema (`"schema": "tidefleet.sim/1"`, stable; fields a
       boot included), wait_s: {p50, p95, p99, max} (submit to first start, nearest-rank;
       an item never started counts until the run's end), makespan_s (first submit to last
       finish), items_finished, items_unfinished, items_interrupted (attempts lost),
-      work_redone_s, busy_items_killed_by_scale_in, spot_launch_failures, peak_nodes,
+      items_dead_lettered, work_redone_s, busy_items_killed_by_scale_in, spot_launch_failures, peak_nodes,
       lower_bound_usd, cost_vs_lower_bound.
 """
 
@@ -76,4 +79,13 @@ from tidefleet.sim.engine import Interruptions, Simulation, Timing
 from tidefleet.sim.run import Report, simulate
 from tidefleet.sim.trace import TraceError, TraceItem, load_trace
 
-__all__ = ["Interruptions", "Report", "Simulation", "Timing", "TraceError", "TraceItem", "load_trace", "simulate"]
+__all__ = [
+    "Interruptions",
+    "Report",
+    "Simulation",
+    "Timing",
+    "TraceError",
+    "TraceItem",
+    "load_trace",
+    "simulate",
+]

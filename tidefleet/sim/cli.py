@@ -10,43 +10,73 @@ import click
 from tidefleet.config import ConfigError, load_environment
 from tidefleet.sim.engine import Interruptions
 from tidefleet.sim.policies import POLICY_NAMES
-from tidefleet.sim.run import Report, default_timing, simulate as run_simulation
+from tidefleet.sim.run import Report, default_timing
+from tidefleet.sim.run import simulate as run_simulation
 from tidefleet.sim.trace import TraceError, load_spot_trace, load_trace, parse_window
 
 
 def format_table(report: Report) -> str:
     """A markdown table, one row per policy."""
-    head = "| policy | cost $ | ÷ lower bound | node-h | idle node-h | wait p50/p95/p99/max s | makespan h | interrupted | redone h | unfinished |"
+    head = (
+        "| policy | cost $ | ÷ lower bound | node-h | idle node-h | wait p50/p95/p99/max s | makespan h "
+        "| interrupted (by scale-in) | redone h | unfinished (dead-lettered) |"
+    )
     rows = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in report.results:
         w = r.wait_s
         rows.append(
             f"| {r.policy} | {r.cost_usd:,.2f} | {r.cost_vs_lower_bound:.2f} | {r.node_hours:,.1f} | "
             f"{r.idle_node_hours:,.1f} | {w['p50']:.0f}/{w['p95']:.0f}/{w['p99']:.0f}/{w['max']:.0f} | "
-            f"{r.makespan_s / 3600:,.1f} | {r.items_interrupted} | {r.work_redone_s / 3600:,.1f} | {r.items_unfinished} |"
+            f"{r.makespan_s / 3600:,.1f} | {r.items_interrupted} ({r.busy_items_killed_by_scale_in}) | "
+            f"{r.work_redone_s / 3600:,.1f} | {r.items_unfinished} ({r.items_dead_lettered}) |"
         )
     return "\n".join(rows)
 
 
 @click.command()
 @click.argument("trace", type=click.Path(path_type=Path))
-@click.option("--env", "env_name", required=True, help="environment name (environments/<name>.toml) or a .toml path")
+@click.option(
+    "--env", "env_name", required=True, help="environment name (environments/<name>.toml) or a .toml path"
+)
 @click.option("--pool", required=True, help="pool whose instance types, slots and prices are simulated")
 @click.option("--policy", "policies", multiple=True, type=click.Choice(POLICY_NAMES), default=("tidefleet",),
               show_default=True, help="policy to replay; repeat for several")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON (schema in tidefleet.sim)")
-@click.option("--plot", type=click.Path(path_type=Path), help="write cost vs p95 wait and a timeline to this PNG")
+@click.option(
+    "--plot", type=click.Path(path_type=Path), help="write cost vs p95 wait and a timeline to this PNG"
+)
 @click.option("--window", help="START:END seconds into the trace; only items submitted in it")
 @click.option("--seed", default=0, show_default=True, help="seed for every random pick")
-@click.option("--spot-trace", type=click.Path(path_type=Path), help="skypilot spot-traces JSON: interruptions and refusals")
+@click.option(
+    "--spot-trace",
+    type=click.Path(path_type=Path),
+    help="skypilot spot-traces JSON: interruptions and refusals",
+)
 @click.option("--interruption-rate", type=float, help="spot notices per spot node-hour (Poisson)")
 @click.option("--boot-s", type=float, help="launch to first heartbeat, s (default: AWS 45, GCP 35)")
 @click.option("--notice-s", type=float, help="spot notice to reclaim, s (default: AWS 120, GCP 30)")
-def simulate(trace, env_name, pool, policies, as_json, plot, window, seed, spot_trace, interruption_rate, boot_s, notice_s):
+def simulate(
+    trace,
+    env_name,
+    pool,
+    policies,
+    as_json,
+    plot,
+    window,
+    seed,
+    spot_trace,
+    interruption_rate,
+    boot_s,
+    notice_s,
+):
     """Replay TRACE (CSV: submit_s, duration_s, gpus, group) through scaling policies on one pool."""
     if spot_trace and interruption_rate is not None:
         raise click.UsageError("use either --spot-trace or --interruption-rate, not both")
-    for flag, value in (("--interruption-rate", interruption_rate), ("--boot-s", boot_s), ("--notice-s", notice_s)):
+    for flag, value in (
+        ("--interruption-rate", interruption_rate),
+        ("--boot-s", boot_s),
+        ("--notice-s", notice_s),
+    ):
         if value is not None and value < 0:
             raise click.UsageError(f"{flag}: must be >= 0 (got {value})")
     try:

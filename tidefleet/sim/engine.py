@@ -45,6 +45,9 @@ class Interruptions:
     spot: SpotTrace | None = None  # market levels: drops interrupt, zero refuses launches
 
 
+NO_INTERRUPTIONS = Interruptions()  # spot is never interrupted
+
+
 class Policy(Protocol):
     name: str
     poll_s: float  # how often poll() runs
@@ -57,8 +60,23 @@ class Policy(Protocol):
 
 class Node:
     __slots__ = (
-        "id", "name", "itype", "weight", "slots", "spot", "price", "launched_at", "ready_at",
-        "state", "busy", "idle_since", "running", "busy_since", "busy_s", "reported_at", "view",
+        "busy",
+        "busy_s",
+        "busy_since",
+        "id",
+        "idle_since",
+        "itype",
+        "launched_at",
+        "name",
+        "price",
+        "ready_at",
+        "reported_at",
+        "running",
+        "slots",
+        "spot",
+        "state",
+        "view",
+        "weight",
     )  # fmt: skip
 
     def __init__(self, id: int, itype: InstanceType, weight: int, slots: int, spot: bool, now: float):
@@ -117,6 +135,7 @@ class Outcome:
     interruptions: int = 0
     redone_s: float = 0.0
     busy_killed: int = 0  # interruptions caused by a scale-in, not by the spot market
+    dead_lettered: int = 0  # items interrupted max_receive_count times: in the dead-letter queue
     peak_nodes: int = 0
     spot_launch_failures: int = 0
     end_s: float = 0.0
@@ -131,7 +150,7 @@ class Simulation:
         items: list[TraceItem],
         policy: Policy,
         timing: Timing,
-        interruptions: Interruptions = Interruptions(),
+        interruptions: Interruptions = NO_INTERRUPTIONS,
         seed: int = 0,
         sample_s: float | None = None,
     ):
@@ -158,7 +177,9 @@ class Simulation:
         self.next_arrival = 0
         self.nodes: dict[int, Node] = {}
         self.node_ids = itertools.count(1)
-        self.free: list[dict[int, Node]] = [{} for _ in range(self.max_slots + 1)]  # intake nodes by free slots
+        self.free: list[dict[int, Node]] = [
+            {} for _ in range(self.max_slots + 1)
+        ]  # intake nodes by free slots
         self.waiting: dict[int, deque[int]] = {}  # slots needed -> items in queue order
         self.visible = [0] * len(self.queues)
         self.in_flight = [0] * len(self.queues)
@@ -168,7 +189,7 @@ class Simulation:
         self.spot_failures: deque[float] = deque()
         self.kick_pending = False
         self.retry_pending = False
-        self.done = 0
+        self.done = 0  # items finished or dead-lettered
         self.last_progress = self.now
         self.sample_s = sample_s
         longest = max((i.duration_s for i in items), default=0.0)
@@ -241,10 +262,14 @@ class Simulation:
             if self.done == n:
                 if done_at is None:
                     done_at = self.now
-                settled = self.units <= self.pool.min and all(nd.state != "pending" for nd in self.nodes.values())
+                settled = self.units <= self.pool.min and all(
+                    nd.state != "pending" for nd in self.nodes.values()
+                )
                 if settled or self.now >= done_at + DRAIN_HORIZON_S:
                     break
-            elif self.next_arrival == n and not any(self.in_flight) and self.now - self.last_progress > STALL_S:
+            elif (
+                self.next_arrival == n and not any(self.in_flight) and self.now - self.last_progress > STALL_S
+            ):
                 break  # work waits and nothing runs: the policy will never serve it
             elif self.now > self.horizon:
                 break  # work keeps being lost (e.g. scale-in killing long items): report it unfinished
@@ -363,19 +388,28 @@ class Simulation:
             self._dispatch()
 
     def _requeue(self, node: Node, index: int) -> None:
-        """The node went away under the item: its work is lost and it waits again, first in line."""
+        """The node went away under the item: its work is lost and it waits again, first in line,
+        unless SQS's redrive policy moves it to the dead-letter queue: every attempt was a
+        receive, and after `Queue.max_receive_count` of them the message is dead-lettered."""
         self.outcome.interruptions += 1
         self.outcome.redone_s += self.now - node.running[index]
         self._release_slots(node, index)
         self.attempt[index] += 1
+        q = self.queue_of[index]
+        if self.attempt[index] >= self.queues[q][1].max_receive_count:
+            self.outcome.dead_lettered += 1
+            self.done += 1  # settled, not finished: reported as unfinished and dead-lettered
+            return
         self.waiting.setdefault(self.need[index], deque()).appendleft(index)
-        self.visible[self.queue_of[index]] += 1
+        self.visible[q] += 1
 
     # ----------------------------------------------------------------- nodes and the group
     def _launch(self) -> bool:
         od_units = sum(n.weight for n in self.nodes.values() if not n.spot)
         above_base = max(0, self.desired - self.on_demand_base)
-        od_target = min(self.desired, self.on_demand_base) + math.ceil(above_base * self.pool.on_demand_percent / 100)
+        od_target = min(self.desired, self.on_demand_base) + math.ceil(
+            above_base * self.pool.on_demand_percent / 100
+        )
         spot = od_units >= od_target
         if spot and self._spot_unavailable():
             self.spot_failures.append(self.now)
@@ -479,7 +513,9 @@ def placement(queues: list[tuple[str, Queue]], items: list[TraceItem]) -> tuple[
     """
     queue_of, need = [], []
     for item in items:
-        q = next((i for i, (_, queue) in enumerate(queues) if queue.slots_per_item >= item.slots), len(queues) - 1)
+        q = next(
+            (i for i, (_, queue) in enumerate(queues) if queue.slots_per_item >= item.slots), len(queues) - 1
+        )
         queue_of.append(q)
         need.append(max(item.slots, queues[q][1].slots_per_item))
     return queue_of, need

@@ -16,22 +16,30 @@ def plot_report(report: Report, out: Path) -> None:
 
     fig, (costs, timeline) = plt.subplots(1, 2, figsize=(13, 4.8))
     for r in report.results:
-        costs.scatter(r.wait_s["p95"], r.cost_usd, s=40)
-        costs.annotate(r.policy, (r.wait_s["p95"], r.cost_usd), textcoords="offset points", xytext=(5, 4))
-    costs.set_xlabel("p95 wait, submit to start (s)")
-    costs.set_ylabel("cost (USD)")
+        # Log axes: the oracle waits 0 s and a baseline may wait days; 1 s stands for "no wait".
+        p95 = max(1.0, r.wait_s["p95"])
+        costs.scatter(p95, r.cost_usd, s=40)
+        label = r.policy + (f" ({r.items_unfinished} unfinished)" if r.items_unfinished else "")
+        costs.annotate(label, (p95, r.cost_usd), textcoords="offset points", xytext=(5, 4))
+    costs.set_xscale("log")
+    costs.set_yscale("log")
+    costs.set_xlabel("p95 wait, submit to start (s, log)")
+    costs.set_ylabel("cost (USD, log)")
     costs.set_title(f"{report.trace} on {report.env}/{report.pool}")
     costs.grid(alpha=0.3)
+    queued = timeline.twinx()  # items waiting are few next to the slots serving: own scale
     for name, samples in report.timelines.items():
         if not samples:
             continue
         hours = [s.t / 3600 for s in samples]
-        line = timeline.plot(hours, [s.capacity_slots for s in samples], lw=0.8, label=f"{name} capacity (slots)")[0]
-        timeline.plot(hours, [s.queued for s in samples], lw=0.6, ls=":", color=line.get_color(), label=f"{name} queued")
+        line = timeline.plot(hours, [s.capacity_slots for s in samples], lw=0.8, label=f"{name} capacity")[0]
+        queued.plot(
+            hours, [s.queued for s in samples], lw=0.6, ls=":", color=line.get_color(), label=f"{name} queued"
+        )
     timeline.set_xlabel("hours into the trace")
-    timeline.set_ylabel("slots / items")
-    timeline.set_title("capacity (solid) and queue depth (dotted)")
-    timeline.legend(fontsize=7)
+    timeline.set_ylabel("capacity running (slots, solid)")
+    queued.set_ylabel("queue depth (items, dotted)")
+    timeline.set_title("capacity and queue depth over time")
     timeline.grid(alpha=0.3)
     fig.tight_layout()
     Path(out).parent.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,16 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from tidefleet.config import Environment
-from tidefleet.sim.engine import Interruptions, Outcome, Sample, Simulation, Timing, placement, pool_queues
+from tidefleet.sim.engine import (
+    NO_INTERRUPTIONS,
+    Interruptions,
+    Outcome,
+    Sample,
+    Simulation,
+    Timing,
+    placement,
+    pool_queues,
+)
 from tidefleet.sim.policies import BASELINES, POLICY_NAMES, TidefleetPolicy
 from tidefleet.sim.trace import TraceItem
 
@@ -34,6 +43,7 @@ class PolicyResult:
     items_finished: int
     items_unfinished: int
     items_interrupted: int
+    items_dead_lettered: int
     work_redone_s: float
     busy_items_killed_by_scale_in: int
     spot_launch_failures: int
@@ -127,6 +137,7 @@ def summarise(items: list[TraceItem], outcome: Outcome, lb_usd: float) -> Policy
         items_finished=len(finished),
         items_unfinished=len(items) - len(finished),
         items_interrupted=outcome.interruptions,
+        items_dead_lettered=outcome.dead_lettered,
         work_redone_s=outcome.redone_s,
         busy_items_killed_by_scale_in=outcome.busy_killed,
         spot_launch_failures=outcome.spot_launch_failures,
@@ -138,7 +149,9 @@ def summarise(items: list[TraceItem], outcome: Outcome, lb_usd: float) -> Policy
 
 def oracle_outcome(items: list[TraceItem], lb: tuple[float, float]) -> Outcome:
     starts = [i.submit_s for i in items]
-    out = Outcome("oracle", starts, [i.submit_s + i.duration_s for i in items], cost_usd=lb[0], node_hours=lb[1])
+    out = Outcome(
+        "oracle", starts, [i.submit_s + i.duration_s for i in items], cost_usd=lb[0], node_hours=lb[1]
+    )
     out.end_s = max(out.finished, default=0.0)
     return out
 
@@ -157,16 +170,20 @@ def simulate(
     *,
     trace_name: str = "<items>",
     timing: Timing | None = None,
-    interruptions: Interruptions = Interruptions(),
+    interruptions: Interruptions = NO_INTERRUPTIONS,
     spot_trace_name: str | None = None,
     seed: int = 0,
     window: tuple[float, float] | None = None,
 ) -> Report:
     if pool not in env.pools:
-        raise ValueError(f"--pool: unknown pool (got {pool!r}); pools of {env.name}: {', '.join(sorted(env.pools))}")
+        raise ValueError(
+            f"--pool: unknown pool (got {pool!r}); pools of {env.name}: {', '.join(sorted(env.pools))}"
+        )
     unknown = [name for name in policies if name not in POLICY_NAMES]
     if unknown:
-        raise ValueError(f"--policy: unknown policy (got {unknown[0]!r}); choose from {', '.join(POLICY_NAMES)}")
+        raise ValueError(
+            f"--policy: unknown policy (got {unknown[0]!r}); choose from {', '.join(POLICY_NAMES)}"
+        )
     timing = timing or default_timing(env)
     fits, unfittable = split_unfittable(env, pool, items)
     span = (fits[-1].submit_s - fits[0].submit_s) if fits else 0.0

@@ -125,5 +125,7 @@ def load_spot_trace(path: Path) -> SpotTrace:
         ) from None
     top = max(data, default=0.0)
     if gap <= 0 or top <= 0:
-        raise TraceError(f"{path}: a spot trace needs gap_seconds > 0 and some data > 0 (got {gap}, max {top})")
+        raise TraceError(
+            f"{path}: a spot trace needs gap_seconds > 0 and some data > 0 (got {gap}, max {top})"
+        )
     return SpotTrace(gap, tuple(x / top for x in data))
