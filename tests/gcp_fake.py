@@ -1,22 +1,35 @@
 """A fake of the few Google Cloud REST endpoints the GCP adapters call, behind the `responses`
-library: the REAL google-cloud-compute / firestore GAPIC clients and google-auth sessions
-build and send the requests; this answers them from in-memory state and records each one.
+library: the REAL google-cloud-compute / firestore / pubsub GAPIC clients (REST transport) and
+google-auth sessions build and send the requests; this answers them from in-memory state and
+records each one.
 
-No local emulator exists for Compute Engine or Cloud Monitoring (and the Firestore emulator
-needs Java and gcloud), so this is the narrowest honest seam: everything above HTTP is real.
+No local emulator exists for Compute Engine, Cloud Monitoring or Cloud Logging (and the
+Firestore and Pub/Sub emulators need Java and gcloud), so this is the narrowest honest seam:
+everything above HTTP is real. What it models, because the product depends on it: Firestore's
+preconditions (exists / updateTime) and field masks; Pub/Sub's ack deadlines, delivery attempts
+and dead-letter policy (a message delivered `max_delivery_attempts` times and not acked goes to
+the dead-letter topic instead of being delivered again).
 """
 
 from __future__ import annotations
 
+import base64
+import itertools
 import json
 import re
+import threading
+import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from urllib.parse import parse_qs, urlparse
 
 import responses
 
 COMPUTE = "https://compute.googleapis.com/compute/v1"
 FIRESTORE = "https://firestore.googleapis.com/v1"
+PUBSUB = "https://pubsub.googleapis.com/v1"
+LOGGING = "https://logging.googleapis.com/v2"
+EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 OPERATION = {"name": "operation-1", "status": "DONE", "kind": "compute#operation"}
 
 
@@ -39,7 +52,18 @@ class FakeGcp:
     errors: dict[str, list[dict]] = field(default_factory=dict)
     undelivered: dict[str, int] = field(default_factory=dict)  # subscription id -> count
     docs: dict[str, dict] = field(default_factory=dict)  # document name -> fields (REST JSON)
+    versions: dict[str, int] = field(default_factory=dict)  # document name -> its update counter
+    before_write: list = field(default_factory=list)  # callables run (once each) before the next PATCH
+    subscriptions: dict[str, FakeSubscription] = field(default_factory=dict)  # by subscription id
+    published: dict[str, list[bytes]] = field(default_factory=dict)  # topic id -> every body published
+    log_entries: list[dict] = field(default_factory=list)  # entries:write, labels merged into each
+    log_page: int = 1000
     calls: list[tuple[str, str, dict | None]] = field(default_factory=list)  # method, path+query, body
+    lock: threading.RLock = field(default_factory=threading.RLock)  # agent threads; re-entered by before_write
+    clock_offset: float = 0.0
+
+    def now(self) -> float:
+        return time.monotonic() + self.clock_offset
 
     def _url(self, vm: FakeVm) -> str:
         return f"{COMPUTE}/projects/{self.project}/zones/{vm.zone}/instances/{vm.name}"
@@ -53,7 +77,32 @@ class FakeGcp:
         mock.add_callback(responses.GET, re.compile(r"https://monitoring.googleapis.com/v3/.*"), callback=self._series)
         docs = re.compile(rf"{FIRESTORE}/(projects/.+)")
         for method in (responses.GET, responses.PATCH, responses.DELETE):
-            mock.add_callback(method, docs, callback=self._firestore)
+            mock.add_callback(method, docs, callback=self._locked(self._firestore))
+        pubsub = re.compile(rf"{PUBSUB}/projects/{self.project}/(subscriptions|topics)/.+")
+        for method in (responses.GET, responses.POST):
+            mock.add_callback(method, pubsub, callback=self._pull_waits(self._locked(self._pubsub)))
+        mock.add_callback(responses.POST, re.compile(rf"{LOGGING}/entries:\w+"), callback=self._locked(self._logging))
+
+    @staticmethod
+    def _pull_waits(handler):
+        """An empty pull without returnImmediately waits a little, as the server does (an
+        agent polling an empty subscription must not spin)."""
+
+        def waiting(request):
+            answer = handler(request)
+            if request.url.endswith(":pull") and answer[2] == '{"receivedMessages": []}' \
+                    and not json.loads(request.body).get("returnImmediately"):  # fmt: skip
+                time.sleep(0.2)
+            return answer
+
+        return waiting
+
+    def _locked(self, handler):
+        def locked(request):
+            with self.lock:
+                return handler(request)
+
+        return locked
 
     def _record(self, request) -> tuple[str, dict]:
         url = urlparse(request.url)
@@ -108,25 +157,162 @@ class FakeGcp:
         return 200, {}, json.dumps({"timeSeries": [{"points": [point]}]})
 
     # -- firestore ----------------------------------------------------------------------
+    def _doc(self, name: str) -> dict:
+        stamp = (EPOCH + timedelta(microseconds=self.versions.get(name, 0))).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        return {"name": name, "fields": self.docs[name], "updateTime": stamp}
+
+    @staticmethod
+    def _error(code: int, status: str, message: str):
+        return code, {}, json.dumps({"error": {"code": code, "message": message, "status": status}})
+
+    def _precondition_failed(self, name: str, query: dict):
+        exists = query.get("currentDocument.exists")
+        if exists == "false" and name in self.docs:
+            return self._error(409, "ALREADY_EXISTS", f"document already exists: {name}")
+        if exists == "true" and name not in self.docs:
+            return self._error(404, "NOT_FOUND", f"no document to update: {name}")
+        if "currentDocument.updateTime" in query:
+            given = datetime.fromisoformat(query["currentDocument.updateTime"].replace("Z", "+00:00"))
+            if name not in self.docs or given != EPOCH + timedelta(microseconds=self.versions.get(name, 0)):
+                return self._error(400, "FAILED_PRECONDITION", "the document was changed since it was read")
+        return None
+
     def _firestore(self, request):
-        path, _ = self._record(request)
+        path, query = self._record(request)
         name = path.removeprefix("/v1/")
         if request.method == "PATCH":
-            mask = parse_qs(urlparse(request.url).query).get("updateMask.fieldPaths", [])
-            current = self.docs.setdefault(name, {})
+            while self.before_write:  # another writer, in between our read and our write
+                self.before_write.pop(0)()
+            failed = self._precondition_failed(name, query)
+            if failed:
+                return failed
             given = json.loads(request.body).get("fields", {})
-            for field_path in mask:
-                if field_path in given:
-                    current[field_path] = given[field_path]
-                else:
-                    current.pop(field_path, None)
-            return 200, {}, json.dumps({"name": name, "fields": current})
+            mask = parse_qs(urlparse(request.url).query).get("updateMask.fieldPaths")
+            if mask is None:  # no mask: the document is replaced
+                self.docs[name] = dict(given)
+            else:
+                current = self.docs.setdefault(name, {})
+                for field_path in mask:
+                    if field_path in given:
+                        current[field_path] = given[field_path]
+                    else:
+                        current.pop(field_path, None)
+            self.versions[name] = self.versions.get(name, 0) + 1
+            return 200, {}, json.dumps(self._doc(name))
         if request.method == "DELETE":
             self.docs.pop(name, None)
             return 200, {}, "{}"
         if name in self.docs:
-            return 200, {}, json.dumps({"name": name, "fields": self.docs[name]})
-        children = [{"name": n, "fields": f} for n, f in sorted(self.docs.items()) if n.rsplit("/", 1)[0] == name]
+            return 200, {}, json.dumps(self._doc(name))
+        children = [self._doc(n) for n in sorted(self.docs) if n.rsplit("/", 1)[0] == name]
         if children or name.count("/") % 2 == 1:  # a collection: an even number of path segments
             return 200, {}, json.dumps({"documents": children})
-        return 404, {}, json.dumps({"error": {"code": 404, "message": "document not found", "status": "NOT_FOUND"}})
+        return self._error(404, "NOT_FOUND", "document not found")
+
+    # -- pub/sub --------------------------------------------------------------------------
+    def add_queue(self, name: str, *, ack_deadline_s: int = 60, max_delivery_attempts: int = 5) -> None:
+        """A topic and subscription `name` with a dead-letter topic and subscription `name-dlq`,
+        as stacks/gcp/messaging declares them."""
+        self.subscriptions[f"{name}-dlq"] = FakeSubscription(f"{name}-dlq", ack_deadline_s=60)
+        self.subscriptions[name] = FakeSubscription(name, ack_deadline_s, max_delivery_attempts, f"{name}-dlq")
+
+    def add_topic(self, topic: str) -> None:
+        self.published.setdefault(topic, [])
+
+    def publish(self, topic: str, body: bytes) -> None:
+        self.published.setdefault(topic, []).append(body)
+        for sub in self.subscriptions.values():
+            if sub.topic == topic:
+                sub.messages.append(FakeMessage(str(next(IDS)), body))
+
+    def bodies(self, subscription: str) -> list[bytes]:
+        """What waits in a subscription (delivered or not), oldest first."""
+        return [m.data for m in self.subscriptions[subscription].messages]
+
+    def _pubsub(self, request):
+        path, _ = self._record(request)
+        kind, name, verb = re.search(r"/(subscriptions|topics)/([^/:]+)(?::(\w+))?$", path).groups()
+        body = json.loads(request.body) if request.body else {}
+        if kind == "topics":
+            if name not in self.published and not any(s.topic == name for s in self.subscriptions.values()):
+                return self._error(404, "NOT_FOUND", f"Resource not found (resource={name}).")
+            for m in body.get("messages", []):
+                self.publish(name, base64.b64decode(m.get("data", "")))
+            return 200, {}, json.dumps({"messageIds": [str(i) for i in range(len(body.get("messages", [])))]})
+        sub = self.subscriptions.get(name)
+        if sub is None:
+            return self._error(404, "NOT_FOUND", f"Resource not found (resource={name}).")
+        if verb is None:
+            return 200, {}, json.dumps({"name": f"projects/{self.project}/subscriptions/{name}",
+                                        "topic": f"projects/{self.project}/topics/{sub.topic}",
+                                        "ackDeadlineSeconds": sub.ack_deadline_s})  # fmt: skip
+        now = self.now()
+        if verb == "pull":
+            return 200, {}, json.dumps({"receivedMessages": self._deliver(sub, int(body.get("maxMessages", 1)), now)})
+        held = {m.ack_id: m for m in sub.messages if m.ack_id in body.get("ackIds", [])}
+        if verb == "acknowledge":
+            sub.messages = [m for m in sub.messages if m.ack_id not in held]
+        elif verb == "modifyAckDeadline":
+            for m in held.values():
+                m.visible_at = now + int(body.get("ackDeadlineSeconds", 0))
+        else:
+            return self._error(400, "INVALID_ARGUMENT", f"fake: no {verb}")
+        return 200, {}, "{}"
+
+    def _deliver(self, sub: FakeSubscription, most: int, now: float) -> list[dict]:
+        out = []
+        for m in list(sub.messages):
+            if len(out) == most or m.visible_at > now:
+                continue
+            if sub.dead_letter and m.deliveries >= sub.max_delivery_attempts:
+                sub.messages.remove(m)  # Pub/Sub forwards it instead of delivering it again
+                self.publish(sub.dead_letter, m.data)
+                continue
+            m.deliveries += 1
+            m.ack_id = f"ack-{next(IDS)}"
+            m.visible_at = now + sub.ack_deadline_s
+            received = {"ackId": m.ack_id, "message": {"data": base64.b64encode(m.data).decode(), "messageId": m.id}}
+            if sub.dead_letter:  # deliveryAttempt is only set on subscriptions with a dead-letter policy
+                received["deliveryAttempt"] = m.deliveries
+            out.append(received)
+        return out
+
+    # -- logging --------------------------------------------------------------------------
+    def _logging(self, request):
+        path, _ = self._record(request)
+        body = json.loads(request.body)
+        if path.endswith(":write"):
+            for entry in body["entries"]:
+                self.log_entries.append({"logName": body.get("logName"), **entry,
+                                         "labels": {**body.get("labels", {}), **entry.get("labels", {})}})  # fmt: skip
+            return 200, {}, "{}"
+        wanted = dict(re.findall(r'labels\.(\w+)="([^"]*)"', body["filter"]))
+        log_name = re.search(r'logName="([^"]+)"', body["filter"]).group(1)
+        found = [e for e in self.log_entries if e["logName"] == log_name
+                 and all(e["labels"].get(k) == v for k, v in wanted.items())]  # fmt: skip
+        start = int(body.get("pageToken") or 0)
+        page = {"entries": found[start : start + self.log_page]}
+        if start + self.log_page < len(found):
+            page["nextPageToken"] = str(start + self.log_page)
+        return 200, {}, json.dumps(page)
+
+
+IDS = itertools.count(1)
+
+
+@dataclass
+class FakeMessage:
+    id: str
+    data: bytes
+    deliveries: int = 0
+    ack_id: str = ""
+    visible_at: float = 0.0
+
+
+@dataclass
+class FakeSubscription:
+    topic: str
+    ack_deadline_s: int = 60
+    max_delivery_attempts: int = 0
+    dead_letter: str = ""  # topic
+    messages: list[FakeMessage] = field(default_factory=list)

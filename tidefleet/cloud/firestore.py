@@ -1,7 +1,12 @@
-"""Node heartbeats in Firestore: the GCP counterpart of `tidefleet.store.Store`'s node part.
+"""The job store in Firestore: the GCP counterpart of `tidefleet.store.Store`, same interface.
 
-Documents `pools/<pool>/nodes/<node_id>` in the environment's database (naming.table), with
-the `Heartbeat` fields. Same rules as on DynamoDB: `draining` is sticky (a heartbeat never
+Documents in the environment's database (naming.table):
+  pools/<pool>/nodes/<node_id>      a node's heartbeat (`Heartbeat` fields): `FirestoreNodes`,
+                                    all the scaler needs
+  jobs/<job_id>                     a job (`Job` fields)           } `FirestoreStore`, for the
+  jobs/<job_id>/items/<item_id>     an item (`Item` fields)        } agent and the SDK
+
+Node heartbeats follow the DynamoDB rules: Same rules as on DynamoDB: `draining` is sticky (a heartbeat never
 writes it as False, so a mark set by anyone survives), and a draining mark written before a
 node's first heartbeat is not a heartbeat. Uses the GAPIC client over REST (the high-level
 client is gRPC only), so the tests drive the real client through a faked HTTP transport.
@@ -9,20 +14,40 @@ client is gRPC only), so the tests drive the real client through a faked HTTP tr
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict
 
 from google.api_core import exceptions as gexc
 from google.cloud.firestore_v1.services.firestore import FirestoreClient
-from google.cloud.firestore_v1.types import Document, DocumentMask, Value
+from google.cloud.firestore_v1.types import ArrayValue, Document, DocumentMask, MapValue, Precondition, Value
 
 from tidefleet import naming
 from tidefleet.config import Environment
-from tidefleet.store import Heartbeat
+from tidefleet.store import FINAL, Heartbeat, Item, Job
 
 PAGE = 300
+WRITE_RACES = 20  # read-check-write rounds before giving up on a document others keep changing
+
+
+def lost_race(err: gexc.GoogleAPICallError) -> bool:
+    """A write whose precondition failed: the document changed (or appeared) since we read it.
+    Over REST that is 409 (ALREADY_EXISTS, ABORTED) or a 400 whose status is FAILED_PRECONDITION
+    (other 400s are real errors)."""
+    if isinstance(err, (gexc.Conflict, gexc.FailedPrecondition)):
+        return True
+    try:
+        return err.response.json()["error"]["status"] == "FAILED_PRECONDITION"
+    except (AttributeError, ValueError, KeyError, TypeError):
+        return False
 
 
 def to_value(value) -> Value:
+    if value is None:
+        return Value(null_value=0)
+    if isinstance(value, dict):
+        return Value(map_value=MapValue(fields={k: to_value(v) for k, v in value.items()}))
+    if isinstance(value, (list, tuple)):
+        return Value(array_value=ArrayValue(values=[to_value(v) for v in value]))
     if isinstance(value, bool):
         return Value(boolean_value=value)
     if isinstance(value, int):
@@ -34,7 +59,15 @@ def to_value(value) -> Value:
 
 def from_value(value: Value):
     kind = Value.pb(value).WhichOneof("value_type")
+    if kind == "array_value":
+        return [from_value(v) for v in value.array_value.values]
+    if kind == "map_value":
+        return {k: from_value(v) for k, v in value.map_value.fields.items()}
     return None if kind in (None, "null_value") else getattr(value, kind)
+
+
+def _fields(record: dict) -> dict[str, Value]:
+    return {k: to_value(v) for k, v in record.items() if v is not None}
 
 
 class FirestoreNodes:
@@ -88,3 +121,125 @@ class FirestoreNodes:
 
     def forget_node(self, pool: str, node_id: str) -> None:
         self.client.delete_document(request={"name": self._doc(pool, node_id)})
+
+
+class FirestoreStore(FirestoreNodes):
+    """`tidefleet.store.Store`'s interface: jobs, items with conditional transitions, heartbeats.
+
+    DynamoDB's condition expressions become read, check, then write with the read's update
+    time as precondition, retried when another writer got there in between: so `succeeded`
+    still can never be written twice, and counters and histories never lose an update."""
+
+    def _job_doc(self, job_id: str) -> str:
+        return f"{self.root}/jobs/{job_id}"
+
+    def _item_doc(self, job_id: str, item_id: str) -> str:
+        return f"{self.root}/jobs/{job_id}/items/{item_id}"
+
+    def _get(self, name: str) -> Document | None:
+        try:
+            return self.client.get_document(request={"name": name})
+        except gexc.NotFound:
+            return None
+
+    def _create(self, name: str, record: dict) -> bool:
+        """False if the document already exists (left untouched)."""
+        try:
+            self.client.update_document(request={"document": Document(name=name, fields=_fields(record)),
+                                                 "current_document": Precondition(exists=False)})  # fmt: skip
+            return True
+        except gexc.GoogleAPICallError as err:
+            if not lost_race(err):
+                raise
+            return False
+
+    def _set(self, name: str, values: dict) -> None:
+        """Set fields of an existing document; NotFound if there is none (as DynamoDB's condition)."""
+        self.client.update_document(request={"document": Document(name=name, fields=_fields(values)),
+                                             "update_mask": DocumentMask(field_paths=list(values)),
+                                             "current_document": Precondition(exists=True)})  # fmt: skip
+
+    @staticmethod
+    def _values(doc: Document) -> dict:
+        return {k: from_value(v) for k, v in doc.fields.items()}
+
+    # -- jobs -------------------------------------------------------------------------------
+    def put_job(self, job: Job) -> Job:
+        """Create the job unless it exists; returns the stored job either way (idempotent submit)."""
+        return job if self._create(self._job_doc(job.job_id), asdict(job)) else self.job(job.job_id)
+
+    def job(self, job_id: str) -> Job | None:
+        doc = self._get(self._job_doc(job_id))
+        return None if doc is None else Job(**{k: v for k, v in self._values(doc).items() if k in Job.__dataclass_fields__})
+
+    def set_job_total(self, job_id: str, total: int) -> None:
+        self._set(self._job_doc(job_id), {"total": total})
+
+    def cancel_job(self, job_id: str) -> None:
+        self._set(self._job_doc(job_id), {"cancelled": True})
+
+    # -- items ------------------------------------------------------------------------------
+    @staticmethod
+    def _item(job_id: str, item_id: str, values: dict) -> Item:
+        known = {k: v for k, v in values.items() if k in Item.__dataclass_fields__}
+        return Item(**{**known, "job_id": job_id, "item_id": item_id})
+
+    def put_item_if_new(self, item: Item) -> bool:
+        """False if an item with this id already exists in the job (left untouched)."""
+        return self._create(self._item_doc(item.job_id, item.item_id), asdict(item))
+
+    def item(self, job_id: str, item_id: str) -> Item | None:
+        doc = self._get(self._item_doc(job_id, item_id))
+        return None if doc is None else self._item(job_id, item_id, self._values(doc))
+
+    def items(self, job_id: str) -> list[Item]:
+        """Every item of a job, in item-id order (paginated listing)."""
+        pages = self.client.list_documents(
+            request={"parent": self._job_doc(job_id), "collection_id": "items", "page_size": PAGE}
+        )
+        items = [self._item(job_id, doc.name.rsplit("/", 1)[-1], self._values(doc)) for doc in pages]
+        return sorted(items, key=lambda i: i.item_id)
+
+    def update_item(
+        self,
+        job_id: str,
+        item_id: str,
+        *,
+        only_from: tuple[str, ...] | None = None,
+        never_from: tuple[str, ...] = FINAL,
+        add: dict[str, int] | None = None,
+        append: dict[str, dict] | None = None,
+        **values,
+    ) -> Item | None:
+        """As `Store.update_item`: set `values` (None deletes), add `add` to counters and one
+        entry per `append` list, only if the status is in `only_from` (when given) and not in
+        `never_from`. Returns the new item, or None when the condition failed."""
+        name = self._item_doc(job_id, item_id)
+        values["updated_at"] = time.time()
+        changed = [*values, *(add or {}), *(append or {})]
+        for _ in range(WRITE_RACES):
+            doc = self._get(name)
+            current = self._values(doc) if doc is not None else {}
+            status = current.get("status")
+            if (only_from and status not in only_from) or (status is not None and status in never_from):
+                return None
+            new = {**current, **{k: v for k, v in values.items() if v is not None}}
+            for k in (k for k, v in values.items() if v is None):
+                new.pop(k, None)
+            for k, n in (add or {}).items():
+                new[k] = (new.get(k) or 0) + n
+            for k, entry in (append or {}).items():
+                new[k] = [*(new.get(k) or []), entry]
+            precondition = Precondition(update_time=doc.update_time) if doc is not None else Precondition(exists=False)
+            try:
+                # A path in the mask but not in the fields is deleted: what a None value asks for.
+                self.client.update_document(request={
+                    "document": Document(name=name, fields=_fields({k: new.get(k) for k in changed})),
+                    "update_mask": DocumentMask(field_paths=changed), "current_document": precondition,
+                })  # fmt: skip
+            except gexc.GoogleAPICallError as err:
+                if not lost_race(err):
+                    raise
+                continue
+            return self._item(job_id, item_id, new)
+        raise RuntimeError(f"item {job_id}/{item_id}: still changing after {WRITE_RACES} attempts; try again")

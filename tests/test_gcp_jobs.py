@@ -1,0 +1,205 @@
+"""The job SDK's and the agent's GCP ports through the real clients (Pub/Sub and Firestore GAPIC
+clients over REST, google-auth sessions for Cloud Logging), against tests/gcp_fake.py, which
+asserts the exact requests and models Pub/Sub's delivery attempts and dead-letter policy and
+Firestore's preconditions."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import google.auth
+import pytest
+import responses
+from google.auth.credentials import AnonymousCredentials
+
+from tests.gcp_fake import FakeGcp
+from tidefleet.agent.worker import Agent, Held, Settings
+from tidefleet.config import load_environment
+from tidefleet.jobs import sdk
+from tidefleet.jobs.sdk import Cloud, ItemMessage
+from tidefleet.store import Item
+
+ENV = load_environment("gcp-dev")
+SUB = "tidefleet-gcp-dev-default"
+DLQ = "tidefleet-gcp-dev-default-dlq"
+DOCS = f"/v1/projects/{ENV.project}/databases/tidefleet-gcp-dev/documents"
+
+
+@pytest.fixture
+def gcp(monkeypatch):
+    # Application default credentials are the only thing not real: no Google account here.
+    monkeypatch.setattr(google.auth, "default", lambda *a, **k: (AnonymousCredentials(), ENV.project))
+    fake = FakeGcp(ENV.project, ENV.region)
+    fake.add_queue(SUB, ack_deadline_s=600, max_delivery_attempts=5)
+    fake.add_topic("tidefleet-gcp-dev-kick")
+    with responses.RequestsMock(assert_all_requests_are_fired=False) as mock:
+        fake.install(mock)
+        yield fake
+
+
+def calls(gcp: FakeGcp, method: str, suffix: str) -> list[dict]:
+    return [c for m, path, c in gcp.calls if m == method and path.endswith(suffix)]
+
+
+def published(call: dict) -> list[dict]:
+    return [json.loads(base64.b64decode(m["data"])) for m in call["body"]["messages"]]
+
+
+def agent(tmp_path) -> Agent:
+    settings = Settings(node_id="tidefleet-gcp-dev-cpu-aaaa", instance_type="n2-standard-4", spot=True, work_dir=tmp_path)
+    return Agent(ENV, "cpu", settings, metadata=object())
+
+
+# -- submit, status, cancel, retry-failed, logs ---------------------------------------------
+def test_submit_records_the_job_publishes_its_items_and_kicks_the_scaler_topic(gcp):
+    done = sdk.submit(ENV, "nightly eval", "default", sdk.read_items(["gs://b/1", "gs://b/2"]))
+    assert (done.new_items, done.sent, done.total) == (2, 2, 2)
+    assert done.kick == "kicked tidefleet-gcp-dev-kick"
+    (job_create,) = calls(gcp, "PATCH", f"/jobs/{done.job_id}")
+    assert job_create["query"] == {"currentDocument.exists": "false"}, "a job is created only if new"
+    (publish,) = calls(gcp, "POST", f"/topics/{SUB}:publish")
+    assert published(publish) == [
+        {"job": done.job_id, "item": "000000", "args": ["gs://b/1"], "failures": 0, "interruptions": 0},
+        {"job": done.job_id, "item": "000001", "args": ["gs://b/2"], "failures": 0, "interruptions": 0},
+    ]
+    (kick,) = calls(gcp, "POST", "/topics/tidefleet-gcp-dev-kick:publish")
+    assert published(kick) == [{"tidefleet": "kick", "env": "gcp-dev", "reason": f"submit {done.job_id}"}]
+    assert sdk.status(ENV, done.job_id).counts == {"succeeded": 0, "running": 0, "queued": 2, "failed": 0, "cancelled": 0}
+
+
+def test_submitting_the_same_job_again_creates_and_sends_nothing_twice(gcp):
+    items = sdk.read_items(["a", "b", "c"])
+    first = sdk.submit(ENV, "same", "default", items)
+    again = sdk.submit(ENV, "same", "default", items)
+    assert (again.job_id, again.new_items, again.sent, again.kick) == (first.job_id, 0, 0, "not needed")
+    assert len(gcp.bodies(SUB)) == 3
+
+
+def test_a_kick_that_cannot_be_published_is_a_warning_not_an_error(gcp):
+    del gcp.published["tidefleet-gcp-dev-kick"]
+    done = sdk.submit(ENV, "no kick topic", "default", sdk.read_items(["a"]))
+    assert done.kick.startswith("warning: could not kick the scaler") and "within 60s" in done.kick
+
+
+def test_cancel_cancels_waiting_items_and_flags_the_job(gcp):
+    job = sdk.submit(ENV, "to cancel", "default", sdk.read_items(["a", "b"])).job_id
+    Cloud(ENV).store.update_item(job, "000001", status="succeeded")
+    assert sdk.cancel(ENV, job) == 1
+    assert Cloud(ENV).store.job(job).cancelled
+    assert sdk.status(ENV, job).counts["cancelled"] == 1 and sdk.status(ENV, job).counts["succeeded"] == 1
+
+
+def test_retry_failed_moves_only_this_jobs_dead_letters_back_and_releases_the_others(gcp):
+    job = sdk.submit(ENV, "flaky", "default", sdk.read_items(["a"]), kick=False).job_id
+    cloud = Cloud(ENV)
+    cloud.queues.delete("default", [d.handle for d in cloud.queues.receive("default", 10, 0)])
+    cloud.store.update_item(job, "000000", status="failed", failures=4, reason="exit code 1")
+    cloud.send("default", [ItemMessage(job, "000000", ["a"], failures=4)], dead_letter=True)
+    cloud.send("default", [ItemMessage("other-job", "x", [], failures=4)], dead_letter=True)
+    assert sdk.retry_failed(ENV, job) == 1
+    assert [json.loads(b) for b in gcp.bodies(SUB)] == [
+        {"job": job, "item": "000000", "args": ["a"], "failures": 0, "interruptions": 0}]
+    assert [json.loads(b)["job"] for b in gcp.bodies(DLQ)] == ["other-job"]
+    assert cloud.store.item(job, "000000").status == "queued"
+    hold, release = calls(gcp, "POST", f"/subscriptions/{DLQ}:modifyAckDeadline")
+    assert hold["body"]["ackDeadlineSeconds"] == 120 and "ackDeadlineSeconds" not in release["body"]  # 0: nack
+
+
+def test_item_output_goes_to_the_stacks_log_with_labels_and_reads_back_per_attempt(gcp):
+    logs = Cloud(ENV).logs
+    for attempt, text in ((2, "second"), (1, "first")):
+        stream = logs.stream("job-1", "item-a", attempt)
+        stream.write(f"{text} line")
+        stream.write(f"{text} done")
+        stream.flush()
+    logs.stream("job-1", "item-b", 1).write("other item")
+    gcp.log_page = 1  # several pages
+    (write, *_) = calls(gcp, "POST", "/entries:write")
+    assert write["body"]["logName"] == f"projects/{ENV.project}/logs/tidefleet-gcp-dev-items"
+    assert write["body"]["labels"] == {"job": "job-1", "item": "item-a", "attempt": "2"}
+    assert [e["textPayload"] for e in write["body"]["entries"]] == ["second line", "second done"]
+    assert list(logs.lines("job-1", "item-a")) == [
+        ("job-1/item-a/1", "first line"), ("job-1/item-a/1", "first done"),
+        ("job-1/item-a/2", "second line"), ("job-1/item-a/2", "second done"),
+    ]
+
+
+# -- the Firestore store's conditional writes -------------------------------------------------
+@pytest.mark.parametrize(("status", "kwargs", "applies"), [
+    ("queued", {"only_from": ("pending", "queued")}, True),
+    ("running", {"only_from": ("pending", "queued")}, False),
+    ("running", {}, True),
+    ("succeeded", {}, False),  # never_from defaults to the final states
+    ("failed", {"never_from": ("succeeded", "cancelled")}, True),
+    ("cancelled", {"never_from": ("succeeded", "cancelled")}, False),
+])  # fmt: skip
+def test_an_item_changes_only_from_the_states_the_caller_allows(gcp, status, kwargs, applies):
+    store = Cloud(ENV).store
+    store.put_item_if_new(Item("j", "i", ["x"], status=status))
+    result = store.update_item("j", "i", status="queued", **kwargs)
+    assert (result is not None) == applies
+    assert store.item("j", "i").status == ("queued" if applies else status)
+
+
+def test_a_write_that_lost_a_race_reads_again_and_loses_no_update(gcp):
+    store = Cloud(ENV).store
+    store.put_item_if_new(Item("j", "i", ["x"], status="running", attempts=1))
+    # Another node counts an attempt between this update's read and its write.
+    gcp.before_write.append(lambda: Cloud(ENV).store.update_item("j", "i", add={"attempts": 1}))
+    item = store.update_item("j", "i", add={"attempts": 1}, append={"history": {"outcome": "interrupted"}})
+    assert item.attempts == 3 and store.item("j", "i").attempts == 3
+    assert "currentDocument.updateTime" in calls(gcp, "PATCH", "/items/i")[-1]["query"], "written only over what was read"
+
+
+def test_an_item_is_never_finished_twice_even_when_two_nodes_race(gcp):
+    store = Cloud(ENV).store
+    store.put_item_if_new(Item("j", "i", ["x"], status="running"))
+    gcp.before_write.append(lambda: Cloud(ENV).store.update_item("j", "i", status="succeeded", node="other"))
+    assert store.update_item("j", "i", status="succeeded", node="me") is None
+    assert store.item("j", "i").node == "other"
+
+
+def test_a_value_of_none_removes_the_field(gcp):
+    store = Cloud(ENV).store
+    store.put_item_if_new(Item("j", "i", ["x"], exit_code=3))
+    assert store.update_item("j", "i", exit_code=None).exit_code is None
+    assert "exit_code" not in gcp.docs[f"{DOCS.removeprefix('/v1/')}/jobs/j/items/i"]
+
+
+# -- the agent's queue rules on Pub/Sub -----------------------------------------------------------
+def test_an_item_handed_back_many_times_is_never_dead_lettered_by_pubsub(gcp, tmp_path):
+    """A nack would raise the delivery attempt and Pub/Sub would dead-letter the item after
+    max_delivery_attempts (5); handing back publishes a fresh message instead."""
+    job = sdk.submit(ENV, "preempted a lot", "default", sdk.read_items(["a"]), kick=False).job_id
+    node = agent(tmp_path)
+    for _ in range(7):
+        (delivery,) = node.cloud.queues.receive("default", 10, 0)
+        assert delivery.deliveries == 1
+        node._requeue([Held("default", delivery.handle, ItemMessage.parse(delivery.body))], interrupted=True)
+    assert gcp.bodies(DLQ) == []
+    (body,) = gcp.bodies(SUB)
+    assert json.loads(body)["interruptions"] == 7 and json.loads(body)["failures"] == 0
+    item = node.store.item(job, "000000")
+    assert (item.status, item.interruptions, item.failures) == ("queued", 7, 0)
+
+
+def test_a_message_redelivered_after_its_ack_deadline_counts_as_a_lost_node(gcp, tmp_path):
+    job = sdk.submit(ENV, "node died", "default", sdk.read_items(["a"]), kick=False).job_id
+    node = agent(tmp_path)
+    node.cloud.queues.receive("default", 10, 0)  # a node took it and vanished
+    gcp.clock_offset += 601
+    node._receive("default", ENV.queues["default"], wait_s=0)
+    item = node.store.item(job, "000000")
+    assert (item.status, item.failures) == ("queued", 1)
+    assert item.history[-1]["reason"].startswith("node lost mid-attempt")
+    (body,) = gcp.bodies(SUB)
+    assert json.loads(body)["failures"] == 1
+
+
+def test_the_agent_keeps_the_subscriptions_ack_deadline_and_checkpoints_to_the_artifacts_bucket(gcp, tmp_path):
+    node = agent(tmp_path)
+    node._prepare()
+    assert node.visibility == {"default": 600}
+    assert node.checkpoint_base == "gs://tidefleet-gcp-dev-artifacts-acme-ml-dev/checkpoints"
+    assert node.s.grace_s == 20.0 and node.autoscaling is None

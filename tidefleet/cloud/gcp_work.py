@@ -1,0 +1,154 @@
+"""The work-queue and item-log ports on GCP: Pub/Sub (google-cloud-pubsub's GAPIC clients over
+REST) and Cloud Logging (the REST entries API through google-auth).
+
+Each configured queue is a topic and a pull subscription of the same name (naming.queue), and
+its dead letters a topic and subscription named naming.dead_letter_queue (stacks/gcp/messaging).
+
+Hand-back on Pub/Sub, decided: PUBLISH A NEW MESSAGE AND ACK THE OLD ONE, exactly as on SQS,
+not a nack. A nack (ack deadline 0) raises the message's delivery attempt, and the
+subscription's dead-letter policy moves a message to the dead-letter topic after
+`max_delivery_attempts` (5 for a queue with the default retries): an item handed back on five
+Spot preemptions would be dead-lettered by Pub/Sub itself, which the product forbids. A fresh
+message starts at delivery attempt 1 and is pullable at once, so another node still gets the
+item immediately; and the agent's rule stays one rule on both clouds: a message delivered more
+than once was held by a node that vanished, which counts as a failed attempt. `release` (the
+nack) is used only where that is wanted: other jobs' messages put back on the dead-letter
+subscription by retry-failed (that subscription has no dead-letter policy).
+
+Item logs: one Cloud Logging entry per output line, in log naming.item_log(env) (the stack's
+log bucket and sink select it), with labels job / item / attempt; a "stream" is
+`job/item/attempt` as on AWS.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from functools import cached_property
+
+from google.api_core import exceptions as gexc
+from google.auth.transport.requests import AuthorizedSession
+from google.pubsub_v1.services.publisher import PublisherClient
+from google.pubsub_v1.services.subscriber import SubscriberClient
+from google.pubsub_v1.types import PubsubMessage
+
+from tidefleet import naming
+from tidefleet.cloud.work import BufferedStream, Delivery, stream_name, stream_order
+from tidefleet.config import Environment
+
+LOGGING = "https://logging.googleapis.com/v2"
+SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
+PUBLISH_BATCH = 100  # messages per publish call (Pub/Sub takes up to 1000 and 10 MB)
+PULL_SLACK_S = 10  # HTTP timeout beyond the long poll
+
+
+def publish(env: Environment, topic: str, bodies: list[bytes], *, client: PublisherClient | None = None) -> None:
+    """Publish each body to the topic (a cloud resource name), in batches; raises on refusal."""
+    client = client or PublisherClient(transport="rest")
+    path = client.topic_path(env.project, topic)
+    for start in range(0, len(bodies), PUBLISH_BATCH):
+        batch = bodies[start : start + PUBLISH_BATCH]
+        ids = client.publish(topic=path, messages=[PubsubMessage(data=b) for b in batch]).message_ids
+        if len(ids) != len(batch):
+            raise RuntimeError(f"Pub/Sub accepted {len(ids)} of {len(batch)} message(s) on {topic}")
+
+
+class PubSubWorkQueues:
+    def __init__(self, env: Environment, *, subscriber: SubscriberClient | None = None,
+                 publisher: PublisherClient | None = None):  # fmt: skip
+        self.env = env
+        self.subscriber = subscriber or SubscriberClient(transport="rest")
+        self.publisher = publisher or PublisherClient(transport="rest")
+        self._leases: dict[str, int] = {}
+
+    def _name(self, queue: str, dead_letter: bool) -> str:
+        return naming.dead_letter_queue(self.env.name, queue) if dead_letter else naming.queue(self.env.name, queue)
+
+    def _subscription(self, queue: str, dead_letter: bool = False) -> str:
+        return self.subscriber.subscription_path(self.env.project, self._name(queue, dead_letter))
+
+    def lease_s(self, queue: str) -> int:
+        if queue not in self._leases:
+            self._leases[queue] = self.subscriber.get_subscription(subscription=self._subscription(queue)).ack_deadline_seconds
+        return self._leases[queue]
+
+    def receive(self, queue, max_messages, wait_s, *, dead_letter=False, hold_s=None) -> list[Delivery]:
+        subscription = self._subscription(queue, dead_letter)
+        try:
+            # Pull has no wait parameter: it returns when messages are there or the server's
+            # own wait ends; return_immediately is the only way to ask for no wait.
+            got = self.subscriber.pull(subscription=subscription, max_messages=max_messages,
+                                       return_immediately=wait_s == 0, timeout=wait_s + PULL_SLACK_S)  # fmt: skip
+        except gexc.DeadlineExceeded:
+            return []
+        received = list(got.received_messages)
+        if received and hold_s is not None:
+            self.extend_on(subscription, [r.ack_id for r in received], hold_s)
+        # delivery_attempt is 0 on a subscription without a dead-letter policy: a first delivery.
+        return [Delivery(r.ack_id, r.message.data.decode(errors="replace"), max(1, r.delivery_attempt)) for r in received]
+
+    def extend_on(self, subscription: str, ack_ids: list[str], seconds: int) -> None:
+        self.subscriber.modify_ack_deadline(subscription=subscription, ack_ids=ack_ids, ack_deadline_seconds=seconds)
+
+    def extend(self, queue, handles, seconds) -> dict[str, str]:
+        # All or nothing: an error raises (the agent logs it and tries again next heartbeat).
+        self.extend_on(self._subscription(queue), handles, seconds)
+        return {}
+
+    def delete(self, queue, handles, *, dead_letter=False) -> list[str]:
+        try:
+            self.subscriber.acknowledge(subscription=self._subscription(queue, dead_letter), ack_ids=handles)
+        except gexc.GoogleAPICallError as err:  # as SQS: report, the message just comes back
+            return [str(err)] * len(handles)
+        return []
+
+    def send(self, queue, bodies, *, dead_letter=False) -> None:
+        publish(self.env, self._name(queue, dead_letter), [b.encode() for b in bodies], client=self.publisher)
+
+    def release(self, queue, handles, *, dead_letter=False) -> None:
+        self.extend_on(self._subscription(queue, dead_letter), handles, 0)
+
+
+class CloudLoggingItemLogs:
+    def __init__(self, env: Environment, *, session: AuthorizedSession | None = None):
+        self.env, self._session = env, session
+        self.log_name = f"projects/{env.project}/logs/{naming.item_log(env.name)}"
+
+    @cached_property
+    def session(self) -> AuthorizedSession:
+        if self._session is not None:
+            return self._session
+        import google.auth
+
+        return AuthorizedSession(google.auth.default(scopes=SCOPES)[0])
+
+    def stream(self, job: str, item: str, attempt: int) -> BufferedStream:
+        labels = {"job": job, "item": item, "attempt": str(attempt)}
+
+        def send(batch: list[tuple[float, str]]) -> None:
+            entries = [{"textPayload": line, "timestamp": datetime.fromtimestamp(at, UTC).isoformat()}
+                       for at, line in batch]  # fmt: skip
+            body = {"logName": self.log_name, "resource": {"type": "global"}, "labels": labels, "entries": entries}
+            self.session.post(f"{LOGGING}/entries:write", json=body, timeout=10).raise_for_status()
+
+        return BufferedStream(stream_name(job, item, attempt), send)
+
+    def lines(self, job: str, item: str | None = None) -> Iterator[tuple[str, str]]:
+        query = f'logName="{self.log_name}" AND labels.job="{job}"' + (f' AND labels.item="{item}"' if item else "")
+        body = {"resourceNames": [f"projects/{self.env.project}"], "filter": query, "orderBy": "timestamp asc",
+                "pageSize": 1000}  # fmt: skip
+        by_stream: dict[str, list[str]] = {}
+        while True:
+            response = self.session.post(f"{LOGGING}/entries:list", json=body, timeout=30)
+            response.raise_for_status()
+            page = response.json()
+            for entry in page.get("entries", []):
+                labels = entry.get("labels", {})
+                name = stream_name(labels.get("job", job), labels.get("item", "?"), labels.get("attempt", "0"))
+                by_stream.setdefault(name, []).append(entry.get("textPayload", ""))
+            if not page.get("nextPageToken"):
+                break
+            body["pageToken"] = page["nextPageToken"]
+        for name in sorted(by_stream, key=stream_order):
+            for line in by_stream[name]:
+                yield name, line
