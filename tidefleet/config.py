@@ -83,6 +83,13 @@ class Pool(_Model):
     slots_per_unit: int = Field(1, ge=1, le=256, description="items of one slot a capacity unit runs at once")
     idle_timeout_s: int | None = Field(None, ge=0, description="idle time before removal; None = scaler default")
     boot_timeout_s: int = Field(600, ge=30, le=7200, description="launch to first heartbeat before replacement")
+    boot_estimate_s: int = Field(
+        60,
+        ge=0,
+        le=3600,
+        description="typical launch to first heartbeat (AWS: about 60 s; GPU images longer); work that "
+        "running nodes start sooner than this launches no node. An estimate, not the boot timeout",
+    )
     team: str = Field("default", pattern=NAME)
     cost_cap_usd_per_hour: float | None = Field(None, gt=0)
     public_ip: bool = False

@@ -35,6 +35,9 @@ class QueueView:
     slots_per_item: int
     visible: int  # waiting items
     in_flight: int  # items received and not yet deleted
+    # Observed mean run time of the queue's recently completed items (`item_seconds_mean`);
+    # None = unknown: serving slots are then not expected to start more waiting work soon.
+    mean_item_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,3 +67,12 @@ class PoolDecision:
     @property
     def changes(self) -> bool:
         return bool(self.terminate) or self.on_demand_base is not None
+
+
+ITEM_SECONDS_WEIGHT = 0.1  # weight of the newest completion: about the last ten items count
+
+
+def item_seconds_mean(previous: float | None, seconds: float) -> float:
+    """The exponentially weighted mean run time after one more completed item. The job store
+    keeps it per queue for the AWS scaler; the simulator keeps it the same way."""
+    return seconds if previous is None else previous + ITEM_SECONDS_WEIGHT * (seconds - previous)
