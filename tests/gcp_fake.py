@@ -90,7 +90,7 @@ class FakeGcp:
 
         def waiting(request):
             answer = handler(request)
-            if request.url.endswith(":pull") and answer[2] == '{"receivedMessages": []}' \
+            if urlparse(request.url).path.endswith(":pull") and answer[2] == '{"receivedMessages": []}' \
                     and not json.loads(request.body).get("returnImmediately"):  # fmt: skip
                 time.sleep(0.2)
             return answer

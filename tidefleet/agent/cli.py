@@ -10,10 +10,11 @@ import tempfile
 from pathlib import Path
 
 import click
-from botocore.exceptions import BotoCoreError, ClientError
 
+from tidefleet.agent.gce import GceMetadata
 from tidefleet.agent.imds import Metadata
 from tidefleet.agent.worker import Agent, Settings
+from tidefleet.cloud.work import CLOUD_ERRORS
 from tidefleet.config import ConfigError, load_environment
 
 
@@ -40,11 +41,10 @@ def agent(env_name, pool, heartbeat_s, imds_poll_s, grace_s, wait_s, work_dir) -
         raise click.ClickException(str(err)) from None
     if pool not in env.pools:
         raise click.ClickException(f"--pool: unknown pool {pool!r} in {env.name}; known pools: {', '.join(sorted(env.pools))}")
-    metadata = Metadata()
-    node_id = os.environ.get("TIDEFLEET_NODE_ID") or metadata.get("/latest/meta-data/instance-id") or socket.gethostname()
-    instance_type = metadata.get("/latest/meta-data/instance-type") or env.pools[pool].instance_types[0].type
-    # Unknown lifecycle (no metadata service) counts as spot: the cautious assumption.
-    spot = metadata.get("/latest/meta-data/instance-life-cycle") != "on-demand"
+    metadata = GceMetadata() if env.cloud == "gcp" else Metadata()
+    instance_id, instance_type, spot = metadata.identity()
+    node_id = os.environ.get("TIDEFLEET_NODE_ID") or instance_id or socket.gethostname()
+    instance_type = instance_type or env.pools[pool].instance_types[0].type
     root = os.environ.get("TIDEFLEET_CHECKPOINT_ROOT")
     settings = Settings(
         node_id=node_id, instance_type=instance_type, spot=spot,
@@ -54,9 +54,10 @@ def agent(env_name, pool, heartbeat_s, imds_poll_s, grace_s, wait_s, work_dir) -
     )
     try:
         code = Agent(env, pool, settings, metadata).run()
-    except (BotoCoreError, ClientError) as err:
+    except CLOUD_ERRORS as err:
+        local = "" if env.cloud == "gcp" else " or start `tidefleet sandbox --keep` and use its AWS_ENDPOINT_URL"
         raise click.ClickException(
-            f"{err}\nthe environment {env.name!r} looks undeployed or unreachable: deploy it with "
-            f"`invoke deploy --env {env.name}` or start `tidefleet sandbox --keep` and use its AWS_ENDPOINT_URL"
+            f"{err}\nthe environment {env.name!r} looks undeployed or unreachable (or this node lacks credentials): "
+            f"deploy it with `invoke deploy --env {env.name}`{local}"
         ) from None
     sys.exit(code)

@@ -34,6 +34,13 @@ class GceMetadata:
         except (urllib.error.HTTPError, OSError):
             return None
 
+    def identity(self) -> tuple[str | None, str | None, bool]:
+        """(instance name, machine type, spot), as `Metadata.identity`. The name is the node id:
+        the scaler deletes instances and reads heartbeats by it."""
+        machine = self.get("/computeMetadata/v1/instance/machine-type")  # projects/<n>/machineTypes/<type>
+        model = self.get("/computeMetadata/v1/instance/scheduling/provisioning-model")
+        return self.get("/computeMetadata/v1/instance/name"), machine.rsplit("/", 1)[-1] if machine else None, model != "STANDARD"
+
     def notice(self) -> Notice | None:
         if (self.get(PREEMPTED) or "").strip().upper() == "TRUE":
             return Notice(f"spot preemption notice (GCE gives about {NOTICE_S}s)")

@@ -52,6 +52,12 @@ class Metadata:
                 return None
         return self._request(path, headers={"X-aws-ec2-metadata-token": self._token})
 
+    def identity(self) -> tuple[str | None, str | None, bool]:
+        """(instance id, instance type, spot); None where unknown. An unknown lifecycle (no
+        metadata service) counts as spot: the cautious assumption."""
+        return (self.get("/latest/meta-data/instance-id"), self.get("/latest/meta-data/instance-type"),
+                self.get("/latest/meta-data/instance-life-cycle") != "on-demand")  # fmt: skip
+
     def notice(self) -> Notice | None:
         """A spot interruption notice or a group termination, whichever is present."""
         action = self.get("/latest/meta-data/spot/instance-action")

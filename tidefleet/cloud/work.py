@@ -34,11 +34,11 @@ def _cloud_errors() -> tuple[type[BaseException], ...]:
     errors: tuple[type[BaseException], ...] = (BotoCoreError, ClientError, ResponseParserError, RuntimeError)
     try:
         from google.api_core.exceptions import GoogleAPIError
-        from google.auth.exceptions import TransportError
+        from google.auth.exceptions import GoogleAuthError
         from requests import RequestException
     except ImportError:
         return errors
-    return (*errors, GoogleAPIError, TransportError, RequestException)
+    return (*errors, GoogleAPIError, GoogleAuthError, RequestException)
 
 
 CLOUD_ERRORS = _cloud_errors()

@@ -1,0 +1,98 @@
+"""The real agent loop on GCP ports, in-process: Pub/Sub, Firestore and Cloud Logging through the
+real clients against tests/gcp_fake.py, the GCE preemption notice from a metadata server on
+loopback, and a real workload process."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+
+import pytest
+
+from tests.test_gcp_agent_metadata import metadata_server  # noqa: F401 - a fixture
+from tests.test_gcp_jobs import DLQ, ENV, SUB, calls, gcp  # noqa: F401 - gcp is a fixture
+from tidefleet.agent.gce import GceMetadata
+from tidefleet.agent.worker import Agent, Settings
+from tidefleet.jobs import sdk
+from tidefleet.jobs.sdk import Cloud
+
+WORKLOAD = """
+import os, sys, time
+from tidefleet.agent import checkpoint
+print("checkpoints at", checkpoint.checkpoint_uri(), flush=True)
+time.sleep(0.5)  # long enough for an ack-deadline heartbeat
+if sys.argv[1] == "wait-once" and checkpoint.attempt() == 1:
+    while not checkpoint.should_stop():
+        time.sleep(0.05)
+    checkpoint.exit_interrupted()
+"""
+
+
+@pytest.fixture
+def env(tmp_path):
+    script = tmp_path / "workload.py"
+    script.write_text(WORKLOAD)
+    pool = ENV.pools["cpu"].model_copy(update={"command": f"{sys.executable} {script}"})
+    return ENV.model_copy(update={"pools": {**ENV.pools, "cpu": pool}})
+
+
+def run_agent(env, tmp_path, node: str, metadata_url: str, until) -> Agent:
+    """Run the agent in this (the main) thread until `until(store)` holds, then stop it."""
+    settings = Settings(node_id=node, instance_type="n2-standard-4", spot=True, work_dir=tmp_path / node,
+                        heartbeat_s=0.2, imds_poll_s=0.1, grace_s=5, wait_s=1)  # fmt: skip
+    agent = Agent(env, "cpu", settings, GceMetadata(metadata_url))
+
+    def watch():
+        deadline = time.monotonic() + 30
+        while not agent.finished.is_set() and not until(agent.store) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        agent.request_stop("test over")
+
+    threading.Thread(target=watch, daemon=True).start()
+    assert agent.run() == 0
+    return agent
+
+
+def test_an_item_is_received_run_acked_and_marked_succeeded(gcp, env, tmp_path, metadata_server):  # noqa: F811
+    url, _ = metadata_server
+    job = sdk.submit(env, "one", "default", sdk.read_items([["ok"]]), kick=False).job_id
+    run_agent(env, tmp_path, "tidefleet-gcp-dev-cpu-aaaa", url, lambda s: s.item(job, "000000").status == "succeeded")
+    item = Cloud(env).store.item(job, "000000")
+    assert (item.status, item.attempts, item.failures, item.node) == ("succeeded", 1, 0, "tidefleet-gcp-dev-cpu-aaaa")
+    assert item.history[-1]["outcome"] == "succeeded" and item.cpu_s is not None
+    assert gcp.bodies(SUB) == [], "acknowledged"
+    assert any(c["body"]["ackDeadlineSeconds"] == 600 for c in calls(gcp, "POST", f"{SUB}:modifyAckDeadline")), \
+        "the ack deadline is extended by the subscription's own while the item runs"
+    assert list(sdk.log_lines(env, job)) == [
+        (f"{job}/000000/1", f"checkpoints at gs://tidefleet-gcp-dev-artifacts-acme-ml-dev/checkpoints/{job}/000000/")]
+    beat = Cloud(env).store.heartbeat("cpu", "tidefleet-gcp-dev-cpu-aaaa")
+    assert (beat.busy_slots, beat.slots, beat.spot) == (0, 2, True)
+
+
+def test_a_preemption_hands_the_item_back_without_a_failure_and_another_node_finishes_it(
+    gcp, env, tmp_path, metadata_server  # noqa: F811
+):
+    url, state = metadata_server
+    job = sdk.submit(env, "preempted", "default", sdk.read_items([["wait-once"]]), kick=False).job_id
+
+    def preempt_once_running(store):
+        if store.item(job, "000000").status == "running":
+            state["preempted"] = "TRUE"
+        return False  # the notice stops the agent, not the test
+
+    first = run_agent(env, tmp_path, "tidefleet-gcp-dev-cpu-aaaa", url, preempt_once_running)
+    assert first.stop_reason.startswith("spot preemption notice")
+    item = Cloud(env).store.item(job, "000000")
+    assert (item.status, item.interruptions, item.failures) == ("queued", 1, 0)
+    assert item.history[-1]["outcome"] == "interrupted"
+    (body,) = gcp.bodies(SUB)
+    assert json.loads(body)["interruptions"] == 1 and gcp.bodies(DLQ) == []
+
+    state["preempted"] = "FALSE"  # another VM
+    run_agent(env, tmp_path, "tidefleet-gcp-dev-cpu-bbbb", url, lambda s: s.item(job, "000000").status == "succeeded")
+    item = Cloud(env).store.item(job, "000000")
+    assert (item.status, item.attempts, item.failures, item.interruptions, item.node) == (
+        "succeeded", 2, 0, 1, "tidefleet-gcp-dev-cpu-bbbb")
+    assert gcp.bodies(SUB) == []
