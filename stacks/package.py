@@ -4,6 +4,9 @@ runtime dependencies, as one deterministic zip (same inputs -> same sha256).
 Dependencies are wheels for Lambda's python3.12 on x86_64, fetched once with
 `pip download` into build/wheels/ and unpacked into the zip; boto3 is left out because
 the Lambda runtime provides it. Nothing is vendored into git.
+
+The same archive is the GCP scaler's Cloud Function source: its Python buildpack installs
+the root `requirements.txt` (Lambda ignores the file), so that file is always written.
 """
 
 from __future__ import annotations
@@ -23,6 +26,14 @@ RUNTIME_REQUIREMENTS = ("pydantic>=2.7,<3",)
 PLATFORM = ("--platform", "manylinux2014_x86_64", "--python-version", "3.12", "--implementation", "cp")
 # Keyed by what is asked for, so changing a requirement never reuses old wheels.
 WHEEL_CACHE = ROOT / "build" / "wheels" / hashlib.sha256(repr((RUNTIME_REQUIREMENTS, PLATFORM)).encode()).hexdigest()[:12]
+# What the GCP scaler function imports; the buildpack installs them from requirements.txt.
+GCP_FUNCTION_REQUIREMENTS = (
+    "functions-framework>=3.5,<4",  # the entry point's host; Google asks for it to be listed
+    "google-cloud-compute>=1.19,<2",  # the managed instance groups
+    "google-cloud-firestore>=2.16,<3",  # node heartbeats (Cloud Monitoring is read over REST via google-auth)
+    "pydantic>=2.7,<3",
+    "boto3>=1.34,<2",  # imported, never called, by the shared handler's parse and the store module
+)
 FIXED_TIME = (1980, 1, 1, 0, 0, 0)  # the earliest a zip can say
 FILE_MODE = 0o644 << 16
 SKIP_PARTS = {"__pycache__", ".pytest_cache"}
@@ -57,6 +68,7 @@ def _entries(root: Path, wheels: list[Path]) -> dict[str, bytes]:
         for path in (root / top).rglob("*"):
             if path.is_file() and not SKIP_PARTS & set(path.parts) and path.suffix != ".pyc":
                 entries[path.relative_to(root).as_posix()] = path.read_bytes()
+    entries["requirements.txt"] = "".join(f"{r}\n" for r in GCP_FUNCTION_REQUIREMENTS).encode()
     return entries
 
 

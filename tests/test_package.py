@@ -7,7 +7,7 @@ import zipfile
 
 import pytest
 
-from stacks.package import FIXED_TIME, ROOT, SOURCES, build_archive, runtime_wheels
+from stacks.package import FIXED_TIME, GCP_FUNCTION_REQUIREMENTS, ROOT, SOURCES, build_archive, runtime_wheels
 
 
 @pytest.fixture(scope="module")
@@ -41,3 +41,12 @@ def test_archive_holds_handlers_library_environments_and_linux_wheels_but_not_bo
     assert any(n.startswith("pydantic_core/_pydantic_core.cpython-312-x86_64-linux-gnu") for n in names)
     assert not any(n.startswith(("boto3/", "botocore/")) or "__pycache__" in n for n in names)
     assert {(i.date_time, i.external_attr >> 16) for i in infos} == {(FIXED_TIME, 0o644)}
+
+
+def test_archive_tells_the_cloud_functions_build_what_to_install(tmp_path, wheels):
+    path, _ = build_archive(tmp_path / "f.zip", wheels=wheels)
+    with zipfile.ZipFile(path) as archive:
+        wanted = archive.read("requirements.txt").decode().splitlines()
+    assert wanted == list(GCP_FUNCTION_REQUIREMENTS)
+    names = {r.split(">")[0] for r in wanted}
+    assert {"google-cloud-compute", "google-cloud-firestore", "pydantic", "functions-framework"} <= names
