@@ -172,7 +172,7 @@ class FakeGcp:
         if exists == "true" and name not in self.docs:
             return self._error(404, "NOT_FOUND", f"no document to update: {name}")
         if "currentDocument.updateTime" in query:
-            given = datetime.fromisoformat(query["currentDocument.updateTime"].replace("Z", "+00:00"))
+            given = datetime.fromisoformat(query["currentDocument.updateTime"])
             if name not in self.docs or given != EPOCH + timedelta(microseconds=self.versions.get(name, 0)):
                 return self._error(400, "FAILED_PRECONDITION", "the document was changed since it was read")
         return None

@@ -13,12 +13,12 @@ import pytest
 import responses
 from google.auth.credentials import AnonymousCredentials
 
-from tests.gcp_fake import FakeGcp
+from tests.gcp_fake import FakeGcp, FakeVm
 from tidefleet.agent.worker import Agent, Held, Settings
 from tidefleet.config import load_environment
 from tidefleet.jobs import sdk
 from tidefleet.jobs.sdk import Cloud, ItemMessage
-from tidefleet.store import Item
+from tidefleet.store import Heartbeat, Item
 
 ENV = load_environment("gcp-dev")
 SUB = "tidefleet-gcp-dev-default"
@@ -203,3 +203,15 @@ def test_the_agent_keeps_the_subscriptions_ack_deadline_and_checkpoints_to_the_a
     assert node.visibility == {"default": 600}
     assert node.checkpoint_base == "gs://tidefleet-gcp-dev-artifacts-acme-ml-dev/checkpoints"
     assert node.s.grace_s == 20.0 and node.autoscaling is None
+
+
+def test_nodes_lists_each_pools_managed_groups_and_heartbeats(gcp):
+    gcp.groups |= {"tidefleet-gcp-dev-cpu": 1, "tidefleet-gcp-dev-cpu-od": 1}
+    gcp.vms["tidefleet-gcp-dev-cpu"] = [FakeVm("tidefleet-gcp-dev-cpu-aaaa")]
+    gcp.vms["tidefleet-gcp-dev-cpu-od"] = [FakeVm("tidefleet-gcp-dev-cpu-od-bbbb")]
+    Cloud(ENV).store.put_heartbeat(Heartbeat("tidefleet-gcp-dev-cpu-aaaa", "cpu", at=100.0, slots=2, busy_slots=1,
+                                             idle_since=None, instance_type="n2-standard-4"))  # fmt: skip
+    rows = {row.pool: row for row in sdk.nodes(ENV, now=130.0)}
+    assert (rows["cpu"].desired, rows["cpu"].instances) == (2, 2)
+    assert [(n.node_id, n.busy_slots, n.heartbeat_age_s) for n in rows["cpu"].nodes] == [("tidefleet-gcp-dev-cpu-aaaa", 1, 30.0)]
+    assert (rows["gpu"].desired, rows["gpu"].instances, rows["gpu"].nodes) == (None, None, [])

@@ -1,14 +1,17 @@
 """The worker agent: takes items from its pool's queues and runs them, never losing one.
 
-How an item's attempts are counted (the decision the issue asks for):
-  * The SQS message carries the item's `failures` and `interruptions` (`ItemMessage`). To
+The queue is a port (`tidefleet.cloud.work.WorkQueues`): SQS on AWS, Pub/Sub on GCP, the same
+rules on both. How an item's attempts are counted (the decision the issue asks for):
+  * The message carries the item's `failures` and `interruptions` (`ItemMessage`). To
     retry a failed item or hand back an interrupted one, the agent SENDS A NEW MESSAGE with
-    the updated counts and then deletes the one it holds. A fresh message starts at receive
-    count 1, so the queue's redrive policy (maxReceiveCount) never sees polite interruptions:
-    an item interrupted five times is simply queued a sixth time.
+    the updated counts and then deletes (acks) the one it holds. A fresh message starts at
+    delivery count 1, so the queue's redrive / dead-letter policy (SQS maxReceiveCount,
+    Pub/Sub max_delivery_attempts) never sees polite interruptions: an item interrupted five
+    times is simply queued a sixth time. On Pub/Sub this is why a hand-back is not a nack: a
+    nack raises the delivery attempt and Pub/Sub would dead-letter the item by itself.
   * When `failures` exceeds the queue's max_retries the agent itself sends the message to
     the dead-letter queue and marks the item failed with the reason.
-  * A message received with receive count > 1 was held by an agent that vanished without a
+  * A message delivered more than once was held by an agent that vanished without a
     word (kill -9, kernel panic, spot reclaim without notice). That lost attempt counts as a
     failure ("node lost"), so an item that kills its node every time still ends in the
     dead-letter queue instead of looping forever.
@@ -19,7 +22,10 @@ How an item's attempts are counted (the decision the issue asks for):
 Interruption: a spot notice or a Terminated lifecycle state (instance metadata, polled), the
 `draining` flag in the node's own heartbeat record, or SIGTERM to the agent all take the same
 path: stop intake, create each item's stop file and SIGTERM its process group, wait up to
-`grace_s`, then SIGKILL what is left and hand every unfinished item back in one batch.
+`grace_s`, then SIGKILL what is left and hand every unfinished item back in one batch. On GCP
+the notice is the metadata server's `preempted` (about 30 s before the VM stops, hence a 20 s
+grace there), and there is no scale-in protection to set: the scaler deletes only the idle
+instances it names, judged by their heartbeats.
 """
 
 from __future__ import annotations

@@ -6,9 +6,12 @@ appended to the pool's command. Submitting is idempotent: the job id derives fro
 (unless given) and item ids from positions (unless given), records are conditional puts, and
 only items not yet sent are sent, so running the same submit twice creates nothing twice.
 
-The SQS message of an item carries its failure and interruption counts (`ItemMessage`): the
-agent re-sends a message to retry or hand back an item, so SQS's receive count (and the
-queue's redrive policy) only ever sees lost nodes, never polite interruptions.
+The message of an item carries its failure and interruption counts (`ItemMessage`): the
+agent re-sends a message to retry or hand back an item, so the queue's delivery count (and
+its redrive / dead-letter policy) only ever sees lost nodes, never polite interruptions.
+`Cloud` is the environment's queues, store and logs: SQS, DynamoDB and CloudWatch Logs on
+AWS; Pub/Sub, Firestore and Cloud Logging on GCP. The kick is an asynchronous invoke of the
+scaler on AWS and a message on the scaler's trigger topic (naming.kick_topic) on GCP.
 """
 
 from __future__ import annotations
@@ -29,8 +32,8 @@ from pathlib import Path
 import boto3
 
 from tidefleet import naming
-from tidefleet.config import Environment
 from tidefleet.cloud.work import CloudWatchItemLogs, SqsWorkQueues
+from tidefleet.config import Environment
 from tidefleet.store import Item, Job, Store
 
 SEND_BATCH = 10  # items sent between store updates (one SQS batch)
@@ -324,25 +327,29 @@ class PoolRow:
     nodes: list[NodeRow]
 
 
+def _group_sizes(env: Environment) -> dict[str, tuple[int, int]]:
+    """(desired capacity units, instances) of each pool whose group exists."""
+    if env.cloud == "gcp":  # a pool is a Spot and an on-demand managed instance group
+        from tidefleet.cloud.gcp import MigFleet
+
+        return {p: (g.desired, len(g.instances)) for p, g in MigFleet(env).groups(list(env.pools), since=0).items()}
+    autoscaling = boto3.client("autoscaling", region_name=env.region)
+    names = {naming.group(env.name, p): p for p in env.pools}
+    found = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=list(names))["AutoScalingGroups"]
+    return {names[g["AutoScalingGroupName"]]: (g["DesiredCapacity"], len(g["Instances"])) for g in found}
+
+
 def nodes(env: Environment, now: float | None = None) -> list[PoolRow]:
     """Per pool: the group's desired size and instances, and each node's last heartbeat."""
     now = time.time() if now is None else now
-    store = Store(env.name, env.region)
-    autoscaling = boto3.client("autoscaling", region_name=env.region)
-    names = [naming.group(env.name, p) for p in env.pools]
-    groups = {
-        g["AutoScalingGroupName"]: g
-        for g in autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=names)["AutoScalingGroups"]
-    }
+    store = Cloud(env).store
+    sizes = _group_sizes(env)
     out = []
     for pool in env.pools:
-        group = groups.get(naming.group(env.name, pool))
+        desired, instances = sizes.get(pool, (None, None))
         rows = [
             NodeRow(pool, hb.node_id, hb.instance_type, hb.spot, hb.busy_slots, hb.slots, hb.gpus, hb.draining, now - hb.at)
             for hb in sorted(store.heartbeats(pool).values(), key=lambda h: h.node_id)
         ]
-        out.append(
-            PoolRow(pool, group["DesiredCapacity"] if group else None, len(group["Instances"]) if group else None, rows)
-        )
+        out.append(PoolRow(pool, desired, instances, rows))
     return out
-
