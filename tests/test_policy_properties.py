@@ -34,6 +34,7 @@ def environments(draw, *, max_pools: int = 2, env_cap: bool = True) -> Environme
             "on_demand_base": draw(st.integers(0, min(high, 2))),
             "on_demand_percent": draw(st.sampled_from([0, 0, 10, 50, 100])),
             "boot_timeout_s": draw(st.sampled_from([60, 600])),
+            "boot_estimate_s": draw(st.sampled_from([0, 60, 300])),
             "idle_timeout_s": draw(st.sampled_from([None, 0, 300])),
             "cost_cap_usd_per_hour": draw(st.none() | st.floats(0.05, 3.0)),
             "instance_types": [{"type": t, "weight": w} for t, w in zip(TYPES, weights)],
@@ -110,8 +111,11 @@ def fleets(draw, env: Environment) -> FleetView:
         | st.tuples(st.integers(0, 4), st.integers(0, 4))
         | st.tuples(st.integers(0, 30), st.integers(0, 10))
     )
+    # Observed mean item time: unknown, shorter than the boot estimate (turnover), or longer.
+    mean = st.none() | st.floats(1, 400)
     queues = tuple(
-        QueueView(name, q.pool, q.priority, q.slots_per_item, *draw(depth)) for name, q in env.queues.items()
+        QueueView(name, q.pool, q.priority, q.slots_per_item, *draw(depth), mean_item_s=draw(mean))
+        for name, q in env.queues.items()
     )
     return FleetView(tuple(pools), queues)
 

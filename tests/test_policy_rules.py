@@ -167,6 +167,98 @@ def test_items_needing_several_slots_count_all_their_slots():
     )
 
 
+# --- boot horizon: work serving slots start before a new node boots launches nothing ----------
+
+BUSY_SIX = [node(f"i-{i}", busy=2) for i in range(6)]  # 12 serving slots, all busy
+FOUR_BUSY_TWO_BOOTING = [node(f"i-{i}", busy=2) for i in range(4)] + [
+    node(f"i-b{i}", booted=False, age=20) for i in range(2)
+]
+
+# fmt: off
+HORIZON = [
+    # (case, nodes, render depth (visible, in flight, mean item s), desired after, horizon line or None)
+    ("an unknown mean counts slots only", BUSY_SIX, (40, 12, None), 26, None),
+    ("a mean longer than the boot counts slots only", BUSY_SIX, (40, 12, 90.0), 26, None),
+    ("each busy slot starts 1 + floor(60 / 23) items before a new node is ready", BUSY_SIX, (40, 12, 23.0), 14,
+     "boot horizon: 40 queued items of ~23s; 12 serving slots start ~24 of them within the 60s a new node needs; "
+     "16 more slots"),
+    ("short items are all started by the serving slots", BUSY_SIX, (40, 12, 10.0), 6,
+     "boot horizon: 40 queued items of ~10s; 12 serving slots start ~40 of them within the 60s a new node needs; "
+     "0 more slots"),
+    ("booting slots count once: they are not turning over yet", FOUR_BUSY_TWO_BOOTING, (40, 12, 23.0), 18,
+     "boot horizon: 40 queued items of ~23s; 12 serving slots start ~16 of them within the 60s a new node needs; "
+     "24 more slots"),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize("case, nodes, depth, after, line", HORIZON, ids=[c[0] for c in HORIZON])
+def test_waiting_work_serving_slots_start_within_the_boot_estimate_launches_no_node(case, nodes, depth, after, line):
+    env = environment(**{"pools.cpu.max": 50, "pools.cpu.boot_estimate_s": 60})
+    view = fleet(env, nodes, render=depth)
+    decision = decide_pool(env, view)
+    assert decision.desired == after, decision.reasons
+    horizon = [r for r in decision.reasons if r.startswith("boot horizon")]
+    assert horizon == ([line] if line else []), decision.reasons
+    assert_settled(env, view)
+
+
+def test_the_boot_horizon_serves_higher_priority_queues_first():
+    """render (priority 20) takes the turning-over slots it needs; batch gets the rest."""
+    env = environment(**{"pools.cpu.max": 50})
+    view = fleet(env, BUSY_SIX, render=(12, 6, 20.0), batch=(10, 6, 20.0))
+    decision = decide_pool(env, view)
+    # A slot starts 1 + 60 // 20 = 4 items: render's 18 take 5 slots, the 7 left start 28 >= batch's 16.
+    assert decision.desired == 6, decision.reasons
+    more = decide_pool(env, fleet(env, BUSY_SIX, render=(12, 6, 20.0), batch=(30, 6, 20.0)))
+    # batch's 36 items: 28 started by its 7 slots, 8 more slots = 4 units.
+    assert more.desired == 6 + 4, more.reasons
+    assert any(r.endswith("; 8 more slots") for r in more.reasons), more.reasons
+    assert_settled(env, view)
+
+
+# --- packing: an item of several slots needs them free on one node ---------------------------
+
+PACKED = {  # nodes of 8 slots (4 units of 2 slots); render items take a whole node
+    "pools.cpu.max": 40,
+    "pools.cpu.instance_types": [{"type": "c6i.xlarge", "weight": 4}],
+    "queues.render.slots_per_item": 8,
+}
+
+
+def test_an_item_fitting_no_nodes_free_slots_launches_a_node_although_free_slots_add_up():
+    env = environment(**PACKED)
+    half_busy = [node(f"i-{i}", weight=4, busy=4, type="c6i.xlarge") for i in range(3)]  # 3 x 4 free slots
+    view = fleet(env, half_busy, render=(1, 0), batch=(0, 12))
+    decision = decide_pool(env, view)
+    assert decision.desired == 12 + 4, decision.reasons
+    assert decision.reasons[0].startswith(
+        "scale out 12 -> 16 units: demand 20 slots (queue render: 1 visible + 0 in flight x 8 slots; "
+        "queue batch: 0 visible + 12 in flight) <= capacity 24 slots; 4 unit(s) to launch"
+    )
+    assert "packing: 1 item(s) of 8 slots (queue render) fit no node's free slots; 1 node(s) of 8 slots needed" in (
+        decision.reasons
+    )
+    assert_settled(env, view)
+
+
+def test_items_that_fit_free_slots_launch_nothing_and_keep_their_idle_node():
+    """The longest idle node would go first; the waiting 8-slot item was placed on it instead."""
+    env = environment(**PACKED)
+    nodes = [
+        node("i-a", weight=4, busy=8, type="c6i.xlarge"),
+        node("i-b", weight=4, idle=1000, type="c6i.xlarge"),
+        node("i-c", weight=4, idle=2000, type="c6i.xlarge"),
+    ]
+    view = fleet(env, nodes, render=(1, 0), batch=(0, 8))
+    decision = decide_pool(env, view)
+    assert decision.terminate == ("i-b",), decision.reasons
+    assert decision.desired == 8
+    assert "keep i-c: idle but needed, a waiting multi-slot item fits its free slots" in decision.reasons
+    assert not any(r.startswith("packing") for r in decision.reasons)
+    assert_settled(env, view)
+
+
 def test_pool_min_is_kept_without_demand():
     env = environment(**{"pools.cpu.min": 2})
     decision = decide_pool(env, fleet(env))

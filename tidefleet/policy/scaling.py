@@ -5,19 +5,26 @@ small function; each decision carries one human line per rule that acted or held
 
 Rules
 1. Demand, in slots = sum over the pool's queues of (visible + in flight) * slots_per_item.
-   In-flight items count, so work that is running is never mistaken for surplus.
+   In-flight items count, so work that is running is never mistaken for surplus. What demand
+   needs beyond the serving slots is refined by two rules (see `demand.py`):
+   1a. boot horizon: waiting items that serving slots will start sooner than a new node could
+       boot (from the queue's observed mean item time) launch no node;
+   1b. packing: waiting items of several slots that fit no node's free slots need new nodes,
+       even when the pool's free slots add up to enough.
 2. Capacity = slots of running and booting nodes + group units not yet materialised as
    nodes (group desired > units of its nodes: launches in progress). Draining, terminating,
    and replaced (rule 5) nodes do not count. Desired is always set absolutely, so a
    booting node or an in-progress launch is never launched twice.
 3. Desired units = units of nodes that stay in the group + the units demand still needs
-   (ceil(missing slots / slots_per_unit)), clamped to [min, max]. Scale-out is immediate.
+   (the larger of ceil(slots rule 1a leaves uncovered / slots_per_unit) and the units of the
+   nodes rule 1b asks for), clamped to [min, max]. Scale-out is immediate.
    Desired never drops below the units of nodes that stay (the group would pick victims);
    launches not materialised yet are cancelled when demand no longer needs them.
 4. Scale-in terminates specific nodes only (terminate with decrement): running, heartbeating,
    not protected, idle longer than the pool's idle timeout; on-demand before spot, longest
    idle first; only while the remaining slots still cover demand and the group stays at or
-   above min; never within the scale-out cooldown after the newest node's launch. Idle
+   above min; never within the scale-out cooldown after the newest node's launch; never a
+   node whose free slots a waiting multi-slot item was placed on (rule 1b). Idle
    draining nodes are released at once (they are leaving anyway). Busy, protected, booting
    and draining-with-work nodes are never scaled in (a silent one is replaced, rule 5).
 5. A node with no heartbeat `boot_timeout_s` after launch, or silent for `boot_timeout_s`
@@ -46,6 +53,7 @@ from dataclasses import dataclass, field
 
 from tidefleet.config import Environment, Pool
 from tidefleet.policy.cost import LaunchCost, PoolPrices
+from tidefleet.policy.demand import Horizon, Packing, boot_horizon, demand_slots, packing
 from tidefleet.policy.model import FleetView, NodeView, PoolDecision, PoolView, QueueView
 
 QUEUES_NAMED = 3  # queues spelled out in a demand line; the rest are counted
@@ -69,7 +77,8 @@ class _Plan:
     name: str
     pool: Pool
     view: PoolView
-    queues: list[QueueView]  # highest priority first
+    queues: list[QueueView]  # highest priority first, then biggest items first
+    needs: list[int]  # per queue: units the queues up to it need beyond the serving nodes
     demand: int  # slots
     capacity: int  # slots serving or launching before this decision
     serving_slots: int  # slots of serving nodes that stay
@@ -86,10 +95,9 @@ class _Plan:
     granted: int = 0  # units to launch, after the environment budget
     env_limited: bool = False
 
-    def target(self, slots: int) -> int:
-        """Units to launch so `slots` of demand are covered, within this pool's limit."""
-        missing = max(0, slots - self.serving_slots)
-        return max(self.forced, min(self.limit, math.ceil(missing / self.pool.slots_per_unit)))
+    def target(self, index: int) -> int:
+        """Units to launch so queues[:index + 1] are covered, within this pool's limit."""
+        return max(self.forced, min(self.limit, self.needs[index]))
 
 
 def decide(env: Environment, fleet: FleetView, now: float) -> tuple[PoolDecision, ...]:
@@ -128,9 +136,11 @@ def _unknown_pool(env: Environment, view: PoolView) -> PoolDecision:
 def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: float) -> _Plan:
     pool = env.pools[view.name]
     scaler = env.scaler
-    queues = sorted(queues, key=lambda q: (-q.priority, q.name))
-    demand = sum(_queue_demand(q) for q in queues)
+    queues = sorted(queues, key=lambda q: (-q.priority, -q.slots_per_item, q.name))
+    demand = sum(map(demand_slots, queues))
     nodes = _sort_nodes(view.nodes, pool, now)
+    smallest = min(t.weight for t in pool.instance_types)
+    packed = packing(queues, nodes.serving, smallest * pool.slots_per_unit)
     reasons = [_replace_reason(n, pool, now) for n in nodes.replace]
     reasons += [f"terminate {n.id}: draining and idle" for n in nodes.release]
     reasons += [_draining_kept_reason(n) for n in nodes.draining_busy]
@@ -144,6 +154,7 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
         demand=demand,
         serving_slots=serving_slots,
         group_units=held_units + _units(nodes.serving),
+        reserved=packed.reserved,
         pool=pool,
         idle_timeout_s=env.idle_timeout_s(view.name),
         cooldown_s=scaler.scale_out_cooldown_s,
@@ -169,7 +180,14 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
     )
     existing_cost = sum(prices.node(n) for n in view.nodes if n.id not in gone)
     staying_serving_slots = serving_slots - _slots(idle_out)
-    wanted = math.ceil(max(0, demand - staying_serving_slots) / pool.slots_per_unit)
+    booting_slots = sum(n.slots for n in nodes.serving if n.state == "pending")
+    horizon = boot_horizon(
+        queues, staying_serving_slots - booting_slots, booting_slots, pool.boot_estimate_s
+    )
+    needs = _needs(horizon, packed, pool.slots_per_unit, smallest)
+    wanted = needs[-1] if needs else 0
+    reasons += _horizon_reason(horizon, demand, staying_serving_slots, pool)
+    reasons += _packing_reasons(queues, packed, smallest * pool.slots_per_unit)
     limit, limited_by = max(0, pool.max - group_units), "max"
     if pool.cost_cap_usd_per_hour is not None and min(limit, wanted) > 0:
         # Searching only up to what demand wants keeps the common, uncapped case one price call.
@@ -181,6 +199,7 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
         pool=pool,
         view=view,
         queues=queues,
+        needs=needs,
         demand=demand,
         capacity=serving_slots + launching * pool.slots_per_unit,
         serving_slots=staying_serving_slots,
@@ -197,8 +216,37 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
     )
 
 
-def _queue_demand(queue: QueueView) -> int:
-    return (queue.visible + queue.in_flight) * queue.slots_per_item
+def _needs(horizon: Horizon, packed: Packing, slots_per_unit: int, node_units: int) -> list[int]:
+    """Per queue, units the queues up to it need: the larger of the two rules' answers."""
+    needs, slots, nodes = [], 0, 0
+    for uncovered, new_nodes in zip(horizon.uncovered, packed.new_nodes, strict=True):
+        slots += uncovered
+        nodes += new_nodes
+        needs.append(max(math.ceil(slots / slots_per_unit), nodes * node_units))
+    return needs
+
+
+def _horizon_reason(horizon: Horizon, demand: int, serving_slots: int, pool: Pool) -> list[str]:
+    """A line only when turnover changed the answer: slots missing by count, fewer by time."""
+    missing = demand - serving_slots
+    more = sum(horizon.uncovered)
+    if missing <= 0 or more >= missing or not horizon.means:
+        return []
+    low, high = min(horizon.means), max(horizon.means)
+    mean = f"~{low:.0f}s" if round(low) == round(high) else f"~{low:.0f}-{high:.0f}s"
+    return [
+        f"boot horizon: {horizon.waiting} queued items of {mean}; {serving_slots} serving slots start "
+        f"~{horizon.started} of them within the {pool.boot_estimate_s}s a new node needs; {more} more slots"
+    ]
+
+
+def _packing_reasons(queues: list[QueueView], packed: Packing, node_slots: int) -> list[str]:
+    return [
+        f"packing: {unplaced} item(s) of {q.slots_per_item} slots (queue {q.name}) fit no node's free slots; "
+        f"{nodes} node(s) of {node_slots} slots needed"
+        for q, unplaced, nodes in zip(queues, packed.unplaced, packed.new_nodes, strict=True)
+        if unplaced
+    ]
 
 
 def _units(nodes: list[NodeView]) -> int:
@@ -304,6 +352,7 @@ def _choose_idle(
     demand: int,
     serving_slots: int,
     group_units: int,
+    reserved: set[str],
     pool: Pool,
     idle_timeout_s: int,
     cooldown_s: int,
@@ -331,7 +380,9 @@ def _choose_idle(
         return [], reasons
     chosen = []
     for n in overdue:
-        if n.slots > surplus:
+        if n.id in reserved:
+            reasons.append(f"keep {n.id}: idle but needed, a waiting multi-slot item fits its free slots")
+        elif n.slots > surplus:
             reasons.append(
                 f"keep {n.id}: idle but needed, demand {demand} slots leaves {surplus} spare < its {n.slots}"
             )
@@ -379,15 +430,12 @@ def _share_budget(plans: list[_Plan], env: Environment) -> None:
     for plan in plans:
         plan.granted = plan.forced
         budget -= plan.launch_cost(plan.forced)
-    steps = []
-    for plan in plans:
-        covered = 0
-        for queue in plan.queues:
-            covered += _queue_demand(queue)
-            steps.append((-queue.priority, plan.name, queue.name, plan, covered))
+    steps = [
+        (-queue.priority, plan.name, index, plan) for plan in plans for index, queue in enumerate(plan.queues)
+    ]
     steps.sort(key=lambda s: s[:3])
-    for *_, plan, covered in steps:
-        target = plan.target(covered)
+    for *_, index, plan in steps:
+        target = plan.target(index)
         if target <= plan.granted:
             continue
         spent = plan.launch_cost(plan.granted)
@@ -457,13 +505,11 @@ def _desired_reason(plan: _Plan, desired: int) -> str:
 
 def _starved(plan: _Plan) -> tuple[str, ...]:
     """Queues with waiting items that the capped capacity does not reach, by priority."""
-    capacity = plan.serving_slots + plan.granted * plan.pool.slots_per_unit
-    covered, starved = 0, []
-    for queue in plan.queues:
-        covered += _queue_demand(queue)
-        if covered > capacity and queue.visible:
-            starved.append(queue.name)
-    return tuple(starved)
+    return tuple(
+        queue.name
+        for queue, need in zip(plan.queues, plan.needs, strict=True)
+        if need > plan.granted and queue.visible
+    )
 
 
 def _cap_reason(plan: _Plan, desired: int, starved: tuple[str, ...], env_cap: str) -> str:

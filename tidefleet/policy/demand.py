@@ -1,0 +1,110 @@
+"""How many new slots a pool's queues need, beyond counting slots (rules 1a and 1b of scaling.py).
+
+Both functions walk the queues highest priority first, so what a prefix of queues needs never
+depends on the queues after it: the environment budget is shared by those prefixes, and more
+waiting items never lower what is needed (each rule is monotone in demand).
+
+1a. Boot horizon. A new node is ready only `boot_estimate_s` after launch. A serving slot whose
+    queue finishes items every `mean_item_s` seconds starts about 1 + floor(boot / mean) items
+    in that time (the one it runs or takes now, then one per mean), each no later than a new
+    node could start it. Only the items beyond that need new slots. The floor keeps the
+    expected wait of a covered item within the boot estimate; an unknown mean (None) or one
+    longer than the boot gives 1 item per slot: plain slot counting. Booting slots count once
+    (they are not turning over yet) and are used first, as they serve every queue alike.
+1b. Packing. An item of k > 1 slots starts only on one node with k free slots. Waiting items
+    of such queues are placed on the serving nodes' free slots (booting nodes are all free),
+    biggest first within a priority, each on the node with the fewest free slots that fit it.
+    Items that fit nowhere need new nodes of the pool's smallest type (every type fits the
+    queue's items: a config rule). Nodes holding a placement are kept from scale-in.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+
+from tidefleet.policy.model import NodeView, QueueView
+
+
+def demand_slots(queue: QueueView) -> int:
+    return (queue.visible + queue.in_flight) * queue.slots_per_item
+
+
+@dataclass(frozen=True, slots=True)
+class Horizon:
+    """Rule 1a for one pool: slots each queue still needs, and what turnover covered."""
+
+    uncovered: tuple[int, ...]  # per queue, in the given order
+    waiting: int  # items waiting in queues whose serving slots turn over within the boot
+    started: int  # of them, items serving slots start before a new node would be ready
+    means: tuple[float, ...]  # the mean run times that turned over
+
+
+def boot_horizon(queues: list[QueueView], warm_slots: int, booting_slots: int, boot_s: int) -> Horizon:
+    warm_left, boot_left = warm_slots, booting_slots
+    uncovered, waiting, started, means = [], 0, 0, []
+    for q in queues:
+        need = demand_slots(q)
+        from_boot = min(boot_left, need)
+        boot_left -= from_boot
+        need -= from_boot
+        per_slot = 1 + turns(q.mean_item_s, boot_s)
+        used = min(warm_left, math.ceil(need / per_slot))
+        warm_left -= used
+        left = need - min(need, used * per_slot)
+        uncovered.append(left)
+        if per_slot > 1 and q.visible:
+            waiting += q.visible
+            started += max(0, q.visible - math.ceil(left / q.slots_per_item))
+            means.append(q.mean_item_s)
+    return Horizon(tuple(uncovered), waiting, started, tuple(means))
+
+
+def turns(mean_item_s: float | None, boot_s: int) -> int:
+    """Items one slot finishes and starts again within the boot estimate (0: unknown mean)."""
+    if not mean_item_s or mean_item_s <= 0:
+        return 0
+    return int(boot_s // mean_item_s)
+
+
+@dataclass(slots=True)
+class Packing:
+    """Rule 1b for one pool: per queue, waiting items that fit no node and the nodes they need."""
+
+    unplaced: list[int] = field(default_factory=list)  # per queue, in the given order
+    new_nodes: list[int] = field(default_factory=list)
+    reserved: set[str] = field(default_factory=set)  # nodes a waiting item was placed on
+
+
+def packing(queues: list[QueueView], serving: list[NodeView], node_slots: int) -> Packing:
+    """Place waiting items of multi-slot queues; `queues` in priority order (ties: biggest first)."""
+    out = Packing()
+    if not any(q.slots_per_item > 1 and q.visible for q in queues):
+        out.unplaced = out.new_nodes = [0] * len(queues)
+        return out
+    by_free: dict[int, list[str]] = {}
+    for n in sorted(serving, key=lambda n: n.id):  # a fixed order: the same view, the same placement
+        free = n.slots - n.busy_slots if n.state == "running" else n.slots
+        if free > 1:
+            by_free.setdefault(free, []).append(n.id)
+    sizes = sorted(by_free)
+    for q in queues:
+        k, left = q.slots_per_item, q.visible if q.slots_per_item > 1 else 0
+        while left:
+            at = bisect.bisect_left(sizes, k)
+            if at == len(sizes):
+                break
+            free = sizes[at]
+            node = by_free[free].pop()
+            if not by_free[free]:
+                del by_free[free], sizes[at]
+            out.reserved.add(node)
+            if free - k > 1:
+                if free - k not in by_free:
+                    bisect.insort(sizes, free - k)
+                by_free.setdefault(free - k, []).append(node)
+            left -= 1
+        out.unplaced.append(left)
+        out.new_nodes.append(math.ceil(left / (node_slots // k)))
+    return out
