@@ -180,20 +180,22 @@ HORIZON = [
     ("an unknown mean counts slots only", BUSY_SIX, (40, 12, None), 26, None),
     ("a mean longer than the boot counts slots only", BUSY_SIX, (40, 12, 90.0), 26, None),
     ("each busy slot starts 1 + floor(60 / 23) items before a new node is ready", BUSY_SIX, (40, 12, 23.0), 14,
-     "boot horizon: 40 queued items of ~23s; 12 serving slots start ~24 of them within the 60s a new node needs; "
-     "16 more slots"),
+     ("boot horizon: 40 queued items of ~23s; 12 serving slots start ~24 of them within the 60s a new node needs; "
+     "16 more slots")),
     ("short items are all started by the serving slots", BUSY_SIX, (40, 12, 10.0), 6,
-     "boot horizon: 40 queued items of ~10s; 12 serving slots start ~40 of them within the 60s a new node needs; "
-     "0 more slots"),
+     ("boot horizon: 40 queued items of ~10s; 12 serving slots start ~40 of them within the 60s a new node needs; "
+     "0 more slots")),
     ("booting slots count once: they are not turning over yet", FOUR_BUSY_TWO_BOOTING, (40, 12, 23.0), 18,
-     "boot horizon: 40 queued items of ~23s; 12 serving slots start ~16 of them within the 60s a new node needs; "
-     "24 more slots"),
+     ("boot horizon: 40 queued items of ~23s; 12 serving slots start ~16 of them within the 60s a new node needs; "
+     "24 more slots")),
 ]
 # fmt: on
 
 
 @pytest.mark.parametrize("case, nodes, depth, after, line", HORIZON, ids=[c[0] for c in HORIZON])
-def test_waiting_work_serving_slots_start_within_the_boot_estimate_launches_no_node(case, nodes, depth, after, line):
+def test_waiting_work_serving_slots_start_within_the_boot_estimate_launches_no_node(
+    case, nodes, depth, after, line
+):
     env = environment(**{"pools.cpu.max": 50, "pools.cpu.boot_estimate_s": 60})
     view = fleet(env, nodes, render=depth)
     decision = decide_pool(env, view)
@@ -236,8 +238,9 @@ def test_an_item_fitting_no_nodes_free_slots_launches_a_node_although_free_slots
         "scale out 12 -> 16 units: demand 20 slots (queue render: 1 visible + 0 in flight x 8 slots; "
         "queue batch: 0 visible + 12 in flight) <= capacity 24 slots; 4 unit(s) to launch"
     )
-    assert "packing: 1 item(s) of 8 slots (queue render) fit no node's free slots; 1 node(s) of 8 slots needed" in (
-        decision.reasons
+    assert (
+        "packing: 1 item(s) of 8 slots (queue render) fit no node's free slots; 1 node(s) of 8 slots needed"
+        in (decision.reasons)
     )
     assert_settled(env, view)
 

@@ -181,9 +181,7 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
     existing_cost = sum(prices.node(n) for n in view.nodes if n.id not in gone)
     staying_serving_slots = serving_slots - _slots(idle_out)
     booting_slots = sum(n.slots for n in nodes.serving if n.state == "pending")
-    horizon = boot_horizon(
-        queues, staying_serving_slots - booting_slots, booting_slots, pool.boot_estimate_s
-    )
+    horizon = boot_horizon(queues, staying_serving_slots - booting_slots, booting_slots, pool.boot_estimate_s)
     needs = _needs(horizon, packed, pool.slots_per_unit, smallest)
     wanted = needs[-1] if needs else 0
     reasons += _horizon_reason(horizon, demand, staying_serving_slots, pool)
@@ -235,8 +233,10 @@ def _horizon_reason(horizon: Horizon, demand: int, serving_slots: int, pool: Poo
     low, high = min(horizon.means), max(horizon.means)
     mean = f"~{low:.0f}s" if round(low) == round(high) else f"~{low:.0f}-{high:.0f}s"
     return [
-        f"boot horizon: {horizon.waiting} queued items of {mean}; {serving_slots} serving slots start "
-        f"~{horizon.started} of them within the {pool.boot_estimate_s}s a new node needs; {more} more slots"
+        (
+            f"boot horizon: {horizon.waiting} queued items of {mean}; {serving_slots} serving slots start "
+            f"~{horizon.started} of them within the {pool.boot_estimate_s}s a new node needs; {more} more slots"
+        )
     ]
 
 
