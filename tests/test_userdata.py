@@ -74,3 +74,10 @@ def test_an_env_value_with_a_newline_is_refused_for_the_systemd_unit():
 def test_the_sandbox_can_render_with_its_own_interpreter():
     script = render_user_data(load_environment("sandbox"), "cpu", artifacts_bucket="b", local={LOCAL_PYTHON: sys.executable})
     assert script.rstrip().endswith(f"exec {sys.executable} -m tidefleet.cli agent --env sandbox --pool cpu")
+
+
+def test_a_gce_node_installs_the_agent_with_its_google_clients():
+    env = load_environment("gcp-dev")
+    script = render_user_data(env, "cpu", artifacts_bucket="tidefleet-gcp-dev-artifacts-acme-ml-dev")
+    assert 'pip install --no-cache-dir "${wheel}[gcp-node]"' in script
+    assert "gs://tidefleet-gcp-dev-artifacts-acme-ml-dev/agent/*" in script
