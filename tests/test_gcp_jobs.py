@@ -202,7 +202,7 @@ def test_the_agent_keeps_the_subscriptions_ack_deadline_and_checkpoints_to_the_a
     node._prepare()
     assert node.visibility == {"default": 600}
     assert node.checkpoint_base == "gs://tidefleet-gcp-dev-artifacts-acme-ml-dev/checkpoints"
-    assert node.s.grace_s == 20.0 and node.autoscaling is None
+    assert node.s.grace_s == 15.0 and node.autoscaling is None
 
 
 def test_nodes_lists_each_pools_managed_groups_and_heartbeats(gcp):

@@ -27,7 +27,7 @@ from tidefleet.config import ConfigError, load_environment
               help="how often to read the spot notice and lifecycle state")
 @click.option("--grace-s", envvar="TIDEFLEET_AGENT_GRACE_S", type=float, default=None,
               help="time workloads get to checkpoint after a stop request "
-                   "[default: 90 on AWS (2-minute spot notice), 20 on GCP (about 30 s)]")
+                   "[default: 90 on AWS (2-minute spot notice), 15 on GCP (about 30 s)]")
 @click.option("--wait-s", envvar="TIDEFLEET_AGENT_WAIT_S", type=click.IntRange(0, 20), default=10, show_default=True,
               help="queue long poll when every queue is empty")
 @click.option("--work-dir", envvar="TIDEFLEET_AGENT_WORK_DIR", type=click.Path(path_type=Path), default=None,

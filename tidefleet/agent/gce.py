@@ -2,7 +2,7 @@
 
 Drop-in for `tidefleet.agent.imds.Metadata` (same `notice()`), so a preemption takes the
 agent's one stop-intake / checkpoint / hand-back path. GCE gives a Spot VM about 30 seconds:
-the agent's grace on GCP must stay well inside that (Settings.grace_s). The base URL comes
+the agent's grace on GCP stays well inside that (worker.GRACE_S). The base URL comes
 from TIDEFLEET_IMDS_URL so tests and the sandbox can serve their own; no metadata server
 (a laptop) means no notice, never a crash.
 """

@@ -23,7 +23,7 @@ Interruption: a spot notice or a Terminated lifecycle state (instance metadata, 
 `draining` flag in the node's own heartbeat record, or SIGTERM to the agent all take the same
 path: stop intake, create each item's stop file and SIGTERM its process group, wait up to
 `grace_s`, then SIGKILL what is left and hand every unfinished item back in one batch. On GCP
-the notice is the metadata server's `preempted` (about 30 s before the VM stops, hence a 20 s
+the notice is the metadata server's `preempted` (about 30 s before the VM stops, hence a 15 s
 grace there), and there is no scale-in protection to set: the scaler deletes only the idle
 instances it names, judged by their heartbeats.
 """
@@ -55,8 +55,10 @@ from tidefleet.store import FINAL, Heartbeat
 log = logging.getLogger("tidefleet.agent")
 RECEIVE_BATCH = 10  # SQS's most per receive; more than a node's free slots anyway
 # The workloads' checkpoint time after a stop request, inside each cloud's notice and leaving
-# time to hand the items back: AWS gives a spot node 2 minutes, GCE a Spot VM about 30 s.
-GRACE_S = {"aws": 90.0, "gcp": 20.0}
+# time to hand the items back: AWS gives a spot node 2 minutes, GCE a Spot VM about 30 s, of
+# which the notice may be seen up to imds_poll_s late (GCE's ACPI shutdown also stops the
+# agent's service at once) and SETTLE_S may follow the grace: 5 + 15 + 5 leaves 5 s to hand back.
+GRACE_S = {"aws": 90.0, "gcp": 15.0}
 SETTLE_S = 5.0  # after the grace: time for an exited workload's runner to record its result
 
 
