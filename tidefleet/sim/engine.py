@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from tidefleet.config import Environment, InstanceType, Queue
+from tidefleet.policy.model import item_seconds_mean
 from tidefleet.sim.trace import SpotTrace, TraceItem
 
 # Event kinds, in the order they are handled when they fall on the same time and sequence.
@@ -183,6 +184,9 @@ class Simulation:
         self.waiting: dict[int, deque[int]] = {}  # slots needed -> items in queue order
         self.visible = [0] * len(self.queues)
         self.in_flight = [0] * len(self.queues)
+        # Per queue, the run time of items finished so far, as the job store keeps it (never the
+        # trace's durations of items not finished yet): what the policy may know.
+        self.mean_item_s: list[float | None] = [None] * len(self.queues)
         self.units = 0  # capacity units of pending + running + draining nodes
         self.desired = self.pool.min
         self.on_demand_base = self.pool.on_demand_base
@@ -380,6 +384,8 @@ class Simulation:
         self.in_flight[self.queue_of[index]] -= 1
 
     def _finish(self, node: Node, index: int) -> None:
+        q = self.queue_of[index]
+        self.mean_item_s[q] = item_seconds_mean(self.mean_item_s[q], self.now - node.running[index])
         self._release_slots(node, index)
         self.outcome.finished[index] = self.now
         self.done += 1

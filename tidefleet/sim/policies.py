@@ -68,7 +68,9 @@ def fleet_view(sim: Simulation) -> FleetView:
     nodes = tuple(map(node_view, sim.nodes.values()))
     pool = PoolView(sim.pool_name, nodes, sim.desired, sim.on_demand_base, sim.recent_spot_failures(window))
     queues = tuple(
-        QueueView(name, q.pool, q.priority, q.slots_per_item, sim.visible[i], sim.in_flight[i])
+        QueueView(
+            name, q.pool, q.priority, q.slots_per_item, sim.visible[i], sim.in_flight[i], sim.mean_item_s[i]
+        )
         for i, (name, q) in enumerate(sim.queues)
     )
     return FleetView((pool,), queues)
