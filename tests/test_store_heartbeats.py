@@ -1,6 +1,6 @@
 """Node heartbeats round-trip through DynamoDB on the moto server; draining is sticky."""
 
-from tidefleet.store import Heartbeat, Store, create_table
+from tidefleet.store import Heartbeat, QueueStats, Store, create_table
 
 
 def test_heartbeat_round_trip_and_draining_is_sticky(aws):
@@ -21,3 +21,25 @@ def test_heartbeat_round_trip_and_draining_is_sticky(aws):
 
     store.forget_node("cpu", "i-1")
     assert set(store.heartbeats("cpu")) == {"i-2"}
+
+
+def test_queue_stats_keep_an_exponentially_weighted_mean_of_succeeded_items(aws):
+    create_table("t")
+    store = Store("t", "us-east-1")
+    assert store.queue_stats(["render"]) == {}
+    store.record_item_seconds("render", 20.0)
+    store.record_item_seconds("render", 40.0)
+    store.record_item_seconds("batch", 300.5)
+    stats = store.queue_stats(["render", "batch", "idle"])
+    assert set(stats) == {"render", "batch"}
+    assert stats["render"] == QueueStats(mean_item_s=20.0 + 0.1 * (40.0 - 20.0), items=2)
+    assert stats["batch"] == QueueStats(mean_item_s=300.5, items=1)
+
+
+def test_queue_stats_read_more_queues_than_one_batch_holds(aws):
+    create_table("t")
+    store = Store("t", "us-east-1")
+    names = [f"q{i}" for i in range(130)]
+    for name in names[::10]:
+        store.record_item_seconds(name, 5.0)
+    assert set(store.queue_stats(names)) == set(names[::10])

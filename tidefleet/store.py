@@ -4,6 +4,7 @@ Keys (pk, sk), all strings:
   JOB#<job_id>   JOB              the job: name, queue, created_at, total, cancelled
   JOB#<job_id>   ITEM#<item_id>   an item: status, attempts, interruptions, exit_code, reason, ...
   POOL#<pool>    NODE#<node_id>   a node's heartbeat: see `Heartbeat`
+  QUEUE#<queue>  STATS            mean_item_s (EWMA of succeeded items' run time), items (count)
 
 Node heartbeats are written by the agent and read by the scaler; `draining` is also set by
 the interruption function. Numbers go through Decimal because DynamoDB wants it.
@@ -19,6 +20,15 @@ import boto3
 from botocore.exceptions import ClientError
 
 from tidefleet import naming
+from tidefleet.policy.model import item_seconds_mean
+
+STATS_RETRIES = 3  # a sample lost to this many concurrent writers is dropped: a statistic, not a record
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    mean_item_s: float  # exponentially weighted mean run time of succeeded items (policy.model)
+    items: int  # succeeded items recorded
 
 
 @dataclass(frozen=True)
@@ -150,6 +160,47 @@ class Store:
 
     def forget_node(self, pool: str, node_id: str) -> None:
         self.table.delete_item(Key={"pk": f"POOL#{pool}", "sk": f"NODE#{node_id}"})
+
+    # -- queue statistics (the scaler's boot-horizon rule reads them) -------------------
+    def record_item_seconds(self, queue: str, seconds: float) -> None:
+        """Fold one succeeded item's run time into its queue's mean. Compare-and-set on the
+        count, so concurrent agents never overwrite each other's samples."""
+        key = {"pk": f"QUEUE#{queue}", "sk": "STATS"}
+        for _ in range(STATS_RETRIES):
+            current = self.queue_stats([queue]).get(queue)
+            mean = item_seconds_mean(current.mean_item_s if current else None, seconds)
+            try:
+                self.table.update_item(
+                    Key=key,
+                    UpdateExpression="SET mean_item_s = :mean, #items = :next",
+                    ConditionExpression="attribute_not_exists(pk)" if current is None else "#items = :items",
+                    ExpressionAttributeNames={"#items": "items"},
+                    ExpressionAttributeValues={
+                        ":mean": _to_dynamo(float(mean)),
+                        ":next": (current.items if current else 0) + 1,
+                        **({":items": current.items} if current else {}),
+                    },
+                )
+                return
+            except ClientError as err:
+                if err.response["Error"]["Code"] != "ConditionalCheckFailedException":
+                    raise
+
+    def queue_stats(self, queues: list[str]) -> dict[str, QueueStats]:
+        """The recorded statistics of these queues, by name; a queue with no succeeded item yet is absent."""
+        out: dict[str, QueueStats] = {}
+        client = self.table.meta.client  # the resource's client: plain Python values, not {"S": ...}
+        for at in range(0, len(queues), 100):  # BatchGetItem: 100 keys per call
+            keys = [{"pk": f"QUEUE#{q}", "sk": "STATS"} for q in queues[at : at + 100]]
+            pending = {self.table.name: {"Keys": keys, "ConsistentRead": True}}
+            while pending:
+                page = client.batch_get_item(RequestItems=pending)
+                for raw in page["Responses"].get(self.table.name, []):
+                    out[raw["pk"].removeprefix("QUEUE#")] = QueueStats(
+                        mean_item_s=float(raw["mean_item_s"]), items=int(raw["items"])
+                    )
+                pending = page.get("UnprocessedKeys") or {}
+        return out
 
     def heartbeat(self, pool: str, node_id: str) -> Heartbeat | None:
         raw = self.table.get_item(Key={"pk": f"POOL#{pool}", "sk": f"NODE#{node_id}"}, ConsistentRead=True).get("Item")
