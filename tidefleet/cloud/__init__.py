@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from tidefleet.store import Heartbeat
+from tidefleet.store import Heartbeat, QueueStats
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,8 +76,14 @@ class NodeStatePort(Protocol):
     def forget_node(self, pool: str, node_id: str) -> None: ...
 
 
+class QueueStatsPort(Protocol):
+    def queue_stats(self, queues: list[str]) -> dict[str, QueueStats]:
+        """Recorded statistics of these queues (mean item run time), by name; absent if none yet."""
+
+
 @dataclass(frozen=True)
 class Ports:
     queues: QueuePort
     fleet: FleetPort
     nodes: NodeStatePort
+    stats: QueueStatsPort | None = None  # None: mean item times unknown, the policy counts slots only
