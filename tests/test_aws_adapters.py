@@ -19,11 +19,12 @@ import pytest
 from botocore.exceptions import ClientError
 from botocore.stub import Stubber
 
-from tidefleet import naming
+from tidefleet import control, naming
 from tidefleet.cloud import Backlog
-from tidefleet.cloud.aws import AutoScalingFleet, QueueMissing, SqsQueues
+from tidefleet.cloud.aws import AutoScalingFleet, QueueMissing, SqsQueues, aws_ports
 from tidefleet.config import load_environment
 from tidefleet.sandbox.provision import provision
+from tidefleet.store import Store
 
 ENV = load_environment("sandbox")
 GROUP = naming.group("sandbox", "cpu")
@@ -201,3 +202,9 @@ def test_any_other_terminate_refusal_is_raised():
         stub.add_client_error("terminate_instance_in_auto_scaling_group", "AccessDenied", "not authorized")
         with pytest.raises(ClientError, match="AccessDenied"):
             AutoScalingFleet(ENV, autoscaling=client, ec2=object()).terminate("cpu", ("i-0aaaaaaaaaaaaaaaa",))
+
+
+def test_the_tick_observes_each_queues_mean_item_time_recorded_in_the_job_store(cloud):
+    Store(ENV.name, ENV.region).record_item_seconds("demo", 30.0)
+    seen = control.observe(ENV, aws_ports(ENV), datetime.now(UTC).timestamp(), ["cpu"])
+    assert {q.name: q.mean_item_s for q in seen.fleet.queues}["demo"] == 30.0

@@ -17,7 +17,7 @@ from tidefleet.cloud import Backlog, GroupInstance, GroupState, Ports
 from tidefleet.config import parse_environment
 from tidefleet.policy.interruption import DrainNode, Ignore, LifecycleHold, action_for
 from tidefleet.policy.model import PoolDecision
-from tidefleet.store import Heartbeat
+from tidefleet.store import Heartbeat, QueueStats
 
 EVENTS = Path(__file__).parent / "events"
 NOW = 1_800_000_000.0
@@ -202,6 +202,22 @@ def test_observe_reads_backlog_per_queue_and_skips_pools_without_a_group(caplog)
     assert (seen.fleet.queues[0].visible, seen.fleet.queues[0].in_flight) == (7, 2)
     assert [v.name for v in seen.fleet.pools] == ["cpu"] and set(seen.groups) == {"cpu"}
     assert "no auto scaling group" in caplog.text and '"gpu"' in caplog.text
+
+
+@dataclass
+class FakeStats:
+    stats: dict[str, QueueStats]
+
+    def queue_stats(self, queues):
+        return {q: self.stats[q] for q in queues if q in self.stats}
+
+
+def test_observe_gives_each_queue_its_recorded_mean_item_time_and_none_when_unknown():
+    p = ports(group("cpu", 1, instance("i-1")), group("gpu", 0))
+    assert [q.mean_item_s for q in control.observe(ENV, p, NOW, ["cpu", "gpu"]).fleet.queues] == [None, None]
+    p = replace(p, stats=FakeStats({"demo": QueueStats(mean_item_s=23.5, items=40)}))
+    seen = control.observe(ENV, p, NOW, ["cpu", "gpu"])
+    assert {q.name: q.mean_item_s for q in seen.fleet.queues} == {"demo": 23.5, "train": None}
 
 
 def test_heartbeats_of_nodes_long_gone_from_the_group_are_forgotten_and_recent_ones_kept(decide):

@@ -120,20 +120,23 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
         members = {i.id for i in group.instances}
         silent_since = now - env.pools[name].boot_timeout_s
         gone[name] = tuple(n for n, hb in beats.items() if n not in members and hb.at < silent_since)
+    observed = [qname for qname, queue in env.queues.items() if queue.pool in groups]
+    # Mean item times feed the policy's boot-horizon rule; without a stats port they are unknown.
+    stats = ports.stats.queue_stats(observed) if ports.stats is not None and observed else {}
     queue_views = []
-    for qname, queue in env.queues.items():
-        if queue.pool in groups:
-            backlog = ports.queues.backlog(qname)
-            queue_views.append(
-                QueueView(
-                    name=qname,
-                    pool=queue.pool,
-                    priority=queue.priority,
-                    slots_per_item=queue.slots_per_item,
-                    visible=backlog.visible,
-                    in_flight=backlog.in_flight,
-                )
+    for qname in observed:
+        queue, backlog = env.queues[qname], ports.queues.backlog(qname)
+        queue_views.append(
+            QueueView(
+                name=qname,
+                pool=queue.pool,
+                priority=queue.priority,
+                slots_per_item=queue.slots_per_item,
+                visible=backlog.visible,
+                in_flight=backlog.in_flight,
+                mean_item_s=stats[qname].mean_item_s if qname in stats else None,
             )
+        )
     return Observation(FleetView(pools=tuple(pool_views), queues=tuple(queue_views)), groups, gone)
 
 

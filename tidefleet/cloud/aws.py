@@ -225,7 +225,8 @@ class AutoScalingFleet:
 
 
 def aws_ports(env: Environment) -> Ports:
-    return Ports(queues=SqsQueues(env), fleet=AutoScalingFleet(env), nodes=Store(env.name, env.region))
+    store = Store(env.name, env.region)  # heartbeats, and the queue stats the agents record
+    return Ports(queues=SqsQueues(env), fleet=AutoScalingFleet(env), nodes=store, stats=store)
 
 
 @cache
