@@ -11,11 +11,11 @@ from google.auth.transport.requests import AuthorizedSession
 
 from tests.gcp_fake import COMPUTE, FakeGcp, FakeVm
 from tidefleet.cloud import Ports
-from tidefleet.cloud.firestore import FirestoreNodes
+from tidefleet.cloud.firestore import FirestoreNodes, FirestoreStore
 from tidefleet.cloud.gcp import MigFleet, MonitoringQueues
 from tidefleet.config import load_environment
 from tidefleet.control import tick
-from tidefleet.store import Heartbeat
+from tidefleet.store import Heartbeat, QueueStats
 
 ENV = load_environment("gcp-dev")
 IGM = f"/compute/v1/projects/{ENV.project}/regions/{ENV.region}/instanceGroupManagers"
@@ -124,6 +124,14 @@ def test_heartbeats_round_trip_and_draining_is_sticky(gcp):
     assert nodes.heartbeat("cpu", "vm-9") is None
     patch = calls(gcp, "PATCH", "/nodes/vm-1")[-1]
     assert "draining" not in patch["query"].get("updateMask.fieldPaths", "") and "idle_since" not in patch["body"]["fields"]
+
+
+def test_queue_stats_keep_an_exponentially_weighted_mean_on_firestore(gcp):
+    store = FirestoreStore(ENV, credentials=AnonymousCredentials())
+    assert store.queue_stats(["default"]) == {}
+    store.record_item_seconds("default", 20.0)
+    store.record_item_seconds("default", 40.0)
+    assert store.queue_stats(["default", "other"]) == {"default": QueueStats(mean_item_s=22.0, items=2)}
 
 
 # -- the same control tick and policy, on GCP ports ---------------------------------------

@@ -23,7 +23,8 @@ from google.cloud.firestore_v1.types import ArrayValue, Document, DocumentMask, 
 
 from tidefleet import naming
 from tidefleet.config import Environment
-from tidefleet.store import FINAL, Heartbeat, Item, Job
+from tidefleet.policy.model import item_seconds_mean
+from tidefleet.store import FINAL, STATS_RETRIES, Heartbeat, Item, Job, QueueStats
 
 PAGE = 300
 WRITE_RACES = 20  # read-check-write rounds before giving up on a document others keep changing
@@ -199,6 +200,41 @@ class FirestoreStore(FirestoreNodes):
         )
         items = [self._item(job_id, doc.name.rsplit("/", 1)[-1], self._values(doc)) for doc in pages]
         return sorted(items, key=lambda i: i.item_id)
+
+    # -- queue statistics ---------------------------------------------------------------------
+    def _stats_doc(self, queue: str) -> str:
+        return f"{self.root}/queues/{queue}"
+
+    def record_item_seconds(self, queue: str, seconds: float) -> None:
+        """As `Store.record_item_seconds`: the read's update time is the write's precondition."""
+        name = self._stats_doc(queue)
+        for _ in range(STATS_RETRIES):
+            doc = self._get(name)
+            current = self._values(doc) if doc is not None else {}
+            new = {
+                "mean_item_s": float(item_seconds_mean(current.get("mean_item_s"), seconds)),
+                "items": current.get("items", 0) + 1,
+            }
+            precondition = Precondition(update_time=doc.update_time) if doc is not None else Precondition(exists=False)
+            try:
+                self.client.update_document(request={
+                    "document": Document(name=name, fields=_fields(new)),
+                    "update_mask": DocumentMask(field_paths=list(new)), "current_document": precondition,
+                })  # fmt: skip
+                return
+            except gexc.GoogleAPICallError as err:
+                if not lost_race(err):
+                    raise
+
+    def queue_stats(self, queues: list[str]) -> dict[str, QueueStats]:
+        """As `Store.queue_stats`."""
+        out = {}
+        for queue in queues:
+            doc = self._get(self._stats_doc(queue))
+            if doc is not None:
+                values = self._values(doc)
+                out[queue] = QueueStats(mean_item_s=float(values["mean_item_s"]), items=int(values["items"]))
+        return out
 
     def update_item(
         self,
