@@ -45,6 +45,8 @@ Policies
 - `tidefleet`: the real `tidefleet.policy.decide` on views built from simulated state, at
   `scaler.tick_s`, on each submit kick and on a spot notice while there is backlog;
   decisions are applied as `tidefleet.control.act` applies them. Busy nodes are protected.
+  Each queue's mean item time is the job store's EWMA over the items finished so far in the
+  run (as the agents record it), never the trace's durations of items still to finish.
 - `target-tracking`: AWS target tracking on backlog per instance (visible / in-service
   instances), target one queued item per slot of an instance; out after 3 one-minute
   datapoints above target, in after 15 below, to ceil(instances x metric / target), 300 s
