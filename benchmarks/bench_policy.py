@@ -37,7 +37,11 @@ def environment(pools: int, queues: int) -> Environment:
         }
         for p in range(pools)
     }
-    queue_specs = {f"q{q}": {"pool": f"p{q % pools}", "priority": q % 7} for q in range(queues)}
+    # Every fourth queue's items take two slots, so the packing rule places items on nodes.
+    queue_specs = {
+        f"q{q}": {"pool": f"p{q % pools}", "priority": q % 7, "slots_per_item": 2 if q % 4 == 0 else 1}
+        for q in range(queues)
+    }
     data = {
         "region": "us-east-1",
         "scaler": {"cost_cap_usd_per_hour": 2000.0},
@@ -101,7 +105,13 @@ def fleet(env: Environment, nodes: int, seed: int = 7) -> FleetView:
         )
     queues = tuple(
         QueueView(
-            name, q.pool, q.priority, q.slots_per_item, rng.choice([0, 0, 3, 40, 400]), rng.randint(0, 20)
+            name,
+            q.pool,
+            q.priority,
+            q.slots_per_item,
+            rng.choice([0, 0, 3, 40, 400]),
+            rng.randint(0, 20),
+            mean_item_s=rng.choice([None, 20.0, 300.0]),  # unknown, turning over within the boot, not
         )
         for name, q in env.queues.items()
     )
