@@ -60,8 +60,8 @@ def test_submit_records_the_job_publishes_its_items_and_kicks_the_scaler_topic(g
     assert job_create["query"] == {"currentDocument.exists": "false"}, "a job is created only if new"
     (publish,) = calls(gcp, "POST", f"/topics/{SUB}:publish")
     assert published(publish) == [
-        {"job": done.job_id, "item": "000000", "args": ["gs://b/1"], "failures": 0, "interruptions": 0},
-        {"job": done.job_id, "item": "000001", "args": ["gs://b/2"], "failures": 0, "interruptions": 0},
+        {"job": done.job_id, "item": "000000", "args": ["gs://b/1"], "failures": 0, "interruptions": 0, "lost": 0},
+        {"job": done.job_id, "item": "000001", "args": ["gs://b/2"], "failures": 0, "interruptions": 0, "lost": 0},
     ]
     (kick,) = calls(gcp, "POST", "/topics/tidefleet-gcp-dev-kick:publish")
     assert published(kick) == [{"tidefleet": "kick", "env": "gcp-dev", "reason": f"submit {done.job_id}"}]
@@ -99,7 +99,7 @@ def test_retry_failed_moves_only_this_jobs_dead_letters_back_and_releases_the_ot
     cloud.send("default", [ItemMessage("other-job", "x", [], failures=4)], dead_letter=True)
     assert sdk.retry_failed(ENV, job) == 1
     assert [json.loads(b) for b in gcp.bodies(SUB)] == [
-        {"job": job, "item": "000000", "args": ["a"], "failures": 0, "interruptions": 0}]
+        {"job": job, "item": "000000", "args": ["a"], "failures": 0, "interruptions": 0, "lost": 0}]
     assert [json.loads(b)["job"] for b in gcp.bodies(DLQ)] == ["other-job"]
     assert cloud.store.item(job, "000000").status == "queued"
     hold, release = calls(gcp, "POST", f"/subscriptions/{DLQ}:modifyAckDeadline")
@@ -191,10 +191,10 @@ def test_a_message_redelivered_after_its_ack_deadline_counts_as_a_lost_node(gcp,
     gcp.clock_offset += 601
     node._receive("default", ENV.queues["default"], wait_s=0)
     item = node.store.item(job, "000000")
-    assert (item.status, item.failures) == ("queued", 1)
+    assert (item.status, item.failures, item.lost) == ("queued", 0, 1)
     assert item.history[-1]["reason"].startswith("node lost mid-attempt")
     (body,) = gcp.bodies(SUB)
-    assert json.loads(body)["failures"] == 1
+    assert (json.loads(body)["failures"], json.loads(body)["lost"]) == (0, 1)
 
 
 def test_the_agent_keeps_the_subscriptions_ack_deadline_and_checkpoints_to_the_artifacts_bucket(gcp, tmp_path):
@@ -215,3 +215,19 @@ def test_nodes_lists_each_pools_managed_groups_and_heartbeats(gcp):
     assert (rows["cpu"].desired, rows["cpu"].instances) == (2, 2)
     assert [(n.node_id, n.busy_slots, n.heartbeat_age_s) for n in rows["cpu"].nodes] == [("tidefleet-gcp-dev-cpu-aaaa", 1, 30.0)]
     assert (rows["gpu"].desired, rows["gpu"].instances, rows["gpu"].nodes) == (None, None, [])
+
+
+def test_an_item_that_keeps_losing_its_node_is_dead_lettered_after_the_tolerated_losses(gcp, tmp_path):
+    from tidefleet.config import NODE_LOSSES_TOLERATED
+
+    job = sdk.submit(ENV, "node killer", "default", sdk.read_items(["a"]), kick=False).job_id
+    node = agent(tmp_path)
+    for _ in range(NODE_LOSSES_TOLERATED + 1):
+        node.cloud.queues.receive("default", 10, 0)  # a node takes it and dies
+        gcp.clock_offset += 601
+        node._receive("default", ENV.queues["default"], wait_s=0)  # the next node sees it redelivered
+        assert not gcp.bodies(DLQ) or node.store.item(job, "000000").status == "failed"
+    item = node.store.item(job, "000000")
+    assert (item.status, item.failures, item.lost) == ("failed", 0, NODE_LOSSES_TOLERATED + 1)
+    assert f"its node was lost {NODE_LOSSES_TOLERATED + 1} times" in item.reason
+    assert len(gcp.bodies(DLQ)) == 1 and not gcp.bodies(SUB)

@@ -26,11 +26,12 @@ GCP_MACHINE_TYPE = re.compile(r"^[a-z][a-z0-9]*-[a-z0-9-]+$")
 GCP_IMAGE = re.compile(r"^projects/[a-z][a-z0-9-]+/global/images/(family/)?[a-z][a-z0-9-]*$")
 AWS_IMAGE = re.compile(r"^(ami-[0-9a-f]{8,17}|ssm:/[\w./-]+)$")
 SQS_MAX_VISIBILITY_S = 12 * 3600
-# The agent counts failed attempts itself and dead-letters an item when they run out; a
-# hand-back or a retry is a fresh message, so SQS's receive count only grows when a node dies
-# holding the item. SQS's redrive is the backstop for messages that keep killing their node:
-# it allows this many such deaths on top of the configured attempts.
-INTERRUPTIONS_TOLERATED = 5
+# A node that dies holding an item (kill -9, a reclaim without notice) is rarely the item's
+# fault, so the agent counts those losses apart from failed attempts and dead-letters an item
+# only after this many of them (an item that kills its node every time must not loop forever).
+# A hand-back or a retry is a fresh message, so SQS's receive count grows only with such
+# losses: its redrive, maxReceiveCount = max_retries + 1 + this, is the backstop behind the agent.
+NODE_LOSSES_TOLERATED = 5
 
 
 class ConfigError(Exception):
@@ -115,8 +116,8 @@ class Queue(_Model):
 
     @property
     def max_receive_count(self) -> int:
-        """The redrive policy's maxReceiveCount (see INTERRUPTIONS_TOLERATED); stack and sandbox share it."""
-        return self.max_retries + 1 + INTERRUPTIONS_TOLERATED
+        """The redrive policy's maxReceiveCount (see NODE_LOSSES_TOLERATED); stack and sandbox share it."""
+        return self.max_retries + 1 + NODE_LOSSES_TOLERATED
 
 
 class Scaler(_Model):

@@ -89,6 +89,7 @@ class Item:
     attempts: int = 0  # attempts started (including interrupted ones)
     failures: int = 0  # failed attempts: these count toward the queue's max_retries
     interruptions: int = 0  # attempts handed back on a spot notice / drain: never counted
+    lost: int = 0  # attempts whose node died holding the item: their own, larger budget
     exit_code: int | None = None
     reason: str = ""
     node: str = ""

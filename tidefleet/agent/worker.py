@@ -12,8 +12,9 @@ rules on both. How an item's attempts are counted (the decision the issue asks f
   * When `failures` exceeds the queue's max_retries the agent itself sends the message to
     the dead-letter queue and marks the item failed with the reason.
   * A message delivered more than once was held by an agent that vanished without a
-    word (kill -9, kernel panic, spot reclaim without notice). That lost attempt counts as a
-    failure ("node lost"), so an item that kills its node every time still ends in the
+    word (kill -9, kernel panic, spot reclaim without notice). That attempt is "lost", not
+    failed: it is retried without spending max_retries, but losses have their own budget
+    (`NODE_LOSSES_TOLERATED`), so an item that kills its node every time still ends in the
     dead-letter queue instead of looping forever.
   * Order is always: send the new message, delete the old one, then record. A crash in
     between can duplicate a message, never lose one; `succeeded` is a conditional write, so
@@ -48,7 +49,7 @@ from tidefleet import naming
 from tidefleet.agent.gce import GceMetadata
 from tidefleet.agent.imds import Metadata
 from tidefleet.cloud.work import CLOUD_ERRORS, Delivery
-from tidefleet.config import Environment, Pool, Queue
+from tidefleet.config import NODE_LOSSES_TOLERATED, Environment, Pool, Queue
 from tidefleet.jobs.sdk import Cloud, ItemMessage
 from tidefleet.store import FINAL, Heartbeat
 
@@ -242,7 +243,8 @@ class Agent:
             self._requeue([held], interrupted=False)
             return
         if delivery.deliveries > 1:
-            self._failed(held, queue, None, "node lost mid-attempt (no result before the visibility timeout)", {})
+            self._failed(held, queue, None, "node lost mid-attempt (no result before the visibility timeout)", {},
+                         lost=True)
             return
         if self._cancelled(msg.job):
             self._settle_cancelled(held)
@@ -377,22 +379,26 @@ class Agent:
         self.cloud.queues.delete(held.queue, [held.receipt])
         log.info("%s/%s cancelled", held.message.job, held.message.item)
 
-    def _failed(self, held: Held, queue: Queue, code: int | None, reason: str, usage: dict, outcome: dict | None = None) -> None:
+    def _failed(self, held: Held, queue: Queue, code: int | None, reason: str, usage: dict,
+                outcome: dict | None = None, *, lost: bool = False) -> None:
+        """Retry the item, or dead-letter it once its failures (or its node losses) run out."""
         msg = held.message
         current = self.store.item(msg.job, msg.item)
         if current is not None and current.status in FINAL:
             self.cloud.queues.delete(held.queue, [held.receipt])
             return
-        failures = msg.failures + 1
-        final = failures > queue.max_retries
+        failures, losses = msg.failures + (not lost), msg.lost + lost
+        final = failures > queue.max_retries or losses > NODE_LOSSES_TOLERATED
         if final:
-            reason = f"{reason} (gave up after {failures} failed attempt(s); max_retries = {queue.max_retries})"
-        self.cloud.send(held.queue, [replace(msg, failures=failures)], dead_letter=final)
+            spent = (f"its node was lost {losses} times; {NODE_LOSSES_TOLERATED} tolerated" if lost
+                     else f"{failures} failed attempt(s); max_retries = {queue.max_retries}")
+            reason = f"{reason} (gave up after {spent})"
+        self.cloud.send(held.queue, [replace(msg, failures=failures, lost=losses)], dead_letter=final)
         self.cloud.queues.delete(held.queue, [held.receipt])
-        entry = {"node": self.s.node_id, **(outcome or {}), "outcome": "failed", "reason": reason}
+        entry = {"node": self.s.node_id, **(outcome or {}), "outcome": "lost" if lost else "failed", "reason": reason}
         self.store.update_item(
-            msg.job, msg.item, status="failed" if final else "queued", failures=failures, exit_code=code,
-            reason=reason, append={"history": entry}, **usage,
+            msg.job, msg.item, status="failed" if final else "queued", failures=failures, lost=losses,
+            exit_code=code, reason=reason, append={"history": entry}, **usage,
         )
         log.info("%s/%s %s: %s", msg.job, msg.item, "dead-lettered" if final else "will retry", reason)
 

@@ -50,6 +50,7 @@ class ItemMessage:
     args: list[str]
     failures: int = 0
     interruptions: int = 0
+    lost: int = 0  # attempts whose node died holding the item (see NODE_LOSSES_TOLERATED)
 
     def body(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -59,7 +60,7 @@ class ItemMessage:
         data = json.loads(body)
         if not isinstance(data, dict) or not {"job", "item", "args"} <= data.keys():
             raise ValueError(f"not a tidefleet item message: {body[:200]!r}")
-        return cls(**{k: data[k] for k in ("job", "item", "args", "failures", "interruptions") if k in data})
+        return cls(**{k: data[k] for k in ("job", "item", "args", "failures", "interruptions", "lost") if k in data})
 
 
 @dataclass(frozen=True)
