@@ -13,11 +13,9 @@ import base64
 import binascii
 import json
 import logging
-import time
 
-from lambdas.scaler.handler import Ignored, Trigger, parse
+from lambdas.scaler.handler import Ignored, Trigger, parse, run
 from tidefleet.cloud.gcp import function_runtime
-from tidefleet.control import tick
 
 log = logging.getLogger("tidefleet.scaler")
 logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -40,20 +38,4 @@ def message_of(cloud_event) -> Trigger | Ignored:
 
 def on_kick(cloud_event) -> dict:
     """The entry point (an event-triggered 2nd-gen function gets a CloudEvent)."""
-    trigger = message_of(cloud_event)
-    if isinstance(trigger, Ignored):
-        log.warning(json.dumps({"ignored": trigger.reason}))
-        return {"ignored": trigger.reason}
-    env, ports = function_runtime()
-    if trigger.env is not None and trigger.env != env.name:
-        reason = f"kick for environment {trigger.env!r} reached the function of {env.name!r}"
-        log.warning(json.dumps({"ignored": reason}))
-        return {"ignored": reason}
-    started = time.time()
-    decisions = tick(env, ports, started)
-    summary = {"trigger": trigger.kind, "detail": trigger.detail, "env": env.name,
-               "desired": {d.pool: d.desired for d in decisions},
-               "terminated": sum(len(d.terminate) for d in decisions), "ms": round((time.time() - started) * 1000)}  # fmt: skip
-    log.info(json.dumps(summary))
-    return summary
-
+    return run(message_of(cloud_event), function_runtime)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tidefleet.cloud.aws import lambda_runtime
@@ -54,11 +55,16 @@ def parse(event: object) -> Trigger | Ignored:
 
 
 def handler(event, context=None) -> dict:
-    trigger = parse(event)
+    return run(parse(event), lambda_runtime)
+
+
+def run(trigger: Trigger | Ignored, runtime: Callable[[], tuple]) -> dict:
+    """One tick for a parsed trigger; `runtime()` gives (env, ports) loaded once per cold start.
+    Shared by the AWS and GCP functions: only the trigger parsing and the ports differ."""
     if isinstance(trigger, Ignored):
         log.warning(json.dumps({"ignored": trigger.reason}))
         return {"ignored": trigger.reason}
-    env, ports = lambda_runtime()
+    env, ports = runtime()
     if trigger.env is not None and trigger.env != env.name:
         reason = f"kick for environment {trigger.env!r} reached the function of {env.name!r}"
         log.warning(json.dumps({"ignored": reason}))
