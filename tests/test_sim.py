@@ -10,6 +10,8 @@ from click.testing import CliRunner
 from tidefleet.config import parse_environment
 from tidefleet.sim import Interruptions, Timing, TraceError, TraceItem, load_trace, simulate
 from tidefleet.sim.cli import simulate as simulate_command
+from tidefleet.sim.engine import Simulation
+from tidefleet.sim.policies import TidefleetPolicy, fleet_view
 from tidefleet.sim.trace import SpotTrace
 
 BOOT = 45.0
@@ -208,3 +210,21 @@ def test_an_item_killed_max_receive_count_times_is_dead_lettered_not_retried_for
     result = run(env, [TraceItem(0, 10 * 86400, 1)], policy="target-tracking")
     assert (result.items_dead_lettered, result.items_unfinished, result.items_finished) == (1, 1, 0)
     assert result.items_interrupted == result.busy_items_killed_by_scale_in == receives
+
+
+def test_the_policy_sees_the_mean_time_of_finished_items_only():
+    """No clairvoyance: before the first item finishes the mean is unknown, then it is the EWMA."""
+    seen = []
+
+    class Watching(TidefleetPolicy):
+        def poll(self, sim):
+            seen.append((sim.now, fleet_view(sim).queues[0].mean_item_s))
+            super().poll(sim)
+
+    env = make_env()
+    policy = Watching(env, kick_s=0.0)
+    Simulation(env, "p", [TraceItem(0, 100, 1), TraceItem(0, 200, 1)], policy, NO_KICK).run()
+    first_done, second_done = BOOT + 100, BOOT + 200
+    assert all(mean is None for t, mean in seen if t < first_done)
+    assert {mean for t, mean in seen if first_done <= t < second_done} == {100.0}
+    assert {mean for t, mean in seen if t >= second_done} == {100.0 + 0.1 * (200.0 - 100.0)}
