@@ -370,7 +370,8 @@ class Agent:
         if item is None:
             log.warning("%s/%s was already final; not marking it succeeded twice", msg.job, msg.item)
         self.cloud.queues.delete(run.queue, [run.receipt])
-        self.store.record_item_seconds(run.queue, outcome["seconds"])  # the scaler's boot-horizon rule reads the mean
+        # The scaler's boot-horizon rule reads the mean; the item is done whether or not this lands.
+        self._step("queue stats", self.store.record_item_seconds, run.queue, outcome["seconds"])
         log.info("%s/%s succeeded (attempt %d)", msg.job, msg.item, run.attempt)
 
     def _settle_cancelled(self, held: Held, outcome: dict | None = None) -> None:
