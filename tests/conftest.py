@@ -26,7 +26,7 @@ def aws(moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch) -> MotoServer:
     return moto_server
 
 
-SHIPPED_ENVS = ("sandbox", "dev", "prod")
+SHIPPED_ENVS = ("sandbox", "dev", "prod", "bench")
 
 
 @pytest.fixture(scope="session")
