@@ -4,7 +4,6 @@ so `tidefleet status` never pays for the simulator's imports."""
 from __future__ import annotations
 
 import importlib
-import importlib.util
 
 import click
 
@@ -26,20 +25,13 @@ COMMANDS = {
 
 class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(name for name in COMMANDS if self._available(name))
+        return sorted(COMMANDS)
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        if name not in COMMANDS or not self._available(name):
+        if name not in COMMANDS:
             return None
         module, attr = COMMANDS[name].split(":")
         return getattr(importlib.import_module(module), attr)
-
-    @staticmethod
-    def _available(name: str) -> bool:
-        try:
-            return importlib.util.find_spec(COMMANDS[name].split(":")[0]) is not None
-        except ModuleNotFoundError:
-            return False
 
 
 @click.group(cls=LazyGroup)
