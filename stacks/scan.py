@@ -94,8 +94,14 @@ def run_checkov(stack_file: Path) -> list[Finding]:
 
 def scan(synth_dir: Path, env_name: str, *, suppressions_file: Path = SUPPRESSIONS) -> int:
     """Print every unsuppressed failed check and every stale suppression; return the failures."""
-    findings = run_checkov(Path(synth_dir) / "cdk.tf.json")
-    suppressions = [s for s in load_suppressions(suppressions_file) if s.applies_to(env_name)]
+    stack_file = Path(synth_dir) / "cdk.tf.json"
+    findings = run_checkov(stack_file)
+    # A suppression for a resource this stack does not have (another cloud's, another env's
+    # pool) does not apply here; one whose resource exists but no longer fails is stale.
+    present = set(_addresses(json.loads(stack_file.read_text())).values())
+    suppressions = [
+        s for s in load_suppressions(suppressions_file) if s.applies_to(env_name) and s.resource in present
+    ]
     suppressed = {(s.check, s.resource) for s in suppressions}
     failures = [f for f in findings if (f.check, f.resource) not in suppressed]
     for f in failures:

@@ -37,9 +37,14 @@ def test_an_unsuppressed_failure_is_counted_and_printed_and_a_stale_one_reported
     entry = '[[suppress]]\ncheck = "CKV_AWS_18"\nresource = "aws_s3_bucket.artifacts_bucket"\n'
     assert entry in text
     trimmed = tmp_path / "suppressions.toml"
-    trimmed.write_text(text.replace(entry, '[[suppress]]\ncheck = "CKV_AWS_0"\nresource = "aws_s3_bucket.none"\n'))
+    swapped = (
+        '[[suppress]]\ncheck = "CKV_AWS_0"\nresource = "aws_s3_bucket.artifacts_bucket"\nreason = "x"\n\n'
+        '[[suppress]]\ncheck = "CKV_AWS_0"\nresource = "aws_s3_bucket.not_in_this_stack"\n'
+    )
+    trimmed.write_text(text.replace(entry, swapped))
     stack_dir, _ = synthesized["dev"]
     assert scan(stack_dir, "dev", suppressions_file=trimmed) == 1
     out = capsys.readouterr().out
     assert "FAILED CKV_AWS_18 aws_s3_bucket.artifacts_bucket" in out
-    assert "stale suppression (matched nothing in dev): CKV_AWS_0 aws_s3_bucket.none" in out
+    assert "stale suppression (matched nothing in dev): CKV_AWS_0 aws_s3_bucket.artifacts_bucket" in out
+    assert "not_in_this_stack" not in out  # another stack's resource: not this scan's business
