@@ -45,12 +45,6 @@ class MotoServer:
                 self.process.kill()
                 self.process.wait()
 
-    def __enter__(self) -> MotoServer:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
 
 def start_moto(port: int | None = None, timeout_s: float = 30.0) -> MotoServer:
     port = port or free_port()
