@@ -289,7 +289,8 @@ class FakeGcp:
         wanted = dict(re.findall(r'labels\.(\w+)="([^"]*)"', body["filter"]))
         log_name = re.search(r'logName="([^"]+)"', body["filter"]).group(1)
         found = [e for e in self.log_entries if e["logName"] == log_name
-                 and all(e["labels"].get(k) == v for k, v in wanted.items())]  # fmt: skip
+                 and all(e["labels"].get(k) == v for k, v in wanted.items())
+                 and ("textPayload" in e or "textPayload:*" not in body["filter"])]  # fmt: skip
         start = int(body.get("pageToken") or 0)
         page = {"entries": found[start : start + self.log_page]}
         if start + self.log_page < len(found):

@@ -67,6 +67,10 @@ def test_an_item_is_received_run_acked_and_marked_succeeded(gcp, env, tmp_path, 
         "the ack deadline is extended by the subscription's own while the item runs"
     assert list(sdk.log_lines(env, job)) == [
         (f"{job}/000000/1", f"checkpoints at gs://tidefleet-gcp-dev-artifacts-acme-ml-dev/checkpoints/{job}/000000/")]
+    (outcome,) = [e["jsonPayload"] for e in gcp.log_entries if "jsonPayload" in e]
+    assert {k: outcome[k] for k in ("outcome", "queue", "job", "item", "attempt")} == {
+        "outcome": "succeeded", "queue": "default", "job": job, "item": "000000", "attempt": 1}
+    assert outcome["seconds"] == item.history[-1]["seconds"]
     beat = Cloud(env).store.heartbeat("cpu", "tidefleet-gcp-dev-cpu-aaaa")
     assert (beat.busy_slots, beat.slots, beat.spot) == (0, 2, True)
 

@@ -114,6 +114,7 @@ def test_item_output_goes_to_the_stacks_log_with_labels_and_reads_back_per_attem
         stream.write(f"{text} done")
         stream.flush()
     logs.stream("job-1", "item-b", 1).write("other item")
+    logs.record_outcome("default", "job-1", "item-a", 2, "succeeded", 1.5)  # not output: lines() leaves it out
     gcp.log_page = 1  # several pages
     (write, *_) = calls(gcp, "POST", "/entries:write")
     assert write["body"]["logName"] == f"projects/{ENV.project}/logs/tidefleet-gcp-dev-items"
@@ -123,6 +124,17 @@ def test_item_output_goes_to_the_stacks_log_with_labels_and_reads_back_per_attem
         ("job-1/item-a/1", "first line"), ("job-1/item-a/1", "first done"),
         ("job-1/item-a/2", "second line"), ("job-1/item-a/2", "second done"),
     ]
+
+
+def test_a_finished_attempt_writes_one_structured_entry_for_the_outcome_metric(gcp):
+    Cloud(ENV).logs.record_outcome("default", "job-1", "item-a", 3, "failed", 12.5)
+    (write,) = calls(gcp, "POST", "/entries:write")
+    (entry,) = write["body"]["entries"]
+    assert write["body"]["logName"] == f"projects/{ENV.project}/logs/tidefleet-gcp-dev-items"
+    assert write["body"]["labels"] == {"job": "job-1", "item": "item-a", "attempt": "3"}
+    assert entry["jsonPayload"] == {"outcome": "failed", "queue": "default", "job": "job-1", "item": "item-a",
+                                    "attempt": 3, "seconds": 12.5}  # fmt: skip
+    assert "textPayload" not in entry  # the stack's item-outcomes metric filters on jsonPayload.outcome
 
 
 # -- the Firestore store's conditional writes -------------------------------------------------

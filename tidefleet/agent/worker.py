@@ -336,6 +336,8 @@ class Agent:
             return
         outcome = {"attempt": run.attempt, "node": self.s.node_id, "exit_code": code,
                    "seconds": round(time.time() - run.started, 3), **usage}
+        self._step("outcome entry", self.cloud.logs.record_outcome, run.queue, run.message.job, run.message.item,
+                   run.attempt, "cancelled" if fate == "cancel" else "succeeded" if code == 0 else "failed", outcome["seconds"])
         try:
             if fate == "cancel":
                 self._settle_cancelled(run, outcome)

@@ -17,11 +17,13 @@ subscription by retry-failed (that subscription has no dead-letter policy).
 
 Item logs: one Cloud Logging entry per output line, in log naming.item_log(env) (the stack's
 log bucket and sink select it), with labels job / item / attempt; a "stream" is
-`job/item/attempt` as on AWS.
+`job/item/attempt` as on AWS. Each finished attempt also writes one structured entry
+(jsonPayload with its outcome and queue): the stack's `item-outcomes` log-based metric counts those.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from functools import cached_property
@@ -122,19 +124,25 @@ class CloudLoggingItemLogs:
 
         return AuthorizedSession(google.auth.default(scopes=SCOPES)[0])
 
-    def stream(self, job: str, item: str, attempt: int) -> BufferedStream:
+    def _write(self, job: str, item: str, attempt: int, entries: list[dict]) -> None:
         labels = {"job": job, "item": item, "attempt": str(attempt)}
+        body = {"logName": self.log_name, "resource": {"type": "global"}, "labels": labels, "entries": entries}
+        self.session.post(f"{LOGGING}/entries:write", json=body, timeout=10).raise_for_status()
 
+    def stream(self, job: str, item: str, attempt: int) -> BufferedStream:
         def send(batch: list[tuple[float, str]]) -> None:
-            entries = [{"textPayload": line, "timestamp": datetime.fromtimestamp(at, UTC).isoformat()}
-                       for at, line in batch]  # fmt: skip
-            body = {"logName": self.log_name, "resource": {"type": "global"}, "labels": labels, "entries": entries}
-            self.session.post(f"{LOGGING}/entries:write", json=body, timeout=10).raise_for_status()
+            self._write(job, item, attempt, [{"textPayload": line, "timestamp": _stamp(at)} for at, line in batch])
 
         return BufferedStream(stream_name(job, item, attempt), send)
 
+    def record_outcome(self, queue: str, job: str, item: str, attempt: int, outcome: str, seconds: float) -> None:
+        payload = {"outcome": outcome, "queue": queue, "job": job, "item": item, "attempt": attempt, "seconds": seconds}
+        self._write(job, item, attempt, [{"jsonPayload": payload, "timestamp": _stamp(time.time())}])
+
     def lines(self, job: str, item: str | None = None) -> Iterator[tuple[str, str]]:
-        query = f'logName="{self.log_name}" AND labels.job="{job}"' + (f' AND labels.item="{item}"' if item else "")
+        # textPayload:* leaves out the outcome entries (jsonPayload), which are not output.
+        query = f'logName="{self.log_name}" AND textPayload:* AND labels.job="{job}"' + (
+            f' AND labels.item="{item}"' if item else "")
         body = {"resourceNames": [f"projects/{self.env.project}"], "filter": query, "orderBy": "timestamp asc",
                 "pageSize": 1000}  # fmt: skip
         by_stream: dict[str, list[str]] = {}
@@ -152,3 +160,7 @@ class CloudLoggingItemLogs:
         for name in sorted(by_stream, key=stream_order):
             for line in by_stream[name]:
                 yield name, line
+
+
+def _stamp(at: float) -> str:
+    return datetime.fromtimestamp(at, UTC).isoformat()

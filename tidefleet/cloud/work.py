@@ -79,6 +79,9 @@ class ItemLogs(Protocol):
     def lines(self, job: str, item: str | None = None) -> Iterator[tuple[str, str]]:
         """(stream, line) for every attempt of the job's items (or one item), oldest first per stream."""
 
+    def record_outcome(self, queue: str, job: str, item: str, attempt: int, outcome: str, seconds: float) -> None:
+        """One finished attempt (succeeded / failed / cancelled), for the cloud's outcome metric."""
+
 
 def stream_name(job: str, item: str, attempt: int) -> str:
     return f"{job}/{item}/{attempt}"
@@ -192,6 +195,9 @@ class CloudWatchItemLogs:
             if not out.ok:
                 log.warning("item logs off for %s: %s (deploy the log group %s)", name, err, self.group)
         return out
+
+    def record_outcome(self, queue: str, job: str, item: str, attempt: int, outcome: str, seconds: float) -> None:
+        """Nothing on AWS: no stack resource counts outcome entries (the job store's item history has them)."""
 
     def lines(self, job: str, item: str | None = None) -> Iterator[tuple[str, str]]:
         prefix = f"{job}/" + (f"{item}/" if item else "")
