@@ -60,7 +60,12 @@ def submit(env_name, name, queue, items_from, job_id) -> None:
     """Submit a job: record it and its items, send them to the queue, kick the scaler."""
     env = _load(env_name)
     with _explained(env):
-        result = sdk.submit(env, name, queue, sdk.read_items(items_from), job_id=job_id)
+        items = sdk.read_items(items_from)
+        with Progress(TextColumn("sending"), BarColumn(), TextColumn("{task.completed}/{task.total} items"),
+                      transient=True, disable=len(items) < 1000) as bar:
+            task = bar.add_task("", total=len(items))
+            result = sdk.submit(env, name, queue, items, job_id=job_id,
+                                progress=lambda n: bar.advance(task, n))
     click.echo(f"job {result.job_id}: {result.total} item(s), {result.new_items} new, {result.sent} sent; {result.kick}")
 
 

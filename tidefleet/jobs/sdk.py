@@ -25,7 +25,7 @@ import sys
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -169,8 +169,11 @@ class Submitted:
 
 
 def submit(
-    env: Environment, name: str, queue: str, items: list[ItemSpec], *, job_id: str | None = None, kick: bool = True
+    env: Environment, name: str, queue: str, items: list[ItemSpec], *, job_id: str | None = None, kick: bool = True,
+    progress: Callable[[int], None] | None = None,
 ) -> Submitted:
+    """Record the job and its items, send them, kick the scaler. Idempotent: submitting the same
+    job and items again creates and sends nothing twice. `progress(n)` is told as items go out."""
     if queue not in env.queues:
         known = ", ".join(sorted(env.queues))
         raise JobError(f"queue: unknown queue {queue!r} in environment {env.name!r}; known queues: {known}")
@@ -184,21 +187,29 @@ def submit(
     if stored.cancelled:
         raise JobError(f"job {job_id!r} was cancelled; submit under another name or --job-id")
     existing = {i.item_id: i for i in cloud.store.items(job_id)}
-    new = [s for s in items if s.item_id not in existing]
-    recorded = [s for s in new if cloud.store.put_item_if_new(Item(job_id, s.item_id, s.args, status="pending"))]
+    new_ids = {s.item_id for s in items if s.item_id not in existing}
     # "pending" = recorded but maybe not sent: a submit that crashed between the two is
     # completed by the next one, so no item is ever recorded and never queued.
-    unsent = [s for s in items if s.item_id not in existing or existing[s.item_id].status == "pending"]
+    unsent = [s for s in items if s.item_id in new_ids or existing[s.item_id].status == "pending"]
+    recorded, how = 0, "not needed"
     for start in range(0, len(unsent), SEND_BATCH):
         batch = unsent[start : start + SEND_BATCH]
+        recorded += sum(
+            cloud.store.put_item_if_new(Item(job_id, s.item_id, s.args, status="pending"))
+            for s in batch
+            if s.item_id in new_ids
+        )
         cloud.send(queue, [ItemMessage(job_id, s.item_id, s.args) for s in batch])
         for s in batch:  # an agent may already have started it: only pending becomes queued
             cloud.store.update_item(job_id, s.item_id, only_from=("pending",), status="queued")
-    total = len(existing) + len(recorded)
+        if kick and start == 0:  # work is waiting now: nodes boot while the rest is sent
+            how = kick_scaler(env, f"submit {job_id}")
+        if progress:
+            progress(len(batch))
+    total = len(existing) + recorded
     if total != stored.total:
         cloud.store.set_job_total(job_id, total)
-    how = kick_scaler(env, f"submit {job_id}") if kick and unsent else "not needed"
-    return Submitted(job_id, len(recorded), len(unsent), total, how)
+    return Submitted(job_id, recorded, len(unsent), total, how)
 
 
 def kick_scaler(env: Environment, reason: str) -> str:
