@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from urllib.parse import parse_qs, urlparse
 
+import requests
 import responses
 
 COMPUTE = "https://compute.googleapis.com/compute/v1"
@@ -58,6 +59,8 @@ class FakeGcp:
     published: dict[str, list[bytes]] = field(default_factory=dict)  # topic id -> every body published
     log_entries: list[dict] = field(default_factory=list)  # entries:write, labels merged into each
     log_page: int = 1000
+    pull_hold_s: float = 0.2  # how long an empty pull is held before it answers with nothing
+    pull_timeouts: list[float] = field(default_factory=list)  # the client's timeout on each pull
     calls: list[tuple[str, str, dict | None]] = field(default_factory=list)  # method, path+query, body
     lock: threading.RLock = field(default_factory=threading.RLock)  # agent threads; re-entered by before_write
     clock_offset: float = 0.0
@@ -83,16 +86,19 @@ class FakeGcp:
             mock.add_callback(method, pubsub, callback=self._pull_waits(self._locked(self._pubsub)))
         mock.add_callback(responses.POST, re.compile(rf"{LOGGING}/entries:\w+"), callback=self._locked(self._logging))
 
-    @staticmethod
-    def _pull_waits(handler):
-        """An empty pull without returnImmediately waits a little, as the server does (an
-        agent polling an empty subscription must not spin)."""
+    def _pull_waits(self, handler):
+        """An empty pull is held a while, as the server does (an agent polling an empty
+        subscription must not spin); a client timeout shorter than that ends it, as requests does."""
 
         def waiting(request):
             answer = handler(request)
-            if urlparse(request.url).path.endswith(":pull") and answer[2] == '{"receivedMessages": []}' \
-                    and not json.loads(request.body).get("returnImmediately"):  # fmt: skip
-                time.sleep(0.2)
+            if urlparse(request.url).path.endswith(":pull"):
+                timeout = request.req_kwargs["timeout"]
+                self.pull_timeouts.append(timeout)
+                if answer[2] == '{"receivedMessages": []}':
+                    time.sleep(min(self.pull_hold_s, timeout))
+                    if timeout < self.pull_hold_s:
+                        raise requests.exceptions.ReadTimeout(f"fake: pull held longer than {timeout}s")
             return answer
 
         return waiting

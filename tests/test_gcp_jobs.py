@@ -126,6 +126,16 @@ def test_item_output_goes_to_the_stacks_log_with_labels_and_reads_back_per_attem
     ]
 
 
+def test_a_receive_is_a_pull_whose_client_timeout_is_the_wait_and_a_held_empty_pull_is_nothing(gcp):
+    queues = Cloud(ENV).queues
+    gcp.pull_hold_s = 30  # an empty subscription holds the pull longer than the caller waits
+    assert queues.receive("default", 10, wait_s=0) == []
+    gcp.publish(SUB, b"x")
+    assert [d.body for d in queues.receive("default", 10, wait_s=20)] == ["x"]
+    assert [c["body"] for c in calls(gcp, "POST", f"{SUB}:pull")] == [{"maxMessages": 10}] * 2  # no returnImmediately
+    assert gcp.pull_timeouts == [1, 20]
+
+
 def test_a_finished_attempt_writes_one_structured_entry_for_the_outcome_metric(gcp):
     Cloud(ENV).logs.record_outcome("default", "job-1", "item-a", 3, "failed", 12.5)
     (write,) = calls(gcp, "POST", "/entries:write")

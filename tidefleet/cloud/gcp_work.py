@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from functools import cached_property
 
+import requests
 from google.api_core import exceptions as gexc
 from google.auth.transport.requests import AuthorizedSession
 from google.pubsub_v1.services.publisher import PublisherClient
@@ -41,7 +42,7 @@ from tidefleet.config import Environment
 LOGGING = "https://logging.googleapis.com/v2"
 SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
 PUBLISH_BATCH = 100  # messages per publish call (Pub/Sub takes up to 1000 and 10 MB)
-PULL_SLACK_S = 10  # HTTP timeout beyond the long poll
+SHORT_PULL_S = 1  # a "no wait" receive: how long an empty subscription may hold the pull
 
 
 def publish(env: Environment, topic: str, bodies: list[bytes], *, client: PublisherClient | None = None) -> None:
@@ -77,11 +78,11 @@ class PubSubWorkQueues:
     def receive(self, queue, max_messages, wait_s, *, dead_letter=False, hold_s=None) -> list[Delivery]:
         subscription = self._subscription(queue, dead_letter)
         try:
-            # Pull has no wait parameter: it returns when messages are there or the server's
-            # own wait ends; return_immediately is the only way to ask for no wait.
+            # Pull has no wait parameter: the server holds it until messages are there or its own
+            # wait ends, so the client's timeout is the wait (return_immediately is deprecated).
             got = self.subscriber.pull(subscription=subscription, max_messages=max_messages,
-                                       return_immediately=wait_s == 0, timeout=wait_s + PULL_SLACK_S)  # fmt: skip
-        except gexc.DeadlineExceeded:
+                                       timeout=max(wait_s, SHORT_PULL_S))  # fmt: skip
+        except (gexc.DeadlineExceeded, requests.exceptions.Timeout):  # the REST transport's timeout
             return []
         received = list(got.received_messages)
         if received and hold_s is not None:
