@@ -30,6 +30,7 @@ COMPUTE = "https://compute.googleapis.com/compute/v1"
 FIRESTORE = "https://firestore.googleapis.com/v1"
 PUBSUB = "https://pubsub.googleapis.com/v1"
 LOGGING = "https://logging.googleapis.com/v2"
+STORAGE_UPLOAD = "https://storage.googleapis.com/upload/storage/v1"
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 OPERATION = {"name": "operation-1", "status": "DONE", "kind": "compute#operation"}
 
@@ -59,6 +60,7 @@ class FakeGcp:
     published: dict[str, list[bytes]] = field(default_factory=dict)  # topic id -> every body published
     log_entries: list[dict] = field(default_factory=list)  # entries:write, labels merged into each
     log_page: int = 1000
+    objects: dict[str, bytes] = field(default_factory=dict)  # "bucket/object name" -> what was uploaded
     pull_hold_s: float = 0.2  # how long an empty pull is held before it answers with nothing
     pull_timeouts: list[float] = field(default_factory=list)  # the client's timeout on each pull
     calls: list[tuple[str, str, dict | None]] = field(default_factory=list)  # method, path+query, body
@@ -85,6 +87,7 @@ class FakeGcp:
         for method in (responses.GET, responses.POST):
             mock.add_callback(method, pubsub, callback=self._pull_waits(self._locked(self._pubsub)))
         mock.add_callback(responses.POST, re.compile(rf"{LOGGING}/entries:\w+"), callback=self._locked(self._logging))
+        mock.add_callback(responses.POST, re.compile(rf"{STORAGE_UPLOAD}/b/[^/]+/o"), callback=self._locked(self._upload))
 
     def _pull_waits(self, handler):
         """An empty pull is held a while, as the server does (an agent polling an empty
@@ -302,6 +305,18 @@ class FakeGcp:
         if start + self.log_page < len(found):
             page["nextPageToken"] = str(start + self.log_page)
         return 200, {}, json.dumps(page)
+
+    # -- cloud storage ----------------------------------------------------------------------
+    def _upload(self, request):
+        url = urlparse(request.url)
+        query = {k: v[0] for k, v in parse_qs(url.query).items()}
+        self.calls.append((request.method, url.path, {"query": query, "body": None,
+                                                      "content_type": request.headers.get("Content-Type")}))  # fmt: skip
+        bucket = re.search(r"/b/([^/]+)/o$", url.path).group(1)
+        if query.get("uploadType") != "media" or "name" not in query:
+            return self._error(400, "INVALID_ARGUMENT", "fake: only uploadType=media with a name")
+        self.objects[f"{bucket}/{query['name']}"] = request.body
+        return 200, {}, json.dumps({"bucket": bucket, "name": query["name"]})
 
 
 IDS = itertools.count(1)
