@@ -63,7 +63,9 @@ def test_items_succeed_fail_into_the_dead_letter_queue_time_out_and_come_back_wi
     assert h.queue_depth("work", dead_letter=True) == 0
     assert Counter(e["item"] for e in h.events("done")) == {"000000": 1, "000001": 1, "000002": 1, "flaky": 1}
 
-    hb = Store(h.env.name, h.env.region).heartbeats("cpu")["node-a"]
+    # Idle is reported by the next heartbeat after the last item, not at once.
+    store = Store(h.env.name, h.env.region)
+    hb = wait_until(lambda: (b := store.heartbeats("cpu")["node-a"]).busy_slots == 0 and b, 15, "an idle heartbeat")
     assert (hb.slots, hb.busy_slots, hb.instance_type) == (2, 0, "c6i.large") and hb.idle_since is not None
 
 
