@@ -211,7 +211,8 @@ class MigFleet:
 @cache
 def function_runtime() -> tuple[Environment, Ports]:
     """Settings and clients, once per cold start: the environment named by TIDEFLEET_ENV."""
-    from tidefleet.cloud.firestore import FirestoreNodes
+    from tidefleet.cloud.firestore import FirestoreStore
 
     env = load_environment(os.environ["TIDEFLEET_ENV"])
-    return env, Ports(queues=MonitoringQueues(env), fleet=MigFleet(env), nodes=FirestoreNodes(env))
+    store = FirestoreStore(env)  # heartbeats, and the queue stats the agents record
+    return env, Ports(queues=MonitoringQueues(env), fleet=MigFleet(env), nodes=store, stats=store)
