@@ -198,6 +198,7 @@ def test_an_item_handed_back_many_times_is_never_dead_lettered_by_pubsub(gcp, tm
     for _ in range(7):
         (delivery,) = node.cloud.queues.receive("default", 10, 0)
         assert delivery.deliveries == 1
+        node.store.update_item(job, "000000", status="running", node=node.s.node_id)  # as the agent starts it
         node._requeue([Held("default", delivery.handle, ItemMessage.parse(delivery.body))], interrupted=True)
     assert gcp.bodies(DLQ) == []
     (body,) = gcp.bodies(SUB)
@@ -253,3 +254,12 @@ def test_an_item_that_keeps_losing_its_node_is_dead_lettered_after_the_tolerated
     assert (item.status, item.failures, item.lost) == ("failed", 0, NODE_LOSSES_TOLERATED + 1)
     assert f"its node was lost {NODE_LOSSES_TOLERATED + 1} times" in item.reason
     assert len(gcp.bodies(DLQ)) == 1 and not gcp.bodies(SUB)
+
+
+def test_a_firestore_record_held_by_a_node_never_overwrites_a_newer_holder(gcp, tmp_path):
+    job = sdk.submit(ENV, "holders", "default", sdk.read_items(["a"]), kick=False).job_id
+    store = agent(tmp_path).store
+    store.update_item(job, "000000", status="running", node="node-b")
+    assert store.update_item(job, "000000", status="queued", node="", held_by="node-a") is None
+    assert (store.item(job, "000000").status, store.item(job, "000000").node) == ("running", "node-b")
+    assert store.update_item(job, "000000", status="queued", node="", held_by="node-b").status == "queued"

@@ -282,12 +282,14 @@ class Store:
         *,
         only_from: tuple[str, ...] | None = None,
         never_from: tuple[str, ...] = FINAL,
+        held_by: str | None = None,
         add: dict[str, int] | None = None,
         append: dict[str, dict] | None = None,
         **values,
     ) -> Item | None:
         """Set `values` and add `add` to counters, only if the item's status is in `only_from`
-        (when given) and not in `never_from`; `append` adds one entry to a list. Returns the new item, or None when the condition
+        (when given) and not in `never_from`, and (when `held_by` is given) its node is still
+        `held_by`, so a record never overwrites a newer holder's; `append` adds one entry to a list. Returns the new item, or None when the condition
         failed. The condition is what keeps an item from being finished twice: a duplicate
         delivery cannot overwrite `succeeded`."""
         values["updated_at"] = time.time()
@@ -314,6 +316,10 @@ class Store:
                 + "))"
             )
             expr_values |= {f":never{i}": s for i, s in enumerate(never_from)}
+        if held_by is not None:
+            conditions.append("#held_node = :held_by")
+            names["#held_node"] = "node"
+            expr_values[":held_by"] = held_by
         update = "SET " + ", ".join(sets) + (" REMOVE " + ", ".join(removes) if removes else "")
         kwargs = {
             "Key": {"pk": f"JOB#{job_id}", "sk": f"ITEM#{item_id}"},

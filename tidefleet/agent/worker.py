@@ -399,9 +399,11 @@ class Agent:
         self.cloud.send(held.queue, [replace(msg, failures=failures, lost=losses)], dead_letter=final)
         self.cloud.queues.delete(held.queue, [held.receipt])
         entry = {"node": self.s.node_id, **(outcome or {}), "outcome": "lost" if lost else "failed", "reason": reason}
+        # A retry is already in the queue: if another node has started it, its "running" stands.
+        holder = None if final or current is None else current.node
         self.store.update_item(
             msg.job, msg.item, status="failed" if final else "queued", failures=failures, lost=losses,
-            exit_code=code, reason=reason, append={"history": entry}, **usage,
+            exit_code=code, reason=reason, append={"history": entry}, held_by=holder, **usage,
         )
         log.info("%s/%s %s: %s", msg.job, msg.item, "dead-lettered" if final else "will retry", reason)
 
@@ -417,9 +419,10 @@ class Agent:
             if errors:
                 log.warning("could not delete %d handed-back message(s): %s", len(errors), errors[0])
         for h in helds:
-            if interrupted:
+            if interrupted:  # only while still ours: another node may have started it already
                 self.store.update_item(
                     h.message.job, h.message.item, status="queued", node="", add={"interruptions": 1},
+                    held_by=self.s.node_id,
                     append={"history": {"attempt": getattr(h, "attempt", 0), "node": self.s.node_id,
                                         "outcome": "interrupted", "reason": self.stop_reason}},
                 )

@@ -243,13 +243,15 @@ class FirestoreStore(FirestoreNodes):
         *,
         only_from: tuple[str, ...] | None = None,
         never_from: tuple[str, ...] = FINAL,
+        held_by: str | None = None,
         add: dict[str, int] | None = None,
         append: dict[str, dict] | None = None,
         **values,
     ) -> Item | None:
         """As `Store.update_item`: set `values` (None deletes), add `add` to counters and one
         entry per `append` list, only if the status is in `only_from` (when given) and not in
-        `never_from`. Returns the new item, or None when the condition failed."""
+        `never_from`, and its node is `held_by` (when given). Returns the new item, or None when
+        the condition failed."""
         name = self._item_doc(job_id, item_id)
         values["updated_at"] = time.time()
         changed = [*values, *(add or {}), *(append or {})]
@@ -258,6 +260,8 @@ class FirestoreStore(FirestoreNodes):
             current = self._values(doc) if doc is not None else {}
             status = current.get("status")
             if (only_from and status not in only_from) or (status is not None and status in never_from):
+                return None
+            if held_by is not None and current.get("node", "") != held_by:
                 return None
             new = {**current, **{k: v for k, v in values.items() if v is not None}}
             for k in (k for k, v in values.items() if v is None):
