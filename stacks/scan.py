@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+
+from stacks.tools import dev_tool
 
 SUPPRESSIONS = Path(__file__).with_name("checkov_suppressions.toml")
 # No Prisma Cloud API key, no downloads of external checks or guideline mappings.
@@ -63,17 +63,9 @@ def _addresses(stack_json: dict) -> dict[str, str]:
     return out
 
 
-def _checkov_binary() -> str:
-    beside = Path(sys.executable).parent / "checkov"
-    found = str(beside) if beside.exists() else shutil.which("checkov")
-    if not found:
-        raise RuntimeError("checkov not found; pip install checkov (part of the dev extra)")
-    return found
-
-
 def run_checkov(stack_file: Path) -> list[Finding]:
     result = subprocess.run(
-        [_checkov_binary(), "-f", str(stack_file), "--framework", "terraform_json", "-o", "json", "--skip-download"],
+        [dev_tool("checkov", "checkov"), "-f", str(stack_file), "--framework", "terraform_json", "-o", "json", "--skip-download"],
         check=False,
         capture_output=True, text=True, env={**os.environ, **OFFLINE_ENV},
     )  # fmt: skip

