@@ -60,8 +60,8 @@ def test_submit_records_the_job_publishes_its_items_and_kicks_the_scaler_topic(g
     assert job_create["query"] == {"currentDocument.exists": "false"}, "a job is created only if new"
     (publish,) = calls(gcp, "POST", f"/topics/{SUB}:publish")
     assert published(publish) == [
-        {"job": done.job_id, "item": "000000", "args": ["gs://b/1"], "failures": 0, "interruptions": 0, "lost": 0},
-        {"job": done.job_id, "item": "000001", "args": ["gs://b/2"], "failures": 0, "interruptions": 0, "lost": 0},
+        {"job": done.job_id, "item": "000000", "args": ["gs://b/1"], "failures": 0, "interruptions": 0, "lost": 0, "seq": 0},
+        {"job": done.job_id, "item": "000001", "args": ["gs://b/2"], "failures": 0, "interruptions": 0, "lost": 0, "seq": 0},
     ]
     (kick,) = calls(gcp, "POST", "/topics/tidefleet-gcp-dev-kick:publish")
     assert published(kick) == [{"tidefleet": "kick", "env": "gcp-dev", "reason": f"submit {done.job_id}"}]
@@ -99,7 +99,7 @@ def test_retry_failed_moves_only_this_jobs_dead_letters_back_and_releases_the_ot
     cloud.send("default", [ItemMessage("other-job", "x", [], failures=4)], dead_letter=True)
     assert sdk.retry_failed(ENV, job) == 1
     assert [json.loads(b) for b in gcp.bodies(SUB)] == [
-        {"job": job, "item": "000000", "args": ["a"], "failures": 0, "interruptions": 0, "lost": 0}]
+        {"job": job, "item": "000000", "args": ["a"], "failures": 0, "interruptions": 0, "lost": 0, "seq": 0}]
     assert [json.loads(b)["job"] for b in gcp.bodies(DLQ)] == ["other-job"]
     assert cloud.store.item(job, "000000").status == "queued"
     hold, release = calls(gcp, "POST", f"/subscriptions/{DLQ}:modifyAckDeadline")
@@ -198,8 +198,9 @@ def test_an_item_handed_back_many_times_is_never_dead_lettered_by_pubsub(gcp, tm
     for _ in range(7):
         (delivery,) = node.cloud.queues.receive("default", 10, 0)
         assert delivery.deliveries == 1
-        node.store.update_item(job, "000000", status="running", node=node.s.node_id)  # as the agent starts it
-        node._requeue([Held("default", delivery.handle, ItemMessage.parse(delivery.body))], interrupted=True)
+        claimed = node.store.update_item(job, "000000", status="running", node=node.s.node_id, add={"attempts": 1})
+        held = Held("default", delivery.handle, ItemMessage.parse(delivery.body), attempt=claimed.attempts)
+        node._requeue([held], interrupted=True)
     assert gcp.bodies(DLQ) == []
     (body,) = gcp.bodies(SUB)
     assert json.loads(body)["interruptions"] == 7 and json.loads(body)["failures"] == 0
@@ -256,10 +257,8 @@ def test_an_item_that_keeps_losing_its_node_is_dead_lettered_after_the_tolerated
     assert len(gcp.bodies(DLQ)) == 1 and not gcp.bodies(SUB)
 
 
-def test_a_firestore_record_held_by_a_node_never_overwrites_a_newer_holder(gcp, tmp_path):
+def test_firestore_claims_run_an_item_once_and_fence_stale_writers(gcp, tmp_path):
+    from tests.store_contract import check_claims_and_fences
+
     job = sdk.submit(ENV, "holders", "default", sdk.read_items(["a"]), kick=False).job_id
-    store = agent(tmp_path).store
-    store.update_item(job, "000000", status="running", node="node-b")
-    assert store.update_item(job, "000000", status="queued", node="", held_by="node-a") is None
-    assert (store.item(job, "000000").status, store.item(job, "000000").node) == ("running", "node-b")
-    assert store.update_item(job, "000000", status="queued", node="", held_by="node-b").status == "queued"
+    check_claims_and_fences(agent(tmp_path).store, job)

@@ -45,13 +45,10 @@ def test_queue_stats_read_more_queues_than_one_batch_holds(aws):
     assert set(store.queue_stats(names)) == set(names[::10])
 
 
-def test_a_record_held_by_a_node_never_overwrites_a_newer_holder(aws):
-    from tidefleet.store import Item
+def test_dynamodb_claims_run_an_item_once_and_fence_stale_writers(aws):
+    from tests.store_contract import check_claims_and_fences, queued_item
 
     create_table("t")
     store = Store("t", "us-east-1")
-    store.put_item_if_new(Item("j", "i", ["a"], status="queued"))
-    store.update_item("j", "i", status="running", node="node-b")  # B took the handed-back copy
-    assert store.update_item("j", "i", status="queued", node="", held_by="node-a") is None  # A's late record
-    assert (store.item("j", "i").status, store.item("j", "i").node) == ("running", "node-b")
-    assert store.update_item("j", "i", status="queued", node="", held_by="node-b").status == "queued"
+    store.put_item_if_new(queued_item("j"))
+    check_claims_and_fences(store, "j")

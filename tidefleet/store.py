@@ -71,6 +71,28 @@ FINAL = ("succeeded", "failed", "cancelled")
 
 
 @dataclass(frozen=True)
+class Fence:
+    """What a write demands of the item's current record, beyond "exists and is not final".
+
+    `attempt`: the record's attempt counter still equals this: only the attempt that holds the
+    item records it (a stale node's late write loses). `claim_at`: a claim: the item is not
+    running under a lease that lasts past this time. `seq`: the message's sequence number: the
+    record's is not newer (a stale duplicate of an already re-sent message loses)."""
+
+    attempt: int | None = None
+    claim_at: float | None = None
+    seq: int | None = None
+
+    def admits(self, record: dict) -> bool:
+        """The same rule as the DynamoDB condition, for stores that check in code."""
+        if self.attempt is not None and (record.get("attempts") or 0) != self.attempt:
+            return False
+        if self.claim_at is not None and record.get("status") == "running" and (record.get("lease_until") or 0) > self.claim_at:
+            return False
+        return self.seq is None or (record.get("seq") or 0) <= self.seq
+
+
+@dataclass(frozen=True)
 class Job:
     job_id: str
     name: str
@@ -96,6 +118,9 @@ class Item:
     cpu_s: float | None = None
     peak_rss_mb: float | None = None
     updated_at: float = 0.0
+    seq: int = 0  # the newest message sent for this item (each retry or hand-back sends seq + 1)
+    lease_until: float = 0.0  # while running: the holder renews it every heartbeat
+    message_id: str = ""  # the queue's id of the message the current attempt holds
     history: list[dict] = field(default_factory=list)  # one entry per finished attempt
 
 
@@ -282,16 +307,16 @@ class Store:
         *,
         only_from: tuple[str, ...] | None = None,
         never_from: tuple[str, ...] = FINAL,
-        held_by: str | None = None,
+        fence: Fence | None = None,
         add: dict[str, int] | None = None,
         append: dict[str, dict] | None = None,
         **values,
     ) -> Item | None:
-        """Set `values` and add `add` to counters, only if the item's status is in `only_from`
-        (when given) and not in `never_from`, and (when `held_by` is given) its node is still
-        `held_by`, so a record never overwrites a newer holder's; `append` adds one entry to a list. Returns the new item, or None when the condition
-        failed. The condition is what keeps an item from being finished twice: a duplicate
-        delivery cannot overwrite `succeeded`."""
+        """Set `values` and add `add` to counters, only if the item exists, its status is in
+        `only_from` (when given) and not in `never_from`, and `fence` admits it; `append` adds one
+        entry to a list. Returns the new item, or None when the condition failed. The condition
+        is what keeps an item from being finished twice or run by two nodes at once, and what
+        keeps a message for an item that was never submitted from creating a record."""
         values["updated_at"] = time.time()
         names = {f"#{k}": k for k in [*values, *(add or {}), *(append or {})]}
         sets = [f"#{k} = :{k}" for k, v in values.items() if v is not None]
@@ -305,7 +330,7 @@ class Store:
         expr_values |= {f":append_{k}": [_to_dynamo(v)] for k, v in (append or {}).items()}
         if append:
             expr_values[":empty"] = []
-        conditions = []
+        conditions = ["attribute_exists(pk)"]
         if only_from:
             conditions.append("#status IN (" + ", ".join(f":from{i}" for i in range(len(only_from))) + ")")
             expr_values |= {f":from{i}": s for i, s in enumerate(only_from)}
@@ -316,10 +341,18 @@ class Store:
                 + "))"
             )
             expr_values |= {f":never{i}": s for i, s in enumerate(never_from)}
-        if held_by is not None:
-            conditions.append("#held_node = :held_by")
-            names["#held_node"] = "node"
-            expr_values[":held_by"] = held_by
+        if fence is not None and fence.attempt is not None:
+            conditions.append("#fence_attempts = :fence_attempt")
+            names["#fence_attempts"] = "attempts"
+            expr_values[":fence_attempt"] = fence.attempt
+        if fence is not None and fence.claim_at is not None:
+            conditions.append("(#status <> :running OR attribute_not_exists(#lease) OR #lease <= :claim_at)")
+            names["#lease"] = "lease_until"
+            expr_values |= {":running": "running", ":claim_at": _to_dynamo(float(fence.claim_at))}
+        if fence is not None and fence.seq is not None:
+            conditions.append("(attribute_not_exists(#fence_seq) OR #fence_seq <= :fence_seq)")
+            names["#fence_seq"] = "seq"
+            expr_values[":fence_seq"] = fence.seq
         update = "SET " + ", ".join(sets) + (" REMOVE " + ", ".join(removes) if removes else "")
         kwargs = {
             "Key": {"pk": f"JOB#{job_id}", "sk": f"ITEM#{item_id}"},
@@ -328,9 +361,8 @@ class Store:
             "ExpressionAttributeValues": expr_values,
             "ReturnValues": "ALL_NEW",
         }
-        if conditions:
-            kwargs["ConditionExpression"] = " AND ".join(conditions)
-            names["#status"] = "status"
+        kwargs["ConditionExpression"] = " AND ".join(conditions)
+        names["#status"] = "status"
         try:
             return _record(Item, self.table.update_item(**kwargs)["Attributes"])
         except ClientError as err:

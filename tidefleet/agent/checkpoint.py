@@ -7,12 +7,15 @@
             save(checkpoint.checkpoint_uri(), state)
             checkpoint.exit_interrupted()               # the item is handed back, not failed
         ...
+    checkpoint.complete()                               # done, even if a stop comes now
 
 The contract, for any language: the agent creates the file named by TIDEFLEET_STOP_FILE and
 sends SIGTERM to the workload's process group, then waits a bounded grace before SIGKILL.
-Exit 0 means "done" (the item succeeds); after a stop request any other exit code means
-"interrupted" (the item goes back to the queue without using a retry). The checkpoint
-location (TIDEFLEET_CHECKPOINT_URI) is per item and the same on every attempt.
+Stopping is not success: once asked to stop, an attempt succeeds only if it exits 0 AND has
+created the file named by TIDEFLEET_DONE_FILE (what `complete()` does); any other end is
+"interrupted" (the item goes back to the queue without using a retry). Without a stop request,
+exit 0 is success. The checkpoint location (TIDEFLEET_CHECKPOINT_URI) is per item and the same
+on every attempt.
 """
 
 from __future__ import annotations
@@ -57,6 +60,15 @@ def checkpoint_uri() -> str:
 def attempt() -> int:
     """1 on the first attempt of this item; interrupted attempts count too."""
     return int(os.environ.get("TIDEFLEET_ATTEMPT", "1"))
+
+
+def complete() -> None:
+    """Declare this item done: exit 0 after this counts as success even if a stop request came
+    in the meantime (without it, an attempt asked to stop is handed back and runs again)."""
+    done_file = os.environ.get("TIDEFLEET_DONE_FILE")
+    if done_file:
+        with open(done_file, "w"):
+            pass
 
 
 def exit_interrupted() -> None:

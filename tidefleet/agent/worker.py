@@ -20,6 +20,20 @@ rules on both. How an item's attempts are counted (the decision the issue asks f
     between can duplicate a message, never lose one; `succeeded` is a conditional write, so
     a duplicate can never finish an item twice.
 
+One attempt at a time (the claim): an attempt starts only by a conditional write to the item's
+record (`store.Fence`): the item exists and is not final, the message is not older than the
+newest one sent for it (`seq`), and it is not running under another attempt's live lease.
+The holder renews the lease every heartbeat; every record it writes is fenced on its attempt
+number, so a node that lost its lease (paused, partitioned) cannot overwrite the newer
+attempt's record, and its workload is killed at its next heartbeat. A second delivery of a
+message whose item runs elsewhere is dropped (a copy) or returned until the lease would lapse
+(the holder's own message, whose visibility ran out); a message that cannot be an item
+(poison) goes to the dead-letter queue once, with its reason.
+
+What an attempt's end means is `tidefleet.agent.attempt.outcome` (the workload contract);
+whatever raises while an attempt runs, it ends in exactly one recorded outcome and the node
+goes idle.
+
 Interruption: a spot notice or a Terminated lifecycle state (instance metadata, polled), the
 `draining` flag in the node's own heartbeat record, or SIGTERM to the agent all take the same
 path: stop intake, create each item's stop file and SIGTERM its process group, wait up to
@@ -31,6 +45,7 @@ instances it names, judged by their heartbeats.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shlex
@@ -39,19 +54,20 @@ import signal
 import subprocess
 import threading
 import time
-from collections import defaultdict, deque
+from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import boto3
 
 from tidefleet import naming
+from tidefleet.agent.attempt import Outcome, Stop, outcome
 from tidefleet.agent.gce import GceMetadata
 from tidefleet.agent.imds import Metadata
 from tidefleet.cloud.work import CLOUD_ERRORS, Delivery
 from tidefleet.config import NODE_LOSSES_TOLERATED, Environment, Pool, Queue
 from tidefleet.jobs.sdk import Cloud, ItemMessage
-from tidefleet.store import FINAL, Heartbeat
+from tidefleet.store import FINAL, Fence, Heartbeat, Job
 
 log = logging.getLogger("tidefleet.agent")
 RECEIVE_BATCH = 10  # SQS's most per receive; more than a node's free slots anyway
@@ -61,6 +77,7 @@ RECEIVE_BATCH = 10  # SQS's most per receive; more than a node's free slots anyw
 # agent's service at once) and SETTLE_S may follow the grace: 5 + 15 + 5 leaves 5 s to hand back.
 GRACE_S = {"aws": 90.0, "gcp": 15.0}
 SETTLE_S = 5.0  # after the grace: time for an exited workload's runner to record its result
+MIN_LEASE_S = 30.0  # an attempt's claim lasts this (or 6 heartbeats) past its last renewal
 
 
 @dataclass(frozen=True)
@@ -83,15 +100,15 @@ class Held:
     queue: str
     receipt: str  # the queue's handle for this delivery (SQS receipt handle, Pub/Sub ack id)
     message: ItemMessage
+    attempt: int = 0  # the record's attempt number once claimed (every record is fenced on it)
 
 
 @dataclass(eq=False)
 class Run(Held):
-    attempt: int = 1
     slots: int = 1
     workdir: Path = Path(".")
     proc: subprocess.Popen | None = None
-    fate: str | None = None  # None, "interrupt", "cancel" or "timeout": why we stopped it
+    fate: Stop | None = None  # why we stopped it
     claimed: bool = False  # whoever claims a run settles it (its runner thread or the drain)
     exited: bool = False  # stopped for a drain and gone: the drain hands it back with the rest
     kill_at: float | None = None
@@ -100,6 +117,10 @@ class Run(Held):
     @property
     def stop_file(self) -> Path:
         return self.workdir / "STOP"
+
+    @property
+    def done_file(self) -> Path:
+        return self.workdir / "DONE"
 
 
 def _has_exited(run: Run) -> bool:
@@ -148,7 +169,8 @@ class Agent:
         self.idle_since = time.time()
         self.protected: bool | None = None  # last protection state the group accepted
         self.visibility: dict[str, int] = {}
-        self.jobs: dict[str, tuple[float, bool]] = {}  # job id -> (checked at, cancelled)
+        self.lease_s = max(MIN_LEASE_S, 6 * settings.heartbeat_s)
+        self.jobs: dict[str, tuple[float, Job | None]] = {}  # job id -> (read at, the job)
         self.streams: set = set()
         self.checkpoint_base = ""
 
@@ -220,6 +242,9 @@ class Agent:
             except CLOUD_ERRORS as err:
                 log.warning("receive failed (%s); retrying", err)
                 self.stopping.wait(1.0)
+            except Exception:  # the intake loop is the node's life: never let it end
+                log.exception("intake failed; retrying")
+                self.stopping.wait(1.0)
 
     def _receive(self, name: str, queue: Queue, wait_s: int) -> int:
         room = min(RECEIVE_BATCH, self._free_slots() // queue.slots_per_item)
@@ -227,34 +252,52 @@ class Agent:
             return 0
         deliveries = self.cloud.queues.receive(name, room, wait_s)
         for delivery in deliveries:
-            self._accept(name, queue, delivery)
+            try:
+                self._accept(name, queue, delivery)
+            except CLOUD_ERRORS as err:  # the message comes back after its visibility timeout
+                log.warning("could not take a message of %s (%s); the queue redelivers it", name, err)
+            except Exception as err:  # a message that breaks the agent is poison
+                log.exception("a message of %s broke the agent", name)
+                self._poison(name, delivery, f"agent error on this message: {type(err).__name__}: {err}")
         return len(deliveries)
+
+    def _poison(self, name: str, delivery: Delivery, reason: str) -> None:
+        """A message that can never run: to the dead-letter queue once, wrapped with its reason."""
+        log.error("poison message on %s: %s; moving it to the dead-letter queue", name, reason)
+        envelope = json.dumps({"tidefleet_poison": reason, "body": delivery.body})
+        self.cloud.queues.send(name, [envelope], dead_letter=True)
+        self.cloud.queues.delete(name, [delivery.handle])
 
     def _accept(self, name: str, queue: Queue, delivery: Delivery) -> None:
         try:
             msg = ItemMessage.parse(delivery.body)
         except ValueError as err:
-            log.error("%s; moving it to the dead-letter queue", err)
-            self.cloud.queues.send(name, [delivery.body], dead_letter=True)
-            self.cloud.queues.delete(name, [delivery.handle])
+            self._poison(name, delivery, str(err))
             return
         held = Held(name, delivery.handle, msg)
         if self.stopping.is_set():  # received during the last long poll: not ours to start
             self._requeue([held], interrupted=False)
             return
-        if delivery.deliveries > 1:
-            self._failed(held, queue, None, "node lost mid-attempt (no result before the visibility timeout)", {},
-                         lost=True)
+        job = self._job(msg.job)
+        if job is None:
+            self._poison(name, delivery, f"job {msg.job!r} is not in the job store (never submitted, or deleted)")
             return
-        if self._cancelled(msg.job):
+        if job.cancelled:
             self._settle_cancelled(held)
             return
+        now = time.time()
         item = self.store.update_item(
-            msg.job, msg.item, status="running", node=self.s.node_id, args=msg.args, add={"attempts": 1}
-        )
-        if item is None:  # already succeeded, failed or cancelled: a duplicate delivery
-            log.info("%s/%s is already final; dropping the duplicate message", msg.job, msg.item)
-            self.cloud.queues.delete(name, [held.receipt])
+            msg.job, msg.item, status="running", node=self.s.node_id, args=msg.args, seq=msg.seq,
+            lease_until=now + self.lease_s, message_id=delivery.message_id, add={"attempts": 1},
+            fence=Fence(claim_at=now, seq=msg.seq),
+        )  # fmt: skip
+        if item is None:
+            self._not_claimed(name, delivery, msg, now)
+            return
+        held.attempt = item.attempts
+        if delivery.deliveries > 1:  # claimed, so its last holder's lease has lapsed: that node is gone
+            self._failed(held, queue, None, "node lost mid-attempt (no result before the visibility timeout)", {},
+                         lost=True)
             return
         workdir = self.s.work_dir / msg.job / msg.item / str(item.attempts)
         workdir.mkdir(parents=True, exist_ok=True)
@@ -264,6 +307,39 @@ class Agent:
             self.idle_since = None
         threading.Thread(target=self._execute, args=(run, queue), daemon=True).start()
 
+    def _not_claimed(self, name: str, delivery: Delivery, msg: ItemMessage, now: float) -> None:
+        """The claim was refused: say why, and do with the message what that calls for."""
+        current = self.store.item(msg.job, msg.item)
+        where = f"{msg.job}/{msg.item}"
+        if current is None:
+            self._poison(name, delivery, f"item {where} is not in the job store (never submitted)")
+        elif current.status in FINAL or current.seq > msg.seq:
+            why = f"already {current.status}" if current.status in FINAL else f"superseded by message {current.seq}"
+            log.info("%s is %s; dropping the duplicate message", where, why)
+            self.cloud.queues.delete(name, [delivery.handle])
+        elif current.status == "running" and current.lease_until > now:
+            if delivery.message_id and delivery.message_id == current.message_id:
+                # The holder's own message, back because its visibility ran out: keep it hidden until
+                # the holder's lease would have lapsed, so it runs again only if the holder is gone.
+                mine = self._run_of(msg, current.attempts)
+                if mine is not None:
+                    mine.receipt = delivery.handle  # the newest receipt is the one that deletes it
+                    return
+                hide = int(current.lease_until - now + self.s.heartbeat_s) + 1
+                log.info("%s runs on %s (lease %ds left); its message comes back in %ds", where, current.node,
+                         int(current.lease_until - now), hide)
+                self.cloud.queues.extend(name, [delivery.handle], hide)
+            else:  # another copy of a message whose item runs elsewhere: that attempt settles it
+                log.info("%s runs on %s; dropping a duplicate copy of its message", where, current.node)
+                self.cloud.queues.delete(name, [delivery.handle])
+        else:  # it changed between the claim and the read: look again shortly
+            self.cloud.queues.extend(name, [delivery.handle], 1)
+
+    def _run_of(self, msg: ItemMessage, attempt: int) -> Run | None:
+        with self.lock:
+            return next((r for r in self.runs if (r.message.job, r.message.item, r.attempt) == (msg.job, msg.item, attempt)),
+                        None)  # fmt: skip
+
     # -- one attempt ----------------------------------------------------------------------
     def _checkpoint_uri(self, msg: ItemMessage) -> str:
         if self.s.checkpoint_root is not None:
@@ -271,6 +347,35 @@ class Agent:
         return f"{self.checkpoint_base}/{msg.job}/{msg.item}/"
 
     def _execute(self, run: Run, queue: Queue) -> None:
+        """The runner thread of one attempt: whatever raises, the attempt settles once and the
+        slot is freed."""
+        msg = run.message
+        stream = None
+        try:
+            stream = self.cloud.logs.stream(msg.job, msg.item, run.attempt)
+            with self.lock:
+                self.streams.add(stream)
+            code, usage, last_line = self._run_workload(run, queue, stream)
+        except Exception as err:  # a bad item fails that item, never the node
+            log.exception("%s/%s attempt %d could not run", msg.job, msg.item, run.attempt)
+            self._kill(run, signal.SIGKILL)
+            code, usage, last_line = 127, {}, f"tidefleet: could not run the item: {type(err).__name__}: {err}"
+            if stream is not None:
+                stream.write(last_line)
+        try:
+            self._settle(run, queue, code, usage, last_line)
+        except Exception:  # unrecorded, the message comes back after its visibility timeout
+            log.exception("could not record %s/%s; the queue redelivers it", msg.job, msg.item)
+            self._forget([run])
+        finally:
+            if stream is not None:
+                stream.close()
+                with self.lock:
+                    self.streams.discard(stream)
+            shutil.rmtree(run.workdir, ignore_errors=True)
+
+    def _run_workload(self, run: Run, queue: Queue, stream) -> tuple[int, dict, str]:
+        """Start the workload and wait for it: (exit code, usage, last line of output)."""
         msg = run.message
         item_env = {
             **self.pool.env,
@@ -279,80 +384,78 @@ class Agent:
             "TIDEFLEET_ATTEMPT": str(run.attempt),
             "TIDEFLEET_CHECKPOINT_URI": self._checkpoint_uri(msg),
             "TIDEFLEET_STOP_FILE": str(run.stop_file),
+            "TIDEFLEET_DONE_FILE": str(run.done_file),
         }
         mounts = [run.workdir] + ([self.s.checkpoint_root.resolve()] if self.s.checkpoint_root else [])
         argv = workload_command(self.pool, msg.args, list(item_env), mounts)
-        stream = self.cloud.logs.stream(msg.job, msg.item, run.attempt)
-        with self.lock:
-            self.streams.add(stream)
-        tail: deque[str] = deque(maxlen=1)
-        usage: dict = {}
         try:
             proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 env={**os.environ, **item_env}, cwd=run.workdir, start_new_session=True,
             )
-        except OSError as err:
+        except (OSError, ValueError) as err:  # no such program; a NUL byte in an argument
             stream.write(f"tidefleet: could not start {argv[0]!r}: {err}")
-            code, tail = 127, deque([f"could not start {argv[0]!r}: {err}"])
-        else:
-            with self.lock:
-                run.proc = proc
-                if run.fate is not None:  # stopped before it started
-                    self._signal_stop(run)
-            timer = threading.Timer(queue.item_timeout_s, self._time_out, (run,))
-            timer.daemon = True
-            timer.start()
+            return 127, {}, f"could not start {argv[0]!r}: {err}"
+        with self.lock:
+            run.proc = proc
+            if run.fate is not None:  # stopped before it started
+                self._signal_stop(run)
+        timer = threading.Timer(queue.item_timeout_s, self._time_out, (run,))
+        timer.daemon = True
+        timer.start()
+        last_line = ""
+        try:
             for raw in proc.stdout:
-                line = raw.decode(errors="replace").rstrip("\n")
-                tail.append(line)
-                stream.write(line)
+                last_line = raw.decode(errors="replace").rstrip("\n")
+                stream.write(last_line)
+        finally:
             # wait4 gives this child's own CPU time and peak memory, even with siblings running.
             _, status, rusage = os.wait4(proc.pid, 0)
-            proc.returncode = code = os.waitstatus_to_exitcode(status)
+            proc.returncode = os.waitstatus_to_exitcode(status)
             timer.cancel()
-            usage = {"cpu_s": round(rusage.ru_utime + rusage.ru_stime, 3), "peak_rss_mb": round(rusage.ru_maxrss / 1024, 1)}
-        stream.flush()
-        with self.lock:
-            self.streams.discard(stream)
-        self._settle(run, queue, code, usage, tail[0] if tail else "")
-        shutil.rmtree(run.workdir, ignore_errors=True)
+        usage = {"cpu_s": round(rusage.ru_utime + rusage.ru_stime, 3), "peak_rss_mb": round(rusage.ru_maxrss / 1024, 1)}
+        return proc.returncode, usage, last_line
 
     def _settle(self, run: Run, queue: Queue, code: int, usage: dict, last_line: str) -> None:
         with self.lock:
             handed_back, fate = run.claimed, run.fate
+            result = outcome(fate, code, run.done_file.exists())
             if not handed_back:
-                if fate == "interrupt" and code != 0:
+                if result is Outcome.HANDED_BACK:  # the drain hands it back with the rest
                     run.exited = True
                     self.changed.notify_all()
                     return
                 run.claimed = True
         if handed_back:  # the drain already handed it back
-            if code == 0 and fate != "cancel":
+            if result is Outcome.SUCCEEDED:
                 # It finished after all: record it, so the handed-back copy is dropped as a
                 # duplicate wherever it is received instead of running to success again.
                 self._step("late success", self.store.update_item, run.message.job, run.message.item,
                            status="succeeded", exit_code=0, reason="")
             return
-        outcome = {"attempt": run.attempt, "node": self.s.node_id, "exit_code": code,
-                   "seconds": round(time.time() - run.started, 3), **usage}
-        self._step("outcome entry", self.cloud.logs.record_outcome, run.queue, run.message.job, run.message.item,
-                   run.attempt, "cancelled" if fate == "cancel" else "succeeded" if code == 0 else "failed", outcome["seconds"])
+        outcome_entry = {"attempt": run.attempt, "node": self.s.node_id, "exit_code": code,
+                         "seconds": round(time.time() - run.started, 3), **usage}
         try:
-            if fate == "cancel":
-                self._settle_cancelled(run, outcome)
-            elif code == 0:
-                self._succeeded(run, usage, outcome)
-            elif fate == "timeout":
-                self._failed(run, queue, code, f"timed out after {queue.item_timeout_s}s", usage, outcome)
+            if result is Outcome.DROPPED:
+                log.warning("%s/%s attempt %d: another attempt holds the item now; recording nothing",
+                            run.message.job, run.message.item, run.attempt)
+            elif result is Outcome.CANCELLED:
+                self._settle_cancelled(run, outcome_entry)
+            elif result is Outcome.SUCCEEDED:
+                self._succeeded(run, usage, outcome_entry)
+            elif fate is Stop.TIMEOUT:
+                self._failed(run, queue, code, f"timed out after {queue.item_timeout_s}s", usage, outcome_entry)
             else:
                 detail = f"; last output: {last_line[:300]}" if last_line else ""
-                self._failed(run, queue, code, f"exit code {code}{detail}", usage, outcome)
+                self._failed(run, queue, code, f"exit code {code}{detail}", usage, outcome_entry)
         except CLOUD_ERRORS as err:
             # The message stays in flight; with no heartbeat it comes back after the visibility timeout.
             log.error("could not record %s/%s (%s); the queue will redeliver it", run.message.job, run.message.item, err)
         finally:
             self._forget([run])
+        if result is not Outcome.DROPPED:
+            self._step("outcome entry", self.cloud.logs.record_outcome, run.queue, run.message.job, run.message.item,
+                       run.attempt, result.value, outcome_entry["seconds"])
 
     def _forget(self, runs: list[Run]) -> None:
         with self.lock:
@@ -363,69 +466,71 @@ class Agent:
                 self.idle_since = time.time()
             self.changed.notify_all()
 
-    def _succeeded(self, run: Run, usage: dict, outcome: dict) -> None:
+    def _succeeded(self, run: Run, usage: dict, entry: dict) -> None:
         msg = run.message
+        # Not fenced on the attempt: a success stands even if another attempt took the item
+        # meanwhile (that one sees it final at its next heartbeat and stops).
         item = self.store.update_item(
-            msg.job, msg.item, status="succeeded", exit_code=0, reason="", append={"history": {**outcome, "outcome": "succeeded"}},
-            **usage,
-        )
+            msg.job, msg.item, status="succeeded", exit_code=0, reason="", lease_until=None,
+            append={"history": {**entry, "outcome": "succeeded"}}, **usage,
+        )  # fmt: skip
         if item is None:
             log.warning("%s/%s was already final; not marking it succeeded twice", msg.job, msg.item)
         self.cloud.queues.delete(run.queue, [run.receipt])
         # The scaler's boot-horizon rule reads the mean; the item is done whether or not this lands.
-        self._step("queue stats", self.store.record_item_seconds, run.queue, outcome["seconds"])
+        self._step("queue stats", self.store.record_item_seconds, run.queue, entry["seconds"])
         log.info("%s/%s succeeded (attempt %d)", msg.job, msg.item, run.attempt)
 
-    def _settle_cancelled(self, held: Held, outcome: dict | None = None) -> None:
-        extra = {"append": {"history": {**outcome, "outcome": "cancelled"}}} if outcome else {}
-        self.store.update_item(held.message.job, held.message.item, status="cancelled", reason="job cancelled", **extra)
+    def _settle_cancelled(self, held: Held, entry: dict | None = None) -> None:
+        extra = {"append": {"history": {**entry, "outcome": "cancelled"}}} if entry else {}
+        self.store.update_item(held.message.job, held.message.item, status="cancelled", reason="job cancelled",
+                               lease_until=None, **extra)  # fmt: skip
         self.cloud.queues.delete(held.queue, [held.receipt])
         log.info("%s/%s cancelled", held.message.job, held.message.item)
 
     def _failed(self, held: Held, queue: Queue, code: int | None, reason: str, usage: dict,
-                outcome: dict | None = None, *, lost: bool = False) -> None:
+                entry: dict | None = None, *, lost: bool = False) -> None:
         """Retry the item, or dead-letter it once its failures (or its node losses) run out."""
         msg = held.message
-        current = self.store.item(msg.job, msg.item)
-        if current is not None and current.status in FINAL:
-            self.cloud.queues.delete(held.queue, [held.receipt])
-            return
         failures, losses = msg.failures + (not lost), msg.lost + lost
         final = failures > queue.max_retries or losses > NODE_LOSSES_TOLERATED
         if final:
             spent = (f"its node was lost {losses} times; {NODE_LOSSES_TOLERATED} tolerated" if lost
                      else f"{failures} failed attempt(s); max_retries = {queue.max_retries}")
             reason = f"{reason} (gave up after {spent})"
-        self.cloud.send(held.queue, [replace(msg, failures=failures, lost=losses)], dead_letter=final)
+        resent = replace(msg, failures=failures, lost=losses, seq=msg.seq + 1)
+        self.cloud.send(held.queue, [resent], dead_letter=final)
         self.cloud.queues.delete(held.queue, [held.receipt])
-        entry = {"node": self.s.node_id, **(outcome or {}), "outcome": "lost" if lost else "failed", "reason": reason}
-        # A retry is already in the queue: if another node has started it, its "running" stands.
-        holder = None if final or current is None else current.node
-        self.store.update_item(
-            msg.job, msg.item, status="failed" if final else "queued", failures=failures, lost=losses,
-            exit_code=code, reason=reason, append={"history": entry}, held_by=holder, **usage,
-        )
+        history = {"node": self.s.node_id, **(entry or {}), "outcome": "lost" if lost else "failed", "reason": reason}
+        self._record(held, status="failed" if final else "queued", failures=failures, lost=losses, exit_code=code,
+                     reason=reason, seq=resent.seq, history=history, **usage)
         log.info("%s/%s %s: %s", msg.job, msg.item, "dead-lettered" if final else "will retry", reason)
+
+    def _record(self, held: Held, *, history: dict, **values) -> None:
+        """Record the end of the attempt `held` claimed, fenced on that attempt: if a newer one
+        took the item since (its record stands), only the history entry is kept."""
+        msg = held.message
+        if self.store.update_item(msg.job, msg.item, node="", lease_until=None, append={"history": history},
+                                  fence=Fence(attempt=held.attempt), **values) is None:  # fmt: skip
+            self.store.update_item(msg.job, msg.item, never_from=(), append={"history": history})
 
     def _requeue(self, helds: list[Held], *, interrupted: bool) -> None:
         """Send each item back as a fresh message (receive count 1), then delete what we held."""
         by_queue: dict[str, list[Held]] = defaultdict(list)
         for h in helds:
             by_queue[h.queue].append(h)
+        bump = 1 if interrupted else 0
         for queue, group in by_queue.items():
-            bump = 1 if interrupted else 0
-            self.cloud.send(queue, [replace(h.message, interruptions=h.message.interruptions + bump) for h in group])
+            self.cloud.send(queue, [replace(h.message, interruptions=h.message.interruptions + bump,
+                                            seq=h.message.seq + bump) for h in group])  # fmt: skip
             errors = self.cloud.queues.delete(queue, [h.receipt for h in group])
             if errors:
                 log.warning("could not delete %d handed-back message(s): %s", len(errors), errors[0])
         for h in helds:
-            if interrupted:  # only while still ours: another node may have started it already
-                self.store.update_item(
-                    h.message.job, h.message.item, status="queued", node="", add={"interruptions": 1},
-                    held_by=self.s.node_id,
-                    append={"history": {"attempt": getattr(h, "attempt", 0), "node": self.s.node_id,
-                                        "outcome": "interrupted", "reason": self.stop_reason}},
-                )
+            if interrupted and h.attempt:
+                self._record(h, status="queued", seq=h.message.seq + 1, add={"interruptions": 1},
+                             history={"attempt": h.attempt, "node": self.s.node_id, "outcome": "interrupted",
+                                      "reason": self.stop_reason})  # fmt: skip
         if helds:
             log.info("handed back %d item(s)%s", len(helds), f" ({self.stop_reason})" if interrupted else "")
 
@@ -446,13 +551,13 @@ class Agent:
         with self.lock:
             if run.claimed or run.fate is not None:
                 return
-            run.fate = "timeout"
+            run.fate = Stop.TIMEOUT
             self._kill(run, signal.SIGKILL)
 
     def _drain(self) -> None:
         with self.lock:
             for run in self.runs:
-                run.fate = run.fate or "interrupt"
+                run.fate = run.fate or Stop.INTERRUPT
                 self._signal_stop(run)
             busy = len(self.runs)
         if busy:
@@ -466,7 +571,7 @@ class Agent:
             settle_by = time.monotonic() + SETTLE_S
             while any(not (r.claimed or r.exited) and _has_exited(r) for r in self.runs) and time.monotonic() < settle_by:
                 self.changed.wait(0.1)
-            left = [r for r in self.runs if not r.claimed]
+            left = [r for r in self.runs if not r.claimed and r.fate is not Stop.SUPERSEDED]
             for run in left:
                 run.claimed = True
                 if not run.exited:
@@ -501,14 +606,18 @@ class Agent:
             self.lifecycle_terminating |= notice.lifecycle
             self.request_stop(notice.reason)
 
-    def _cancelled(self, job_id: str) -> bool:
-        """The job's cancelled flag, read at most once per heartbeat interval."""
-        checked_at, cancelled = self.jobs.get(job_id, (0.0, False))
-        if not cancelled and time.monotonic() - checked_at >= self.s.heartbeat_s:
+    def _job(self, job_id: str) -> Job | None:
+        """The job's record (None: not in the store), read at most once per heartbeat interval
+        until it is cancelled."""
+        read_at, job = self.jobs.get(job_id, (0.0, None))
+        if not (job and job.cancelled) and time.monotonic() - read_at >= self.s.heartbeat_s:
             job = self.store.job(job_id)
-            cancelled = bool(job and job.cancelled)
-            self.jobs[job_id] = (time.monotonic(), cancelled)
-        return cancelled
+            self.jobs[job_id] = (time.monotonic(), job)
+        return job
+
+    def _cancelled(self, job_id: str) -> bool:
+        job = self._job(job_id)
+        return bool(job and job.cancelled)
 
     def _beat(self) -> None:
         with self.lock:
@@ -518,6 +627,7 @@ class Agent:
             streams = list(self.streams)
         self._step("heartbeat", self._write_heartbeat, busy, idle_since)
         self._step("visibility", self._extend_visibility, runs)
+        self._step("lease", self._renew_leases, runs)
         self._step("cancel check", self._stop_cancelled, runs)
         if self.autoscaling is not None:
             self._step("scale-in protection", self._protect, busy > 0 and not self.finished.is_set())
@@ -551,15 +661,34 @@ class Agent:
                 if run.receipt in failed:
                     log.warning("could not extend %s: %s", run.message.item, failed[run.receipt])
 
+    def _renew_leases(self, runs: list[Run]) -> None:
+        """Extend each running attempt's claim; an attempt whose claim another took, or whose
+        item is final, is stopped at once (its late records would be refused anyway)."""
+        until = time.time() + self.lease_s
+        for run in runs:
+            msg = run.message
+            if self.store.update_item(msg.job, msg.item, only_from=("running",), lease_until=until,
+                                      fence=Fence(attempt=run.attempt)) is None:  # fmt: skip
+                self._superseded(run)
+
+    def _superseded(self, run: Run) -> None:
+        with self.lock:
+            if run.claimed or run.fate is not None:
+                return
+            run.fate = Stop.SUPERSEDED
+            self._kill(run, signal.SIGKILL)
+        log.warning("%s/%s attempt %d: the item is final or held by a newer attempt; stopped this one",
+                    run.message.job, run.message.item, run.attempt)
+
     def _stop_cancelled(self, runs: list[Run]) -> None:
         now = time.monotonic()
         for run in runs:
             if run.fate is None and self._cancelled(run.message.job):
                 with self.lock:
-                    run.fate, run.kill_at = "cancel", now + min(self.s.grace_s, 10.0)
+                    run.fate, run.kill_at = Stop.CANCEL, now + min(self.s.grace_s, 10.0)
                     self._signal_stop(run)
                 log.info("%s/%s: job cancelled, stopping it", run.message.job, run.message.item)
-            elif run.fate == "cancel" and run.kill_at is not None and now >= run.kill_at:
+            elif run.fate is Stop.CANCEL and run.kill_at is not None and now >= run.kill_at:
                 self._kill(run, signal.SIGKILL)
 
     def _protect(self, busy: bool) -> None:

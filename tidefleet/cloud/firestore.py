@@ -24,7 +24,7 @@ from google.cloud.firestore_v1.types import ArrayValue, Document, DocumentMask, 
 from tidefleet import naming
 from tidefleet.config import Environment
 from tidefleet.policy.model import item_seconds_mean
-from tidefleet.store import FINAL, STATS_RETRIES, Heartbeat, Item, Job, QueueStats
+from tidefleet.store import FINAL, STATS_RETRIES, Fence, Heartbeat, Item, Job, QueueStats
 
 PAGE = 300
 WRITE_RACES = 20  # read-check-write rounds before giving up on a document others keep changing
@@ -243,25 +243,27 @@ class FirestoreStore(FirestoreNodes):
         *,
         only_from: tuple[str, ...] | None = None,
         never_from: tuple[str, ...] = FINAL,
-        held_by: str | None = None,
+        fence: Fence | None = None,
         add: dict[str, int] | None = None,
         append: dict[str, dict] | None = None,
         **values,
     ) -> Item | None:
         """As `Store.update_item`: set `values` (None deletes), add `add` to counters and one
         entry per `append` list, only if the status is in `only_from` (when given) and not in
-        `never_from`, and its node is `held_by` (when given). Returns the new item, or None when
+        `never_from`, and `fence` admits it (when given); never creates an item. Returns the new item, or None when
         the condition failed."""
         name = self._item_doc(job_id, item_id)
         values["updated_at"] = time.time()
         changed = [*values, *(add or {}), *(append or {})]
         for _ in range(WRITE_RACES):
             doc = self._get(name)
-            current = self._values(doc) if doc is not None else {}
+            if doc is None:
+                return None
+            current = self._values(doc)
             status = current.get("status")
             if (only_from and status not in only_from) or (status is not None and status in never_from):
                 return None
-            if held_by is not None and current.get("node", "") != held_by:
+            if fence is not None and not fence.admits(current):
                 return None
             new = {**current, **{k: v for k, v in values.items() if v is not None}}
             for k in (k for k, v in values.items() if v is None):
@@ -270,7 +272,7 @@ class FirestoreStore(FirestoreNodes):
                 new[k] = (new.get(k) or 0) + n
             for k, entry in (append or {}).items():
                 new[k] = [*(new.get(k) or []), entry]
-            precondition = Precondition(update_time=doc.update_time) if doc is not None else Precondition(exists=False)
+            precondition = Precondition(update_time=doc.update_time)
             try:
                 # A path in the mask but not in the fields is deleted: what a None value asks for.
                 self.client.update_document(request={

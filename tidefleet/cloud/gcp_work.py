@@ -88,7 +88,8 @@ class PubSubWorkQueues:
         if received and hold_s is not None:
             self.extend_on(subscription, [r.ack_id for r in received], hold_s)
         # delivery_attempt is 0 on a subscription without a dead-letter policy: a first delivery.
-        return [Delivery(r.ack_id, r.message.data.decode(errors="replace"), max(1, r.delivery_attempt)) for r in received]
+        return [Delivery(r.ack_id, r.message.data.decode(errors="replace"), max(1, r.delivery_attempt),
+                         r.message.message_id) for r in received]
 
     def extend_on(self, subscription: str, ack_ids: list[str], seconds: int) -> None:
         self.subscriber.modify_ack_deadline(subscription=subscription, ack_ids=ack_ids, ack_deadline_seconds=seconds)

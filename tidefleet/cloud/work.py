@@ -49,6 +49,7 @@ class Delivery:
     handle: str  # what extend / delete / release take: SQS receipt handle, Pub/Sub ack id
     body: str
     deliveries: int  # times this message has been delivered, this one included (1 = first)
+    message_id: str = ""  # the queue's id of the message: the same on every delivery of it
 
 
 class WorkQueues(Protocol):
@@ -115,8 +116,8 @@ class SqsWorkQueues:
             QueueUrl=self.url(queue, dead_letter=dead_letter), MaxNumberOfMessages=max_messages, WaitTimeSeconds=wait_s,
             MessageSystemAttributeNames=["ApproximateReceiveCount"], **kwargs,
         ).get("Messages", [])  # fmt: skip
-        return [Delivery(m["ReceiptHandle"], m["Body"], int(m.get("Attributes", {}).get("ApproximateReceiveCount", "1")))
-                for m in messages]  # fmt: skip
+        return [Delivery(m["ReceiptHandle"], m["Body"], int(m.get("Attributes", {}).get("ApproximateReceiveCount", "1")),
+                         m.get("MessageId", "")) for m in messages]  # fmt: skip
 
     def _batches(self, method, queue: str, dead_letter: bool, entries: list[dict]) -> list[dict]:
         """One batch call per ten entries (ids are positions); returns every failed entry."""
@@ -147,33 +148,57 @@ class SqsWorkQueues:
 
 # -- CloudWatch Logs ------------------------------------------------------------------------
 class BufferedStream:
-    """One attempt's output, sent in small batches by `send(batch)`; a failed send loses that
-    batch (logged), never the item."""
+    """One attempt's output, sent in batches by `send(batch)`. Shipping logs never fails the
+    item: a failed send keeps its lines for the next flush, and past `MAX_BUFFERED` lines the
+    oldest are dropped and counted (`dropped`). `write` and `flush` never raise."""
+
+    MAX_BUFFERED = 10_000
 
     def __init__(self, name: str, send):
         self.name, self._send = name, send
-        self.ok = True
         self.lock = threading.Lock()
         self.buffer: list[tuple[float, str]] = []
         self.flushed_at = time.monotonic()
+        self.dropped = 0
+        self.failures = 0
 
     def write(self, line: str) -> None:
-        if not self.ok:
-            return
         with self.lock:
             self.buffer.append((time.time(), line[:16000] or " "))
-        if len(self.buffer) >= 500 or time.monotonic() - self.flushed_at >= LOG_FLUSH_S:
+            if len(self.buffer) > self.MAX_BUFFERED:
+                del self.buffer[0]
+                self.dropped += 1
+            due = len(self.buffer) >= 500 or time.monotonic() - self.flushed_at >= LOG_FLUSH_S
+        if due:
             self.flush()
 
     def flush(self) -> None:
         with self.lock:
-            batch, self.buffer = self.buffer, []
+            batch = self.buffer[:500]
             self.flushed_at = time.monotonic()
-            if batch:
-                try:
-                    self._send(batch)
-                except CLOUD_ERRORS as err:
-                    log.warning("lost %d log line(s) of %s: %s", len(batch), self.name, err)
+            if not batch:
+                return
+            try:
+                self._send(batch)
+            except Exception as err:  # noqa: BLE001 - any failure: keep the lines, try again next flush
+                self.failures += 1
+                if self.failures == 1:
+                    log.warning("item log %s: send failed (%s); keeping the lines to retry",
+                                self.name, str(err).splitlines()[0][:200] if str(err) else type(err).__name__)
+                return
+            del self.buffer[: len(batch)]
+
+    def close(self) -> None:
+        """Last flushes at the end of the attempt; what still cannot be sent is counted as dropped."""
+        for _ in range(3):
+            if not self.buffer:
+                break
+            self.flush()
+        with self.lock:
+            self.dropped += len(self.buffer)
+            self.buffer = []
+        if self.dropped:
+            log.warning("item log %s: %d line(s) dropped (the log endpoint kept failing)", self.name, self.dropped)
 
 
 class CloudWatchItemLogs:
@@ -185,16 +210,20 @@ class CloudWatchItemLogs:
 
     def stream(self, job: str, item: str, attempt: int) -> BufferedStream:
         name = stream_name(job, item, attempt)
-        out = BufferedStream(name, lambda batch: self.logs.put_log_events(
-            logGroupName=self.group, logStreamName=name,
-            logEvents=[{"timestamp": int(at * 1000), "message": line} for at, line in batch]))  # fmt: skip
-        try:
-            self.logs.create_log_stream(logGroupName=self.group, logStreamName=name)
-        except ClientError as err:
-            out.ok = err.response["Error"]["Code"] == "ResourceAlreadyExistsException"
-            if not out.ok:
-                log.warning("item logs off for %s: %s (deploy the log group %s)", name, err, self.group)
-        return out
+        created = []
+
+        def send(batch: list[tuple[float, str]]) -> None:
+            if not created:  # lazily, in the first send: a failure is the stream's to retry
+                try:
+                    self.logs.create_log_stream(logGroupName=self.group, logStreamName=name)
+                except ClientError as err:
+                    if err.response["Error"]["Code"] != "ResourceAlreadyExistsException":
+                        raise
+                created.append(True)
+            self.logs.put_log_events(logGroupName=self.group, logStreamName=name,
+                                     logEvents=[{"timestamp": int(at * 1000), "message": line} for at, line in batch])
+
+        return BufferedStream(name, send)
 
     def record_outcome(self, queue: str, job: str, item: str, attempt: int, outcome: str, seconds: float) -> None:
         """Nothing on AWS: no stack resource counts outcome entries (the job store's item history has them)."""

@@ -43,6 +43,10 @@ class JobError(Exception):
     """A user mistake or a missing resource; the message says what to do."""
 
 
+# What a message may carry: ids become log stream names and paths on the node.
+MESSAGE_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,199}")
+
+
 @dataclass(frozen=True)
 class ItemMessage:
     job: str
@@ -51,16 +55,31 @@ class ItemMessage:
     failures: int = 0
     interruptions: int = 0
     lost: int = 0  # attempts whose node died holding the item (see NODE_LOSSES_TOLERATED)
+    seq: int = 0  # each re-send (retry, hand-back) carries seq + 1: a stale duplicate is known by it
 
     def body(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
 
     @classmethod
     def parse(cls, body: str) -> ItemMessage:
-        data = json.loads(body)
+        """The message, or ValueError saying what is wrong with it (a poison message)."""
+        try:
+            data = json.loads(body)
+        except ValueError:
+            raise ValueError(f"not JSON: {body[:200]!r}") from None
         if not isinstance(data, dict) or not {"job", "item", "args"} <= data.keys():
             raise ValueError(f"not a tidefleet item message: {body[:200]!r}")
-        return cls(**{k: data[k] for k in ("job", "item", "args", "failures", "interruptions", "lost") if k in data})
+        for key in ("job", "item"):
+            if not isinstance(data[key], str) or not MESSAGE_ID.fullmatch(data[key]) or ".." in data[key]:
+                raise ValueError(f"{key}: not a valid id ({data[key]!r})")
+        args = data["args"]
+        if not isinstance(args, list) or not all(isinstance(a, str) and "\0" not in a for a in args):
+            raise ValueError(f"args: must be a list of strings without NUL bytes (got {str(args)[:200]})")
+        counters = {k: data[k] for k in ("failures", "interruptions", "lost", "seq") if k in data}
+        for key, value in counters.items():
+            if type(value) is not int or value < 0:
+                raise ValueError(f"{key}: must be a whole number >= 0 (got {value!r})")
+        return cls(data["job"], data["item"], list(args), **counters)
 
 
 @dataclass(frozen=True)
