@@ -1,10 +1,10 @@
 """What a workload imports to cooperate with the agent (the seeds' `check_alive()`).
 
     from tidefleet.agent import checkpoint
-    state = load(checkpoint.checkpoint_uri())          # resume if a previous attempt saved
+    state = checkpoint.load("state.json")               # what a previous attempt saved, or None
     for step in steps:
         if checkpoint.should_stop():                    # spot notice, drain or cancel
-            save(checkpoint.checkpoint_uri(), state)
+            checkpoint.save("state.json", state)
             checkpoint.exit_interrupted()               # the item is handed back, not failed
         ...
     checkpoint.complete()                               # done, even if a stop comes now
@@ -24,6 +24,9 @@ import os
 import signal
 import sys
 import threading
+import urllib.parse
+import urllib.request
+from pathlib import Path
 
 EXIT_INTERRUPTED = 75  # EX_TEMPFAIL: "try again later"
 
@@ -55,6 +58,70 @@ def checkpoint_uri() -> str:
     if not uri:
         raise RuntimeError("TIDEFLEET_CHECKPOINT_URI is not set: run this under `tidefleet agent`")
     return uri
+
+
+def _location(name: str) -> tuple[str, str, str]:
+    """(scheme, bucket or directory, key) of `name` under this item's checkpoint location."""
+    if not name or name.startswith("/") or ".." in name.split("/"):
+        raise ValueError(f"checkpoint name {name!r}: give a relative name such as 'state.json'")
+    uri = urllib.parse.urlparse(checkpoint_uri())
+    if uri.scheme == "file":
+        return "file", urllib.request.url2pathname(uri.path), name
+    if uri.scheme in ("s3", "gs"):
+        return uri.scheme, uri.netloc, uri.path.lstrip("/") + name
+    raise RuntimeError(f"TIDEFLEET_CHECKPOINT_URI {checkpoint_uri()!r}: only file://, s3:// and gs:// are supported")
+
+
+GCS = "https://storage.googleapis.com"
+
+
+def _gcs_session():
+    import google.auth
+    from google.auth.transport.requests import AuthorizedSession
+
+    return AuthorizedSession(google.auth.default(scopes=["https://www.googleapis.com/auth/devstorage.read_write"])[0])
+
+
+def save(name: str, data: bytes | str) -> None:
+    """Store `data` as `name` in this item's checkpoint location (a local file in the sandbox,
+    S3 on AWS, GCS on GCP), replacing what was there."""
+    scheme, where, key = _location(name)
+    body = data.encode() if isinstance(data, str) else data
+    if scheme == "file":
+        path = Path(where) / key
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(path.name + ".partial")  # a kill mid-write leaves the old one whole
+        partial.write_bytes(body)
+        partial.replace(path)
+    elif scheme == "s3":
+        import boto3
+
+        boto3.client("s3").put_object(Bucket=where, Key=key, Body=body)
+    else:
+        _gcs_session().post(f"{GCS}/upload/storage/v1/b/{where}/o", params={"uploadType": "media", "name": key},
+                            data=body, timeout=60).raise_for_status()  # fmt: skip
+
+
+def load(name: str) -> bytes | None:
+    """What `save(name, ...)` stored on an earlier attempt of this item, or None."""
+    scheme, where, key = _location(name)
+    if scheme == "file":
+        path = Path(where) / key
+        return path.read_bytes() if path.exists() else None
+    if scheme == "s3":
+        import boto3
+
+        s3 = boto3.client("s3")
+        try:
+            return s3.get_object(Bucket=where, Key=key)["Body"].read()
+        except s3.exceptions.NoSuchKey:
+            return None
+    reply = _gcs_session().get(f"{GCS}/storage/v1/b/{where}/o/{urllib.parse.quote(key, safe='')}",
+                               params={"alt": "media"}, timeout=60)  # fmt: skip
+    if reply.status_code == 404:
+        return None
+    reply.raise_for_status()
+    return reply.content
 
 
 def attempt() -> int:

@@ -121,6 +121,7 @@ def main(argv: list[str]) -> int:
         )
         return 3
     print(json.dumps(result))
+    checkpoint.complete()  # before the evidence: a stop request from here on cannot undo the success
     record(workdir, "success", input=path.name)
     return 0
 

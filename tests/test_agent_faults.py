@@ -1,0 +1,117 @@
+"""Fault injection into the agent, in-process against the moto server: whatever breaks while an
+attempt runs, it ends in exactly one recorded outcome and the node goes idle; a message that can
+never be an item goes to the dead-letter queue once, with its reason, and creates no record."""
+
+from __future__ import annotations
+
+import json
+
+import boto3
+import pytest
+from agent_harness import Harness, wait_until
+
+from tidefleet import naming
+from tidefleet.agent import worker
+from tidefleet.agent.imds import Metadata
+from tidefleet.agent.worker import Agent, Settings
+from tidefleet.jobs import sdk
+
+pytestmark = pytest.mark.moto
+
+
+@pytest.fixture
+def h(tmp_path, aws):
+    return Harness(tmp_path, aws)
+
+
+def agent(h: Harness, **pool_changes) -> Agent:
+    env = h.env
+    if pool_changes:
+        pools = {**env.pools, "cpu": env.pools["cpu"].model_copy(update=pool_changes)}
+        env = env.model_copy(update={"pools": pools})
+    node = Agent(env, "cpu", Settings(node_id="node-x", instance_type="c6i.large", spot=True, work_dir=h.tmp / "work",
+                                      checkpoint_root=h.tmp / "checkpoints", heartbeat_s=0.5, wait_s=0),
+                 metadata=Metadata("http://127.0.0.1:9"))  # fmt: skip
+    node._prepare()
+    return node
+
+
+def run_one(node: Agent) -> None:
+    assert node._receive("work", node.env.queues["work"], wait_s=1) == 1
+    wait_until(lambda: not node.runs, 30, "the attempt to settle")
+    assert node.idle_since is not None, "the node is idle again"
+
+
+def dead_letters(h: Harness) -> list[str]:
+    sqs = boto3.client("sqs", region_name="us-east-1")
+    url = sqs.get_queue_url(QueueName=naming.dead_letter_queue(h.env.name, "work"))["QueueUrl"]
+    return [m["Body"] for m in sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10).get("Messages", [])]
+
+
+FAULTS = [
+    ("a command with an unclosed quote", {"command": "python -c 'print(1)"}, ["x"], "No closing quotation"),
+    ("a program that does not exist", {"command": "/no/such/program"}, ["x"], "could not start '/no/such/program'"),
+]
+
+
+@pytest.mark.parametrize(("case", "pool", "args", "reason"), FAULTS, ids=[f[0] for f in FAULTS])
+def test_a_runner_failure_fails_that_item_with_its_reason_and_the_node_goes_idle(h, case, pool, args, reason):
+    job = sdk.submit(h.env, "faults", "work", sdk.read_items([args]), kick=False).job_id
+    node = agent(h, **pool)
+    run_one(node)
+    item = h.items(job)["000000"]
+    assert item.status == "queued" and item.failures == 1 and reason in item.reason, item.reason
+    assert [e["outcome"] for e in item.history] == ["failed"]
+
+
+def test_an_exception_anywhere_in_the_runner_is_one_failed_outcome(h, monkeypatch):
+    job = sdk.submit(h.env, "raises", "work", sdk.read_items([["steps=1"]]), kick=False).job_id
+    node = agent(h)
+    monkeypatch.setattr(worker, "workload_command", lambda *a: (_ for _ in ()).throw(KeyError("boom")))
+    run_one(node)
+    item = h.items(job)["000000"]
+    assert item.status == "queued" and "could not run the item: KeyError" in item.reason
+
+
+def test_a_failing_log_endpoint_never_fails_the_item(h):
+    job = sdk.submit(h.env, "no logs", "work", sdk.read_items([["steps=1"]]), kick=False).job_id
+    node = agent(h)
+    node.cloud.logs.logs = boto3.client("logs", region_name="us-east-1", endpoint_url="http://127.0.0.1:9")
+    run_one(node)
+    assert h.items(job)["000000"].status == "succeeded"
+
+
+POISON = [
+    ("not JSON", lambda job: "{{{", "not JSON"),
+    ("not an item message", lambda job: json.dumps({"hello": 1}), "not a tidefleet item message"),
+    ("an argument that is not a string", lambda job: json.dumps({"job": job, "item": "000000", "args": [1]}), "args"),
+    ("an argument with a NUL byte", lambda job: json.dumps({"job": job, "item": "000000", "args": ["a\0b"]}), "NUL"),
+    ("an item id that climbs out of its folder", lambda job: json.dumps({"job": job, "item": "../x", "args": []}),
+     "item: not a valid id"),
+    ("a negative counter", lambda job: json.dumps({"job": job, "item": "000000", "args": [], "failures": -1}),
+     "failures"),
+    ("a counter that is a string", lambda job: json.dumps({"job": job, "item": "000000", "args": [], "seq": "1"}),
+     "seq"),
+    ("a job that was never submitted", lambda job: json.dumps({"job": "nope-1", "item": "000000", "args": []}),
+     "job 'nope-1' is not in the job store"),
+    ("an item the job does not have", lambda job: json.dumps({"job": job, "item": "999999", "args": []}),
+     "is not in the job store"),
+]
+
+
+@pytest.mark.parametrize(("case", "body", "reason"), POISON, ids=[p[0] for p in POISON])
+def test_a_poison_message_goes_to_the_dead_letter_queue_once_with_its_reason(h, case, body, reason):
+    job = sdk.submit(h.env, "poison", "work", sdk.read_items([["steps=1"]]), kick=False).job_id
+    sqs = boto3.client("sqs", region_name="us-east-1")
+    url = sqs.get_queue_url(QueueName=naming.queue(h.env.name, "work"))["QueueUrl"]
+    sqs.purge_queue(QueueUrl=url)
+    sqs.send_message(QueueUrl=url, MessageBody=body(job))
+    node = agent(h)
+    assert node._receive("work", h.env.queues["work"], wait_s=1) == 1
+    assert not node.runs
+    (dead,) = dead_letters(h)
+    envelope = json.loads(dead)
+    assert reason in envelope["tidefleet_poison"] and envelope["body"] == body(job)
+    assert h.queue_depth("work") == 0
+    assert set(h.items(job)) == {"000000"} and h.items(job)["000000"].attempts == 0, "no record created or touched"
+    assert h.items("nope-1") == {}
