@@ -65,7 +65,7 @@ item_timeout_s = 120
 
 @pytest.mark.moto
 def test_the_readme_workload_resumes_from_its_checkpoint_after_a_spot_notice_and_succeeds_once(tmp_path, aws):
-    example = re.search(r"```python\n(.*?)```", SECTION, re.S).group(1)
+    example = re.search(r"```python\n(.*?)```", SECTION, re.DOTALL).group(1)
     assert "checkpoint.complete()" in example and "SystemExit(0)" not in example
     workload = tmp_path / "readme_workload.py"
     workload.write_text(example)
