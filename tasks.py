@@ -132,7 +132,7 @@ def lint(c):
 @task(
     help={
         "items": "items in the demo job",
-        "chaos": "SIGKILL random nodes and send spot notices while the job runs",
+        "chaos": "SIGKILL random nodes, send spot notices and duplicate item messages while the job runs",
         "keep": "stay up afterwards and print how to point the CLI at it",
         "time_limit": "give up after this many seconds",
         "tick": "control tick in seconds (default: the environment's scaler.tick_s)",

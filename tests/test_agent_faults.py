@@ -115,3 +115,15 @@ def test_a_poison_message_goes_to_the_dead_letter_queue_once_with_its_reason(h, 
     assert h.queue_depth("work") == 0
     assert set(h.items(job)) == {"000000"} and h.items(job)["000000"].attempts == 0, "no record created or touched"
     assert h.items("nope-1") == {}
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--heartbeat-s", "0"), ("--heartbeat-s", "-5"), ("--imds-poll-s", "0"),
+                                             ("--grace-s", "-1")])
+def test_a_zero_or_negative_agent_interval_is_refused_with_its_name(flag, value):
+    from click.testing import CliRunner
+
+    from tidefleet.cli import main
+
+    result = CliRunner().invoke(main, ["agent", "--env", "sandbox", "--pool", "cpu", flag, value])
+    assert result.exit_code == 2 and flag in result.output and value in result.output
+    assert "Traceback" not in result.output

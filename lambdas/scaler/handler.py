@@ -41,17 +41,22 @@ class Ignored:
 def parse(event: object) -> Trigger | Ignored:
     if not isinstance(event, dict):
         return Ignored(f"event is a {type(event).__name__}, not an object")
+    if not all(isinstance(key, str) for key in event):
+        return Ignored("event has keys that are not strings")
     if event.get("source") == "aws.events" and event.get("detail-type") == "Scheduled Event":
-        return Trigger("schedule", ",".join(event.get("resources") or []) or "schedule")
+        resources = event.get("resources")
+        names = [r for r in resources if isinstance(r, str)] if isinstance(resources, list) else []
+        return Trigger("schedule", ",".join(names) or "schedule")
     if event.get("source") == "aws.cloudwatch" and isinstance(event.get("alarmData"), dict):
         alarm = event["alarmData"]
-        state = (alarm.get("state") or {}).get("value", "?")
-        return Trigger("alarm", f"{alarm.get('alarmName', '?')} -> {state}")
+        state = alarm.get("state")
+        value = state.get("value", "?") if isinstance(state, dict) else "?"
+        return Trigger("alarm", f"{alarm.get('alarmName', '?')} -> {value}")
     if event.get("tidefleet") == "kick":
         if not isinstance(event.get("env"), str):
             return Ignored("kick without a string 'env'")
         return Trigger("kick", str(event.get("reason") or "kick"), env=event["env"])
-    return Ignored(f"unknown event (source {event.get('source')!r}, keys {sorted(event)[:8]})")
+    return Ignored(f"unknown event (source {str(event.get('source'))[:100]!r}, keys {sorted(event)[:8]})")
 
 
 def handler(event, context=None) -> dict:

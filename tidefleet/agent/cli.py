@@ -21,11 +21,13 @@ from tidefleet.config import ConfigError, load_environment
 @click.command()
 @click.option("--env", "env_name", envvar="TIDEFLEET_ENV", required=True, help="environment name or .toml path")
 @click.option("--pool", envvar="TIDEFLEET_POOL", required=True, help="the pool this node belongs to")
-@click.option("--heartbeat-s", envvar="TIDEFLEET_AGENT_HEARTBEAT_S", type=float, default=5.0, show_default=True,
+@click.option("--heartbeat-s", envvar="TIDEFLEET_AGENT_HEARTBEAT_S", type=click.FloatRange(0.1, 300), default=5.0,
+              show_default=True,
               help="heartbeat, visibility extension and cancel check interval")
-@click.option("--imds-poll-s", envvar="TIDEFLEET_IMDS_POLL_S", type=float, default=5.0, show_default=True,
+@click.option("--imds-poll-s", envvar="TIDEFLEET_IMDS_POLL_S", type=click.FloatRange(0.1, 60), default=5.0,
+              show_default=True,
               help="how often to read the spot notice and lifecycle state")
-@click.option("--grace-s", envvar="TIDEFLEET_AGENT_GRACE_S", type=float, default=None,
+@click.option("--grace-s", envvar="TIDEFLEET_AGENT_GRACE_S", type=click.FloatRange(0, 3600), default=None,
               help="time workloads get to checkpoint after a stop request "
                    "[default: 90 on AWS (2-minute spot notice), 15 on GCP (about 30 s)]")
 @click.option("--wait-s", envvar="TIDEFLEET_AGENT_WAIT_S", type=click.IntRange(0, 20), default=10, show_default=True,

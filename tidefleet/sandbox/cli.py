@@ -23,7 +23,8 @@ from tidefleet.config import ConfigError, load_environment
     type=click.IntRange(0, 10_000),
     help="items in the demo job (0: no demo; with --keep, just the system)",
 )
-@click.option("--chaos", is_flag=True, help="SIGKILL random nodes and send spot notices while the job runs")
+@click.option("--chaos", is_flag=True,
+              help="SIGKILL random nodes, send spot notices and duplicate item messages while the job runs")
 @click.option("--keep", is_flag=True, help="stay up afterwards and print how to point the CLI at it")
 @click.option(
     "--time-limit",

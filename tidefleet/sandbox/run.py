@@ -269,6 +269,7 @@ class Summary:
     items_per_s: float | None  # finished items / (last finish - submit)
     nodes_killed: int
     spot_notices: int
+    duplicate_messages: int  # copies of item messages sent by --chaos
     time_limit_hit: bool
     fleet_at_zero: bool
     wall_s: float
@@ -332,28 +333,45 @@ def account(status: sdk.JobStatus, doomed: set[str], events: list[dict], killed_
 
 @dataclass
 class Chaos:
-    """While the job runs, every `every_s`: SIGKILL one busy node, or send one a spot notice."""
+    """While the job runs, every `every_s`, in turn: SIGKILL one busy node, send one a spot
+    notice, or send a second copy of an unfinished item's message (SQS delivers at least once)."""
 
     rng: random.Random
     every_s: float = 3.0
     next_at: float = 0.0
     killed: set[str] = field(default_factory=set)
     noticed: set[str] = field(default_factory=set)
+    duplicated: list[str] = field(default_factory=list)  # items whose message was sent twice
 
-    def maybe_strike(self, launcher: Launcher, now: float) -> None:
+    def maybe_strike(self, launcher: Launcher, now: float, env: Environment, status: sdk.JobStatus) -> None:
         if now < self.next_at:
             return
         self.next_at = now + self.every_s
+        turn = min((len(self.killed), 0), (len(self.noticed), 1), (len(self.duplicated), 2))[1]
+        if turn == 2:
+            self.duplicate(env, status)
+            return
         up = [n.instance_id for n in launcher.snapshot() if n.state == "up" and n.fate == ""]
         if not up:
             return
         victim = self.rng.choice(sorted(up))
-        if len(self.killed) <= len(self.noticed):
+        if turn == 0:
             self.killed.add(victim)
             launcher.kill(victim)
         else:
             self.noticed.add(victim)
             launcher.send_spot_notice(victim)
+
+    def duplicate(self, env: Environment, status: sdk.JobStatus) -> None:
+        """A copy of the message an unfinished item has now (its counters and sequence number)."""
+        unfinished = [i for i in status.items if i.status in ("queued", "running")]
+        if not unfinished:
+            return
+        item = self.rng.choice(unfinished)
+        copy = sdk.ItemMessage(item.job_id, item.item_id, item.args, failures=item.failures,
+                               interruptions=item.interruptions, lost=item.lost, seq=item.seq)  # fmt: skip
+        sdk.Cloud(env).send(status.job.queue, [copy])
+        self.duplicated.append(item.item_id)
 
 
 def run_demo(
@@ -377,7 +395,7 @@ def run_demo(
         now = time.time()
         status = sdk.status(sandbox.env, job.job_id)
         if chaos is not None and not status.done:
-            chaos.maybe_strike(sandbox.launcher, now)
+            chaos.maybe_strike(sandbox.launcher, now, sandbox.env, status)
         if status.done and done_at is None:
             done_at = now
         at_zero = sandbox.fleet_at_zero()
@@ -411,6 +429,7 @@ def run_demo(
         items_per_s=round(len(finished) / (last_finish - submitted_at), 2) if last_finish else None,
         nodes_killed=len(killed),
         spot_notices=len(chaos.noticed) if chaos else 0,
+        duplicate_messages=len(chaos.duplicated) if chaos else 0,
         time_limit_hit=zero_at is None,
         fleet_at_zero=zero_at is not None,
         wall_s=round(time.time() - started, 1),
