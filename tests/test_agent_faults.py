@@ -127,3 +127,21 @@ def test_a_zero_or_negative_agent_interval_is_refused_with_its_name(flag, value)
     result = CliRunner().invoke(main, ["agent", "--env", "sandbox", "--pool", "cpu", flag, value])
     assert result.exit_code == 2 and flag in result.output and value in result.output
     assert "Traceback" not in result.output
+
+
+def test_an_item_completed_by_an_attempt_whose_node_died_is_recorded_not_run_again(h):
+    from tidefleet.agent.checkpoint import COMPLETE_MARKER
+    from tidefleet.store import Fence
+
+    job = sdk.submit(h.env, "completed", "work", sdk.read_items([["steps=1"]]), kick=False).job_id
+    node = agent(h)
+    # An earlier attempt claimed it, ran it, left the marker (checkpoint.complete()) and its node died.
+    node.store.update_item(job, "000000", status="running", node="node-dead", lease_until=1.0, add={"attempts": 1},
+                           fence=Fence(claim_at=0.0))  # fmt: skip
+    marker = h.tmp / "checkpoints" / job / "000000" / COMPLETE_MARKER
+    marker.parent.mkdir(parents=True)
+    marker.touch()
+    assert node._receive("work", h.env.queues["work"], wait_s=1) == 1
+    item = h.items(job)["000000"]
+    assert item.status == "succeeded" and item.attempts == 2 and "earlier attempt" in item.history[-1]["reason"]
+    assert h.events("start") == [] and h.queue_depth("work") == 0

@@ -29,6 +29,9 @@ import urllib.request
 from pathlib import Path
 
 EXIT_INTERRUPTED = 75  # EX_TEMPFAIL: "try again later"
+# Beside the item's checkpoints: `complete()` leaves it, and an agent that is about to start an
+# item again (its last node died before recording the end) finds it and records the success.
+COMPLETE_MARKER = ".tidefleet-complete"
 
 _sigterm = threading.Event()
 _watching = False
@@ -60,11 +63,11 @@ def checkpoint_uri() -> str:
     return uri
 
 
-def _location(name: str) -> tuple[str, str, str]:
+def _location(name: str, base: str | None) -> tuple[str, str, str]:
     """(scheme, bucket or directory, key) of `name` under this item's checkpoint location."""
     if not name or name.startswith("/") or ".." in name.split("/"):
         raise ValueError(f"checkpoint name {name!r}: give a relative name such as 'state.json'")
-    uri = urllib.parse.urlparse(checkpoint_uri())
+    uri = urllib.parse.urlparse(base or checkpoint_uri())
     if uri.scheme == "file":
         return "file", urllib.request.url2pathname(uri.path), name
     if uri.scheme in ("s3", "gs"):
@@ -82,10 +85,10 @@ def _gcs_session():
     return AuthorizedSession(google.auth.default(scopes=["https://www.googleapis.com/auth/devstorage.read_write"])[0])
 
 
-def save(name: str, data: bytes | str) -> None:
+def save(name: str, data: bytes | str, *, base: str | None = None) -> None:
     """Store `data` as `name` in this item's checkpoint location (a local file in the sandbox,
-    S3 on AWS, GCS on GCP), replacing what was there."""
-    scheme, where, key = _location(name)
+    S3 on AWS, GCS on GCP), replacing what was there. `base`: another item's location."""
+    scheme, where, key = _location(name, base)
     body = data.encode() if isinstance(data, str) else data
     if scheme == "file":
         path = Path(where) / key
@@ -102,9 +105,9 @@ def save(name: str, data: bytes | str) -> None:
                             data=body, timeout=60).raise_for_status()  # fmt: skip
 
 
-def load(name: str) -> bytes | None:
+def load(name: str, *, base: str | None = None) -> bytes | None:
     """What `save(name, ...)` stored on an earlier attempt of this item, or None."""
-    scheme, where, key = _location(name)
+    scheme, where, key = _location(name, base)
     if scheme == "file":
         path = Path(where) / key
         return path.read_bytes() if path.exists() else None
@@ -131,11 +134,18 @@ def attempt() -> int:
 
 def complete() -> None:
     """Declare this item done: exit 0 after this counts as success even if a stop request came
-    in the meantime (without it, an attempt asked to stop is handed back and runs again)."""
+    in the meantime (without it, an attempt asked to stop is handed back and runs again), and
+    if the node dies before the agent records the end, the next node records the success
+    instead of running the item again."""
     done_file = os.environ.get("TIDEFLEET_DONE_FILE")
     if done_file:
         with open(done_file, "w"):
             pass
+    if os.environ.get("TIDEFLEET_CHECKPOINT_URI"):
+        try:
+            save(COMPLETE_MARKER, b"")
+        except Exception as err:  # noqa: BLE001 - the work is done; only the crash shortcut is lost
+            print(f"tidefleet: could not leave the completion marker ({err})", file=sys.stderr)
 
 
 def exit_interrupted() -> None:

@@ -61,6 +61,7 @@ from pathlib import Path
 import boto3
 
 from tidefleet import naming
+from tidefleet.agent import checkpoint
 from tidefleet.agent.attempt import Outcome, Stop, outcome
 from tidefleet.agent.gce import GceMetadata
 from tidefleet.agent.imds import Metadata
@@ -295,6 +296,8 @@ class Agent:
             self._not_claimed(name, delivery, msg, now)
             return
         held.attempt = item.attempts
+        if item.attempts > 1 and self._completed_earlier(held):
+            return
         if delivery.deliveries > 1:  # claimed, so its last holder's lease has lapsed: that node is gone
             self._failed(held, queue, None, "node lost mid-attempt (no result before the visibility timeout)", {},
                          lost=True)
@@ -306,6 +309,24 @@ class Agent:
             self.runs.append(run)
             self.idle_since = None
         threading.Thread(target=self._execute, args=(run, queue), daemon=True).start()
+
+    def _completed_earlier(self, held: Held) -> bool:
+        """An earlier attempt declared completion (`checkpoint.complete()`) but its node died
+        before recording it: record the success now instead of running the item again."""
+        msg = held.message
+        try:
+            if checkpoint.load(checkpoint.COMPLETE_MARKER, base=self._checkpoint_uri(msg)) is None:
+                return False
+        except Exception as err:  # noqa: BLE001 - unreadable: run it (at least once beats never)
+            log.warning("%s/%s: could not read its completion marker (%s); running it", msg.job, msg.item, err)
+            return False
+        entry = {"attempt": held.attempt, "node": self.s.node_id, "outcome": "succeeded",
+                 "reason": "completed by an earlier attempt whose node was lost before recording it"}
+        self.store.update_item(msg.job, msg.item, status="succeeded", exit_code=0, reason="", node="",
+                               lease_until=None, append={"history": entry})  # fmt: skip
+        self.cloud.queues.delete(held.queue, [held.receipt])
+        log.info("%s/%s: completed by an earlier attempt; recorded, not run again", msg.job, msg.item)
+        return True
 
     def _not_claimed(self, name: str, delivery: Delivery, msg: ItemMessage, now: float) -> None:
         """The claim was refused: say why, and do with the message what that calls for."""

@@ -121,8 +121,8 @@ def main(argv: list[str]) -> int:
         )
         return 3
     print(json.dumps(result))
-    checkpoint.complete()  # before the evidence: a stop request from here on cannot undo the success
     record(workdir, "success", input=path.name)
+    checkpoint.complete()  # at once: from here a stop request or a lost node cannot make it run again
     return 0
 
 
