@@ -5,6 +5,7 @@ never be an item goes to the dead-letter queue once, with its reason, and create
 from __future__ import annotations
 
 import json
+import os
 
 import boto3
 import pytest
@@ -24,13 +25,14 @@ def h(tmp_path, aws):
     return Harness(tmp_path, aws)
 
 
-def agent(h: Harness, **pool_changes) -> Agent:
+def agent(h: Harness, item_user: str | None = None, **pool_changes) -> Agent:
     env = h.env
     if pool_changes:
         pools = {**env.pools, "cpu": env.pools["cpu"].model_copy(update=pool_changes)}
         env = env.model_copy(update={"pools": pools})
     node = Agent(env, "cpu", Settings(node_id="node-x", instance_type="c6i.large", spot=True, work_dir=h.tmp / "work",
-                                      checkpoint_root=h.tmp / "checkpoints", heartbeat_s=0.5, wait_s=0),
+                                      checkpoint_root=h.tmp / "checkpoints", heartbeat_s=0.5, wait_s=0,
+                                      item_user=item_user),
                  metadata=Metadata("http://127.0.0.1:9"))  # fmt: skip
     node._prepare()
     return node
@@ -51,6 +53,7 @@ def dead_letters(h: Harness) -> list[str]:
 FAULTS = [
     ("a command with an unclosed quote", {"command": "python -c 'print(1)"}, ["x"], "No closing quotation"),
     ("a program that does not exist", {"command": "/no/such/program"}, ["x"], "could not start '/no/such/program'"),
+    ("an item user the node lacks", {"item_user": "no-such-user"}, ["x"], "item user 'no-such-user' does not exist"),
 ]
 
 
@@ -145,3 +148,14 @@ def test_an_item_completed_by_an_attempt_whose_node_died_is_recorded_not_run_aga
     item = h.items(job)["000000"]
     assert item.status == "succeeded" and item.attempts == 2 and "earlier attempt" in item.history[-1]["reason"]
     assert h.events("start") == [] and h.queue_depth("work") == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root, as the agent on a node has")
+def test_items_run_as_the_unprivileged_item_user_not_as_the_agent(h):
+    import pwd
+
+    nobody = pwd.getpwnam("nobody")
+    job = sdk.submit(h.env, "as nobody", "work", sdk.read_items([["-u"]]), kick=False).job_id
+    run_one(agent(h, item_user="nobody", command="id"))
+    assert h.items(job)["000000"].status == "succeeded"
+    assert [line for _, line in sdk.log_lines(h.env, job)] == [str(nobody.pw_uid)]

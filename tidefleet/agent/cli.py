@@ -32,9 +32,11 @@ from tidefleet.config import ConfigError, load_environment
                    "[default: 90 on AWS (2-minute spot notice), 15 on GCP (about 30 s)]")
 @click.option("--wait-s", envvar="TIDEFLEET_AGENT_WAIT_S", type=click.IntRange(0, 20), default=10, show_default=True,
               help="queue long poll when every queue is empty")
+@click.option("--item-user", envvar="TIDEFLEET_ITEM_USER", default=None,
+              help="run each item as this user (node user-data sets tidefleet-item unless the pool has run_as_root)")
 @click.option("--work-dir", envvar="TIDEFLEET_AGENT_WORK_DIR", type=click.Path(path_type=Path), default=None,
               help="per-attempt working directories (default: a temp dir)")
-def agent(env_name, pool, heartbeat_s, imds_poll_s, grace_s, wait_s, work_dir) -> None:
+def agent(env_name, pool, heartbeat_s, imds_poll_s, grace_s, wait_s, item_user, work_dir) -> None:
     """Run items from POOL's queues on this node until it is interrupted or told to drain."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
@@ -52,7 +54,7 @@ def agent(env_name, pool, heartbeat_s, imds_poll_s, grace_s, wait_s, work_dir) -
         node_id=node_id, instance_type=instance_type, spot=spot,
         work_dir=work_dir or Path(tempfile.gettempdir()) / f"tidefleet-agent-{node_id}",
         checkpoint_root=Path(root) if root else None,
-        heartbeat_s=heartbeat_s, imds_poll_s=imds_poll_s, grace_s=grace_s, wait_s=wait_s,
+        heartbeat_s=heartbeat_s, imds_poll_s=imds_poll_s, grace_s=grace_s, wait_s=wait_s, item_user=item_user,
     )
     try:
         code = Agent(env, pool, settings, metadata).run()

@@ -48,6 +48,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pwd
 import shlex
 import shutil
 import signal
@@ -92,6 +93,7 @@ class Settings:
     imds_poll_s: float = 5.0
     grace_s: float | None = None  # None: GRACE_S of the environment's cloud
     wait_s: int = 10  # long poll when every queue was empty
+    item_user: str | None = None  # run workloads as this user (user-data creates tidefleet-item); None: as the agent
 
 
 @dataclass(eq=False)
@@ -134,13 +136,27 @@ def _has_exited(run: Run) -> bool:
         return True
 
 
-def workload_command(pool: Pool, args: list[str], env_names: list[str], mounts: list[Path]) -> list[str]:
+def workload_command(pool: Pool, args: list[str], env_names: list[str], mounts: list[Path],
+                     user: pwd.struct_passwd | None = None) -> list[str]:  # fmt: skip
     """The argv for one item: the pool's command with the args appended, or docker run."""
     if pool.command is not None:
         return [*shlex.split(pool.command), *args]
     passthrough = [a for name in env_names for a in ("-e", name)]  # values come from our env
     volumes = [a for m in mounts for a in ("-v", f"{m}:{m}")]  # stop file and local checkpoints
-    return ["docker", "run", "--rm", *passthrough, *volumes, pool.container, *args]
+    as_user = ["--user", f"{user.pw_uid}:{user.pw_gid}"] if user else []
+    return ["docker", "run", "--rm", *as_user, *passthrough, *volumes, pool.container, *args]
+
+
+def item_user(name: str | None) -> pwd.struct_passwd | None:
+    """The account workloads run as; None: the agent's own. A named user that does not exist is
+    an error (the node would otherwise run items as root without saying so)."""
+    if not name:
+        return None
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        raise RuntimeError(f"the item user {name!r} does not exist on this node: its user-data creates it "
+                           "(or set run_as_root = true on the pool)") from None
 
 
 class Agent:
@@ -408,11 +424,17 @@ class Agent:
             "TIDEFLEET_DONE_FILE": str(run.done_file),
         }
         mounts = [run.workdir] + ([self.s.checkpoint_root.resolve()] if self.s.checkpoint_root else [])
-        argv = workload_command(self.pool, msg.args, list(item_env), mounts)
+        user = item_user(self.s.item_user)
+        as_user: dict = {}
+        if user is not None and self.pool.command is not None:  # a container gets --user instead
+            os.chown(run.workdir, user.pw_uid, user.pw_gid)
+            as_user = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
+            item_env |= {"HOME": user.pw_dir, "USER": user.pw_name, "LOGNAME": user.pw_name}
+        argv = workload_command(self.pool, msg.args, list(item_env), mounts, user)
         try:
             proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                env={**os.environ, **item_env}, cwd=run.workdir, start_new_session=True,
+                env={**os.environ, **item_env}, cwd=run.workdir, start_new_session=True, **as_user,
             )
         except (OSError, ValueError) as err:  # no such program; a NUL byte in an argument
             stream.write(f"tidefleet: could not start {argv[0]!r}: {err}")
