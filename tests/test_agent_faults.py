@@ -159,3 +159,24 @@ def test_items_run_as_the_unprivileged_item_user_not_as_the_agent(h):
     run_one(agent(h, item_user="nobody", command="id"))
     assert h.items(job)["000000"].status == "succeeded"
     assert [line for _, line in sdk.log_lines(h.env, job)] == [str(nobody.pw_uid)]
+
+
+def test_a_retry_received_before_its_sender_recorded_the_failure_is_kept_not_dropped(h):
+    """The sender sends the retry (seq + 1), deletes its message, then records: another node may
+    receive the retry in between, while the record still says running under the sender's lease."""
+    from tidefleet.store import Fence
+
+    job = sdk.submit(h.env, "race", "work", sdk.read_items([["steps=1"]]), kick=False).job_id
+    node = agent(h)
+    sqs = boto3.client("sqs", region_name="us-east-1")
+    url = sqs.get_queue_url(QueueName=naming.queue(h.env.name, "work"))["QueueUrl"]
+    sqs.purge_queue(QueueUrl=url)
+    node.store.update_item(job, "000000", status="running", node="node-a", lease_until=4e9, add={"attempts": 1},
+                           fence=Fence(claim_at=0.0))  # fmt: skip
+    retry = sdk.ItemMessage(job, "000000", ["steps=1"], failures=1, seq=1)
+    sqs.send_message(QueueUrl=url, MessageBody=retry.body())
+    assert node._receive("work", h.env.queues["work"], wait_s=1) == 1
+    assert not node.runs and h.queue_depth("work") == 1, "the retry stays in the queue"
+    node.store.update_item(job, "000000", status="queued", seq=1, lease_until=None, fence=Fence(attempt=1))
+    wait_until(lambda: node._receive("work", h.env.queues["work"], wait_s=1), 10, "the retry to come back")
+    wait_until(lambda: h.items(job)["000000"].status == "succeeded", 30, "the retry to run")

@@ -208,10 +208,19 @@ def test_an_item_handed_back_many_times_is_never_dead_lettered_by_pubsub(gcp, tm
     assert (item.status, item.interruptions, item.failures) == ("queued", 7, 0)
 
 
+def take_and_die(node, job: str) -> None:
+    """A node receives the item, claims it (running, under a lease) and vanishes: its lease lapses."""
+    from tidefleet.store import Fence
+
+    node.cloud.queues.receive("default", 10, 0)
+    node.store.update_item(job, "000000", status="running", node="node-dead", lease_until=1.0, add={"attempts": 1},
+                           fence=Fence(claim_at=0.0))  # fmt: skip
+
+
 def test_a_message_redelivered_after_its_ack_deadline_counts_as_a_lost_node(gcp, tmp_path):
     job = sdk.submit(ENV, "node died", "default", sdk.read_items(["a"]), kick=False).job_id
     node = agent(tmp_path)
-    node.cloud.queues.receive("default", 10, 0)  # a node took it and vanished
+    take_and_die(node, job)
     gcp.clock_offset += 601
     node._receive("default", ENV.queues["default"], wait_s=0)
     item = node.store.item(job, "000000")
@@ -247,7 +256,7 @@ def test_an_item_that_keeps_losing_its_node_is_dead_lettered_after_the_tolerated
     job = sdk.submit(ENV, "node killer", "default", sdk.read_items(["a"]), kick=False).job_id
     node = agent(tmp_path)
     for _ in range(NODE_LOSSES_TOLERATED + 1):
-        node.cloud.queues.receive("default", 10, 0)  # a node takes it and dies
+        take_and_die(node, job)
         gcp.clock_offset += 601
         node._receive("default", ENV.queues["default"], wait_s=0)  # the next node sees it redelivered
         assert not gcp.bodies(DLQ) or node.store.item(job, "000000").status == "failed"

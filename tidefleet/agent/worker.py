@@ -302,6 +302,9 @@ class Agent:
         if job.cancelled:
             self._settle_cancelled(held)
             return
+        # Delivered before: its last holder may have died mid-attempt (then the record still says
+        # running, under a lapsed lease), or the message was only hidden again on purpose.
+        before = self.store.item(msg.job, msg.item) if delivery.deliveries > 1 else None
         now = time.time()
         item = self.store.update_item(
             msg.job, msg.item, status="running", node=self.s.node_id, args=msg.args, seq=msg.seq,
@@ -314,7 +317,7 @@ class Agent:
         held.attempt = item.attempts
         if item.attempts > 1 and self._completed_earlier(held):
             return
-        if delivery.deliveries > 1:  # claimed, so its last holder's lease has lapsed: that node is gone
+        if before is not None and before.status == "running":  # claimed from a lapsed lease: that node is gone
             self._failed(held, queue, None, "node lost mid-attempt (no result before the visibility timeout)", {},
                          lost=True)
             return
@@ -355,7 +358,13 @@ class Agent:
             log.info("%s is %s; dropping the duplicate message", where, why)
             self.cloud.queues.delete(name, [delivery.handle])
         elif current.status == "running" and current.lease_until > now:
-            if delivery.message_id and delivery.message_id == current.message_id:
+            if msg.seq > current.seq:
+                # The holder's retry or hand-back, sent just before it records the end of its
+                # attempt: not a copy. Look again soon (doubling, so that if the holder died right
+                # there its lease lapses within a few receives, well before the queue's redrive).
+                self.cloud.queues.extend(name, [delivery.handle], min(2**delivery.deliveries,
+                                                                      int(current.lease_until - now) + 1))
+            elif delivery.message_id and delivery.message_id == current.message_id:
                 # The holder's own message, back because its visibility ran out: keep it hidden until
                 # the holder's lease would have lapsed, so it runs again only if the holder is gone.
                 mine = self._run_of(msg, current.attempts)
