@@ -322,7 +322,6 @@ class Agent:
                          lost=True)
             return
         workdir = self.s.work_dir / msg.job / msg.item / str(item.attempts)
-        workdir.mkdir(parents=True, exist_ok=True)
         run = Run(name, held.receipt, msg, attempt=item.attempts, slots=queue.slots_per_item, workdir=workdir)
         with self.lock:
             self.runs.append(run)
@@ -398,6 +397,7 @@ class Agent:
         msg = run.message
         stream = None
         try:
+            run.workdir.mkdir(parents=True, exist_ok=True)
             stream = self.cloud.logs.stream(msg.job, msg.item, run.attempt)
             with self.lock:
                 self.streams.add(stream)
@@ -588,7 +588,10 @@ class Agent:
 
     # -- stopping workloads -------------------------------------------------------------
     def _signal_stop(self, run: Run) -> None:
-        run.stop_file.touch()
+        try:
+            run.stop_file.touch()
+        except OSError:  # not started yet: its runner signals it once it has (run.fate is set)
+            pass
         self._kill(run, signal.SIGTERM)
 
     @staticmethod
