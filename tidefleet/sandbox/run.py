@@ -362,16 +362,15 @@ class Chaos:
             self.noticed.add(victim)
             launcher.send_spot_notice(victim)
 
-    def duplicate(self, env: Environment, status: sdk.JobStatus) -> None:
-        """A copy of the message an unfinished item has now (its counters and sequence number)."""
+    def duplicate(self, env: Environment, status: sdk.JobStatus, count: int = 5) -> None:
+        """Copies of the messages some unfinished items have now (their counters and sequence numbers)."""
         unfinished = [i for i in status.items if i.status in ("queued", "running")]
-        if not unfinished:
-            return
-        item = self.rng.choice(unfinished)
-        copy = sdk.ItemMessage(item.job_id, item.item_id, item.args, failures=item.failures,
-                               interruptions=item.interruptions, lost=item.lost, seq=item.seq)  # fmt: skip
-        sdk.Cloud(env).send(status.job.queue, [copy])
-        self.duplicated.append(item.item_id)
+        chosen = self.rng.sample(unfinished, min(count, len(unfinished)))
+        copies = [sdk.ItemMessage(i.job_id, i.item_id, i.args, failures=i.failures, interruptions=i.interruptions,
+                                  lost=i.lost, seq=i.seq) for i in chosen]  # fmt: skip
+        if copies:
+            sdk.Cloud(env).send(status.job.queue, copies)
+            self.duplicated += [i.item_id for i in chosen]
 
 
 def run_demo(
