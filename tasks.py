@@ -113,7 +113,8 @@ def destroy(c, env=None, yes=False):
 @task(help={"args": "extra pytest arguments, e.g. '-k policy -x'"})
 def test(c, args=""):
     """Run the test suite (the README's test command). No tests collected is not a failure."""
-    result = c.run(f"{sys.executable} -m pytest {args}", warn=True, pty=sys.stdout.isatty())
+    # In parallel, one worker per core (pytest-xdist); `--args '-n 0'` runs in one process.
+    result = c.run(f"{sys.executable} -m pytest -n auto {args}", warn=True, pty=sys.stdout.isatty())
     if result.exited not in (0, 5):
         raise Exit(code=result.exited)
 
