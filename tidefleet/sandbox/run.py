@@ -338,16 +338,23 @@ class Chaos:
 
     rng: random.Random
     every_s: float = 3.0
-    next_at: float = 0.0
     killed: set[str] = field(default_factory=set)
     noticed: set[str] = field(default_factory=set)
     duplicated: list[str] = field(default_factory=list)  # items whose message was sent twice
+    strikes: int = 0
 
-    def maybe_strike(self, launcher: Launcher, now: float, env: Environment, status: sdk.JobStatus) -> None:
-        if now < self.next_at:
-            return
-        self.next_at = now + self.every_s
-        turn = min((len(self.killed), 0), (len(self.noticed), 1), (len(self.duplicated), 2))[1]
+    def run(self, launcher: Launcher, env: Environment, latest: Callable[[], sdk.JobStatus],
+            done: threading.Event) -> None:  # fmt: skip
+        """Strike every `every_s` until `done`, on its own thread: the pace does not depend on
+        how long the watcher takes to read the job."""
+        while not done.wait(self.every_s):
+            try:
+                self.strike(launcher, env, latest())
+            except Exception as err:  # noqa: BLE001 - chaos must not end the demo; the summary counts what happened
+                logging.getLogger("tidefleet.sandbox").warning("chaos strike failed: %s", err)
+
+    def strike(self, launcher: Launcher, env: Environment, status: sdk.JobStatus) -> None:
+        turn, self.strikes = self.strikes % 3, self.strikes + 1
         if turn == 2:
             self.duplicate(env, status)
             return
@@ -388,15 +395,18 @@ def run_demo(
     submitted_at = time.time()
     job = sdk.submit(sandbox.env, DEMO_JOB, queue, specs)
     status = sdk.status(sandbox.env, job.job_id)
+    job_done = threading.Event()
+    if chaos is not None:
+        threading.Thread(target=chaos.run, args=(sandbox.launcher, sandbox.env, lambda: status, job_done),
+                         daemon=True).start()  # fmt: skip
     done_at = zero_at = None
     stray_in_flight_s = 0.0  # messages in flight after every item finished: they hold a node up
     while time.time() < deadline:
         now = time.time()
         status = sdk.status(sandbox.env, job.job_id)
-        if chaos is not None and not status.done:
-            chaos.maybe_strike(sandbox.launcher, now, sandbox.env, status)
         if status.done and done_at is None:
             done_at = now
+            job_done.set()
         at_zero = sandbox.fleet_at_zero()
         queues = sandbox.queue_depths()
         if done_at is not None and any(in_flight for _, in_flight, _ in queues.values()):
@@ -406,6 +416,7 @@ def run_demo(
             zero_at = now
             break
         time.sleep(0.5)
+    job_done.set()
     notes = [f"scaler error: {sandbox.tick_error}"] if sandbox.tick_error else []
     if stray_in_flight_s > 2:
         notes.append(
