@@ -139,10 +139,6 @@ class NameRule:
         return None
 
 
-def _rule(resource, cloud, scope, derive, max_len, charset, charset_rule, min_len=1) -> NameRule:
-    return NameRule(resource, cloud, scope, derive, max_len, charset, charset_rule, min_len)
-
-
 _SQS = (80, r"[A-Za-z0-9_-]+", "a-z, A-Z, 0-9, '_' and '-'")
 _IAM_ROLE = (64, r"[\w+=,.@-]+", "alphanumerics and '+=,.@_-'")
 _IAM_PROFILE = (128, r"[\w+=,.@-]+", "alphanumerics and '+=,.@_-'")
@@ -161,71 +157,71 @@ def _per_role(fn: Callable[[str, str], str], role: str) -> Callable:
 
 NAME_RULES: tuple[NameRule, ...] = (
     # AWS, one per environment
-    _rule("DynamoDB table", "aws", "env", lambda env: table(env.name), 255, r"[A-Za-z0-9_.-]+", "a-z, A-Z, 0-9 and '_.-'", 3),
-    _rule("S3 artifacts bucket (with a 12-digit account id)", "aws", "env",
+    NameRule("DynamoDB table", "aws", "env", lambda env: table(env.name), 255, r"[A-Za-z0-9_.-]+", "a-z, A-Z, 0-9 and '_.-'", 3),
+    NameRule("S3 artifacts bucket (with a 12-digit account id)", "aws", "env",
           lambda env: artifacts_bucket(env.name, LONGEST_ACCOUNT_ID), 63, _S3_BUCKET,
           "lowercase a-z, 0-9, '.' and '-', without '..'", 3),
-    _rule("CloudWatch log group", "aws", "env", lambda env: item_log_group(env.name), *_LOG_GROUP),
-    _rule("CloudWatch log group", "aws", "env", lambda env: flow_log_group(env.name), *_LOG_GROUP),
-    *(_rule("CloudWatch log group", "aws", "env", _per_role(function_log_group, role), *_LOG_GROUP)
+    NameRule("CloudWatch log group", "aws", "env", lambda env: item_log_group(env.name), *_LOG_GROUP),
+    NameRule("CloudWatch log group", "aws", "env", lambda env: flow_log_group(env.name), *_LOG_GROUP),
+    *(NameRule("CloudWatch log group", "aws", "env", _per_role(function_log_group, role), *_LOG_GROUP)
       for role in ("scaler", "interruption")),
-    *(_rule("Lambda function", "aws", "env", _per_role(function, role), 64, r"[A-Za-z0-9_-]+", "a-z, A-Z, 0-9, '_' and '-'")
+    *(NameRule("Lambda function", "aws", "env", _per_role(function, role), 64, r"[A-Za-z0-9_-]+", "a-z, A-Z, 0-9, '_' and '-'")
       for role in ("scaler", "interruption")),
-    *(_rule("IAM role", "aws", "env", _per_role(function, role), *_IAM_ROLE) for role in ("scaler", "interruption")),
-    _rule("IAM role", "aws", "env", _per_role(stack_resource, "flow-logs"), *_IAM_ROLE),
-    _rule("SQS queue", "aws", "env", lambda env: function_failures(env.name), *_SQS),
-    *(_rule("EventBridge rule", "aws", "env", _per_role(stack_resource, kind), *_EVENT_RULE)
+    *(NameRule("IAM role", "aws", "env", _per_role(function, role), *_IAM_ROLE) for role in ("scaler", "interruption")),
+    NameRule("IAM role", "aws", "env", _per_role(stack_resource, "flow-logs"), *_IAM_ROLE),
+    NameRule("SQS queue", "aws", "env", lambda env: function_failures(env.name), *_SQS),
+    *(NameRule("EventBridge rule", "aws", "env", _per_role(stack_resource, kind), *_EVENT_RULE)
       for kind in ("scaler-tick", "spot-warning", "rebalance", "terminate-hook")),
-    _rule("KMS alias", "aws", "env", lambda env: f"alias/{stack_resource(env.name, 'key')}", 256,
+    NameRule("KMS alias", "aws", "env", lambda env: f"alias/{stack_resource(env.name, 'key')}", 256,
           r"alias/[A-Za-z0-9/_-]+", "'alias/' then a-z, A-Z, 0-9 and '/_-'"),
-    _rule("security group", "aws", "env", _per_role(stack_resource, "nodes"), 255, r"[\w .:/()#,@\[\]+=&;{}!$*-]+",
+    NameRule("security group", "aws", "env", _per_role(stack_resource, "nodes"), 255, r"[\w .:/()#,@\[\]+=&;{}!$*-]+",
           "a-z, A-Z, 0-9, spaces and ._-:/()#,@[]+=&;{}!$*"),
-    _rule("CloudWatch dashboard", "aws", "env", _per_role(stack_resource, "fleet"), 255, r"[A-Za-z0-9_-]+",
+    NameRule("CloudWatch dashboard", "aws", "env", _per_role(stack_resource, "fleet"), 255, r"[A-Za-z0-9_-]+",
           "a-z, A-Z, 0-9, '_' and '-'"),
     # AWS, one per pool
-    _rule("Auto Scaling group", "aws", "pool", lambda env, pool: group(env.name, pool), 255, r"[^:]+", "free of ':'"),
-    _rule("launch template", "aws", "pool", lambda env, pool: launch_template(env.name, pool), 128, r"[A-Za-z0-9().\-/_]+",
+    NameRule("Auto Scaling group", "aws", "pool", lambda env, pool: group(env.name, pool), 255, r"[^:\x00-\x1f]+", "free of ':' and control characters"),
+    NameRule("launch template", "aws", "pool", lambda env, pool: launch_template(env.name, pool), 128, r"[A-Za-z0-9().\-/_]+",
           "a-z, A-Z, 0-9 and '().-/_'", 3),
-    _rule("lifecycle hook", "aws", "pool", lambda env, pool: lifecycle_hook(env.name, pool), 255, r"[A-Za-z0-9\-_/]+",
+    NameRule("lifecycle hook", "aws", "pool", lambda env, pool: lifecycle_hook(env.name, pool), 255, r"[A-Za-z0-9\-_/]+",
           "a-z, A-Z, 0-9 and '-_/'"),
-    _rule("IAM role", "aws", "pool", lambda env, pool: node_role(env.name, pool), *_IAM_ROLE),
-    _rule("IAM instance profile", "aws", "pool", lambda env, pool: node_role(env.name, pool), *_IAM_PROFILE),
+    NameRule("IAM role", "aws", "pool", lambda env, pool: node_role(env.name, pool), *_IAM_ROLE),
+    NameRule("IAM instance profile", "aws", "pool", lambda env, pool: node_role(env.name, pool), *_IAM_PROFILE),
     # AWS, one per queue
-    _rule("SQS queue", "aws", "queue", lambda env, q: queue(env.name, q), *_SQS),
-    _rule("SQS queue", "aws", "queue", lambda env, q: dead_letter_queue(env.name, q), *_SQS),
-    _rule("CloudWatch alarm", "aws", "queue", lambda env, q: stack_resource(env.name, f"{q}-backlog"), 255,
+    NameRule("SQS queue", "aws", "queue", lambda env, q: queue(env.name, q), *_SQS),
+    NameRule("SQS queue", "aws", "queue", lambda env, q: dead_letter_queue(env.name, q), *_SQS),
+    NameRule("CloudWatch alarm", "aws", "queue", lambda env, q: stack_resource(env.name, f"{q}-backlog"), 255,
           r"[^\x00-\x1f]+", "free of control characters"),
     # GCP, one per environment
-    *(_rule("KMS " + what, "gcp", "env", _per_role(stack_resource, part), 63, r"[A-Za-z0-9_-]+", "a-z, A-Z, 0-9, '_' and '-'")
+    *(NameRule("KMS " + what, "gcp", "env", _per_role(stack_resource, part), 63, r"[A-Za-z0-9_-]+", "a-z, A-Z, 0-9, '_' and '-'")
       for what, part in (("key ring", "keys"), ("key", "data"))),
-    _rule("Firestore database", "gcp", "env", lambda env: table(env.name), 63, r"[a-z][a-z0-9-]*[a-z0-9]",
+    NameRule("Firestore database", "gcp", "env", lambda env: table(env.name), 63, r"[a-z][a-z0-9-]*[a-z0-9]",
           _RFC1035_RULE, 4),
-    _rule("Cloud Storage bucket", "gcp", "env", lambda env: artifacts_bucket(env.name, env.project or ""), 63, _GCS_BUCKET,
+    NameRule("Cloud Storage bucket", "gcp", "env", lambda env: artifacts_bucket(env.name, env.project or ""), 63, _GCS_BUCKET,
           "lowercase a-z, 0-9, '_.-', without 'google'", 3),
-    _rule("Cloud Logging bucket and sink", "gcp", "env", lambda env: item_log(env.name), *_GCS_LOGGING),
-    _rule("log-based metric", "gcp", "env", _per_role(stack_resource, "item-outcomes"), *_GCS_LOGGING),
-    *(_rule(what, "gcp", "env", _per_role(stack_resource, part), *_GCE)
+    NameRule("Cloud Logging bucket and sink", "gcp", "env", lambda env: item_log(env.name), *_GCS_LOGGING),
+    NameRule("log-based metric", "gcp", "env", _per_role(stack_resource, "item-outcomes"), *_GCS_LOGGING),
+    *(NameRule(what, "gcp", "env", _per_role(stack_resource, part), *_GCE)
       for what, part in (("VPC network, subnet, router and NAT", "nodes"), ("firewall rule", "nodes-deny-ingress"))),
-    _rule("Pub/Sub topic", "gcp", "env", lambda env: kick_topic(env.name), *_PUBSUB, 3),
-    *(_rule("service account", "gcp", "env", _per_role(service_account, role), 30, _RFC1035, _RFC1035_RULE, 6)
+    NameRule("Pub/Sub topic", "gcp", "env", lambda env: kick_topic(env.name), *_PUBSUB, 3),
+    *(NameRule("service account", "gcp", "env", _per_role(service_account, role), 30, _RFC1035, _RFC1035_RULE, 6)
       for role in ("scaler", "tick")),
-    _rule("IAM custom role", "gcp", "env", lambda env: f"{PREFIX}_{env.name.replace('-', '_')}_scaler", 64,
+    NameRule("IAM custom role", "gcp", "env", lambda env: f"{PREFIX}_{env.name.replace('-', '_')}_scaler", 64,
           r"[A-Za-z0-9_.]+", "a-z, A-Z, 0-9, '_' and '.'", 3),
-    _rule("Cloud Function", "gcp", "env", _per_role(function, "scaler"), *_GCE),
-    _rule("Cloud Scheduler job", "gcp", "env", _per_role(stack_resource, "tick"), 500, r"[A-Za-z0-9_-]+",
+    NameRule("Cloud Function", "gcp", "env", _per_role(function, "scaler"), *_GCE),
+    NameRule("Cloud Scheduler job", "gcp", "env", _per_role(stack_resource, "tick"), 500, r"[A-Za-z0-9_-]+",
           "a-z, A-Z, 0-9, '_' and '-'"),
     # GCP, one per pool
-    _rule("service account", "gcp", "pool", lambda env, pool: service_account(env.name, f"{pool}-node"), 30, _RFC1035,
+    NameRule("service account", "gcp", "pool", lambda env, pool: service_account(env.name, f"{pool}-node"), 30, _RFC1035,
           _RFC1035_RULE, 6),
-    _rule("managed instance group", "gcp", "pool", lambda env, pool: group(env.name, pool), *_GCE),
-    _rule("managed instance group", "gcp", "pool", lambda env, pool: on_demand_group(env.name, pool), *_GCE),
+    NameRule("managed instance group", "gcp", "pool", lambda env, pool: group(env.name, pool), *_GCE),
+    NameRule("managed instance group", "gcp", "pool", lambda env, pool: on_demand_group(env.name, pool), *_GCE),
     # The group's base instance name: VM names add '-' and 4 characters to it.
-    _rule("MIG base instance", "gcp", "pool", lambda env, pool: on_demand_group(env.name, pool), 58, _RFC1035, _RFC1035_RULE),
-    _rule("instance template prefix", "gcp", "pool", lambda env, pool: instance_template_prefix(env.name, pool, "on-demand"),
-          37, r"[a-z][-a-z0-9]*", "lowercase a-z, 0-9 and '-', starting with a letter"),
+    NameRule("MIG base instance", "gcp", "pool", lambda env, pool: on_demand_group(env.name, pool), 58, _RFC1035, _RFC1035_RULE),
+    *(NameRule("instance template prefix", "gcp", "pool", lambda env, pool, kind=kind: instance_template_prefix(env.name, pool, kind),
+            37, r"[a-z][-a-z0-9]*", "lowercase a-z, 0-9 and '-', starting with a letter") for kind in ("spot", "on-demand")),
     # GCP, one per queue: topic and subscription share the name
-    _rule("Pub/Sub topic and subscription", "gcp", "queue", lambda env, q: queue(env.name, q), *_PUBSUB, 3),
-    _rule("Pub/Sub topic and subscription", "gcp", "queue", lambda env, q: dead_letter_queue(env.name, q), *_PUBSUB, 3),
+    NameRule("Pub/Sub topic and subscription", "gcp", "queue", lambda env, q: queue(env.name, q), *_PUBSUB, 3),
+    NameRule("Pub/Sub topic and subscription", "gcp", "queue", lambda env, q: dead_letter_queue(env.name, q), *_PUBSUB, 3),
 )
 
 
