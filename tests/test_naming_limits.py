@@ -54,7 +54,7 @@ def test_every_region_botocore_knows_is_accepted():
 def _longest(env_file: str, name: str, pool: str) -> dict:
     """A shipped environment renamed to the longest names validation accepts."""
     data = tomllib.loads((ROOT / f"{env_file}.toml").read_text())
-    first = sorted(data["pools"])[0]
+    first = min(data["pools"])
     data["pools"] = {pool: data["pools"][first]}
     data["queues"] = {"q" * 31: {"pool": pool}}
     return parse_environment({**data, "name": name}, name=name)
