@@ -29,9 +29,9 @@ def _env(name: str | None):
 
 
 def _synth(name: str):
+    env = _env(name)  # before importing the stacks: a bad config fails in a second, not ten
     from stacks.app import synth as synth_stack
 
-    env = _env(name)
     out = synth_stack(env, OUT / "synth" / env.name)
     print(f"synthesized {env.name} -> {out}")
     return env, out
@@ -49,9 +49,9 @@ def scan(c, env=None):
 
     Suppressions live in stacks/checkov_suppressions.toml, one per (check, resource) with its reason.
     """
+    env, out = _synth(env)
     from stacks.scan import scan as run_scan
 
-    env, out = _synth(env)
     failed = run_scan(out, env.name)
     if failed:
         raise Exit(f"checkov: {failed} failed check(s) in {env.name}; fix them or add a reasoned suppression", 1)
@@ -73,6 +73,7 @@ def _terraform(c, env: str | None, *args: str) -> None:
         binary = terraform_binary()
     except TerraformMissing as err:
         raise Exit(str(err)) from None
+    _env(env)  # a bad config stops here, before the (slow) function build
     build(c)
     _, out = _synth(env)
     c.run(f"{binary} -chdir={shlex.quote(str(out))} init -input=false", pty=sys.stdout.isatty())

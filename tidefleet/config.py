@@ -7,24 +7,71 @@ field, the value and the rule: ``pools.gpu.max: must be >= min (got 0 < 2)``.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
+import shlex
 import tomllib
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from tidefleet import prices
+from tidefleet import naming, prices
 
-NAME = r"^[a-z][a-z0-9-]{0,30}$"
+NAME = r"[a-z][a-z0-9-]{0,30}"
 NAME_RULE = "must start with a letter and use only a-z, 0-9 and '-' (at most 31 characters)"
-AWS_REGION = re.compile(r"^(us|eu|ap|sa|ca|me|af|il|mx)(-gov)?-(north|south|east|west|central|northeast|southeast|northwest|southwest)-\d$")
-GCP_REGION = re.compile(r"^[a-z]+-[a-z]+\d$")
-AWS_INSTANCE_TYPE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9]+$")
-GCP_MACHINE_TYPE = re.compile(r"^[a-z][a-z0-9]*-[a-z0-9-]+$")
-GCP_IMAGE = re.compile(r"^projects/[a-z][a-z0-9-]+/global/images/(family/)?[a-z][a-z0-9-]*$")
-AWS_IMAGE = re.compile(r"^(ami-[0-9a-f]{8,17}|ssm:/[\w./-]+)$")
+# Every pattern here is used with re.fullmatch: re.match(...$) would accept a trailing newline.
+AWS_INSTANCE_TYPE = r"[a-z][a-z0-9-]*\.[a-z0-9]+"
+GCP_MACHINE_TYPE = r"[a-z][a-z0-9]*-[a-z0-9-]+"
+GCP_ACCELERATOR = r"[a-z][a-z0-9-]*[a-z0-9]"
+GCP_IMAGE = r"projects/[a-z][a-z0-9-]+/global/images/(family/)?[a-z][a-z0-9-]*"
+AWS_IMAGE = r"ami-[0-9a-f]{8,17}|ssm:/[\w./-]+"
+AWS_SUBNET = r"subnet-[0-9a-f]{8}([0-9a-f]{9})?"
+GCP_SUBNET = r"(projects/[a-z][a-z0-9-]{4,28}[a-z0-9]/regions/[a-z0-9-]+/subnetworks/)?[a-z]([-a-z0-9]{0,61}[a-z0-9])?"
+# GCP project ids: 6-30 characters, lowercase letters, digits and hyphens, a letter first.
+GCP_PROJECT = r"[a-z][a-z0-9-]{4,28}[a-z0-9]"
+ENV_VAR = r"[A-Za-z_][A-Za-z0-9_]*"
+# The OCI / docker reference grammar (distribution/reference): [host[:port]/]path[:tag][@digest].
+_DOMAIN = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)(?:\.(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?))*(?::[0-9]+)?"
+_PATH_COMPONENT = r"[a-z0-9]+(?:(?:[_.]|__|-+)[a-z0-9]+)*"
+IMAGE_REFERENCE = (
+    rf"(?:{_DOMAIN}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
+    r"(?::[\w][\w.-]{0,127})?(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?"
+)
+IMAGE_NAME_MAX = 255
+# Tags: AWS allows letters, digits, spaces and _ . : / = + - @ (keys 1-128, values 0-256).
+# On GCP they become labels: lowercase letters, digits, '_' and '-', at most 63, keys start with a letter.
+AWS_TAG = r"[\w .:/=+\-@]*"
+GCP_LABEL_KEY = r"[a-z][a-z0-9_-]{0,62}"
+GCP_LABEL_VALUE = r"[a-z0-9_-]{0,63}"
+# aws: is AWS's own; the stacks set tidefleet:env/pool/team (AWS) and tidefleet-env/pool/... (GCP labels).
+RESERVED_TAG_PREFIXES = ("aws:", "tidefleet:", "tidefleet-")
+# Largest group the scaler may ask for: an Auto Scaling group (AWS), a regional managed
+# instance group (GCP: 2000 VMs).
+MAX_GROUP_NODES = {"aws": 10000, "gcp": 2000}
+DAY_S = 24 * 3600
+# The boot script runs the pool's init_script from a quoted heredoc ending at this line.
+INIT_SCRIPT_DELIMITER = "TIDEFLEET_INIT_SCRIPT"
+# The regions each cloud has (opt-in and sovereign partitions included). A pattern would
+# accept us-north-9; tests/test_config.py checks this list against botocore's.
+AWS_REGIONS = frozenset({
+    "af-south-1", "ap-east-1", "ap-east-2", "ap-northeast-1", "ap-northeast-2", "ap-northeast-3", "ap-south-1",
+    "ap-south-2", "ap-southeast-1", "ap-southeast-2", "ap-southeast-3", "ap-southeast-4", "ap-southeast-5",
+    "ap-southeast-6", "ap-southeast-7", "ca-central-1", "ca-west-1", "eu-central-1", "eu-central-2", "eu-north-1",
+    "eu-south-1", "eu-south-2", "eu-west-1", "eu-west-2", "eu-west-3", "il-central-1", "me-central-1", "me-south-1",
+    "mx-central-1", "sa-east-1", "us-east-1", "us-east-2", "us-west-1", "us-west-2",
+    "us-gov-east-1", "us-gov-west-1", "cn-north-1", "cn-northwest-1",
+})  # fmt: skip
+GCP_REGIONS = frozenset({
+    "africa-south1", "asia-east1", "asia-east2", "asia-northeast1", "asia-northeast2", "asia-northeast3",
+    "asia-south1", "asia-south2", "asia-southeast1", "asia-southeast2", "asia-southeast3", "australia-southeast1",
+    "australia-southeast2", "europe-central2", "europe-north1", "europe-north2", "europe-southwest1", "europe-west1",
+    "europe-west2", "europe-west3", "europe-west4", "europe-west6", "europe-west8", "europe-west9", "europe-west10",
+    "europe-west12", "me-central1", "me-central2", "me-west1", "northamerica-northeast1", "northamerica-northeast2",
+    "northamerica-south1", "southamerica-east1", "southamerica-west1", "us-central1", "us-east1", "us-east4",
+    "us-east5", "us-south1", "us-west1", "us-west2", "us-west3", "us-west4",
+})  # fmt: skip
 SQS_MAX_VISIBILITY_S = 12 * 3600
 # A node that dies holding an item (kill -9, a reclaim without notice) is rarely the item's
 # fault, so the agent counts those losses apart from failed attempts and dead-letters an item
@@ -45,7 +92,8 @@ class ConfigError(Exception):
 
 class _Model(BaseModel):
     # strict: "5" is not 5, and an unknown key is a typo, not something to ignore.
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    # inf and nan are TOML floats too; no price or cap may be one.
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
 
 class InstanceType(_Model):
@@ -82,7 +130,7 @@ class Pool(_Model):
     init_script: str = Field("", description="extra shell run once at boot, before the agent starts")
     env: dict[str, str] = Field(default_factory=dict, description="environment for every item")
     slots_per_unit: int = Field(1, ge=1, le=256, description="items of one slot a capacity unit runs at once")
-    idle_timeout_s: int | None = Field(None, ge=0, description="idle time before removal; None = scaler default")
+    idle_timeout_s: int | None = Field(None, ge=0, le=DAY_S, description="idle time before removal; None = scaler default")
     boot_timeout_s: int = Field(600, ge=30, le=7200, description="launch to first heartbeat before replacement")
     boot_estimate_s: int = Field(
         60,
@@ -91,7 +139,7 @@ class Pool(_Model):
         description="typical launch to first heartbeat (AWS: about 60 s; GPU images longer); work that "
         "running nodes start sooner than this launches no node. An estimate, not the boot timeout",
     )
-    team: str = Field("default", pattern=NAME)
+    team: str = Field("default", description=f"cost attribution; {NAME_RULE}")
     cost_cap_usd_per_hour: float | None = Field(None, gt=0)
     public_ip: bool = False
 
@@ -105,7 +153,7 @@ class Queue(_Model):
     max_retries: int = Field(3, ge=0, le=100, description="failed attempts retried before the dead-letter queue")
     item_timeout_s: int = Field(3600, ge=1, le=7 * 24 * 3600)
     slots_per_item: int = Field(1, ge=1, le=256, description="slots one item needs (e.g. GPUs)")
-    team: str | None = Field(None, pattern=NAME, description="None = the pool's team")
+    team: str | None = Field(None, description="None = the pool's team")
 
     @property
     def visibility_timeout_s(self) -> int:
@@ -122,17 +170,18 @@ class Queue(_Model):
 
 class Scaler(_Model):
     tick_s: int = Field(60, ge=1, le=3600, description="scheduled control tick")
-    scale_in_delay_s: int = Field(300, ge=0, description="idle time before a node may be removed")
-    scale_out_cooldown_s: int = Field(120, ge=0, description="no scale-in this long after a scale-out")
-    spot_fallback_after_s: int = Field(240, ge=0, description="spot nodes pending this long count as short")
-    spot_failure_window_s: int = Field(600, ge=0, description="how long a spot launch failure is remembered")
+    # 0 is meaningful for the delays below (no delay); a day or more is a typo.
+    scale_in_delay_s: int = Field(300, ge=0, le=DAY_S, description="idle time before a node may be removed")
+    scale_out_cooldown_s: int = Field(120, ge=0, le=DAY_S, description="no scale-in this long after a scale-out")
+    spot_fallback_after_s: int = Field(240, ge=0, le=DAY_S, description="spot nodes pending this long count as short")
+    spot_failure_window_s: int = Field(600, ge=0, le=DAY_S, description="how long a spot launch failure is remembered")
     dry_run: bool = False
     cost_cap_usd_per_hour: float | None = Field(None, gt=0, description="whole environment")
 
 
 class Network(_Model):
     subnet_ids: list[str] = Field(default_factory=list, description="existing subnets; empty = create a VPC")
-    vpc_cidr: str = Field("10.80.0.0/16", pattern=r"^\d{1,3}(\.\d{1,3}){3}/(1[6-9]|2[0-4])$")
+    vpc_cidr: str = Field("10.80.0.0/16", description="an IPv4 network, /16 to /24")
     az_count: int = Field(2, ge=1, le=6)
 
 
@@ -146,7 +195,7 @@ class State(_Model):
 
 
 class Environment(_Model):
-    name: str = Field(pattern=NAME)
+    name: str = Field(description=NAME_RULE)
     cloud: Literal["aws", "gcp"] = "aws"
     region: str
     project: str | None = Field(None, description="GCP project id")
@@ -167,29 +216,20 @@ class Environment(_Model):
 
 def _semantic_problems(env: Environment) -> list[str]:
     """Rules that span fields; run only once every field has the right type."""
-    out: list[str] = []
-    region_rule = AWS_REGION if env.cloud == "aws" else GCP_REGION
-    if not region_rule.match(env.region):
-        example = "us-east-1" if env.cloud == "aws" else "us-central1"
-        out.append(f"region: not a {env.cloud} region (got {env.region!r}); use a name like {example!r}")
-    if env.cloud == "gcp" and not env.project:
-        out.append("project: required when cloud = 'gcp' (got nothing); set your GCP project id")
-    if env.state.backend in ("s3", "gcs") and not env.state.bucket:
-        out.append(f"state.bucket: required for backend {env.state.backend!r} (got nothing)")
-    if env.state.backend == "local" and (env.state.bucket or env.state.lock_table):
-        out.append("state.bucket: only for a remote backend (got a bucket with backend 'local')")
-    for key, value in env.tags.items():
-        if key.lower().startswith("aws:") or not 1 <= len(key) <= 128 or len(value) > 256:
-            out.append(f"tags.{key}: not a valid tag (got {value!r}); keys 1-128 chars not starting 'aws:'")
-    for name in list(env.pools) + list(env.queues):
-        if not re.match(NAME, name):
-            kind = "pools" if name in env.pools else "queues"
-            out.append(f"{kind}.{name}: bad name (got {name!r}); {NAME_RULE}")
+    # The names and the project id first: every cloud name is derived from them.
+    out = _name_problems(env)
+    names_ok = not out
+    out += _region_problems(env)
+    out += _network_problems(env)
+    out += _state_problems(env)
+    out += _tag_problems(env)
     for name, pool in env.pools.items():
         out += _pool_problems(env, name, pool)
     seen_queue_names: dict[str, str] = {}
     for name, queue in env.queues.items():
         where = f"queues.{name}"
+        if queue.team is not None and not re.fullmatch(NAME, queue.team):
+            out.append(f"{where}.team: bad team name (got {queue.team!r}); {NAME_RULE}")
         if queue.pool not in env.pools:
             known = ", ".join(sorted(env.pools))
             out.append(f"{where}.pool: unknown pool (got {queue.pool!r}); known pools: {known}")
@@ -211,6 +251,116 @@ def _semantic_problems(env: Environment) -> list[str]:
                     "rename one of them"
                 )
             seen_queue_names[cloud_name] = name
+    if names_ok:
+        out += _derived_name_problems(env)
+    return out
+
+
+def boot_script_problems(env: Environment, pool_name: str) -> list[str]:
+    """The rules for every value the node boot script carries (names, region, project,
+    init_script, env), for a caller that renders one without having loaded it from a file."""
+    return _name_problems(env) + _region_problems(env) + _workload_problems(f"pools.{pool_name}", env.pools[pool_name])
+
+
+def _region_problems(env: Environment) -> list[str]:
+    regions, example = (AWS_REGIONS, "us-east-1") if env.cloud == "aws" else (GCP_REGIONS, "us-central1")
+    if env.region in regions:
+        return []
+    return [f"region: not a known {env.cloud} region (got {env.region!r}); use one like {example!r}"]
+
+
+def _name_problems(env: Environment) -> list[str]:
+    out = []
+    if not re.fullmatch(NAME, env.name):
+        out.append(f"name: bad environment name (got {env.name!r}); {NAME_RULE}; rename the file")
+    for kind, names in (("pools", env.pools), ("queues", env.queues)):
+        out += [f"{kind}.{name}: bad name (got {name!r}); {NAME_RULE}" for name in names if not re.fullmatch(NAME, name)]
+    if env.cloud == "gcp" and not env.project:
+        out.append("project: required when cloud = 'gcp' (got nothing); set your GCP project id")
+    if env.project is not None and not re.fullmatch(GCP_PROJECT, env.project):
+        out.append(f"project: not a GCP project id (got {env.project!r}); "
+                   "use 6-30 lowercase letters, digits and '-', starting with a letter")  # fmt: skip
+    return out
+
+
+def _derived_name_problems(env: Environment) -> list[str]:
+    """Every cloud name the stack derives must fit its cloud's limit: one line per config
+    field, for its worst name (a long environment name overflows many at once)."""
+    worst: dict[str, tuple[int, str]] = {}
+    for derived in naming.derived_names(env):
+        why = derived.rule.problem(derived.name)
+        if why is None:
+            continue
+        over = len(derived.name) - derived.rule.max_len
+        whose = "environment name" if derived.field == "name" else f"{derived.field.split('.')[0][:-1]} name"
+        got = env.name if derived.field == "name" else derived.field.split(".", 1)[1]
+        if over > 0:
+            shorter = "the environment name" if derived.field == "name" else f"the {whose} or the environment name"
+            fix = f"shorten {shorter} by {over} character{'s' if over > 1 else ''}"
+        else:
+            fix = f"change the {whose}"
+        line = (f"{derived.field}: the {derived.rule.resource} name {derived.name!r} {why} "
+                f"(got {whose} {got!r}); {fix}")  # fmt: skip
+        if derived.field not in worst or over > worst[derived.field][0]:
+            worst[derived.field] = (over, line)
+    return [line for _, line in worst.values()]
+
+
+def _network_problems(env: Environment) -> list[str]:
+    out = []
+    cidr = env.network.vpc_cidr
+    try:
+        network = ipaddress.ip_network(cidr, strict=True)
+    except ValueError:
+        out.append(f"network.vpc_cidr: not a network (got {cidr!r}); write one like '10.80.0.0/16', host bits zero")
+    else:
+        # The stack carves /(prefix+4) subnets out of it: AWS subnets are /28 at the smallest.
+        if network.version != 4 or not 16 <= network.prefixlen <= 24:
+            out.append(f"network.vpc_cidr: must be an IPv4 network from /16 to /24 (got {cidr!r}); e.g. '10.80.0.0/16'")
+    subnet_rule, example = (AWS_SUBNET, "subnet-0123456789abcdef0") if env.cloud == "aws" else (GCP_SUBNET, "nodes")
+    for i, subnet in enumerate(env.network.subnet_ids):
+        if not re.fullmatch(subnet_rule, subnet):
+            out.append(f"network.subnet_ids[{i}]: not a {env.cloud} subnet (got {subnet!r}); use one like {example!r}")
+    return out
+
+
+def _state_problems(env: Environment) -> list[str]:
+    out = []
+    state = env.state
+    if state.backend in ("s3", "gcs") and not state.bucket:
+        out.append(f"state.bucket: required for backend {state.backend!r} (got nothing)")
+    if state.backend == "local" and (state.bucket or state.lock_table):
+        out.append("state.bucket: only for a remote backend (got a bucket with backend 'local')")
+    if state.bucket and not re.fullmatch(r"[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]", state.bucket):
+        out.append(f"state.bucket: not a bucket name (got {state.bucket!r}); use 3-63 lowercase a-z, 0-9, '.' and '-'")
+    if state.region is not None and state.region not in AWS_REGIONS:
+        out.append(f"state.region: not a known aws region (got {state.region!r}); use one like 'us-east-1'")
+    if state.lock_table is not None and not re.fullmatch(r"[A-Za-z0-9_.-]{3,255}", state.lock_table):
+        out.append(f"state.lock_table: not a DynamoDB table name (got {state.lock_table!r}); use 3-255 of a-z, A-Z, 0-9, '_.-'")
+    for field, value in (("path", state.path), ("key", state.key)):
+        if value is not None and (not value or any(c in value for c in "\n\r\0")):
+            out.append(f"state.{field}: must be a non-empty single line (got {value!r})")
+    return out
+
+
+def _tag_problems(env: Environment) -> list[str]:
+    """One line per bad tag. On GCP tags become labels, so they must already be valid labels
+    (lowercasing or replacing characters silently would merge or rename them)."""
+    out = []
+    for key, value in env.tags.items():
+        where = f"tags.{key}"
+        if key.lower().startswith(RESERVED_TAG_PREFIXES):
+            out.append(f"{where}: reserved tag key (got {key!r}); keys starting {', '.join(RESERVED_TAG_PREFIXES)} "
+                       "belong to the cloud or to tidefleet")  # fmt: skip
+        elif env.cloud == "aws" and not (1 <= len(key) <= 128 and re.fullmatch(AWS_TAG, key)):
+            out.append(f"{where}: not an AWS tag key (got {key!r}); use 1-128 letters, digits, spaces and _.:/=+-@")
+        elif env.cloud == "aws" and not (len(value) <= 256 and re.fullmatch(AWS_TAG, value)):
+            out.append(f"{where}: not an AWS tag value (got {value!r}); use at most 256 letters, digits, spaces and _.:/=+-@")
+        elif env.cloud == "gcp" and not re.fullmatch(GCP_LABEL_KEY, key):
+            out.append(f"{where}: not a GCP label key (got {key!r}); use 1-63 lowercase a-z, 0-9, '_' and '-', "
+                       "starting with a letter")  # fmt: skip
+        elif env.cloud == "gcp" and not re.fullmatch(GCP_LABEL_VALUE, value):
+            out.append(f"{where}: not a GCP label value (got {value!r}); use at most 63 lowercase a-z, 0-9, '_' and '-'")
     return out
 
 
@@ -221,8 +371,18 @@ def _pool_problems(env: Environment, name: str, pool: Pool) -> list[str]:
         out.append(f"{where}.max: must be >= min (got {pool.max} < {pool.min})")
     if pool.on_demand_base > pool.max:
         out.append(f"{where}.on_demand_base: must be <= max (got {pool.on_demand_base} > {pool.max})")
-    if (pool.container is None) == (pool.command is None):
-        out.append(f"{where}: set exactly one of 'command' or 'container' (got {'both' if pool.command else 'neither'})")
+    smallest = min(t.weight for t in pool.instance_types)
+    most_nodes, limit = -(-pool.max // smallest), MAX_GROUP_NODES[env.cloud]
+    if most_nodes > limit:
+        group = "an Auto Scaling group" if env.cloud == "aws" else "a regional managed instance group"
+        out.append(f"{where}.max: {most_nodes} nodes of weight {smallest} is over the {limit} of {group} "
+                   f"(got {pool.max}); lower max or split the pool")  # fmt: skip
+    if pool.boot_estimate_s > pool.boot_timeout_s:
+        out.append(f"{where}.boot_estimate_s: must be <= boot_timeout_s (got {pool.boot_estimate_s} > "
+                   f"{pool.boot_timeout_s}); a typical boot cannot take longer than the timeout")  # fmt: skip
+    if not re.fullmatch(NAME, pool.team):
+        out.append(f"{where}.team: bad team name (got {pool.team!r}); {NAME_RULE}")
+    out += _workload_problems(where, pool)
     seen: set[str] = set()
     type_rule = AWS_INSTANCE_TYPE if env.cloud == "aws" else GCP_MACHINE_TYPE
     for i, itype in enumerate(pool.instance_types):
@@ -230,7 +390,7 @@ def _pool_problems(env: Environment, name: str, pool: Pool) -> list[str]:
         if itype.type in seen:
             out.append(f"{at}.type: duplicate instance type (got {itype.type!r}); list each type once")
         seen.add(itype.type)
-        if not type_rule.match(itype.type):
+        if not re.fullmatch(type_rule, itype.type):
             out.append(f"{at}.type: not a {env.cloud} instance type (got {itype.type!r})")
             continue
         if pool.capacity_unit == "gpus" and itype.weight != itype.gpus:
@@ -245,15 +405,46 @@ def _pool_problems(env: Environment, name: str, pool: Pool) -> list[str]:
             out.append(f"{at}.accelerator: only for cloud 'gcp' (got {itype.accelerator!r})")
     if env.cloud == "gcp":
         out += _gcp_pool_problems(where, pool)
-    if env.cloud == "aws" and not AWS_IMAGE.match(pool.image):
+    if env.cloud == "aws" and not re.fullmatch(AWS_IMAGE, pool.image):
         out.append(f"{where}.image: not an AMI id or ssm:/ parameter (got {pool.image!r})")
     if pool.spot_max_price is not None and pool.spot_max_price < min(
         t.price(True) or float("inf") for t in pool.instance_types
     ):
         out.append(f"{where}.spot_max_price: below every type's spot price (got {pool.spot_max_price}); spot would never launch")
-    for key in pool.env:
-        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key) or key.startswith("TIDEFLEET_"):
+    return out
+
+
+def _workload_problems(where: str, pool: Pool) -> list[str]:
+    """What runs per item and at boot: the command, the container, init_script and env.
+    init_script and env land in the node's boot script, so nothing in them may break out of it."""
+    out = []
+    if (pool.container is None) == (pool.command is None):
+        out.append(f"{where}: set exactly one of 'command' or 'container' (got {'both' if pool.command else 'neither'})")
+    if pool.command is not None:
+        try:
+            words = shlex.split(pool.command)
+        except ValueError as err:
+            out.append(f"{where}.command: not shell words ({err}) (got {pool.command!r}); close the quote or escape it")
+        else:
+            if not words:
+                out.append(f"{where}.command: empty (got {pool.command!r}); give the program to run, e.g. 'python3 -m worker'")
+            elif "\0" in pool.command:
+                out.append(f"{where}.command: contains a NUL character (got {pool.command!r}); remove it")
+    if pool.container is not None and not (
+        len(pool.container.split("@")[0].rsplit(":", 1)[0]) <= IMAGE_NAME_MAX and re.fullmatch(IMAGE_REFERENCE, pool.container)
+    ):
+        out.append(f"{where}.container: not an image reference (got {pool.container!r}); "
+                   "use [registry/]repository[:tag][@sha256:digest] in lowercase, e.g. 'ghcr.io/acme/train:1.0'")  # fmt: skip
+    if INIT_SCRIPT_DELIMITER in pool.init_script or "\0" in pool.init_script:
+        bad = INIT_SCRIPT_DELIMITER if INIT_SCRIPT_DELIMITER in pool.init_script else "a NUL character"
+        out.append(f"{where}.init_script: may not contain {bad} (got {pool.init_script!r}); "
+                   "the boot script ends the init_script there")  # fmt: skip
+    for key, value in pool.env.items():
+        if not re.fullmatch(ENV_VAR, key) or key.startswith("TIDEFLEET_"):
             out.append(f"{where}.env.{key}: not a usable variable name (got {key!r}); TIDEFLEET_* is reserved")
+        elif any(c in value for c in "\n\r\0"):
+            out.append(f"{where}.env.{key}: a value must be one line without NUL (got {value!r}); "
+                       "put multi-line data in a file the init_script writes")  # fmt: skip
     return out
 
 
@@ -267,12 +458,15 @@ def _gcp_pool_problems(where: str, pool: Pool) -> list[str]:
     if pool.on_demand_percent:
         out.append(f"{where}.on_demand_percent: not supported on gcp (got {pool.on_demand_percent}); "
                    "use on_demand_base (the pool's on-demand group) instead")
-    if not GCP_IMAGE.match(pool.image):
+    if not re.fullmatch(GCP_IMAGE, pool.image):
         out.append(f"{where}.image: not a GCE image (got {pool.image!r}); "
                    "use projects/<project>/global/images/[family/]<name>")
     for i, itype in enumerate(pool.instance_types):
         if itype.accelerator and not itype.gpus:
             out.append(f"{where}.instance_types[{i}].gpus: must be > 0 with an accelerator (got 0); set the GPU count")
+        elif itype.accelerator and not re.fullmatch(GCP_ACCELERATOR, itype.accelerator):
+            out.append(f"{where}.instance_types[{i}].accelerator: not a GCP accelerator type (got {itype.accelerator!r}); "
+                       "use one like 'nvidia-l4'")  # fmt: skip
     return out
 
 
@@ -320,11 +514,19 @@ def known_environments(root: Path | None = None) -> list[str]:
 def load_environment(name: str, root: Path | None = None) -> Environment:
     """Load `environments/<name>.toml` (or a path to a .toml file)."""
     path = Path(name) if name.endswith(".toml") else (root or environments_dir()) / f"{name}.toml"
-    if not path.is_file():
-        known = ", ".join(known_environments(path.parent)) or "none"
-        raise ConfigError(str(path), [f"env: unknown environment (got {name!r}); known: {known}"])
     try:
-        data = tomllib.loads(path.read_text())
+        if path.is_dir():
+            raise ConfigError(str(path), [f"env: a directory, not an environment file (got {name!r}); give a .toml file"])
+        if not path.is_file():
+            known = ", ".join(known_environments(path.parent)) or "none"
+            raise ConfigError(str(path), [f"env: unknown environment (got {name!r}); known: {known}"])
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(str(path), [f"{path.name}: not UTF-8 text ({err}); save the file as UTF-8"]) from None
+    except (OSError, ValueError) as err:  # unreadable, or a name no file can have (a NUL in it)
+        raise ConfigError(str(path), [f"env: cannot read the environment file (got {name!r}: {err})"]) from None
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
         # Covers duplicate tables/keys too: TOML itself forbids defining a name twice.
         raise ConfigError(str(path), [f"{path.name}: not valid TOML ({err}); duplicate names are not allowed"]) from None

@@ -15,19 +15,18 @@ from pathlib import Path
 
 import jinja2
 
-from tidefleet.config import Environment
+from tidefleet.config import INIT_SCRIPT_DELIMITER, Environment, boot_script_problems
 
 TEMPLATE = Path(__file__).resolve().parents[1] / "templates" / "user-data.sh.j2"
 EC2_USER_DATA_LIMIT = 16 * 1024
-INIT_DELIMITER = "TIDEFLEET_INIT_SCRIPT"
 # In local mode, the interpreter that runs the agent (also exported, harmlessly).
 LOCAL_PYTHON = "TIDEFLEET_PYTHON"
 
 
 def _systemd_quote(assignment: str) -> str:
     """One systemd `Environment=` value: double-quoted, with \\, " and % escaped."""
-    if "\n" in assignment:
-        raise ValueError(f"pool env: a value may not contain a newline (got {assignment!r})")
+    if any(c in assignment for c in "\n\r\0"):
+        raise ValueError(f"pool env: a value may not contain a newline or NUL (got {assignment!r})")
     escaped = assignment.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
     return f'"{escaped}"'
 
@@ -45,9 +44,11 @@ def render_user_data(env: Environment, pool_name: str, *, artifacts_bucket: str,
     installing (AWS_ENDPOINT_URL, TIDEFLEET_NODE_ID, ...; TIDEFLEET_PYTHON = the interpreter)."""
     if pool_name not in env.pools:
         raise ValueError(f"pool: unknown pool (got {pool_name!r}); known pools: {', '.join(sorted(env.pools))}")
+    # Validation already refused these for a loaded file; an Environment built in code is checked here.
+    problems = boot_script_problems(env, pool_name)
+    if problems:
+        raise ValueError("; ".join(problems))
     pool = env.pools[pool_name]
-    if INIT_DELIMITER in pool.init_script:
-        raise ValueError(f"pools.{pool_name}.init_script: may not contain the line {INIT_DELIMITER!r}")
     script = _template().render(
         env=env,
         pool_name=pool_name,
@@ -55,7 +56,7 @@ def render_user_data(env: Environment, pool_name: str, *, artifacts_bucket: str,
         artifacts_bucket=artifacts_bucket,
         local=local,
         python=(local or {}).get(LOCAL_PYTHON, "python3"),
-        init_delimiter=INIT_DELIMITER,
+        init_delimiter=INIT_SCRIPT_DELIMITER,
     )
     if len(script.encode()) > EC2_USER_DATA_LIMIT:
         raise ValueError(

@@ -150,7 +150,7 @@ class ControlFunctions(Construct):
         self, env: Environment, ctx: AwsContext, role: str, archive_path: str, statements: list[Statement], key_arn: str
     ) -> LambdaFunction:
         name = naming.function(env.name, role)
-        logs = log_group(self, f"{role}-logs", name=f"/aws/lambda/{name}", key_arn=key_arn)
+        logs = log_group(self, f"{role}-logs", name=naming.function_log_group(env.name, role), key_arn=key_arn)
         execution = ServiceRole(
             self, f"{role}-role", name=name, service="lambda.amazonaws.com",
             statements=[*statements, Statement("OwnLogs", ["logs:CreateLogStream", "logs:PutLogEvents"],

@@ -93,7 +93,7 @@ class NodeNetwork(Construct):
             self.subnet_ids.append(subnet.id)
         self._route(self.subnet_ids, "private", vpc.id, {"nat_gateway_id": nat.id}, f"{name}-private")
 
-        flow_logs = log_group(self, "flow-logs", name=f"/{naming.PREFIX}/{env_name}/vpc-flow-logs", key_arn=key_arn)
+        flow_logs = log_group(self, "flow-logs", name=naming.flow_log_group(env_name), key_arn=key_arn)
         delivery = ServiceRole(
             self,
             "flow-log-delivery",

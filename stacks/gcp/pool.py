@@ -70,7 +70,7 @@ class NodePool(Construct):
             ("on-demand", False, naming.on_demand_group(env.name, pool_name), pool.on_demand_base),
         ):
             template = ComputeInstanceTemplate(
-                self, f"template-{kind}", name_prefix=f"{naming.launch_template(env.name, pool_name)}-{kind}-"[:37],
+                self, f"template-{kind}", name_prefix=naming.instance_template_prefix(env.name, pool_name, kind),
                 machine_type=first.type, labels={**pool_labels, "tidefleet-lifecycle": kind},
                 disk=[ComputeInstanceTemplateDisk(
                     boot=True, auto_delete=True, source_image=pool.image, disk_size_gb=pool.disk_gb,

