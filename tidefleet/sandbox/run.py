@@ -343,20 +343,19 @@ class Chaos:
     duplicated: list[str] = field(default_factory=list)  # items whose message was sent twice
     strikes: int = 0
 
-    def run(self, launcher: Launcher, env: Environment, latest: Callable[[], sdk.JobStatus],
-            done: threading.Event) -> None:  # fmt: skip
+    def run(self, launcher: Launcher, env: Environment, job_id: str, done: threading.Event) -> None:
         """Strike every `every_s` until `done`, on its own thread: the pace does not depend on
         how long the watcher takes to read the job."""
         while not done.wait(self.every_s):
             try:
-                self.strike(launcher, env, latest())
+                self.strike(launcher, env, job_id)
             except Exception as err:  # noqa: BLE001 - chaos must not end the demo; the summary counts what happened
                 logging.getLogger("tidefleet.sandbox").warning("chaos strike failed: %s", err)
 
-    def strike(self, launcher: Launcher, env: Environment, status: sdk.JobStatus) -> None:
+    def strike(self, launcher: Launcher, env: Environment, job_id: str) -> None:
         turn, self.strikes = self.strikes % 3, self.strikes + 1
         if turn == 2:
-            self.duplicate(env, status)
+            self.duplicate(env, job_id)
             return
         up = [n.instance_id for n in launcher.snapshot() if n.state == "up" and n.fate == ""]
         if not up:
@@ -369,14 +368,16 @@ class Chaos:
             self.noticed.add(victim)
             launcher.send_spot_notice(victim)
 
-    def duplicate(self, env: Environment, status: sdk.JobStatus, count: int = 5) -> None:
+    def duplicate(self, env: Environment, job_id: str, count: int = 5) -> None:
         """Copies of the messages some unfinished items have now (their counters and sequence numbers)."""
-        unfinished = [i for i in status.items if i.status in ("queued", "running")]
+        cloud = sdk.Cloud(env)
+        job = cloud.store.job(job_id)
+        unfinished = [i for i in cloud.store.items(job_id) if i.status in ("queued", "running")] if job else []
         chosen = self.rng.sample(unfinished, min(count, len(unfinished)))
         copies = [sdk.ItemMessage(i.job_id, i.item_id, i.args, failures=i.failures, interruptions=i.interruptions,
                                   lost=i.lost, seq=i.seq) for i in chosen]  # fmt: skip
         if copies:
-            sdk.Cloud(env).send(status.job.queue, copies)
+            cloud.send(job.queue, copies)
             self.duplicated += [i.item_id for i in chosen]
 
 
@@ -393,12 +394,12 @@ def run_demo(
     specs, doomed = make_inputs(sandbox.workdir, items, seed)
     queue = next(iter(sandbox.env.queues))
     submitted_at = time.time()
+    job_done = threading.Event()
+    if chaos is not None:  # from the start: a big job's nodes are busy long before its submit returns
+        threading.Thread(target=chaos.run, args=(sandbox.launcher, sandbox.env, sdk.job_id_for(DEMO_JOB), job_done),
+                         daemon=True).start()  # fmt: skip
     job = sdk.submit(sandbox.env, DEMO_JOB, queue, specs)
     status = sdk.status(sandbox.env, job.job_id)
-    job_done = threading.Event()
-    if chaos is not None:
-        threading.Thread(target=chaos.run, args=(sandbox.launcher, sandbox.env, lambda: status, job_done),
-                         daemon=True).start()  # fmt: skip
     done_at = zero_at = None
     stray_in_flight_s = 0.0  # messages in flight after every item finished: they hold a node up
     while time.time() < deadline:
