@@ -98,9 +98,8 @@ def _problems(spec: ItemSpec) -> list[str]:
     out = []
     if (why := id_problem(spec.item_id)) is not None:
         out.append(f"item id {spec.item_id[:80]!r} {why}; {ID_HELP}")
-    for n, arg in enumerate(spec.args):
-        if "\0" in arg:
-            out.append(f"args[{n}] contains a NUL byte; remove it (arguments are passed to a command line)")
+    out += [f"args[{n}] contains a NUL byte; remove it (arguments are passed to a command line)"
+            for n, arg in enumerate(spec.args) if "\0" in arg]  # fmt: skip
     return out
 
 
@@ -136,36 +135,44 @@ def _short(value) -> str:
 
 
 class _Reader:
-    """Collects items and every problem (with where it is) before anything is submitted."""
+    """Collects items and every problem, by where it is (`name:line` or `name[index]`), before
+    anything is submitted. Strings are only built for problems: 250,000 items stay cheap."""
 
-    def __init__(self):
+    def __init__(self, name: str, *, lines: bool):
+        self.name, self.lines = name, lines
         self.specs: list[ItemSpec] = []
         self.problems: list[str] = []
-        self.first_seen: dict[str, str] = {}
+        self.first_seen: dict[str, int] = {}
 
-    def add(self, value, where: str, *, line: bool) -> None:
-        spec = _spec(len(self.specs), value)
+    def where(self, at: int) -> str:
+        return f"{self.name}:{at}" if self.lines else f"{self.name}[{at}]"
+
+    def problem(self, at: int, text: str) -> None:
+        self.problems.append(f"{self.where(at)}: {text}")
+
+    def add(self, value, at: int) -> None:
+        spec = value if isinstance(value, ItemSpec) else _spec(len(self.specs), value)
         if isinstance(spec, str):
-            self.problems.append(f"{where}: {spec}")
+            self.problem(at, spec)
             return
-        self.problems += [f"{where}: {p}" for p in _problems(spec)]
-        if spec.item_id in self.first_seen:
-            at = self.first_seen[spec.item_id]
-            self.problems.append(f"{where}: item id {spec.item_id!r} already used {'on line ' if line else 'by '}{at}; "
-                                 "give each item its own id")
-        else:
-            self.first_seen[spec.item_id] = where.rsplit(":", 1)[-1] if line else where
+        fine = ID_RULE.fullmatch(spec.item_id) and ".." not in spec.item_id and not any("\0" in a for a in spec.args)
+        for text in () if fine else _problems(spec):
+            self.problem(at, text)
+        first = self.first_seen.setdefault(spec.item_id, at)
+        if first != at:
+            used = f"on line {first}" if self.lines else f"by {self.where(first)}"
+            self.problem(at, f"item id {spec.item_id!r} already used {used}; give each item its own id")
         self.specs.append(spec)
 
-    def result(self, name: str) -> list[ItemSpec]:
+    def result(self) -> list[ItemSpec]:
         if len(self.problems) == 1:
             raise JobError(f"{self.problems[0]}; nothing submitted")
         if self.problems:
             more = len(self.problems) - MAX_PROBLEMS
             shown = self.problems[:MAX_PROBLEMS] + ([f"... and {more} more problem(s)"] if more > 0 else [])
-            raise JobError(f"{name}: {len(self.problems)} problem(s), nothing submitted:\n" + "\n".join(shown))
+            raise JobError(f"{self.name}: {len(self.problems)} problem(s), nothing submitted:\n" + "\n".join(shown))
         if not self.specs:
-            raise JobError(f"{name}: no items given; a job needs at least one item")
+            raise JobError(f"{self.name}: no items given; a job needs at least one item")
         return self.specs
 
 
@@ -189,10 +196,10 @@ def read_items(source: Iterable | str | Path | io.IOBase) -> list[ItemSpec]:
             raise JobError(f"items: cannot read {str(path)!r} ({err.strerror}); check the file's permissions") from None
     if isinstance(source, io.IOBase) or hasattr(source, "readline"):
         return _lines(source, "stdin")
-    reader = _Reader()
+    reader = _Reader("items", lines=False)
     for i, value in enumerate(source):
-        reader.add(value, f"items[{i}]", line=False)
-    return reader.result("items")
+        reader.add(value, i)
+    return reader.result()
 
 
 def _raw_lines(stream, name: str) -> Iterator[tuple[int, bytes | None]]:
@@ -220,16 +227,15 @@ def _raw_lines(stream, name: str) -> Iterator[tuple[int, bytes | None]]:
 
 
 def _lines(stream, name: str) -> list[ItemSpec]:
-    reader = _Reader()
+    reader = _Reader(name, lines=True)
     for number, raw in _raw_lines(stream, name):
-        where = f"{name}:{number}"
         if raw is None:
-            reader.problems.append(f"{where}: line longer than {MAX_LINE_BYTES} bytes; pass large data by URI, not inline")
+            reader.problem(number, f"line longer than {MAX_LINE_BYTES} bytes; pass large data by URI, not inline")
             continue
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as err:
-            reader.problems.append(f"{where}: not UTF-8 (byte 0x{raw[err.start]:02x} at column {err.start + 1}); "
+            reader.problem(number, f"not UTF-8 (byte 0x{raw[err.start]:02x} at column {err.start + 1}); "
                                    "save the file as UTF-8")
             continue
         text = text.removeprefix("\ufeff").strip() if number == 1 else text.strip()  # a BOM is not part of the item
@@ -240,23 +246,23 @@ def _lines(stream, name: str) -> list[ItemSpec]:
             try:
                 value = json.loads(text)
             except json.JSONDecodeError as err:
-                reader.problems.append(f"{where}: not valid JSON ({err.msg} at column {err.colno}); "
+                reader.problem(number, f"not valid JSON ({err.msg} at column {err.colno}); "
                                        "fix the line or give a plain URI")
                 continue
-        reader.add(value, where, line=True)
-    return reader.result(name)
+        reader.add(value, number)
+    return reader.result()
 
 
 def check_items(items: list[ItemSpec]) -> None:
     """The rules `read_items` applies, for items built in code: raises JobError listing every problem."""
-    reader = _Reader()
+    reader = _Reader("items", lines=False)
     for i, spec in enumerate(items):
         if not isinstance(spec, ItemSpec) or not isinstance(spec.item_id, str) or not isinstance(spec.args, list) \
                 or not all(isinstance(a, str) for a in spec.args):
-            reader.problems.append(f"items[{i}]: not an ItemSpec(item_id: str, args: list[str]) (got {_short(spec)})")
+            reader.problem(i, f"not an ItemSpec(item_id: str, args: list[str]) (got {_short(spec)})")
             continue
-        reader.add({"id": spec.item_id, "args": spec.args}, f"items[{i}]", line=False)
-    reader.result("items")
+        reader.add(spec, i)
+    reader.result()
 
 
 def items_digest(items: list[ItemSpec]) -> str:
