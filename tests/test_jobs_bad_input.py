@@ -210,6 +210,7 @@ def test_items_redrive_moved_to_the_dead_letter_queue_are_failed_and_stay_there_
     store.put_item_if_new(Item(mine, "gave-up", ["d"], status="running"))
     cloud.send("work", [sdk.ItemMessage(mine, "gave-up", ["d"], failures=3)], dead_letter=True)
     cloud.queues.send("work", ["not an item message"], dead_letter=True)
+    cloud.send("work", [sdk.ItemMessage(mine, "never-recorded", ["e"])], dead_letter=True)
 
     status = sdk.status(h.env, mine)
     receives = h.env.queues["work"].max_receive_count
@@ -220,10 +221,11 @@ def test_items_redrive_moved_to_the_dead_letter_queue_are_failed_and_stay_there_
     (warning,) = status.warnings
     assert warning == "1 message(s) in the dead-letter queue of 'work' are not tidefleet items; skipped (remove them from the queue)"
     assert store.item(other, "000000").status == "queued", "only the job shown is reconciled"
-    assert h.queue_depth("work", dead_letter=True) == 5, "peeked, not deleted"
+    assert store.item(mine, "never-recorded") is None, "a dead letter never creates a record"
+    assert h.queue_depth("work", dead_letter=True) == 6, "peeked, not deleted"
 
     assert sdk.reconcile_dead_letters(h.env).failed == [(other, "000000")]  # every job
-    assert sdk.retry_failed(h.env, mine) == 3, "released at once: retry-failed finds them all"
+    assert sdk.retry_failed(h.env, mine) == 4, "released at once: retry-failed finds them all"
     assert store.item(mine, "000000").status == "queued"
 
 

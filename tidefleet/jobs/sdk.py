@@ -74,8 +74,9 @@ class ItemSpec:
 # -- reading items ------------------------------------------------------------------------
 # Ids name log streams (job/item/attempt), Firestore documents and checkpoint paths, so one
 # rule for item and job ids: no '/', ':', whitespace, control characters or '..'.
-ID_RULE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-ID_HELP = "use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit, without '..'"
+MAX_ID = 128
+ID_RULE = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_ID - 1}}}")
+ID_HELP = f"use 1-{MAX_ID} letters, digits, '.', '_' or '-', starting with a letter or digit, without '..'"
 MAX_LINE_BYTES = 1 << 20  # 1 MiB: an item is a few arguments, not its data
 MAX_PROBLEMS = 10  # problems listed before the rest are only counted
 
@@ -86,7 +87,7 @@ def id_problem(value: str) -> str | None:
         return None
     if not value:
         return "is empty"
-    if len(value) > 128:
+    if len(value) > MAX_ID:
         return f"is {len(value)} characters long"
     if ".." in value:
         return "contains '..'"
@@ -161,7 +162,7 @@ class _Reader:
         first = self.first_seen.setdefault(spec.item_id, at)
         if first != at:
             used = f"on line {first}" if self.lines else f"by {self.where(first)}"
-            self.problem(at, f"item id {spec.item_id!r} already used {used}; give each item its own id")
+            self.problem(at, f"item id {spec.item_id[:80]!r} already used {used}; give each item its own id")
         self.specs.append(spec)
 
     def result(self) -> list[ItemSpec]:
@@ -551,11 +552,11 @@ def retry_failed(env: Environment, job_id: str) -> int:
                     others.append(m.handle)
             if mine:
                 # Store first: an agent drops a message whose item is still final, so the item
-                # must be queued again before its message can be received.
+                # must be queued again before its message can be received. only_from: an item
+                # with no record gets none (an update would create a record without its keys).
                 for msg, _ in mine:
-                    cloud.store.update_item(
-                        job_id, msg.item, never_from=("succeeded", "cancelled"), status="queued", failures=0, reason=""
-                    )
+                    cloud.store.update_item(job_id, msg.item, only_from=("failed", *WAITING), never_from=(),
+                                            status="queued", failures=0, reason="")  # fmt: skip
                 cloud.send(job.queue, [replace(msg, failures=0) for msg, _ in mine])
                 cloud.queues.delete(job.queue, [r for _, r in mine], dead_letter=True)
                 moved += len(mine)
