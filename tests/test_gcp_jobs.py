@@ -271,3 +271,27 @@ def test_firestore_claims_run_an_item_once_and_fence_stale_writers(gcp, tmp_path
 
     job = sdk.submit(ENV, "holders", "default", sdk.read_items(["a"]), kick=False).job_id
     check_claims_and_fences(agent(tmp_path).store, job)
+
+
+# -- bad input and dead letters on GCP ----------------------------------------------------------
+def test_a_job_name_keeps_its_items_in_firestore_too(gcp):
+    first = sdk.submit(ENV, "kept", "default", sdk.read_items(["a", "b"]), kick=False)
+    assert Cloud(ENV).store.job(first.job_id).items_digest == sdk.items_digest(sdk.read_items(["a", "b"]))
+    with pytest.raises(sdk.JobError, match="already exists with different items"):
+        sdk.submit(ENV, "kept", "default", sdk.read_items(["a", "c"]), kick=False)
+    assert len(gcp.bodies(SUB)) == 2
+
+
+def test_an_item_pubsub_dead_lettered_after_its_delivery_attempts_is_failed_and_kept_for_retry(gcp):
+    job = sdk.submit(ENV, "nodes keep dying", "default", sdk.read_items(["a"]), kick=False).job_id
+    queues = Cloud(ENV).queues
+    for _ in range(5):  # five nodes take it and die; Pub/Sub then moves it to the dead-letter topic
+        queues.receive("default", 10, 0)
+        gcp.clock_offset += 601
+    assert queues.receive("default", 10, 0) == [] and len(gcp.bodies(DLQ)) == 1
+    (item,) = sdk.status(ENV, job).items
+    receives = sdk.redrive_receives(ENV, ENV.queues["default"])
+    assert (item.status, item.reason) == ("failed", f"moved to the dead-letter queue by the queue's redrive after {receives} receives")
+    hold, release = calls(gcp, "POST", f"/subscriptions/{DLQ}:modifyAckDeadline")
+    assert hold["body"]["ackDeadlineSeconds"] == sdk.REDRIVE_HOLD_S and "ackDeadlineSeconds" not in release["body"]
+    assert sdk.retry_failed(ENV, job) == 1 and Cloud(ENV).store.item(job, "000000").status == "queued"

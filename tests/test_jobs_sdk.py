@@ -29,6 +29,9 @@ from tidefleet.store import Heartbeat, Item, Store
         ([{"id": "run-7", "args": ["x"]}], [("run-7", ["x"])]),
         (io.StringIO('# comment\ns3://b/a\n\n{"id": "k", "args": "s3://b/b"}\n["a", "b"]\n'),
          [("000000", ["s3://b/a"]), ("k", ["s3://b/b"]), ("000002", ["a", "b"])]),
+        # Normalised: a byte-order mark, CRLF line ends, blank and whitespace-only lines, spaces around a URI.
+        (io.BytesIO(b'\xef\xbb\xbfs3://b/a\r\n   \r\n\t s3://b/b  \r\n{"id": 7, "args": []}'),
+         [("000000", ["s3://b/a"]), ("000001", ["s3://b/b"]), ("7", [])]),
     ],
 )
 def test_reads_items_from_lists_uris_and_json_lines(source, expected):
@@ -38,10 +41,10 @@ def test_reads_items_from_lists_uris_and_json_lines(source, expected):
 @pytest.mark.parametrize(
     "source, message",
     [
-        ([], "none given"),
-        ([{"id": "a", "args": []}, {"id": "a", "args": []}], "duplicate item id(s) a"),
-        ([{"id": "bad id!", "args": []}], "item id 'bad id!'"),
-        ([3], "not an item (got 3)"),
+        ([], "items: no items given"),
+        ([{"id": "a", "args": []}, {"id": "a", "args": []}], "items[1]: item id 'a' already used by items[0]"),
+        ([{"id": "bad id!", "args": []}], "items[0]: item id 'bad id!' contains ' '"),
+        ([3], "items[0]: not an item (got 3)"),
         (io.StringIO('{"id": \n'), "stdin:1: not valid JSON"),
         ("/no/such/file", "no such file '/no/such/file'"),
     ],

@@ -100,6 +100,7 @@ class Job:
     created_at: float
     total: int
     cancelled: bool = False
+    items_digest: str = ""  # of the submitted item list (jobs.sdk.items_digest); "" on older jobs
 
 
 @dataclass(frozen=True)

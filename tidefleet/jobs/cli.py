@@ -12,6 +12,7 @@ import time
 import click
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
 
@@ -69,26 +70,36 @@ def submit(env_name, name, queue, items_from, job_id) -> None:
     click.echo(f"job {result.job_id}: {result.total} item(s), {result.new_items} new, {result.sent} sent; {result.kick}")
 
 
+def _console(**kwargs) -> Console:
+    # User text (ids, reasons, output) goes through escape(); emoji codes like :x: stay as typed.
+    return Console(emoji=False, **kwargs)
+
+
 def _show(console: Console, status: sdk.JobStatus) -> None:
     c, total = status.counts, max(status.job.total, 1)
     finished = c["succeeded"] + c["failed"] + c["cancelled"]
-    progress = Progress(TextColumn(f"{status.job.job_id}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                         console=console)
-    progress.add_task("", total=total, completed=finished)
+    progress.add_task(escape(status.job.job_id), total=total, completed=finished)
     console.print(progress.get_renderable())
-    console.print("  ".join(f"{k} {v}" for k, v in c.items()) + ("  [cancelled job]" if status.job.cancelled else ""))
+    cancelled = escape("  [cancelled job]") if status.job.cancelled else ""
+    console.print("  ".join(f"{k} {v}" for k, v in c.items()) + cancelled, soft_wrap=True)
+    if status.unrecorded:
+        console.print(f"  {status.unrecorded} item(s) not recorded yet: run the same submit again", soft_wrap=True)
     for item in status.items:
-        if item.status == "failed":
-            console.print(f"  failed {item.item_id}: {item.reason}")
+        if item.status == "failed":  # one line each, however long: for grep
+            console.print(f"  failed {escape(item.item_id)}: {escape(item.reason)}", soft_wrap=True)
+    for warning in status.warnings:
+        click.echo(f"warning: {warning}", err=True)
 
 
 @click.command()
 @env_option
 @click.argument("job_id")
-@click.option("--watch", is_flag=True, help="refresh every 2 s until nothing is queued or running")
+@click.option("--watch", is_flag=True, help="refresh every 2 s until every item has a final status")
 def status(env_name, job_id, watch) -> None:
     """Counts of succeeded / running / queued / failed / cancelled items, with a progress bar."""
-    env, console = _load(env_name), Console()
+    env, console = _load(env_name), _console()
     with _explained(env):
         while True:
             current = sdk.status(env, job_id)
@@ -147,14 +158,14 @@ def nodes(env_name) -> None:
     env = _load(env_name)
     with _explained(env):
         pools = sdk.nodes(env)
-    console = Console()
+    console = _console()
     for pool in pools:
         group = "group not found" if pool.desired is None else f"desired {pool.desired}, {pool.instances} instance(s)"
-        table = Table(title=f"pool {pool.pool}: {group}", title_justify="left")
+        table = Table(title=f"pool {escape(pool.pool)}: {group}", title_justify="left")
         for column in ("node", "type", "lifecycle", "busy/slots", "state", "GPUs", "heartbeat"):
             table.add_column(column)
         for n in pool.nodes:
             state = "draining" if n.draining else ("busy" if n.busy_slots else "idle")
-            table.add_row(n.node_id, n.instance_type, "spot" if n.spot else "on-demand", f"{n.busy_slots}/{n.slots}",
+            table.add_row(escape(n.node_id), escape(n.instance_type), "spot" if n.spot else "on-demand", f"{n.busy_slots}/{n.slots}",
                           state, str(n.gpus), f"{n.heartbeat_age_s:.0f}s ago")
         console.print(table)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import os
 import re
 import sys
@@ -32,19 +33,16 @@ from pathlib import Path
 import boto3
 
 from tidefleet import naming
-from tidefleet.cloud.work import CloudWatchItemLogs, SqsWorkQueues
-from tidefleet.config import Environment
-from tidefleet.store import Item, Job, Store
+from tidefleet.cloud.work import CLOUD_ERRORS, CloudWatchItemLogs, SqsWorkQueues
+from tidefleet.config import NODE_LOSSES_TOLERATED, Environment, Queue
+from tidefleet.store import FINAL, Item, Job, Store
 
 SEND_BATCH = 10  # items sent between store updates (one SQS batch)
+log = logging.getLogger("tidefleet.jobs")
 
 
 class JobError(Exception):
     """A user mistake or a missing resource; the message says what to do."""
-
-
-# What a message may carry: ids become log stream names and paths on the node.
-MESSAGE_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,199}")
 
 
 @dataclass(frozen=True)
@@ -69,8 +67,8 @@ class ItemMessage:
             raise ValueError(f"not JSON: {body[:200]!r}") from None
         if not isinstance(data, dict) or not {"job", "item", "args"} <= data.keys():
             raise ValueError(f"not a tidefleet item message: {body[:200]!r}")
-        for key in ("job", "item"):
-            if not isinstance(data[key], str) or not MESSAGE_ID.fullmatch(data[key]) or ".." in data[key]:
+        for key in ("job", "item"):  # ids become log stream names and paths on the node
+            if not isinstance(data[key], str) or id_problem(data[key]):
                 raise ValueError(f"{key}: not a valid id ({data[key]!r})")
         args = data["args"]
         if not isinstance(args, list) or not all(isinstance(a, str) and "\0" not in a for a in args):
@@ -89,46 +87,174 @@ class ItemSpec:
 
 
 # -- reading items ------------------------------------------------------------------------
-def _spec(position: int, value, where: str) -> ItemSpec:
-    """One item from a URI string, a list of args, or {"id": ..., "args": [...] | "..."}."""
+# Ids name log streams (job/item/attempt), Firestore documents and checkpoint paths, so one
+# rule for item and job ids: no '/', ':', whitespace, control characters or '..'.
+MAX_ID = 128
+ID_RULE = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_ID - 1}}}")
+ID_HELP = f"use 1-{MAX_ID} letters, digits, '.', '_' or '-', starting with a letter or digit, without '..'"
+MAX_LINE_BYTES = 1 << 20  # 1 MiB: an item is a few arguments, not its data
+MAX_PROBLEMS = 10  # problems listed before the rest are only counted
+
+
+def id_problem(value: str) -> str | None:
+    """Why `value` is not a valid item or job id, or None if it is."""
+    if ID_RULE.fullmatch(value) and ".." not in value:
+        return None
+    if not value:
+        return "is empty"
+    if len(value) > MAX_ID:
+        return f"is {len(value)} characters long"
+    if ".." in value:
+        return "contains '..'"
+    bad = next((c for c in value if not re.fullmatch(r"[A-Za-z0-9._-]", c)), None)
+    return f"contains {bad!r}" if bad else f"starts with {value[0]!r}"
+
+
+def _problems(spec: ItemSpec) -> list[str]:
+    out = []
+    if (why := id_problem(spec.item_id)) is not None:
+        out.append(f"item id {spec.item_id[:80]!r} {why}; {ID_HELP}")
+    out += [f"args[{n}] contains a NUL byte; remove it (arguments are passed to a command line)"
+            for n, arg in enumerate(spec.args) if "\0" in arg]  # fmt: skip
+    return out
+
+
+def _spec(position: int, value) -> ItemSpec | str:
+    """One item from a URI string, a list of args, or {"id": ..., "args": [...] | "..."};
+    or what is wrong with the value."""
     default_id = f"{position:06d}"
+    if isinstance(value, dict):
+        if "args" not in value or not set(value) <= {"id", "args"}:
+            keys = ", ".join(map(repr, sorted(value)))
+            return f'an item object has the keys "id" (optional) and "args" (got {keys or "none"})'
+        item_id = value.get("id", default_id)
+        if isinstance(item_id, int) and not isinstance(item_id, bool):
+            item_id = str(item_id)
+        if not isinstance(item_id, str):
+            return f"item id must be a string (got {item_id!r})"
+        args = value["args"]
+        if isinstance(args, str):
+            args = [args]
+        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+            return f'"args" must be a string or a list of strings (got {_short(args)})'
+        return ItemSpec(item_id, list(args))
     if isinstance(value, str):
         return ItemSpec(default_id, [value])
     if isinstance(value, list) and all(isinstance(a, str) for a in value):
         return ItemSpec(default_id, list(value))
-    if isinstance(value, dict) and set(value) <= {"id", "args"} and "args" in value:
-        item_id = str(value.get("id", default_id))
-        if not re.fullmatch(r"[A-Za-z0-9_.:-]{1,200}", item_id):
-            raise JobError(f"{where}: item id {item_id!r} may use only letters, digits and _ . : - (1-200 chars)")
-        return replace(_spec(position, value["args"], where), item_id=item_id)
-    raise JobError(
-        f"{where}: not an item (got {value!r}); use a URI string, a list of string args, "
-        'or {"id": "...", "args": [...]}'
-    )
+    return f'not an item (got {_short(value)}); use a URI string, a list of string args, or {{"id": "...", "args": [...]}}'
 
 
-def read_items(source: Iterable | str | Path | io.TextIOBase) -> list[ItemSpec]:
-    """Items from a Python list, a file path ('-' = stdin) or an open text stream.
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
-    Files: one item per line; a line starting with '{', '[' or '"' is JSON, any other line
-    is a URI (one argument). Blank lines and lines starting with '#' are skipped."""
+
+class _Reader:
+    """Collects items and every problem, by where it is (`name:line` or `name[index]`), before
+    anything is submitted. Strings are only built for problems: 250,000 items stay cheap."""
+
+    def __init__(self, name: str, *, lines: bool):
+        self.name, self.lines = name, lines
+        self.specs: list[ItemSpec] = []
+        self.problems: list[str] = []
+        self.first_seen: dict[str, int] = {}
+
+    def where(self, at: int) -> str:
+        return f"{self.name}:{at}" if self.lines else f"{self.name}[{at}]"
+
+    def problem(self, at: int, text: str) -> None:
+        self.problems.append(f"{self.where(at)}: {text}")
+
+    def add(self, value, at: int) -> None:
+        spec = value if isinstance(value, ItemSpec) else _spec(len(self.specs), value)
+        if isinstance(spec, str):
+            self.problem(at, spec)
+            return
+        fine = ID_RULE.fullmatch(spec.item_id) and ".." not in spec.item_id and not any("\0" in a for a in spec.args)
+        for text in () if fine else _problems(spec):
+            self.problem(at, text)
+        first = self.first_seen.setdefault(spec.item_id, at)
+        if first != at:
+            used = f"on line {first}" if self.lines else f"by {self.where(first)}"
+            self.problem(at, f"item id {spec.item_id[:80]!r} already used {used}; give each item its own id")
+        self.specs.append(spec)
+
+    def result(self) -> list[ItemSpec]:
+        if len(self.problems) == 1:
+            raise JobError(f"{self.problems[0]}; nothing submitted")
+        if self.problems:
+            more = len(self.problems) - MAX_PROBLEMS
+            shown = self.problems[:MAX_PROBLEMS] + ([f"... and {more} more problem(s)"] if more > 0 else [])
+            raise JobError(f"{self.name}: {len(self.problems)} problem(s), nothing submitted:\n" + "\n".join(shown))
+        if not self.specs:
+            raise JobError(f"{self.name}: no items given; a job needs at least one item")
+        return self.specs
+
+
+def read_items(source: Iterable | str | Path | io.IOBase) -> list[ItemSpec]:
+    """Items from a Python list, a file path ('-' = stdin) or an open stream (text or bytes).
+
+    Files: one item per line, UTF-8; a line starting with '{', '[' or '"' is JSON, any other
+    line is a URI (one argument, surrounding whitespace removed). Blank lines and lines starting
+    with '#' are skipped. The whole input is checked first: any problem (each listed with its
+    line) refuses it all, so a bad line never leaves half a job behind."""
     if isinstance(source, (str, Path)):
-        if str(source) == "-":
-            return read_items(sys.stdin)
+        if str(source) == "-":  # bytes, so a line that is not UTF-8 is reported, not a crash
+            return _lines(getattr(sys.stdin, "buffer", sys.stdin), "stdin")
         path = Path(source)
         if not path.is_file():
             raise JobError(f"items: no such file {str(path)!r}; give a file of URIs or JSON lines, or '-' for stdin")
-        with path.open() as stream:
-            return _unique(_lines(stream, str(path)))
-    if isinstance(source, io.TextIOBase) or hasattr(source, "readline"):
-        return _unique(_lines(source, "stdin"))
-    return _unique([_spec(i, v, f"items[{i}]") for i, v in enumerate(source)])
+        try:
+            with path.open("rb") as stream:
+                return _lines(stream, str(path))
+        except OSError as err:
+            raise JobError(f"items: cannot read {str(path)!r} ({err.strerror}); check the file's permissions") from None
+    if isinstance(source, io.IOBase) or hasattr(source, "readline"):
+        return _lines(source, "stdin")
+    reader = _Reader("items", lines=False)
+    for i, value in enumerate(source):
+        reader.add(value, i)
+    return reader.result()
+
+
+def _raw_lines(stream, name: str) -> Iterator[tuple[int, bytes | None]]:
+    """(line number, bytes without the line end), or None for a line over MAX_LINE_BYTES,
+    which is skipped without being held in memory. Text streams are turned back into bytes
+    (surrogateescape keeps undecodable input undecodable)."""
+    number = 0
+
+    def read() -> bytes:
+        try:
+            chunk = stream.readline(MAX_LINE_BYTES + 2)
+        except UnicodeDecodeError as err:  # a text stream that decodes strictly
+            raise JobError(f"{name}:{number + 1}: not UTF-8 ({err.reason}); save the input as UTF-8") from None
+        return chunk.encode("utf-8", "surrogateescape") if isinstance(chunk, str) else chunk
+
+    while chunk := read():
+        number += 1
+        line = chunk.rstrip(b"\r\n")
+        if len(line) <= MAX_LINE_BYTES and (chunk.endswith(b"\n") or len(chunk) <= MAX_LINE_BYTES):
+            yield number, line
+            continue
+        while chunk and not chunk.endswith(b"\n"):
+            chunk = read()
+        yield number, None
 
 
 def _lines(stream, name: str) -> list[ItemSpec]:
-    out: list[ItemSpec] = []
-    for number, line in enumerate(stream, start=1):
-        text = line.strip()
+    reader = _Reader(name, lines=True)
+    for number, raw in _raw_lines(stream, name):
+        if raw is None:
+            reader.problem(number, f"line longer than {MAX_LINE_BYTES} bytes; pass large data by URI, not inline")
+            continue
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            reader.problem(number, f"not UTF-8 (byte 0x{raw[err.start]:02x} at column {err.start + 1}); "
+                                   "save the file as UTF-8")
+            continue
+        text = text.removeprefix("\ufeff").strip() if number == 1 else text.strip()  # a BOM is not part of the item
         if not text or text.startswith("#"):
             continue
         value = text
@@ -136,19 +262,29 @@ def _lines(stream, name: str) -> list[ItemSpec]:
             try:
                 value = json.loads(text)
             except json.JSONDecodeError as err:
-                raise JobError(f"{name}:{number}: not valid JSON ({err.msg}); fix the line or give a plain URI") from None
-        out.append(_spec(len(out), value, f"{name}:{number}"))
-    return out
+                reader.problem(number, f"not valid JSON ({err.msg} at column {err.colno}); "
+                                       "fix the line or give a plain URI")
+                continue
+        reader.add(value, number)
+    return reader.result()
 
 
-def _unique(specs: list[ItemSpec]) -> list[ItemSpec]:
-    seen = Counter(s.item_id for s in specs)
-    dup = [i for i, n in seen.items() if n > 1]
-    if dup:
-        raise JobError(f"items: duplicate item id(s) {', '.join(sorted(dup)[:5])}; give each item its own id")
-    if not specs:
-        raise JobError("items: none given; a job needs at least one item")
-    return specs
+def check_items(items: list[ItemSpec]) -> None:
+    """The rules `read_items` applies, for items built in code: raises JobError listing every problem."""
+    reader = _Reader("items", lines=False)
+    for i, spec in enumerate(items):
+        if not isinstance(spec, ItemSpec) or not isinstance(spec.item_id, str) or not isinstance(spec.args, list) \
+                or not all(isinstance(a, str) for a in spec.args):
+            reader.problem(i, f"not an ItemSpec(item_id: str, args: list[str]) (got {_short(spec)})")
+            continue
+        reader.add(spec, i)
+    reader.result()
+
+
+def items_digest(items: list[ItemSpec]) -> str:
+    """The item list's identity, stored on the job: a re-submit with other items is refused."""
+    canonical = json.dumps(sorted([s.item_id, s.args] for s in items), separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def job_id_for(name: str) -> str:
@@ -197,15 +333,22 @@ def submit(
         known = ", ".join(sorted(env.queues))
         raise JobError(f"queue: unknown queue {queue!r} in environment {env.name!r}; known queues: {known}")
     job_id = job_id or job_id_for(name)
-    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,100}", job_id):
-        raise JobError(f"job id: {job_id!r} may use only letters, digits and _ . - (1-100 chars)")
+    if (why := id_problem(job_id)) is not None:
+        raise JobError(f"job id: {job_id[:80]!r} {why}; {ID_HELP}")
+    check_items(items)  # everything is checked before the first write
+    digest = items_digest(items)
     cloud = Cloud(env)
-    stored = cloud.store.put_job(Job(job_id, name, queue, time.time(), len(items)))
+    stored = cloud.store.put_job(Job(job_id, name, queue, time.time(), len(items), items_digest=digest))
     if stored.queue != queue:
         raise JobError(f"job {job_id!r} already exists on queue {stored.queue!r}; use another name or --job-id")
     if stored.cancelled:
         raise JobError(f"job {job_id!r} was cancelled; submit under another name or --job-id")
     existing = {i.item_id: i for i in cloud.store.items(job_id)}
+    if not _same_items(stored, digest, items, existing):
+        raise JobError(
+            f"job {job_id!r} already exists with different items ({stored.total} item(s) recorded, "
+            f"{len(items)} given); re-submit the same items, or use another --name or --job-id"
+        )
     new_ids = {s.item_id for s in items if s.item_id not in existing}
     # "pending" = recorded but maybe not sent: a submit that crashed between the two is
     # completed by the next one, so no item is ever recorded and never queued.
@@ -229,6 +372,15 @@ def submit(
     if total != stored.total:
         cloud.store.set_job_total(job_id, total)
     return Submitted(job_id, recorded, len(unsent), total, how)
+
+
+def _same_items(stored: Job, digest: str, items: list[ItemSpec], existing: dict[str, Item]) -> bool:
+    if stored.items_digest:
+        return stored.items_digest == digest
+    # A job recorded before digests: its total and every item recorded so far (a crashed
+    # submit may have recorded only some) must match.
+    given = {s.item_id: s.args for s in items}
+    return stored.total == len(items) and all(given.get(i) == item.args for i, item in existing.items())
 
 
 def kick_scaler(env: Environment, reason: str) -> str:
@@ -255,6 +407,7 @@ def kick_scaler(env: Environment, reason: str) -> str:
 
 # -- progress -----------------------------------------------------------------------------
 STATES = ("succeeded", "running", "queued", "failed", "cancelled")
+WAITING = ("pending", "queued", "running")  # every status that is not final (store.FINAL)
 
 
 @dataclass(frozen=True)
@@ -262,20 +415,116 @@ class JobStatus:
     job: Job
     counts: dict[str, int]  # every state in STATES, pending counted as queued
     items: list[Item]
+    warnings: tuple[str, ...] = ()  # what could not be checked (the dead-letter queue), to print
+
+    @property
+    def unrecorded(self) -> int:
+        """Items the job was submitted with that have no record: a submit stopped midway."""
+        return max(self.job.total - len(self.items), 0)
 
     @property
     def done(self) -> bool:
-        return self.counts["running"] == 0 and self.counts["queued"] == 0
+        """Every item has a final status (an unrecorded item is not final either)."""
+        return self.unrecorded == 0 and all(i.status in FINAL for i in self.items)
 
 
-def status(env: Environment, job_id: str) -> JobStatus:
-    store = Cloud(env).store
-    job = store.job(job_id)
+def status(env: Environment, job_id: str, *, reconcile: bool = True) -> JobStatus:
+    """The job's counts and items; first marks failed what redrive moved to its dead-letter
+    queue (`reconcile_dead_letters`), which costs one empty receive when there is none."""
+    cloud = Cloud(env)
+    job = cloud.store.job(job_id)
     if job is None:
         raise JobError(f"job {job_id!r} not found in environment {env.name!r}; check the id printed by submit")
-    items = store.items(job_id)
+    warnings: list[str] = []
+    if reconcile:
+        try:
+            warnings += reconcile_dead_letters(env, job_id, cloud=cloud).warnings
+        except CLOUD_ERRORS as err:
+            warnings.append(f"could not read the dead-letter queue of {job.queue!r} ({err}); "
+                            "items redrive moved there are not counted as failed yet")
+    items = cloud.store.items(job_id)
     counts = Counter("queued" if i.status == "pending" else i.status for i in items)
-    return JobStatus(job, {s: counts.get(s, 0) for s in STATES}, items)
+    return JobStatus(job, {s: counts.get(s, 0) for s in STATES}, items, tuple(warnings))
+
+
+# -- dead letters -------------------------------------------------------------------------
+REDRIVE_SCAN_MAX = 1000  # dead-letter messages looked at per queue and call: normally there are none
+REDRIVE_HOLD_S = 30  # hidden from others while one call looks; released at its end
+
+
+@dataclass(frozen=True)
+class Reconciled:
+    failed: list[tuple[str, str]]  # (job, item) marked failed by this call
+    warnings: list[str]
+
+
+def redrive_receives(env: Environment, queue: Queue) -> int:
+    """Receives after which the queue's own policy dead-letters a message: SQS maxReceiveCount,
+    or Pub/Sub max_delivery_attempts, which only takes 5..100 (stacks/gcp/messaging.py)."""
+    count = queue.max_receive_count
+    return min(max(count, 5), 100) if env.cloud == "gcp" else count
+
+
+def reconcile_dead_letters(env: Environment, job_id: str | None = None, *, cloud: Cloud | None = None) -> Reconciled:
+    """Mark failed every item (of one job, or all) that the queue's redrive moved to its
+    dead-letter queue: the backstop when agents keep dying while holding its message, so no
+    agent recorded an outcome. Messages the agent dead-lettered itself (their failures or node
+    losses over budget) are left to the agent's own record. Only peeks: messages are held a
+    moment and released, never deleted, so `retry_failed` still finds them."""
+    cloud = cloud or Cloud(env)
+    if job_id is None:
+        queues = list(env.queues)
+    else:
+        job = cloud.store.job(job_id)
+        if job is None:
+            raise JobError(f"job {job_id!r} not found in environment {env.name!r}")
+        queues = [job.queue] if job.queue in env.queues else []
+    failed: list[tuple[str, str]] = []
+    warnings: list[str] = []
+    for name in queues:
+        queue = env.queues[name]
+        reason = f"moved to the dead-letter queue by the queue's redrive after {redrive_receives(env, queue)} receives"
+        held: list[str] = []
+        unreadable = 0
+        try:
+            while len(held) < REDRIVE_SCAN_MAX:
+                got = cloud.queues.receive(name, SEND_BATCH, 0, dead_letter=True, hold_s=REDRIVE_HOLD_S)
+                if not got:
+                    break
+                held += [d.handle for d in got]
+                messages = [_dead_letter(d.body) for d in got]
+                unreadable += messages.count(None)
+                for msg in messages:
+                    if msg is None or (job_id is not None and msg.job != job_id) or _agent_gave_up(msg, queue):
+                        continue
+                    # Only a waiting record changes: a missing item is never created, a final one stays.
+                    if cloud.store.update_item(msg.job, msg.item, only_from=WAITING, status="failed", reason=reason):
+                        failed.append((msg.job, msg.item))
+        finally:
+            if held:
+                cloud.queues.release(name, held, dead_letter=True)
+        if unreadable:
+            warnings.append(f"{unreadable} message(s) in the dead-letter queue of {name!r} are not tidefleet items; "
+                            "skipped (remove them from the queue)")
+    for warning in warnings:
+        log.warning("%s", warning)
+    return Reconciled(failed, warnings)
+
+
+def _dead_letter(body: str) -> ItemMessage | None:
+    try:
+        msg = ItemMessage.parse(body)
+    except (ValueError, TypeError):
+        return None
+    names = (msg.job, msg.item)
+    ok = all(isinstance(n, str) and n and "/" not in n for n in names)
+    return msg if ok and isinstance(msg.failures, int) and isinstance(msg.lost, int) else None
+
+
+def _agent_gave_up(msg: ItemMessage, queue: Queue) -> bool:
+    """The agent sends an item's last message to the dead-letter queue itself, with the counts
+    that exhausted its budget (agent.worker `_failed`), and records the failure with its reason."""
+    return msg.failures > queue.max_retries or msg.lost > NODE_LOSSES_TOLERATED
 
 
 def cancel(env: Environment, job_id: str) -> int:
@@ -318,11 +567,11 @@ def retry_failed(env: Environment, job_id: str) -> int:
                     others.append(m.handle)
             if mine:
                 # Store first: an agent drops a message whose item is still final, so the item
-                # must be queued again before its message can be received.
+                # must be queued again before its message can be received. only_from: an item
+                # with no record gets none (an update would create a record without its keys).
                 for msg, _ in mine:
-                    cloud.store.update_item(
-                        job_id, msg.item, never_from=("succeeded", "cancelled"), status="queued", failures=0, reason=""
-                    )
+                    cloud.store.update_item(job_id, msg.item, only_from=("failed", *WAITING), never_from=(),
+                                            status="queued", failures=0, reason="")  # fmt: skip
                 cloud.send(job.queue, [replace(msg, failures=0) for msg, _ in mine])
                 cloud.queues.delete(job.queue, [r for _, r in mine], dead_letter=True)
                 moved += len(mine)

@@ -1,0 +1,241 @@
+"""Bad input to the job CLI and SDK, against the moto server: every bad items file is refused
+with its line number and leaves nothing behind; a job name keeps its items; status survives
+markup in reasons, is done only when every item is final, and counts the items the queue's
+redrive moved to the dead-letter queue as failed."""
+
+from __future__ import annotations
+
+import io
+
+import boto3
+import pytest
+from agent_harness import Harness
+from click.testing import CliRunner
+
+from tidefleet import naming
+from tidefleet.cli import main
+from tidefleet.jobs import sdk
+from tidefleet.store import Item, Job, Store
+
+MB = sdk.MAX_LINE_BYTES
+GOOD_25 = b"".join(f"s3://b/{i}\n".encode() for i in range(25))  # three SQS batches
+
+
+@pytest.fixture
+def h(tmp_path, aws):
+    return Harness(tmp_path, aws)
+
+
+def run(h: Harness, *args: str, stdin: bytes | None = None):
+    env = {"TIDEFLEET_ENV": str(h.env_path), "TIDEFLEET_KICK_URL": "http://127.0.0.1:9/"}
+    return CliRunner().invoke(main, list(args), env=env, input=stdin)
+
+
+def refused_cleanly(out) -> None:
+    assert out.exit_code == 1, out.output
+    assert isinstance(out.exception, SystemExit) and "Traceback" not in out.output
+
+
+def queued(h: Harness) -> int:
+    return h.queue_depth("work")
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"s3://a\n\xff\xfe bad\n", "items.txt:2: not UTF-8 (byte 0xff at column 1); save the file as UTF-8"),
+        (b'{"id": "a", "args": []}\n\n{"id": "a", "args": []}\n',
+         "items.txt:3: item id 'a' already used on line 1; give each item its own id"),
+        (b's3://x\n{"id": "000000", "args": ["y"]}\n', "items.txt:2: item id '000000' already used on line 1"),
+        (b'{"id": "a..b", "args": []}\n', "items.txt:1: item id 'a..b' contains '..'; use 1-128 letters"),
+        (b'{"id": "a/b", "args": []}\n', "items.txt:1: item id 'a/b' contains '/'"),
+        (b'{"id": "a:b", "args": []}\n', "items.txt:1: item id 'a:b' contains ':'"),
+        (b'{"id": "a b", "args": []}\n', "items.txt:1: item id 'a b' contains ' '"),
+        (b'{"id": "a\\tb", "args": []}\n', "items.txt:1: item id 'a\\tb' contains '\\t'"),
+        (b'{"id": "a\\u0007", "args": []}\n', "items.txt:1: item id 'a\\x07' contains '\\x07'"),
+        (b'{"id": ".hidden", "args": []}\n', "items.txt:1: item id '.hidden' starts with '.'"),
+        (b'{"id": "", "args": []}\n', "items.txt:1: item id '' is empty"),
+        (b'{"id": "' + b"x" * 129 + b'", "args": []}\n', "items.txt:1: item id 'xxx"),
+        (b'{"id": ["x"], "args": []}\n', "items.txt:1: item id must be a string (got ['x'])"),
+        (b'{"id": "a", "args": [1, "b"]}\n', 'items.txt:1: "args" must be a string or a list of strings (got [1, \'b\'])'),
+        (b'{"id": "a", "arg": []}\n', "items.txt:1: an item object has the keys \"id\" (optional) and \"args\" (got 'arg', 'id')"),
+        (b'["a", 2]\n', "items.txt:1: not an item (got ['a', 2])"),
+        (b'["a\\u0000b"]\n', "items.txt:1: args[0] contains a NUL byte"),
+        (b"s3://a\x00b\n", "items.txt:1: args[0] contains a NUL byte"),
+        (b'{"id": "a", "args": "x\\u0000"}\n', "items.txt:1: args[0] contains a NUL byte"),
+        (b"s3://ok\n" + b"x" * (MB + 1) + b"\ns3://after\n", f"items.txt:2: line longer than {MB} bytes"),
+        (b'{"id": \n', "items.txt:1: not valid JSON (Expecting value at column 7)"),
+        (b"# only a comment\n\n", "items.txt: no items given; a job needs at least one item"),
+        (GOOD_25 + b'{"id": "x/y", "args": []}\n', "items.txt:26: item id 'x/y' contains '/'"),  # after 3 batches
+    ],
+)  # fmt: skip
+def test_a_bad_items_file_is_refused_with_its_line_and_leaves_no_job(h, tmp_path, content, message):
+    items = tmp_path / "items.txt"
+    items.write_bytes(content)
+    out = run(h, "submit", "--name", "bad", "--queue", "work", "--items", str(items))
+    refused_cleanly(out)
+    assert message in out.output.replace(str(tmp_path) + "/", "")
+    assert Store(h.env.name, h.env.region).job(sdk.job_id_for("bad")) is None
+    assert queued(h) == 0
+
+
+def test_stdin_that_is_not_utf8_is_refused_with_its_line(h):
+    out = run(h, "submit", "--name", "bad", "--queue", "work", "--items", "-", stdin=b"s3://a\ns3://\xe9t\xe9\n")
+    refused_cleanly(out)
+    assert "stdin:2: not UTF-8 (byte 0xe9 at column 6)" in out.output
+
+
+def test_a_line_of_exactly_one_mebibyte_is_accepted():
+    (spec,) = sdk.read_items(io.BytesIO(b"x" * MB + b"\n"))
+    assert len(spec.args[0]) == MB
+
+
+def test_every_problem_is_listed_up_to_ten_then_counted(tmp_path):
+    items = tmp_path / "items.txt"
+    items.write_text("".join(f'{{"id": "bad/{i}", "args": []}}\n' for i in range(13)))
+    with pytest.raises(sdk.JobError) as err:
+        sdk.read_items(items)
+    lines = str(err.value).splitlines()
+    assert lines[0] == f"{items}: 13 problem(s), nothing submitted:"
+    assert [line.split(": ", 1)[0] for line in lines[1:11]] == [f"{items}:{n}" for n in range(1, 11)]
+    assert lines[11:] == ["... and 3 more problem(s)"]
+
+
+@pytest.mark.parametrize(
+    "items, job_id, message",
+    [
+        ([sdk.ItemSpec("a/../b", ["x"])], None, "items[0]: item id 'a/../b' contains '..'"),
+        ([sdk.ItemSpec("a", ["x"]), sdk.ItemSpec("a", ["y"])], None, "items[1]: item id 'a' already used by items[0]"),
+        ([sdk.ItemSpec("a", [3])], None, "items[0]: not an ItemSpec(item_id: str, args: list[str])"),
+        ([sdk.ItemSpec("a", ["x\0"])], None, "items[0]: args[0] contains a NUL byte"),
+        ([sdk.ItemSpec("a", ["x"])], "../etc", "job id: '../etc' contains '..'"),
+        ([sdk.ItemSpec("a", ["x"])], "a:b", "job id: 'a:b' contains ':'"),
+    ],
+)
+def test_items_built_in_code_get_the_same_rules_before_anything_is_written(h, items, job_id, message):
+    with pytest.raises(sdk.JobError) as err:
+        sdk.submit(h.env, "code", "work", items, job_id=job_id, kick=False)
+    assert message in str(err.value)
+    assert Store(h.env.name, h.env.region).job(job_id or sdk.job_id_for("code")) is None and queued(h) == 0
+
+
+# -- a job name keeps its items ------------------------------------------------------------------
+def test_resubmitting_a_job_name_with_other_items_is_refused_and_changes_nothing(h, tmp_path):
+    first = sdk.submit(h.env, "keep", "work", sdk.read_items(["a", "b"]), kick=False)
+    assert Store(h.env.name, h.env.region).job(first.job_id).items_digest.startswith("sha256:")
+    for other in (["a", "c"], ["a", "b", "c"], ["b", "a"]):  # another arg, one more, a different order
+        with pytest.raises(sdk.JobError, match="already exists with different items .2 item.s. recorded"):
+            sdk.submit(h.env, "keep", "work", sdk.read_items(other), kick=False)
+    assert queued(h) == 2 and sdk.status(h.env, first.job_id).job.total == 2
+    items = tmp_path / "items.txt"
+    items.write_text("a\nz\n")
+    out = run(h, "submit", "--name", "keep", "--queue", "work", "--items", str(items))
+    refused_cleanly(out)
+    assert "re-submit the same items, or use another --name or --job-id" in out.output
+
+
+def test_a_job_recorded_before_digests_is_compared_by_its_recorded_items(h):
+    store = Store(h.env.name, h.env.region)
+    job_id = sdk.job_id_for("old")
+    store.put_job(Job(job_id, "old", "work", 0.0, total=2))  # no digest; its submit stopped after one item
+    store.put_item_if_new(Item(job_id, "000000", ["a"]))
+    with pytest.raises(sdk.JobError, match="different items"):
+        sdk.submit(h.env, "old", "work", sdk.read_items(["x", "b"]), kick=False)
+    with pytest.raises(sdk.JobError, match="different items"):
+        sdk.submit(h.env, "old", "work", sdk.read_items(["a", "b", "c"]), kick=False)
+    done = sdk.submit(h.env, "old", "work", sdk.read_items(["a", "b"]), kick=False)
+    assert (done.new_items, done.sent, done.total) == (1, 2, 2)
+
+
+# -- status --------------------------------------------------------------------------------------
+def job_status(total: int, *statuses: str) -> sdk.JobStatus:
+    items = [Item("j", f"{n:06d}", status=s) for n, s in enumerate(statuses)]
+    return sdk.JobStatus(Job("j", "j", "work", 0.0, total), {}, items)
+
+
+@pytest.mark.parametrize(
+    "status, done",
+    [
+        (job_status(2, "succeeded", "failed"), True),
+        (job_status(3, "succeeded", "cancelled", "failed"), True),
+        (job_status(2, "succeeded", "running"), False),
+        (job_status(2, "succeeded", "pending"), False),
+        (job_status(3, "succeeded", "failed"), False),  # one item not recorded yet: its submit stopped midway
+        (job_status(2, "succeeded", "interrupted"), False),  # a status this version does not know is not final
+        (job_status(1), False),
+    ],
+)
+def test_a_job_is_done_only_when_every_item_has_a_final_status(status, done):
+    assert status.done is done
+
+
+def test_status_prints_reasons_with_markup_as_written(h):
+    job_id = sdk.submit(h.env, "markup", "work", sdk.read_items(["a", "b"]), kick=False).job_id
+    reason = "exit code 1: [/x] closing [bold unclosed :x: [red]not red[/red] " + "and a long tail " * 10
+    Store(h.env.name, h.env.region).update_item(job_id, "000000", status="failed", reason=reason)
+    sdk.cancel(h.env, job_id)
+    out = run(h, "status", job_id)
+    assert out.exit_code == 0, out.output
+    assert f"failed 000000: {reason}" in out.output and "[cancelled job]" in out.output
+
+
+def test_status_of_a_job_whose_submit_stopped_midway_says_to_run_it_again(h):
+    store = Store(h.env.name, h.env.region)
+    store.put_job(Job("half", "half", "work", 0.0, total=3))
+    store.put_item_if_new(Item("half", "000000", ["a"], status="succeeded"))
+    out = run(h, "status", "half")
+    assert "2 item(s) not recorded yet: run the same submit again" in out.output
+
+
+# -- dead letters --------------------------------------------------------------------------------
+def redrive_to_the_dead_letter_queue(h: Harness) -> None:
+    """Receive every message of the work queue as nodes that die would, until SQS's redrive has
+    moved them all (the harness's maxReceiveCount is max_retries + 1)."""
+    sqs = boto3.client("sqs", region_name=h.env.region)
+    url = sqs.get_queue_url(QueueName=naming.queue(h.env.name, "work"))["QueueUrl"]
+    for _ in range(20):
+        sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=0)
+        if queued(h) == 0:
+            return
+    raise AssertionError("redrive did not move the messages")
+
+
+def test_items_redrive_moved_to_the_dead_letter_queue_are_failed_and_stay_there_for_retry(h):
+    store, cloud = Store(h.env.name, h.env.region), sdk.Cloud(h.env)
+    mine = sdk.submit(h.env, "dies", "work", sdk.read_items(["a", "b"]), kick=False).job_id
+    other = sdk.submit(h.env, "also dies", "work", sdk.read_items(["c"]), kick=False).job_id
+    store.update_item(mine, "000000", status="running", node="i-gone")
+    redrive_to_the_dead_letter_queue(h)
+    # The agent dead-letters an item whose retries ran out itself, then records why: not ours to mark.
+    store.put_item_if_new(Item(mine, "gave-up", ["d"], status="running"))
+    cloud.send("work", [sdk.ItemMessage(mine, "gave-up", ["d"], failures=3)], dead_letter=True)
+    cloud.queues.send("work", ["not an item message"], dead_letter=True)
+    cloud.send("work", [sdk.ItemMessage(mine, "never-recorded", ["e"])], dead_letter=True)
+
+    status = sdk.status(h.env, mine)
+    receives = h.env.queues["work"].max_receive_count
+    failed = {i.item_id: i.reason for i in status.items if i.status == "failed"}
+    assert failed == dict.fromkeys(
+        ("000000", "000001"), f"moved to the dead-letter queue by the queue's redrive after {receives} receives")
+    assert status.counts["failed"] == 2 and status.counts["running"] == 1
+    (warning,) = status.warnings
+    assert warning == "1 message(s) in the dead-letter queue of 'work' are not tidefleet items; skipped (remove them from the queue)"
+    assert store.item(other, "000000").status == "queued", "only the job shown is reconciled"
+    assert store.item(mine, "never-recorded") is None, "a dead letter never creates a record"
+    assert h.queue_depth("work", dead_letter=True) == 6, "peeked, not deleted"
+
+    assert sdk.reconcile_dead_letters(h.env).failed == [(other, "000000")]  # every job
+    assert sdk.retry_failed(h.env, mine) == 4, "released at once: retry-failed finds them all"
+    assert store.item(mine, "000000").status == "queued"
+
+
+def test_status_warns_on_stderr_and_never_crashes_on_a_dead_letter_queue(h):
+    job_id = sdk.submit(h.env, "warned", "work", sdk.read_items(["a"]), kick=False).job_id
+    sdk.Cloud(h.env).queues.send("work", ["{]"], dead_letter=True)
+    out = run(h, "status", job_id)
+    assert out.exit_code == 0 and "warning: 1 message(s) in the dead-letter queue of 'work'" in out.output
+    boto3.client("sqs", region_name=h.env.region).delete_queue(
+        QueueUrl=sdk.Cloud(h.env).queues.url("work", dead_letter=True))
+    out = run(h, "status", job_id)
+    assert out.exit_code == 0 and "warning: could not read the dead-letter queue of 'work'" in out.output
+    assert "queued 1" in out.output
