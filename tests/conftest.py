@@ -14,7 +14,7 @@ from tidefleet.emulator import MotoServer, start_moto
 # examples, the same ones every run (a mutant's verdict must not depend on luck), no shrinking
 # (a failure is all it needs to know).
 settings.register_profile(
-    "mutation", max_examples=40, derandomize=True, database=None, phases=[Phase.explicit, Phase.generate]
+    "mutation", max_examples=10, derandomize=True, database=None, phases=[Phase.explicit, Phase.generate]
 )
 
 
