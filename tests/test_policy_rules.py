@@ -467,6 +467,8 @@ CAPS = [
     # (case, env changes, nodes, depth, desired, starved, reason)
     ("max caps the pool; the lowest priority waits", {}, [], {"render": (12, 0), "batch": (10, 0)}, 10, ("batch",),
      "at max: pool cpu capped at 10 units, demand needs 11 units; waiting: batch (priority 5)"),
+    ("a queue the capped capacity covers exactly is not starved", {}, [], {"render": (20, 0), "batch": (2, 0)}, 10,
+     ("batch",), "at max: pool cpu capped at 10 units, demand needs 11 units; waiting: batch (priority 5)"),
     ("pool cost cap: new units at the dearest spot unit price", {"pools.cpu.cost_cap_usd_per_hour": 0.2}, [],
      {"render": (20, 0)}, 5, ("render",),
      "cost cap: pool cpu capped at 5 units ($0.19/h of $0.20/h), demand needs 10 units; waiting: render (priority 20)"),
@@ -476,6 +478,12 @@ CAPS = [
     ("the on-demand share is priced on demand",
      {"pools.cpu.cost_cap_usd_per_hour": 0.2, "pools.cpu.on_demand_base": 1}, [], {"render": (20, 0)}, 3, ("render",),
      "cost cap: pool cpu capped at 3 units ($0.17/h of $0.20/h), demand needs 10 units; waiting: render (priority 20)"),
+    ("nodes already costing more than the cap launch nothing", {"pools.cpu.cost_cap_usd_per_hour": 0.2},
+     [node(f"i-{i}", spot=False, type="m6i.large", busy=2) for i in range(3)], {"render": (20, 0)}, 3, ("render",),
+     "cost cap: pool cpu capped at 3 units ($0.29/h of $0.20/h), demand needs 10 units; waiting: render (priority 20)"),
+    ("a cap below one unit's price launches nothing", {"pools.cpu.cost_cap_usd_per_hour": 0.03}, [],
+     {"render": (20, 0)}, 0, ("render",),
+     "cost cap: pool cpu capped at 0 units ($0.00/h of $0.03/h), demand needs 10 units; waiting: render (priority 20)"),
     # 2 units: 1 of them on demand ($0.096) + 1 spot ($0.038). A 3rd would make it 2 of 3 on demand (50 %
     # rounded up) = $0.23; rounded down it would look like $0.17 and fit, and the group would overspend.
     ("the on-demand share above the base is rounded up",
