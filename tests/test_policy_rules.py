@@ -383,6 +383,18 @@ def test_a_node_that_never_reports_is_replaced(case, age, terminated, reason):
     assert_settled(env, view)
 
 
+def test_a_node_silent_for_exactly_the_boot_timeout_is_not_replaced_yet():
+    env = environment()
+    decision = decide_pool(env, fleet(env, [node("i-x", busy=2, silent=600)], render=(0, 2)))
+    assert decision.terminate == (), decision.reasons
+
+
+def test_a_node_never_heard_from_but_protected_by_its_group_is_not_a_dead_boot():
+    env = environment(**{"scaler.spot_fallback_after_s": 3600})
+    decision = decide_pool(env, fleet(env, [node("i-x", booted=False, age=640, protected=True)], render=(2, 0)))
+    assert decision.terminate == (), decision.reasons
+
+
 # fmt: off
 SILENT = [
     # (case, the silent node, depth (i-ok runs 2 of the in-flight items), reason)
@@ -474,6 +486,14 @@ CAPS = [
      "cost cap: pool cpu capped at 5 units ($0.19/h of $0.20/h), demand needs 10 units; waiting: render (priority 20)"),
     ("existing nodes count at their own price", {"pools.cpu.cost_cap_usd_per_hour": 0.2},
      [node("i-o", spot=False, type="m6i.large", busy=2)], {"render": (20, 0)}, 3, ("render",),
+     "cost cap: pool cpu capped at 3 units ($0.17/h of $0.20/h), demand needs 10 units; waiting: render (priority 20)"),
+    ("a node of a cheaper type counts at its own price, not the dearest", {"pools.cpu.cost_cap_usd_per_hour": 0.2},
+     [node("i-o", spot=False, type="c6i.large", busy=2)], {"render": (20, 0)}, 4, ("render",),
+     "cost cap: pool cpu capped at 4 units ($0.20/h of $0.20/h), demand needs 10 units; waiting: render (priority 20)"),
+    ("a node of a type gone from the config counts at the dearest unit price of its lifecycle",
+     {"pools.cpu.cost_cap_usd_per_hour": 0.2},
+     [node("i-o", spot=False, type="c5.large", busy=2), node("i-s", type="c5.large", busy=2)], {"render": (20, 0)}, 3,
+     ("render",),
      "cost cap: pool cpu capped at 3 units ($0.17/h of $0.20/h), demand needs 10 units; waiting: render (priority 20)"),
     ("the on-demand share is priced on demand",
      {"pools.cpu.cost_cap_usd_per_hour": 0.2, "pools.cpu.on_demand_base": 1}, [], {"render": (20, 0)}, 3, ("render",),
