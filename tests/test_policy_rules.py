@@ -215,8 +215,19 @@ def test_the_boot_horizon_serves_higher_priority_queues_first():
     more = decide_pool(env, fleet(env, BUSY_SIX, render=(12, 6, 20.0), batch=(30, 6, 20.0)))
     # batch's 36 items: 28 started by its 7 slots, 8 more slots = 4 units.
     assert more.desired == 6 + 4, more.reasons
-    assert any(r.endswith("; 8 more slots") for r in more.reasons), more.reasons
+    assert (
+        "boot horizon: 42 queued items of ~20s; 12 serving slots start ~34 of them within the 60s a new node needs; "
+        "8 more slots"
+    ) in more.reasons, more.reasons  # both queues counted: 12 + 30 waiting, 12 + (30 - 8) started
     assert_settled(env, view)
+
+
+def test_booting_slots_are_shared_by_the_queues_and_used_once():
+    """4 booting slots: render's 1 item takes one, batch's 4 items the other 3 and 1 new slot."""
+    env = environment()
+    booting = [node("i-b0", booted=False, age=20), node("i-b1", booted=False, age=20)]
+    decision = decide_pool(env, fleet(env, booting, render=(1, 0), batch=(4, 0)))
+    assert decision.desired == 3, decision.reasons
 
 
 # --- packing: an item of several slots needs them free on one node ---------------------------
@@ -495,6 +506,14 @@ CAPS = [
      [node("i-o", spot=False, type="c5.large", busy=2), node("i-s", type="c5.large", busy=2)], {"render": (20, 0)}, 3,
      ("render",),
      "cost cap: pool cpu capped at 3 units ($0.17/h of $0.20/h), demand needs 10 units; waiting: render (priority 20)"),
+    ("a weighted type is priced per unit", {"pools.cpu.cost_cap_usd_per_hour": 0.2,
+     "pools.cpu.instance_types": [{"type": "c6i.xlarge", "weight": 2}]}, [], {"render": (20, 0)}, 5, ("render",),
+     "cost cap: pool cpu capped at 5 units ($0.17/h of $0.20/h), demand needs 10 units; waiting: render (priority 20)"),
+    # The base's 1 unit, then 50 % of the rest rounded up: 3 units = 2 on demand + 1 spot.
+    ("the on-demand base first, then the percentage of the rest",
+     {"pools.cpu.cost_cap_usd_per_hour": 0.3, "pools.cpu.on_demand_base": 1, "pools.cpu.on_demand_percent": 50}, [],
+     {"render": (20, 0)}, 3, ("render",),
+     "cost cap: pool cpu capped at 3 units ($0.23/h of $0.30/h), demand needs 10 units; waiting: render (priority 20)"),
     ("the on-demand share is priced on demand",
      {"pools.cpu.cost_cap_usd_per_hour": 0.2, "pools.cpu.on_demand_base": 1}, [], {"render": (20, 0)}, 3, ("render",),
      "cost cap: pool cpu capped at 3 units ($0.17/h of $0.20/h), demand needs 10 units; waiting: render (priority 20)"),
