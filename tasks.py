@@ -171,3 +171,31 @@ def bench(c, out=None):
     from tidefleet.sim.bench import run_bench
 
     run_bench(Path(out) if out else OUT / "bench")
+
+
+@task(
+    help={
+        "only": "mutants to run, a glob on their names such as 'tidefleet.policy.cost*' (repeatable; "
+        "default: every file [tool.mutmut] names)",
+        "jobs": "mutants tested at once (default 2)",
+    },
+    iterable=["only"],
+)
+def mutate(c, only=None, jobs=2):
+    """Mutation testing of the pure policy with mutmut; prints the mutants no test killed.
+
+    On demand only (minutes per file; `invoke test` never runs it). Files and tests are set in
+    [tool.mutmut] of pyproject.toml; mutants/ keeps the results, so a second run retests only what
+    changed. docs/mutation.md explains the known survivors; `mutmut show NAME` prints one's diff.
+    """
+    names = " ".join(shlex.quote(glob) for glob in only or [])
+    result = c.run(f"{sys.executable} -m mutmut run --max-children {int(jobs)} {names}", warn=True,
+                   pty=sys.stdout.isatty())
+    if result.exited:
+        raise Exit("mutmut run failed; see its output above", result.exited)
+    # `mutmut results` lists every mutant not killed: "name: status".
+    results = [line.strip().rsplit(": ", 1) for line in c.run(f"{sys.executable} -m mutmut results", hide=True).stdout.splitlines()]
+    survivors = [name + ": " + status for name, status in results if status not in ("not checked", "timeout")]
+    timeouts = sum(status == "timeout" for _, status in results)
+    print("\n".join(["survivors:", *survivors]) if survivors else "no survivors")
+    print(f"{timeouts} timed out (a mutant that loops forever counts as caught)")

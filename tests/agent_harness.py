@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -14,9 +15,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import boto3
+import psutil
 
 from tidefleet import naming, store
 from tidefleet.config import Environment, load_environment
+from tidefleet.sandbox.provision import SANDBOX_IMAGE
 
 WORKLOAD = r'''
 import json, os, pathlib, signal, sys, time, urllib.parse
@@ -125,11 +128,54 @@ class Harness:
         )["Attributes"]
         return int(attrs["ApproximateNumberOfMessages"]) + int(attrs["ApproximateNumberOfMessagesNotVisible"])
 
+    def group_instance(self) -> str:
+        """A group for the pool on the moto server with one in-service instance, for an agent to
+        run as (its node id): the agent's own scale-in protection calls then act on a member."""
+        group = naming.group(self.env.name, "cpu")
+        template = naming.launch_template(self.env.name, "cpu")
+        boto3.client("ec2", region_name=self.env.region).create_launch_template(
+            LaunchTemplateName=template, LaunchTemplateData={"ImageId": SANDBOX_IMAGE, "InstanceType": "c6i.large"}
+        )
+        autoscaling = boto3.client("autoscaling", region_name=self.env.region)
+        autoscaling.create_auto_scaling_group(
+            AutoScalingGroupName=group, LaunchTemplate={"LaunchTemplateName": template, "Version": "$Latest"},
+            MinSize=0, MaxSize=1, DesiredCapacity=1, AvailabilityZones=[f"{self.env.region}a"],
+        )
+        (instance,) = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=[group])["AutoScalingGroups"][0][
+            "Instances"
+        ]
+        return instance["InstanceId"]
+
+    def protected(self, instance_id: str) -> bool:
+        """Whether the group protects the instance from scale-in (what the scaler reads)."""
+        (instance,) = boto3.client("autoscaling", region_name=self.env.region).describe_auto_scaling_instances(
+            InstanceIds=[instance_id]
+        )["AutoScalingInstances"]
+        return instance["ProtectedFromScaleIn"]
+
     def stop_agents(self) -> None:
+        """Kill the agents, then the process groups of every workload they started: a killed agent
+        leaves its workloads running, and a hung one ignores SIGTERM."""
         for proc in self.agents:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+        for group in self._workload_groups():
+            try:
+                os.killpg(group, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def _workload_groups(self) -> set[int]:
+        """Process groups of this harness's workloads, found by the LEDGER their pool env sets."""
+        groups = set()
+        for proc in psutil.process_iter():
+            try:
+                if proc.environ().get("LEDGER") == str(self.ledger):
+                    groups.add(os.getpgid(proc.pid))
+            except (psutil.Error, ProcessLookupError):
+                continue  # gone meanwhile, or not ours to read
+        return groups - {os.getpgrp()}  # never this test run's own group
 
 
 def provision(env: Environment, visibility_s: int) -> None:

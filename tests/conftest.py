@@ -6,8 +6,16 @@ from __future__ import annotations
 import urllib.request
 
 import pytest
+from hypothesis import Phase, settings
 
 from tidefleet.emulator import MotoServer, start_moto
+
+# `invoke mutate` runs the property tests once per mutant (`--hypothesis-profile mutation`): fewer
+# examples, the same ones every run (a mutant's verdict must not depend on luck), no shrinking
+# (a failure is all it needs to know).
+settings.register_profile(
+    "mutation", max_examples=10, derandomize=True, database=None, phases=[Phase.explicit, Phase.generate]
+)
 
 
 @pytest.fixture(scope="session")

@@ -19,10 +19,20 @@ pytestmark = pytest.mark.moto
 
 
 @pytest.fixture
-def harness(tmp_path, aws):
-    h = Harness(tmp_path, aws)
-    yield h
-    h.stop_agents()
+def make_harness(tmp_path, aws, request):
+    """Harness(tmp_path, aws, **options); its agents and workloads are killed whatever the outcome."""
+
+    def make(**options) -> Harness:
+        h = Harness(tmp_path, aws, **options)
+        request.addfinalizer(h.stop_agents)
+        return h
+
+    return make
+
+
+@pytest.fixture
+def harness(make_harness):
+    return make_harness()
 
 
 def _all_final(h: Harness, job_id: str, n: int):
@@ -106,41 +116,47 @@ def test_spot_notice_hands_every_item_back_and_another_agent_finishes_them(harne
         imds.close()
 
 
-def test_an_item_interrupted_five_times_is_not_dead_lettered(tmp_path, aws):
-    h = Harness(tmp_path, aws, max_retries=0)  # a single failure would dead-letter it
-    try:
-        job = sdk.submit(h.env, "often-interrupted", "work", sdk.read_items([["steps=100"]]), kick=False).job_id
-        for n in range(1, 6):
-            agent = h.start_agent(f"node-{n}")
-            wait_until(lambda n=n: len(h.events("start")) == n, 30, f"attempt {n} to start")
-            agent.send_signal(signal.SIGTERM)  # the agent's own drain path
-            assert agent.wait(timeout=30) == 0
-        item = h.items(job)["000000"]
-        assert (item.status, item.interruptions, item.failures) == ("queued", 5, 0)
-        h.start_agent("node-last")
-        item = wait_until(lambda: h.items(job)["000000"].status in FINAL and h.items(job)["000000"], 60, "the finish")
-        assert item.status == "succeeded" and h.queue_depth("work", dead_letter=True) == 0
-    finally:
-        h.stop_agents()
+def test_an_item_interrupted_five_times_is_not_dead_lettered(make_harness):
+    h = make_harness(max_retries=0)  # a single failure would dead-letter it
+    job = sdk.submit(h.env, "often-interrupted", "work", sdk.read_items([["steps=100"]]), kick=False).job_id
+    for n in range(1, 6):
+        agent = h.start_agent(f"node-{n}")
+        wait_until(lambda n=n: len(h.events("start")) == n, 30, f"attempt {n} to start")
+        agent.send_signal(signal.SIGTERM)  # the agent's own drain path
+        assert agent.wait(timeout=30) == 0
+    item = h.items(job)["000000"]
+    assert (item.status, item.interruptions, item.failures) == ("queued", 5, 0)
+    h.start_agent("node-last")
+    item = wait_until(lambda: h.items(job)["000000"].status in FINAL and h.items(job)["000000"], 60, "the finish")
+    assert item.status == "succeeded" and h.queue_depth("work", dead_letter=True) == 0
 
 
-def test_kill_9_mid_item_redelivers_it_to_another_agent_which_finishes_it(tmp_path, aws):
-    h = Harness(tmp_path, aws, visibility_s=3)
-    try:
-        job = sdk.submit(h.env, "killed", "work", sdk.read_items([["steps=30"]]), kick=False).job_id
-        doomed = h.start_agent("node-doomed")
-        started = wait_until(lambda: h.events("start"), 30, "the item to start")[0]
-        doomed.kill()  # the node dies: agent and workload together, no word to anyone
-        os.killpg(started["pid"], signal.SIGKILL)
-        h.start_agent("node-b")
-        item = wait_until(lambda: h.items(job)["000000"].status in FINAL and h.items(job)["000000"], 60, "redelivery")
-        # A lost node is not the item's failure: it is counted apart, on its own budget (worker.py).
-        assert (item.status, item.failures, item.lost) == ("succeeded", 0, 1)
-        assert item.history[0]["outcome"] == "lost" and "node lost" in item.history[0]["reason"]
-        assert Counter(e["item"] for e in h.events("done")) == {"000000": 1}
-        assert h.queue_depth("work") == 0
-    finally:
-        h.stop_agents()
+def test_kill_9_mid_item_redelivers_it_to_another_agent_which_finishes_it(make_harness):
+    h = make_harness(visibility_s=3)
+    job = sdk.submit(h.env, "killed", "work", sdk.read_items([["steps=30"]]), kick=False).job_id
+    doomed = h.start_agent("node-doomed")
+    started = wait_until(lambda: h.events("start"), 30, "the item to start")[0]
+    doomed.kill()  # the node dies: agent and workload together, no word to anyone
+    os.killpg(started["pid"], signal.SIGKILL)
+    h.start_agent("node-b")
+    item = wait_until(lambda: h.items(job)["000000"].status in FINAL and h.items(job)["000000"], 60, "redelivery")
+    # A lost node is not the item's failure: it is counted apart, on its own budget (worker.py).
+    assert (item.status, item.failures, item.lost) == ("succeeded", 0, 1)
+    assert item.history[0]["outcome"] == "lost" and "node lost" in item.history[0]["reason"]
+    assert Counter(e["item"] for e in h.events("done")) == {"000000": 1}
+    assert h.queue_depth("work") == 0
+
+
+def test_a_busy_agent_protects_its_instance_from_scale_in_and_an_idle_one_lifts_it(harness):
+    """The agent's own calls, on a member of the pool's group on the moto server."""
+    h = harness
+    instance = h.group_instance()
+    assert not h.protected(instance)
+    sdk.submit(h.env, "protected", "work", sdk.read_items([["steps=40"]]), kick=False)
+    h.start_agent(instance)
+    wait_until(lambda: h.events("start") and not h.events("done") and h.protected(instance), 20,
+               "scale-in protection while the item runs")
+    wait_until(lambda: h.events("done") and not h.protected(instance), 20, "the protection lifted once idle")
 
 
 def test_metadata_reports_a_spot_notice_and_a_terminating_group():

@@ -342,9 +342,12 @@ def test_a_tick_for_one_pool_observes_only_that_pool(decide):
 # -- interruptions ------------------------------------------------------------------------
 
 
-def event(name, **detail):
+def event(name, *, drop=(), **detail):
+    """A captured event with `detail` fields changed and the `drop` ones (detail or top level) removed."""
     raw = json.loads((EVENTS / f"{name}.json").read_text())
     raw["detail"] |= detail
+    for key in drop:
+        (raw if key in raw else raw["detail"]).pop(key)
     return raw
 
 
@@ -365,6 +368,15 @@ SANDBOXED = ENV.model_copy(update={"name": "sandbox"})
             ),
         ),
         (
+            event("spot_warning", **{"instance-action": "stop"}),
+            DrainNode("i-1234567890abcdef0", None, SPOT_WARNING_AT + 120,
+                      "spot interruption warning: the instance will stop in 120s"),
+        ),
+        (
+            event("spot_warning", drop=["instance-action", "time"]),  # no action: terminate; no time: no deadline
+            DrainNode("i-1234567890abcdef0", None, None, "spot interruption warning: the instance will terminate in 120s"),
+        ),
+        (
             event("rebalance"),
             DrainNode(
                 "i-1234567890abcdef0", None, None, "rebalance recommendation: spot interruption risk is high"
@@ -379,6 +391,30 @@ SANDBOXED = ENV.model_copy(update={"name": "sandbox"})
                 "group tidefleet-sandbox-cpu is terminating the instance (hook tidefleet-sandbox-cpu-drain)",
                 LifecycleHold("tidefleet-sandbox-cpu-drain", "87654321-4321-4321-4321-210987654321"),
             ),
+        ),
+        (
+            event("lifecycle_terminate", LifecycleHookName="custom-drain"),  # the event's hook is the one held
+            DrainNode(
+                "i-1234567890abcdef0",
+                "cpu",
+                None,
+                "group tidefleet-sandbox-cpu is terminating the instance (hook custom-drain)",
+                LifecycleHold("custom-drain", "87654321-4321-4321-4321-210987654321"),
+            ),
+        ),
+        (
+            event("lifecycle_terminate", drop=["LifecycleHookName", "LifecycleActionToken"]),
+            DrainNode(
+                "i-1234567890abcdef0",
+                "cpu",
+                None,
+                "group tidefleet-sandbox-cpu is terminating the instance (hook tidefleet-sandbox-cpu-drain)",
+                LifecycleHold("tidefleet-sandbox-cpu-drain", None),
+            ),
+        ),
+        (
+            event("lifecycle_terminate", drop=["AutoScalingGroupName"]),
+            Ignore("EC2 Instance-terminate Lifecycle Action: detail.EC2InstanceId or detail.AutoScalingGroupName missing"),
         ),
         (
             event("malformed"),

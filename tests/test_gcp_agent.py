@@ -22,11 +22,15 @@ WORKLOAD = """
 import os, sys, time
 from tidefleet.agent import checkpoint
 print("checkpoints at", checkpoint.checkpoint_uri(), flush=True)
-time.sleep(0.5)  # long enough for an ack-deadline heartbeat
+deadline = time.monotonic() + 20
 if sys.argv[1] == "wait-once" and checkpoint.attempt() == 1:
     while not checkpoint.should_stop():
         time.sleep(0.05)
     checkpoint.exit_interrupted()
+while not os.path.exists(os.environ["RELEASE"]):  # the test's go, e.g. once the item's lease was extended
+    if time.monotonic() > deadline:
+        sys.exit("never released")
+    time.sleep(0.05)
 """
 
 
@@ -34,7 +38,9 @@ if sys.argv[1] == "wait-once" and checkpoint.attempt() == 1:
 def env(tmp_path):
     script = tmp_path / "workload.py"
     script.write_text(WORKLOAD)
-    pool = ENV.pools["cpu"].model_copy(update={"command": f"{sys.executable} {script}"})
+    pool = ENV.pools["cpu"].model_copy(
+        update={"command": f"{sys.executable} {script}", "env": {"RELEASE": str(tmp_path / "release")}}
+    )
     return ENV.model_copy(update={"pools": {**ENV.pools, "cpu": pool}})
 
 
@@ -58,7 +64,13 @@ def run_agent(env, tmp_path, node: str, metadata_url: str, until) -> Agent:
 def test_an_item_is_received_run_acked_and_marked_succeeded(gcp, env, tmp_path, metadata_server):  # noqa: F811
     url, _ = metadata_server
     job = sdk.submit(env, "one", "default", sdk.read_items([["ok"]]), kick=False).job_id
-    run_agent(env, tmp_path, "tidefleet-gcp-dev-cpu-aaaa", url, lambda s: s.item(job, "000000").status == "succeeded")
+
+    def release_once_extended(store):
+        if calls(gcp, "POST", f"{SUB}:modifyAckDeadline"):  # a heartbeat ran while the item did
+            (tmp_path / "release").touch()
+        return store.item(job, "000000").status == "succeeded"
+
+    run_agent(env, tmp_path, "tidefleet-gcp-dev-cpu-aaaa", url, release_once_extended)
     item = Cloud(env).store.item(job, "000000")
     assert (item.status, item.attempts, item.failures, item.node) == ("succeeded", 1, 0, "tidefleet-gcp-dev-cpu-aaaa")
     assert item.history[-1]["outcome"] == "succeeded" and item.cpu_s is not None
@@ -79,6 +91,7 @@ def test_a_preemption_hands_the_item_back_without_a_failure_and_another_node_fin
     gcp, env, tmp_path, metadata_server  # noqa: F811
 ):
     url, state = metadata_server
+    (tmp_path / "release").touch()  # the second attempt runs straight through
     job = sdk.submit(env, "preempted", "default", sdk.read_items([["wait-once"]]), kick=False).job_id
 
     def preempt_once_running(store):

@@ -1,23 +1,26 @@
-"""The GCP scaler function's entry point: CloudEvents from the kick topic, on GCP ports faked
-at the HTTP level (tests/gcp_fake.py), with the same parse, tick and policy as AWS."""
+"""The GCP scaler function's entry point: CloudEvents from the kick topic, on the function's own
+runtime wiring (`function_runtime`: the real clients, faked at the HTTP level by tests/gcp_fake.py),
+with the same parse, tick and policy as AWS."""
 
 from __future__ import annotations
 
 import base64
 import json
+import time
+from datetime import UTC, datetime
 from types import SimpleNamespace
 
+import google.auth
 import pytest
 import responses
 from google.auth.credentials import AnonymousCredentials
-from google.auth.transport.requests import AuthorizedSession
 
 from lambdas.gcp_scaler import main
-from tests.gcp_fake import FakeGcp
-from tidefleet.cloud import Ports
-from tidefleet.cloud.firestore import FirestoreNodes
-from tidefleet.cloud.gcp import MigFleet, MonitoringQueues
+from tests.gcp_fake import FakeGcp, FakeVm
+from tidefleet.cloud.firestore import FirestoreStore
+from tidefleet.cloud.gcp import function_runtime
 from tidefleet.config import load_environment
+from tidefleet.store import Heartbeat
 
 ENV = load_environment("gcp-dev")
 
@@ -29,15 +32,16 @@ def event(payload) -> SimpleNamespace:
 
 @pytest.fixture
 def gcp(monkeypatch):
-    fake = FakeGcp(ENV.project, ENV.region)
-    creds = AnonymousCredentials()
-    ports = Ports(MonitoringQueues(ENV, session=AuthorizedSession(creds)), MigFleet(ENV, credentials=creds),
-                  FirestoreNodes(ENV, credentials=creds))  # fmt: skip
-    monkeypatch.setattr(main, "function_runtime", lambda: (ENV, ports))
+    # A cold start of the deployed function; application default credentials are the only thing not real.
+    monkeypatch.setattr(google.auth, "default", lambda *a, **k: (AnonymousCredentials(), ENV.project))
+    monkeypatch.setenv("TIDEFLEET_ENV", ENV.name)
+    function_runtime.cache_clear()
     with responses.RequestsMock(assert_all_requests_are_fired=False) as mock:
+        fake = FakeGcp(ENV.project, ENV.region)
         fake.install(mock)
         fake.groups |= {"tidefleet-gcp-dev-cpu": 0, "tidefleet-gcp-dev-cpu-od": 0}
         yield fake
+    function_runtime.cache_clear()
 
 
 @pytest.mark.parametrize("payload,kind", [
@@ -61,3 +65,20 @@ def test_malformed_or_foreign_messages_are_logged_and_ignored_without_acting(gcp
     result = main.on_kick(cloud_event)
     assert reason in result["ignored"]
     assert not [c for m, _, c in gcp.calls if m != "GET"]
+
+
+@pytest.mark.parametrize("mean_item_s, desired", [
+    (None, 4),  # no completed item yet: 8 waiting items, 2 slots a node
+    (10.0, 2),  # the 4 busy slots start them all within the 60 s a new node needs: nothing launched
+])  # fmt: skip
+def test_the_queue_stats_the_agents_record_reach_the_policy(gcp, mean_item_s, desired):
+    if mean_item_s is not None:
+        FirestoreStore(ENV).record_item_seconds("default", mean_item_s)  # what an agent records per item
+    created = datetime.fromtimestamp(time.time() - 3600, UTC).strftime("%Y-%m-%dT%H:%M:%S.000-00:00")
+    names = ["tidefleet-gcp-dev-cpu-aaaa", "tidefleet-gcp-dev-cpu-bbbb"]
+    gcp.vms["tidefleet-gcp-dev-cpu"] = [FakeVm(name, created=created) for name in names]
+    gcp.groups["tidefleet-gcp-dev-cpu"] = 2
+    for name in names:
+        FirestoreStore(ENV).put_heartbeat(Heartbeat(name, "cpu", at=time.time(), slots=2, busy_slots=2, idle_since=None))
+    gcp.undelivered["tidefleet-gcp-dev-default"] = 8
+    assert main.on_kick(event({"tidefleet": "schedule"}))["desired"] == {"cpu": desired}
