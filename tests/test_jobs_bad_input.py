@@ -219,7 +219,7 @@ def test_items_redrive_moved_to_the_dead_letter_queue_are_failed_and_stay_there_
         ("000000", "000001"), f"moved to the dead-letter queue by the queue's redrive after {receives} receives")
     assert status.counts["failed"] == 2 and status.counts["running"] == 1
     (warning,) = status.warnings
-    assert warning == "1 message(s) in the dead-letter queue of 'work' are not tidefleet items; skipped (remove them from the queue)"
+    assert warning.startswith("1 message(s) in the dead-letter queue of 'work' are not tidefleet items (a poison message")
     assert store.item(other, "000000").status == "queued", "only the job shown is reconciled"
     assert store.item(mine, "never-recorded") is None, "a dead letter never creates a record"
     assert h.queue_depth("work", dead_letter=True) == 6, "peeked, not deleted"

@@ -504,8 +504,8 @@ def reconcile_dead_letters(env: Environment, job_id: str | None = None, *, cloud
             if held:
                 cloud.queues.release(name, held, dead_letter=True)
         if unreadable:
-            warnings.append(f"{unreadable} message(s) in the dead-letter queue of {name!r} are not tidefleet items; "
-                            "skipped (remove them from the queue)")
+            warnings.append(f"{unreadable} message(s) in the dead-letter queue of {name!r} are not tidefleet items "
+                            "(a poison message the agents set aside says why under 'tidefleet_poison'); skipped")
     for warning in warnings:
         log.warning("%s", warning)
     return Reconciled(failed, warnings)
@@ -513,12 +513,9 @@ def reconcile_dead_letters(env: Environment, job_id: str | None = None, *, cloud
 
 def _dead_letter(body: str) -> ItemMessage | None:
     try:
-        msg = ItemMessage.parse(body)
-    except (ValueError, TypeError):
+        return ItemMessage.parse(body)
+    except ValueError:
         return None
-    names = (msg.job, msg.item)
-    ok = all(isinstance(n, str) and n and "/" not in n for n in names)
-    return msg if ok and isinstance(msg.failures, int) and isinstance(msg.lost, int) else None
 
 
 def _agent_gave_up(msg: ItemMessage, queue: Queue) -> bool:
