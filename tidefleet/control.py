@@ -153,12 +153,14 @@ def _live_capacity(env: Environment, pool: str, group: GroupState, leaving: Iter
 
 
 def act(ports: Ports, env: Environment, decision: PoolDecision, group: GroupState) -> dict:
-    """Apply one pool's decision: terminate (with decrement), desired, then the on-demand base.
+    """Apply one pool's decision: terminate (with decrement), the on-demand base, then desired.
     Returns what was done, for the log line; actions that failed are listed under "failed".
 
-    Every action runs even when an earlier one failed, each failure logged on its own line.
-    Desired goes before the base: a base change is an UpdateAutoScalingGroup that AWS checks
-    against the launch template's permissions, and a refusal there must not hold scaling back."""
+    Every action runs even when an earlier one failed, each failure logged on its own line: a
+    base change is an UpdateAutoScalingGroup that AWS re-authorizes as a launch from the
+    template, and a refusal there must not hold scaling back. The base still goes first, so the
+    nodes a raised desired launches are already bought as the base says (spot being short is
+    why the policy raises it)."""
     failed: list[str] = []
 
     def attempt(action: str, call: Callable, *args):
@@ -172,9 +174,15 @@ def act(ports: Ports, env: Environment, decision: PoolDecision, group: GroupStat
     ours = {i.id for i in group.instances}
     # The policy is pure and trusted, but a stray id must never reach another group's node.
     leaving = tuple(i for i in decision.terminate if i in ours)
-    # A failed terminate may have removed some nodes: counting them all as staying keeps
-    # desired high, never low enough for the group to pick a victim.
-    terminated = attempt("terminate", ports.fleet.terminate, decision.pool, leaving) or ()
+    terminated = attempt("terminate", ports.fleet.terminate, decision.pool, leaving) if leaving else ()
+    if decision.on_demand_base is not None and decision.on_demand_base != group.on_demand_base:
+        attempt("set_on_demand_base", ports.fleet.set_on_demand_base, decision.pool, decision.on_demand_base)
+    if terminated is None:
+        # Which nodes went (each with a decrement) is unknown: any desired computed now could
+        # undo a decrement (a relaunch) or be low enough for the group to pick a victim. The
+        # next tick observes again.
+        return {"terminated": [], "desired_after": group.desired, "failed": failed,
+                "skipped": "set_desired: the terminate before it failed"}  # fmt: skip
     # Only nodes really terminated leave the floor: one the group refused to terminate (still
     # Pending, say) stays, and a lower desired would let the group pick a victim instead.
     target = max(decision.desired, _live_capacity(env, decision.pool, group, terminated))
@@ -182,8 +190,6 @@ def act(ports: Ports, env: Environment, decision: PoolDecision, group: GroupStat
     # absolute target again is a no-op then, and corrects it if the decrement differed.
     if terminated or target != group.desired:
         attempt("set_desired", ports.fleet.set_desired, decision.pool, target)
-    if decision.on_demand_base is not None and decision.on_demand_base != group.on_demand_base:
-        attempt("set_on_demand_base", ports.fleet.set_on_demand_base, decision.pool, decision.on_demand_base)
     done: dict = {"terminated": list(terminated), "desired_after": target}
     if target != decision.desired:
         done["held"] = (

@@ -77,9 +77,8 @@ def fleet_view(sim: Simulation) -> FleetView:
 
 
 def apply_decision(sim: Simulation, decision: PoolDecision) -> None:
-    """As `tidefleet.control.act` does: terminate with decrement, then desired, never below the
-    units of the nodes that stay (the group would pick a victim). The on-demand base, which act
-    sends right after desired, is set first here so the same launch already sees it."""
+    """As `tidefleet.control.act` does: terminate with decrement, the on-demand base, then
+    desired, never below the units of the nodes that stay (the group would pick a victim)."""
     for node_id in decision.terminate:
         sim.terminate(node_id, decrement=True)
     if decision.on_demand_base is not None:
