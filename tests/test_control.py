@@ -65,22 +65,25 @@ def beat(id_, pool="cpu", busy=0, draining=False):
 class FakeFleet:
     groups_: dict[str, GroupState]
     calls: list[tuple] = field(default_factory=list)
-    broken: set[str] = field(default_factory=set)
+    broken: set[str] = field(default_factory=set)  # pools whose every action fails
+    refused: set[tuple[str, str]] = field(default_factory=set)  # (action, pool) that fail
 
     def groups(self, pools, since):
         return {p: g for p, g in self.groups_.items() if p in pools}
 
-    def _check(self, pool):
+    def _check(self, pool, action):
         if pool in self.broken:
             raise RuntimeError(f"group of {pool} is unreachable")
+        if (action, pool) in self.refused:
+            raise PermissionError(f"not authorized to {action}")
 
     def set_desired(self, pool, desired):
-        self._check(pool)
+        self._check(pool, "set_desired")
         self.calls.append(("set_desired", pool, desired))
         self.groups_[pool] = replace(self.groups_[pool], desired=desired)
 
     def terminate(self, pool, ids):
-        self._check(pool)
+        self._check(pool, "terminate")
         g = self.groups_[pool]
         live = [i.id for i in g.instances if i.id in ids and i.lifecycle_state == "InService"]
         self.calls += [("terminate", pool, i) for i in live]
@@ -90,6 +93,7 @@ class FakeFleet:
         return tuple(live)
 
     def set_on_demand_base(self, pool, units):
+        self._check(pool, "set_on_demand_base")
         self.calls.append(("set_on_demand_base", pool, units))
 
     def group_of(self, instance_id):
@@ -324,10 +328,41 @@ def test_a_failing_pool_does_not_stop_the_others_and_the_tick_reports_it(decide)
     p = ports(group("cpu", 0), group("gpu", 0))
     p.fleet.broken.add("cpu")
     decide(decision("cpu", 2), decision("gpu", 4))
-    with pytest.raises(control.TickError, match="cpu: RuntimeError: group of cpu is unreachable") as err:
+    with pytest.raises(control.TickError, match="^cpu: set_desired: RuntimeError: group of cpu is unreachable$") as err:
         control.tick(ENV, p, NOW)
     assert p.fleet.calls == [("set_desired", "gpu", 4)]
     assert [d.pool for d in err.value.decisions] == ["cpu", "gpu"]
+
+
+def test_the_on_demand_base_is_set_before_desired_so_new_nodes_are_bought_as_it_says(decide):
+    p = ports(group("gpu", 0))
+    decide(decision("gpu", 4, on_demand_base=4))
+    control.tick(ENV, p, NOW)
+    assert p.fleet.calls == [("set_on_demand_base", "gpu", 4), ("set_desired", "gpu", 4)]
+
+
+@pytest.mark.parametrize(
+    ("refused", "still_done"),
+    [
+        ("set_on_demand_base", [("terminate", "cpu", "i-2"), ("set_desired", "cpu", 2)]),
+        ("set_desired", [("terminate", "cpu", "i-2"), ("set_on_demand_base", "cpu", 1)]),
+        # Which nodes went is unknown after a failed terminate: desired waits for the next tick.
+        ("terminate", [("set_on_demand_base", "cpu", 1)]),
+    ],
+)
+def test_a_refused_action_does_not_stop_the_others_and_is_logged_on_its_own_line(decide, caplog, refused, still_done):
+    p = ports(group("cpu", 3, instance("i-1"), instance("i-2"), instance("i-3")))
+    p.fleet.refused.add((refused, "cpu"))
+    decide(decision("cpu", 2, terminate=["i-2"], on_demand_base=1))
+    with caplog.at_level(logging.INFO, "tidefleet.control"), pytest.raises(control.TickError) as err:
+        control.tick(ENV, p, NOW)
+    assert p.fleet.calls == still_done
+    assert str(err.value) == f"cpu: {refused}: PermissionError: not authorized to {refused}"
+    lines = [json.loads(r.getMessage()) for r in caplog.records]
+    assert [line for line in lines if "action" in line] == [
+        {"pool": "cpu", "action": refused, "error": f"{refused}: PermissionError: not authorized to {refused}"}
+    ]
+    assert lines[-1]["failed"] == [f"{refused}: PermissionError: not authorized to {refused}"]
 
 
 def test_a_tick_for_one_pool_observes_only_that_pool(decide):

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from stacks.gcp.messaging import max_delivery_attempts
+from tidefleet import naming
 from tidefleet.config import Queue, load_environment
 
 pytestmark = pytest.mark.synth
@@ -108,3 +110,55 @@ def test_gcp_dev_has_zero_unsuppressed_checkov_failures(stack, capsys):
     from stacks.scan import scan
 
     assert scan(stack[0], "gcp-dev") == 0, capsys.readouterr().out
+
+
+# What each storage role lets a node do; `condition` holds it to names under some prefixes.
+WRITES = {"roles/storage.objectViewer": False, "roles/storage.objectUser": True}
+CLAUSE = re.compile(r'(resource\.name|api\.getAttribute\("storage\.googleapis\.com/objectListPrefix", ""\))'
+                    r'\.startsWith\("([^"]*)"\)')  # fmt: skip
+
+
+def condition_allows(expression: str, *, object_name: str | None = None, list_prefix: str | None = None) -> bool:
+    """The two clause forms the stack writes, joined by `||`; any other text fails the test."""
+    clauses = expression.split(" || ")
+    assert all(CLAUSE.fullmatch(c) for c in clauses), expression
+    for clause in clauses:
+        subject, prefix = CLAUSE.fullmatch(clause).groups()
+        if subject == "resource.name" and object_name is not None:
+            if object_name.startswith(prefix):
+                return True
+        elif subject != "resource.name" and list_prefix is not None and list_prefix.startswith(prefix):
+            return True
+    return False
+
+
+def bucket_access(stack, member: str, *, object_name: str | None = None, list_prefix: str | None = None) -> set[str]:
+    """'read' and/or 'write' that the member's bucket grants give on one object or one listing."""
+    bucket = naming.artifacts_bucket(ENV.name, ENV.project)
+    out = set()
+    for grant in resources(stack, "google_storage_bucket_iam_member").values():
+        if grant["member"] != member:
+            continue
+        assert "condition" in grant, f"an unconditioned bucket grant: {grant['role']}"
+        full = None if object_name is None else f"projects/_/buckets/{bucket}/objects/{object_name}"
+        if condition_allows(grant["condition"]["expression"], object_name=full, list_prefix=list_prefix):
+            out |= {"read", "write"} if WRITES[grant["role"]] else {"read"}
+    return out
+
+
+@pytest.mark.parametrize(
+    ("object_name", "list_prefix", "access"),
+    [
+        ("agent/requirements.txt", None, {"read"}),  # boot installs what it names, as root
+        ("agent/wheels/tidefleet-0.1.0-py3-none-any.whl", None, {"read"}),
+        (None, "agent/", {"read"}),
+        ("checkpoints/default/job-1/item-1/state.pt", None, {"read", "write"}),
+        (None, "checkpoints/default/job-1/", {"read", "write"}),
+        ("checkpoints/train/job-1/item-1/state.pt", None, set()),  # the gpu pool's queue
+        ("functions/scaler-0123.zip", None, set()),  # the scaler's source
+        (None, "", set()),
+    ],
+)
+def test_a_node_reads_the_agent_and_writes_only_its_own_queues_checkpoints(stack, object_name, list_prefix, access):
+    cpu = "${google_service_account.pool-cpu_node.member}"
+    assert bucket_access(stack, cpu, object_name=object_name, list_prefix=list_prefix) == access

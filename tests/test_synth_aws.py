@@ -180,8 +180,9 @@ def test_each_node_role_touches_only_its_own_pools_queues_and_group(shipped):
             f"${{aws_sqs_queue.queue-{q}_{kind}.arn}}" for q in own for kind in ("queue", "dead-letter"))  # fmt: skip
         (group_arn,) = statements["OwnGroup"]["resources"]
         assert group_arn.endswith(f":autoScalingGroupName/{naming.group(env.name, pool_name)}")
-        buckets = statements["ReadAgent"]["resources"] + statements["Checkpoints"]["resources"]
-        assert [re.sub(r"^\$\{[^}]+\}", "", b) for b in buckets] == ["/agent/*", "/checkpoints/*"]
+        buckets = statements["ReadAgent"]["resources"] + statements["OwnCheckpoints"]["resources"]
+        assert [re.sub(r"^\$\{[^}]+\}", "", b) for b in buckets] == [
+            "/agent/*", *(f"/{naming.checkpoint_prefix(q)}*" for q in sorted(own))]  # fmt: skip
 
 
 def test_user_data_is_the_rendered_script_with_the_bucket_spliced_in(shipped):

@@ -14,6 +14,10 @@ from stacks.userdata import EXAMPLE_BUCKET, shellcheck, shellcheck_all
 from tidefleet.config import load_environment
 from tidefleet.userdata import EC2_USER_DATA_LIMIT, LOCAL_PYTHON, render_user_data
 
+# Nothing resolved or fetched at boot: the published wheels, checked against their hashes.
+INSTALL = ("/opt/tidefleet/venv/bin/pip install --no-cache-dir --no-index --find-links /opt/tidefleet/agent/wheels "
+           "--require-hashes --no-deps -r /opt/tidefleet/agent/requirements.txt")  # fmt: skip
+
 
 def test_every_environments_user_data_is_shellcheck_clean_in_both_modes():
     assert shellcheck_all() == []
@@ -34,7 +38,7 @@ def test_cloud_mode_installs_the_agent_from_the_bucket_and_runs_it_as_a_service(
     env = load_environment("prod")
     script = render_user_data(env, "gpu", artifacts_bucket="tidefleet-prod-artifacts-1")
     assert "aws s3 cp --recursive --region us-east-1 s3://tidefleet-prod-artifacts-1/agent/" in script
-    assert "/opt/tidefleet/venv/bin/pip install --no-cache-dir /opt/tidefleet/agent/*.whl" in script
+    assert INSTALL in script
     assert "ExecStart=/opt/tidefleet/venv/bin/tidefleet agent --env prod --pool gpu\n" in script
     assert 'Environment="NCCL_DEBUG=WARN"' in script
     assert "systemctl enable --now tidefleet-agent.service" in script
@@ -173,8 +177,39 @@ def test_the_sandbox_can_render_with_its_own_interpreter():
     assert script.rstrip().endswith(f"exec {sys.executable} -m tidefleet.cli agent --env sandbox --pool cpu")
 
 
-def test_a_gce_node_installs_the_agent_with_its_google_clients():
+def test_a_gce_node_installs_the_published_wheels_alone_google_clients_included():
     env = load_environment("gcp-dev")
     script = render_user_data(env, "cpu", artifacts_bucket="tidefleet-gcp-dev-artifacts-acme-ml-dev")
-    assert 'pip install --no-cache-dir "${wheel}[gcp-node]"' in script
+    assert INSTALL in script and "gcp-node" not in script  # the extra is in the published requirements
     assert "gs://tidefleet-gcp-dev-artifacts-acme-ml-dev/agent/*" in script
+
+
+def with_pool(env_name: str, **changes):
+    env = load_environment(env_name)
+    pool = env.pools["cpu"].model_copy(update=changes)
+    return env.model_copy(update={"pools": {**env.pools, "cpu": pool}})
+
+
+@pytest.mark.parametrize("env_name", ["dev", "gcp-dev"])
+@pytest.mark.parametrize(("run_as_root", "creates_user"), [(False, True), (True, False)])
+def test_boot_creates_the_unprivileged_item_user_unless_the_pool_runs_items_as_root(env_name, run_as_root, creates_user):
+    script = render_user_data(with_pool(env_name, run_as_root=run_as_root), "cpu", artifacts_bucket="b")
+    assert ("useradd --system" in script) is creates_user
+    assert shellcheck(script) == ""
+
+
+@pytest.mark.parametrize(("exists", "useradd_calls"), [
+    (False, ["--system --create-home --home-dir /var/lib/tidefleet-item --shell /usr/sbin/nologin tidefleet-item"]),
+    (True, []),  # a GCE reboot runs the startup script again
+])  # fmt: skip
+def test_the_item_user_is_created_once_with_no_login_shell_and_its_own_home(tmp_path, exists, useradd_calls):
+    """The rendered line, run with stand-ins for `id` and `useradd` that log their calls."""
+    (line,) = [line for line in render_user_data(load_environment("dev"), "cpu", artifacts_bucket="b").splitlines()
+               if "useradd" in line]  # fmt: skip
+    (tmp_path / "id").write_text(f"#!/bin/bash\nexit {0 if exists else 1}\n")
+    (tmp_path / "useradd").write_text(f'#!/bin/bash\necho "$*" >> {tmp_path}/calls\n')
+    for tool in ("id", "useradd"):
+        (tmp_path / tool).chmod(0o755)
+    subprocess.run(["bash", "-euo", "pipefail", "-c", line], check=True, env={"PATH": f"{tmp_path}:{os.environ['PATH']}"})
+    calls = tmp_path / "calls"
+    assert (calls.read_text().splitlines() if calls.exists() else []) == useradd_calls

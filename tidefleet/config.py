@@ -142,6 +142,7 @@ class Pool(_Model):
     team: str = Field("default", description=f"cost attribution; {NAME_RULE}")
     cost_cap_usd_per_hour: float | None = Field(None, gt=0)
     public_ip: bool = False
+    run_as_root: bool = Field(False, description="run items as root instead of the unprivileged tidefleet-item user")
 
     def slots(self, itype: InstanceType) -> int:
         return itype.weight * self.slots_per_unit

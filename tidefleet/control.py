@@ -40,7 +40,8 @@ GOING = frozenset({"Terminating", "Terminating:Proceed", "Terminated", "Detachin
 
 
 class TickError(RuntimeError):
-    """Some pools could not be acted on; the others were. One line per failed pool."""
+    """Some actions failed; every other action, in every pool, was still applied. One line per
+    failed action: `<pool>: <action>: <error>`."""
 
     def __init__(self, failures: list[str], decisions: tuple[PoolDecision, ...]):
         super().__init__("\n".join(failures))
@@ -153,26 +154,50 @@ def _live_capacity(env: Environment, pool: str, group: GroupState, leaving: Iter
 
 def act(ports: Ports, env: Environment, decision: PoolDecision, group: GroupState) -> dict:
     """Apply one pool's decision: terminate (with decrement), the on-demand base, then desired.
-    Returns what was done, for the log line."""
+    Returns what was done, for the log line; actions that failed are listed under "failed".
+
+    Every action runs even when an earlier one failed, each failure logged on its own line: a
+    base change is an UpdateAutoScalingGroup that AWS re-authorizes as a launch from the
+    template, and a refusal there must not hold scaling back. The base still goes first, so the
+    nodes a raised desired launches are already bought as the base says (spot being short is
+    why the policy raises it)."""
+    failed: list[str] = []
+
+    def attempt(action: str, call: Callable, *args):
+        try:
+            return call(*args)
+        except Exception as err:  # noqa: BLE001 - one refused action must not stop the others; reported
+            failed.append(f"{action}: {type(err).__name__}: {err}")
+            log.warning(json.dumps({"pool": decision.pool, "action": action, "error": failed[-1]}))
+            return None
+
     ours = {i.id for i in group.instances}
     # The policy is pure and trusted, but a stray id must never reach another group's node.
     leaving = tuple(i for i in decision.terminate if i in ours)
-    terminated = ports.fleet.terminate(decision.pool, leaving)
+    terminated = attempt("terminate", ports.fleet.terminate, decision.pool, leaving) if leaving else ()
     if decision.on_demand_base is not None and decision.on_demand_base != group.on_demand_base:
-        ports.fleet.set_on_demand_base(decision.pool, decision.on_demand_base)
+        attempt("set_on_demand_base", ports.fleet.set_on_demand_base, decision.pool, decision.on_demand_base)
+    if terminated is None:
+        # Which nodes went (each with a decrement) is unknown: any desired computed now could
+        # undo a decrement (a relaunch) or be low enough for the group to pick a victim. The
+        # next tick observes again.
+        return {"terminated": [], "desired_after": group.desired, "failed": failed,
+                "skipped": "set_desired: the terminate before it failed"}  # fmt: skip
     # Only nodes really terminated leave the floor: one the group refused to terminate (still
     # Pending, say) stays, and a lower desired would let the group pick a victim instead.
     target = max(decision.desired, _live_capacity(env, decision.pool, group, terminated))
     # After terminations the group's desired already dropped by their weights; setting the
     # absolute target again is a no-op then, and corrects it if the decrement differed.
     if terminated or target != group.desired:
-        ports.fleet.set_desired(decision.pool, target)
+        attempt("set_desired", ports.fleet.set_desired, decision.pool, target)
     done: dict = {"terminated": list(terminated), "desired_after": target}
     if target != decision.desired:
         done["held"] = (
             f"desired kept at {target}, not {decision.desired}: lower would let the group "
             "choose which running node to stop"
         )
+    if failed:
+        done["failed"] = failed
     return done
 
 
@@ -207,6 +232,7 @@ def tick(
         if not dry_run:
             try:
                 line |= act(ports, env, decision, group)
+                failures += [f"{decision.pool}: {f}" for f in line.get("failed", ())]
                 for node_id in seen.gone.get(decision.pool, ()):
                     ports.nodes.forget_node(decision.pool, node_id)
                 if seen.gone.get(decision.pool):

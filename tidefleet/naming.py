@@ -36,6 +36,20 @@ def item_log_group(env: str) -> str:
     return f"/{PREFIX}/{env}/items"
 
 
+def checkpoint_prefix(queue_name: str) -> str:
+    """Key prefix, in the artifacts bucket, of the checkpoints of the items of one queue. A
+    node's role may write only under its own queues' prefixes; the item's checkpoint URI is
+    `<bucket>/<prefix><job>/<item>/`. By queue, not pool: an item never changes queue, while
+    a queue can be moved to another pool between two attempts."""
+    return f"checkpoints/{queue_name}/"
+
+
+def item_log_stream_prefix(queue_name: str) -> str:
+    """Prefix of the item log streams (`<prefix><job>/<item>/<attempt>`) of one queue's items:
+    a node's role may write only to its own queues' streams."""
+    return f"{queue_name}/"
+
+
 def group(env: str, pool: str) -> str:
     return f"{PREFIX}-{env}-{pool}"
 

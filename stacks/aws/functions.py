@@ -47,6 +47,8 @@ DESCRIBE_FLEET = Statement(
      "autoscaling:DescribeScalingActivities", "ec2:DescribeInstances", "ec2:DescribeSpotInstanceRequests"],
     ["*"],
 )  # fmt: skip
+# What a launch from the templates creates or uses, besides the template and the image.
+LAUNCHED_RESOURCES = ("instance", "volume", "network-interface", "subnet", "security-group", "spot-instances-request")
 XRAY_WRITE = Statement("XRayWriteUnscopable", ["xray:PutTraceSegments", "xray:PutTelemetryRecords"], ["*"])
 
 
@@ -54,6 +56,35 @@ def schedule_expression(tick_s: int) -> str:
     """EventBridge's finest rate is one minute; faster ticks come from alarms and kicks."""
     minutes = max(1, math.ceil(tick_s / 60))
     return f"rate({minutes} minute{'s' if minutes > 1 else ''})"
+
+
+@dataclass(frozen=True)
+class LaunchGrants:
+    """What changing a group's on-demand base needs beyond autoscaling:UpdateAutoScalingGroup:
+    AWS re-checks that the caller may launch from the group's launch template (RunInstances,
+    CreateTags for its tag specifications, PassRole for its instance profile, and the image's
+    SSM parameter), as for CreateAutoScalingGroup. Scoped to this environment's templates and
+    node roles."""
+
+    template_arns: Sequence[str]
+    node_role_arns: Sequence[str]
+    image_parameter_arns: Sequence[str]
+
+    def statements(self, ctx: AwsContext) -> list[Statement]:
+        from_own_templates = [{"test": "ArnEquals", "variable": "ec2:LaunchTemplate", "values": list(self.template_arns)}]
+        launched = [ctx.arn("ec2", f"{kind}/*") for kind in LAUNCHED_RESOURCES]
+        out = [
+            Statement("LaunchFromOwnTemplates", ["ec2:RunInstances"], list(self.template_arns)),
+            Statement("LaunchWithOwnTemplatesOnly", ["ec2:RunInstances"],
+                      [*launched, f"arn:{ctx.partition}:ec2:{ctx.region}::image/*"], from_own_templates),
+            Statement("TagAtLaunch", ["ec2:CreateTags"], [ctx.arn("ec2", "instance/*"), ctx.arn("ec2", "volume/*")],
+                      [{"test": "StringEquals", "variable": "ec2:CreateAction", "values": ["RunInstances"]}]),
+            Statement("PassNodeRoles", ["iam:PassRole"], list(self.node_role_arns),
+                      [{"test": "StringEquals", "variable": "iam:PassedToService", "values": ["ec2.amazonaws.com"]}]),
+        ]  # fmt: skip
+        if self.image_parameter_arns:
+            out.append(Statement("ResolveImages", ["ssm:GetParameters"], sorted(set(self.image_parameter_arns))))
+        return out
 
 
 @dataclass(frozen=True)
@@ -76,6 +107,7 @@ class ControlFunctions(Construct):
         queues: Mapping[str, QueueRef],
         group_names: Sequence[str],
         group_arns: Sequence[str],
+        launch: LaunchGrants,
         table_arn: str,
         key_arn: str,
     ) -> None:
@@ -97,6 +129,7 @@ class ControlFunctions(Construct):
                                              "autoscaling:CompleteLifecycleAction"], list(group_arns)),
                 Statement("NodeState", ["dynamodb:Query", "dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem"],
                           [table_arn]),
+                *launch.statements(ctx),
             ],
             "interruption": [
                 *common,

@@ -38,13 +38,24 @@ def image_id(image: str) -> str:
     return f"resolve:ssm:{image.removeprefix('ssm:')}" if image.startswith("ssm:") else image
 
 
+def image_parameter_arn(ctx: AwsContext, image: str) -> str | None:
+    """The SSM parameter an `ssm:/path` image resolves from at launch (AWS's public ones, under
+    /aws/service/, have no account in their ARN); None for an AMI id."""
+    if not image.startswith("ssm:"):
+        return None
+    path = image.removeprefix("ssm:")
+    account = "" if path.startswith("/aws/service/") else ctx.account_id
+    return f"arn:{ctx.partition}:ssm:{ctx.region}:{account}:parameter{path}"
+
+
 def pool_tags(env: Environment, pool_name: str) -> dict[str, str]:
     """Cost attribution on every node and volume (the provider's default_tags skip those)."""
     return {**env.tags, "tidefleet:env": env.name, "tidefleet:pool": pool_name, "tidefleet:team": env.pools[pool_name].team}
 
 
 class NodePool(Construct):
-    """Exposes `group` (name, arn) and `role`."""
+    """Exposes `group` (name, arn), `role`, `template_arn` and `image_parameter_arn`: what
+    the scaler needs to change the group (it launches with this template and role)."""
 
     def __init__(
         self,
@@ -68,6 +79,9 @@ class NodePool(Construct):
         group_name = naming.group(env.name, pool_name)
         # Scoped by name: the id inside a group's ARN exists only once the group does.
         group_arn = ctx.arn("autoscaling", f"autoScalingGroup:*:autoScalingGroupName/{group_name}")
+        queues = sorted(env.queues_of(pool_name))
+        checkpoints = [f"{artifacts_bucket_arn}/{naming.checkpoint_prefix(q)}*" for q in queues]
+        streams = [f"{item_log_group_arn}:log-stream:{naming.item_log_stream_prefix(q)}*" for q in queues]
         self.role = ServiceRole(
             self,
             "node-role",
@@ -76,17 +90,22 @@ class NodePool(Construct):
             statements=[
                 Statement("WorkOwnQueues", ["sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility",
                                             "sqs:SendMessage", "sqs:GetQueueAttributes", "sqs:GetQueueUrl"], queue_arns),
-                Statement("JobStore", ["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:Query"],
-                          [table_arn]),
-                Statement("ItemLogs", ["logs:CreateLogStream", "logs:PutLogEvents"],
-                          [item_log_group_arn, f"{item_log_group_arn}:log-stream:*"]),
+                # Any job's records (an item's queue is not in its key), but heartbeats and
+                # queue statistics of its own pool and queues only.
+                Statement("JobStore", ["dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:Query"], [table_arn],
+                          [{"test": "ForAllValues:StringLike", "variable": "dynamodb:LeadingKeys",
+                            "values": ["JOB#*", f"POOL#{pool_name}", *(f"QUEUE#{q}" for q in queues)]}]),
+                # CreateLogStream is authorized on the group only; writing, on the stream.
+                Statement("ItemLogStreams", ["logs:CreateLogStream"], [item_log_group_arn, *streams]),
+                Statement("ItemLogs", ["logs:PutLogEvents"], streams),
                 Statement("OwnGroup", ["autoscaling:SetInstanceProtection", "autoscaling:CompleteLifecycleAction",
                                        "autoscaling:RecordLifecycleActionHeartbeat"], [group_arn]),
                 Statement("ReadAgent", ["s3:GetObject"], [f"{artifacts_bucket_arn}/agent/*"]),
-                Statement("Checkpoints", ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"],
-                          [f"{artifacts_bucket_arn}/checkpoints/*"]),
-                Statement("ListAgentAndCheckpoints", ["s3:ListBucket"], [artifacts_bucket_arn],
-                          [{"test": "StringLike", "variable": "s3:prefix", "values": ["agent/*", "checkpoints/*"]}]),
+                Statement("OwnCheckpoints", ["s3:GetObject", "s3:PutObject", "s3:DeleteObject",
+                                             "s3:AbortMultipartUpload"], checkpoints),
+                Statement("ListAgentAndOwnCheckpoints", ["s3:ListBucket"], [artifacts_bucket_arn],
+                          [{"test": "StringLike", "variable": "s3:prefix",
+                            "values": ["agent/*", *(f"{naming.checkpoint_prefix(q)}*" for q in queues)]}]),
                 Statement("ArtifactsKey", ["kms:Decrypt", "kms:GenerateDataKey"], [key_arn]),
             ],
         )  # fmt: skip
@@ -176,3 +195,5 @@ class NodePool(Construct):
         )
         self.group_name = group_name
         self.group_arn = group_arn
+        self.template_arn = template.arn
+        self.image_parameter_arn = image_parameter_arn(ctx, pool.image)

@@ -10,7 +10,7 @@ from cdktn_provider_aws.cloudwatch_dashboard import CloudwatchDashboard
 from cdktn_provider_aws.provider import AwsProvider, AwsProviderDefaultTags
 from constructs import Construct
 
-from stacks.aws.functions import ControlFunctions, QueueRef
+from stacks.aws.functions import ControlFunctions, LaunchGrants, QueueRef
 from stacks.aws.iam import AwsContext
 from stacks.aws.network import NodeNetwork
 from stacks.aws.pool import NodePool
@@ -74,6 +74,9 @@ class AwsFleetStack(TerraformStack):
             self, "control", env=env, ctx=ctx, archive_path=archive_path,
             queues={name: QueueRef(q.name, q.queue.arn) for name, q in self.queues.items()},
             group_names=[p.group_name for p in self.pools.values()], group_arns=[p.group_arn for p in self.pools.values()],
+            launch=LaunchGrants(template_arns=[p.template_arn for p in self.pools.values()],
+                                node_role_arns=[p.role.arn for p in self.pools.values()],
+                                image_parameter_arns=[p.image_parameter_arn for p in self.pools.values() if p.image_parameter_arn]),
             table_arn=self.table.arn, key_arn=key.arn,
         )  # fmt: skip
         CloudwatchDashboard(self, "dashboard", dashboard_name=naming.stack_resource(env.name, "fleet"),

@@ -49,6 +49,15 @@ def labels(env: Environment) -> dict[str, str]:
     return {clean(k): clean(v) for k, v in {**env.tags, "tidefleet-env": env.name}.items()}
 
 
+def prefix_condition(bucket: str, prefixes: list[str], title: str) -> dict:
+    """An IAM condition holding a bucket role to objects under `prefixes`, and to listings of
+    those prefixes (a listing is authorized on the bucket, with the asked prefix as attribute)."""
+    objects = [f'resource.name.startsWith("projects/_/buckets/{bucket}/objects/{p}")' for p in prefixes]
+    listings = [f'api.getAttribute("storage.googleapis.com/objectListPrefix", "").startsWith("{p}")' for p in prefixes]
+    return {"title": title[:100], "description": f"objects under {', '.join(prefixes)}",
+            "expression": " || ".join(objects + listings)}  # fmt: skip
+
+
 def terraform_literal(text: str) -> str:
     """`text` as a Terraform JSON string that Terraform will not interpolate."""
     return text.replace("${", "$${").replace("%{", "%%{")
@@ -117,9 +126,14 @@ class GcpFleetStack(TerraformStack):
                          condition=database_condition(env.project, naming.table(env.name)))  # fmt: skip
         # Log writing has no finer scope than the project; it can only append.
         ProjectIamMember(self, f"{id}-logs", project=env.project, role="roles/logging.logWriter", member=member)
-        # Agent wheel (read) and per-item checkpoints (read/write); no bucket administration.
-        StorageBucketIamMember(self, f"{id}-artifacts", bucket=self.artifacts.name, role="roles/storage.objectUser",
-                               member=member)  # fmt: skip
+        # The agent's wheels, which boot installs as root: read only. Checkpoints of its own
+        # queues' items: read and write. Nothing else in the bucket (the scaler's source is there).
+        bucket, name = self.artifacts.name, naming.artifacts_bucket(env.name, env.project)
+        StorageBucketIamMember(self, f"{id}-agent", bucket=bucket, role="roles/storage.objectViewer", member=member,
+                               condition=prefix_condition(name, ["agent/"], "the agent, read only"))  # fmt: skip
+        prefixes = [naming.checkpoint_prefix(q) for q in sorted(env.queues_of(pool_name))]
+        StorageBucketIamMember(self, f"{id}-checkpoints", bucket=bucket, role="roles/storage.objectUser", member=member,
+                               condition=prefix_condition(name, prefixes, "its own queues' checkpoints"))  # fmt: skip
 
     def _network(self, env: Environment) -> str:
         """The subnet nodes use: the configured one, or a private subnet with Cloud NAT."""
