@@ -141,7 +141,7 @@ def test_an_item_completed_by_an_attempt_whose_node_died_is_recorded_not_run_aga
     # An earlier attempt claimed it, ran it, left the marker (checkpoint.complete()) and its node died.
     node.store.update_item(job, "000000", status="running", node="node-dead", lease_until=1.0, add={"attempts": 1},
                            fence=Fence(claim_at=0.0))  # fmt: skip
-    marker = h.tmp / "checkpoints" / job / "000000" / COMPLETE_MARKER
+    marker = h.tmp / "checkpoints" / naming.checkpoint_prefix("work") / job / "000000" / COMPLETE_MARKER
     marker.parent.mkdir(parents=True)
     marker.touch()
     assert node._receive("work", h.env.queues["work"], wait_s=1) == 1

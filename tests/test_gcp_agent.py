@@ -78,7 +78,7 @@ def test_an_item_is_received_run_acked_and_marked_succeeded(gcp, env, tmp_path, 
     assert any(c["body"]["ackDeadlineSeconds"] == 600 for c in calls(gcp, "POST", f"{SUB}:modifyAckDeadline")), \
         "the ack deadline is extended by the subscription's own while the item runs"
     assert list(sdk.log_lines(env, job)) == [
-        (f"{job}/000000/1", f"checkpoints at gs://tidefleet-gcp-dev-artifacts-acme-ml-dev/checkpoints/{job}/000000/")]
+        (f"{job}/000000/1", f"checkpoints at gs://tidefleet-gcp-dev-artifacts-acme-ml-dev/checkpoints/default/{job}/000000/")]
     (outcome,) = [e["jsonPayload"] for e in gcp.log_entries if "jsonPayload" in e]
     assert {k: outcome[k] for k in ("outcome", "queue", "job", "item", "attempt")} == {
         "outcome": "succeeded", "queue": "default", "job": job, "item": "000000", "attempt": 1}

@@ -109,18 +109,18 @@ def test_retry_failed_moves_only_this_jobs_dead_letters_back_and_releases_the_ot
 def test_item_output_goes_to_the_stacks_log_with_labels_and_reads_back_per_attempt(gcp):
     logs = Cloud(ENV).logs
     for attempt, text in ((2, "second"), (1, "first")):
-        stream = logs.stream("job-1", "item-a", attempt)
+        stream = logs.stream("default", "job-1", "item-a", attempt)
         stream.write(f"{text} line")
         stream.write(f"{text} done")
         stream.flush()
-    logs.stream("job-1", "item-b", 1).write("other item")
+    logs.stream("default", "job-1", "item-b", 1).write("other item")
     logs.record_outcome("default", "job-1", "item-a", 2, "succeeded", 1.5)  # not output: lines() leaves it out
     gcp.log_page = 1  # several pages
     (write, *_) = calls(gcp, "POST", "/entries:write")
     assert write["body"]["logName"] == f"projects/{ENV.project}/logs/tidefleet-gcp-dev-items"
     assert write["body"]["labels"] == {"job": "job-1", "item": "item-a", "attempt": "2"}
     assert [e["textPayload"] for e in write["body"]["entries"]] == ["second line", "second done"]
-    assert list(logs.lines("job-1", "item-a")) == [
+    assert list(logs.lines("default", "job-1", "item-a")) == [
         ("job-1/item-a/1", "first line"), ("job-1/item-a/1", "first done"),
         ("job-1/item-a/2", "second line"), ("job-1/item-a/2", "second done"),
     ]
@@ -234,7 +234,8 @@ def test_the_agent_keeps_the_subscriptions_ack_deadline_and_checkpoints_to_the_a
     node = agent(tmp_path)
     node._prepare()
     assert node.visibility == {"default": 600}
-    assert node.checkpoint_base == "gs://tidefleet-gcp-dev-artifacts-acme-ml-dev/checkpoints"
+    msg = ItemMessage("job-1", "item-a", [])
+    assert node._checkpoint_uri("default", msg) == "gs://tidefleet-gcp-dev-artifacts-acme-ml-dev/checkpoints/default/job-1/item-a/"
     assert node.s.grace_s == 15.0 and node.autoscaling is None
 
 

@@ -192,9 +192,10 @@ def with_pool(env_name: str, **changes):
 
 @pytest.mark.parametrize("env_name", ["dev", "gcp-dev"])
 @pytest.mark.parametrize(("run_as_root", "creates_user"), [(False, True), (True, False)])
-def test_boot_creates_the_unprivileged_item_user_unless_the_pool_runs_items_as_root(env_name, run_as_root, creates_user):
+def test_boot_creates_the_unprivileged_item_user_and_the_agent_uses_it_unless_the_pool_runs_as_root(env_name, run_as_root, creates_user):
     script = render_user_data(with_pool(env_name, run_as_root=run_as_root), "cpu", artifacts_bucket="b")
     assert ("useradd --system" in script) is creates_user
+    assert ('Environment="TIDEFLEET_ITEM_USER=tidefleet-item"' in script) is creates_user, "the agent runs items as it"
     assert shellcheck(script) == ""
 
 

@@ -227,10 +227,10 @@ class Agent:
         if self.s.checkpoint_root is not None:
             self.checkpoint_base = self.s.checkpoint_root.resolve().as_uri()
         elif self.env.cloud == "gcp":
-            self.checkpoint_base = f"gs://{naming.artifacts_bucket(self.env.name, self.env.project)}/checkpoints"
+            self.checkpoint_base = f"gs://{naming.artifacts_bucket(self.env.name, self.env.project)}"
         else:
             account = boto3.client("sts", region_name=self.env.region).get_caller_identity()["Account"]
-            self.checkpoint_base = f"s3://{naming.artifacts_bucket(self.env.name, account)}/checkpoints"
+            self.checkpoint_base = f"s3://{naming.artifacts_bucket(self.env.name, account)}"
 
     def _loop(self, step, every_s: float) -> None:
         while not self.finished.is_set():
@@ -333,7 +333,7 @@ class Agent:
         before recording it: record the success now instead of running the item again."""
         msg = held.message
         try:
-            if checkpoint.load(checkpoint.COMPLETE_MARKER, base=self._checkpoint_uri(msg)) is None:
+            if checkpoint.load(checkpoint.COMPLETE_MARKER, base=self._checkpoint_uri(held.queue, msg)) is None:
                 return False
         except Exception as err:  # noqa: BLE001 - unreadable: run it (at least once beats never)
             log.warning("%s/%s: could not read its completion marker (%s); running it", msg.job, msg.item, err)
@@ -386,10 +386,12 @@ class Agent:
                         None)  # fmt: skip
 
     # -- one attempt ----------------------------------------------------------------------
-    def _checkpoint_uri(self, msg: ItemMessage) -> str:
+    def _checkpoint_uri(self, queue: str, msg: ItemMessage) -> str:
+        """Per item, the same on every attempt; under its queue's prefix, where the node role may write."""
+        key = f"{naming.checkpoint_prefix(queue)}{msg.job}/{msg.item}/"
         if self.s.checkpoint_root is not None:
-            (self.s.checkpoint_root / msg.job / msg.item).mkdir(parents=True, exist_ok=True)
-        return f"{self.checkpoint_base}/{msg.job}/{msg.item}/"
+            (self.s.checkpoint_root / key).mkdir(parents=True, exist_ok=True)
+        return f"{self.checkpoint_base}/{key}"
 
     def _execute(self, run: Run, queue: Queue) -> None:
         """The runner thread of one attempt: whatever raises, the attempt settles once and the
@@ -398,7 +400,7 @@ class Agent:
         stream = None
         try:
             run.workdir.mkdir(parents=True, exist_ok=True)
-            stream = self.cloud.logs.stream(msg.job, msg.item, run.attempt)
+            stream = self.cloud.logs.stream(run.queue, msg.job, msg.item, run.attempt)
             with self.lock:
                 self.streams.add(stream)
             code, usage, last_line = self._run_workload(run, queue, stream)
@@ -428,7 +430,7 @@ class Agent:
             "TIDEFLEET_JOB_ID": msg.job,
             "TIDEFLEET_ITEM_ID": msg.item,
             "TIDEFLEET_ATTEMPT": str(run.attempt),
-            "TIDEFLEET_CHECKPOINT_URI": self._checkpoint_uri(msg),
+            "TIDEFLEET_CHECKPOINT_URI": self._checkpoint_uri(run.queue, msg),
             "TIDEFLEET_STOP_FILE": str(run.stop_file),
             "TIDEFLEET_DONE_FILE": str(run.done_file),
         }

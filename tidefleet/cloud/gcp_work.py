@@ -131,7 +131,7 @@ class CloudLoggingItemLogs:
         body = {"logName": self.log_name, "resource": {"type": "global"}, "labels": labels, "entries": entries}
         self.session.post(f"{LOGGING}/entries:write", json=body, timeout=10).raise_for_status()
 
-    def stream(self, job: str, item: str, attempt: int) -> BufferedStream:
+    def stream(self, queue: str, job: str, item: str, attempt: int) -> BufferedStream:
         def send(batch: list[tuple[float, str]]) -> None:
             self._write(job, item, attempt, [{"textPayload": line, "timestamp": _stamp(at)} for at, line in batch])
 
@@ -141,7 +141,7 @@ class CloudLoggingItemLogs:
         payload = {"outcome": outcome, "queue": queue, "job": job, "item": item, "attempt": attempt, "seconds": seconds}
         self._write(job, item, attempt, [{"jsonPayload": payload, "timestamp": _stamp(time.time())}])
 
-    def lines(self, job: str, item: str | None = None) -> Iterator[tuple[str, str]]:
+    def lines(self, queue: str, job: str, item: str | None = None) -> Iterator[tuple[str, str]]:
         # textPayload:* leaves out the outcome entries (jsonPayload), which are not output.
         query = f'logName="{self.log_name}" AND textPayload:* AND labels.job="{job}"' + (
             f' AND labels.item="{item}"' if item else "")

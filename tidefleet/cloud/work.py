@@ -74,11 +74,12 @@ class WorkQueues(Protocol):
 
 
 class ItemLogs(Protocol):
-    def stream(self, job: str, item: str, attempt: int):
-        """A writer with write(line) and flush() for one attempt's output."""
+    def stream(self, queue: str, job: str, item: str, attempt: int):
+        """A writer with write(line), flush() and close() for one attempt's output."""
 
-    def lines(self, job: str, item: str | None = None) -> Iterator[tuple[str, str]]:
-        """(stream, line) for every attempt of the job's items (or one item), oldest first per stream."""
+    def lines(self, queue: str, job: str, item: str | None = None) -> Iterator[tuple[str, str]]:
+        """(stream, line) for every attempt of the job's items (or one item), oldest first per stream;
+        `queue` is the job's (a node may write only its own queues' logs)."""
 
     def record_outcome(self, queue: str, job: str, item: str, attempt: int, outcome: str, seconds: float) -> None:
         """One finished attempt (succeeded / failed / cancelled), for the cloud's outcome metric."""
@@ -202,14 +203,15 @@ class BufferedStream:
 
 
 class CloudWatchItemLogs:
-    """One log stream per attempt (`job/item/attempt`) in the environment's item log group."""
+    """One log stream per attempt (`<queue>/<job>/<item>/<attempt>`: naming.item_log_stream_prefix)
+    in the environment's item log group; shown without the queue."""
 
     def __init__(self, env: Environment, *, client=None):
         self.logs = client or boto3.client("logs", region_name=env.region)
         self.group = naming.item_log_group(env.name)
 
-    def stream(self, job: str, item: str, attempt: int) -> BufferedStream:
-        name = stream_name(job, item, attempt)
+    def stream(self, queue: str, job: str, item: str, attempt: int) -> BufferedStream:
+        name = naming.item_log_stream_prefix(queue) + stream_name(job, item, attempt)
         created = []
 
         def send(batch: list[tuple[float, str]]) -> None:
@@ -228,16 +230,17 @@ class CloudWatchItemLogs:
     def record_outcome(self, queue: str, job: str, item: str, attempt: int, outcome: str, seconds: float) -> None:
         """Nothing on AWS: no stack resource counts outcome entries (the job store's item history has them)."""
 
-    def lines(self, job: str, item: str | None = None) -> Iterator[tuple[str, str]]:
-        prefix = f"{job}/" + (f"{item}/" if item else "")
+    def lines(self, queue: str, job: str, item: str | None = None) -> Iterator[tuple[str, str]]:
+        queue_prefix = naming.item_log_stream_prefix(queue)
+        prefix = f"{queue_prefix}{job}/" + (f"{item}/" if item else "")
         streams = []
         for page in self.logs.get_paginator("describe_log_streams").paginate(logGroupName=self.group,
                                                                              logStreamNamePrefix=prefix):  # fmt: skip
-            streams += [s["logStreamName"] for s in page["logStreams"]]
+            streams += [s["logStreamName"].removeprefix(queue_prefix) for s in page["logStreams"]]
         for stream in sorted(streams, key=stream_order):
             token = None
             while True:
-                kwargs = {"logGroupName": self.group, "logStreamName": stream, "startFromHead": True}
+                kwargs = {"logGroupName": self.group, "logStreamName": queue_prefix + stream, "startFromHead": True}
                 if token:
                     kwargs["nextToken"] = token
                 page = self.logs.get_log_events(**kwargs)

@@ -579,7 +579,11 @@ def retry_failed(env: Environment, job_id: str) -> int:
 
 def log_lines(env: Environment, job_id: str, item_id: str | None = None) -> Iterator[tuple[str, str]]:
     """(stream, line) for every attempt of the job's items (or one item), oldest first per stream."""
-    return Cloud(env).logs.lines(job_id, item_id)
+    cloud = Cloud(env)
+    job = cloud.store.job(job_id)
+    if job is None:
+        raise JobError(f"job {job_id!r} not found in environment {env.name!r}; check the id printed by submit")
+    return cloud.logs.lines(job.queue, job_id, item_id)
 
 
 # -- nodes --------------------------------------------------------------------------------
