@@ -118,7 +118,8 @@ def test_the_scaler_may_change_each_groups_on_demand_base_and_desired_capacity(s
     for pool in env.pools:
         group = arn(env, "autoscaling", f"autoScalingGroup:0f1e-uuid:autoScalingGroupName/{naming.group(env.name, pool)}")
         requests = [*update_group_requests(env, pool), Request("autoscaling:SetDesiredCapacity", group),
-                    Request("autoscaling:TerminateInstanceInAutoScalingGroup", group)]  # fmt: skip
+                    Request("autoscaling:TerminateInstanceInAutoScalingGroup", group),
+                    Request("dynamodb:BatchGetItem", arn(env, "dynamodb", f"table/{naming.table(env.name)}"))]  # fmt: skip
         assert [r for r in requests if not allowed(scaler, r)] == [], pool
 
 
@@ -171,6 +172,8 @@ def node_requests(env, pool: str, queue: str, other_pool: str, other_queue: str)
         (Request("dynamodb:UpdateItem", table, keys("JOB#job-1")), True),
         (Request("dynamodb:UpdateItem", table, keys(f"POOL#{pool}")), True),
         (Request("dynamodb:UpdateItem", table, keys(f"QUEUE#{queue}")), True),
+        (Request("dynamodb:BatchGetItem", table, keys(f"QUEUE#{queue}")), True),  # record_item_seconds reads the mean
+        (Request("dynamodb:BatchGetItem", table, keys(f"QUEUE#{other_queue}")), False),
         (Request("dynamodb:UpdateItem", table, keys(f"POOL#{other_pool}")), False),
         (Request("dynamodb:UpdateItem", table, keys(f"QUEUE#{other_queue}")), False),
         (Request("dynamodb:PutItem", table, keys("JOB#job-1")), False),  # jobs are recorded by the SDK

@@ -127,8 +127,9 @@ class ControlFunctions(Construct):
                 Statement("ActOnOwnGroups", ["autoscaling:SetDesiredCapacity", "autoscaling:TerminateInstanceInAutoScalingGroup",
                                              "autoscaling:SetInstanceProtection", "autoscaling:UpdateAutoScalingGroup",
                                              "autoscaling:CompleteLifecycleAction"], list(group_arns)),
-                Statement("NodeState", ["dynamodb:Query", "dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem"],
-                          [table_arn]),
+                # BatchGetItem: the queues' recorded mean item times (store.queue_stats).
+                Statement("NodeState", ["dynamodb:Query", "dynamodb:GetItem", "dynamodb:BatchGetItem",
+                                        "dynamodb:UpdateItem", "dynamodb:DeleteItem"], [table_arn]),
                 *launch.statements(ctx),
             ],
             "interruption": [

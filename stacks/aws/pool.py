@@ -92,7 +92,8 @@ class NodePool(Construct):
                                             "sqs:SendMessage", "sqs:GetQueueAttributes", "sqs:GetQueueUrl"], queue_arns),
                 # Any job's records (an item's queue is not in its key), but heartbeats and
                 # queue statistics of its own pool and queues only.
-                Statement("JobStore", ["dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:Query"], [table_arn],
+                Statement("JobStore", ["dynamodb:GetItem", "dynamodb:BatchGetItem", "dynamodb:UpdateItem", "dynamodb:Query"],
+                          [table_arn],
                           [{"test": "ForAllValues:StringLike", "variable": "dynamodb:LeadingKeys",
                             "values": ["JOB#*", f"POOL#{pool_name}", *(f"QUEUE#{q}" for q in queues)]}]),
                 # CreateLogStream is authorized on the group only; writing, on the stream.
