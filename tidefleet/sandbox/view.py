@@ -95,7 +95,7 @@ def summary_table(summary) -> Table:
         ("submit -> first item started", _seconds(summary.submit_to_first_start_s)),
         ("last item finished -> zero nodes", _seconds(summary.last_finish_to_zero_s)),
         ("items/s (submit -> last item)", summary.items_per_s if summary.items_per_s is not None else "-"),
-        ("chaos: nodes SIGKILLed / spot notices / duplicate messages",
+        ("chaos: SIGKILLs / notices / dup. messages",
          f"{summary.nodes_killed} / {summary.spot_notices} / {summary.duplicate_messages}"),
         ("fleet back at zero", "yes" if summary.fleet_at_zero else "[red]no[/red]"),
         ("wall time", _seconds(summary.wall_s)),
