@@ -102,13 +102,17 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=300)
     parser.add_argument("--slots", type=int, default=8, help="agent slots (items at once)")
     args = parser.parse_args()
-    with start_moto() as server, tempfile.TemporaryDirectory() as tmp:
-        os.environ.update(server.env())
-        root = Path(tmp)
-        _, plain_env = _env(root, "bplain", "plain", args.slots)
-        env_path, agent_env = _env(root, "bagent", "noop", args.slots)
-        baseline = plain_loop(plain_env, args.items)
-        with_agent = agent(agent_env, env_path, args.items, server.env(), root)
+    server = start_moto()
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            os.environ.update(server.env())
+            root = Path(tmp)
+            _, plain_env = _env(root, "bplain", "plain", args.slots)
+            env_path, agent_env = _env(root, "bagent", "noop", args.slots)
+            baseline = plain_loop(plain_env, args.items)
+            with_agent = agent(agent_env, env_path, args.items, server.env(), root)
+    finally:
+        server.stop()
     print(f"items: {args.items}, agent slots: {args.slots}, moto server on loopback")
     print(f"plain receive/delete loop: {baseline:8.1f} items/s")
     print(f"tidefleet agent (no-op):   {with_agent:8.1f} items/s")

@@ -1,0 +1,27 @@
+"""Every benchmark runs, at a tiny size, as a user would start it: a benchmark that no longer
+runs is found here, not the next time someone wants its numbers. Sizes are for smoke only;
+the numbers they print mean nothing at these sizes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SMOKE = [
+    ("bench_agent.py", ["--items", "10", "--slots", "2"], "ratio agent/plain"),
+    ("bench_submit.py", ["--items", "20"], "resubmit 20 items"),
+    ("bench_policy.py", ["--repeat", "1"], "ms"),
+    ("bench_cold_import.py", ["--runs", "1"], "ms"),
+]
+
+
+@pytest.mark.parametrize(("script", "args", "expect"), SMOKE, ids=[s[0] for s in SMOKE])
+def test_the_benchmark_runs_at_a_tiny_size(script, args, expect):
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert expect in done.stdout and "Traceback" not in done.stderr
