@@ -22,6 +22,6 @@ SMOKE = [
 @pytest.mark.parametrize(("script", "args", "expect"), SMOKE, ids=[s[0] for s in SMOKE])
 def test_the_benchmark_runs_at_a_tiny_size(script, args, expect):
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+                          text=True, timeout=300, check=False)  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert expect in done.stdout and "Traceback" not in done.stderr
