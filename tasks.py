@@ -151,7 +151,7 @@ def sandbox(c, items=200, chaos=False, keep=False, time_limit=600, tick=None):
 
 @task(
     help={
-        "trace": "trace CSV (see ../shared/traces/README.md)",
+        "trace": "trace CSV: a path, or a file name in the project's traces/ (see traces/README.md)",
         "env": ENV_HELP,
         "pool": "pool whose instance types, slots and prices are simulated",
         "policy": "policy to replay (repeatable): tidefleet, target-tracking, clearml, keda, oracle",
@@ -161,16 +161,27 @@ def sandbox(c, items=200, chaos=False, keep=False, time_limit=600, tick=None):
 )
 def simulate(c, trace, env="prod", pool="gpu", policy=None, extra=""):
     """Replay a workload trace through scaling policies; print cost and wait per policy."""
+    from tidefleet.sim.trace import traces_dir
+
+    # A bare name such as philly_2017_jobs.csv means the project's copy, whatever the cwd.
+    found = next((p for p in (Path(trace), ROOT / trace, traces_dir() / trace) if p.is_file()), Path(trace))
     policies = " ".join(f"--policy {shlex.quote(p)}" for p in (policy or ["tidefleet"]))
-    c.run(f"{sys.executable} -m tidefleet.cli simulate {shlex.quote(trace)} --env {env} --pool {pool} {policies} {extra}")
+    result = c.run(f"{sys.executable} -m tidefleet.cli simulate {shlex.quote(str(found))} --env {env} --pool {pool} "
+                   f"{policies} {extra}", warn=True)  # fmt: skip
+    if result.exited:  # the command has said why
+        raise Exit(code=result.exited)
 
 
 @task(help={"out": "folder for the table and plots (default build/bench)"})
 def bench(c, out=None):
-    """Every policy over every shared trace: a table and plots of cost against p95 wait."""
+    """Every policy over every trace in traces/ ($TIDEFLEET_TRACES): a table and plots of cost against p95 wait."""
     from tidefleet.sim.bench import run_bench
+    from tidefleet.sim.trace import TraceError
 
-    run_bench(Path(out) if out else OUT / "bench")
+    try:
+        run_bench(Path(out) if out else OUT / "bench")
+    except TraceError as err:
+        raise Exit(str(err), 1) from None
 
 
 @task(

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from tidefleet.config import parse_environment
 from tidefleet.sim import Interruptions, Timing, TraceError, TraceItem, load_trace, simulate
+from tidefleet.sim.bench import check_traces
 from tidefleet.sim.cli import simulate as simulate_command
 from tidefleet.sim.engine import Simulation
 from tidefleet.sim.policies import TidefleetPolicy, fleet_view
-from tidefleet.sim.trace import SpotTrace
+from tidefleet.sim.trace import SpotTrace, traces_dir
 
 BOOT = 45.0
 NO_KICK = Timing(boot_s=BOOT, notice_s=120.0, kick_s=0.0)
@@ -228,3 +233,73 @@ def test_the_policy_sees_the_mean_time_of_finished_items_only():
     assert all(mean is None for t, mean in seen if t < first_done)
     assert {mean for t, mean in seen if first_done <= t < second_done} == {100.0}
     assert {mean for t, mean in seen if t >= second_done} == {100.0 + 0.1 * (200.0 - 100.0)}
+
+
+# --- Where the traces come from: the project's traces/, whatever the cwd; a missing one is one line.
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _no_traceback_one_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    assert "Traceback" not in text and len(lines) == 1, text
+    return lines[0]
+
+
+def test_the_traces_default_to_the_projects_folder_from_any_cwd(tmp_path, monkeypatch):
+    monkeypatch.delenv("TIDEFLEET_TRACES", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert traces_dir() == ROOT / "traces"
+    check_traces(traces_dir())  # every bench trace is there
+    monkeypatch.setenv("TIDEFLEET_TRACES", str(tmp_path))
+    assert traces_dir() == tmp_path
+
+
+@pytest.mark.parametrize(
+    ("args", "named", "hint"),
+    [
+        (["nope.csv"], "nope.csv: no such trace file", "traces"),
+        (["{tmp}"], "{tmp}: no such trace file", "traces"),  # a folder is not a trace
+        (["{csv}", "--spot-trace", "gone.json"], "gone.json: no such spot trace file", "spot"),
+        (["{csv}", "--spot-trace", "{tmp}"], "{tmp}: no such spot trace file", "spot"),
+    ],
+)
+def test_a_missing_trace_stops_simulate_with_one_line_naming_it(tmp_path, args, named, hint):
+    csv_path = write(tmp_path, "submit_s,duration_s\n0,1\n")
+    fill = {"tmp": str(tmp_path), "csv": str(csv_path)}
+    args = [a.format(**fill) for a in args] + ["--env", "bench", "--pool", "gpu"]
+    out = CliRunner().invoke(simulate_command, args)
+    assert out.exit_code == 1 and isinstance(out.exception, SystemExit), out.output  # not a crash
+    line = _no_traceback_one_line(out.output)
+    assert named.format(**fill) in line and str(ROOT / "traces") in line and hint in line
+
+
+@pytest.mark.parametrize(
+    ("make_folder", "named"),
+    [
+        (lambda tmp: tmp / "absent", "absent: no such folder"),
+        (lambda tmp: tmp, "missing alibaba_genai_lora_2024_requests.csv, alibaba_openb_2023_pods.csv"),
+    ],
+)
+def test_invoke_bench_without_its_traces_says_which_folder_and_what_to_do(tmp_path, make_folder, named):
+    folder = make_folder(tmp_path)
+    if folder.is_dir():  # one of the three is there; the other two are named
+        (folder / "philly_2017_jobs.csv").write_text("submit_s,duration_s\n0,1\n")
+    run = subprocess.run(
+        [sys.executable, "-m", "invoke", "--search-root", str(ROOT), "bench", "--out", str(tmp_path / "out")],
+        check=False, cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "TIDEFLEET_TRACES": str(folder)},
+        timeout=120,
+    )  # fmt: skip
+    assert run.returncode != 0
+    line = _no_traceback_one_line(run.stdout + run.stderr)
+    assert str(folder) in line and named in line and "TIDEFLEET_TRACES" in line
+
+
+def test_invoke_simulate_finds_a_bare_trace_name_in_the_projects_folder_from_another_cwd(tmp_path):
+    run = subprocess.run(
+        [sys.executable, "-m", "invoke", "--search-root", str(ROOT), "simulate", "--trace", "philly_2017_jobs.csv",
+         "--env", "bench", "--pool", "gpu8", "--extra", "--window 0:3600"],
+        check=False, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "philly_2017_jobs.csv on bench/gpu8" in run.stdout and "| tidefleet |" in run.stdout

@@ -1,7 +1,7 @@
 """Trace replay: what a pool would cost and how long items would wait, per scaling policy.
 
 `tidefleet simulate TRACE.csv --env ENV --pool POOL --policy NAME ...` replays a workload
-trace (schema in ../shared/traces/README.md) through a discrete-event model of one pool.
+trace (schema in traces/README.md) through a discrete-event model of one pool.
 
 The model
 - An item needs `gpus` slots (1 when CPU-only) on one node. It joins the pool's queue with

@@ -1,4 +1,4 @@
-"""`invoke bench`: every policy over every shared trace, a markdown table, JSON and plots.
+"""`invoke bench`: every policy over every trace in traces/, a markdown table, JSON and plots.
 
 Which pool replays which trace lives in BENCH below and in environments/bench.toml: the
 1-GPU traces on one-GPU nodes, Philly (1-128 GPU jobs) on eight-GPU nodes (its jobs above
@@ -21,11 +21,10 @@ from tidefleet.config import load_environment
 from tidefleet.sim.cli import format_table
 from tidefleet.sim.policies import POLICY_NAMES
 from tidefleet.sim.run import Report, default_timing, simulate
-from tidefleet.sim.trace import load_trace
+from tidefleet.sim.trace import TraceError, load_trace
+from tidefleet.sim.trace import traces_dir as default_traces_dir
 
-TRACES_DIR = Path(
-    os.environ.get("TIDEFLEET_TRACES", Path(__file__).resolve().parents[3] / "shared" / "traces")
-)
+TRACES_DIR = default_traces_dir()  # $TIDEFLEET_TRACES, else the project's traces/
 BENCH = (  # trace file, environment, pool
     ("alibaba_genai_lora_2024_requests.csv", "bench", "gpu"),
     ("alibaba_openb_2023_pods.csv", "bench", "gpu"),
@@ -85,10 +84,23 @@ def _combine(runs: list[tuple[Report, float]]) -> Report:
 _COST_RANK = {"tidefleet": 0, "target-tracking": 1, "keda": 2, "clearml": 3, "oracle": 4}
 
 
-def run_bench(out: Path, traces_dir: Path = TRACES_DIR, workers: int | None = None) -> Path:
+def check_traces(folder: Path) -> None:
+    """Every BENCH trace is in `folder`, or a TraceError that names the folder, the files and the fix."""
+    missing = [trace for trace, _, _ in BENCH if not (folder / trace).is_file()]
+    if missing:
+        what = "no such folder" if not folder.is_dir() else f"missing {', '.join(missing)}"
+        raise TraceError(
+            f"{folder}: {what}; point TIDEFLEET_TRACES at a folder with {', '.join(t for t, _, _ in BENCH)} "
+            "(a clone of the project has them in traces/)"
+        )
+
+
+def run_bench(out: Path, traces_dir: Path | None = None, workers: int | None = None) -> Path:
     """Write bench.md, bench.json and one PNG per trace into `out`; return the table's path."""
     from tidefleet.sim.plot import plot_report
 
+    traces_dir = Path(traces_dir) if traces_dir else default_traces_dir()
+    check_traces(traces_dir)
     out.mkdir(parents=True, exist_ok=True)
     jobs = [(t, e, p, name, traces_dir) for t, e, p in BENCH for name in POLICY_NAMES]
     jobs.sort(key=lambda j: (_COST_RANK[j[3]], -(traces_dir / j[0]).stat().st_size))
@@ -98,7 +110,7 @@ def run_bench(out: Path, traces_dir: Path = TRACES_DIR, workers: int | None = No
         runs = dict(zip(jobs, pool.map(_run_one, jobs), strict=True))
     wall = time.perf_counter() - started
     sections = [
-        "# tidefleet simulate: every policy over the shared traces\n",
+        "# tidefleet simulate: every policy over the project's traces\n",
         f"{len(jobs)} runs on {workers} worker process(es) in {wall:.1f}s wall.\n",
     ]
     payload = []

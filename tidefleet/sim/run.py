@@ -23,7 +23,7 @@ SCHEMA = "tidefleet.sim/1"
 PLOT_POINTS = 1500  # timeline samples per run, whatever the trace length
 
 # Boot (launch to a usable OS and the agent's first heartbeat) and spot notice, per cloud:
-# ../shared/traces/README.md gives EC2 25-60 s to a usable OS, GCE 25-45 s; notices 2 min / 30 s.
+# traces/README.md gives EC2 25-60 s to a usable OS, GCE 25-45 s; notices 2 min / 30 s.
 DEFAULT_TIMING = {"aws": (45.0, 120.0), "gcp": (35.0, 30.0)}
 
 

@@ -1,7 +1,7 @@
 """Workload and spot traces: read, validate, filter.
 
 A workload trace is a CSV with at least `submit_s` and `duration_s` (see
-`../shared/traces/README.md`); `gpus` (empty or 0 = CPU-only) and `group` are optional.
+`traces/README.md`); `gpus` (empty or 0 = CPU-only) and `group` are optional.
 Bad rows stop the load with the file, line, column and value, never a silent skip.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,13 @@ REQUIRED_COLUMNS = ("submit_s", "duration_s")
 
 class TraceError(ValueError):
     """A trace file that cannot be replayed; the message names the place and the fix."""
+
+
+def traces_dir() -> Path:
+    """$TIDEFLEET_TRACES, else the project's traces/ beside the package (whatever the cwd)."""
+    if os.environ.get("TIDEFLEET_TRACES"):
+        return Path(os.environ["TIDEFLEET_TRACES"])
+    return Path(__file__).resolve().parents[2] / "traces"
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +52,9 @@ def load_trace(path: Path, window: tuple[float, float] | None = None) -> list[Tr
     """Items of `path` sorted by submit time; with `window`, only START <= submit_s < END."""
     path = Path(path)
     if not path.is_file():
-        raise TraceError(f"{path}: no such trace file")
+        raise TraceError(
+            f"{path}: no such trace file; give the path of a CSV trace (the project's are in {traces_dir()})"
+        )
     with path.open(newline="") as fh:
         reader = csv.DictReader(fh)
         columns = reader.fieldnames or []
@@ -117,8 +127,11 @@ def load_spot_trace(path: Path) -> SpotTrace:
         raw = json.loads(path.read_text())
         gap = float(raw["metadata"]["gap_seconds"])
         data = [float(x) for x in raw["data"]]
-    except FileNotFoundError:
-        raise TraceError(f"{path}: no such spot trace file") from None
+    except OSError:  # missing, a folder, unreadable
+        raise TraceError(
+            f"{path}: no such spot trace file; give a skypilot spot-traces JSON (the project's are under "
+            f"{traces_dir() / 'spot'})"
+        ) from None
     except (ValueError, KeyError, TypeError) as err:
         raise TraceError(
             f"{path}: not a spot trace ({err!r}); expected JSON {{'metadata': {{'gap_seconds': N}}, 'data': [...]}}"
