@@ -16,6 +16,7 @@ SMOKE = [
     ("bench_submit.py", ["--items", "20"], "resubmit 20 items"),
     ("bench_policy.py", ["--repeat", "1"], "ms"),
     ("bench_cold_import.py", ["--runs", "1"], "ms"),
+    ("bench_sim.py", ["clearml"], "clearml"),  # the whole Philly trace, shipped in traces/
 ]
 
 
