@@ -180,3 +180,20 @@ def test_a_retry_received_before_its_sender_recorded_the_failure_is_kept_not_dro
     node.store.update_item(job, "000000", status="queued", seq=1, lease_until=None, fence=Fence(attempt=1))
     wait_until(lambda: node._receive("work", h.env.queues["work"], wait_s=1), 10, "the retry to come back")
     wait_until(lambda: h.items(job)["000000"].status == "succeeded", 30, "the retry to run")
+
+
+def test_an_attempt_whose_claim_another_node_took_is_killed_and_records_nothing(h):
+    from tidefleet.store import Fence
+
+    job = sdk.submit(h.env, "taken", "work", sdk.read_items([["steps=300"]]), kick=False).job_id
+    node = agent(h)
+    assert node._receive("work", h.env.queues["work"], wait_s=1) == 1
+    wait_until(lambda: h.events("start"), 30, "the workload to start")
+    # This node stalled past its lease; another node claimed the item (attempt 2).
+    taken = node.store.update_item(job, "000000", status="running", node="node-b", lease_until=4e9, add={"attempts": 1},
+                                   fence=Fence(claim_at=4e9))  # fmt: skip
+    assert taken.attempts == 2
+    node._beat()  # the lease renewal finds attempt 2: this attempt is stopped at once
+    wait_until(lambda: not node.runs, 30, "the superseded attempt to end")
+    item = h.items(job)["000000"]
+    assert (item.status, item.node, item.attempts, item.history) == ("running", "node-b", 2, []), "nothing recorded"

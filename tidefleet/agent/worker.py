@@ -454,7 +454,7 @@ class Agent:
             run.proc = proc
             if run.fate is not None:  # stopped before it started
                 self._signal_stop(run)
-        timer = threading.Timer(queue.item_timeout_s, self._time_out, (run,))
+        timer = threading.Timer(queue.item_timeout_s, self._kill_for, (run, Stop.TIMEOUT))
         timer.daemon = True
         timer.start()
         last_line = ""
@@ -604,12 +604,14 @@ class Agent:
             except (ProcessLookupError, PermissionError):
                 pass
 
-    def _time_out(self, run: Run) -> None:
+    def _kill_for(self, run: Run, fate: Stop) -> bool:
+        """SIGKILL the attempt now for `fate`, unless it is already settling or being stopped."""
         with self.lock:
             if run.claimed or run.fate is not None:
-                return
-            run.fate = Stop.TIMEOUT
+                return False
+            run.fate = fate
             self._kill(run, signal.SIGKILL)
+        return True
 
     def _drain(self) -> None:
         with self.lock:
@@ -729,13 +731,9 @@ class Agent:
                 self._superseded(run)
 
     def _superseded(self, run: Run) -> None:
-        with self.lock:
-            if run.claimed or run.fate is not None:
-                return
-            run.fate = Stop.SUPERSEDED
-            self._kill(run, signal.SIGKILL)
-        log.warning("%s/%s attempt %d: the item is final or held by a newer attempt; stopped this one",
-                    run.message.job, run.message.item, run.attempt)
+        if self._kill_for(run, Stop.SUPERSEDED):
+            log.warning("%s/%s attempt %d: the item is final or held by a newer attempt; stopped this one",
+                        run.message.job, run.message.item, run.attempt)
 
     def _stop_cancelled(self, runs: list[Run]) -> None:
         now = time.monotonic()
