@@ -175,7 +175,7 @@ def test_status_prints_reasons_with_markup_as_written(h):
     Store(h.env.name, h.env.region).update_item(job_id, "000000", status="failed", reason=reason)
     sdk.cancel(h.env, job_id)
     out = run(h, "status", job_id)
-    assert out.exit_code == 0, out.output
+    assert out.exit_code == 1, out.output  # done with a failed item
     assert f"failed 000000: {reason}" in out.output and "[cancelled job]" in out.output
 
 

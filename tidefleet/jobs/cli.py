@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections import Counter
 
 import click
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
-from rich.console import Console
+from rich.console import Console, Group
+from rich.live import Live
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
+from rich.text import Text
 
 from tidefleet.config import ConfigError, Environment, load_environment
 from tidefleet.jobs import sdk
@@ -75,39 +78,90 @@ def _console(**kwargs) -> Console:
     return Console(emoji=False, **kwargs)
 
 
-def _show(console: Console, status: sdk.JobStatus) -> None:
+FAILED_SHOWN = 10  # failed items listed by `status` before --failed is needed
+REASONS_SHOWN = 5  # most common failure reasons, with counts
+WATCH_S = 2.0  # seconds between refreshes under --watch
+
+
+def _view(status: sdk.JobStatus, *, all_failed: bool) -> list:
+    """What `status` shows: progress bar, counts, the commonest failure reasons and the first
+    failed items (every one with --failed), each on one line however long: for grep."""
     c, total = status.counts, max(status.job.total, 1)
     finished = c["succeeded"] + c["failed"] + c["cancelled"]
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                        console=console)
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"))
     progress.add_task(escape(status.job.job_id), total=total, completed=finished)
-    console.print(progress.get_renderable())
-    cancelled = escape("  [cancelled job]") if status.job.cancelled else ""
-    console.print("  ".join(f"{k} {v}" for k, v in c.items()) + cancelled, soft_wrap=True)
+    cancelled = "  [cancelled job]" if status.job.cancelled else ""
+    lines: list = [progress.get_renderable(), Text("  ".join(f"{k} {v}" for k, v in c.items()) + cancelled)]
     if status.unrecorded:
-        console.print(f"  {status.unrecorded} item(s) not recorded yet: run the same submit again", soft_wrap=True)
-    for item in status.items:
-        if item.status == "failed":  # one line each, however long: for grep
-            console.print(f"  failed {escape(item.item_id)}: {escape(item.reason)}", soft_wrap=True)
+        lines.append(Text(f"  {status.unrecorded} item(s) not recorded yet: run the same submit again"))
+    failed = [i for i in status.items if i.status == "failed"]
+    reasons = Counter(i.reason for i in failed).most_common()
+    if len(reasons) > 1:
+        lines.append(Text("  top failure reasons:"))
+        lines += [Text(f"    {n} x {reason}") for reason, n in reasons[:REASONS_SHOWN]]
+        if len(reasons) > REASONS_SHOWN:
+            lines.append(Text(f"    ... and {len(reasons) - REASONS_SHOWN} other reason(s)"))
+    shown = failed if all_failed else failed[:FAILED_SHOWN]
+    lines += [Text(f"  failed {i.item_id}: {i.reason}") for i in shown]
+    if len(shown) < len(failed):
+        lines.append(Text(f"  ... and {len(failed) - len(shown)} more failed item(s): --failed lists them all"))
+    return lines
+
+
+def _print(console: Console, lines: list) -> None:
+    for line in lines:  # soft_wrap: a long reason stays one line
+        console.print(line, soft_wrap=True)
+
+
+def _warn(status: sdk.JobStatus) -> None:
     for warning in status.warnings:
         click.echo(f"warning: {warning}", err=True)
+
+
+def _finish(status: sdk.JobStatus) -> None:
+    """Exit 1 when the job is done with failed items; 0 otherwise (done, or still running)."""
+    if status.done and status.counts["failed"]:
+        raise SystemExit(1)
 
 
 @click.command()
 @env_option
 @click.argument("job_id")
-@click.option("--watch", is_flag=True, help="refresh every 2 s until every item has a final status")
-def status(env_name, job_id, watch) -> None:
-    """Counts of succeeded / running / queued / failed / cancelled items, with a progress bar."""
+@click.option("--watch", is_flag=True, help=f"redraw every {WATCH_S:g} s until every item has a final status")
+@click.option("--time-limit", type=click.FloatRange(min=0), default=None, metavar="S",
+              help="with --watch: give up after S seconds (exit 1)")
+@click.option("--failed", "all_failed", is_flag=True, help=f"list every failed item (default: the first {FAILED_SHOWN})")
+def status(env_name, job_id, watch, time_limit, all_failed) -> None:
+    """Counts of succeeded / running / queued / failed / cancelled items, with a progress bar.
+
+    Exit status: 0 when the job is done with no failed item, or still running; 1 when it is done
+    with failed items, when --watch gives up at --time-limit, or on an error."""
     env, console = _load(env_name), _console()
+    if time_limit is not None and not watch:
+        raise click.BadParameter("only applies with --watch; add --watch or drop it", param_hint="--time-limit")
     with _explained(env):
-        while True:
-            current = sdk.status(env, job_id)
-            _show(console, current)
-            if not watch or current.done:
-                return
-            time.sleep(2)
-            console.print()
+        current = sdk.status(env, job_id)
+        if not watch or current.done:
+            _print(console, _view(current, all_failed=all_failed))
+            _warn(current)
+            _finish(current)
+            return
+        deadline = None if time_limit is None else time.monotonic() + time_limit
+        with Live(Group(*_view(current, all_failed=all_failed)), console=console, auto_refresh=False) as live:
+            while not current.done:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                time.sleep(WATCH_S if left is None else min(WATCH_S, left))
+                current = sdk.status(env, job_id)
+                live.update(Group(*_view(current, all_failed=all_failed)), refresh=True)
+        _warn(current)
+        if not current.done:
+            finished = sum(current.counts[s] for s in ("succeeded", "failed", "cancelled"))
+            click.echo(f"gave up after --time-limit {time_limit:g}s: job {job_id} not done "
+                       f"({finished}/{current.job.total} items final)", err=True)
+            raise SystemExit(1)
+        _finish(current)
 
 
 @click.command()
