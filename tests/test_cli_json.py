@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from agent_harness import Harness
 from click.testing import CliRunner
@@ -10,7 +12,7 @@ from click.testing import CliRunner
 from tidefleet.cli import main
 from tidefleet.jobs import cli as jobs_cli
 from tidefleet.jobs import sdk
-from tidefleet.store import Store
+from tidefleet.store import Heartbeat, Store
 
 
 @pytest.fixture
@@ -87,3 +89,98 @@ def test_status_summarises_failures_and_lists_them_all_with_failed(h):
 def test_time_limit_without_watch_is_refused(h):
     out = run(h, "status", "x", "--time-limit", "5")
     assert out.exit_code == 2 and "only applies with --watch" in out.output
+
+
+# -- --json: one versioned schema per command ---------------------------------------------------
+def json_lines(out) -> list[dict]:
+    assert "Traceback" not in out.output
+    return [json.loads(line) for line in out.stdout.splitlines()]
+
+
+def has_shape(obj: dict, shape: dict) -> None:
+    """Every key of `shape` is in `obj` with a value of that type (fields are only ever added)."""
+    for key, types in shape.items():
+        assert key in obj, key
+        assert isinstance(obj[key], types), (key, obj[key])
+
+
+STATUS_SHAPE = {"schema": str, "job_id": str, "name": str, "queue": str, "created_at": float, "total": int,
+                "cancelled": bool, "state": str, "done": bool, "counts": dict, "unrecorded": int, "failed": list,
+                "warnings": list}
+JOB_SHAPE = {k: STATUS_SHAPE[k] for k in ("job_id", "name", "queue", "created_at", "total", "cancelled", "state",
+                                          "done", "counts")}
+
+
+def test_status_json_has_the_versioned_schema_and_the_same_exit_code(h):
+    job_id = job_with(h, "json-status", "succeeded", "failed:out of memory")
+    out = run(h, "status", job_id, "--json")
+    (obj,) = json_lines(out)
+    assert out.exit_code == 1
+    has_shape(obj, STATUS_SHAPE)
+    assert obj["schema"] == "tidefleet.status/1" and obj["state"] == "failed" and obj["done"] is True
+    assert obj["counts"] == {"succeeded": 1, "running": 0, "queued": 0, "failed": 1, "cancelled": 0}
+    assert obj["failed"] == [{"item_id": "000001", "reason": "out of memory", "exit_code": None}]
+
+
+def test_status_json_under_watch_prints_one_object_per_refresh(h):
+    out = run(h, "status", job_with(h, "json-watch", "queued"), "--json", "--watch", "--time-limit", "0.1")
+    lines = json_lines(out)
+    assert out.exit_code == 1 and len(lines) >= 1 and all(o["state"] == "running" for o in lines)
+
+
+def test_nodes_json_lists_pools_and_nodes(h):
+    Store(h.env.name, h.env.region).put_heartbeat(
+        Heartbeat("i-1", "cpu", at=0.0, slots=2, busy_slots=1, idle_since=None, instance_type="c6i.large", spot=True))
+    out = run(h, "nodes", "--json")
+    (obj,) = json_lines(out)
+    assert out.exit_code == 0 and obj["schema"] == "tidefleet.nodes/1" and isinstance(obj["env"], str)
+    (pool,) = [p for p in obj["pools"] if p["pool"] == "cpu"]
+    has_shape(pool, {"pool": str, "desired": (int, type(None)), "instances": (int, type(None)), "nodes": list})
+    (node,) = pool["nodes"]
+    has_shape(node, {"node_id": str, "instance_type": str, "spot": bool, "busy_slots": int, "slots": int,
+                     "gpus": int, "draining": bool, "heartbeat_age_s": float})
+
+
+def test_logs_json_is_one_object_per_line(h):
+    job_id = job_with(h, "json-logs", "queued")
+    stream = sdk.Cloud(h.env).logs.stream("work", job_id, "000000", 1)
+    for line in ("epoch 1", '{"not": "parsed"}'):
+        stream.write(line)
+    stream.close()
+    out = run(h, "logs", job_id, "--json")
+    lines = json_lines(out)
+    assert out.exit_code == 0 and [o["line"] for o in lines] == ["epoch 1", '{"not": "parsed"}']
+    for obj in lines:
+        has_shape(obj, {"schema": str, "job_id": str, "stream": str, "line": str})
+        assert obj["schema"] == "tidefleet.log/1" and obj["job_id"] == job_id
+
+
+@pytest.mark.parametrize("names, exit_code", [(["dev"], 0), (["dev", "no-such-env"], 1)])
+def test_validate_json_reports_every_environment(names, exit_code):
+    out = CliRunner().invoke(main, ["validate", "--json", *names])
+    (obj,) = json_lines(out)
+    assert out.exit_code == exit_code and obj["schema"] == "tidefleet.validate/1" and obj["ok"] is (exit_code == 0)
+    assert [e["name"] for e in obj["environments"]] == names
+    for env in obj["environments"]:
+        has_shape(env, {"name": str, "ok": bool, "error": (str, type(None)), "cloud": (str, type(None)),
+                        "region": (str, type(None)), "pools": (int, type(None)), "queues": (int, type(None))})
+    assert obj["environments"][0]["cloud"] == "aws"
+
+
+# -- no tracebacks ------------------------------------------------------------------------------
+@pytest.mark.parametrize("args", [["status", "no-such-job"], ["status", "no-such-job", "--json"],
+                                  ["logs", "no-such-job", "--json"]])
+def test_a_missing_job_is_one_line_and_exit_1(h, args):
+    out = run(h, *args)
+    assert out.exit_code == 1 and isinstance(out.exception, SystemExit)
+    assert out.output.strip().count("\n") == 0 and "job 'no-such-job' not found" in out.output
+
+
+@pytest.mark.parametrize("args", [["status", "j"], ["status", "j", "--json"], ["nodes", "--json"],
+                                  ["logs", "j", "--json"]])
+def test_an_unreachable_endpoint_is_one_line_and_exit_1(h, monkeypatch, args):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    out = run(h, *args)
+    assert out.exit_code == 1 and isinstance(out.exception, SystemExit)
+    assert out.output.strip().count("\n") == 0 and "cannot reach AWS" in out.output

@@ -293,5 +293,13 @@ def test_the_tick_command_prints_each_decision_with_its_reasons_and_dry_run_chan
     assert reasons and all(r.startswith("  - ") for r in reasons) and "demand 5 slots" in result.output
     assert group()["DesiredCapacity"] == 0
 
+    result = CliRunner().invoke(main, ["tick", "--env", "sandbox", "--dry-run", "--json"])
+    tick = json.loads(result.output)
+    assert result.exit_code == 0 and tick["schema"] == "tidefleet.tick/1" and tick["dry_run"] is True
+    (cpu,) = tick["decisions"]
+    assert (cpu["pool"], cpu["desired"], cpu["terminate"], cpu["on_demand_base"]) == ("cpu", 3, [], None)
+    assert cpu["reasons"] == [r.removeprefix("  - ") for r in reasons], "the same decision as the text"
+    assert tick["failures"] == [] and group()["DesiredCapacity"] == 0
+
     result = CliRunner().invoke(main, ["tick", "--env", "sandbox", "--pool", "gpu"])
     assert result.exit_code == 2 and "unknown pool(s) gpu; known: cpu" in result.output

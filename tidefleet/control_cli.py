@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
+from dataclasses import asdict
 
 import click
 from botocore.exceptions import BotoCoreError, ClientError
@@ -19,7 +21,8 @@ from tidefleet.control import tick as run_tick
 @click.option("--dry-run", is_flag=True, help="decide and print, change nothing")
 @click.option("--pool", "pools", multiple=True, help="only this pool (repeatable); default: every pool")
 @click.option("--log-json", is_flag=True, help="also print the JSON decision lines the function logs")
-def tick(env_name: str, dry_run: bool, pools: tuple[str, ...], log_json: bool) -> None:
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object (schema tidefleet.tick/1) instead of text")
+def tick(env_name: str, dry_run: bool, pools: tuple[str, ...], log_json: bool, as_json: bool) -> None:
     """Run one control tick: read the queues and the fleet, decide, act; print each decision and why."""
     try:
         env = load_environment(env_name)
@@ -44,6 +47,13 @@ def tick(env_name: str, dry_run: bool, pools: tuple[str, ...], log_json: bool) -
             f"cloud call failed: {err}; check credentials, region {env.region} and the deployment"
         )
     dry = dry_run or env.scaler.dry_run
+    if as_json:
+        click.echo(json.dumps({"schema": "tidefleet.tick/1", "env": env.name, "dry_run": dry,
+                               "decisions": [asdict(d) for d in decisions],
+                               "failures": [] if failed is None else str(failed).splitlines()}))
+        if failed is not None:
+            raise SystemExit(1)
+        return
     for d in decisions:
         changes = [f"desired {d.desired}"]
         if d.terminate:

@@ -7,8 +7,10 @@ and turns cloud errors into a line that says what to do.
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections import Counter
+from dataclasses import asdict
 
 import click
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
@@ -23,6 +25,8 @@ from tidefleet.config import ConfigError, Environment, load_environment
 from tidefleet.jobs import sdk
 
 MISSING = {"ResourceNotFoundException", "AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"}
+json_option = click.option("--json", "as_json", is_flag=True,
+                            help="print JSON (schema in the README) instead of text")
 env_option = click.option(
     "--env", "env_name", envvar="TIDEFLEET_ENV", required=True,
     help="environment name or .toml path (default: $TIDEFLEET_ENV)",
@@ -113,6 +117,21 @@ def _print(console: Console, lines: list) -> None:
         console.print(line, soft_wrap=True)
 
 
+def _emit(schema: str, **fields) -> None:
+    """One JSON object on one line; `schema` is versioned: fields are only ever added."""
+    click.echo(json.dumps({"schema": f"tidefleet.{schema}/1", **fields}, separators=(",", ":")))
+
+
+def status_json(status: sdk.JobStatus) -> dict:
+    job = status.job
+    failed = [{"item_id": i.item_id, "reason": i.reason, "exit_code": i.exit_code}
+              for i in status.items if i.status == "failed"]
+    return {"job_id": job.job_id, "name": job.name, "queue": job.queue, "created_at": job.created_at,
+            "total": job.total, "cancelled": job.cancelled, "state": status.state, "done": status.done,
+            "counts": status.counts, "unrecorded": status.unrecorded, "failed": failed,
+            "warnings": list(status.warnings)}
+
+
 def _warn(status: sdk.JobStatus) -> None:
     for warning in status.warnings:
         click.echo(f"warning: {warning}", err=True)
@@ -131,7 +150,8 @@ def _finish(status: sdk.JobStatus) -> None:
 @click.option("--time-limit", type=click.FloatRange(min=0), default=None, metavar="S",
               help="with --watch: give up after S seconds (exit 1)")
 @click.option("--failed", "all_failed", is_flag=True, help=f"list every failed item (default: the first {FAILED_SHOWN})")
-def status(env_name, job_id, watch, time_limit, all_failed) -> None:
+@json_option
+def status(env_name, job_id, watch, time_limit, all_failed, as_json) -> None:
     """Counts of succeeded / running / queued / failed / cancelled items, with a progress bar.
 
     Exit status: 0 when the job is done with no failed item, or still running; 1 when it is done
@@ -141,43 +161,72 @@ def status(env_name, job_id, watch, time_limit, all_failed) -> None:
         raise click.BadParameter("only applies with --watch; add --watch or drop it", param_hint="--time-limit")
     with _explained(env):
         current = sdk.status(env, job_id)
-        if not watch or current.done:
+        if as_json:  # under --watch, one line per refresh; warnings are in the object
+            _emit("status", **status_json(current))
+            current = _watch_json(env, job_id, current, watch, time_limit)
+        elif not watch or current.done:
             _print(console, _view(current, all_failed=all_failed))
             _warn(current)
-            _finish(current)
-            return
-        deadline = None if time_limit is None else time.monotonic() + time_limit
-        with Live(Group(*_view(current, all_failed=all_failed)), console=console, auto_refresh=False) as live:
-            while not current.done:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    break
-                time.sleep(WATCH_S if left is None else min(WATCH_S, left))
-                current = sdk.status(env, job_id)
-                live.update(Group(*_view(current, all_failed=all_failed)), refresh=True)
-        _warn(current)
-        if not current.done:
-            finished = sum(current.counts[s] for s in ("succeeded", "failed", "cancelled"))
-            click.echo(f"gave up after --time-limit {time_limit:g}s: job {job_id} not done "
-                       f"({finished}/{current.job.total} items final)", err=True)
-            raise SystemExit(1)
-        _finish(current)
+        else:
+            deadline = _deadline(time_limit)
+            with Live(Group(*_view(current, all_failed=all_failed)), console=console, auto_refresh=False) as live:
+                while not current.done and _wait(deadline):
+                    current = sdk.status(env, job_id)
+                    live.update(Group(*_view(current, all_failed=all_failed)), refresh=True)
+            _warn(current)
+    _gave_up(current, watch, time_limit)
+    _finish(current)
+
+
+def _deadline(time_limit: float | None) -> float | None:
+    return None if time_limit is None else time.monotonic() + time_limit
+
+
+def _wait(deadline: float | None) -> bool:
+    """Sleep until the next refresh; False once the deadline has passed."""
+    left = None if deadline is None else deadline - time.monotonic()
+    if left is not None and left <= 0:
+        return False
+    time.sleep(WATCH_S if left is None else min(WATCH_S, left))
+    return True
+
+
+def _watch_json(env, job_id: str, current: sdk.JobStatus, watch: bool, time_limit: float | None) -> sdk.JobStatus:
+    deadline = _deadline(time_limit)
+    while watch and not current.done and _wait(deadline):
+        current = sdk.status(env, job_id)
+        _emit("status", **status_json(current))
+    return current
+
+
+def _gave_up(current: sdk.JobStatus, watch: bool, time_limit: float | None) -> None:
+    if watch and not current.done:
+        finished = sum(current.counts[s] for s in ("succeeded", "failed", "cancelled"))
+        click.echo(f"gave up after --time-limit {time_limit:g}s: job {current.job.job_id} not done "
+                   f"({finished}/{current.job.total} items final)", err=True)
+        raise SystemExit(1)
 
 
 @click.command()
 @env_option
 @click.argument("job_id")
 @click.argument("item_id", required=False)
-def logs(env_name, job_id, item_id) -> None:
-    """Print the output of every attempt of JOB_ID's items (or of ITEM_ID only)."""
+@json_option
+def logs(env_name, job_id, item_id, as_json) -> None:
+    """Print the output of every attempt of JOB_ID's items (or of ITEM_ID only).
+
+    With --json: one object per line, {"schema", "job_id", "stream", "line"}."""
     env = _load(env_name)
     with _explained(env):
         current = None
         for stream, line in sdk.log_lines(env, job_id, item_id):
-            if stream != current:
-                click.echo(f"==> {stream} <==")
-                current = stream
-            click.echo(line)
+            if as_json:
+                _emit("log", job_id=job_id, stream=stream, line=line)
+            else:
+                if stream != current:
+                    click.echo(f"==> {stream} <==")
+                click.echo(line)
+            current = stream
         if current is None:
             click.echo(f"no logs yet for {job_id}{'/' + item_id if item_id else ''}", err=True)
 
@@ -207,11 +256,15 @@ def retry_failed(env_name, job_id) -> None:
 
 @click.command()
 @env_option
-def nodes(env_name) -> None:
+@json_option
+def nodes(env_name, as_json) -> None:
     """Per pool: nodes, type, spot/on-demand, busy/idle, GPUs (from heartbeats and groups)."""
     env = _load(env_name)
     with _explained(env):
         pools = sdk.nodes(env)
+    if as_json:
+        _emit("nodes", env=env.name, pools=[asdict(p) for p in pools])
+        return
     console = _console()
     for pool in pools:
         group = "group not found" if pool.desired is None else f"desired {pool.desired}, {pool.instances} instance(s)"

@@ -427,6 +427,11 @@ class JobStatus:
         """Every item has a final status (an unrecorded item is not final either)."""
         return self.unrecorded == 0 and all(i.status in FINAL for i in self.items)
 
+    @property
+    def state(self) -> str:
+        """running (not done), failed (done with failed items) or done."""
+        return "running" if not self.done else ("failed" if self.counts["failed"] else "done")
+
 
 def status(env: Environment, job_id: str, *, reconcile: bool = True) -> JobStatus:
     """The job's counts and items; first marks failed what redrive moved to its dead-letter
