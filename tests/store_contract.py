@@ -3,7 +3,7 @@ Firestore through the real client on the GCP fake): the rules that keep an item 
 
 from __future__ import annotations
 
-from tidefleet.store import Fence, Item
+from tidefleet.store import Fence, Item, Job
 
 
 def check_claims_and_fences(store, job: str) -> None:
@@ -37,3 +37,19 @@ def check_claims_and_fences(store, job: str) -> None:
 
 def queued_item(job: str) -> Item:
     return Item(job, "000000", ["a"], status="queued")
+
+
+def check_jobs_listing(store) -> list[Job]:
+    """Listing jobs: oldest first, filtered by queue, items never listed as jobs. Returns them all,
+    so the caller can compare what two stores list."""
+    store.put_job(Job("b-new", "new", "work", 20.0, 1))
+    store.put_job(Job("a-old", "old", "other", 10.0, 2, cancelled=False, items_digest="sha256:x"))
+    store.put_job(Job("c-same-time", "same", "work", 20.0, 1))
+    store.put_item_if_new(Item("b-new", "000000", ["a"]))
+    store.cancel_job("c-same-time")
+    jobs = store.jobs()
+    assert [j.job_id for j in jobs] == ["a-old", "b-new", "c-same-time"]
+    assert [j.job_id for j in store.jobs("work")] == ["b-new", "c-same-time"]
+    assert store.jobs("nope") == []
+    assert jobs[2].cancelled and jobs[0].items_digest == "sha256:x" and jobs[0].total == 2
+    return jobs

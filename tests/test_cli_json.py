@@ -184,3 +184,37 @@ def test_an_unreachable_endpoint_is_one_line_and_exit_1(h, monkeypatch, args):
     out = run(h, *args)
     assert out.exit_code == 1 and isinstance(out.exception, SystemExit)
     assert out.output.strip().count("\n") == 0 and "cannot reach AWS" in out.output
+
+
+# -- jobs --------------------------------------------------------------------------------------
+def test_jobs_lists_every_job_with_its_state_and_filters_by_queue_and_state(h):
+    running = job_with(h, "list-running", "succeeded", "queued")
+    done = job_with(h, "list-done", "succeeded")
+    failed = job_with(h, "list-failed", "failed")
+    other = sdk.submit(h.env, "list-short", "short", sdk.read_items(["a"]), kick=False).job_id
+    cases = [  # (filters, job ids expected, oldest first)
+        ([], [running, done, failed, other]),
+        (["--queue", "work"], [running, done, failed]),
+        (["--state", "running"], [running, other]),
+        (["--state", "done"], [done]),
+        (["--state", "failed", "--queue", "work"], [failed]),
+        (["--state", "failed", "--queue", "short"], []),
+    ]
+    for filters, expected in cases:
+        out = run(h, "jobs", "--json", *filters)
+        (obj,) = json_lines(out)
+        assert out.exit_code == 0 and obj["schema"] == "tidefleet.jobs/1"
+        assert [j["job_id"] for j in obj["jobs"]] == expected, filters
+        for job in obj["jobs"]:
+            has_shape(job, JOB_SHAPE)
+    text = run(h, "jobs", "--queue", "work")
+    assert text.exit_code == 0 and f"{failed}  work  failed  1/1 final (1 failed, 0 running)" in text.output
+    out = run(h, "jobs", "--queue", "nope")
+    assert out.exit_code == 1 and "unknown queue 'nope'" in out.output and "Traceback" not in out.output
+
+
+def test_jobs_with_an_unreachable_endpoint_is_one_line_and_exit_1(h, monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    out = run(h, "jobs", "--json")
+    assert out.exit_code == 1 and out.output.strip().count("\n") == 0 and "cannot reach AWS" in out.output

@@ -296,3 +296,12 @@ def test_an_item_pubsub_dead_lettered_after_its_delivery_attempts_is_failed_and_
     hold, release = calls(gcp, "POST", f"/subscriptions/{DLQ}:modifyAckDeadline")
     assert hold["body"]["ackDeadlineSeconds"] == sdk.REDRIVE_HOLD_S and "ackDeadlineSeconds" not in release["body"]
     assert sdk.retry_failed(ENV, job) == 1 and Cloud(ENV).store.item(job, "000000").status == "queued"
+
+
+def test_firestore_and_dynamodb_list_the_same_jobs(gcp, aws):
+    from tests.store_contract import check_jobs_listing
+    from tidefleet.cloud.firestore import FirestoreStore
+    from tidefleet.store import Store, create_table
+
+    create_table("t")
+    assert check_jobs_listing(FirestoreStore(ENV)) == check_jobs_listing(Store("t", "us-east-1"))

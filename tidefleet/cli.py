@@ -16,6 +16,7 @@ COMMANDS = {
     "cancel": "tidefleet.jobs.cli:cancel",
     "retry-failed": "tidefleet.jobs.cli:retry_failed",
     "nodes": "tidefleet.jobs.cli:nodes",
+    "jobs": "tidefleet.jobs.cli:jobs",
     "agent": "tidefleet.agent.cli:agent",
     "tick": "tidefleet.control_cli:tick",
     "simulate": "tidefleet.sim.cli:simulate",

@@ -252,6 +252,22 @@ class Store:
         raw = self.table.get_item(Key={"pk": f"JOB#{job_id}", "sk": "JOB"}, ConsistentRead=True).get("Item")
         return None if raw is None else _record(Job, raw)
 
+    def jobs(self, queue: str | None = None) -> list[Job]:
+        """Every job (of one queue), oldest first. A Scan filtered on sk = JOB: it reads the whole
+        table (items and heartbeats too), as there is no index on jobs yet."""
+        kwargs = {"FilterExpression": "sk = :job", "ExpressionAttributeValues": {":job": "JOB"}, "ConsistentRead": True}
+        if queue is not None:
+            kwargs["FilterExpression"] += " AND #queue = :queue"
+            kwargs["ExpressionAttributeNames"] = {"#queue": "queue"}
+            kwargs["ExpressionAttributeValues"][":queue"] = queue
+        out: list[Job] = []
+        while True:
+            page = self.table.scan(**kwargs)
+            out += [_record(Job, raw) for raw in page["Items"]]
+            if "LastEvaluatedKey" not in page:
+                return sorted(out, key=lambda j: (j.created_at, j.job_id))
+            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
     def set_job_total(self, job_id: str, total: int) -> None:
         self.table.update_item(
             Key={"pk": f"JOB#{job_id}", "sk": "JOB"},

@@ -171,7 +171,16 @@ class FirestoreStore(FirestoreNodes):
 
     def job(self, job_id: str) -> Job | None:
         doc = self._get(self._job_doc(job_id))
-        return None if doc is None else Job(**{k: v for k, v in self._values(doc).items() if k in Job.__dataclass_fields__})
+        return None if doc is None else self._job(doc)
+
+    def _job(self, doc: Document) -> Job:
+        return Job(**{k: v for k, v in self._values(doc).items() if k in Job.__dataclass_fields__})
+
+    def jobs(self, queue: str | None = None) -> list[Job]:
+        """Every job (of one queue), oldest first: the jobs collection, listed in pages."""
+        pages = self.client.list_documents(request={"parent": self.root, "collection_id": "jobs", "page_size": PAGE})
+        jobs = [self._job(doc) for doc in pages]
+        return sorted((j for j in jobs if queue is None or j.queue == queue), key=lambda j: (j.created_at, j.job_id))
 
     def set_job_total(self, job_id: str, total: int) -> None:
         self._set(self._job_doc(job_id), {"total": total})

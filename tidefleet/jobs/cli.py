@@ -276,3 +276,31 @@ def nodes(env_name, as_json) -> None:
             table.add_row(escape(n.node_id), escape(n.instance_type), "spot" if n.spot else "on-demand", f"{n.busy_slots}/{n.slots}",
                           state, str(n.gpus), f"{n.heartbeat_age_s:.0f}s ago")
         console.print(table)
+
+
+@click.command("jobs")
+@env_option
+@click.option("--queue", default=None, help="only this queue's jobs")
+@click.option("--state", type=click.Choice(sdk.JOB_STATES), default=None,
+              help="running (items not final yet), done (none failed) or failed (done with failed items)")
+@json_option
+def jobs(env_name, queue, state, as_json) -> None:
+    """List the environment's jobs, oldest first, with their item counts.
+
+    Slow on big environments for now: on AWS it scans the whole table (there is no jobs index),
+    and it reads every job's items to know its state."""
+    env = _load(env_name)
+    with _explained(env):
+        found = sdk.jobs(env, queue=queue, state=state)
+    if as_json:
+        fields = ("job_id", "name", "queue", "created_at", "total", "cancelled", "state", "done", "counts", "unrecorded")
+        _emit("jobs", env=env.name, jobs=[{k: status_json(s)[k] for k in fields} for s in found])
+        return
+    if not found:
+        click.echo(f"no jobs{f' on queue {queue}' if queue else ''}{f' in state {state}' if state else ''}", err=True)
+        return
+    for s in found:  # one line per job, however long: for grep and cut
+        c = s.counts
+        created = time.strftime("%Y-%m-%d %H:%M", time.gmtime(s.job.created_at))
+        click.echo(f"{s.job.job_id}  {s.job.queue}  {s.state}  {c['succeeded'] + c['failed'] + c['cancelled']}/{s.job.total} "
+                   f"final ({c['failed']} failed, {c['running']} running)  created {created}  {s.job.name}")

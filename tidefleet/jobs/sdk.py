@@ -447,9 +447,30 @@ def status(env: Environment, job_id: str, *, reconcile: bool = True) -> JobStatu
         except CLOUD_ERRORS as err:
             warnings.append(f"could not read the dead-letter queue of {job.queue!r} ({err}); "
                             "items redrive moved there are not counted as failed yet")
-    items = cloud.store.items(job_id)
+    return _status(cloud, job, warnings)
+
+
+def _status(cloud: Cloud, job: Job, warnings: list[str] = ()) -> JobStatus:
+    items = cloud.store.items(job.job_id)
     counts = Counter("queued" if i.status == "pending" else i.status for i in items)
     return JobStatus(job, {s: counts.get(s, 0) for s in STATES}, items, tuple(warnings))
+
+
+JOB_STATES = ("running", "done", "failed")  # JobStatus.state
+
+
+def jobs(env: Environment, *, queue: str | None = None, state: str | None = None) -> list[JobStatus]:
+    """Every job of the environment (or of one queue, in one state), oldest first. Costly by
+    design for now: the DynamoDB store scans the whole table, and each job's items are read to
+    know its state (O(items)); dead letters are not reconciled here (`status` does that)."""
+    if queue is not None and queue not in env.queues:
+        raise JobError(f"queue: unknown queue {queue!r} in environment {env.name!r}; "
+                       f"known queues: {', '.join(sorted(env.queues))}")
+    if state is not None and state not in JOB_STATES:
+        raise JobError(f"state: unknown state {state!r}; use one of {', '.join(JOB_STATES)}")
+    cloud = Cloud(env)
+    found = (_status(cloud, job) for job in cloud.store.jobs(queue))
+    return [s for s in found if state is None or s.state == state]
 
 
 # -- dead letters -------------------------------------------------------------------------
