@@ -171,8 +171,7 @@ class _Reader:
         if isinstance(spec, str):
             self.problem(at, spec)
             return
-        fine = ID_RULE.fullmatch(spec.item_id) and ".." not in spec.item_id and not any("\0" in a for a in spec.args)
-        for text in () if fine else _problems(spec):
+        for text in _problems(spec):
             self.problem(at, text)
         first = self.first_seen.setdefault(spec.item_id, at)
         if first != at:
@@ -433,17 +432,22 @@ class JobStatus:
         return "running" if not self.done else ("failed" if self.counts["failed"] else "done")
 
 
+def _job(cloud: Cloud, env: Environment, job_id: str) -> Job:
+    job = cloud.store.job(job_id)
+    if job is None:
+        raise JobError(f"job {job_id!r} not found in environment {env.name!r}; check the id printed by submit")
+    return job
+
+
 def status(env: Environment, job_id: str, *, reconcile: bool = True) -> JobStatus:
     """The job's counts and items; first marks failed what redrive moved to its dead-letter
     queue (`reconcile_dead_letters`), which costs one empty receive when there is none."""
     cloud = Cloud(env)
-    job = cloud.store.job(job_id)
-    if job is None:
-        raise JobError(f"job {job_id!r} not found in environment {env.name!r}; check the id printed by submit")
+    job = _job(cloud, env, job_id)
     warnings: list[str] = []
     if reconcile:
         try:
-            warnings += reconcile_dead_letters(env, job_id, cloud=cloud).warnings
+            warnings += _reconcile(cloud, env, [job.queue], job_id).warnings
         except CLOUD_ERRORS as err:
             warnings.append(f"could not read the dead-letter queue of {job.queue!r} ({err}); "
                             "items redrive moved there are not counted as failed yet")
@@ -498,13 +502,12 @@ def reconcile_dead_letters(env: Environment, job_id: str | None = None, *, cloud
     losses over budget) are left to the agent's own record. Only peeks: messages are held a
     moment and released, never deleted, so `retry_failed` still finds them."""
     cloud = cloud or Cloud(env)
-    if job_id is None:
-        queues = list(env.queues)
-    else:
-        job = cloud.store.job(job_id)
-        if job is None:
-            raise JobError(f"job {job_id!r} not found in environment {env.name!r}")
-        queues = [job.queue] if job.queue in env.queues else []
+    queues = list(env.queues) if job_id is None else [_job(cloud, env, job_id).queue]
+    return _reconcile(cloud, env, queues, job_id)
+
+
+def _reconcile(cloud: Cloud, env: Environment, queues: list[str], job_id: str | None) -> Reconciled:
+    queues = [q for q in queues if q in env.queues]  # a job's queue may since have left the config
     failed: list[tuple[str, str]] = []
     warnings: list[str] = []
     for name in queues:
@@ -567,9 +570,7 @@ def cancel(env: Environment, job_id: str) -> int:
 def retry_failed(env: Environment, job_id: str) -> int:
     """Move this job's messages from the dead-letter queue back to its queue with a fresh retry budget."""
     cloud = Cloud(env)
-    job = cloud.store.job(job_id)
-    if job is None:
-        raise JobError(f"job {job_id!r} not found in environment {env.name!r}")
+    job = _job(cloud, env, job_id)
     others: list[str] = []  # other jobs' messages: hidden while we scan, released at the end
     moved = 0
     try:
@@ -590,10 +591,10 @@ def retry_failed(env: Environment, job_id: str) -> int:
                     others.append(m.handle)
             if mine:
                 # Store first: an agent drops a message whose item is still final, so the item
-                # must be queued again before its message can be received. only_from: an item
-                # with no record gets none (an update would create a record without its keys).
+                # must be queued again before its message can be received (an item with no
+                # record gets none: the store never creates one in an update).
                 for msg, _ in mine:
-                    cloud.store.update_item(job_id, msg.item, only_from=("failed", *WAITING), never_from=(),
+                    cloud.store.update_item(job_id, msg.item, never_from=("succeeded", "cancelled"),
                                             status="queued", failures=0, reason="")  # fmt: skip
                 cloud.send(job.queue, [replace(msg, failures=0) for msg, _ in mine])
                 cloud.queues.delete(job.queue, [r for _, r in mine], dead_letter=True)
@@ -606,10 +607,7 @@ def retry_failed(env: Environment, job_id: str) -> int:
 def log_lines(env: Environment, job_id: str, item_id: str | None = None) -> Iterator[tuple[str, str]]:
     """(stream, line) for every attempt of the job's items (or one item), oldest first per stream."""
     cloud = Cloud(env)
-    job = cloud.store.job(job_id)
-    if job is None:
-        raise JobError(f"job {job_id!r} not found in environment {env.name!r}; check the id printed by submit")
-    return cloud.logs.lines(job.queue, job_id, item_id)
+    return cloud.logs.lines(_job(cloud, env, job_id).queue, job_id, item_id)
 
 
 # -- nodes --------------------------------------------------------------------------------
