@@ -21,11 +21,11 @@ from pathlib import Path
 import boto3
 
 from tidefleet import naming
+from tidefleet.cloud.aws.dynamodb import DynamoStore
 from tidefleet.config import load_environment
 from tidefleet.emulator import start_moto
 from tidefleet.jobs import sdk
 from tidefleet.sandbox.provision import provision
-from tidefleet.store import Store
 
 ENV = """
 region = "us-east-1"
@@ -74,7 +74,7 @@ def agent(env, env_path: Path, items: int, server_env: dict, root: Path) -> floa
     job = sdk.submit(env, "agent", "noop", sdk.read_items(["noop"] * items), kick=False).job_id
     sqs = boto3.client("sqs", region_name=env.region)
     url = sqs.get_queue_url(QueueName=naming.queue(env.name, "noop"))["QueueUrl"]
-    store = Store(env.name, env.region)
+    store = DynamoStore(env.name, env.region)
     proc = subprocess.Popen(
         [sys.executable, "-m", "tidefleet.cli", "agent", "--env", str(env_path), "--pool", "cpu"],
         env={**os.environ, **server_env, "TIDEFLEET_NODE_ID": "bench", "TIDEFLEET_IMDS_URL": "http://127.0.0.1:9",

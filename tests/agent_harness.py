@@ -17,7 +17,8 @@ from pathlib import Path
 import boto3
 import psutil
 
-from tidefleet import naming, store
+from tidefleet import naming
+from tidefleet.cloud.aws.dynamodb import DynamoStore, create_table
 from tidefleet.config import Environment, load_environment
 from tidefleet.sandbox.provision import SANDBOX_IMAGE
 
@@ -117,7 +118,7 @@ class Harness:
         return [r for r in rows if event is None or r["event"] == event]
 
     def items(self, job_id: str) -> dict:
-        return {i.item_id: i for i in store.Store(self.env.name, self.env.region).items(job_id)}
+        return {i.item_id: i for i in DynamoStore(self.env.name, self.env.region).items(job_id)}
 
     def queue_depth(self, queue: str, dead_letter: bool = False) -> int:
         sqs = boto3.client("sqs", region_name=self.env.region)
@@ -189,7 +190,7 @@ def provision(env: Environment, visibility_s: int) -> None:
             QueueName=naming.queue(env.name, name),
             Attributes={"VisibilityTimeout": str(visibility_s), "RedrivePolicy": json.dumps(redrive)},
         )
-    store.create_table(env.name, env.region)
+    create_table(env.name, env.region)
     boto3.client("logs", region_name=env.region).create_log_group(logGroupName=naming.item_log_group(env.name))
 
 

@@ -3,7 +3,7 @@ Firestore through the real client on the GCP fake): the rules that keep an item 
 
 from __future__ import annotations
 
-from tidefleet.store import Fence, Item, Job
+from tidefleet.records import Fence, Item, Job
 
 
 def check_claims_and_fences(store, job: str) -> None:

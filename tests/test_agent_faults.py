@@ -13,8 +13,8 @@ from agent_harness import Harness, wait_until
 
 from tidefleet import naming
 from tidefleet.agent import worker
-from tidefleet.agent.imds import Metadata
 from tidefleet.agent.worker import Agent, Settings
+from tidefleet.cloud.aws.imds import Metadata
 from tidefleet.jobs import sdk
 
 pytestmark = pytest.mark.moto
@@ -134,7 +134,7 @@ def test_a_zero_or_negative_agent_interval_is_refused_with_its_name(flag, value)
 
 def test_an_item_completed_by_an_attempt_whose_node_died_is_recorded_not_run_again(h):
     from tidefleet.agent.checkpoint import COMPLETE_MARKER
-    from tidefleet.store import Fence
+    from tidefleet.records import Fence
 
     job = sdk.submit(h.env, "completed", "work", sdk.read_items([["steps=1"]]), kick=False).job_id
     node = agent(h)
@@ -164,7 +164,7 @@ def test_items_run_as_the_unprivileged_item_user_not_as_the_agent(h):
 def test_a_retry_received_before_its_sender_recorded_the_failure_is_kept_not_dropped(h):
     """The sender sends the retry (seq + 1), deletes its message, then records: another node may
     receive the retry in between, while the record still says running under the sender's lease."""
-    from tidefleet.store import Fence
+    from tidefleet.records import Fence
 
     job = sdk.submit(h.env, "race", "work", sdk.read_items([["steps=1"]]), kick=False).job_id
     node = agent(h)
@@ -183,7 +183,7 @@ def test_a_retry_received_before_its_sender_recorded_the_failure_is_kept_not_dro
 
 
 def test_an_attempt_whose_claim_another_node_took_is_killed_and_records_nothing(h):
-    from tidefleet.store import Fence
+    from tidefleet.records import Fence
 
     job = sdk.submit(h.env, "taken", "work", sdk.read_items([["steps=300"]]), kick=False).job_id
     node = agent(h)

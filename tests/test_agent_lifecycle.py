@@ -11,9 +11,10 @@ from collections import Counter
 import pytest
 from agent_harness import Harness, Imds, wait_until
 
-from tidefleet.agent.imds import Metadata
+from tidefleet.cloud.aws.dynamodb import DynamoStore
+from tidefleet.cloud.aws.imds import Metadata
 from tidefleet.jobs import sdk
-from tidefleet.store import FINAL, Store
+from tidefleet.records import FINAL
 
 pytestmark = pytest.mark.moto
 
@@ -74,7 +75,7 @@ def test_items_succeed_fail_into_the_dead_letter_queue_time_out_and_come_back_wi
     assert Counter(e["item"] for e in h.events("done")) == {"000000": 1, "000001": 1, "000002": 1, "flaky": 1}
 
     # Idle is reported by the next heartbeat after the last item, not at once.
-    store = Store(h.env.name, h.env.region)
+    store = DynamoStore(h.env.name, h.env.region)
     hb = wait_until(lambda: (b := store.heartbeats("cpu")["node-a"]).busy_slots == 0 and b, 15, "an idle heartbeat")
     assert (hb.slots, hb.busy_slots, hb.instance_type) == (2, 0, "c6i.large") and hb.idle_since is not None
 

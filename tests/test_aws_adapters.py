@@ -20,11 +20,11 @@ from botocore.exceptions import ClientError
 from botocore.stub import Stubber
 
 from tidefleet import control, naming
-from tidefleet.cloud import Backlog
 from tidefleet.cloud.aws import AutoScalingFleet, QueueMissing, SqsQueues, aws_ports
+from tidefleet.cloud.aws.dynamodb import DynamoStore
 from tidefleet.config import load_environment
+from tidefleet.ports import Backlog
 from tidefleet.sandbox.provision import provision
-from tidefleet.store import Store
 
 ENV = load_environment("sandbox")
 GROUP = naming.group("sandbox", "cpu")
@@ -205,6 +205,6 @@ def test_any_other_terminate_refusal_is_raised():
 
 
 def test_the_tick_observes_each_queues_mean_item_time_recorded_in_the_job_store(cloud):
-    Store(ENV.name, ENV.region).record_item_seconds("demo", 30.0)
+    DynamoStore(ENV.name, ENV.region).record_item_seconds("demo", 30.0)
     seen = control.observe(ENV, aws_ports(ENV), datetime.now(UTC).timestamp(), ["cpu"])
     assert {q.name: q.mean_item_s for q in seen.fleet.queues}["demo"] == 30.0

@@ -10,9 +10,11 @@ from agent_harness import Harness
 from click.testing import CliRunner
 
 from tidefleet.cli import main
+from tidefleet.cloud import for_env
+from tidefleet.cloud.aws.dynamodb import DynamoStore
 from tidefleet.jobs import cli as jobs_cli
 from tidefleet.jobs import sdk
-from tidefleet.store import Heartbeat, Store
+from tidefleet.records import Heartbeat
 
 
 @pytest.fixture
@@ -29,7 +31,7 @@ def job_with(h: Harness, name: str, *statuses: str) -> str:
     """A job whose items have `statuses`; "failed:REASON" gives a reason (default "exit code 1")."""
     job_id = sdk.submit(h.env, name, "work", sdk.read_items([f"s3://b/{n}" for n in range(len(statuses))]),
                         kick=False).job_id
-    store = Store(h.env.name, h.env.region)
+    store = DynamoStore(h.env.name, h.env.region)
     for n, status in enumerate(statuses):
         status, _, reason = status.partition(":")
         if status != "queued":
@@ -63,7 +65,7 @@ def test_watch_gives_up_at_the_time_limit_with_exit_1_and_a_line_saying_so(h):
 
 def test_watch_redraws_until_done_then_exits_like_status(h, monkeypatch):
     job_id = job_with(h, "finishing", "running", "running")
-    store = Store(h.env.name, h.env.region)
+    store = DynamoStore(h.env.name, h.env.region)
     pending = ["000000", "000001"]
 
     def one_item_finishes(seconds):  # each refresh sees one more item final
@@ -129,7 +131,7 @@ def test_status_json_under_watch_prints_one_object_per_refresh(h):
 
 
 def test_nodes_json_lists_pools_and_nodes(h):
-    Store(h.env.name, h.env.region).put_heartbeat(
+    DynamoStore(h.env.name, h.env.region).put_heartbeat(
         Heartbeat("i-1", "cpu", at=0.0, slots=2, busy_slots=1, idle_since=None, instance_type="c6i.large", spot=True))
     out = run(h, "nodes", "--json")
     (obj,) = json_lines(out)
@@ -143,7 +145,7 @@ def test_nodes_json_lists_pools_and_nodes(h):
 
 def test_logs_json_is_one_object_per_line(h):
     job_id = job_with(h, "json-logs", "queued")
-    stream = sdk.Cloud(h.env).logs.stream("work", job_id, "000000", 1)
+    stream = for_env(h.env).logs.stream("work", job_id, "000000", 1)
     for line in ("epoch 1", '{"not": "parsed"}'):
         stream.write(line)
     stream.close()

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from tidefleet import control, policy
-from tidefleet.cloud import Backlog, GroupInstance, GroupState, Ports
 from tidefleet.config import parse_environment
 from tidefleet.policy.interruption import DrainNode, Ignore, LifecycleHold, action_for
 from tidefleet.policy.model import PoolDecision
-from tidefleet.store import Heartbeat, QueueStats
+from tidefleet.ports import Backlog, GroupInstance, GroupState, Ports
+from tidefleet.records import Heartbeat, QueueStats
 
 EVENTS = Path(__file__).parent / "events"
 NOW = 1_800_000_000.0

@@ -10,12 +10,12 @@ from google.auth.credentials import AnonymousCredentials
 from google.auth.transport.requests import AuthorizedSession
 
 from tests.gcp_fake import COMPUTE, FakeGcp, FakeVm
-from tidefleet.cloud import Ports
-from tidefleet.cloud.firestore import FirestoreNodes, FirestoreStore
-from tidefleet.cloud.gcp import MigFleet, MonitoringQueues
+from tidefleet.cloud.gcp.firestore import FirestoreNodes, FirestoreStore
+from tidefleet.cloud.gcp.mig import MigFleet, MonitoringQueues
 from tidefleet.config import load_environment
 from tidefleet.control import tick
-from tidefleet.store import Heartbeat, QueueStats
+from tidefleet.ports import Ports
+from tidefleet.records import Heartbeat, QueueStats
 
 ENV = load_environment("gcp-dev")
 IGM = f"/compute/v1/projects/{ENV.project}/regions/{ENV.region}/instanceGroupManagers"

@@ -13,10 +13,10 @@ import pytest
 
 from tests.test_gcp_agent_metadata import metadata_server  # noqa: F401 - a fixture
 from tests.test_gcp_jobs import DLQ, ENV, SUB, calls, gcp  # noqa: F401 - gcp is a fixture
-from tidefleet.agent.gce import GceMetadata
 from tidefleet.agent.worker import Agent, Settings
+from tidefleet.cloud import for_env
+from tidefleet.cloud.gcp.metadata import GceMetadata
 from tidefleet.jobs import sdk
-from tidefleet.jobs.sdk import Cloud
 
 WORKLOAD = """
 import os, sys, time
@@ -71,7 +71,7 @@ def test_an_item_is_received_run_acked_and_marked_succeeded(gcp, env, tmp_path, 
         return store.item(job, "000000").status == "succeeded"
 
     run_agent(env, tmp_path, "tidefleet-gcp-dev-cpu-aaaa", url, release_once_extended)
-    item = Cloud(env).store.item(job, "000000")
+    item = for_env(env).store.item(job, "000000")
     assert (item.status, item.attempts, item.failures, item.node) == ("succeeded", 1, 0, "tidefleet-gcp-dev-cpu-aaaa")
     assert item.history[-1]["outcome"] == "succeeded" and item.cpu_s is not None
     assert gcp.bodies(SUB) == [], "acknowledged"
@@ -83,7 +83,7 @@ def test_an_item_is_received_run_acked_and_marked_succeeded(gcp, env, tmp_path, 
     assert {k: outcome[k] for k in ("outcome", "queue", "job", "item", "attempt")} == {
         "outcome": "succeeded", "queue": "default", "job": job, "item": "000000", "attempt": 1}
     assert outcome["seconds"] == item.history[-1]["seconds"]
-    beat = Cloud(env).store.heartbeat("cpu", "tidefleet-gcp-dev-cpu-aaaa")
+    beat = for_env(env).store.heartbeat("cpu", "tidefleet-gcp-dev-cpu-aaaa")
     assert (beat.busy_slots, beat.slots, beat.spot) == (0, 2, True)
 
 
@@ -101,7 +101,7 @@ def test_a_preemption_hands_the_item_back_without_a_failure_and_another_node_fin
 
     first = run_agent(env, tmp_path, "tidefleet-gcp-dev-cpu-aaaa", url, preempt_once_running)
     assert first.stop_reason.startswith("spot preemption notice")
-    item = Cloud(env).store.item(job, "000000")
+    item = for_env(env).store.item(job, "000000")
     assert (item.status, item.interruptions, item.failures) == ("queued", 1, 0)
     assert item.history[-1]["outcome"] == "interrupted"
     (body,) = gcp.bodies(SUB)
@@ -109,7 +109,7 @@ def test_a_preemption_hands_the_item_back_without_a_failure_and_another_node_fin
 
     state["preempted"] = "FALSE"  # another VM
     run_agent(env, tmp_path, "tidefleet-gcp-dev-cpu-bbbb", url, lambda s: s.item(job, "000000").status == "succeeded")
-    item = Cloud(env).store.item(job, "000000")
+    item = for_env(env).store.item(job, "000000")
     assert (item.status, item.attempts, item.failures, item.interruptions, item.node) == (
         "succeeded", 2, 0, 1, "tidefleet-gcp-dev-cpu-bbbb")
     assert gcp.bodies(SUB) == []

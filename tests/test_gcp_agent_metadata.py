@@ -7,7 +7,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tidefleet.agent.gce import PREEMPTED, GceMetadata
+from tidefleet.cloud.gcp.metadata import PREEMPTED, GceMetadata
 
 
 @pytest.fixture

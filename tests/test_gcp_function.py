@@ -17,10 +17,10 @@ from google.auth.credentials import AnonymousCredentials
 
 from lambdas.gcp_scaler import main
 from tests.gcp_fake import FakeGcp, FakeVm
-from tidefleet.cloud.firestore import FirestoreStore
 from tidefleet.cloud.gcp import function_runtime
+from tidefleet.cloud.gcp.firestore import FirestoreStore
 from tidefleet.config import load_environment
-from tidefleet.store import Heartbeat
+from tidefleet.records import Heartbeat
 
 ENV = load_environment("gcp-dev")
 

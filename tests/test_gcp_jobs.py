@@ -15,10 +15,11 @@ from google.auth.credentials import AnonymousCredentials
 
 from tests.gcp_fake import FakeGcp, FakeVm
 from tidefleet.agent.worker import Agent, Held, Settings
+from tidefleet.cloud import for_env
 from tidefleet.config import load_environment
 from tidefleet.jobs import sdk
-from tidefleet.jobs.sdk import Cloud, ItemMessage
-from tidefleet.store import Heartbeat, Item
+from tidefleet.jobs.sdk import ItemMessage
+from tidefleet.records import Heartbeat, Item
 
 ENV = load_environment("gcp-dev")
 SUB = "tidefleet-gcp-dev-default"
@@ -84,19 +85,19 @@ def test_a_kick_that_cannot_be_published_is_a_warning_not_an_error(gcp):
 
 def test_cancel_cancels_waiting_items_and_flags_the_job(gcp):
     job = sdk.submit(ENV, "to cancel", "default", sdk.read_items(["a", "b"])).job_id
-    Cloud(ENV).store.update_item(job, "000001", status="succeeded")
+    for_env(ENV).store.update_item(job, "000001", status="succeeded")
     assert sdk.cancel(ENV, job) == 1
-    assert Cloud(ENV).store.job(job).cancelled
+    assert for_env(ENV).store.job(job).cancelled
     assert sdk.status(ENV, job).counts["cancelled"] == 1 and sdk.status(ENV, job).counts["succeeded"] == 1
 
 
 def test_retry_failed_moves_only_this_jobs_dead_letters_back_and_releases_the_others(gcp):
     job = sdk.submit(ENV, "flaky", "default", sdk.read_items(["a"]), kick=False).job_id
-    cloud = Cloud(ENV)
+    cloud = for_env(ENV)
     cloud.queues.delete("default", [d.handle for d in cloud.queues.receive("default", 10, 0)])
     cloud.store.update_item(job, "000000", status="failed", failures=4, reason="exit code 1")
-    cloud.send("default", [ItemMessage(job, "000000", ["a"], failures=4)], dead_letter=True)
-    cloud.send("default", [ItemMessage("other-job", "x", [], failures=4)], dead_letter=True)
+    sdk.send_messages(cloud, "default", [ItemMessage(job, "000000", ["a"], failures=4)], dead_letter=True)
+    sdk.send_messages(cloud, "default", [ItemMessage("other-job", "x", [], failures=4)], dead_letter=True)
     assert sdk.retry_failed(ENV, job) == 1
     assert [json.loads(b) for b in gcp.bodies(SUB)] == [
         {"job": job, "item": "000000", "args": ["a"], "failures": 0, "interruptions": 0, "lost": 0, "seq": 0}]
@@ -107,7 +108,7 @@ def test_retry_failed_moves_only_this_jobs_dead_letters_back_and_releases_the_ot
 
 
 def test_item_output_goes_to_the_stacks_log_with_labels_and_reads_back_per_attempt(gcp):
-    logs = Cloud(ENV).logs
+    logs = for_env(ENV).logs
     for attempt, text in ((2, "second"), (1, "first")):
         stream = logs.stream("default", "job-1", "item-a", attempt)
         stream.write(f"{text} line")
@@ -127,7 +128,7 @@ def test_item_output_goes_to_the_stacks_log_with_labels_and_reads_back_per_attem
 
 
 def test_a_receive_is_a_pull_whose_client_timeout_is_the_wait_and_a_held_empty_pull_is_nothing(gcp):
-    queues = Cloud(ENV).queues
+    queues = for_env(ENV).queues
     gcp.pull_hold_s = 30  # an empty subscription holds the pull longer than the caller waits
     assert queues.receive("default", 10, wait_s=0) == []
     gcp.publish(SUB, b"x")
@@ -137,7 +138,7 @@ def test_a_receive_is_a_pull_whose_client_timeout_is_the_wait_and_a_held_empty_p
 
 
 def test_a_finished_attempt_writes_one_structured_entry_for_the_outcome_metric(gcp):
-    Cloud(ENV).logs.record_outcome("default", "job-1", "item-a", 3, "failed", 12.5)
+    for_env(ENV).logs.record_outcome("default", "job-1", "item-a", 3, "failed", 12.5)
     (write,) = calls(gcp, "POST", "/entries:write")
     (entry,) = write["body"]["entries"]
     assert write["body"]["logName"] == f"projects/{ENV.project}/logs/tidefleet-gcp-dev-items"
@@ -157,7 +158,7 @@ def test_a_finished_attempt_writes_one_structured_entry_for_the_outcome_metric(g
     ("cancelled", {"never_from": ("succeeded", "cancelled")}, False),
 ])  # fmt: skip
 def test_an_item_changes_only_from_the_states_the_caller_allows(gcp, status, kwargs, applies):
-    store = Cloud(ENV).store
+    store = for_env(ENV).store
     store.put_item_if_new(Item("j", "i", ["x"], status=status))
     result = store.update_item("j", "i", status="queued", **kwargs)
     assert (result is not None) == applies
@@ -165,25 +166,25 @@ def test_an_item_changes_only_from_the_states_the_caller_allows(gcp, status, kwa
 
 
 def test_a_write_that_lost_a_race_reads_again_and_loses_no_update(gcp):
-    store = Cloud(ENV).store
+    store = for_env(ENV).store
     store.put_item_if_new(Item("j", "i", ["x"], status="running", attempts=1))
     # Another node counts an attempt between this update's read and its write.
-    gcp.before_write.append(lambda: Cloud(ENV).store.update_item("j", "i", add={"attempts": 1}))
+    gcp.before_write.append(lambda: for_env(ENV).store.update_item("j", "i", add={"attempts": 1}))
     item = store.update_item("j", "i", add={"attempts": 1}, append={"history": {"outcome": "interrupted"}})
     assert item.attempts == 3 and store.item("j", "i").attempts == 3
     assert "currentDocument.updateTime" in calls(gcp, "PATCH", "/items/i")[-1]["query"], "written only over what was read"
 
 
 def test_an_item_is_never_finished_twice_even_when_two_nodes_race(gcp):
-    store = Cloud(ENV).store
+    store = for_env(ENV).store
     store.put_item_if_new(Item("j", "i", ["x"], status="running"))
-    gcp.before_write.append(lambda: Cloud(ENV).store.update_item("j", "i", status="succeeded", node="other"))
+    gcp.before_write.append(lambda: for_env(ENV).store.update_item("j", "i", status="succeeded", node="other"))
     assert store.update_item("j", "i", status="succeeded", node="me") is None
     assert store.item("j", "i").node == "other"
 
 
 def test_a_value_of_none_removes_the_field(gcp):
-    store = Cloud(ENV).store
+    store = for_env(ENV).store
     store.put_item_if_new(Item("j", "i", ["x"], exit_code=3))
     assert store.update_item("j", "i", exit_code=None).exit_code is None
     assert "exit_code" not in gcp.docs[f"{DOCS.removeprefix('/v1/')}/jobs/j/items/i"]
@@ -210,7 +211,7 @@ def test_an_item_handed_back_many_times_is_never_dead_lettered_by_pubsub(gcp, tm
 
 def take_and_die(node, job: str) -> None:
     """A node receives the item, claims it (running, under a lease) and vanishes: its lease lapses."""
-    from tidefleet.store import Fence
+    from tidefleet.records import Fence
 
     node.cloud.queues.receive("default", 10, 0)
     node.store.update_item(job, "000000", status="running", node="node-dead", lease_until=1.0, add={"attempts": 1},
@@ -236,14 +237,14 @@ def test_the_agent_keeps_the_subscriptions_ack_deadline_and_checkpoints_to_the_a
     assert node.visibility == {"default": 600}
     msg = ItemMessage("job-1", "item-a", [])
     assert node._checkpoint_uri("default", msg) == "gs://tidefleet-gcp-dev-artifacts-acme-ml-dev/checkpoints/default/job-1/item-a/"
-    assert node.s.grace_s == 15.0 and node.autoscaling is None
+    assert node.s.grace_s == 15.0 and type(node.node).__name__ == "GceNode"  # no scale-in protection to set
 
 
 def test_nodes_lists_each_pools_managed_groups_and_heartbeats(gcp):
     gcp.groups |= {"tidefleet-gcp-dev-cpu": 1, "tidefleet-gcp-dev-cpu-od": 1}
     gcp.vms["tidefleet-gcp-dev-cpu"] = [FakeVm("tidefleet-gcp-dev-cpu-aaaa")]
     gcp.vms["tidefleet-gcp-dev-cpu-od"] = [FakeVm("tidefleet-gcp-dev-cpu-od-bbbb")]
-    Cloud(ENV).store.put_heartbeat(Heartbeat("tidefleet-gcp-dev-cpu-aaaa", "cpu", at=100.0, slots=2, busy_slots=1,
+    for_env(ENV).store.put_heartbeat(Heartbeat("tidefleet-gcp-dev-cpu-aaaa", "cpu", at=100.0, slots=2, busy_slots=1,
                                              idle_since=None, instance_type="n2-standard-4"))  # fmt: skip
     rows = {row.pool: row for row in sdk.nodes(ENV, now=130.0)}
     assert (rows["cpu"].desired, rows["cpu"].instances) == (2, 2)
@@ -277,7 +278,7 @@ def test_firestore_claims_run_an_item_once_and_fence_stale_writers(gcp, tmp_path
 # -- bad input and dead letters on GCP ----------------------------------------------------------
 def test_a_job_name_keeps_its_items_in_firestore_too(gcp):
     first = sdk.submit(ENV, "kept", "default", sdk.read_items(["a", "b"]), kick=False)
-    assert Cloud(ENV).store.job(first.job_id).items_digest == sdk.items_digest(sdk.read_items(["a", "b"]))
+    assert for_env(ENV).store.job(first.job_id).items_digest == sdk.items_digest(sdk.read_items(["a", "b"]))
     with pytest.raises(sdk.JobError, match="already exists with different items"):
         sdk.submit(ENV, "kept", "default", sdk.read_items(["a", "c"]), kick=False)
     assert len(gcp.bodies(SUB)) == 2
@@ -285,23 +286,23 @@ def test_a_job_name_keeps_its_items_in_firestore_too(gcp):
 
 def test_an_item_pubsub_dead_lettered_after_its_delivery_attempts_is_failed_and_kept_for_retry(gcp):
     job = sdk.submit(ENV, "nodes keep dying", "default", sdk.read_items(["a"]), kick=False).job_id
-    queues = Cloud(ENV).queues
+    queues = for_env(ENV).queues
     for _ in range(5):  # five nodes take it and die; Pub/Sub then moves it to the dead-letter topic
         queues.receive("default", 10, 0)
         gcp.clock_offset += 601
     assert queues.receive("default", 10, 0) == [] and len(gcp.bodies(DLQ)) == 1
     (item,) = sdk.status(ENV, job).items
-    receives = sdk.redrive_receives(ENV, ENV.queues["default"])
+    receives = for_env(ENV).redrive_receives(ENV.queues["default"])
     assert (item.status, item.reason) == ("failed", f"moved to the dead-letter queue by the queue's redrive after {receives} receives")
     hold, release = calls(gcp, "POST", f"/subscriptions/{DLQ}:modifyAckDeadline")
     assert hold["body"]["ackDeadlineSeconds"] == sdk.REDRIVE_HOLD_S and "ackDeadlineSeconds" not in release["body"]
-    assert sdk.retry_failed(ENV, job) == 1 and Cloud(ENV).store.item(job, "000000").status == "queued"
+    assert sdk.retry_failed(ENV, job) == 1 and for_env(ENV).store.item(job, "000000").status == "queued"
 
 
 def test_firestore_and_dynamodb_list_the_same_jobs(gcp, aws):
     from tests.store_contract import check_jobs_listing
-    from tidefleet.cloud.firestore import FirestoreStore
-    from tidefleet.store import Store, create_table
+    from tidefleet.cloud.aws.dynamodb import DynamoStore, create_table
+    from tidefleet.cloud.gcp.firestore import FirestoreStore
 
     create_table("t")
-    assert check_jobs_listing(FirestoreStore(ENV)) == check_jobs_listing(Store("t", "us-east-1"))
+    assert check_jobs_listing(FirestoreStore(ENV)) == check_jobs_listing(DynamoStore("t", "us-east-1"))

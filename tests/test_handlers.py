@@ -25,11 +25,12 @@ import pytest
 from lambdas.interruption import handler as interruption
 from lambdas.scaler import handler as scaler
 from tidefleet import naming
-from tidefleet.cloud import Ports
 from tidefleet.cloud.aws import AutoScalingFleet, SqsQueues, lambda_runtime
+from tidefleet.cloud.aws.dynamodb import DynamoStore
 from tidefleet.config import environments_dir
+from tidefleet.ports import Ports
+from tidefleet.records import Heartbeat
 from tidefleet.sandbox.provision import provision
-from tidefleet.store import Heartbeat, Store
 
 EVENTS = Path(__file__).parent / "events"
 GROUP = naming.group("sandbox", "cpu")
@@ -86,7 +87,7 @@ def put_items(n: int, receive: int = 0) -> None:
 def heartbeat(node_id: str, busy: int) -> None:
     """What the agent reports; a busy agent also protects its node from scale-in."""
     now = time.time()
-    Store("sandbox", REGION).put_heartbeat(
+    DynamoStore("sandbox", REGION).put_heartbeat(
         Heartbeat(node_id, "cpu", at=now, slots=2, busy_slots=busy, idle_since=None if busy else now - 600)
     )
     asg().set_instance_protection(
@@ -204,7 +205,7 @@ def test_a_spot_notice_marks_the_node_draining_and_kicks_the_scaler_for_a_replac
     put_items(4, receive=2)  # two running on the node, two waiting
     line = interruption.handler(event(notice, node), None)
     assert line["pool"] == "cpu" and line["backlog"] == 4 and line["replacement"].startswith("kicked")
-    assert Store("sandbox", REGION).heartbeats("cpu")[node].draining
+    assert DynamoStore("sandbox", REGION).heartbeats("cpu")[node].draining
     (kick,) = kicks
     assert kick["tidefleet"] == "kick" and kick["env"] == "sandbox" and kick["reason"].startswith("cpu: ")
 
@@ -247,7 +248,7 @@ def test_the_terminate_hook_is_released_only_for_an_idle_node(recording, busy, r
     (node,) = grow(1)
     heartbeat(node, busy=busy)
     line = interruption.handler(event("lifecycle_terminate", node), None)
-    assert Store("sandbox", REGION).heartbeats("cpu")[node].draining
+    assert DynamoStore("sandbox", REGION).heartbeats("cpu")[node].draining
     expected = [("cpu", node, "tidefleet-sandbox-cpu-drain", "87654321-4321-4321-4321-210987654321")]
     assert recording.completed == (expected if released else [])
     assert ("released" in line) is released and ("held" in line) is not released
@@ -269,7 +270,7 @@ def test_the_interruption_function_logs_and_ignores_unknown_or_malformed_events(
     with caplog.at_level(logging.WARNING, "tidefleet"):
         result = interruption.handler(bad, None)
     assert set(result) == {"ignored"} and "ignored" in caplog.text
-    assert Store("sandbox", REGION).heartbeats("cpu") == {} and group()["DesiredCapacity"] == 1
+    assert DynamoStore("sandbox", REGION).heartbeats("cpu") == {} and group()["DesiredCapacity"] == 1
 
 
 def test_a_notice_for_an_instance_of_no_tidefleet_group_is_ignored(deployed):

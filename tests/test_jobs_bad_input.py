@@ -14,8 +14,10 @@ from click.testing import CliRunner
 
 from tidefleet import naming
 from tidefleet.cli import main
+from tidefleet.cloud import for_env
+from tidefleet.cloud.aws.dynamodb import DynamoStore
 from tidefleet.jobs import sdk
-from tidefleet.store import Item, Job, Store
+from tidefleet.records import Item, Job
 
 MB = sdk.MAX_LINE_BYTES
 GOOD_25 = b"".join(f"s3://b/{i}\n".encode() for i in range(25))  # three SQS batches
@@ -75,7 +77,7 @@ def test_a_bad_items_file_is_refused_with_its_line_and_leaves_no_job(h, tmp_path
     out = run(h, "submit", "--name", "bad", "--queue", "work", "--items", str(items))
     refused_cleanly(out)
     assert message in out.output.replace(str(tmp_path) + "/", "")
-    assert Store(h.env.name, h.env.region).job(sdk.job_id_for("bad")) is None
+    assert DynamoStore(h.env.name, h.env.region).job(sdk.job_id_for("bad")) is None
     assert queued(h) == 0
 
 
@@ -116,13 +118,13 @@ def test_items_built_in_code_get_the_same_rules_before_anything_is_written(h, it
     with pytest.raises(sdk.JobError) as err:
         sdk.submit(h.env, "code", "work", items, job_id=job_id, kick=False)
     assert message in str(err.value)
-    assert Store(h.env.name, h.env.region).job(job_id or sdk.job_id_for("code")) is None and queued(h) == 0
+    assert DynamoStore(h.env.name, h.env.region).job(job_id or sdk.job_id_for("code")) is None and queued(h) == 0
 
 
 # -- a job name keeps its items ------------------------------------------------------------------
 def test_resubmitting_a_job_name_with_other_items_is_refused_and_changes_nothing(h, tmp_path):
     first = sdk.submit(h.env, "keep", "work", sdk.read_items(["a", "b"]), kick=False)
-    assert Store(h.env.name, h.env.region).job(first.job_id).items_digest.startswith("sha256:")
+    assert DynamoStore(h.env.name, h.env.region).job(first.job_id).items_digest.startswith("sha256:")
     for other in (["a", "c"], ["a", "b", "c"], ["b", "a"]):  # another arg, one more, a different order
         with pytest.raises(sdk.JobError, match="already exists with different items .2 item.s. recorded"):
             sdk.submit(h.env, "keep", "work", sdk.read_items(other), kick=False)
@@ -135,7 +137,7 @@ def test_resubmitting_a_job_name_with_other_items_is_refused_and_changes_nothing
 
 
 def test_a_job_recorded_before_digests_is_compared_by_its_recorded_items(h):
-    store = Store(h.env.name, h.env.region)
+    store = DynamoStore(h.env.name, h.env.region)
     job_id = sdk.job_id_for("old")
     store.put_job(Job(job_id, "old", "work", 0.0, total=2))  # no digest; its submit stopped after one item
     store.put_item_if_new(Item(job_id, "000000", ["a"]))
@@ -172,7 +174,7 @@ def test_a_job_is_done_only_when_every_item_has_a_final_status(status, done):
 def test_status_prints_reasons_with_markup_as_written(h):
     job_id = sdk.submit(h.env, "markup", "work", sdk.read_items(["a", "b"]), kick=False).job_id
     reason = "exit code 1: [/x] closing [bold unclosed :x: [red]not red[/red] " + "and a long tail " * 10
-    Store(h.env.name, h.env.region).update_item(job_id, "000000", status="failed", reason=reason)
+    DynamoStore(h.env.name, h.env.region).update_item(job_id, "000000", status="failed", reason=reason)
     sdk.cancel(h.env, job_id)
     out = run(h, "status", job_id)
     assert out.exit_code == 1, out.output  # done with a failed item
@@ -180,7 +182,7 @@ def test_status_prints_reasons_with_markup_as_written(h):
 
 
 def test_status_of_a_job_whose_submit_stopped_midway_says_to_run_it_again(h):
-    store = Store(h.env.name, h.env.region)
+    store = DynamoStore(h.env.name, h.env.region)
     store.put_job(Job("half", "half", "work", 0.0, total=3))
     store.put_item_if_new(Item("half", "000000", ["a"], status="succeeded"))
     out = run(h, "status", "half")
@@ -201,16 +203,16 @@ def redrive_to_the_dead_letter_queue(h: Harness) -> None:
 
 
 def test_items_redrive_moved_to_the_dead_letter_queue_are_failed_and_stay_there_for_retry(h):
-    store, cloud = Store(h.env.name, h.env.region), sdk.Cloud(h.env)
+    store, cloud = DynamoStore(h.env.name, h.env.region), for_env(h.env)
     mine = sdk.submit(h.env, "dies", "work", sdk.read_items(["a", "b"]), kick=False).job_id
     other = sdk.submit(h.env, "also dies", "work", sdk.read_items(["c"]), kick=False).job_id
     store.update_item(mine, "000000", status="running", node="i-gone")
     redrive_to_the_dead_letter_queue(h)
     # The agent dead-letters an item whose retries ran out itself, then records why: not ours to mark.
     store.put_item_if_new(Item(mine, "gave-up", ["d"], status="running"))
-    cloud.send("work", [sdk.ItemMessage(mine, "gave-up", ["d"], failures=3)], dead_letter=True)
+    sdk.send_messages(cloud, "work", [sdk.ItemMessage(mine, "gave-up", ["d"], failures=3)], dead_letter=True)
     cloud.queues.send("work", ["not an item message"], dead_letter=True)
-    cloud.send("work", [sdk.ItemMessage(mine, "never-recorded", ["e"])], dead_letter=True)
+    sdk.send_messages(cloud, "work", [sdk.ItemMessage(mine, "never-recorded", ["e"])], dead_letter=True)
 
     status = sdk.status(h.env, mine)
     receives = h.env.queues["work"].max_receive_count
@@ -231,11 +233,11 @@ def test_items_redrive_moved_to_the_dead_letter_queue_are_failed_and_stay_there_
 
 def test_status_warns_on_stderr_and_never_crashes_on_a_dead_letter_queue(h):
     job_id = sdk.submit(h.env, "warned", "work", sdk.read_items(["a"]), kick=False).job_id
-    sdk.Cloud(h.env).queues.send("work", ["{]"], dead_letter=True)
+    for_env(h.env).queues.send("work", ["{]"], dead_letter=True)
     out = run(h, "status", job_id)
     assert out.exit_code == 0 and "warning: 1 message(s) in the dead-letter queue of 'work'" in out.output
     boto3.client("sqs", region_name=h.env.region).delete_queue(
-        QueueUrl=sdk.Cloud(h.env).queues.url("work", dead_letter=True))
+        QueueUrl=for_env(h.env).queues.url("work", dead_letter=True))
     out = run(h, "status", job_id)
     assert out.exit_code == 0 and "warning: could not read the dead-letter queue of 'work'" in out.output
     assert "queued 1" in out.output

@@ -16,9 +16,10 @@ from click.testing import CliRunner
 from tidefleet import naming
 from tidefleet.agent.worker import workload_command
 from tidefleet.cli import main
+from tidefleet.cloud.aws.dynamodb import DynamoStore
 from tidefleet.config import Pool
 from tidefleet.jobs import sdk
-from tidefleet.store import Heartbeat, Item, Store
+from tidefleet.records import Heartbeat, Item
 
 
 @pytest.mark.parametrize(
@@ -89,7 +90,7 @@ def test_submitting_the_same_job_twice_creates_nothing_twice(h):
 def test_a_submit_that_crashed_before_sending_is_completed_by_the_next(h):
     items = sdk.read_items(["a", "b"])
     job_id = sdk.job_id_for("crashed")
-    Store(h.env.name, h.env.region).put_item_if_new(Item(job_id, "000000", ["a"]))  # recorded, never sent
+    DynamoStore(h.env.name, h.env.region).put_item_if_new(Item(job_id, "000000", ["a"]))  # recorded, never sent
     result = sdk.submit(h.env, "crashed", "work", items, kick=False)
     assert (result.new_items, result.sent) == (1, 2) and h.queue_depth("work") == 2
 
@@ -147,7 +148,7 @@ def test_cli_submit_status_and_nodes_from_the_environment_name(h, tmp_path):
     job_id = sdk.job_id_for("cli")
     out = runner.invoke(main, ["status", job_id], env=env)
     assert out.exit_code == 0 and "queued 2" in out.output and "0/2" in out.output
-    Store(h.env.name, h.env.region).put_heartbeat(
+    DynamoStore(h.env.name, h.env.region).put_heartbeat(
         Heartbeat(
             "i-1", "cpu", at=0.0, slots=2, busy_slots=1, idle_since=None, instance_type="c6i.large", spot=False
         )

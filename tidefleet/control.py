@@ -23,11 +23,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from tidefleet import policy
-from tidefleet.cloud import GroupInstance, GroupState, Ports
 from tidefleet.config import Environment, InstanceType, Pool
 from tidefleet.policy.interruption import DrainNode, pool_of_group
 from tidefleet.policy.model import FleetView, NodeView, PoolDecision, PoolView, QueueView
-from tidefleet.store import Heartbeat
+from tidefleet.ports import GroupInstance, GroupState, Ports
+from tidefleet.records import Heartbeat
 
 log = logging.getLogger("tidefleet.control")
 

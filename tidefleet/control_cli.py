@@ -8,9 +8,8 @@ import time
 from dataclasses import asdict
 
 import click
-from botocore.exceptions import BotoCoreError, ClientError
 
-from tidefleet.cloud.aws import QueueMissing, aws_ports
+from tidefleet.cloud import for_env
 from tidefleet.config import ConfigError, load_environment
 from tidefleet.control import TickError
 from tidefleet.control import tick as run_tick
@@ -36,16 +35,13 @@ def tick(env_name: str, dry_run: bool, pools: tuple[str, ...], log_json: bool, a
     if log_json:
         logging.basicConfig(level=logging.INFO, format="%(message)s")
     failed = None
+    cloud = for_env(env)
     try:
-        decisions = run_tick(env, aws_ports(env), time.time(), pools=pools or None, dry_run=dry_run)
+        decisions = run_tick(env, cloud.control_ports(), time.time(), pools=pools or None, dry_run=dry_run)
     except TickError as err:
         decisions, failed = err.decisions, err
-    except QueueMissing as err:
-        raise click.ClickException(str(err)) from None
-    except (BotoCoreError, ClientError) as err:
-        raise click.ClickException(
-            f"cloud call failed: {err}; check credentials, region {env.region} and the deployment"
-        )
+    except cloud.errors as err:
+        raise click.ClickException(cloud.explain(err)) from None
     dry = dry_run or env.scaler.dry_run
     if as_json:
         click.echo(json.dumps({"schema": "tidefleet.tick/1", "env": env.name, "dry_run": dry,

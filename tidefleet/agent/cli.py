@@ -11,10 +11,8 @@ from pathlib import Path
 
 import click
 
-from tidefleet.agent.gce import GceMetadata
-from tidefleet.agent.imds import Metadata
 from tidefleet.agent.worker import Agent, Settings
-from tidefleet.cloud.work import CLOUD_ERRORS
+from tidefleet.cloud import for_env
 from tidefleet.config import ConfigError, load_environment
 
 
@@ -45,7 +43,8 @@ def agent(env_name, pool, heartbeat_s, imds_poll_s, grace_s, wait_s, item_user, 
         raise click.ClickException(str(err)) from None
     if pool not in env.pools:
         raise click.ClickException(f"--pool: unknown pool {pool!r} in {env.name}; known pools: {', '.join(sorted(env.pools))}")
-    metadata = GceMetadata() if env.cloud == "gcp" else Metadata()
+    cloud = for_env(env)
+    metadata = cloud.node_host().metadata
     instance_id, instance_type, spot = metadata.identity()
     node_id = os.environ.get("TIDEFLEET_NODE_ID") or instance_id or socket.gethostname()
     instance_type = instance_type or env.pools[pool].instance_types[0].type
@@ -58,10 +57,6 @@ def agent(env_name, pool, heartbeat_s, imds_poll_s, grace_s, wait_s, item_user, 
     )
     try:
         code = Agent(env, pool, settings, metadata).run()
-    except CLOUD_ERRORS as err:
-        local = "" if env.cloud == "gcp" else " or start `tidefleet sandbox --keep` and use its AWS_ENDPOINT_URL"
-        raise click.ClickException(
-            f"{err}\nthe environment {env.name!r} looks undeployed or unreachable (or this node lacks credentials): "
-            f"deploy it with `invoke deploy --env {env.name}`{local}"
-        ) from None
+    except cloud.errors as err:
+        raise click.ClickException(cloud.explain(err)) from None
     sys.exit(code)

@@ -1,6 +1,6 @@
 """The worker agent: takes items from its pool's queues and runs them, never losing one.
 
-The queue is a port (`tidefleet.cloud.work.WorkQueues`): SQS on AWS, Pub/Sub on GCP, the same
+The queue is a port (`tidefleet.ports.WorkQueues`): SQS on AWS, Pub/Sub on GCP, the same
 rules on both. How an item's attempts are counted (the decision the issue asks for):
   * The message carries the item's `failures` and `interruptions` (`ItemMessage`). To
     retry a failed item or hand back an interrupted one, the agent SENDS A NEW MESSAGE with
@@ -59,25 +59,17 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import boto3
-
 from tidefleet import naming
 from tidefleet.agent import checkpoint
 from tidefleet.agent.attempt import Outcome, Stop, outcome
-from tidefleet.agent.gce import GceMetadata
-from tidefleet.agent.imds import Metadata
-from tidefleet.cloud.work import CLOUD_ERRORS, Delivery
+from tidefleet.cloud import for_env
 from tidefleet.config import NODE_LOSSES_TOLERATED, Environment, Pool, Queue
-from tidefleet.jobs.sdk import Cloud, ItemMessage
-from tidefleet.store import FINAL, Fence, Heartbeat, Job
+from tidefleet.jobs.sdk import ItemMessage, send_messages
+from tidefleet.ports import Delivery, NodeMetadata
+from tidefleet.records import FINAL, Fence, Heartbeat, Job
 
 log = logging.getLogger("tidefleet.agent")
 RECEIVE_BATCH = 10  # SQS's most per receive; more than a node's free slots anyway
-# The workloads' checkpoint time after a stop request, inside each cloud's notice and leaving
-# time to hand the items back: AWS gives a spot node 2 minutes, GCE a Spot VM about 30 s, of
-# which the notice may be seen up to imds_poll_s late (GCE's ACPI shutdown also stops the
-# agent's service at once) and SETTLE_S may follow the grace: 5 + 15 + 5 leaves 5 s to hand back.
-GRACE_S = {"aws": 90.0, "gcp": 15.0}
 SETTLE_S = 5.0  # after the grace: time for an exited workload's runner to record its result
 MIN_LEASE_S = 30.0  # an attempt's claim lasts this (or 6 heartbeats) past its last renewal
 
@@ -91,7 +83,7 @@ class Settings:
     checkpoint_root: Path | None = None  # local checkpoints (sandbox); None = the artifacts bucket
     heartbeat_s: float = 5.0
     imds_poll_s: float = 5.0
-    grace_s: float | None = None  # None: GRACE_S of the environment's cloud
+    grace_s: float | None = None  # None: the node's cloud's (`NodeHost.grace_s`)
     wait_s: int = 10  # long poll when every queue was empty
     item_user: str | None = None  # run workloads as this user (user-data creates tidefleet-item); None: as the agent
 
@@ -160,16 +152,14 @@ def item_user(name: str | None) -> pwd.struct_passwd | None:
 
 
 class Agent:
-    def __init__(self, env: Environment, pool: str, settings: Settings, metadata: Metadata | GceMetadata | None = None):
+    def __init__(self, env: Environment, pool: str, settings: Settings, metadata: NodeMetadata | None = None):
+        self.cloud = for_env(env)
+        self.node = self.cloud.node_host(metadata)
         if settings.grace_s is None:
-            settings = replace(settings, grace_s=GRACE_S[env.cloud])
+            settings = replace(settings, grace_s=self.node.grace_s)
         self.env, self.pool_name, self.pool, self.s = env, pool, env.pools[pool], settings
-        self.metadata = metadata or (GceMetadata() if env.cloud == "gcp" else Metadata())
-        self.cloud = Cloud(env)
+        self.metadata = self.node.metadata
         self.store = self.cloud.store
-        # Scale-in protection and lifecycle hooks are Auto Scaling's; GCE has neither (its
-        # scaler only deletes the idle instances it names, by their heartbeats).
-        self.autoscaling = boto3.client("autoscaling", region_name=env.region) if env.cloud == "aws" else None
         self.queues: list[tuple[str, Queue]] = sorted(env.queues_of(pool).items(), key=lambda kv: -kv[1].priority)
         itype = next((t for t in self.pool.instance_types if t.type == settings.instance_type), None)
         if itype is None:
@@ -226,11 +216,8 @@ class Agent:
                             self.visibility[name])
         if self.s.checkpoint_root is not None:
             self.checkpoint_base = self.s.checkpoint_root.resolve().as_uri()
-        elif self.env.cloud == "gcp":
-            self.checkpoint_base = f"gs://{naming.artifacts_bucket(self.env.name, self.env.project)}"
         else:
-            account = boto3.client("sts", region_name=self.env.region).get_caller_identity()["Account"]
-            self.checkpoint_base = f"s3://{naming.artifacts_bucket(self.env.name, account)}"
+            self.checkpoint_base = self.node.checkpoint_base()
 
     def _loop(self, step, every_s: float) -> None:
         while not self.finished.is_set():
@@ -256,7 +243,7 @@ class Agent:
                 got = sum(self._receive(n, q, wait_s=0) for n, q in fitting)  # highest priority first
                 if not got and not self.stopping.is_set():
                     self._receive(*fitting[0], wait_s=self.s.wait_s)
-            except CLOUD_ERRORS as err:
+            except self.cloud.errors as err:
                 log.warning("receive failed (%s); retrying", err)
                 self.stopping.wait(1.0)
             except Exception:  # the intake loop is the node's life: never let it end
@@ -271,7 +258,7 @@ class Agent:
         for delivery in deliveries:
             try:
                 self._accept(name, queue, delivery)
-            except CLOUD_ERRORS as err:  # the message comes back after its visibility timeout
+            except self.cloud.errors as err:  # the message comes back after its visibility timeout
                 log.warning("could not take a message of %s (%s); the queue redelivers it", name, err)
             except Exception as err:  # a message that breaks the agent is poison
                 log.exception("a message of %s broke the agent", name)
@@ -502,7 +489,7 @@ class Agent:
             else:
                 detail = f"; last output: {last_line[:300]}" if last_line else ""
                 self._failed(run, queue, code, f"exit code {code}{detail}", usage, outcome_entry)
-        except CLOUD_ERRORS as err:
+        except self.cloud.errors as err:
             # The message stays in flight; with no heartbeat it comes back after the visibility timeout.
             log.error("could not record %s/%s (%s); the queue will redeliver it", run.message.job, run.message.item, err)
         finally:
@@ -553,7 +540,7 @@ class Agent:
                      else f"{failures} failed attempt(s); max_retries = {queue.max_retries}")
             reason = f"{reason} (gave up after {spent})"
         resent = replace(msg, failures=failures, lost=losses, seq=msg.seq + 1)
-        self.cloud.send(held.queue, [resent], dead_letter=final)
+        send_messages(self.cloud, held.queue, [resent], dead_letter=final)
         self.cloud.queues.delete(held.queue, [held.receipt])
         history = {"node": self.s.node_id, **(entry or {}), "outcome": "lost" if lost else "failed", "reason": reason}
         self._record(held, status="failed" if final else "queued", failures=failures, lost=losses, exit_code=code,
@@ -575,7 +562,7 @@ class Agent:
             by_queue[h.queue].append(h)
         bump = 1 if interrupted else 0
         for queue, group in by_queue.items():
-            self.cloud.send(queue, [replace(h.message, interruptions=h.message.interruptions + bump,
+            send_messages(self.cloud, queue, [replace(h.message, interruptions=h.message.interruptions + bump,
                                             seq=h.message.seq + bump) for h in group])  # fmt: skip
             errors = self.cloud.queues.delete(queue, [h.receipt for h in group])
             if errors:
@@ -637,19 +624,14 @@ class Agent:
                     self._kill(run, signal.SIGKILL)
         try:
             self._requeue(left, interrupted=True)
-        except CLOUD_ERRORS as err:
+        except self.cloud.errors as err:
             log.error("hand-back failed (%s); the queue redelivers the items after their visibility timeout", err)
         self._forget(left)
 
     def _leave(self) -> None:
-        if self.lifecycle_terminating and self.autoscaling is not None:
+        if self.lifecycle_terminating:
             try:
-                self.autoscaling.complete_lifecycle_action(
-                    LifecycleHookName=naming.lifecycle_hook(self.env.name, self.pool_name),
-                    AutoScalingGroupName=naming.group(self.env.name, self.pool_name),
-                    LifecycleActionResult="CONTINUE",
-                    InstanceId=self.s.node_id,
-                )
+                self.node.leave(self.pool_name, self.s.node_id)
             except Exception as err:  # noqa: BLE001 - leaving must not fail on a cloud error
                 log.warning("complete_lifecycle_action failed (%s); the hook's timeout lets the node go", err)
         self._beat()
@@ -688,8 +670,7 @@ class Agent:
         self._step("visibility", self._extend_visibility, runs)
         self._step("lease", self._renew_leases, runs)
         self._step("cancel check", self._stop_cancelled, runs)
-        if self.autoscaling is not None:
-            self._step("scale-in protection", self._protect, busy > 0 and not self.finished.is_set())
+        self._step("scale-in protection", self._protect, busy > 0 and not self.finished.is_set())
         for stream in streams:
             stream.flush()
 
@@ -752,8 +733,4 @@ class Agent:
         # Recorded before the call: a node outside any group (a laptop) would otherwise warn
         # every heartbeat; the scaler never removes a busy node by its heartbeat anyway.
         self.protected = busy
-        self.autoscaling.set_instance_protection(
-            InstanceIds=[self.s.node_id],
-            AutoScalingGroupName=naming.group(self.env.name, self.pool_name),
-            ProtectedFromScaleIn=busy,
-        )
+        self.node.protect(self.pool_name, self.s.node_id, busy)

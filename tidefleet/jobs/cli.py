@@ -13,7 +13,6 @@ from collections import Counter
 from dataclasses import asdict
 
 import click
-from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 from rich.console import Console, Group
 from rich.live import Live
 from rich.markup import escape
@@ -21,10 +20,10 @@ from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
 from rich.text import Text
 
+from tidefleet.cloud import for_env
 from tidefleet.config import ConfigError, Environment, load_environment
 from tidefleet.jobs import sdk
 
-MISSING = {"ResourceNotFoundException", "AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"}
 json_option = click.option("--json", "as_json", is_flag=True,
                             help="print JSON (schema in the README) instead of text")
 env_option = click.option(
@@ -42,20 +41,14 @@ def _load(env_name: str) -> Environment:
 
 @contextlib.contextmanager
 def _explained(env: Environment):
-    deploy = f"deploy it with `invoke deploy --env {env.name}` or start `tidefleet sandbox --keep`"
+    """A failed cloud call ends in one line that says what is wrong and what to do."""
+    cloud = for_env(env)
     try:
         yield
     except sdk.JobError as err:
         raise click.ClickException(str(err)) from None
-    except NoCredentialsError:
-        raise click.ClickException("no AWS credentials: set AWS_PROFILE or AWS_ACCESS_KEY_ID (the sandbox prints them)") from None
-    except ClientError as err:
-        code = err.response["Error"]["Code"]
-        if code in MISSING:
-            raise click.ClickException(f"{err.response['Error'].get('Message', code)}: environment {env.name!r} is not deployed; {deploy}") from None
-        raise click.ClickException(f"{code}: {err}") from None
-    except BotoCoreError as err:
-        raise click.ClickException(f"cannot reach AWS for {env.name!r} ({err}); check AWS_ENDPOINT_URL / network, or {deploy}") from None
+    except cloud.errors as err:
+        raise click.ClickException(cloud.explain(err)) from None
 
 
 @click.command()

@@ -9,9 +9,9 @@ only items not yet sent are sent, so running the same submit twice creates nothi
 The message of an item carries its failure and interruption counts (`ItemMessage`): the
 agent re-sends a message to retry or hand back an item, so the queue's delivery count (and
 its redrive / dead-letter policy) only ever sees lost nodes, never polite interruptions.
-`Cloud` is the environment's queues, store and logs: SQS, DynamoDB and CloudWatch Logs on
-AWS; Pub/Sub, Firestore and Cloud Logging on GCP. The kick is an asynchronous invoke of the
-scaler on AWS and a message on the scaler's trigger topic (naming.kick_topic) on GCP.
+The cloud is the environment's adapters (`tidefleet.cloud.for_env`): queues, job store, item
+logs, and the scaler's kick (an asynchronous invoke on AWS, a message on the scaler's trigger
+topic on GCP).
 """
 
 from __future__ import annotations
@@ -30,12 +30,10 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-import boto3
-
-from tidefleet import naming
-from tidefleet.cloud.work import CLOUD_ERRORS, CloudWatchItemLogs, SqsWorkQueues
+from tidefleet.cloud import for_env
 from tidefleet.config import NODE_LOSSES_TOLERATED, Environment, Queue
-from tidefleet.store import FINAL, Item, Job, Store
+from tidefleet.ports import Cloud
+from tidefleet.records import FINAL, Item, Job
 
 SEND_BATCH = 10  # items sent between store updates (one SQS batch)
 log = logging.getLogger("tidefleet.jobs")
@@ -293,23 +291,8 @@ def job_id_for(name: str) -> str:
 
 
 # -- cloud access -------------------------------------------------------------------------
-class Cloud:
-    """The environment's work queues, job store and item logs: SQS, DynamoDB and CloudWatch
-    Logs on AWS (endpoint from AWS_ENDPOINT_URL when set); Pub/Sub, Firestore and Cloud
-    Logging on GCP (credentials from google.auth.default)."""
-
-    def __init__(self, env: Environment):
-        self.env = env
-        if env.cloud == "gcp":
-            from tidefleet.cloud.firestore import FirestoreStore
-            from tidefleet.cloud.gcp_work import CloudLoggingItemLogs, PubSubWorkQueues
-
-            self.queues, self.store, self.logs = PubSubWorkQueues(env), FirestoreStore(env), CloudLoggingItemLogs(env)
-        else:
-            self.queues, self.store, self.logs = SqsWorkQueues(env), Store(env.name, env.region), CloudWatchItemLogs(env)
-
-    def send(self, queue: str, messages: list[ItemMessage], *, dead_letter: bool = False) -> None:
-        self.queues.send(queue, [m.body() for m in messages], dead_letter=dead_letter)
+def send_messages(cloud: Cloud, queue: str, messages: list[ItemMessage], *, dead_letter: bool = False) -> None:
+    cloud.queues.send(queue, [m.body() for m in messages], dead_letter=dead_letter)
 
 
 # -- submit -------------------------------------------------------------------------------
@@ -336,7 +319,7 @@ def submit(
         raise JobError(f"job id: {job_id[:80]!r} {why}; {ID_HELP}")
     check_items(items)  # everything is checked before the first write
     digest = items_digest(items)
-    cloud = Cloud(env)
+    cloud = for_env(env)
     stored = cloud.store.put_job(Job(job_id, name, queue, time.time(), len(items), items_digest=digest))
     if stored.queue != queue:
         raise JobError(f"job {job_id!r} already exists on queue {stored.queue!r}; use another name or --job-id")
@@ -360,7 +343,7 @@ def submit(
             for s in batch
             if s.item_id in new_ids
         )
-        cloud.send(queue, [ItemMessage(job_id, s.item_id, s.args) for s in batch])
+        send_messages(cloud, queue, [ItemMessage(job_id, s.item_id, s.args) for s in batch])
         for s in batch:  # an agent may already have started it: only pending becomes queued
             cloud.store.update_item(job_id, s.item_id, only_from=("pending",), status="queued")
         if kick and start == 0:  # work is waiting now: nodes boot while the rest is sent
@@ -391,15 +374,7 @@ def kick_scaler(env: Environment, reason: str) -> str:
             request = urllib.request.Request(url, data=payload, headers={"Content-Type": "application/json"})
             urllib.request.urlopen(request, timeout=5).close()
             return f"kicked {url}"
-        if env.cloud == "gcp":  # the scaler function's trigger topic
-            from tidefleet.cloud.gcp_work import publish
-
-            publish(env, naming.kick_topic(env.name), [payload])
-            return f"kicked {naming.kick_topic(env.name)}"
-        boto3.client("lambda", region_name=env.region).invoke(
-            FunctionName=naming.function(env.name, "scaler"), InvocationType="Event", Payload=payload
-        )
-        return f"kicked {naming.function(env.name, 'scaler')}"
+        return f"kicked {for_env(env).kick(payload)}"
     except Exception as err:  # noqa: BLE001 - any failure here only delays scaling by a tick
         return f"warning: could not kick the scaler ({err}); the schedule picks the job up within {env.scaler.tick_s}s"
 
@@ -442,13 +417,13 @@ def _job(cloud: Cloud, env: Environment, job_id: str) -> Job:
 def status(env: Environment, job_id: str, *, reconcile: bool = True) -> JobStatus:
     """The job's counts and items; first marks failed what redrive moved to its dead-letter
     queue (`reconcile_dead_letters`), which costs one empty receive when there is none."""
-    cloud = Cloud(env)
+    cloud = for_env(env)
     job = _job(cloud, env, job_id)
     warnings: list[str] = []
     if reconcile:
         try:
             warnings += _reconcile(cloud, env, [job.queue], job_id).warnings
-        except CLOUD_ERRORS as err:
+        except cloud.errors as err:
             warnings.append(f"could not read the dead-letter queue of {job.queue!r} ({err}); "
                             "items redrive moved there are not counted as failed yet")
     return _status(cloud, job, warnings)
@@ -472,7 +447,7 @@ def jobs(env: Environment, *, queue: str | None = None, state: str | None = None
                        f"known queues: {', '.join(sorted(env.queues))}")
     if state is not None and state not in JOB_STATES:
         raise JobError(f"state: unknown state {state!r}; use one of {', '.join(JOB_STATES)}")
-    cloud = Cloud(env)
+    cloud = for_env(env)
     found = (_status(cloud, job) for job in cloud.store.jobs(queue))
     return [s for s in found if state is None or s.state == state]
 
@@ -488,20 +463,13 @@ class Reconciled:
     warnings: list[str]
 
 
-def redrive_receives(env: Environment, queue: Queue) -> int:
-    """Receives after which the queue's own policy dead-letters a message: SQS maxReceiveCount,
-    or Pub/Sub max_delivery_attempts, which only takes 5..100 (stacks/gcp/messaging.py)."""
-    count = queue.max_receive_count
-    return min(max(count, 5), 100) if env.cloud == "gcp" else count
-
-
 def reconcile_dead_letters(env: Environment, job_id: str | None = None, *, cloud: Cloud | None = None) -> Reconciled:
     """Mark failed every item (of one job, or all) that the queue's redrive moved to its
     dead-letter queue: the backstop when agents keep dying while holding its message, so no
     agent recorded an outcome. Messages the agent dead-lettered itself (their failures or node
     losses over budget) are left to the agent's own record. Only peeks: messages are held a
     moment and released, never deleted, so `retry_failed` still finds them."""
-    cloud = cloud or Cloud(env)
+    cloud = cloud or for_env(env)
     queues = list(env.queues) if job_id is None else [_job(cloud, env, job_id).queue]
     return _reconcile(cloud, env, queues, job_id)
 
@@ -512,7 +480,7 @@ def _reconcile(cloud: Cloud, env: Environment, queues: list[str], job_id: str | 
     warnings: list[str] = []
     for name in queues:
         queue = env.queues[name]
-        reason = f"moved to the dead-letter queue by the queue's redrive after {redrive_receives(env, queue)} receives"
+        reason = f"moved to the dead-letter queue by the queue's redrive after {cloud.redrive_receives(queue)} receives"
         held: list[str] = []
         unreadable = 0
         try:
@@ -555,7 +523,7 @@ def _agent_gave_up(msg: ItemMessage, queue: Queue) -> bool:
 
 def cancel(env: Environment, job_id: str) -> int:
     """Flag the job (agents stop its running items) and cancel its waiting items; returns how many."""
-    store = Cloud(env).store
+    store = for_env(env).store
     if store.job(job_id) is None:
         raise JobError(f"job {job_id!r} not found in environment {env.name!r}; nothing to cancel")
     store.cancel_job(job_id)
@@ -569,7 +537,7 @@ def cancel(env: Environment, job_id: str) -> int:
 
 def retry_failed(env: Environment, job_id: str) -> int:
     """Move this job's messages from the dead-letter queue back to its queue with a fresh retry budget."""
-    cloud = Cloud(env)
+    cloud = for_env(env)
     job = _job(cloud, env, job_id)
     others: list[str] = []  # other jobs' messages: hidden while we scan, released at the end
     moved = 0
@@ -596,7 +564,7 @@ def retry_failed(env: Environment, job_id: str) -> int:
                 for msg, _ in mine:
                     cloud.store.update_item(job_id, msg.item, never_from=("succeeded", "cancelled"),
                                             status="queued", failures=0, reason="")  # fmt: skip
-                cloud.send(job.queue, [replace(msg, failures=0) for msg, _ in mine])
+                send_messages(cloud, job.queue, [replace(msg, failures=0) for msg, _ in mine])
                 cloud.queues.delete(job.queue, [r for _, r in mine], dead_letter=True)
                 moved += len(mine)
     finally:
@@ -606,7 +574,7 @@ def retry_failed(env: Environment, job_id: str) -> int:
 
 def log_lines(env: Environment, job_id: str, item_id: str | None = None) -> Iterator[tuple[str, str]]:
     """(stream, line) for every attempt of the job's items (or one item), oldest first per stream."""
-    cloud = Cloud(env)
+    cloud = for_env(env)
     return cloud.logs.lines(_job(cloud, env, job_id).queue, job_id, item_id)
 
 
@@ -632,23 +600,11 @@ class PoolRow:
     nodes: list[NodeRow]
 
 
-def _group_sizes(env: Environment) -> dict[str, tuple[int, int]]:
-    """(desired capacity units, instances) of each pool whose group exists."""
-    if env.cloud == "gcp":  # a pool is a Spot and an on-demand managed instance group
-        from tidefleet.cloud.gcp import MigFleet
-
-        return {p: (g.desired, len(g.instances)) for p, g in MigFleet(env).groups(list(env.pools), since=0).items()}
-    autoscaling = boto3.client("autoscaling", region_name=env.region)
-    names = {naming.group(env.name, p): p for p in env.pools}
-    found = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=list(names))["AutoScalingGroups"]
-    return {names[g["AutoScalingGroupName"]]: (g["DesiredCapacity"], len(g["Instances"])) for g in found}
-
-
 def nodes(env: Environment, now: float | None = None) -> list[PoolRow]:
     """Per pool: the group's desired size and instances, and each node's last heartbeat."""
     now = time.time() if now is None else now
-    store = Cloud(env).store
-    sizes = _group_sizes(env)
+    cloud = for_env(env)
+    store, sizes = cloud.store, cloud.group_sizes()
     out = []
     for pool in env.pools:
         desired, instances = sizes.get(pool, (None, None))

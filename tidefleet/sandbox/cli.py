@@ -61,9 +61,9 @@ def sandbox(env_name, items, chaos, keep, time_limit, tick, boot_delay, seed, wo
     from rich.console import Console
     from rich.live import Live
 
+    from tidefleet.cloud import for_env
     from tidefleet.sandbox import view
     from tidefleet.sandbox.run import Chaos, Sandbox, Timing, run_demo
-    from tidefleet.store import Store
 
     try:
         env = load_environment(env_name)
@@ -80,7 +80,7 @@ def sandbox(env_name, items, chaos, keep, time_limit, tick, boot_delay, seed, wo
             console.print(f"[bold]tidefleet sandbox[/bold]: moto on {box.moto.url}, work in {workdir}")
         summary = None
         if items:
-            store = Store(env.name, env.region)
+            store = for_env(env).store
 
             def draw(progress: dict) -> None:
                 if live_view is None:

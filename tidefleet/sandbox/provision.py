@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import boto3
 
-from tidefleet import naming, store
+from tidefleet import naming
+from tidefleet.cloud.aws.dynamodb import create_table
 from tidefleet.config import Environment, Pool
 
 # moto's (and an unconfigured boto3 client's) account: the artifacts bucket name needs one.
@@ -52,7 +53,7 @@ def provision(env: Environment, *, user_data: dict[str, str]) -> Provisioned:
         )["QueueUrl"]
         dead_letter_urls[name] = dlq_url
 
-    store.create_table(env.name, env.region)
+    create_table(env.name, env.region)
     boto3.client("logs", region_name=env.region).create_log_group(
         logGroupName=naming.item_log_group(env.name)
     )

@@ -25,7 +25,7 @@ from typing import Self
 import boto3
 
 from tidefleet import control, naming
-from tidefleet.cloud.aws import aws_ports
+from tidefleet.cloud import for_env
 from tidefleet.config import Environment, environments_dir
 from tidefleet.emulator import MotoServer, start_moto
 from tidefleet.jobs import sdk
@@ -165,7 +165,7 @@ class Sandbox:
         self._threads.append(thread)
 
     def _control_loop(self) -> None:
-        ports = aws_ports(self.env)
+        ports = for_env(self.env).control_ports()
         while not self.stop.is_set():
             try:
                 self.last_decisions = control.tick(self.env, ports, time.time())
@@ -370,7 +370,7 @@ class Chaos:
 
     def duplicate(self, env: Environment, job_id: str, count: int = 5) -> None:
         """Copies of the messages some unfinished items have now (their counters and sequence numbers)."""
-        cloud = sdk.Cloud(env)
+        cloud = for_env(env)
         job = cloud.store.job(job_id)
         unfinished = [i for i in cloud.store.items(job_id) if i.status in ("queued", "running")] if job else []
         chosen = self.rng.sample(unfinished, min(count, len(unfinished)))

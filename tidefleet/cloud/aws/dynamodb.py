@@ -1,4 +1,4 @@
-"""The job store: one DynamoDB table per environment holding jobs, items and node heartbeats.
+"""The job store on AWS: one DynamoDB table per environment holding jobs, items and node heartbeats.
 
 Keys (pk, sk), all strings:
   JOB#<job_id>   JOB              the job: name, queue, created_at, total, cancelled
@@ -13,7 +13,7 @@ the interruption function. Numbers go through Decimal because DynamoDB wants it.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, fields
 from decimal import Decimal
 
 import boto3
@@ -21,28 +21,7 @@ from botocore.exceptions import ClientError
 
 from tidefleet import naming
 from tidefleet.policy.model import item_seconds_mean
-
-STATS_RETRIES = 3  # a sample lost to this many concurrent writers is dropped: a statistic, not a record
-
-
-@dataclass(frozen=True)
-class QueueStats:
-    mean_item_s: float  # exponentially weighted mean run time of succeeded items (policy.model)
-    items: int  # succeeded items recorded
-
-
-@dataclass(frozen=True)
-class Heartbeat:
-    node_id: str
-    pool: str
-    at: float  # when the agent wrote it
-    slots: int
-    busy_slots: int
-    idle_since: float | None  # None while busy
-    draining: bool = False
-    instance_type: str = ""
-    spot: bool = True
-    gpus: int = 0
+from tidefleet.records import FINAL, STATS_RETRIES, Fence, Heartbeat, Item, Job, QueueStats
 
 
 def _to_dynamo(value):
@@ -65,72 +44,12 @@ def _from_dynamo(value):
     return value
 
 
-# Item lifecycle: pending (recorded, not yet sent) -> queued -> running -> one of FINAL.
-# A retried or handed-back item goes running -> queued again.
-FINAL = ("succeeded", "failed", "cancelled")
-
-
-@dataclass(frozen=True)
-class Fence:
-    """What a write demands of the item's current record, beyond "exists and is not final".
-
-    `attempt`: the record's attempt counter still equals this: only the attempt that holds the
-    item records it (a stale node's late write loses). `claim_at`: a claim: the item is not
-    running under a lease that lasts past this time. `seq`: the message's sequence number: the
-    record's is not newer (a stale duplicate of an already re-sent message loses)."""
-
-    attempt: int | None = None
-    claim_at: float | None = None
-    seq: int | None = None
-
-    def admits(self, record: dict) -> bool:
-        """The same rule as the DynamoDB condition, for stores that check in code."""
-        if self.attempt is not None and (record.get("attempts") or 0) != self.attempt:
-            return False
-        if self.claim_at is not None and record.get("status") == "running" and (record.get("lease_until") or 0) > self.claim_at:
-            return False
-        return self.seq is None or (record.get("seq") or 0) <= self.seq
-
-
-@dataclass(frozen=True)
-class Job:
-    job_id: str
-    name: str
-    queue: str
-    created_at: float
-    total: int
-    cancelled: bool = False
-    items_digest: str = ""  # of the submitted item list (jobs.sdk.items_digest); "" on older jobs
-
-
-@dataclass(frozen=True)
-class Item:
-    job_id: str
-    item_id: str
-    args: list[str] = field(default_factory=list)
-    status: str = "pending"
-    attempts: int = 0  # attempts started (including interrupted ones)
-    failures: int = 0  # failed attempts: these count toward the queue's max_retries
-    interruptions: int = 0  # attempts handed back on a spot notice / drain: never counted
-    lost: int = 0  # attempts whose node died holding the item: their own, larger budget
-    exit_code: int | None = None
-    reason: str = ""
-    node: str = ""
-    cpu_s: float | None = None
-    peak_rss_mb: float | None = None
-    updated_at: float = 0.0
-    seq: int = 0  # the newest message sent for this item (each retry or hand-back sends seq + 1)
-    lease_until: float = 0.0  # while running: the holder renews it every heartbeat
-    message_id: str = ""  # the queue's id of the message the current attempt holds
-    history: list[dict] = field(default_factory=list)  # one entry per finished attempt
-
-
 def _record(cls, raw: dict):
     known = {f.name for f in fields(cls)}
     return cls(**{k: _from_dynamo(v) for k, v in raw.items() if k in known})
 
 
-class Store:
+class DynamoStore:
     def __init__(self, env_name: str, region: str | None = None, *, table=None):
         self.env_name = env_name
         self.table = table or boto3.resource("dynamodb", region_name=region).Table(naming.table(env_name))

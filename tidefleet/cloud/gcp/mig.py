@@ -1,5 +1,5 @@
-"""google-cloud adapters for the control ports: Pub/Sub backlog, the pool's managed instance
-groups, and node heartbeats in Firestore. The control tick and the policy are the AWS ones.
+"""The control tick's ports on GCP: the pool's managed instance groups (`MigFleet`) and the
+Pub/Sub backlog from Cloud Monitoring (`MonitoringQueues`). The tick and the policy are the AWS ones.
 
 - Fleet (google-cloud-compute, REST): a pool is two regional managed instance groups, Spot
   and on-demand (a template is one or the other). The port shows them as one group: desired =
@@ -23,18 +23,16 @@ groups, and node heartbeats in Firestore. The control tick and the policy are th
 from __future__ import annotations
 
 import math
-import os
 import time
 from datetime import UTC, datetime
-from functools import cache
 
 from google.api_core import exceptions as gexc
 from google.auth.transport.requests import AuthorizedSession
 from google.cloud import compute_v1
 
 from tidefleet import naming
-from tidefleet.cloud import Backlog, GroupInstance, GroupState, Ports
-from tidefleet.config import Environment, load_environment
+from tidefleet.config import Environment
+from tidefleet.ports import Backlog, GroupInstance, GroupState
 
 MONITORING = "https://monitoring.googleapis.com/v3"
 UNDELIVERED = "pubsub.googleapis.com/subscription/num_undelivered_messages"
@@ -206,13 +204,3 @@ class MigFleet:
 
     def complete_lifecycle_action(self, pool: str, instance_id: str, hook: str, token: str | None) -> None:
         """GCE has no lifecycle hooks: nothing holds a node, so there is nothing to release."""
-
-
-@cache
-def function_runtime() -> tuple[Environment, Ports]:
-    """Settings and clients, once per cold start: the environment named by TIDEFLEET_ENV."""
-    from tidefleet.cloud.firestore import FirestoreStore
-
-    env = load_environment(os.environ["TIDEFLEET_ENV"])
-    store = FirestoreStore(env)  # heartbeats, and the queue stats the agents record
-    return env, Ports(queues=MonitoringQueues(env), fleet=MigFleet(env), nodes=store, stats=store)

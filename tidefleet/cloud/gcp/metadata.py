@@ -1,8 +1,8 @@
 """GCE metadata server: the Spot preemption signal, for the agent's metadata watch.
 
-Drop-in for `tidefleet.agent.imds.Metadata` (same `notice()`), so a preemption takes the
+Drop-in for `tidefleet.cloud.aws.imds.Metadata` (same `notice()`), so a preemption takes the
 agent's one stop-intake / checkpoint / hand-back path. GCE gives a Spot VM about 30 seconds:
-the agent's grace on GCP stays well inside that (worker.GRACE_S). The base URL comes
+the agent's grace on GCP stays well inside that (`GRACE_S` in tidefleet.cloud.gcp). The base URL comes
 from TIDEFLEET_IMDS_URL so tests and the sandbox can serve their own; no metadata server
 (a laptop) means no notice, never a crash.
 """
@@ -13,7 +13,7 @@ import os
 import urllib.error
 import urllib.request
 
-from tidefleet.agent.imds import Notice
+from tidefleet.ports import Notice
 
 DEFAULT_URL = "http://metadata.google.internal"
 PREEMPTED = "/computeMetadata/v1/instance/preempted"

@@ -1,62 +1,19 @@
-"""boto3 adapters for the control ports: SQS backlog, Auto Scaling groups, and the job store.
-
-Backlog is read from SQS queue attributes directly: CloudWatch's SQS metrics lag by minutes
-and would delay every scale-out. boto3 honours AWS_ENDPOINT_URL, so the same code runs
-against AWS and the moto server.
-"""
+"""Auto Scaling on AWS: a pool is one group (mixed instances, spot-first); the control tick's
+`FleetPort`, and the node side of it (scale-in protection, the drain lifecycle hook)."""
 
 from __future__ import annotations
-
-import os
-from functools import cache
 
 import boto3
 from botocore.exceptions import ClientError
 
 from tidefleet import naming
-from tidefleet.cloud import Backlog, GroupInstance, GroupState, Ports
-from tidefleet.config import Environment, load_environment
-from tidefleet.store import Store
+from tidefleet.config import Environment
+from tidefleet.ports import GroupInstance, GroupState
 
 # States from which TerminateInstanceInAutoScalingGroup takes an instance out cleanly.
 TERMINABLE = frozenset({"InService"})
 FILTER_VALUES_MAX = 200  # EC2 DescribeInstances: values per filter
 GROUP_NAMES_MAX = 100  # DescribeAutoScalingGroups: names per call
-
-
-class QueueMissing(LookupError):
-    pass
-
-
-class SqsQueues:
-    def __init__(self, env: Environment, *, client=None):
-        self.env = env
-        self.sqs = client or boto3.client("sqs", region_name=env.region)
-        self._urls: dict[str, str] = {}  # a warm function keeps them between ticks
-
-    def _url(self, queue: str) -> str:
-        if queue not in self._urls:
-            name = naming.queue(self.env.name, queue)
-            try:
-                self._urls[queue] = self.sqs.get_queue_url(QueueName=name)["QueueUrl"]
-            except ClientError as err:
-                if "NonExistentQueue" not in err.response["Error"]["Code"]:
-                    raise
-                raise QueueMissing(
-                    f"queues.{queue}: SQS queue {name!r} does not exist in {self.env.region}; "
-                    f"deploy the environment first (invoke deploy --env {self.env.name})"
-                ) from None
-        return self._urls[queue]
-
-    def backlog(self, queue: str) -> Backlog:
-        attrs = self.sqs.get_queue_attributes(
-            QueueUrl=self._url(queue),
-            AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
-        )["Attributes"]
-        return Backlog(
-            visible=int(attrs["ApproximateNumberOfMessages"]),
-            in_flight=int(attrs["ApproximateNumberOfMessagesNotVisible"]),
-        )
 
 
 def _chunks(items: list[str], size: int) -> list[list[str]]:
@@ -222,15 +179,3 @@ class AutoScalingFleet:
             LifecycleActionResult="CONTINUE",
             **ident,
         )
-
-
-def aws_ports(env: Environment) -> Ports:
-    store = Store(env.name, env.region)  # heartbeats, and the queue stats the agents record
-    return Ports(queues=SqsQueues(env), fleet=AutoScalingFleet(env), nodes=store, stats=store)
-
-
-@cache
-def lambda_runtime() -> tuple[Environment, Ports]:
-    """Settings and clients, once per cold start: the environment named by TIDEFLEET_ENV."""
-    env = load_environment(os.environ["TIDEFLEET_ENV"])
-    return env, aws_ports(env)

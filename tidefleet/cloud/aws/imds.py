@@ -10,18 +10,11 @@ import json
 import os
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+
+from tidefleet.ports import Notice
 
 DEFAULT_URL = "http://169.254.169.254"
 TOKEN_TTL_S = 21600
-
-
-@dataclass(frozen=True)
-class Notice:
-    """Why this node must stop taking work; `lifecycle` means the group is terminating it."""
-
-    reason: str
-    lifecycle: bool = False
 
 
 class Metadata:

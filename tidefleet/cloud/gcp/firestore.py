@@ -1,4 +1,4 @@
-"""The job store in Firestore: the GCP counterpart of `tidefleet.store.Store`, same interface.
+"""The job store in Firestore: the GCP adapter of the `JobStore` port (`tidefleet.ports`).
 
 Documents in the environment's database (naming.table):
   pools/<pool>/nodes/<node_id>      a node's heartbeat (`Heartbeat` fields): `FirestoreNodes`,
@@ -24,7 +24,7 @@ from google.cloud.firestore_v1.types import ArrayValue, Document, DocumentMask, 
 from tidefleet import naming
 from tidefleet.config import Environment
 from tidefleet.policy.model import item_seconds_mean
-from tidefleet.store import FINAL, STATS_RETRIES, Fence, Heartbeat, Item, Job, QueueStats
+from tidefleet.records import FINAL, STATS_RETRIES, Fence, Heartbeat, Item, Job, QueueStats
 
 PAGE = 300
 WRITE_RACES = 20  # read-check-write rounds before giving up on a document others keep changing
@@ -125,7 +125,7 @@ class FirestoreNodes:
 
 
 class FirestoreStore(FirestoreNodes):
-    """`tidefleet.store.Store`'s interface: jobs, items with conditional transitions, heartbeats.
+    """The `JobStore` port: jobs, items with conditional transitions, heartbeats.
 
     DynamoDB's condition expressions become read, check, then write with the read's update
     time as precondition, retried when another writer got there in between: so `succeeded`
@@ -215,7 +215,7 @@ class FirestoreStore(FirestoreNodes):
         return f"{self.root}/queues/{queue}"
 
     def record_item_seconds(self, queue: str, seconds: float) -> None:
-        """As `Store.record_item_seconds`: the read's update time is the write's precondition."""
+        """As `DynamoStore.record_item_seconds`: the read's update time is the write's precondition."""
         name = self._stats_doc(queue)
         for _ in range(STATS_RETRIES):
             doc = self._get(name)
@@ -236,7 +236,7 @@ class FirestoreStore(FirestoreNodes):
                     raise
 
     def queue_stats(self, queues: list[str]) -> dict[str, QueueStats]:
-        """As `Store.queue_stats`."""
+        """As `DynamoStore.queue_stats`."""
         out = {}
         for queue in queues:
             doc = self._get(self._stats_doc(queue))
@@ -257,7 +257,7 @@ class FirestoreStore(FirestoreNodes):
         append: dict[str, dict] | None = None,
         **values,
     ) -> Item | None:
-        """As `Store.update_item`: set `values` (None deletes), add `add` to counters and one
+        """As `DynamoStore.update_item`: set `values` (None deletes), add `add` to counters and one
         entry per `append` list, only if the status is in `only_from` (when given) and not in
         `never_from`, and `fence` admits it (when given); never creates an item. Returns the new item, or None when
         the condition failed."""

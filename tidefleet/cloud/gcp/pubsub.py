@@ -1,5 +1,4 @@
-"""The work-queue and item-log ports on GCP: Pub/Sub (google-cloud-pubsub's GAPIC clients over
-REST) and Cloud Logging (the REST entries API through google-auth).
+"""The work queues on GCP: Pub/Sub (google-cloud-pubsub's GAPIC clients over REST).
 
 Each configured queue is a topic and a pull subscription of the same name (naming.queue), and
 its dead letters a topic and subscription named naming.dead_letter_queue (stacks/gcp/messaging).
@@ -14,33 +13,20 @@ item immediately; and the agent's rule stays one rule on both clouds: a message 
 than once was held by a node that vanished, which counts as a failed attempt. `release` (the
 nack) is used only where that is wanted: other jobs' messages put back on the dead-letter
 subscription by retry-failed (that subscription has no dead-letter policy).
-
-Item logs: one Cloud Logging entry per output line, in log naming.item_log(env) (the stack's
-log bucket and sink select it), with labels job / item / attempt; a "stream" is
-`job/item/attempt` as on AWS. Each finished attempt also writes one structured entry
-(jsonPayload with its outcome and queue): the stack's `item-outcomes` log-based metric counts those.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
-from datetime import UTC, datetime
-from functools import cached_property
-
 import requests
 from google.api_core import exceptions as gexc
-from google.auth.transport.requests import AuthorizedSession
 from google.pubsub_v1.services.publisher import PublisherClient
 from google.pubsub_v1.services.subscriber import SubscriberClient
 from google.pubsub_v1.types import PubsubMessage
 
 from tidefleet import naming
-from tidefleet.cloud.work import BufferedStream, Delivery, stream_name, stream_order
 from tidefleet.config import Environment
+from tidefleet.ports import Delivery
 
-LOGGING = "https://logging.googleapis.com/v2"
-SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
 PUBLISH_BATCH = 100  # messages per publish call (Pub/Sub takes up to 1000 and 10 MB)
 SHORT_PULL_S = 1  # a "no wait" receive: how long an empty subscription may hold the pull
 
@@ -111,58 +97,3 @@ class PubSubWorkQueues:
 
     def release(self, queue, handles, *, dead_letter=False) -> None:
         self.extend_on(self._subscription(queue, dead_letter), handles, 0)
-
-
-class CloudLoggingItemLogs:
-    def __init__(self, env: Environment, *, session: AuthorizedSession | None = None):
-        self.env, self._session = env, session
-        self.log_name = f"projects/{env.project}/logs/{naming.item_log(env.name)}"
-
-    @cached_property
-    def session(self) -> AuthorizedSession:
-        if self._session is not None:
-            return self._session
-        import google.auth
-
-        return AuthorizedSession(google.auth.default(scopes=SCOPES)[0])
-
-    def _write(self, job: str, item: str, attempt: int, entries: list[dict]) -> None:
-        labels = {"job": job, "item": item, "attempt": str(attempt)}
-        body = {"logName": self.log_name, "resource": {"type": "global"}, "labels": labels, "entries": entries}
-        self.session.post(f"{LOGGING}/entries:write", json=body, timeout=10).raise_for_status()
-
-    def stream(self, queue: str, job: str, item: str, attempt: int) -> BufferedStream:
-        def send(batch: list[tuple[float, str]]) -> None:
-            self._write(job, item, attempt, [{"textPayload": line, "timestamp": _stamp(at)} for at, line in batch])
-
-        return BufferedStream(stream_name(job, item, attempt), send)
-
-    def record_outcome(self, queue: str, job: str, item: str, attempt: int, outcome: str, seconds: float) -> None:
-        payload = {"outcome": outcome, "queue": queue, "job": job, "item": item, "attempt": attempt, "seconds": seconds}
-        self._write(job, item, attempt, [{"jsonPayload": payload, "timestamp": _stamp(time.time())}])
-
-    def lines(self, queue: str, job: str, item: str | None = None) -> Iterator[tuple[str, str]]:
-        # textPayload:* leaves out the outcome entries (jsonPayload), which are not output.
-        query = f'logName="{self.log_name}" AND textPayload:* AND labels.job="{job}"' + (
-            f' AND labels.item="{item}"' if item else "")
-        body = {"resourceNames": [f"projects/{self.env.project}"], "filter": query, "orderBy": "timestamp asc",
-                "pageSize": 1000}  # fmt: skip
-        by_stream: dict[str, list[str]] = {}
-        while True:
-            response = self.session.post(f"{LOGGING}/entries:list", json=body, timeout=30)
-            response.raise_for_status()
-            page = response.json()
-            for entry in page.get("entries", []):
-                labels = entry.get("labels", {})
-                name = stream_name(labels.get("job", job), labels.get("item", "?"), labels.get("attempt", "0"))
-                by_stream.setdefault(name, []).append(entry.get("textPayload", ""))
-            if not page.get("nextPageToken"):
-                break
-            body["pageToken"] = page["nextPageToken"]
-        for name in sorted(by_stream, key=stream_order):
-            for line in by_stream[name]:
-                yield name, line
-
-
-def _stamp(at: float) -> str:
-    return datetime.fromtimestamp(at, UTC).isoformat()

@@ -1,0 +1,141 @@
+"""AWS: SQS queues, the DynamoDB job store, Auto Scaling groups, CloudWatch Logs, instance
+metadata. boto3 honours AWS_ENDPOINT_URL, so the same code runs against AWS and the moto server.
+
+`AwsCloud` is what `tidefleet.cloud.for_env` returns for an `aws` environment; `lambda_runtime`
+is the functions' cold start.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cache, cached_property
+from pathlib import Path
+
+import boto3
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+from botocore.parsers import ResponseParserError
+
+from tidefleet import naming
+from tidefleet.cloud.aws.autoscaling import AutoScalingFleet
+from tidefleet.cloud.aws.dynamodb import DynamoStore
+from tidefleet.cloud.aws.imds import Metadata
+from tidefleet.cloud.aws.logs import CloudWatchItemLogs
+from tidefleet.cloud.aws.sqs import QueueMissing, SqsQueues, SqsWorkQueues
+from tidefleet.config import Environment, Queue, load_environment
+from tidefleet.ports import Ports
+
+# What a call may raise: API errors, transport errors, a garbled answer (a 500 page);
+# QueueMissing is the backlog port's "not deployed".
+ERRORS: tuple[type[BaseException], ...] = (BotoCoreError, ClientError, ResponseParserError, QueueMissing)
+MISSING = {"ResourceNotFoundException", "AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"}
+# From a spot notice to the reclaim AWS gives 2 minutes, of which the notice may be seen up to
+# imds_poll_s late and SETTLE_S may follow the grace: 90 s leaves time to hand items back.
+GRACE_S = 90.0
+
+
+def aws_ports(env: Environment) -> Ports:
+    store = DynamoStore(env.name, env.region)  # heartbeats, and the queue stats the agents record
+    return Ports(queues=SqsQueues(env), fleet=AutoScalingFleet(env), nodes=store, stats=store)
+
+
+@cache
+def lambda_runtime() -> tuple[Environment, Ports]:
+    """Settings and clients, once per cold start: the environment named by TIDEFLEET_ENV."""
+    env = load_environment(os.environ["TIDEFLEET_ENV"])
+    return env, aws_ports(env)
+
+
+class AwsNode:
+    """An EC2 instance in a pool's Auto Scaling group."""
+
+    grace_s = GRACE_S
+
+    def __init__(self, env: Environment, metadata: Metadata | None = None):
+        self.env = env
+        self.metadata = metadata or Metadata()
+        self.autoscaling = boto3.client("autoscaling", region_name=env.region)
+
+    def protect(self, pool: str, node_id: str, busy: bool) -> None:
+        self.autoscaling.set_instance_protection(
+            InstanceIds=[node_id], AutoScalingGroupName=naming.group(self.env.name, pool), ProtectedFromScaleIn=busy
+        )
+
+    def leave(self, pool: str, node_id: str) -> None:
+        self.autoscaling.complete_lifecycle_action(
+            LifecycleHookName=naming.lifecycle_hook(self.env.name, pool),
+            AutoScalingGroupName=naming.group(self.env.name, pool),
+            LifecycleActionResult="CONTINUE",
+            InstanceId=node_id,
+        )
+
+    def checkpoint_base(self) -> str:
+        return f"s3://{artifacts_bucket(self.env)}"
+
+
+def artifacts_bucket(env: Environment) -> str:
+    """The environment's artifacts bucket: its name carries the account id (names are global)."""
+    account = boto3.client("sts", region_name=env.region).get_caller_identity()["Account"]
+    return naming.artifacts_bucket(env.name, account)
+
+
+class AwsCloud:
+    name = "aws"
+    errors = ERRORS
+
+    def __init__(self, env: Environment):
+        self.env = env
+
+    # Built when first used: a kick or a status call needs only some of them.
+    @cached_property
+    def queues(self) -> SqsWorkQueues:
+        return SqsWorkQueues(self.env)
+
+    @cached_property
+    def store(self) -> DynamoStore:
+        return DynamoStore(self.env.name, self.env.region)
+
+    @cached_property
+    def logs(self) -> CloudWatchItemLogs:
+        return CloudWatchItemLogs(self.env)
+
+    def control_ports(self) -> Ports:
+        return aws_ports(self.env)
+
+    def node_host(self, metadata: Metadata | None = None) -> AwsNode:
+        return AwsNode(self.env, metadata)
+
+    def group_sizes(self) -> dict[str, tuple[int, int]]:
+        autoscaling = boto3.client("autoscaling", region_name=self.env.region)
+        names = {naming.group(self.env.name, p): p for p in self.env.pools}
+        found = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=list(names))["AutoScalingGroups"]
+        return {names[g["AutoScalingGroupName"]]: (g["DesiredCapacity"], len(g["Instances"])) for g in found}
+
+    def kick(self, payload: bytes) -> str:
+        function = naming.function(self.env.name, "scaler")
+        boto3.client("lambda", region_name=self.env.region).invoke(
+            FunctionName=function, InvocationType="Event", Payload=payload
+        )
+        return function
+
+    def upload(self, key: str, path: Path) -> str:
+        bucket = artifacts_bucket(self.env)
+        boto3.client("s3", region_name=self.env.region).upload_file(str(path), bucket, key)
+        return f"s3://{bucket}/{key}"
+
+    def redrive_receives(self, queue: Queue) -> int:
+        return queue.max_receive_count  # SQS maxReceiveCount takes any count
+
+    def explain(self, err: BaseException) -> str:
+        env = self.env.name
+        deploy = f"deploy it with `invoke deploy --env {env}` or start `tidefleet sandbox --keep`"
+        if isinstance(err, NoCredentialsError):
+            return "no AWS credentials: set AWS_PROFILE or AWS_ACCESS_KEY_ID (the sandbox prints them)"
+        if isinstance(err, QueueMissing):
+            return str(err)
+        if isinstance(err, ClientError):
+            code = err.response["Error"]["Code"]
+            message = err.response["Error"].get("Message", code)
+            if code in MISSING:
+                return f"{message}: environment {env!r} is not deployed in {self.env.region}; {deploy}"
+            return f"{code}: {message} (region {self.env.region})"
+        return f"cannot reach AWS for {env!r} ({err}); check AWS_ENDPOINT_URL, credentials and network, or {deploy}"

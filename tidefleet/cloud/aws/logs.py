@@ -1,0 +1,61 @@
+"""Item logs on AWS: one CloudWatch Logs stream per attempt."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import boto3
+from botocore.exceptions import ClientError
+
+from tidefleet import naming
+from tidefleet.config import Environment
+from tidefleet.logstream import BufferedStream, stream_name, stream_order
+
+
+class CloudWatchItemLogs:
+    """One log stream per attempt (`<queue>/<job>/<item>/<attempt>`: naming.item_log_stream_prefix)
+    in the environment's item log group; shown without the queue."""
+
+    def __init__(self, env: Environment, *, client=None):
+        self.logs = client or boto3.client("logs", region_name=env.region)
+        self.group = naming.item_log_group(env.name)
+
+    def stream(self, queue: str, job: str, item: str, attempt: int) -> BufferedStream:
+        name = naming.item_log_stream_prefix(queue) + stream_name(job, item, attempt)
+        created = []
+
+        def send(batch: list[tuple[float, str]]) -> None:
+            if not created:  # lazily, in the first send: a failure is the stream's to retry
+                try:
+                    self.logs.create_log_stream(logGroupName=self.group, logStreamName=name)
+                except ClientError as err:
+                    if err.response["Error"]["Code"] != "ResourceAlreadyExistsException":
+                        raise
+                created.append(True)
+            self.logs.put_log_events(logGroupName=self.group, logStreamName=name,
+                                     logEvents=[{"timestamp": int(at * 1000), "message": line} for at, line in batch])
+
+        return BufferedStream(name, send)
+
+    def record_outcome(self, queue: str, job: str, item: str, attempt: int, outcome: str, seconds: float) -> None:
+        """Nothing on AWS: no stack resource counts outcome entries (the job store's item history has them)."""
+
+    def lines(self, queue: str, job: str, item: str | None = None) -> Iterator[tuple[str, str]]:
+        queue_prefix = naming.item_log_stream_prefix(queue)
+        prefix = f"{queue_prefix}{job}/" + (f"{item}/" if item else "")
+        streams = []
+        for page in self.logs.get_paginator("describe_log_streams").paginate(logGroupName=self.group,
+                                                                             logStreamNamePrefix=prefix):  # fmt: skip
+            streams += [s["logStreamName"].removeprefix(queue_prefix) for s in page["logStreams"]]
+        for stream in sorted(streams, key=stream_order):
+            token = None
+            while True:
+                kwargs = {"logGroupName": self.group, "logStreamName": queue_prefix + stream, "startFromHead": True}
+                if token:
+                    kwargs["nextToken"] = token
+                page = self.logs.get_log_events(**kwargs)
+                for event in page["events"]:
+                    yield stream, event["message"]
+                if not page["events"] or page.get("nextForwardToken") == token:
+                    break
+                token = page.get("nextForwardToken")

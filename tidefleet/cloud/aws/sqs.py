@@ -1,0 +1,107 @@
+"""SQS on AWS: the work queues the agent and the SDK use (`SqsWorkQueues`), and the backlog
+the control tick reads (`SqsQueues`).
+
+Backlog is read from SQS queue attributes directly: CloudWatch's SQS metrics lag by minutes
+and would delay every scale-out. boto3 honours AWS_ENDPOINT_URL, so the same code runs
+against AWS and the moto server.
+"""
+
+from __future__ import annotations
+
+import boto3
+from botocore.exceptions import ClientError
+
+from tidefleet import naming
+from tidefleet.config import Environment
+from tidefleet.ports import Backlog, Delivery
+
+SQS_BATCH = 10
+
+
+class QueueMissing(LookupError):
+    pass
+
+
+class SqsQueues:
+    def __init__(self, env: Environment, *, client=None):
+        self.env = env
+        self.sqs = client or boto3.client("sqs", region_name=env.region)
+        self._urls: dict[str, str] = {}  # a warm function keeps them between ticks
+
+    def _url(self, queue: str) -> str:
+        if queue not in self._urls:
+            name = naming.queue(self.env.name, queue)
+            try:
+                self._urls[queue] = self.sqs.get_queue_url(QueueName=name)["QueueUrl"]
+            except ClientError as err:
+                if "NonExistentQueue" not in err.response["Error"]["Code"]:
+                    raise
+                raise QueueMissing(
+                    f"queues.{queue}: SQS queue {name!r} does not exist in {self.env.region}; "
+                    f"deploy the environment first (invoke deploy --env {self.env.name})"
+                ) from None
+        return self._urls[queue]
+
+    def backlog(self, queue: str) -> Backlog:
+        attrs = self.sqs.get_queue_attributes(
+            QueueUrl=self._url(queue),
+            AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+        )["Attributes"]
+        return Backlog(
+            visible=int(attrs["ApproximateNumberOfMessages"]),
+            in_flight=int(attrs["ApproximateNumberOfMessagesNotVisible"]),
+        )
+
+
+class SqsWorkQueues:
+    def __init__(self, env: Environment, *, client=None):
+        self.env = env
+        self.sqs = client or boto3.client("sqs", region_name=env.region)
+        self._urls: dict[str, str] = {}
+
+    def url(self, queue: str, *, dead_letter: bool = False) -> str:
+        name = naming.dead_letter_queue(self.env.name, queue) if dead_letter else naming.queue(self.env.name, queue)
+        if name not in self._urls:
+            self._urls[name] = self.sqs.get_queue_url(QueueName=name)["QueueUrl"]
+        return self._urls[name]
+
+    def lease_s(self, queue: str) -> int:
+        attrs = self.sqs.get_queue_attributes(QueueUrl=self.url(queue), AttributeNames=["VisibilityTimeout"])
+        return int(attrs["Attributes"]["VisibilityTimeout"])
+
+    def receive(self, queue, max_messages, wait_s, *, dead_letter=False, hold_s=None) -> list[Delivery]:
+        kwargs = {"VisibilityTimeout": hold_s} if hold_s is not None else {}
+        messages = self.sqs.receive_message(
+            QueueUrl=self.url(queue, dead_letter=dead_letter), MaxNumberOfMessages=max_messages, WaitTimeSeconds=wait_s,
+            MessageSystemAttributeNames=["ApproximateReceiveCount"], **kwargs,
+        ).get("Messages", [])  # fmt: skip
+        return [Delivery(m["ReceiptHandle"], m["Body"], int(m.get("Attributes", {}).get("ApproximateReceiveCount", "1")),
+                         m.get("MessageId", "")) for m in messages]  # fmt: skip
+
+    def _batches(self, method, queue: str, dead_letter: bool, entries: list[dict]) -> list[dict]:
+        """One batch call per ten entries (ids are positions); returns every failed entry."""
+        failed = []
+        for start in range(0, len(entries), SQS_BATCH):
+            batch = [{"Id": str(start + i), **e} for i, e in enumerate(entries[start : start + SQS_BATCH])]
+            failed += method(QueueUrl=self.url(queue, dead_letter=dead_letter), Entries=batch).get("Failed", [])
+        return failed
+
+    def extend(self, queue, handles, seconds) -> dict[str, str]:
+        entries = [{"ReceiptHandle": h, "VisibilityTimeout": seconds} for h in handles]
+        failed = self._batches(self.sqs.change_message_visibility_batch, queue, False, entries)
+        return {handles[int(f["Id"])]: f.get("Message", f.get("Code", "?")) for f in failed}
+
+    def delete(self, queue, handles, *, dead_letter=False) -> list[str]:
+        failed = self._batches(self.sqs.delete_message_batch, queue, dead_letter, [{"ReceiptHandle": h} for h in handles])
+        return [f.get("Message", f.get("Code", "?")) for f in failed]
+
+    def send(self, queue, bodies, *, dead_letter=False) -> None:
+        failed = self._batches(self.sqs.send_message_batch, queue, dead_letter, [{"MessageBody": b} for b in bodies])
+        if failed:
+            raise RuntimeError(f"SQS refused {len(failed)} message(s): {failed[0].get('Message', failed[0])}")
+
+    def release(self, queue, handles, *, dead_letter=False) -> None:
+        entries = [{"ReceiptHandle": h, "VisibilityTimeout": 0} for h in handles]
+        self._batches(self.sqs.change_message_visibility_batch, queue, dead_letter, entries)
+
+

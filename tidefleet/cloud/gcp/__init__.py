@@ -1,0 +1,149 @@
+"""GCP: Pub/Sub queues, the Firestore job store, managed instance groups, Cloud Logging, the
+GCE metadata server. Credentials come from google.auth.default.
+
+`GcpCloud` is what `tidefleet.cloud.for_env` returns for a `gcp` environment;
+`function_runtime` is the scaler function's cold start. The Google libraries are imported
+where used, so the scaler function loads only what a tick needs.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cache, cached_property
+from pathlib import Path
+
+from tidefleet import naming
+from tidefleet.config import Environment, Queue, load_environment
+from tidefleet.ports import Ports
+
+# GCE gives a Spot VM about 30 s: the notice may be seen imds_poll_s (5 s) late and SETTLE_S
+# (5 s) may follow the grace, so 15 s leaves 5 s to hand the items back.
+GRACE_S = 15.0
+# Pub/Sub's dead-letter policy takes max_delivery_attempts in 5..100 only (stacks/gcp/messaging.py).
+DELIVERY_ATTEMPTS = (5, 100)
+GCS_UPLOAD = "https://storage.googleapis.com/upload/storage/v1"
+
+
+def errors() -> tuple[type[BaseException], ...]:
+    from google.api_core.exceptions import GoogleAPIError
+    from google.auth.exceptions import GoogleAuthError
+    from requests import RequestException
+
+    return (GoogleAPIError, GoogleAuthError, RequestException)
+
+
+@cache
+def function_runtime() -> tuple[Environment, Ports]:
+    """Settings and clients, once per cold start: the environment named by TIDEFLEET_ENV."""
+    env = load_environment(os.environ["TIDEFLEET_ENV"])
+    return env, control_ports(env)
+
+
+def control_ports(env: Environment) -> Ports:
+    from tidefleet.cloud.gcp.firestore import FirestoreStore
+    from tidefleet.cloud.gcp.mig import MigFleet, MonitoringQueues
+
+    store = FirestoreStore(env)  # heartbeats, and the queue stats the agents record
+    return Ports(queues=MonitoringQueues(env), fleet=MigFleet(env), nodes=store, stats=store)
+
+
+class GceNode:
+    """A VM of a pool's managed instance groups. GCE has no scale-in protection and no
+    lifecycle hooks: its scaler deletes only the idle instances it names, by their heartbeats."""
+
+    grace_s = GRACE_S
+
+    def __init__(self, env: Environment, metadata=None):
+        from tidefleet.cloud.gcp.metadata import GceMetadata
+
+        self.env = env
+        self.metadata = metadata or GceMetadata()
+
+    def protect(self, pool: str, node_id: str, busy: bool) -> None:
+        """Nothing to do: no group picks a victim of its own."""
+
+    def leave(self, pool: str, node_id: str) -> None:
+        """Nothing to do: no hook holds the VM."""
+
+    def checkpoint_base(self) -> str:
+        return f"gs://{naming.artifacts_bucket(self.env.name, self.env.project)}"
+
+
+class GcpCloud:
+    name = "gcp"
+
+    def __init__(self, env: Environment):
+        self.env = env
+        self.errors = errors()
+
+    # Built when first used: a kick or a status call needs only some of them.
+    @cached_property
+    def queues(self):
+        from tidefleet.cloud.gcp.pubsub import PubSubWorkQueues
+
+        return PubSubWorkQueues(self.env)
+
+    @cached_property
+    def store(self):
+        from tidefleet.cloud.gcp.firestore import FirestoreStore
+
+        return FirestoreStore(self.env)
+
+    @cached_property
+    def logs(self):
+        from tidefleet.cloud.gcp.cloud_logging import CloudLoggingItemLogs
+
+        return CloudLoggingItemLogs(self.env)
+
+    def control_ports(self) -> Ports:
+        return control_ports(self.env)
+
+    def node_host(self, metadata=None) -> GceNode:
+        return GceNode(self.env, metadata)
+
+    def group_sizes(self) -> dict[str, tuple[int, int]]:
+        """A pool is a Spot and an on-demand group, shown as one (`MigFleet`)."""
+        from tidefleet.cloud.gcp.mig import MigFleet
+
+        return {p: (g.desired, len(g.instances)) for p, g in MigFleet(self.env).groups(list(self.env.pools), 0).items()}
+
+    def kick(self, payload: bytes) -> str:
+        from tidefleet.cloud.gcp.pubsub import publish
+
+        topic = naming.kick_topic(self.env.name)  # the scaler function's trigger
+        publish(self.env, topic, [payload])
+        return topic
+
+    def upload(self, key: str, path: Path) -> str:
+        """The GCS JSON API's single-request upload through google-auth (a wheel is small; no
+        google-cloud-storage dependency for a few objects)."""
+        import google.auth
+        from google.auth.transport.requests import AuthorizedSession
+
+        from tidefleet.cloud.gcp.cloud_logging import SCOPES
+
+        bucket = naming.artifacts_bucket(self.env.name, self.env.project)
+        session = AuthorizedSession(google.auth.default(scopes=SCOPES)[0])
+        session.post(f"{GCS_UPLOAD}/b/{bucket}/o", params={"uploadType": "media", "name": key}, data=path.read_bytes(),
+                     headers={"Content-Type": "application/octet-stream"}, timeout=120).raise_for_status()  # fmt: skip
+        return f"gs://{bucket}/{key}"
+
+    def redrive_receives(self, queue: Queue) -> int:
+        low, high = DELIVERY_ATTEMPTS
+        return min(max(queue.max_receive_count, low), high)
+
+    def explain(self, err: BaseException) -> str:
+        from google.api_core import exceptions as gexc
+        from google.auth.exceptions import DefaultCredentialsError
+
+        env, project = self.env.name, self.env.project
+        deploy = f"deploy it with `invoke deploy --env {env}`"
+        if isinstance(err, DefaultCredentialsError):
+            return "no Google credentials: run `gcloud auth application-default login` or set GOOGLE_APPLICATION_CREDENTIALS"
+        if isinstance(err, gexc.NotFound):
+            return f"{err.message}: environment {env!r} is not deployed in project {project}; {deploy}"
+        if isinstance(err, gexc.PermissionDenied):
+            return f"permission denied in project {project} ({err.message}); check the account's roles"
+        if isinstance(err, gexc.GoogleAPICallError):
+            return f"{type(err).__name__}: {err.message} (project {project})"
+        return f"cannot reach Google Cloud for {env!r} ({err}); check credentials and network, or {deploy}"

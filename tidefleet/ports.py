@@ -1,0 +1,257 @@
+"""The ports: what the core needs from a cloud, as small protocols, and the plain data they carry.
+
+The core (control tick, policy, agent, job SDK, simulator) talks only to these. Each cloud's
+adapters live in its package, `tidefleet.cloud.aws` (boto3: SQS, DynamoDB, Auto Scaling,
+CloudWatch Logs, instance metadata) and `tidefleet.cloud.gcp` (Pub/Sub, Firestore, managed
+instance groups, Cloud Logging, the GCE metadata server); `tidefleet.cloud.memory` is the
+in-memory one the simulator and tests use. `tidefleet.cloud.for_env(env)` picks one, once:
+nothing else branches on the cloud. No SDK import here.
+
+Ports of the control tick: `QueuePort` (backlog), `FleetPort` (groups), `NodeStatePort`
+(heartbeats), `QueueStatsPort`. Ports of the agent and the SDK: `WorkQueues` (messages),
+`JobStore` (jobs, items, heartbeats), `ItemLogs`, `NodeHost` (the node's metadata and group).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from tidefleet.records import FINAL, Fence, Heartbeat, Item, Job, QueueStats
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from tidefleet.config import Queue
+
+
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    visible: int  # waiting items
+    in_flight: int  # received by an agent, not yet deleted
+
+
+@dataclass(frozen=True, slots=True)
+class GroupInstance:
+    id: str
+    instance_type: str
+    lifecycle_state: str  # the group's word: Pending, InService, Terminating:Wait, ...
+    spot: bool
+    launched_at: float | None  # epoch seconds; None if EC2 does not list it yet (eventual consistency)
+    protected: bool  # scale-in protection (set by a busy agent)
+    weight: int | None = None  # the group's weighted capacity, when it reports one
+
+
+@dataclass(frozen=True, slots=True)
+class GroupState:
+    name: str
+    desired: int  # capacity units
+    min: int
+    max: int
+    on_demand_base: int
+    instances: tuple[GroupInstance, ...]
+    spot_failures: tuple[float, ...] = ()  # start times of recent failed spot launches
+
+
+class QueuePort(Protocol):
+    def backlog(self, queue: str) -> Backlog:
+        """Current backlog of a configured queue (the config name, not the cloud name)."""
+
+
+class FleetPort(Protocol):
+    def groups(self, pools: list[str], since: float) -> dict[str, GroupState]:
+        """The group of each pool that exists, by pool; spot failures started at or after `since`."""
+
+    def set_desired(self, pool: str, desired: int) -> None: ...
+
+    def terminate(self, pool: str, instance_ids: tuple[str, ...]) -> tuple[str, ...]:
+        """Terminate these instances WITH a decrement of desired capacity, so the group never
+        launches a replacement nor picks a victim of its own. Instances already gone or no
+        longer in service are skipped, not an error. Returns the ids actually terminated."""
+
+    def set_on_demand_base(self, pool: str, units: int) -> None: ...
+
+    def group_of(self, instance_id: str) -> str | None:
+        """The name of the group the instance belongs to, or None."""
+
+    def complete_lifecycle_action(self, pool: str, instance_id: str, hook: str, token: str | None) -> None:
+        """Let a node held by the terminate lifecycle hook go now (result CONTINUE)."""
+
+
+class NodeStatePort(Protocol):
+    def heartbeats(self, pool: str) -> dict[str, Heartbeat]: ...
+
+    def mark_draining(self, pool: str, node_id: str) -> None: ...
+
+    def forget_node(self, pool: str, node_id: str) -> None: ...
+
+
+class QueueStatsPort(Protocol):
+    def queue_stats(self, queues: list[str]) -> dict[str, QueueStats]:
+        """Recorded statistics of these queues (mean item run time), by name; absent if none yet."""
+
+
+@dataclass(frozen=True)
+class Ports:
+    queues: QueuePort
+    fleet: FleetPort
+    nodes: NodeStatePort
+    stats: QueueStatsPort | None = None  # None: mean item times unknown, the policy counts slots only
+
+
+# -- the agent's and the SDK's ports ------------------------------------------------------
+@dataclass(frozen=True)
+class Delivery:
+    handle: str  # what extend / delete / release take: SQS receipt handle, Pub/Sub ack id
+    body: str
+    deliveries: int  # times this message has been delivered, this one included (1 = first)
+    message_id: str = ""  # the queue's id of the message: the same on every delivery of it
+
+
+class WorkQueues(Protocol):
+    """A queue is named by its config name; `dead_letter=True` means its dead-letter queue (SQS)
+    or dead-letter subscription (Pub/Sub). A body is opaque text: what it means (`ItemMessage`)
+    is the SDK's business, not the port's."""
+
+    def lease_s(self, queue: str) -> int:
+        """How long a received message stays hidden from others (visibility / ack deadline)."""
+
+    def receive(self, queue: str, max_messages: int, wait_s: int, *, dead_letter: bool = False,
+                hold_s: int | None = None) -> list[Delivery]:  # fmt: skip
+        """Up to max_messages, waiting up to wait_s for the first; hold_s overrides the lease."""
+
+    def extend(self, queue: str, handles: list[str], seconds: int) -> dict[str, str]:
+        """Keep these messages hidden `seconds` more; returns the error of each handle that failed."""
+
+    def delete(self, queue: str, handles: list[str], *, dead_letter: bool = False) -> list[str]:
+        """Done with them (SQS delete / Pub/Sub ack); returns the error of each that failed."""
+
+    def send(self, queue: str, bodies: list[str], *, dead_letter: bool = False) -> None:
+        """Raises if any body was refused: nothing is silently dropped."""
+
+    def release(self, queue: str, handles: list[str], *, dead_letter: bool = False) -> None:
+        """Visible to everyone again now (SQS visibility 0 / Pub/Sub nack). Counts as a delivery."""
+
+
+class LogStream(Protocol):
+    def write(self, line: str) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class ItemLogs(Protocol):
+    def stream(self, queue: str, job: str, item: str, attempt: int) -> LogStream:
+        """A writer for one attempt's output (`tidefleet.logstream.BufferedStream`)."""
+
+    def lines(self, queue: str, job: str, item: str | None = None) -> Iterator[tuple[str, str]]:
+        """(stream, line) for every attempt of the job's items (or one item), oldest first per stream;
+        `queue` is the job's (a node may write only its own queues' logs)."""
+
+    def record_outcome(self, queue: str, job: str, item: str, attempt: int, outcome: str, seconds: float) -> None:
+        """One finished attempt (succeeded / failed / cancelled), for the cloud's outcome metric."""
+
+
+class JobStore(NodeStatePort, QueueStatsPort, Protocol):
+    """Jobs, items, node heartbeats and queue statistics of one environment. Every write of an
+    item is conditional: the store never creates an item record by updating it, never moves
+    one out of a final status (`FINAL`), and applies a `Fence` exactly as `Fence.admits` says.
+    `tests/store_contract.py` is the contract every adapter passes."""
+
+    def put_heartbeat(self, hb: Heartbeat) -> None: ...
+
+    def heartbeat(self, pool: str, node_id: str) -> Heartbeat | None: ...
+
+    def record_item_seconds(self, queue: str, seconds: float) -> None: ...
+
+    def put_job(self, job: Job) -> Job:
+        """Create the job unless it exists; returns the stored job either way (idempotent submit)."""
+
+    def job(self, job_id: str) -> Job | None: ...
+
+    def jobs(self, queue: str | None = None) -> list[Job]:
+        """Every job (of one queue), oldest first."""
+
+    def set_job_total(self, job_id: str, total: int) -> None: ...
+
+    def cancel_job(self, job_id: str) -> None: ...
+
+    def put_item_if_new(self, item: Item) -> bool:
+        """False if an item with this id already exists in the job (left untouched)."""
+
+    def item(self, job_id: str, item_id: str) -> Item | None: ...
+
+    def items(self, job_id: str) -> list[Item]:
+        """Every item of a job, in item-id order."""
+
+    def update_item(self, job_id: str, item_id: str, *, only_from: tuple[str, ...] | None = None,
+                    never_from: tuple[str, ...] = FINAL, fence: Fence | None = None,
+                    add: dict[str, int] | None = None, append: dict[str, dict] | None = None,
+                    **values) -> Item | None:  # fmt: skip
+        """Set `values`, add `add` to counters and append one entry per `append` list, only if the
+        item exists, its status is in `only_from` (when given) and not in `never_from`, and `fence`
+        admits it. Returns the new item, or None when the condition failed."""
+
+
+@dataclass(frozen=True)
+class Notice:
+    """Why this node must stop taking work; `lifecycle` means the group is terminating it."""
+
+    reason: str
+    lifecycle: bool = False
+
+
+class NodeMetadata(Protocol):
+    def identity(self) -> tuple[str | None, str | None, bool]:
+        """(instance id, instance type, spot); None where unknown (no metadata service)."""
+
+    def notice(self) -> Notice | None:
+        """A spot reclaim or a group's termination of this node, if one is under way."""
+
+
+class NodeHost(Protocol):
+    """What an agent needs from the cloud of the node it runs on."""
+
+    grace_s: float  # from a stop notice to the machine's end: the workload's time to checkpoint
+    metadata: NodeMetadata
+
+    def protect(self, pool: str, node_id: str, busy: bool) -> None:
+        """Keep a busy node out of the group's scale-in (a no-op where groups never pick victims)."""
+
+    def leave(self, pool: str, node_id: str) -> None:
+        """Let the group's drain hook release this node now (a no-op where there is none)."""
+
+    def checkpoint_base(self) -> str:
+        """The URI under which items' checkpoints live (the environment's artifacts bucket)."""
+
+
+class Cloud(Protocol):
+    """One environment's adapters, from `tidefleet.cloud.for_env(env)`."""
+
+    name: str  # "aws" | "gcp"
+    errors: tuple[type[BaseException], ...]  # what a call to this cloud may raise
+    queues: WorkQueues
+    store: JobStore
+    logs: ItemLogs
+
+    def control_ports(self) -> Ports:
+        """The control tick's ports (backlog, fleet, heartbeats, statistics)."""
+
+    def node_host(self) -> NodeHost: ...
+
+    def group_sizes(self) -> dict[str, tuple[int, int]]:
+        """(desired capacity units, instances) of each pool whose group exists."""
+
+    def kick(self, payload: bytes) -> str:
+        """Tell the scaler function there is work; returns what was kicked. Raises on failure."""
+
+    def upload(self, key: str, path: Path) -> str:
+        """Put a file in the environment's artifacts bucket under `key`; returns its URI."""
+
+    def redrive_receives(self, queue: Queue) -> int:
+        """Receives after which the queue's own policy dead-letters a message."""
+
+    def explain(self, err: BaseException) -> str:
+        """One line for a person: what went wrong with this cloud call and what to do."""
