@@ -227,6 +227,15 @@ class NodeHost(Protocol):
         """The URI under which items' checkpoints live (the environment's artifacts bucket)."""
 
 
+class Objects(Protocol):
+    """An object store (S3, Cloud Storage): where workloads' checkpoints live."""
+
+    def put(self, bucket: str, key: str, body: bytes) -> None: ...
+
+    def get(self, bucket: str, key: str) -> bytes | None:
+        """The object, or None if there is none."""
+
+
 class Cloud(Protocol):
     """One environment's adapters, from `tidefleet.cloud.for_env(env)`."""
 

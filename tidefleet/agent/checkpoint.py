@@ -28,6 +28,8 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from tidefleet.cloud import object_store
+
 EXIT_INTERRUPTED = 75  # EX_TEMPFAIL: "try again later"
 # Beside the item's checkpoints: `complete()` leaves it, and an agent that is about to start an
 # item again (its last node died before recording the end) finds it and records the success.
@@ -75,16 +77,6 @@ def _location(name: str, base: str | None) -> tuple[str, str, str]:
     raise RuntimeError(f"TIDEFLEET_CHECKPOINT_URI {checkpoint_uri()!r}: only file://, s3:// and gs:// are supported")
 
 
-GCS = "https://storage.googleapis.com"
-
-
-def _gcs_session():
-    import google.auth
-    from google.auth.transport.requests import AuthorizedSession
-
-    return AuthorizedSession(google.auth.default(scopes=["https://www.googleapis.com/auth/devstorage.read_write"])[0])
-
-
 def save(name: str, data: bytes | str, *, base: str | None = None) -> None:
     """Store `data` as `name` in this item's checkpoint location (a local file in the sandbox,
     S3 on AWS, GCS on GCP), replacing what was there. `base`: another item's location."""
@@ -96,13 +88,8 @@ def save(name: str, data: bytes | str, *, base: str | None = None) -> None:
         partial = path.with_name(path.name + ".partial")  # a kill mid-write leaves the old one whole
         partial.write_bytes(body)
         partial.replace(path)
-    elif scheme == "s3":
-        import boto3
-
-        boto3.client("s3").put_object(Bucket=where, Key=key, Body=body)
     else:
-        _gcs_session().post(f"{GCS}/upload/storage/v1/b/{where}/o", params={"uploadType": "media", "name": key},
-                            data=body, timeout=60).raise_for_status()  # fmt: skip
+        object_store(scheme).put(where, key, body)
 
 
 def load(name: str, *, base: str | None = None) -> bytes | None:
@@ -111,20 +98,7 @@ def load(name: str, *, base: str | None = None) -> bytes | None:
     if scheme == "file":
         path = Path(where) / key
         return path.read_bytes() if path.exists() else None
-    if scheme == "s3":
-        import boto3
-
-        s3 = boto3.client("s3")
-        try:
-            return s3.get_object(Bucket=where, Key=key)["Body"].read()
-        except s3.exceptions.NoSuchKey:
-            return None
-    reply = _gcs_session().get(f"{GCS}/storage/v1/b/{where}/o/{urllib.parse.quote(key, safe='')}",
-                               params={"alt": "media"}, timeout=60)  # fmt: skip
-    if reply.status_code == 404:
-        return None
-    reply.raise_for_status()
-    return reply.content
+    return object_store(scheme).get(where, key)
 
 
 def attempt() -> int:

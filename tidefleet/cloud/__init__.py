@@ -5,8 +5,11 @@ when it is chosen, so an AWS node never needs the Google libraries, nor a GCP fu
 
 from __future__ import annotations
 
-from tidefleet.config import Environment
-from tidefleet.ports import Cloud
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tidefleet.config import Environment
+    from tidefleet.ports import Cloud, Objects
 
 
 def for_env(env: Environment) -> Cloud:
@@ -18,3 +21,14 @@ def for_env(env: Environment) -> Cloud:
     from tidefleet.cloud.aws import AwsCloud
 
     return AwsCloud(env)
+
+
+def object_store(scheme: str) -> Objects:
+    """The object store of a URI scheme (s3 or gs), for checkpoints."""
+    if scheme == "gs":
+        from tidefleet.cloud.gcp.objects import GcsObjects
+
+        return GcsObjects()
+    from tidefleet.cloud.aws.objects import S3Objects
+
+    return S3Objects()

@@ -11,7 +11,6 @@ node's whole process tree is killed.
 
 from __future__ import annotations
 
-import base64
 import os
 import signal
 import subprocess
@@ -20,10 +19,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import boto3
 import psutil
 
-from tidefleet import naming
+from tidefleet.cloud.aws.machines import EmulatedMachines
 from tidefleet.config import Environment
 from tidefleet.sandbox.imds import MetadataServer
 
@@ -93,18 +91,17 @@ class Launcher:
         self.in_service_count = 0  # instances the groups reported at the last look
         self._reclaims: dict[str, float] = {}  # instance id -> when EC2 takes it back
         self._lock = threading.Lock()
-        self._ec2 = boto3.client("ec2", region_name=env.region)
-        self._autoscaling = boto3.client("autoscaling", region_name=env.region)
+        self.machines = EmulatedMachines(env)
 
     # -- the loop -------------------------------------------------------------------------
     def step(self, now: float) -> None:
         """One look at the groups: start new nodes, boot due ones, terminate leavers, reap."""
-        in_service = self._in_service()
+        in_service = self.machines.in_service()
         self.in_service_count = len(in_service)
         with self._lock:
             for instance_id, (pool, instance_type) in in_service.items():
                 if instance_id not in self.nodes:
-                    spot = self._is_spot(instance_id)
+                    spot = self.machines.is_spot(instance_id)
                     url = self.imds.add(
                         instance_id, instance_type, spot=spot, availability_zone=f"{self.env.region}a"
                     )
@@ -125,29 +122,10 @@ class Launcher:
         for instance_id, due in list(self._reclaims.items()):
             if now >= due:
                 del self._reclaims[instance_id]
-                self._terminate_instance(instance_id)
-
-    def _in_service(self) -> dict[str, tuple[str, str]]:
-        """instance id -> (pool, instance type) for every in-service instance of every pool."""
-        names = {naming.group(self.env.name, pool): pool for pool in self.env.pools}
-        groups = self._autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=list(names))
-        return {
-            i["InstanceId"]: (names[g["AutoScalingGroupName"]], i["InstanceType"])
-            for g in groups["AutoScalingGroups"]
-            for i in g["Instances"]
-            if i["LifecycleState"] == "InService"
-        }
-
-    def _is_spot(self, instance_id: str) -> bool:
-        # The same answer the scaler reads. (The emulator launches group instances on demand.)
-        found = self._ec2.describe_instances(Filters=[{"Name": "instance-id", "Values": [instance_id]}])
-        return any(
-            i.get("InstanceLifecycle") == "spot" for r in found["Reservations"] for i in r["Instances"]
-        )
+                self.machines.reclaim(instance_id)
 
     def _boot(self, node: Node, now: float) -> None:
-        raw = self._ec2.describe_instance_attribute(InstanceId=node.instance_id, Attribute="userData")
-        script = base64.b64decode(raw["UserData"]["Value"]).decode()
+        script = self.machines.user_data(node.instance_id)
         node_dir = self.workdir / "nodes" / node.instance_id
         node_dir.mkdir(parents=True, exist_ok=True)
         (node_dir / "user-data.sh").write_text(script)
@@ -184,10 +162,6 @@ class Launcher:
             node.gone_at = now
             self.imds.remove(node.instance_id)
 
-    def _terminate_instance(self, instance_id: str) -> None:
-        # Terminated outside the group's own scale-in: the group launches a replacement.
-        self._ec2.terminate_instances(InstanceIds=[instance_id])
-
     def run(self, stop: threading.Event, interval_s: float = 0.5) -> None:
         while not stop.is_set():
             self.step(time.time())
@@ -204,7 +178,7 @@ class Launcher:
             now = time.time()
             node.leaving_at = node.gone_at = now
             self.imds.remove(instance_id)
-        self._terminate_instance(instance_id)
+        self.machines.reclaim(instance_id)
 
     def send_spot_notice(self, instance_id: str) -> None:
         """The two-minute warning (shortened to `reclaim_after_s`), then EC2 reclaims the instance."""

@@ -22,8 +22,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Self
 
-import boto3
-
 from tidefleet import control, naming
 from tidefleet.cloud import for_env
 from tidefleet.config import Environment, environments_dir
@@ -193,20 +191,7 @@ class Sandbox:
     # -- what the view and the summary read ------------------------------------------------
     def queue_depths(self) -> dict[str, tuple[int, int, int]]:
         """queue -> (visible, in flight, dead-lettered)."""
-        sqs = boto3.client("sqs", region_name=self.env.region)
-
-        def depth(url: str, *names: str) -> list[int]:
-            attrs = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=list(names))["Attributes"]
-            return [int(attrs[n]) for n in names]
-
-        out = {}
-        for name, url in self.provisioned.queue_urls.items():
-            visible, in_flight = depth(
-                url, "ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"
-            )
-            (dead,) = depth(self.provisioned.dead_letter_urls[name], "ApproximateNumberOfMessages")
-            out[name] = (visible, in_flight, dead)
-        return out
+        return {name: self.launcher.machines.queue_depth(name) for name in self.env.queues}
 
     def fleet_at_zero(self) -> bool:
         """No instance in any group and no node process left."""
