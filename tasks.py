@@ -124,7 +124,7 @@ def test(c, args=""):
 def lint(c):
     """ruff on the code, shellcheck on every environment's rendered node user-data."""
     c.run(f"{sys.executable} -m ruff check .")
-    from stacks.userdata import shellcheck_all
+    from stacks.shellcheck import shellcheck_all
 
     problems = shellcheck_all()
     if problems:

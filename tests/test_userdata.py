@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from stacks.userdata import EXAMPLE_BUCKET, shellcheck, shellcheck_all
+from stacks.shellcheck import EXAMPLE_BUCKET, shellcheck, shellcheck_all
 from tidefleet.config import load_environment
 from tidefleet.userdata import EC2_USER_DATA_LIMIT, LOCAL_PYTHON, render_user_data
 

@@ -27,7 +27,7 @@ from tidefleet.sandbox.imds import MetadataServer
 
 
 @dataclass
-class Node:
+class LocalNode:
     instance_id: str
     pool: str
     instance_type: str
@@ -86,7 +86,7 @@ class Launcher:
         self.boot_delay_s = boot_delay_s
         self.grace_s = grace_s
         self.reclaim_after_s = reclaim_after_s
-        self.nodes: dict[str, Node] = {}
+        self.nodes: dict[str, LocalNode] = {}
         self.peak_nodes = 0
         self.in_service_count = 0  # instances the groups reported at the last look
         self._reclaims: dict[str, float] = {}  # instance id -> when EC2 takes it back
@@ -105,7 +105,7 @@ class Launcher:
                     url = self.imds.add(
                         instance_id, instance_type, spot=spot, availability_zone=f"{self.env.region}a"
                     )
-                    self.nodes[instance_id] = Node(instance_id, pool, instance_type, spot, now, url)
+                    self.nodes[instance_id] = LocalNode(instance_id, pool, instance_type, spot, now, url)
             live = [n for n in self.nodes.values() if n.gone_at is None]
             self.peak_nodes = max(self.peak_nodes, len(live))
             for node in live:
@@ -124,7 +124,7 @@ class Launcher:
                 del self._reclaims[instance_id]
                 self.machines.reclaim(instance_id)
 
-    def _boot(self, node: Node, now: float) -> None:
+    def _boot(self, node: LocalNode, now: float) -> None:
         script = self.machines.user_data(node.instance_id)
         node_dir = self.workdir / "nodes" / node.instance_id
         node_dir.mkdir(parents=True, exist_ok=True)
@@ -147,7 +147,7 @@ class Launcher:
             )
         node.started_at = now
 
-    def _begin_termination(self, node: Node, now: float, *, fate: str) -> None:
+    def _begin_termination(self, node: LocalNode, now: float, *, fate: str) -> None:
         node.leaving_at = now
         node.fate = fate
         self.imds.set_target_lifecycle_state(node.instance_id, "Terminated")
@@ -155,7 +155,7 @@ class Launcher:
             # The shutdown signal a real node's init sends; the agent hands its items back.
             os.killpg(node.process.pid, signal.SIGTERM)
 
-    def _finish_termination(self, node: Node, now: float) -> None:
+    def _finish_termination(self, node: LocalNode, now: float) -> None:
         if node.process is None or node.process.poll() is not None or now - node.leaving_at >= self.grace_s:
             if node.process is not None:
                 kill_tree(node.process.pid)
@@ -188,9 +188,9 @@ class Launcher:
             self._reclaims[instance_id] = time.time() + self.reclaim_after_s
 
     # -- views ----------------------------------------------------------------------------
-    def snapshot(self) -> list[Node]:
+    def snapshot(self) -> list[LocalNode]:
         with self._lock:
-            return [Node(**vars(n)) for n in self.nodes.values()]
+            return [LocalNode(**vars(n)) for n in self.nodes.values()]
 
     def node_seconds(self, now: float) -> float:
         with self._lock:

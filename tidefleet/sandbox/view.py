@@ -11,10 +11,10 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 
 from tidefleet.jobs import sdk
-from tidefleet.sandbox.launcher import Node
+from tidefleet.sandbox.launcher import LocalNode
 
 
-def node_label(node: Node, busy: dict[str, int]) -> str:
+def node_label(node: LocalNode, busy: dict[str, int]) -> str:
     """booting / busy / idle / terminating, the words a user watches change."""
     if node.state == "up" and node.instance_id in busy:
         return "busy" if busy[node.instance_id] else "idle"
@@ -27,7 +27,7 @@ def live(
     started: float,
     status: sdk.JobStatus,
     queues: dict[str, tuple[int, int, int]],
-    nodes: list[Node],
+    nodes: list[LocalNode],
     busy: dict[str, int],
     reasons: list[str],
     tick_error: str,
