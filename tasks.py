@@ -57,13 +57,20 @@ def scan(c, env=None):
         raise Exit(f"checkov: {failed} failed check(s) in {env.name}; fix them or add a reasoned suppression", 1)
 
 
-@task(help={"out": "where to write the function archive (default build/functions.zip)"})
-def build(c, out=None):
-    """Package lambdas/ plus the tidefleet library into one deterministic zip."""
-    from stacks.package import build_archive
+@task(help={"cloud": "aws or gcp: build only that cloud's archive (default: both)",
+            "out": "directory for the archives (default build/)"})
+def build(c, cloud=None, out=None):
+    """Package the functions into deterministic zips: functions.zip (AWS Lambda), gcp-scaler.zip (Cloud Function)."""
+    from stacks.package import ARCHIVES, build_archive
 
-    path, digest = build_archive(Path(out) if out else OUT / "functions.zip")
-    print(f"{path} sha256={digest}")
+    if cloud is not None and cloud not in ARCHIVES:
+        raise Exit(f"--cloud: must be one of {', '.join(ARCHIVES)} (got {cloud!r}); leave it out to build both")
+    for name in [cloud] if cloud else ARCHIVES:
+        try:
+            path, digest = build_archive(name, Path(out) if out else OUT)
+        except RuntimeError as err:  # the Lambda wheels could not be downloaded
+            raise Exit(str(err)) from None
+        print(f"{path} sha256={digest}")
 
 
 def _terraform(c, env: str | None, *args: str) -> None:
@@ -73,8 +80,8 @@ def _terraform(c, env: str | None, *args: str) -> None:
         binary = terraform_binary()
     except TerraformMissing as err:
         raise Exit(str(err)) from None
-    _env(env)  # a bad config stops here, before the (slow) function build
-    build(c)
+    cloud = _env(env).cloud  # a bad config stops here, before the (slow) function build
+    build(c, cloud=cloud)
     _, out = _synth(env)
     c.run(f"{binary} -chdir={shlex.quote(str(out))} init -input=false", pty=sys.stdout.isatty())
     c.run(f"{binary} -chdir={shlex.quote(str(out))} {' '.join(args)}", pty=sys.stdout.isatty())

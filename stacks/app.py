@@ -14,11 +14,12 @@ from cdktn import App
 
 import stacks  # noqa: F401  (points jsii at the bundled Node before cdktn loads)
 from stacks.aws.stack import AwsFleetStack
+from stacks.package import ARCHIVES
 from tidefleet.config import Environment
 from tidefleet.userdata import render_user_data
 
 ROOT = Path(__file__).resolve().parents[1]
-ARCHIVE = ROOT / "build" / "functions.zip"
+BUILD = ROOT / "build"  # where `invoke build` writes the function archives
 STATE_DIR = ROOT / "state"
 
 
@@ -42,7 +43,7 @@ def synth(env: Environment, outdir: Path) -> Path:
         app,
         stack_id(env),
         env=env,
-        archive_path=os.path.relpath(ARCHIVE, stack_dir),
+        archive_path=os.path.relpath(BUILD / ARCHIVES[env.cloud], stack_dir),
         local_state_path=os.path.relpath(ROOT / state, stack_dir),
         user_data=lambda pool, bucket: render_user_data(env, pool, artifacts_bucket=bucket),
     )

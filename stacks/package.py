@@ -1,17 +1,19 @@
-"""The functions archive: `lambdas/`, `tidefleet/`, `environments/` and the third-party
-runtime dependencies, as one deterministic zip (same inputs -> same sha256).
+"""The function archives, one per cloud, each a deterministic zip (same inputs -> same sha256).
 
-Dependencies are wheels for Lambda's python3.12 on x86_64, fetched once with
-`pip download` into build/wheels/ and unpacked into the zip; boto3 is left out because
-the Lambda runtime provides it. Nothing is vendored into git.
-
-The same archive is the GCP scaler's Cloud Function source: its Python buildpack installs
-the root `requirements.txt` (Lambda ignores the file), so that file is always written.
+- AWS Lambda (`build/functions.zip`): `lambdas/` (the AWS handlers), `tidefleet/`,
+  `environments/`, and the third-party runtime dependencies as wheels for Lambda's python3.12
+  on x86_64, fetched once with `pip download` into build/wheels/ and unpacked into the zip;
+  boto3 is left out because the Lambda runtime provides it. Nothing is vendored into git.
+- GCP Cloud Function (`build/gcp-scaler.zip`): `main.py` at the root (the Python buildpack's
+  default source; the Functions Framework puts its directory on sys.path, so `tidefleet/` beside
+  it imports), `tidefleet/`, `environments/`, and `requirements.txt`, which the buildpack
+  installs for the function's own runtime. No wheels: Lambda's binaries would shadow them.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import subprocess
 import sys
@@ -19,20 +21,26 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = ("lambdas", "tidefleet", "environments")
-# What the functions import beyond the standard library and boto3 (pydantic brings
+ARCHIVES = {"aws": "functions.zip", "gcp": "gcp-scaler.zip"}  # under build/, by the environment's cloud
+LIBRARY = ("tidefleet", "environments")  # in both archives
+AWS_SOURCES = ("lambdas", *LIBRARY)
+GCP_MAIN = "lambdas/gcp_scaler"  # its main.py is the GCP archive's main.py; the AWS archive leaves it out
+# What the AWS functions import beyond the standard library and boto3 (pydantic brings
 # pydantic_core, annotated_types, typing_extensions, typing_inspection).
-RUNTIME_REQUIREMENTS = ("pydantic>=2.7,<3",)
+LAMBDA_REQUIREMENTS = ("pydantic>=2.7,<3",)
 PLATFORM = ("--platform", "manylinux2014_x86_64", "--python-version", "3.12", "--implementation", "cp")
 # Keyed by what is asked for, so changing a requirement never reuses old wheels.
-WHEEL_CACHE = ROOT / "build" / "wheels" / hashlib.sha256(repr((RUNTIME_REQUIREMENTS, PLATFORM)).encode()).hexdigest()[:12]
+WHEEL_CACHE = ROOT / "build" / "wheels" / hashlib.sha256(repr((LAMBDA_REQUIREMENTS, PLATFORM)).encode()).hexdigest()[:12]
 # What the GCP scaler function imports; the buildpack installs them from requirements.txt.
 GCP_FUNCTION_REQUIREMENTS = (
     "functions-framework>=3.5,<4",  # the entry point's host; Google asks for it to be listed
     "google-cloud-compute>=1.19,<2",  # the managed instance groups
     "google-cloud-firestore>=2.16,<3",  # node heartbeats (Cloud Monitoring is read over REST via google-auth)
     "pydantic>=2.7,<3",
-    "boto3>=1.34,<2",  # imported, never called, by the shared handler's parse and the store module
+    # Only because tidefleet.store imports boto3 for its DynamoDB Store beside the plain records it
+    # shares with Firestore; goes when issue 12 splits those into tidefleet.records (the strict
+    # xfail in tests/test_function_archives.py turns into a failure then, as the reminder).
+    "boto3>=1.34,<2",
 )
 FIXED_TIME = (1980, 1, 1, 0, 0, 0)  # the earliest a zip can say
 FILE_MODE = 0o644 << 16
@@ -40,41 +48,59 @@ SKIP_PARTS = {"__pycache__", ".pytest_cache"}
 
 
 def runtime_wheels(cache: Path = WHEEL_CACHE) -> list[Path]:
-    """Binary wheels of RUNTIME_REQUIREMENTS for the Lambda platform, downloaded once."""
+    """Binary wheels of LAMBDA_REQUIREMENTS for the Lambda platform, downloaded once."""
     wheels = sorted(cache.glob("*.whl"))
     if wheels:
         return wheels
-    partial = cache.with_name(cache.name + ".partial")  # an interrupted download is never mistaken for a cache
+    # Per process (parallel test workers download at once), and never mistaken for a cache if interrupted.
+    partial = cache.with_name(f"{cache.name}.partial-{os.getpid()}")
     shutil.rmtree(partial, ignore_errors=True)
     result = subprocess.run(
         [sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", *PLATFORM,
-         "--dest", str(partial), *RUNTIME_REQUIREMENTS],
+         "--dest", str(partial), *LAMBDA_REQUIREMENTS],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     if result.returncode:
         raise RuntimeError(f"pip download of the functions' dependencies failed:\n{result.stderr.strip()[-2000:]}")
-    partial.rename(cache)
+    try:
+        partial.rename(cache)
+    except OSError:  # another process got there first with the same wheels
+        shutil.rmtree(partial, ignore_errors=True)
     return sorted(cache.glob("*.whl"))
 
 
-def _entries(root: Path, wheels: list[Path]) -> dict[str, bytes]:
+def _tree(root: Path, top: str, *, leave_out: str | None = None) -> dict[str, bytes]:
+    """The files under root/top by archive name, without caches and bytecode."""
+    entries = {}
+    for path in (root / top).rglob("*"):
+        name = path.relative_to(root).as_posix()
+        left_out = leave_out is not None and name.startswith(f"{leave_out}/")
+        if path.is_file() and not SKIP_PARTS & set(path.parts) and path.suffix != ".pyc" and not left_out:
+            entries[name] = path.read_bytes()
+    return entries
+
+
+def aws_entries(root: Path, wheels: list[Path]) -> dict[str, bytes]:
     entries: dict[str, bytes] = {}
     for wheel in wheels:
         with zipfile.ZipFile(wheel) as archive:
             for name in archive.namelist():
                 if not name.endswith("/") and not SKIP_PARTS & set(name.split("/")):
                     entries[name] = archive.read(name)
-    for top in SOURCES:
-        for path in (root / top).rglob("*"):
-            if path.is_file() and not SKIP_PARTS & set(path.parts) and path.suffix != ".pyc":
-                entries[path.relative_to(root).as_posix()] = path.read_bytes()
+    for top in AWS_SOURCES:
+        entries |= _tree(root, top, leave_out=GCP_MAIN)
+    return entries
+
+
+def gcp_entries(root: Path) -> dict[str, bytes]:
+    entries = {name: data for top in LIBRARY for name, data in _tree(root, top).items()}
+    entries["main.py"] = (root / GCP_MAIN / "main.py").read_bytes()
     entries["requirements.txt"] = "".join(f"{r}\n" for r in GCP_FUNCTION_REQUIREMENTS).encode()
     return entries
 
 
-def build_archive(out: Path, *, root: Path = ROOT, wheels: list[Path] | None = None) -> tuple[Path, str]:
-    """Write the zip to `out`; return its path and sha256 hex digest."""
-    entries = _entries(root, runtime_wheels() if wheels is None else wheels)
+def write_zip(out: Path, entries: dict[str, bytes]) -> tuple[Path, str]:
+    """Sorted names, one fixed time and mode: the bytes depend on the contents alone."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=9) as archive:
@@ -84,3 +110,19 @@ def build_archive(out: Path, *, root: Path = ROOT, wheels: list[Path] | None = N
             info.compress_type = zipfile.ZIP_DEFLATED
             archive.writestr(info, entries[name], compresslevel=9)
     return out, hashlib.sha256(out.read_bytes()).hexdigest()
+
+
+def build_aws_archive(out: Path, *, root: Path = ROOT, wheels: list[Path] | None = None) -> tuple[Path, str]:
+    """Write the Lambda zip to `out`; return its path and sha256 hex digest."""
+    return write_zip(out, aws_entries(root, runtime_wheels() if wheels is None else wheels))
+
+
+def build_gcp_archive(out: Path, *, root: Path = ROOT) -> tuple[Path, str]:
+    """Write the Cloud Function zip to `out`; return its path and sha256 hex digest."""
+    return write_zip(out, gcp_entries(root))
+
+
+def build_archive(cloud: str, out_dir: Path = ROOT / "build") -> tuple[Path, str]:
+    """The archive of `cloud` ("aws" or "gcp") under `out_dir`, by its name in ARCHIVES."""
+    builder = {"aws": build_aws_archive, "gcp": build_gcp_archive}[cloud]
+    return builder(Path(out_dir) / ARCHIVES[cloud])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import time
 from datetime import UTC, datetime
 from types import SimpleNamespace
@@ -82,3 +83,16 @@ def test_the_queue_stats_the_agents_record_reach_the_policy(gcp, mean_item_s, de
         FirestoreStore(ENV).put_heartbeat(Heartbeat(name, "cpu", at=time.time(), slots=2, busy_slots=2, idle_since=None))
     gcp.undelivered["tidefleet-gcp-dev-default"] = 8
     assert main.on_kick(event({"tidefleet": "schedule"}))["desired"] == {"cpu": desired}
+
+
+def test_a_tick_that_fails_is_one_error_line_and_the_function_returns_normally(monkeypatch, caplog):
+    # Google unreachable: no endpoint answers (responses refuses every request).
+    monkeypatch.setattr(google.auth, "default", lambda *a, **k: (AnonymousCredentials(), ENV.project))
+    monkeypatch.setenv("TIDEFLEET_ENV", ENV.name)
+    function_runtime.cache_clear()
+    with responses.RequestsMock(assert_all_requests_are_fired=False), caplog.at_level(logging.INFO, "tidefleet"):
+        result = main.on_kick(event({"tidefleet": "schedule"}))
+    function_runtime.cache_clear()
+    assert result["trigger"] == "schedule" and result["failed"].startswith("ConnectionError: ")
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert [json.loads(r.getMessage()) for r in errors] == [result] and result["severity"] == "ERROR"

@@ -1,4 +1,5 @@
-"""The functions archive is deterministic and holds what Lambda needs, and nothing it has."""
+"""The function archives are deterministic, and each holds what its cloud's runtime needs and
+nothing that would shadow what the runtime provides or installs."""
 
 from __future__ import annotations
 
@@ -7,7 +8,15 @@ import zipfile
 
 import pytest
 
-from stacks.package import FIXED_TIME, GCP_FUNCTION_REQUIREMENTS, ROOT, SOURCES, build_archive, runtime_wheels
+from stacks.package import (
+    AWS_SOURCES,
+    FIXED_TIME,
+    GCP_FUNCTION_REQUIREMENTS,
+    ROOT,
+    build_aws_archive,
+    build_gcp_archive,
+    runtime_wheels,
+)
 
 
 @pytest.fixture(scope="module")
@@ -18,35 +27,56 @@ def wheels():
         pytest.skip(f"cannot pip download the Lambda wheels here: {err}")
 
 
-def test_same_inputs_give_the_same_archive_byte_for_byte(tmp_path, wheels):
+@pytest.fixture(scope="module")
+def builders(wheels):
+    return {"aws": lambda out, **kw: build_aws_archive(out, wheels=wheels, **kw), "gcp": build_gcp_archive}
+
+
+def names_and_infos(path):
+    with zipfile.ZipFile(path) as archive:
+        infos = archive.infolist()
+    return [i.filename for i in infos], infos
+
+
+@pytest.mark.parametrize("cloud", ["aws", "gcp"])
+def test_same_inputs_give_the_same_archive_byte_for_byte(tmp_path, builders, cloud):
     # A snapshot of the sources: the shared checkout may change between the two builds.
     snapshot = tmp_path / "src"
-    for top in SOURCES:
+    for top in AWS_SOURCES:
         shutil.copytree(ROOT / top, snapshot / top)
-    first, digest = build_archive(tmp_path / "a.zip", root=snapshot, wheels=wheels)
+    first, digest = builders[cloud](tmp_path / "a.zip", root=snapshot)
     for path in snapshot.rglob("*"):  # new timestamps and modes must not matter
         path.touch()
         path.chmod(0o755 if path.is_dir() else 0o600)
-    second, again = build_archive(tmp_path / "b.zip", root=snapshot, wheels=wheels)
+    second, again = builders[cloud](tmp_path / "b.zip", root=snapshot)
     assert digest == again and first.read_bytes() == second.read_bytes()
 
 
-def test_archive_holds_handlers_library_environments_and_linux_wheels_but_not_boto3(tmp_path, wheels):
-    path, _ = build_archive(tmp_path / "f.zip", wheels=wheels)
-    with zipfile.ZipFile(path) as archive:
-        infos = archive.infolist()
-    names = [i.filename for i in infos]
+@pytest.mark.parametrize("cloud", ["aws", "gcp"])
+def test_entries_are_sorted_with_one_time_and_mode_and_no_bytecode(tmp_path, builders, cloud):
+    names, infos = names_and_infos(builders[cloud](tmp_path / "f.zip")[0])
     assert names == sorted(names)
-    assert {"tidefleet/config.py", "environments/prod.toml", "lambdas/__init__.py"} <= set(names)
-    assert any(n.startswith("pydantic_core/_pydantic_core.cpython-312-x86_64-linux-gnu") for n in names)
-    assert not any(n.startswith(("boto3/", "botocore/")) or "__pycache__" in n for n in names)
     assert {(i.date_time, i.external_attr >> 16) for i in infos} == {(FIXED_TIME, 0o644)}
+    assert not any("__pycache__" in n or n.endswith(".pyc") for n in names)
 
 
-def test_archive_tells_the_cloud_functions_build_what_to_install(tmp_path, wheels):
-    path, _ = build_archive(tmp_path / "f.zip", wheels=wheels)
+def test_the_lambda_archive_holds_the_aws_handlers_library_and_linux_wheels_but_not_boto3(tmp_path, wheels):
+    names, _ = names_and_infos(build_aws_archive(tmp_path / "f.zip", wheels=wheels)[0])
+    assert {"lambdas/scaler/handler.py", "lambdas/interruption/handler.py", "tidefleet/triggers.py",
+            "environments/prod.toml"} <= set(names)  # fmt: skip
+    assert any(n.startswith("pydantic_core/_pydantic_core.cpython-312-x86_64-linux-gnu") for n in names)
+    assert not any(n.startswith(("boto3/", "botocore/", "lambdas/gcp_scaler/")) for n in names)
+    assert "requirements.txt" not in names and "main.py" not in names
+
+
+def test_the_cloud_function_archive_is_main_py_the_library_and_what_to_install_without_wheels(tmp_path):
+    path, _ = build_gcp_archive(tmp_path / "f.zip")
+    names, _ = names_and_infos(path)
+    assert {n.split("/")[0] for n in names} == {"main.py", "requirements.txt", "tidefleet", "environments"}
     with zipfile.ZipFile(path) as archive:
+        assert archive.read("main.py") == (ROOT / "lambdas/gcp_scaler/main.py").read_bytes()
         wanted = archive.read("requirements.txt").decode().splitlines()
     assert wanted == list(GCP_FUNCTION_REQUIREMENTS)
-    names = {r.split(">")[0] for r in wanted}
-    assert {"google-cloud-compute", "google-cloud-firestore", "pydantic", "functions-framework"} <= names
+    assert {"google-cloud-compute", "google-cloud-firestore", "pydantic", "functions-framework"} <= {
+        r.split(">")[0] for r in wanted
+    }

@@ -29,10 +29,9 @@ from tidefleet import naming
 from tidefleet.config import Environment
 
 RUNTIME = "python312"
-ENTRY_POINT = "on_kick"
+ENTRY_POINT = "on_kick"  # in the archive's main.py, the buildpack's default source (stacks/package.py)
 PUBLISHED = "google.cloud.pubsub.topic.v1.messagePublished"
 SCHEDULE_MESSAGE = {"tidefleet": "schedule"}
-SOURCE_FILE = "lambdas/gcp_scaler/main.py"  # inside the archive; the buildpack's GOOGLE_FUNCTION_SOURCE
 TIMEOUT_S = 60
 # What one tick does to the fleet, and nothing else: read the groups and their instances,
 # resize, delete chosen instances. GCE has no per-group IAM, so this is a project role.
@@ -93,7 +92,6 @@ class ScalerFunction(Construct):
             self, "function", name=naming.function(env.name, "scaler"), location=env.region, labels=labels,
             description=f"tidefleet {env.name}: one control tick per kick",
             build_config={"runtime": RUNTIME, "entry_point": ENTRY_POINT,
-                          "environment_variables": {"GOOGLE_FUNCTION_SOURCE": SOURCE_FILE},
                           "source": {"storage_source": {"bucket": bucket, "object": source.name}}},
             service_config={
                 # One tick at a time (its actions are idempotent, but two would race each other).

@@ -1,0 +1,84 @@
+"""What starts a control tick, for every cloud's scaler function: the trigger parsed from the
+function's event, and one tick run for it. Only the event shapes and the ports differ between
+clouds; the AWS handler and the GCP function both call `parse` and `run` from here.
+
+No cloud SDK is imported here (the GCP function must not load boto3, nor the AWS one google).
+
+Triggers: AWS's EventBridge schedule and queue-depth alarm, GCP's Cloud Scheduler message, and
+the "kick" the job SDK sends after a submit so scale-out starts in seconds:
+    {"tidefleet": "kick", "env": "<env>", "reason": "<why>"}
+Anything else is `Ignored`: logged, and the function returns normally, so the platform does
+not retry it (no retry storm on a bad event).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tidefleet.control import tick
+
+log = logging.getLogger("tidefleet.scaler")
+
+
+@dataclass(frozen=True, slots=True)
+class Trigger:
+    kind: str  # schedule | alarm | kick
+    detail: str  # rule, alarm and state, or the kick's reason
+    env: str | None = None  # a kick names its environment
+
+
+@dataclass(frozen=True, slots=True)
+class Ignored:
+    reason: str
+
+
+def parse(event: object) -> Trigger | Ignored:
+    """A decoded event: AWS's schedule and alarm events, GCP's schedule message, or a kick."""
+    if not isinstance(event, dict):
+        return Ignored(f"event is a {type(event).__name__}, not an object")
+    if not all(isinstance(key, str) for key in event):
+        return Ignored("event has keys that are not strings")
+    if event.get("source") == "aws.events" and event.get("detail-type") == "Scheduled Event":
+        resources = event.get("resources")
+        names = [r for r in resources if isinstance(r, str)] if isinstance(resources, list) else []
+        return Trigger("schedule", ",".join(names) or "schedule")
+    if event.get("source") == "aws.cloudwatch" and isinstance(event.get("alarmData"), dict):
+        alarm = event["alarmData"]
+        state = alarm.get("state")
+        value = state.get("value", "?") if isinstance(state, dict) else "?"
+        return Trigger("alarm", f"{alarm.get('alarmName', '?')} -> {value}")
+    if event.get("tidefleet") == "schedule":  # Cloud Scheduler's message on GCP
+        return Trigger("schedule", "cloud scheduler")
+    if event.get("tidefleet") == "kick":
+        if not isinstance(event.get("env"), str):
+            return Ignored("kick without a string 'env'")
+        return Trigger("kick", str(event.get("reason") or "kick"), env=event["env"])
+    return Ignored(f"unknown event (source {str(event.get('source'))[:100]!r}, keys {sorted(event)[:8]})")
+
+
+def run(trigger: Trigger | Ignored, runtime: Callable[[], tuple]) -> dict:
+    """One tick for a parsed trigger; `runtime()` gives (env, ports), loaded once per cold start."""
+    if isinstance(trigger, Ignored):
+        log.warning(json.dumps({"ignored": trigger.reason}))
+        return {"ignored": trigger.reason}
+    env, ports = runtime()
+    if trigger.env is not None and trigger.env != env.name:
+        reason = f"kick for environment {trigger.env!r} reached the function of {env.name!r}"
+        log.warning(json.dumps({"ignored": reason}))
+        return {"ignored": reason}
+    started = time.time()
+    decisions = tick(env, ports, started)
+    summary = {
+        "trigger": trigger.kind,
+        "detail": trigger.detail,
+        "env": env.name,
+        "desired": {d.pool: d.desired for d in decisions},
+        "terminated": sum(len(d.terminate) for d in decisions),
+        "ms": round((time.time() - started) * 1000),
+    }
+    log.info(json.dumps(summary))
+    return summary
