@@ -37,10 +37,6 @@ GCP_FUNCTION_REQUIREMENTS = (
     "google-cloud-compute>=1.19,<2",  # the managed instance groups
     "google-cloud-firestore>=2.16,<3",  # node heartbeats (Cloud Monitoring is read over REST via google-auth)
     "pydantic>=2.7,<3",
-    # Only because tidefleet.store imports boto3 for its DynamoDB Store beside the plain records it
-    # shares with Firestore; goes when issue 12 splits those into tidefleet.records (the strict
-    # xfail in tests/test_function_archives.py turns into a failure then, as the reminder).
-    "boto3>=1.34,<2",
 )
 FIXED_TIME = (1980, 1, 1, 0, 0, 0)  # the earliest a zip can say
 FILE_MODE = 0o644 << 16

@@ -266,8 +266,6 @@ def test_the_built_cloud_function_runs_a_schedule_tick_through_the_gcp_ports_and
     assert {h.split(".")[0] for h in google_door.hosts} & {"monitoring", "compute", "firestore"}
 
 
-@pytest.mark.xfail(strict=True, reason="tidefleet.store imports boto3 until issue 12 splits records out of it; "
-                   "then drop boto3 from GCP_FUNCTION_REQUIREMENTS and this marker")  # fmt: skip
 def test_the_cloud_function_loads_nothing_of_aws(cloud_function):
     loaded = subprocess.run(
         [cloud_function.python / "bin" / "python", "-c", AWS_MODULES],
