@@ -44,7 +44,8 @@ def _clamp(value: int, bounds: tuple[int, int]) -> int:
 
 def redrive_receives(cloud: str, queue: Queue) -> int:
     """Receives after which the queue's own policy dead-letters a message: SQS's maxReceiveCount,
-    or Pub/Sub's max_delivery_attempts, which only takes 5..100."""
+    or Pub/Sub's max_delivery_attempts, which only takes 5..100. (Issue 12: tidefleet/jobs/sdk.py's
+    `redrive_receives` repeats this clamp until it calls this.)"""
     count = queue.max_receive_count
     return _clamp(count, PUBSUB_DELIVERY_ATTEMPTS) if cloud == "gcp" else count
 

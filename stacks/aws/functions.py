@@ -26,7 +26,7 @@ from stacks.aws.iam import AwsContext, ServiceRole, Statement
 from stacks.aws.storage import encrypted_queue, log_group
 from tidefleet import naming
 from tidefleet.config import Environment
-from tidefleet.resources import EnvResources, LogGroupSpec
+from tidefleet.resources import EnvResources
 
 RUNTIME = "python3.12"
 HANDLERS = {"scaler": "lambdas.scaler.handler.handler", "interruption": "lambdas.interruption.handler.handler"}
@@ -189,8 +189,8 @@ class ControlFunctions(Construct):
         log_retention_days: int,
     ) -> LambdaFunction:
         name = naming.function(env.name, role)
-        logs_spec = LogGroupSpec(naming.function_log_group(env.name, role), log_retention_days)
-        logs = log_group(self, f"{role}-logs", spec=logs_spec, key_arn=key_arn)
+        logs = log_group(self, f"{role}-logs", name=naming.function_log_group(env.name, role),
+                         retention_days=log_retention_days, key_arn=key_arn)  # fmt: skip
         execution = ServiceRole(
             self, f"{role}-role", name=name, service="lambda.amazonaws.com",
             statements=[*statements, Statement("OwnLogs", ["logs:CreateLogStream", "logs:PutLogEvents"],

@@ -57,8 +57,10 @@ class AwsFleetStack(TerraformStack):
         }
         self.table = JobTable(self, "jobs", spec=spec.table, key_arn=key.arn)
         self.artifacts = ArtifactsBucket(self, "artifacts", spec=spec.artifacts, key_arn=key.arn)
-        self.item_logs = log_group(self, "item-logs", spec=spec.item_logs, key_arn=key.arn)
-        network = NodeNetwork(self, "network", env_name=env.name, network=env.network, ctx=ctx, key_arn=key.arn)
+        self.item_logs = log_group(self, "item-logs", name=spec.item_logs.name, retention_days=spec.item_logs.retention_days,
+                                   key_arn=key.arn)  # fmt: skip
+        network = NodeNetwork(self, "network", env_name=env.name, network=env.network, ctx=ctx, key_arn=key.arn,
+                              log_retention_days=spec.log_retention_days)  # fmt: skip
 
         self.pools = {}
         for pool_name in sorted(env.pools):

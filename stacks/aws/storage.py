@@ -35,7 +35,7 @@ from constructs import Construct
 
 from stacks.aws.iam import AwsContext, policy_document
 from tidefleet import naming
-from tidefleet.resources import BucketSpec, LogGroupSpec, QueueSpec, TableSpec
+from tidefleet.resources import BucketSpec, QueueSpec, TableSpec
 
 # What the account (through IAM policies) may do with the key: administer it and use it.
 # Listed, not "kms:*", so no statement anywhere carries a wildcard action.
@@ -204,5 +204,5 @@ class ArtifactsBucket(Construct):
         self.arn = self.bucket.arn
 
 
-def log_group(scope: Construct, id: str, *, spec: LogGroupSpec, key_arn: str) -> CloudwatchLogGroup:
-    return CloudwatchLogGroup(scope, id, name=spec.name, retention_in_days=spec.retention_days, kms_key_id=key_arn)
+def log_group(scope: Construct, id: str, *, name: str, retention_days: int, key_arn: str) -> CloudwatchLogGroup:
+    return CloudwatchLogGroup(scope, id, name=name, retention_in_days=retention_days, kms_key_id=key_arn)
