@@ -22,10 +22,10 @@ import boto3
 
 from tidefleet import naming
 from tidefleet.cloud.aws.dynamodb import DynamoStore
+from tidefleet.cloud.aws.provision import provision
 from tidefleet.config import load_environment
 from tidefleet.emulator import start_moto
 from tidefleet.jobs import sdk
-from tidefleet.sandbox.provision import provision
 
 ENV = """
 region = "us-east-1"

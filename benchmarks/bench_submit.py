@@ -21,9 +21,9 @@ def main() -> None:
     server = start_moto()
     os.environ.update(server.env())
     try:
+        from tidefleet.cloud.aws.provision import provision
         from tidefleet.config import load_environment
         from tidefleet.jobs import sdk
-        from tidefleet.sandbox.provision import provision
 
         env = load_environment("dev")
         provision(env, user_data={"cpu": ""})

@@ -18,9 +18,9 @@ import boto3
 import psutil
 
 from tidefleet import naming
-from tidefleet.cloud.aws.dynamodb import DynamoStore, create_table
+from tidefleet.cloud.aws.dynamodb import DynamoStore
+from tidefleet.cloud.aws.provision import provision
 from tidefleet.config import Environment, load_environment
-from tidefleet.sandbox.provision import SANDBOX_IMAGE
 
 WORKLOAD = r'''
 import json, os, pathlib, signal, sys, time, urllib.parse
@@ -88,7 +88,8 @@ class Harness:
                                                  max_retries=max_retries))
         self.env: Environment = load_environment(str(self.env_path))
         self.agents: list[subprocess.Popen] = []
-        provision(self.env, visibility_s)
+        # The sandbox's resources, with a short visibility so a lost message comes back within a test.
+        provision(self.env, user_data={"cpu": ""}, visibility_timeout_s=visibility_s)
 
     def start_agent(self, node_id: str, imds_url: str = "http://127.0.0.1:9", **extra_env) -> subprocess.Popen:
         log = open(self.tmp / f"agent-{node_id}.log", "ab")  # noqa: SIM115 - the child owns it while it runs
@@ -130,18 +131,11 @@ class Harness:
         return int(attrs["ApproximateNumberOfMessages"]) + int(attrs["ApproximateNumberOfMessagesNotVisible"])
 
     def group_instance(self) -> str:
-        """A group for the pool on the moto server with one in-service instance, for an agent to
-        run as (its node id): the agent's own scale-in protection calls then act on a member."""
+        """One in-service instance of the pool's group on the moto server, for an agent to run as
+        (its node id): the agent's own scale-in protection calls then act on a member."""
         group = naming.group(self.env.name, "cpu")
-        template = naming.launch_template(self.env.name, "cpu")
-        boto3.client("ec2", region_name=self.env.region).create_launch_template(
-            LaunchTemplateName=template, LaunchTemplateData={"ImageId": SANDBOX_IMAGE, "InstanceType": "c6i.large"}
-        )
         autoscaling = boto3.client("autoscaling", region_name=self.env.region)
-        autoscaling.create_auto_scaling_group(
-            AutoScalingGroupName=group, LaunchTemplate={"LaunchTemplateName": template, "Version": "$Latest"},
-            MinSize=0, MaxSize=1, DesiredCapacity=1, AvailabilityZones=[f"{self.env.region}a"],
-        )
+        autoscaling.set_desired_capacity(AutoScalingGroupName=group, DesiredCapacity=1)
         (instance,) = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=[group])["AutoScalingGroups"][0][
             "Instances"
         ]
@@ -177,21 +171,6 @@ class Harness:
             except (psutil.Error, ProcessLookupError):
                 continue  # gone meanwhile, or not ours to read
         return groups - {os.getpgrp()}  # never this test run's own group
-
-
-def provision(env: Environment, visibility_s: int) -> None:
-    """Queues (with the stack's redrive policy), table and log group; short visibility for tests."""
-    sqs = boto3.client("sqs", region_name=env.region)
-    for name, queue in env.queues.items():
-        dlq = sqs.create_queue(QueueName=naming.dead_letter_queue(env.name, name))["QueueUrl"]
-        arn = sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
-        redrive = {"deadLetterTargetArn": arn, "maxReceiveCount": str(queue.max_retries + 1)}
-        sqs.create_queue(
-            QueueName=naming.queue(env.name, name),
-            Attributes={"VisibilityTimeout": str(visibility_s), "RedrivePolicy": json.dumps(redrive)},
-        )
-    create_table(env.name, env.region)
-    boto3.client("logs", region_name=env.region).create_log_group(logGroupName=naming.item_log_group(env.name))
 
 
 class Imds:

@@ -22,9 +22,9 @@ from botocore.stub import Stubber
 from tidefleet import control, naming
 from tidefleet.cloud.aws import AutoScalingFleet, QueueMissing, SqsQueues, aws_ports
 from tidefleet.cloud.aws.dynamodb import DynamoStore
+from tidefleet.cloud.aws.provision import provision
 from tidefleet.config import load_environment
 from tidefleet.ports import Backlog
-from tidefleet.sandbox.provision import provision
 
 ENV = load_environment("sandbox")
 GROUP = naming.group("sandbox", "cpu")

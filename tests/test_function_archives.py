@@ -51,8 +51,8 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from stacks.gcp.control import PUBLISHED
 from stacks.package import PLATFORM, ROOT, build_aws_archive, build_gcp_archive, runtime_wheels
 from tidefleet import naming
+from tidefleet.cloud.aws.provision import provision
 from tidefleet.config import load_environment
-from tidefleet.sandbox.provision import provision
 
 VENVS = ROOT / "build" / "test-venvs"
 LAMBDA_VERSION = PLATFORM[PLATFORM.index("--python-version") + 1]

@@ -20,6 +20,7 @@ from tidefleet.config import load_environment
 from tidefleet.jobs import sdk
 from tidefleet.jobs.sdk import ItemMessage
 from tidefleet.records import Heartbeat, Item
+from tidefleet.resources import redrive_receives
 
 ENV = load_environment("gcp-dev")
 SUB = "tidefleet-gcp-dev-default"
@@ -292,7 +293,7 @@ def test_an_item_pubsub_dead_lettered_after_its_delivery_attempts_is_failed_and_
         gcp.clock_offset += 601
     assert queues.receive("default", 10, 0) == [] and len(gcp.bodies(DLQ)) == 1
     (item,) = sdk.status(ENV, job).items
-    receives = for_env(ENV).redrive_receives(ENV.queues["default"])
+    receives = redrive_receives("gcp", ENV.queues["default"])
     assert (item.status, item.reason) == ("failed", f"moved to the dead-letter queue by the queue's redrive after {receives} receives")
     hold, release = calls(gcp, "POST", f"/subscriptions/{DLQ}:modifyAckDeadline")
     assert hold["body"]["ackDeadlineSeconds"] == sdk.REDRIVE_HOLD_S and "ackDeadlineSeconds" not in release["body"]

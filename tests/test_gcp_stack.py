@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from stacks.gcp.messaging import max_delivery_attempts
 from tidefleet import naming
 from tidefleet.config import Queue, load_environment
+from tidefleet.resources import redrive_receives
 
 pytestmark = pytest.mark.synth
 ENV = load_environment("gcp-dev")
@@ -75,7 +75,7 @@ def test_every_queue_dead_letters_after_its_attempts_with_ack_deadline_from_the_
 
 @pytest.mark.parametrize("retries,attempts", [(0, 6), (3, 9), (100, 100)])
 def test_delivery_attempts_are_clamped_to_what_pubsub_accepts(retries, attempts):
-    assert max_delivery_attempts(Queue(pool="cpu", max_retries=retries)) == attempts
+    assert redrive_receives("gcp", Queue(pool="cpu", max_retries=retries)) == attempts
 
 
 def test_node_service_accounts_are_scoped_to_their_own_resources(stack):

@@ -27,10 +27,10 @@ from lambdas.scaler import handler as scaler
 from tidefleet import naming
 from tidefleet.cloud.aws import AutoScalingFleet, SqsQueues, lambda_runtime
 from tidefleet.cloud.aws.dynamodb import DynamoStore
+from tidefleet.cloud.aws.provision import provision
 from tidefleet.config import environments_dir
 from tidefleet.ports import Ports
 from tidefleet.records import Heartbeat
-from tidefleet.sandbox.provision import provision
 
 EVENTS = Path(__file__).parent / "events"
 GROUP = naming.group("sandbox", "cpu")

@@ -192,7 +192,7 @@ def test_status_of_a_job_whose_submit_stopped_midway_says_to_run_it_again(h):
 # -- dead letters --------------------------------------------------------------------------------
 def redrive_to_the_dead_letter_queue(h: Harness) -> None:
     """Receive every message of the work queue as nodes that die would, until SQS's redrive has
-    moved them all (the harness's maxReceiveCount is max_retries + 1)."""
+    moved them all (after the queue's maxReceiveCount receives)."""
     sqs = boto3.client("sqs", region_name=h.env.region)
     url = sqs.get_queue_url(QueueName=naming.queue(h.env.name, "work"))["QueueUrl"]
     for _ in range(20):

@@ -155,7 +155,11 @@ def test_cli_submit_status_and_nodes_from_the_environment_name(h, tmp_path):
     )
     out = runner.invoke(main, ["nodes"], env=env)
     assert out.exit_code == 0 and "i-1" in out.output and "on-demand" in out.output and "1/2" in out.output
-    assert "group not found" in out.output
+    assert "pool cpu: desired 0, 0 instance(s)" in out.output
+    boto3.client("autoscaling", region_name=h.env.region).delete_auto_scaling_group(
+        AutoScalingGroupName=naming.group(h.env.name, "cpu"), ForceDelete=True
+    )
+    assert "group not found" in runner.invoke(main, ["nodes"], env=env).output
 
 
 def test_cli_errors_say_how_to_deploy_when_the_environment_is_missing(aws, tmp_path):

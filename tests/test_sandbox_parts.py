@@ -16,12 +16,12 @@ import pytest
 
 from tidefleet import naming
 from tidefleet.cloud.aws.imds import Metadata
+from tidefleet.cloud.aws.provision import provision
 from tidefleet.config import load_environment
 from tidefleet.jobs.sdk import JobStatus
 from tidefleet.records import Item, Job
 from tidefleet.sandbox.imds import MetadataServer
 from tidefleet.sandbox.launcher import Launcher
-from tidefleet.sandbox.provision import provision
 from tidefleet.sandbox.run import FAIL_EVERY, account, make_inputs, read_events
 
 SANDBOX = load_environment("sandbox")

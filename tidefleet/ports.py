@@ -23,7 +23,6 @@ from tidefleet.records import FINAL, Fence, Heartbeat, Item, Job, QueueStats
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from tidefleet.config import Queue
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,8 +258,6 @@ class Cloud(Protocol):
     def upload(self, key: str, path: Path) -> str:
         """Put a file in the environment's artifacts bucket under `key`; returns its URI."""
 
-    def redrive_receives(self, queue: Queue) -> int:
-        """Receives after which the queue's own policy dead-letters a message."""
 
     def explain(self, err: BaseException) -> str:
         """One line for a person: what went wrong with this cloud call and what to do."""

@@ -26,6 +26,7 @@ from stacks.aws.iam import AwsContext, ServiceRole, Statement
 from stacks.aws.storage import encrypted_queue, log_group
 from tidefleet import naming
 from tidefleet.config import Environment
+from tidefleet.resources import EnvResources
 
 RUNTIME = "python3.12"
 HANDLERS = {"scaler": "lambdas.scaler.handler.handler", "interruption": "lambdas.interruption.handler.handler"}
@@ -102,6 +103,7 @@ class ControlFunctions(Construct):
         id: str,
         *,
         env: Environment,
+        spec: EnvResources,
         ctx: AwsContext,
         archive_path: str,
         queues: Mapping[str, QueueRef],
@@ -112,7 +114,8 @@ class ControlFunctions(Construct):
         key_arn: str,
     ) -> None:
         super().__init__(scope, id)
-        self.failures = encrypted_queue(self, "failures", name=naming.function_failures(env.name))
+        failures = spec.function_failures
+        self.failures = encrypted_queue(self, "failures", name=failures.name, retention_s=failures.retention_s)
         scaler_arn = ctx.arn("lambda", f"function:{naming.function(env.name, 'scaler')}")
         common = [
             DESCRIBE_FLEET,
@@ -141,7 +144,8 @@ class ControlFunctions(Construct):
             ],
         }  # fmt: skip
         self.functions = {
-            role: self._function(env, ctx, role, archive_path, statements[role], key_arn) for role in HANDLERS
+            role: self._function(env, ctx, role, archive_path, statements[role], key_arn, spec.log_retention_days)
+            for role in HANDLERS
         }
         scaler, interruption = self.functions["scaler"], self.functions["interruption"]
 
@@ -181,10 +185,12 @@ class ControlFunctions(Construct):
             self._invoke_on_event(interruption, kind, rule)
 
     def _function(
-        self, env: Environment, ctx: AwsContext, role: str, archive_path: str, statements: list[Statement], key_arn: str
+        self, env: Environment, ctx: AwsContext, role: str, archive_path: str, statements: list[Statement], key_arn: str,
+        log_retention_days: int,
     ) -> LambdaFunction:
         name = naming.function(env.name, role)
-        logs = log_group(self, f"{role}-logs", name=naming.function_log_group(env.name, role), key_arn=key_arn)
+        logs = log_group(self, f"{role}-logs", name=naming.function_log_group(env.name, role),
+                         retention_days=log_retention_days, key_arn=key_arn)  # fmt: skip
         execution = ServiceRole(
             self, f"{role}-role", name=name, service="lambda.amazonaws.com",
             statements=[*statements, Statement("OwnLogs", ["logs:CreateLogStream", "logs:PutLogEvents"],

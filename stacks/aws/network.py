@@ -40,13 +40,14 @@ from tidefleet.config import Network
 class NodeNetwork(Construct):
     """Exposes `subnet_ids`, `vpc_id` and `security_group_id` for the node pools."""
 
-    def __init__(self, scope: Construct, id: str, *, env_name: str, network: Network, ctx: AwsContext, key_arn: str):
+    def __init__(self, scope: Construct, id: str, *, env_name: str, network: Network, ctx: AwsContext, key_arn: str,
+                 log_retention_days: int):  # fmt: skip
         super().__init__(scope, id)
         if network.subnet_ids:
             self.subnet_ids = list(network.subnet_ids)
             self.vpc_id = DataAwsSubnet(self, "first-subnet", id=network.subnet_ids[0]).vpc_id
         else:
-            self._create_vpc(env_name, network, ctx, key_arn)
+            self._create_vpc(env_name, network, ctx, key_arn, log_retention_days)
         self.security_group_id = SecurityGroup(
             self,
             "nodes",
@@ -61,7 +62,7 @@ class NodeNetwork(Construct):
             ],
         ).id  # fmt: skip
 
-    def _create_vpc(self, env_name: str, network: Network, ctx: AwsContext, key_arn: str) -> None:
+    def _create_vpc(self, env_name: str, network: Network, ctx: AwsContext, key_arn: str, log_retention_days: int) -> None:
         region = ctx.region
         name = naming.stack_resource(env_name, "network")
         vpc = Vpc(self, "vpc", cidr_block=network.vpc_cidr, enable_dns_hostnames=True, enable_dns_support=True,
@@ -93,7 +94,8 @@ class NodeNetwork(Construct):
             self.subnet_ids.append(subnet.id)
         self._route(self.subnet_ids, "private", vpc.id, {"nat_gateway_id": nat.id}, f"{name}-private")
 
-        flow_logs = log_group(self, "flow-logs", name=naming.flow_log_group(env_name), key_arn=key_arn)
+        flow_logs = log_group(self, "flow-logs", name=naming.flow_log_group(env_name), retention_days=log_retention_days,
+                              key_arn=key_arn)  # fmt: skip
         delivery = ServiceRole(
             self,
             "flow-log-delivery",

@@ -25,9 +25,8 @@ from constructs import Construct
 from stacks.aws.iam import AwsContext, ServiceRole, Statement
 from tidefleet import naming
 from tidefleet.config import Environment
+from tidefleet.resources import PoolSpec
 
-# Time a terminating node gets to hand its items back before the group goes on anyway.
-DRAIN_HEARTBEAT_S = 300
 ROOT_DEVICE = "/dev/xvda"  # Amazon Linux 2023 and its Deep Learning AMIs
 GROUP_METRICS = ["GroupInServiceInstances", "GroupPendingInstances", "GroupDesiredCapacity",
                  "GroupInServiceCapacity", "GroupPendingCapacity"]  # fmt: skip
@@ -48,11 +47,6 @@ def image_parameter_arn(ctx: AwsContext, image: str) -> str | None:
     return f"arn:{ctx.partition}:ssm:{ctx.region}:{account}:parameter{path}"
 
 
-def pool_tags(env: Environment, pool_name: str) -> dict[str, str]:
-    """Cost attribution on every node and volume (the provider's default_tags skip those)."""
-    return {**env.tags, "tidefleet:env": env.name, "tidefleet:pool": pool_name, "tidefleet:team": env.pools[pool_name].team}
-
-
 class NodePool(Construct):
     """Exposes `group` (name, arn), `role`, `template_arn` and `image_parameter_arn`: what
     the scaler needs to change the group (it launches with this template and role)."""
@@ -64,6 +58,7 @@ class NodePool(Construct):
         *,
         env: Environment,
         pool_name: str,
+        spec: PoolSpec,
         ctx: AwsContext,
         subnet_ids: list[str],
         security_group_id: str,
@@ -76,7 +71,7 @@ class NodePool(Construct):
     ) -> None:
         super().__init__(scope, id)
         pool = env.pools[pool_name]
-        group_name = naming.group(env.name, pool_name)
+        group_name = spec.group_name
         # Scoped by name: the id inside a group's ARN exists only once the group does.
         group_arn = ctx.arn("autoscaling", f"autoScalingGroup:*:autoScalingGroupName/{group_name}")
         queues = sorted(env.queues_of(pool_name))
@@ -111,12 +106,12 @@ class NodePool(Construct):
             ],
         )  # fmt: skip
         profile = IamInstanceProfile(self, "profile", name=naming.node_role(env.name, pool_name), role=self.role.name)
-        tags = pool_tags(env, pool_name)
+        tags, lt = spec.tags, spec.launch_template
         template = LaunchTemplate(
             self,
             "launch-template",
-            name=naming.launch_template(env.name, pool_name),
-            image_id=image_id(pool.image),
+            name=lt.name,
+            image_id=image_id(lt.image),
             iam_instance_profile={"arn": profile.arn},
             user_data=user_data_base64,
             update_default_version=True,
@@ -124,14 +119,13 @@ class NodePool(Construct):
             monitoring={"enabled": True},
             metadata_options={
                 "http_endpoint": "enabled",
-                "http_tokens": "required",
-                # Containers on docker's bridge network are one hop further from IMDS.
-                "http_put_response_hop_limit": 2 if pool.container else 1,
+                "http_tokens": lt.http_tokens,
+                "http_put_response_hop_limit": lt.http_put_response_hop_limit,
             },
             block_device_mappings=[
                 LaunchTemplateBlockDeviceMappings(
                     device_name=ROOT_DEVICE,
-                    ebs={"volume_size": pool.disk_gb, "volume_type": "gp3", "encrypted": "true",
+                    ebs={"volume_size": lt.root_volume_gb, "volume_type": "gp3", "encrypted": "true",
                          "delete_on_termination": "true"},
                 )
             ],
@@ -149,42 +143,40 @@ class NodePool(Construct):
             self,
             "group",
             name=group_name,
-            min_size=pool.min,
-            max_size=pool.max,
-            desired_capacity=pool.min,
+            min_size=spec.min_size,
+            max_size=spec.max_size,
+            desired_capacity=spec.initial_desired,
             desired_capacity_type="units",
             vpc_zone_identifier=subnet_ids,
-            capacity_rebalance=True,
-            health_check_grace_period=pool.boot_timeout_s,
-            # The scaler picks which idle nodes go; zone rebalancing would pick busy ones.
-            suspended_processes=["AZRebalance"],
+            capacity_rebalance=spec.capacity_rebalance,
+            health_check_grace_period=spec.health_check_grace_period_s,
+            suspended_processes=list(spec.suspended_processes),
             wait_for_capacity_timeout="0",
             enabled_metrics=GROUP_METRICS,
             metrics_granularity="1Minute",
             mixed_instances_policy={
                 "instances_distribution": {
-                    "on_demand_base_capacity": pool.on_demand_base,
-                    "on_demand_percentage_above_base_capacity": pool.on_demand_percent,
-                    "spot_allocation_strategy": pool.spot_allocation_strategy,
-                    # "" = capped at the on-demand price
-                    "spot_max_price": "" if pool.spot_max_price is None else str(pool.spot_max_price),
+                    "on_demand_base_capacity": spec.on_demand_base,
+                    "on_demand_percentage_above_base_capacity": spec.on_demand_percent,
+                    "spot_allocation_strategy": spec.spot_allocation_strategy,
+                    "spot_max_price": spec.spot_max_price,
                 },
                 "launch_template": {
                     "launch_template_specification": {"launch_template_id": template.id, "version": "$Latest"},
                     "override": [
                         AutoscalingGroupMixedInstancesPolicyLaunchTemplateOverride(
-                            instance_type=t.type, weighted_capacity=str(t.weight)
+                            instance_type=itype, weighted_capacity=str(weight)
                         )
-                        for t in pool.instance_types
+                        for itype, weight in spec.instance_types
                     ],
                 },
             },
             initial_lifecycle_hook=[
                 AutoscalingGroupInitialLifecycleHook(
-                    name=naming.lifecycle_hook(env.name, pool_name),
-                    lifecycle_transition="autoscaling:EC2_INSTANCE_TERMINATING",
-                    heartbeat_timeout=DRAIN_HEARTBEAT_S,
-                    default_result="CONTINUE",
+                    name=spec.drain_hook.name,
+                    lifecycle_transition=spec.drain_hook.transition,
+                    heartbeat_timeout=spec.drain_hook.heartbeat_timeout_s,
+                    default_result=spec.drain_hook.default_result,
                 )
             ],
             tag=[AutoscalingGroupTag(key=k, value=v, propagate_at_launch=True) for k, v in sorted(tags.items())],
@@ -197,4 +189,4 @@ class NodePool(Construct):
         self.group_name = group_name
         self.group_arn = group_arn
         self.template_arn = template.arn
-        self.image_parameter_arn = image_parameter_arn(ctx, pool.image)
+        self.image_parameter_arn = image_parameter_arn(ctx, lt.image)

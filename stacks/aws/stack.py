@@ -17,6 +17,7 @@ from stacks.aws.pool import NodePool
 from stacks.aws.storage import ArtifactsBucket, EnvironmentKey, JobTable, WorkQueue, log_group
 from tidefleet import naming
 from tidefleet.config import Environment
+from tidefleet.resources import resources
 
 # Rendered scripts carry this where the bucket name goes; the name holds the account id,
 # known to Terraform only, so it is spliced back in as an interpolation.
@@ -43,35 +44,37 @@ class AwsFleetStack(TerraformStack):
         local_state_path: state file for the local backend, likewise relative.
         user_data(pool_name, artifacts_bucket): the pool's boot script."""
         super().__init__(scope, id)
-        AwsProvider(self, "aws", region=env.region, default_tags=[AwsProviderDefaultTags(tags={**env.tags, "tidefleet:env": env.name})])
         self._backend(env, local_state_path)
         ctx = AwsContext(self, "account", region=env.region)
+        spec = resources(env, account=ctx.account_id)
+        AwsProvider(self, "aws", region=env.region, default_tags=[AwsProviderDefaultTags(tags=spec.tags)])
         key = EnvironmentKey(
             self, "key", env_name=env.name, ctx=ctx,
             log_group_patterns=[f"/{naming.PREFIX}/{env.name}/*", f"/aws/lambda/{naming.function(env.name, '')}*"],
         )  # fmt: skip
         self.queues = {
-            name: WorkQueue(self, f"queue-{name}", env_name=env.name, queue_name=name, queue=queue)
-            for name, queue in sorted(env.queues.items())
+            name: WorkQueue(self, f"queue-{name}", spec=queue) for name, queue in sorted(spec.queues.items())
         }
-        self.table = JobTable(self, "jobs", env_name=env.name, key_arn=key.arn)
-        self.artifacts = ArtifactsBucket(self, "artifacts", env_name=env.name, ctx=ctx, key_arn=key.arn)
-        self.item_logs = log_group(self, "item-logs", name=naming.item_log_group(env.name), key_arn=key.arn)
-        network = NodeNetwork(self, "network", env_name=env.name, network=env.network, ctx=ctx, key_arn=key.arn)
+        self.table = JobTable(self, "jobs", spec=spec.table, key_arn=key.arn)
+        self.artifacts = ArtifactsBucket(self, "artifacts", spec=spec.artifacts, key_arn=key.arn)
+        self.item_logs = log_group(self, "item-logs", name=spec.item_logs.name, retention_days=spec.item_logs.retention_days,
+                                   key_arn=key.arn)  # fmt: skip
+        network = NodeNetwork(self, "network", env_name=env.name, network=env.network, ctx=ctx, key_arn=key.arn,
+                              log_retention_days=spec.log_retention_days)  # fmt: skip
 
         self.pools = {}
         for pool_name in sorted(env.pools):
             script = terraform_literal(user_data(pool_name, BUCKET_PLACEHOLDER)).replace(BUCKET_PLACEHOLDER, self.artifacts.name)
             script_local = TerraformLocal(self, f"user-data-{pool_name}", script)
             self.pools[pool_name] = NodePool(
-                self, f"pool-{pool_name}", env=env, pool_name=pool_name, ctx=ctx, subnet_ids=network.subnet_ids,
+                self, f"pool-{pool_name}", env=env, pool_name=pool_name, spec=spec.pools[pool_name], ctx=ctx, subnet_ids=network.subnet_ids,
                 security_group_id=network.security_group_id, user_data_base64=Fn.base64encode(script_local.as_string),
                 queue_arns=[arn for q in env.queues_of(pool_name) for arn in self.queues[q].arns],
                 table_arn=self.table.arn, item_log_group_arn=self.item_logs.arn,
                 artifacts_bucket_arn=self.artifacts.arn, key_arn=key.arn,
             )  # fmt: skip
         self.functions = ControlFunctions(
-            self, "control", env=env, ctx=ctx, archive_path=archive_path,
+            self, "control", env=env, spec=spec, ctx=ctx, archive_path=archive_path,
             queues={name: QueueRef(q.name, q.queue.arn) for name, q in self.queues.items()},
             group_names=[p.group_name for p in self.pools.values()], group_arns=[p.group_arn for p in self.pools.values()],
             launch=LaunchGrants(template_arns=[p.template_arn for p in self.pools.values()],

@@ -1,8 +1,8 @@
 """Where an environment keeps its state: the KMS key, the work queues, the job table, the
 artifacts bucket and the log groups. All encrypted, none public.
 
-Queues use SQS-managed encryption rather than the environment key so that every producer
-(the job SDK, EventBridge, alarms) can send without KMS grants; everything else uses the key.
+Every name and setting comes from `tidefleet.resources` (the sandbox creates the same);
+queues use SQS-managed encryption (see `QueueSpec.encryption`), everything else the key.
 """
 
 from __future__ import annotations
@@ -35,11 +35,7 @@ from constructs import Construct
 
 from stacks.aws.iam import AwsContext, policy_document
 from tidefleet import naming
-from tidefleet.config import Queue
-
-# One year: checkov's CKV_AWS_338 floor, and long enough to answer "why did item X fail" later.
-LOG_RETENTION_DAYS = 365
-SQS_MAX_RETENTION_S = 14 * 24 * 3600
+from tidefleet.resources import BucketSpec, QueueSpec, TableSpec
 
 # What the account (through IAM policies) may do with the key: administer it and use it.
 # Listed, not "kms:*", so no statement anywhere carries a wildcard action.
@@ -101,46 +97,49 @@ class EnvironmentKey(Construct):
         self.arn = self.key.arn
 
 
-def encrypted_queue(scope: Construct, id: str, *, name: str, **settings) -> SqsQueue:
+def encrypted_queue(scope: Construct, id: str, *, name: str, retention_s: int, **settings) -> SqsQueue:
     return SqsQueue(
-        scope, id, name=name, sqs_managed_sse_enabled=True, message_retention_seconds=SQS_MAX_RETENTION_S, **settings
+        scope, id, name=name, sqs_managed_sse_enabled=True, message_retention_seconds=retention_s, **settings
     )
 
 
 class WorkQueue(Construct):
     """One configured queue and its dead-letter queue."""
 
-    def __init__(self, scope: Construct, id: str, *, env_name: str, queue_name: str, queue: Queue):
+    def __init__(self, scope: Construct, id: str, *, spec: QueueSpec):
         super().__init__(scope, id)
-        self.dead_letter = encrypted_queue(self, "dead-letter", name=naming.dead_letter_queue(env_name, queue_name))
+        self.dead_letter = encrypted_queue(self, "dead-letter", name=spec.dead_letter_name, retention_s=spec.retention_s)
         self.queue = encrypted_queue(
             self,
             "queue",
-            name=naming.queue(env_name, queue_name),
-            visibility_timeout_seconds=queue.visibility_timeout_s,
+            name=spec.name,
+            retention_s=spec.retention_s,
+            visibility_timeout_seconds=spec.visibility_timeout_s,
             redrive_policy=json.dumps(
-                {"deadLetterTargetArn": self.dead_letter.arn, "maxReceiveCount": queue.max_receive_count}
+                {"deadLetterTargetArn": self.dead_letter.arn, "maxReceiveCount": spec.max_receive_count}
             ),
         )
-        self.name = naming.queue(env_name, queue_name)
+        self.name = spec.name
         self.arns = [self.queue.arn, self.dead_letter.arn]
 
 
 class JobTable(Construct):
     """Jobs, items and node heartbeats (keys: see tidefleet/store.py)."""
 
-    def __init__(self, scope: Construct, id: str, *, env_name: str, key_arn: str):
+    def __init__(self, scope: Construct, id: str, *, spec: TableSpec, key_arn: str):
         super().__init__(scope, id)
+        keys = (spec.hash_key, spec.range_key)
         self.table = DynamodbTable(
             self,
             "table",
-            name=naming.table(env_name),
-            billing_mode="PAY_PER_REQUEST",
-            hash_key="pk",
-            range_key="sk",
-            attribute=[DynamodbTableAttribute(name="pk", type="S"), DynamodbTableAttribute(name="sk", type="S")],
-            point_in_time_recovery={"enabled": True},
+            name=spec.name,
+            billing_mode=spec.billing_mode,
+            hash_key=spec.hash_key,
+            range_key=spec.range_key,
+            attribute=[DynamodbTableAttribute(name=k, type="S") for k in keys],
+            point_in_time_recovery={"enabled": spec.point_in_time_recovery},
             server_side_encryption={"enabled": True, "kms_key_arn": key_arn},
+            ttl={"attribute_name": spec.ttl_attribute, "enabled": True} if spec.ttl_attribute else None,
         )
         self.arn = self.table.arn
 
@@ -148,9 +147,9 @@ class JobTable(Construct):
 class ArtifactsBucket(Construct):
     """The agent wheel (`agent/`) and workload checkpoints (`checkpoints/`)."""
 
-    def __init__(self, scope: Construct, id: str, *, env_name: str, ctx: AwsContext, key_arn: str):
+    def __init__(self, scope: Construct, id: str, *, spec: BucketSpec, key_arn: str):
         super().__init__(scope, id)
-        self.name = naming.artifacts_bucket(env_name, ctx.account_id)
+        self.name = spec.name
         self.bucket = S3Bucket(self, "bucket", bucket=self.name)
         bucket_id = self.bucket.id
         S3BucketPublicAccessBlock(
@@ -158,7 +157,8 @@ class ArtifactsBucket(Construct):
             ignore_public_acls=True, restrict_public_buckets=True,
         )  # fmt: skip
         S3BucketOwnershipControls(self, "ownership", bucket=bucket_id, rule={"object_ownership": "BucketOwnerEnforced"})
-        S3BucketVersioningA(self, "versioning", bucket=bucket_id, versioning_configuration={"status": "Enabled"})
+        versioning = "Enabled" if spec.versioned else "Suspended"
+        S3BucketVersioningA(self, "versioning", bucket=bucket_id, versioning_configuration={"status": versioning})
         S3BucketServerSideEncryptionConfigurationA(
             self,
             "encryption",
@@ -170,7 +170,6 @@ class ArtifactsBucket(Construct):
                 )
             ],
         )
-        # Old agent wheels and superseded checkpoints are not worth keeping forever.
         S3BucketLifecycleConfiguration(
             self,
             "lifecycle",
@@ -180,9 +179,9 @@ class ArtifactsBucket(Construct):
                     id="expire-old-versions-and-uploads",
                     status="Enabled",
                     filter=[S3BucketLifecycleConfigurationRuleFilter(prefix="")],
-                    noncurrent_version_expiration=[S3BucketLifecycleConfigurationRuleNoncurrentVersionExpiration(noncurrent_days=30)],
+                    noncurrent_version_expiration=[S3BucketLifecycleConfigurationRuleNoncurrentVersionExpiration(noncurrent_days=spec.noncurrent_version_expiration_days)],
                     abort_incomplete_multipart_upload=[
-                        S3BucketLifecycleConfigurationRuleAbortIncompleteMultipartUpload(days_after_initiation=7)
+                        S3BucketLifecycleConfigurationRuleAbortIncompleteMultipartUpload(days_after_initiation=spec.abort_incomplete_upload_days)
                     ],
                 )
             ],
@@ -205,5 +204,5 @@ class ArtifactsBucket(Construct):
         self.arn = self.bucket.arn
 
 
-def log_group(scope: Construct, id: str, *, name: str, key_arn: str) -> CloudwatchLogGroup:
-    return CloudwatchLogGroup(scope, id, name=name, retention_in_days=LOG_RETENTION_DAYS, kms_key_id=key_arn)
+def log_group(scope: Construct, id: str, *, name: str, retention_days: int, key_arn: str) -> CloudwatchLogGroup:
+    return CloudwatchLogGroup(scope, id, name=name, retention_in_days=retention_days, kms_key_id=key_arn)

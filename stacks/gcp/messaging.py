@@ -1,9 +1,10 @@
 """Per queue: a Pub/Sub topic and pull subscription with a dead-letter topic (and a
 subscription on it, so dead-lettered items are kept and can be sent back).
 
-Pub/Sub dead-letters a message after `max_delivery_attempts` deliveries, and only accepts
-5..100. The count is the queue's `max_receive_count` (the same backstop as SQS's redrive:
-the agent dead-letters real failures itself), clamped into that range.
+Pub/Sub dead-letters a message after `max_delivery_attempts` deliveries: the queue's receive
+count from `tidefleet.resources` (the same backstop as SQS's redrive: the agent dead-letters
+real failures itself), clamped there into the 5..100 Pub/Sub accepts; likewise the ack deadline
+and the retention.
 """
 
 from __future__ import annotations
@@ -14,49 +15,33 @@ from cdktn_provider_google.pubsub_topic import PubsubTopic
 from cdktn_provider_google.pubsub_topic_iam_member import PubsubTopicIamMember
 from constructs import Construct
 
-from tidefleet import naming
-from tidefleet.config import Queue
-
-PUBSUB_MIN_ATTEMPTS, PUBSUB_MAX_ATTEMPTS = 5, 100
-PUBSUB_ACK_DEADLINE_S = (10, 600)
-RETENTION = "604800s"  # 7 days: a queued item survives a long weekend with the fleet at zero
-
-
-def max_delivery_attempts(queue: Queue) -> int:
-    return min(max(queue.max_receive_count, PUBSUB_MIN_ATTEMPTS), PUBSUB_MAX_ATTEMPTS)
-
-
-def ack_deadline_s(queue: Queue) -> int:
-    """As SQS's visibility timeout: the agent extends it while an item runs, so it only
-    decides how soon an item held by a dead node comes back."""
-    low, high = PUBSUB_ACK_DEADLINE_S
-    return min(max(queue.visibility_timeout_s, low), high)
+from tidefleet.resources import QueueSpec
 
 
 class WorkTopic(Construct):
     """Exposes `topic`, `subscription`, `dead_letter_topic`, `dead_letter_subscription`."""
 
-    def __init__(self, scope: Construct, id: str, *, env_name: str, queue_name: str, queue: Queue,
+    def __init__(self, scope: Construct, id: str, *, spec: QueueSpec,
                  pubsub_agent: str, kms_key_id: str, labels: dict[str, str]) -> None:  # fmt: skip
         """pubsub_agent: the project's Pub/Sub service agent, which moves messages to the dead-letter topic."""
         super().__init__(scope, id)
-        name, dlq_name = naming.queue(env_name, queue_name), naming.dead_letter_queue(env_name, queue_name)
+        name, dlq_name, retention = spec.name, spec.dead_letter_name, f"{spec.retention_s}s"
         self.topic = PubsubTopic(self, "topic", name=name, kms_key_name=kms_key_id, labels=labels,
-                                 message_retention_duration=RETENTION)  # fmt: skip
+                                 message_retention_duration=retention)  # fmt: skip
         self.dead_letter_topic = PubsubTopic(self, "dlq-topic", name=dlq_name, kms_key_name=kms_key_id, labels=labels,
-                                             message_retention_duration=RETENTION)  # fmt: skip
+                                             message_retention_duration=retention)  # fmt: skip
         never_expire = {"ttl": ""}  # an idle subscription must not vanish after 31 days
         self.subscription = PubsubSubscription(
             self, "subscription", name=name, topic=self.topic.id, labels=labels,
-            ack_deadline_seconds=ack_deadline_s(queue), message_retention_duration=RETENTION,
+            ack_deadline_seconds=spec.visibility_timeout_s, message_retention_duration=retention,
             expiration_policy=never_expire,
             dead_letter_policy={"dead_letter_topic": self.dead_letter_topic.id,
-                                "max_delivery_attempts": max_delivery_attempts(queue)},
+                                "max_delivery_attempts": spec.max_receive_count},
             retry_policy={"minimum_backoff": "10s", "maximum_backoff": "60s"},
         )  # fmt: skip
         self.dead_letter_subscription = PubsubSubscription(
             self, "dlq-subscription", name=dlq_name, topic=self.dead_letter_topic.id, labels=labels,
-            ack_deadline_seconds=60, message_retention_duration=RETENTION, expiration_policy=never_expire,
+            ack_deadline_seconds=60, message_retention_duration=retention, expiration_policy=never_expire,
         )  # fmt: skip
         # Dead-lettering is done by Pub/Sub's own agent: it must publish to the DLQ topic and
         # acknowledge on the source subscription.

@@ -31,6 +31,7 @@ from constructs import Construct
 
 from tidefleet import naming
 from tidefleet.config import Environment
+from tidefleet.resources import PoolSpec
 
 # Google's recommended scope: the service account's IAM roles are what limit a node.
 NODE_SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
@@ -50,7 +51,7 @@ def _scheduling(spot: bool, gpus: int) -> dict:
 class NodePool(Construct):
     """Exposes `service_account` (email, member), `groups` (spot, on_demand) and `templates`."""
 
-    def __init__(self, scope: Construct, id: str, *, env: Environment, pool_name: str, subnetwork: str,
+    def __init__(self, scope: Construct, id: str, *, env: Environment, pool_name: str, spec: PoolSpec, subnetwork: str,
                  startup_script: str, labels: dict[str, str], kms_key_id: str) -> None:  # fmt: skip
         super().__init__(scope, id)
         pool = env.pools[pool_name]
@@ -66,8 +67,8 @@ class NodePool(Construct):
         self.templates = {}
         self.groups = {}
         for kind, spot, group_name, size in (
-            ("spot", True, naming.group(env.name, pool_name), pool.min),
-            ("on-demand", False, naming.on_demand_group(env.name, pool_name), pool.on_demand_base),
+            ("spot", True, spec.group_name, spec.initial_desired),
+            ("on-demand", False, naming.on_demand_group(env.name, pool_name), spec.on_demand_base),
         ):
             template = ComputeInstanceTemplate(
                 self, f"template-{kind}", name_prefix=naming.instance_template_prefix(env.name, pool_name, kind),

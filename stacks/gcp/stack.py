@@ -36,8 +36,8 @@ from stacks.gcp.messaging import WorkTopic
 from stacks.gcp.pool import NodePool
 from tidefleet import naming
 from tidefleet.config import Environment
+from tidefleet.resources import EnvResources, resources
 
-LOG_RETENTION_DAYS = 365
 KEY_ROTATION = "7776000s"  # 90 days
 # Backlog older than this with nothing taking it means the fleet is stuck (or capped).
 STUCK_AFTER_S = 900
@@ -71,6 +71,7 @@ class GcpFleetStack(TerraformStack):
         super().__init__(scope, id)
         project, region = env.project, env.region
         tags = labels(env)
+        spec = resources(env, account=project)
         GoogleProvider(self, "google", project=project, region=region, default_labels=tags)
         self._backend(env, local_state_path)
         number = DataGoogleProject(self, "project", project_id=project).number
@@ -85,29 +86,30 @@ class GcpFleetStack(TerraformStack):
                                   role="roles/cloudkms.cryptoKeyEncrypterDecrypter", member=agent(service))  # fmt: skip
 
         self.queues = {
-            name: WorkTopic(self, f"queue-{name}", env_name=env.name, queue_name=name, queue=queue,
-                            pubsub_agent=agent("gcp-sa-pubsub"), kms_key_id=self.key.id, labels=tags)
-            for name, queue in sorted(env.queues.items())
+            name: WorkTopic(self, f"queue-{name}", spec=queue, pubsub_agent=agent("gcp-sa-pubsub"),
+                            kms_key_id=self.key.id, labels=tags)
+            for name, queue in sorted(spec.queues.items())
         }  # fmt: skip
         self.database = FirestoreDatabase(
             self, "jobs", name=naming.table(env.name), location_id=region, type="FIRESTORE_NATIVE",
             point_in_time_recovery_enablement="POINT_IN_TIME_RECOVERY_ENABLED",
             delete_protection_state="DELETE_PROTECTION_ENABLED",
         )  # fmt: skip
-        bucket_name = naming.artifacts_bucket(env.name, project)
+        bucket_name = spec.artifacts.name
         self.artifacts = StorageBucket(
             self, "artifacts", name=bucket_name, location=region.upper(), labels=tags,
             uniform_bucket_level_access=True, public_access_prevention="enforced",
             versioning={"enabled": True}, encryption={"default_kms_key_name": self.key.id},
             lifecycle_rule=[StorageBucketLifecycleRule(action={"type": "Delete"},
-                                                       condition={"days_since_noncurrent_time": 30})],
+                                                       condition={"days_since_noncurrent_time": spec.artifacts.noncurrent_version_expiration_days})],
         )  # fmt: skip
-        self._item_logs(env)
+        self._item_logs(env, spec)
         subnetwork = self._network(env)
 
         self.pools = {}
         for pool_name in sorted(env.pools):
-            pool = NodePool(self, f"pool-{pool_name}", env=env, pool_name=pool_name, subnetwork=subnetwork,
+            pool = NodePool(self, f"pool-{pool_name}", env=env, pool_name=pool_name, spec=spec.pools[pool_name],
+                            subnetwork=subnetwork,
                             startup_script=terraform_literal(user_data(pool_name, bucket_name)),
                             labels=tags, kms_key_id=self.key.id)  # fmt: skip
             self._grant_node(env, pool_name, pool.member)
@@ -156,13 +158,13 @@ class GcpFleetStack(TerraformStack):
                          log_config={"enable": True, "filter": "ERRORS_ONLY"})  # fmt: skip
         return subnet.id
 
-    def _item_logs(self, env: Environment) -> None:
+    def _item_logs(self, env: Environment, spec: EnvResources) -> None:
         """Every item's output lands in the environment's own log bucket (one year), and a
         log-based metric counts finished attempts by outcome."""
-        log_id = naming.item_log(env.name)
+        log_id = spec.item_logs.name
         bucket = LoggingProjectBucketConfig(
             self, "item-logs", project=env.project, location="global", bucket_id=log_id,
-            retention_days=LOG_RETENTION_DAYS, description="tidefleet item output, one entry per line",
+            retention_days=spec.item_logs.retention_days, description="tidefleet item output, one entry per line",
         )  # fmt: skip
         log_filter = f'logName="projects/{env.project}/logs/{log_id}"'
         LoggingProjectSink(self, "item-logs-sink", name=log_id, filter=log_filter, unique_writer_identity=True,

@@ -34,6 +34,7 @@ from tidefleet.cloud import for_env
 from tidefleet.config import NODE_LOSSES_TOLERATED, Environment, Queue
 from tidefleet.ports import Cloud
 from tidefleet.records import FINAL, Item, Job
+from tidefleet.resources import redrive_receives
 
 SEND_BATCH = 10  # items sent between store updates (one SQS batch)
 log = logging.getLogger("tidefleet.jobs")
@@ -480,7 +481,7 @@ def _reconcile(cloud: Cloud, env: Environment, queues: list[str], job_id: str | 
     warnings: list[str] = []
     for name in queues:
         queue = env.queues[name]
-        reason = f"moved to the dead-letter queue by the queue's redrive after {cloud.redrive_receives(queue)} receives"
+        reason = f"moved to the dead-letter queue by the queue's redrive after {redrive_receives(env.cloud, queue)} receives"
         held: list[str] = []
         unreadable = 0
         try:

@@ -24,13 +24,13 @@ from typing import Self
 
 from tidefleet import control, naming
 from tidefleet.cloud import for_env
+from tidefleet.cloud.aws.provision import EMULATOR_ACCOUNT, Provisioned, provision
 from tidefleet.config import Environment, environments_dir
 from tidefleet.emulator import MotoServer, start_moto
 from tidefleet.jobs import sdk
 from tidefleet.sandbox.demo_work import EVENTS
 from tidefleet.sandbox.imds import MetadataServer
 from tidefleet.sandbox.launcher import Launcher
-from tidefleet.sandbox.provision import EMULATOR_ACCOUNT, Provisioned, provision
 from tidefleet.userdata import LOCAL_PYTHON, render_user_data
 
 DEMO_JOB = "sandbox-demo"

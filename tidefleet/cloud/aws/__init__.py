@@ -21,7 +21,7 @@ from tidefleet.cloud.aws.dynamodb import DynamoStore
 from tidefleet.cloud.aws.imds import Metadata
 from tidefleet.cloud.aws.logs import CloudWatchItemLogs
 from tidefleet.cloud.aws.sqs import QueueMissing, SqsQueues, SqsWorkQueues
-from tidefleet.config import Environment, Queue, load_environment
+from tidefleet.config import Environment, load_environment
 from tidefleet.ports import Ports
 
 # What a call may raise: API errors, transport errors, a garbled answer (a 500 page);
@@ -122,8 +122,6 @@ class AwsCloud:
         boto3.client("s3", region_name=self.env.region).upload_file(str(path), bucket, key)
         return f"s3://{bucket}/{key}"
 
-    def redrive_receives(self, queue: Queue) -> int:
-        return queue.max_receive_count  # SQS maxReceiveCount takes any count
 
     def explain(self, err: BaseException) -> str:
         env = self.env.name

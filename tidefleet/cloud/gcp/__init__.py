@@ -13,14 +13,12 @@ from functools import cache, cached_property
 from pathlib import Path
 
 from tidefleet import naming
-from tidefleet.config import Environment, Queue, load_environment
+from tidefleet.config import Environment, load_environment
 from tidefleet.ports import Ports
 
 # GCE gives a Spot VM about 30 s: the notice may be seen imds_poll_s (5 s) late and SETTLE_S
 # (5 s) may follow the grace, so 15 s leaves 5 s to hand the items back.
 GRACE_S = 15.0
-# Pub/Sub's dead-letter policy takes max_delivery_attempts in 5..100 only (stacks/gcp/messaging.py).
-DELIVERY_ATTEMPTS = (5, 100)
 GCS_UPLOAD = "https://storage.googleapis.com/upload/storage/v1"
 
 
@@ -128,9 +126,6 @@ class GcpCloud:
                      headers={"Content-Type": "application/octet-stream"}, timeout=120).raise_for_status()  # fmt: skip
         return f"gs://{bucket}/{key}"
 
-    def redrive_receives(self, queue: Queue) -> int:
-        low, high = DELIVERY_ATTEMPTS
-        return min(max(queue.max_receive_count, low), high)
 
     def explain(self, err: BaseException) -> str:
         from google.api_core import exceptions as gexc
