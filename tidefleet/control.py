@@ -186,6 +186,9 @@ def act(ports: Ports, env: Environment, decision: PoolDecision, group: GroupStat
     # Only nodes really terminated leave the floor: one the group refused to terminate (still
     # Pending, say) stays, and a lower desired would let the group pick a victim instead.
     target = max(decision.desired, _live_capacity(env, decision.pool, group, terminated))
+    # Above max the group refuses any desired (max lowered under live nodes): it picks the
+    # victims down to max itself, whatever is asked.
+    target = min(target, group.max)
     # After terminations the group's desired already dropped by their weights; setting the
     # absolute target again is a no-op then, and corrects it if the decrement differed.
     if terminated or target != group.desired:
