@@ -5,11 +5,12 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from fleet_apply import apply
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tidefleet.config import Environment, parse_environment
-from tidefleet.policy import apply, decide
+from tidefleet.policy import decide
 from tidefleet.policy.model import FleetView, NodeView, PoolDecision, PoolView, QueueView
 
 NOW = 50_000.0
@@ -235,15 +236,15 @@ def test_more_waiting_items_never_lower_desired(case, data):
 def test_applying_a_decision_twice_equals_applying_it_once(case):
     env, fleet = case
     decisions = decide(env, fleet, NOW)
-    once = apply(fleet, decisions)
-    assert apply(once, decisions) == once
+    once = apply(env, fleet, decisions)
+    assert apply(env, once, decisions) == once
 
 
 @EXAMPLES
 @given(cases() | quiet_cases())
 def test_deciding_again_after_applying_changes_nothing(case):
     env, fleet = case
-    once = apply(fleet, decide(env, fleet, NOW))
+    once = apply(env, fleet, decide(env, fleet, NOW))
     for pool, again in zip(once.pools, decide(env, once, NOW), strict=True):
         assert (again.desired, again.terminate, again.on_demand_base) == (pool.desired, (), None), (
             again.reasons

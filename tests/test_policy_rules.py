@@ -5,9 +5,10 @@ from __future__ import annotations
 import copy
 
 import pytest
+from fleet_apply import apply
 
 from tidefleet.config import Environment, parse_environment
-from tidefleet.policy import apply, decide
+from tidefleet.policy import decide
 from tidefleet.policy.model import FleetView, NodeView, PoolDecision, PoolView, QueueView
 
 NOW = 100_000.0
@@ -110,7 +111,7 @@ def decide_pool(env: Environment, fleet_view: FleetView, pool: str = "cpu") -> P
 
 def assert_settled(env: Environment, fleet_view: FleetView) -> None:
     """Idempotence: after applying a decision, deciding again changes nothing."""
-    after = apply(fleet_view, decide(env, fleet_view, NOW))
+    after = apply(env, fleet_view, decide(env, fleet_view, NOW))
     for again, pool in zip(decide(env, after, NOW), after.pools, strict=True):
         assert (again.desired, again.terminate, again.on_demand_base) == (pool.desired, (), None), (
             again.reasons

@@ -11,12 +11,15 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from tidefleet import control
+from tidefleet.cloud import Ports
 from tidefleet.config import parse_environment
 from tidefleet.sim import Interruptions, Timing, TraceError, TraceItem, load_trace, simulate
 from tidefleet.sim.bench import check_traces
 from tidefleet.sim.cli import simulate as simulate_command
 from tidefleet.sim.engine import Simulation
-from tidefleet.sim.policies import TidefleetPolicy, fleet_view
+from tidefleet.sim.policies import TidefleetPolicy
+from tidefleet.sim.ports import SimulationPorts
 from tidefleet.sim.trace import SpotTrace, traces_dir
 
 BOOT = 45.0
@@ -223,7 +226,9 @@ def test_the_policy_sees_the_mean_time_of_finished_items_only():
 
     class Watching(TidefleetPolicy):
         def poll(self, sim):
-            seen.append((sim.now, fleet_view(sim).queues[0].mean_item_s))
+            view = SimulationPorts(sim)
+            fleet = control.observe(self.env, Ports(view, view, view, view), sim.now, ["p"]).fleet
+            seen.append((sim.now, fleet.queues[0].mean_item_s))
             super().poll(sim)
 
     env = make_env()

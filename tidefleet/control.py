@@ -36,6 +36,7 @@ LAUNCHING = frozenset({"Pending", "Pending:Wait", "Pending:Proceed"})
 IN_SERVICE = frozenset({"InService"})
 HELD_FOR_DRAIN = frozenset({"Terminating:Wait"})  # the terminate hook holds it while it hands work back
 GOING = frozenset({"Terminating", "Terminating:Proceed", "Terminated", "Detaching", "Detached"})
+CAPACITY = LAUNCHING | IN_SERVICE  # what holds desired capacity up
 # Anything else (Standby, warm pool states) is neither capacity nor ours to touch.
 
 
@@ -49,12 +50,15 @@ class TickError(RuntimeError):
 
 
 def _instance_type(pool: Pool, instance: GroupInstance) -> InstanceType | None:
-    return next((t for t in pool.instance_types if t.type == instance.instance_type), None)
+    for itype in pool.instance_types:  # a loop, not next(genexpr): the simulator calls it ~10^7 times
+        if itype.type == instance.instance_type:
+            return itype
+    return None
 
 
-def _weight(pool: Pool, instance: GroupInstance) -> int:
+def _weight(pool: Pool, instance: GroupInstance, itype: InstanceType | None = None) -> int:
     """Capacity units: the configured weight; the group's own if the type is not configured."""
-    itype = _instance_type(pool, instance)
+    itype = itype or _instance_type(pool, instance)
     return itype.weight if itype else (instance.weight or 1)
 
 
@@ -66,12 +70,12 @@ def node_view(
         node_state = "terminating"
     elif state in HELD_FOR_DRAIN or (heartbeat is not None and heartbeat.draining):
         node_state = "draining"
-    elif state in LAUNCHING | IN_SERVICE:
+    elif state in CAPACITY:
         node_state = "pending" if heartbeat is None else "running"
     else:
         return None
     itype = _instance_type(pool, instance)
-    weight = _weight(pool, instance)
+    weight = _weight(pool, instance, itype)
     return NodeView(
         id=instance.id,
         instance_type=instance.instance_type,
@@ -148,7 +152,7 @@ def _live_capacity(env: Environment, pool: str, group: GroupState, leaving: Iter
         _weight(env.pools[pool], i)
         for i in group.instances
         # A Terminating:Wait instance already left the group's capacity: not counted.
-        if i.id not in leaving and i.lifecycle_state in LAUNCHING | IN_SERVICE
+        if i.id not in leaving and i.lifecycle_state in CAPACITY
     )
 
 
@@ -186,6 +190,9 @@ def act(ports: Ports, env: Environment, decision: PoolDecision, group: GroupStat
     # Only nodes really terminated leave the floor: one the group refused to terminate (still
     # Pending, say) stays, and a lower desired would let the group pick a victim instead.
     target = max(decision.desired, _live_capacity(env, decision.pool, group, terminated))
+    # Above max the group refuses any desired (max lowered under live nodes): it picks the
+    # victims down to max itself, whatever is asked.
+    target = min(target, group.max)
     # After terminations the group's desired already dropped by their weights; setting the
     # absolute target again is a no-op then, and corrects it if the decrement differed.
     if terminated or target != group.desired:
@@ -240,7 +247,8 @@ def tick(
             except Exception as err:  # noqa: BLE001 - one pool's failure must not stop the others; re-raised below
                 line["error"] = f"{type(err).__name__}: {err}"
                 failures.append(f"{decision.pool}: {line['error']}")
-        log.info(json.dumps(line))
+        if log.isEnabledFor(logging.INFO):  # the simulator ticks ~10^5 times with the line unread
+            log.info(json.dumps(line))
     if failures:
         raise TickError(failures, decisions)
     return decisions

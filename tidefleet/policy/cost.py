@@ -10,11 +10,10 @@ So the estimate may overshoot the real bill, never undershoot it.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from tidefleet.config import Pool
-from tidefleet.policy.model import NodeView
+from tidefleet.policy.model import NodeView, on_demand_units
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,11 +70,7 @@ class LaunchCost:
     on_demand_percent: int
 
     def __call__(self, k: int) -> float:
-        total = self.group_units + k
-        above_base = max(0, total - self.on_demand_base)
-        on_demand_target = min(total, self.on_demand_base) + math.ceil(
-            above_base * self.on_demand_percent / 100
-        )
+        on_demand_target = on_demand_units(self.group_units + k, self.on_demand_base, self.on_demand_percent)
         on_demand_new = min(k, max(0, on_demand_target - self.on_demand_units))
         return on_demand_new * self.prices.on_demand_unit + (k - on_demand_new) * self.prices.spot_unit
 

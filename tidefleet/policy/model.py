@@ -6,6 +6,7 @@ decisions; the control tick applies them. Times are seconds (epoch or simulated)
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -76,3 +77,9 @@ def item_seconds_mean(previous: float | None, seconds: float) -> float:
     """The exponentially weighted mean run time after one more completed item. The job store
     keeps it per queue for the AWS scaler; the simulator keeps it the same way."""
     return seconds if previous is None else previous + ITEM_SECONDS_WEIGHT * (seconds - previous)
+
+
+def on_demand_units(total: int, base: int, percent: int) -> int:
+    """Units of a group of `total` units bought on demand, as a mixed instances policy splits
+    them: the on-demand base first, then `percent` of the units above it, rounded UP."""
+    return min(total, base) + math.ceil(max(0, total - base) * percent / 100)

@@ -42,9 +42,11 @@ The model
   counts as `items_unfinished`.
 
 Policies
-- `tidefleet`: the real `tidefleet.policy.decide` on views built from simulated state, at
-  `scaler.tick_s`, on each submit kick and on a spot notice while there is backlog;
-  decisions are applied as `tidefleet.control.act` applies them. Busy nodes are protected.
+- `tidefleet`: the real `tidefleet.control.tick` (observe, `tidefleet.policy.decide`, act) at
+  `scaler.tick_s`, on each submit kick and on a spot notice while there is backlog, against
+  the ports of `tidefleet.sim.ports`: the group lists every node in service, the job store
+  holds a heartbeat per booted node (so a node noticed before its first heartbeat looks
+  booting, as on AWS). Busy nodes are protected.
   Each queue's mean item time is the job store's EWMA over the items finished so far in the
   run (as the agents record it), never the trace's durations of items still to finish.
 - `target-tracking`: AWS target tracking on backlog per instance (visible / in-service

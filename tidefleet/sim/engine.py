@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from tidefleet.config import Environment, InstanceType, Queue
-from tidefleet.policy.model import item_seconds_mean
+from tidefleet.policy.model import item_seconds_mean, on_demand_units
 from tidefleet.sim.trace import SpotTrace, TraceItem
 
 # Event kinds, in the order they are handled when they fall on the same time and sequence.
@@ -71,12 +71,12 @@ class Node:
         "name",
         "price",
         "ready_at",
+        "record",
         "reported_at",
         "running",
         "slots",
         "spot",
         "state",
-        "view",
         "weight",
     )  # fmt: skip
 
@@ -97,10 +97,10 @@ class Node:
         self.busy_since = 0.0
         self.busy_s = 0.0
         self.reported_at: float | None = None  # the agent's last heartbeat: at boot, every change, see beat()
-        self.view = None  # a policy's cached view of this node, dropped on every change
+        self.record = None  # the ports' cached group instance and heartbeat, dropped on every change
 
     def changed(self, now: float) -> None:
-        self.view = None
+        self.record = None
         if self.ready_at is not None:
             self.reported_at = now
 
@@ -108,10 +108,10 @@ class Node:
         """The agent's periodic heartbeat, at a coarse grain: the real agent beats every few
         seconds, but the policy only asks whether the last beat is older than the boot timeout,
         so refreshing the record once it is `every_s` old (a fraction of that timeout) gives the
-        same decisions and keeps cached views between refreshes."""
+        same decisions and keeps cached records between refreshes."""
         if self.reported_at is not None and now - self.reported_at >= every_s:
             self.reported_at = now
-            self.view = None
+            self.record = None
 
 
 @dataclass
@@ -187,6 +187,7 @@ class Simulation:
         # Per queue, the run time of items finished so far, as the job store keeps it (never the
         # trace's durations of items not finished yet): what the policy may know.
         self.mean_item_s: list[float | None] = [None] * len(self.queues)
+        self.finished_items = [0] * len(self.queues)  # the count the job store keeps with the mean
         self.units = 0  # capacity units of pending + running + draining nodes
         self.desired = self.pool.min
         self.on_demand_base = self.pool.on_demand_base
@@ -209,10 +210,16 @@ class Simulation:
     def alive(self) -> list[Node]:
         return list(self.nodes.values())
 
-    def recent_spot_failures(self, window_s: float) -> tuple[float, ...]:
-        while self.spot_failures and self.spot_failures[0] < self.now - window_s:
+    def spot_failures_since(self, since: float) -> tuple[float, ...]:
+        while self.spot_failures and self.spot_failures[0] < since:
             self.spot_failures.popleft()
         return tuple(self.spot_failures)
+
+    def node_named(self, name: str) -> Node | None:
+        """The live node with this instance id (`i-%08d`), or None (gone, or not this group's)."""
+        prefix, _, number = name.partition("-")
+        node = self.nodes.get(int(number)) if prefix == "i" and number.isdigit() else None
+        return node if node is not None and node.name == name else None
 
     def launch_weight(self) -> int:
         """Units one more node adds (the type the group would launch next)."""
@@ -227,11 +234,9 @@ class Simulation:
         self.on_demand_base = units
         self._reconcile()
 
-    def terminate(self, node_id: str | int, decrement: bool = True) -> None:
-        """Terminate one exact node, like terminate-instance-in-auto-scaling-group."""
-        node = self.nodes.get(node_id if isinstance(node_id, int) else int(node_id.rsplit("-", 1)[1]))
-        if node is None:
-            return  # already gone: applying a decision twice is harmless
+    def terminate(self, node: Node, decrement: bool = True) -> None:
+        """Terminate one exact node, like terminate-instance-in-auto-scaling-group; at min the
+        decrement stops there and the group launches a replacement."""
         if node.busy:
             self.outcome.busy_killed += len(node.running)
         self._remove(node)
@@ -386,6 +391,7 @@ class Simulation:
     def _finish(self, node: Node, index: int) -> None:
         q = self.queue_of[index]
         self.mean_item_s[q] = item_seconds_mean(self.mean_item_s[q], self.now - node.running[index])
+        self.finished_items[q] += 1
         self._release_slots(node, index)
         self.outcome.finished[index] = self.now
         self.done += 1
@@ -412,11 +418,7 @@ class Simulation:
     # ----------------------------------------------------------------- nodes and the group
     def _launch(self) -> bool:
         od_units = sum(n.weight for n in self.nodes.values() if not n.spot)
-        above_base = max(0, self.desired - self.on_demand_base)
-        od_target = min(self.desired, self.on_demand_base) + math.ceil(
-            above_base * self.pool.on_demand_percent / 100
-        )
-        spot = od_units >= od_target
+        spot = od_units >= on_demand_units(self.desired, self.on_demand_base, self.pool.on_demand_percent)
         if spot and self._spot_unavailable():
             self.spot_failures.append(self.now)
             self.outcome.spot_launch_failures += 1
@@ -473,12 +475,16 @@ class Simulation:
         self.outcome.idle_node_hours += hours - node.busy_s / 3600.0
         self.outcome.cost_usd += hours * node.price
 
-    def _notice(self, node: Node) -> None:
-        """Spot notice: the agent stops intake; items that end before the reclaim still finish."""
+    def stop_intake(self, node: Node) -> None:
+        """The node is draining: its agent takes no more items; those it runs may finish."""
         if node.state == "running":
             del self.free[node.slots - node.busy][node.id]
         node.state = "draining"
         node.changed(self.now)
+
+    def _notice(self, node: Node) -> None:
+        """Spot notice: the agent stops intake; items that end before the reclaim still finish."""
+        self.stop_intake(node)
         self._push(self.now + self.timing.notice_s, RECLAIM, node.id)
         if self.policy.kick_on_notice and (any(self.visible) or any(self.in_flight)):
             self.policy.poll(self)

@@ -1,8 +1,7 @@
 """The policies the simulator replays: tidefleet's own and the baselines users would pick.
 
-`tidefleet` builds the same views the AWS scaler builds (FleetView of NodeView/QueueView)
-from simulated state and calls the real `tidefleet.policy.decide`; nothing here decides
-for it. The baselines follow their documented defaults (see the module docstring of
+`tidefleet` runs the real `tidefleet.control.tick` (observe, decide, act) against the
+simulation's ports (`tidefleet.sim.ports`); nothing here decides or applies for it. The baselines follow their documented defaults (see the module docstring of
 `tidefleet.sim` for every number and modelling choice).
 """
 
@@ -11,79 +10,34 @@ from __future__ import annotations
 import math
 from collections import deque
 
+from tidefleet.cloud import Ports
 from tidefleet.config import Environment
-from tidefleet.policy.model import FleetView, NodeView, PoolDecision, PoolView, QueueView
-from tidefleet.sim.engine import Node, Simulation
+from tidefleet.sim.engine import Simulation
+from tidefleet.sim.ports import SimulationPorts
 
 
 class TidefleetPolicy:
-    """The real policy at the environment's tick, on every submit kick and on spot notices."""
+    """The real control tick at the environment's tick, on every submit kick and on spot notices."""
 
     name = "tidefleet"
     kick_on_notice = True  # the interruption function ticks at once when the pool has backlog
     protects_busy = True  # the agent sets scale-in protection while it runs an item
 
     def __init__(self, env: Environment, kick_s: float):
-        from tidefleet.policy import decide
-
-        self._decide = decide
+        if env.scaler.dry_run:  # the simulation asks what the policy would do: let it act
+            env = env.model_copy(update={"scaler": env.scaler.model_copy(update={"dry_run": False})})
         self.env = env
         self.poll_s = float(env.scaler.tick_s)
         self.kick_s = kick_s
+        self._ports: Ports | None = None
 
     def poll(self, sim: Simulation) -> None:
-        for decision in self._decide(self.env, fleet_view(sim), sim.now):
-            if decision.pool == sim.pool_name:
-                apply_decision(sim, decision)
+        from tidefleet.control import tick
 
-
-def node_view(node: Node) -> NodeView:
-    """The node as its heartbeat record shows it; cached until the node changes."""
-    if node.view is None:
-        node.view = NodeView(
-            id=node.name,
-            instance_type=node.itype.type,
-            weight=node.weight,
-            slots=node.slots,
-            spot=node.spot,
-            state=node.state,
-            launched_at=node.launched_at,
-            busy_slots=node.busy,
-            last_heartbeat=node.reported_at,
-            idle_since=node.idle_since,
-            protected=node.busy > 0,
-        )
-    return node.view
-
-
-HEARTBEAT_GRAIN = 0.25  # of the boot timeout: a live node's last beat is never older than this
-
-
-def fleet_view(sim: Simulation) -> FleetView:
-    """What the AWS adapter observes for one pool: its group's nodes and its queues."""
-    window = sim.env.scaler.spot_failure_window_s
-    every_s = sim.pool.boot_timeout_s * HEARTBEAT_GRAIN
-    for node in sim.nodes.values():
-        node.beat(sim.now, every_s)
-    nodes = tuple(map(node_view, sim.nodes.values()))
-    pool = PoolView(sim.pool_name, nodes, sim.desired, sim.on_demand_base, sim.recent_spot_failures(window))
-    queues = tuple(
-        QueueView(
-            name, q.pool, q.priority, q.slots_per_item, sim.visible[i], sim.in_flight[i], sim.mean_item_s[i]
-        )
-        for i, (name, q) in enumerate(sim.queues)
-    )
-    return FleetView((pool,), queues)
-
-
-def apply_decision(sim: Simulation, decision: PoolDecision) -> None:
-    """As `tidefleet.control.act` does: terminate with decrement, the on-demand base, then
-    desired, never below the units of the nodes that stay (the group would pick a victim)."""
-    for node_id in decision.terminate:
-        sim.terminate(node_id, decrement=True)
-    if decision.on_demand_base is not None:
-        sim.on_demand_base = decision.on_demand_base
-    sim.set_desired(max(decision.desired, sim.units))
+        if self._ports is None or self._ports.fleet.sim is not sim:
+            view = SimulationPorts(sim)
+            self._ports = Ports(queues=view, fleet=view, nodes=view, stats=view)
+        tick(self.env, self._ports, sim.now, pools=[sim.pool_name])
 
 
 class TargetTracking:
@@ -151,7 +105,7 @@ class ClearML:
     def poll(self, sim: Simulation) -> None:
         for node in list(sim.nodes.values()):
             if node.state == "running" and node.busy == 0 and sim.now - node.idle_since >= self.IDLE_S:
-                sim.terminate(node.id, decrement=True)
+                sim.terminate(node, decrement=True)
         idle = sum(1 for n in sim.nodes.values() if n.state == "running" and n.busy == 0)
         booting = sum(1 for n in sim.nodes.values() if n.state == "pending")
         missing = sim.queued() - idle - booting

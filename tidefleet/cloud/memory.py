@@ -1,0 +1,144 @@
+"""In-memory adapters of the control ports: groups and their instances, heartbeats, backlogs
+and queue statistics held in plain objects. Tests drive `tidefleet.control` against them; no
+SDK import, no clock.
+
+The fleet keeps the promises of `FleetPort` the way an Auto Scaling group does, and nothing
+more: it launches nothing by itself (the cloud's, or the simulator's, job) and never picks a
+victim. Terminate is with decrement: the instance leaves the group at once and desired drops
+by its weight, never below min (there the group keeps min and would launch a replacement,
+as the simulator's group does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
+
+from tidefleet.cloud import Backlog, GroupInstance, GroupState
+from tidefleet.store import Heartbeat, QueueStats
+
+TERMINABLE = frozenset({"InService"})  # as AWS: Pending or already leaving instances are skipped
+
+
+class MemoryGroup:
+    """One pool's group. `instances` keep their order (launch order, as the cloud lists them)."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        desired: int,
+        min: int = 0,
+        max: int,
+        on_demand_base: int = 0,
+        instances: Iterable[GroupInstance] = (),
+        spot_failures: Iterable[float] = (),
+    ):
+        self.name, self.desired, self.min, self.max = name, desired, min, max
+        self.on_demand_base = on_demand_base
+        self.instances = {i.id: i for i in instances}
+        self.spot_failures = list(spot_failures)
+
+    def state(self, since: float) -> GroupState:
+        return GroupState(
+            name=self.name,
+            desired=self.desired,
+            min=self.min,
+            max=self.max,
+            on_demand_base=self.on_demand_base,
+            instances=tuple(self.instances.values()),
+            spot_failures=tuple(t for t in self.spot_failures if t >= since),
+        )
+
+
+class MemoryFleet:
+    """FleetPort over `MemoryGroup`s, by pool. `released` lists the lifecycle actions completed."""
+
+    def __init__(self, groups: dict[str, MemoryGroup] | None = None):
+        self.groups_ = dict(groups or {})
+        self.released: list[tuple[str, str, str, str | None]] = []
+
+    def _group(self, pool: str) -> MemoryGroup:
+        try:
+            return self.groups_[pool]
+        except KeyError:
+            raise LookupError(f"pool {pool!r}: no group; known: {', '.join(sorted(self.groups_))}") from None
+
+    def groups(self, pools: list[str], since: float) -> dict[str, GroupState]:
+        return {p: self.groups_[p].state(since) for p in pools if p in self.groups_}
+
+    def set_desired(self, pool: str, desired: int) -> None:
+        group = self._group(pool)
+        if not group.min <= desired <= group.max:
+            # As AWS's SetDesiredCapacity: a value outside the bounds is refused, not clamped.
+            raise ValueError(f"{group.name}: desired {desired} is outside [min {group.min}, max {group.max}]")
+        group.desired = desired
+
+    def terminate(self, pool: str, instance_ids: tuple[str, ...]) -> tuple[str, ...]:
+        group, done = self._group(pool), []
+        for instance_id in instance_ids:
+            instance = group.instances.get(instance_id)
+            if instance is None or instance.lifecycle_state not in TERMINABLE:
+                continue  # gone, another group's, or not (or no longer) in service: skipped
+            del group.instances[instance_id]
+            group.desired = max(group.min, group.desired - (instance.weight or 1))
+            done.append(instance_id)
+        return tuple(done)
+
+    def set_on_demand_base(self, pool: str, units: int) -> None:
+        if units < 0:
+            raise ValueError(f"{self._group(pool).name}: on-demand base must be >= 0 (got {units})")
+        self._group(pool).on_demand_base = units
+
+    def group_of(self, instance_id: str) -> str | None:
+        return next((g.name for g in self.groups_.values() if instance_id in g.instances), None)
+
+    def complete_lifecycle_action(self, pool: str, instance_id: str, hook: str, token: str | None) -> None:
+        """The instance held by the terminate hook leaves the group; its decrement happened when
+        it entered Terminating:Wait."""
+        group = self._group(pool)
+        instance = group.instances.get(instance_id)
+        if instance is not None and instance.lifecycle_state == "Terminating:Wait":
+            del group.instances[instance_id]
+        self.released.append((pool, instance_id, hook, token))
+
+    def launch(self, pool: str, instance: GroupInstance) -> None:
+        """What the cloud does for desired: add an instance (tests and simulations call it)."""
+        self._group(pool).instances[instance.id] = instance
+
+
+class MemoryNodes:
+    """NodeStatePort: heartbeats by pool and node, as the job store keeps them."""
+
+    def __init__(self, heartbeats: Iterable[Heartbeat] = ()):
+        self.beats: dict[str, dict[str, Heartbeat]] = {}
+        for heartbeat in heartbeats:
+            self.record(heartbeat)
+
+    def record(self, heartbeat: Heartbeat) -> None:
+        self.beats.setdefault(heartbeat.pool, {})[heartbeat.node_id] = heartbeat
+
+    def heartbeats(self, pool: str) -> dict[str, Heartbeat]:
+        return dict(self.beats.get(pool, {}))
+
+    def mark_draining(self, pool: str, node_id: str) -> None:
+        heartbeat = self.beats.get(pool, {}).get(node_id)
+        if heartbeat is not None:
+            self.beats[pool][node_id] = replace(heartbeat, draining=True)
+
+    def forget_node(self, pool: str, node_id: str) -> None:
+        self.beats.get(pool, {}).pop(node_id, None)
+
+
+class MemoryQueues:
+    """QueuePort and QueueStatsPort: backlog and recorded mean item time per configured queue."""
+
+    def __init__(self, backlogs: dict[str, Backlog] | None = None, stats: dict[str, QueueStats] | None = None):
+        self.backlogs = dict(backlogs or {})
+        self.stats = dict(stats or {})
+
+    def backlog(self, queue: str) -> Backlog:
+        return self.backlogs.get(queue, Backlog(0, 0))
+
+    def queue_stats(self, queues: list[str]) -> dict[str, QueueStats]:
+        return {q: self.stats[q] for q in queues if q in self.stats}

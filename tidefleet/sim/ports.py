@@ -1,0 +1,134 @@
+"""The control ports over a Simulation: what the cloud adapters read and do, for its one pool.
+
+`tidefleet.control.tick` runs against these exactly as it runs against AWS: the group lists
+the simulated nodes, the job store their heartbeats and the queues' mean item times, the
+queues their backlog; terminate, desired and the on-demand base go to the simulated group.
+The group's promises are those of `tidefleet.cloud.memory.MemoryFleet`; a test applies the
+same decisions to both and compares the fleets.
+"""
+
+from __future__ import annotations
+
+from tidefleet.cloud import Backlog, GroupInstance, GroupState
+from tidefleet.sim.engine import Node, Simulation
+from tidefleet.store import Heartbeat, QueueStats
+
+HEARTBEAT_GRAIN = 0.25  # of the boot timeout: a live node's last beat is never older than this
+
+
+class SimulationPorts:
+    """QueuePort, FleetPort, NodeStatePort and QueueStatsPort at once (see `Ports`)."""
+
+    def __init__(self, sim: Simulation):
+        self.sim = sim
+        self.group_name = f"sim-{sim.pool_name}"
+        self._queue = {name: q for q, (name, _) in enumerate(sim.queues)}
+
+    # -- QueuePort, QueueStatsPort -------------------------------------------------------------
+    def backlog(self, queue: str) -> Backlog:
+        q = self._queue[queue]
+        return Backlog(self.sim.visible[q], self.sim.in_flight[q])
+
+    def queue_stats(self, queues: list[str]) -> dict[str, QueueStats]:
+        sim = self.sim
+        return {
+            name: QueueStats(sim.mean_item_s[q], sim.finished_items[q])
+            for name in queues
+            if (q := self._queue.get(name)) is not None and sim.mean_item_s[q] is not None
+        }
+
+    # -- FleetPort -----------------------------------------------------------------------------
+    def groups(self, pools: list[str], since: float) -> dict[str, GroupState]:
+        sim = self.sim
+        if sim.pool_name not in pools:
+            return {}
+        group = GroupState(
+            name=self.group_name,
+            desired=sim.desired,
+            min=sim.pool.min,
+            max=sim.pool.max,
+            on_demand_base=sim.on_demand_base,
+            instances=tuple(_record(n, sim.pool_name)[0] for n in sim.nodes.values()),
+            spot_failures=sim.spot_failures_since(since),
+        )
+        return {sim.pool_name: group}
+
+    def set_desired(self, pool: str, desired: int) -> None:
+        self._check(pool)
+        self.sim.set_desired(desired)
+
+    def terminate(self, pool: str, instance_ids: tuple[str, ...]) -> tuple[str, ...]:
+        self._check(pool)
+        done = []
+        for instance_id in instance_ids:
+            node = self.sim.node_named(instance_id)
+            if node is not None:  # every simulated node is in service
+                self.sim.terminate(node, decrement=True)
+                done.append(instance_id)
+        return tuple(done)
+
+    def set_on_demand_base(self, pool: str, units: int) -> None:
+        self._check(pool)
+        self.sim.set_on_demand_base(units)
+
+    def group_of(self, instance_id: str) -> str | None:
+        return self.group_name if self.sim.node_named(instance_id) is not None else None
+
+    def complete_lifecycle_action(self, pool: str, instance_id: str, hook: str, token: str | None) -> None:
+        """The simulated group has no terminate hook: no node is ever held."""
+
+    # -- NodeStatePort -------------------------------------------------------------------------
+    def heartbeats(self, pool: str) -> dict[str, Heartbeat]:
+        sim = self.sim
+        if pool != sim.pool_name:
+            return {}
+        every_s = sim.pool.boot_timeout_s * HEARTBEAT_GRAIN
+        beats = {}
+        for node in sim.nodes.values():
+            node.beat(sim.now, every_s)
+            heartbeat = _record(node, pool)[1]
+            if heartbeat is not None:
+                beats[node.name] = heartbeat
+        return beats
+
+    def mark_draining(self, pool: str, node_id: str) -> None:
+        node = self.sim.node_named(node_id) if pool == self.sim.pool_name else None
+        if node is not None:
+            self.sim.stop_intake(node)
+
+    def forget_node(self, pool: str, node_id: str) -> None:
+        """Heartbeats are read off the live nodes: a node that left has none to forget."""
+
+    def _check(self, pool: str) -> None:
+        if pool != self.sim.pool_name:
+            raise LookupError(f"pool {pool!r}: the simulation runs pool {self.sim.pool_name!r} only")
+
+
+def _record(node: Node, pool: str) -> tuple[GroupInstance, Heartbeat | None]:
+    """The node as its group lists it and as its last heartbeat says; cached until it changes.
+    A node boots in service; its agent's first heartbeat comes when it is ready."""
+    if node.record is None:
+        instance = GroupInstance(
+            id=node.name,
+            instance_type=node.itype.type,
+            lifecycle_state="InService",
+            spot=node.spot,
+            launched_at=node.launched_at,
+            protected=node.busy > 0,  # the agent protects its node while it runs an item
+            weight=node.weight,
+        )
+        heartbeat = None
+        if node.reported_at is not None:
+            heartbeat = Heartbeat(
+                node_id=node.name,
+                pool=pool,
+                at=node.reported_at,
+                slots=node.slots,
+                busy_slots=node.busy,
+                idle_since=node.idle_since,
+                draining=node.state == "draining",
+                instance_type=node.itype.type,
+                spot=node.spot,
+            )
+        node.record = (instance, heartbeat)
+    return node.record
