@@ -7,10 +7,10 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from tidefleet import control
-from tidefleet.cloud import GroupInstance, Ports
 from tidefleet.cloud.memory import MemoryFleet, MemoryGroup, MemoryNodes, MemoryQueues
 from tidefleet.config import Environment
 from tidefleet.policy.model import FleetView, NodeView, PoolDecision
+from tidefleet.ports import GroupInstance, Ports
 
 # How the group lists a node the policy sees in this state. A node whose agent has not
 # reported is in service as far as the group knows (so a replaced one can be terminated).

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from tidefleet import control
-from tidefleet.cloud import Ports
 from tidefleet.cloud.memory import MemoryFleet, MemoryGroup, MemoryNodes, MemoryQueues
 from tidefleet.config import parse_environment
 from tidefleet.policy.model import PoolDecision
+from tidefleet.ports import Ports
 from tidefleet.sim.engine import Simulation, Timing
 from tidefleet.sim.policies import TidefleetPolicy
 from tidefleet.sim.ports import SimulationPorts

@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from tidefleet import control
-from tidefleet.cloud import Ports
 from tidefleet.config import parse_environment
+from tidefleet.ports import Ports
 from tidefleet.sim import Interruptions, Timing, TraceError, TraceItem, load_trace, simulate
 from tidefleet.sim.bench import check_traces
 from tidefleet.sim.cli import simulate as simulate_command

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
-from tidefleet.cloud import Backlog, GroupInstance, GroupState
-from tidefleet.store import Heartbeat, QueueStats
+from tidefleet.ports import Backlog, GroupInstance, GroupState
+from tidefleet.records import Heartbeat, QueueStats
 
 TERMINABLE = frozenset({"InService"})  # as AWS: Pending or already leaving instances are skipped
 

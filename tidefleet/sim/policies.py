@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from tidefleet.cloud import Ports
 from tidefleet.config import Environment
+from tidefleet.ports import Ports
 from tidefleet.sim.engine import Simulation
 from tidefleet.sim.ports import SimulationPorts
 

@@ -9,9 +9,9 @@ same decisions to both and compares the fleets.
 
 from __future__ import annotations
 
-from tidefleet.cloud import Backlog, GroupInstance, GroupState
+from tidefleet.ports import Backlog, GroupInstance, GroupState
+from tidefleet.records import Heartbeat, QueueStats
 from tidefleet.sim.engine import Node, Simulation
-from tidefleet.store import Heartbeat, QueueStats
 
 HEARTBEAT_GRAIN = 0.25  # of the boot timeout: a live node's last beat is never older than this
 
