@@ -143,10 +143,10 @@ class Attempt:
     def on(self, event: Event) -> tuple[Decision, ...]:
         if isinstance(event, Exited | Crashed):
             return self._ended(event)
-        if self.result is Outcome.HANDED_BACK:  # started after its hand-back: it must not run on
-            return (Signal.KILL,) if isinstance(event, Started) and not self.exited else ()
-        if self.result is not None or self.exited:
-            return self._handed_back() if isinstance(event, GraceOver) and self.exited else ()
+        if self.result is not None:  # decided; a process that starts after its hand-back must not run on
+            return (Signal.KILL,) if isinstance(event, Started) and self.result is Outcome.HANDED_BACK else ()
+        if self.exited:  # gone after the drain asked it to stop: the drain's end hands it back
+            return self._handed_back() if isinstance(event, GraceOver) else ()
         if isinstance(event, Started):
             self.started = True
             return self._signal()
