@@ -12,7 +12,7 @@ import pytest
 from agent_harness import Harness, wait_until
 
 from tidefleet import naming
-from tidefleet.agent import worker
+from tidefleet.agent import runner
 from tidefleet.agent.worker import Agent, Settings
 from tidefleet.cloud.aws.imds import Metadata
 from tidefleet.jobs import sdk
@@ -70,7 +70,7 @@ def test_a_runner_failure_fails_that_item_with_its_reason_and_the_node_goes_idle
 def test_an_exception_anywhere_in_the_runner_is_one_failed_outcome(h, monkeypatch):
     job = sdk.submit(h.env, "raises", "work", sdk.read_items([["steps=1"]]), kick=False).job_id
     node = agent(h)
-    monkeypatch.setattr(worker, "workload_command", lambda *a: (_ for _ in ()).throw(KeyError("boom")))
+    monkeypatch.setattr(runner, "workload_command", lambda *a: (_ for _ in ()).throw(KeyError("boom")))
     run_one(node)
     item = h.items(job)["000000"]
     assert item.status == "queued" and "could not run the item: KeyError" in item.reason

@@ -14,7 +14,7 @@ from agent_harness import Harness
 from click.testing import CliRunner
 
 from tidefleet import naming
-from tidefleet.agent.worker import workload_command
+from tidefleet.agent.runner import workload_command
 from tidefleet.cli import main
 from tidefleet.cloud.aws.dynamodb import DynamoStore
 from tidefleet.config import Pool

@@ -1,7 +1,14 @@
-"""The worker agent: takes items from its pool's queues and runs them, never losing one.
+"""The worker agent: the thin loop that takes items from its pool's queues and runs them, never
+losing one. Decisions live in pure modules; this one reads, feeds them, and carries them out
+through the ports (`self.cloud`, `self.node`):
 
-The queue is a port (`tidefleet.ports.WorkQueues`): SQS on AWS, Pub/Sub on GCP, the same
-rules on both. How an item's attempts are counted (the decision the issue asks for):
+  * `tidefleet.agent.claim`: what a received message is (poison, a duplicate, the holder's own, a
+    lost node's) and what to do with it.
+  * `tidefleet.agent.attempt`: one attempt's life (stop, signal, timeout, hand back) and its one
+    outcome; what a failure or a hand-back sends.
+  * `tidefleet.agent.runner`: the workload's process, folder, signals and output.
+
+How an item's attempts are counted, on SQS and Pub/Sub alike:
   * The message carries the item's `failures` and `interruptions` (`ItemMessage`). To
     retry a failed item or hand back an interrupted one, the agent SENDS A NEW MESSAGE with
     the updated counts and then deletes (acks) the one it holds. A fresh message starts at
@@ -20,58 +27,62 @@ rules on both. How an item's attempts are counted (the decision the issue asks f
     between can duplicate a message, never lose one; `succeeded` is a conditional write, so
     a duplicate can never finish an item twice.
 
-One attempt at a time (the claim): an attempt starts only by a conditional write to the item's
-record (`store.Fence`): the item exists and is not final, the message is not older than the
-newest one sent for it (`seq`), and it is not running under another attempt's live lease.
-The holder renews the lease every heartbeat; every record it writes is fenced on its attempt
-number, so a node that lost its lease (paused, partitioned) cannot overwrite the newer
-attempt's record, and its workload is killed at its next heartbeat. A second delivery of a
-message whose item runs elsewhere is dropped (a copy) or returned until the lease would lapse
-(the holder's own message, whose visibility ran out); a message that cannot be an item
-(poison) goes to the dead-letter queue once, with its reason.
-
-What an attempt's end means is `tidefleet.agent.attempt.outcome` (the workload contract);
-whatever raises while an attempt runs, it ends in exactly one recorded outcome and the node
-goes idle.
+One attempt at a time: an attempt starts only by a conditional write to the item's record (the
+claim, `claim.py`). The holder renews the lease every heartbeat; every record it writes is fenced
+on its attempt number, so a node that lost its lease (paused, partitioned) cannot overwrite the
+newer attempt's record, and its workload is killed at its next heartbeat.
 
 Interruption: a spot notice or a Terminated lifecycle state (instance metadata, polled), the
 `draining` flag in the node's own heartbeat record, or SIGTERM to the agent all take the same
-path: stop intake, create each item's stop file and SIGTERM its process group, wait up to
-`grace_s`, then SIGKILL what is left and hand every unfinished item back in one batch. On GCP
-the notice is the metadata server's `preempted` (about 30 s before the VM stops, hence a 15 s
-grace there), and there is no scale-in protection to set: the scaler deletes only the idle
-instances it names, judged by their heartbeats.
+path: stop intake, ask every attempt to stop (stop file and SIGTERM), wait up to `grace_s`, then
+SIGKILL what is left and hand every unfinished item back in one batch. On GCP the notice is the
+metadata server's `preempted` (about 30 s before the VM stops, hence a 15 s grace there), and
+there is no scale-in protection to set: the scaler deletes only the idle instances it names,
+judged by their heartbeats.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import pwd
-import shlex
-import shutil
 import signal
-import subprocess
 import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from tidefleet import naming
-from tidefleet.agent import checkpoint
-from tidefleet.agent.attempt import Outcome, Stop, outcome
+from tidefleet.agent import checkpoint, claim
+from tidefleet.agent.attempt import (
+    Attempt,
+    Crashed,
+    Decision,
+    Event,
+    Exited,
+    GraceOver,
+    LateSuccess,
+    Outcome,
+    Record,
+    Signal,
+    Started,
+    Stop,
+    StopAsked,
+    Tick,
+    after_failure,
+    handed_back,
+)
+from tidefleet.agent.runner import CannotStart, Workload, checkpoint_uri
 from tidefleet.cloud import for_env
-from tidefleet.config import NODE_LOSSES_TOLERATED, Environment, Pool, Queue
+from tidefleet.config import NODE_LOSSES_TOLERATED, Environment, Queue
 from tidefleet.jobs.sdk import ItemMessage, send_messages
 from tidefleet.ports import Delivery, NodeMetadata
-from tidefleet.records import FINAL, Fence, Heartbeat, Job
+from tidefleet.records import Fence, Heartbeat, Job
 
 log = logging.getLogger("tidefleet.agent")
 RECEIVE_BATCH = 10  # SQS's most per receive; more than a node's free slots anyway
 SETTLE_S = 5.0  # after the grace: time for an exited workload's runner to record its result
 MIN_LEASE_S = 30.0  # an attempt's claim lasts this (or 6 heartbeats) past its last renewal
+CANCEL_GRACE_S = 10.0  # at most: a cancelled workload's time to leave before SIGKILL
 
 
 @dataclass(frozen=True)
@@ -100,55 +111,12 @@ class Held:
 
 @dataclass(eq=False)
 class Run(Held):
+    """A claimed attempt: its state machine, its workload, and how many slots it takes."""
+
     slots: int = 1
-    workdir: Path = Path(".")
-    proc: subprocess.Popen | None = None
-    fate: Stop | None = None  # why we stopped it
-    claimed: bool = False  # whoever claims a run settles it (its runner thread or the drain)
-    exited: bool = False  # stopped for a drain and gone: the drain hands it back with the rest
-    kill_at: float | None = None
-    started: float = field(default_factory=time.time)
-
-    @property
-    def stop_file(self) -> Path:
-        return self.workdir / "STOP"
-
-    @property
-    def done_file(self) -> Path:
-        return self.workdir / "DONE"
-
-
-def _has_exited(run: Run) -> bool:
-    """Whether the workload process has ended, without reaping it (its runner thread does)."""
-    if run.proc is None:
-        return False
-    try:
-        return os.waitid(os.P_PID, run.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-    except ChildProcessError:  # already reaped: the runner is settling it
-        return True
-
-
-def workload_command(pool: Pool, args: list[str], env_names: list[str], mounts: list[Path],
-                     user: pwd.struct_passwd | None = None) -> list[str]:  # fmt: skip
-    """The argv for one item: the pool's command with the args appended, or docker run."""
-    if pool.command is not None:
-        return [*shlex.split(pool.command), *args]
-    passthrough = [a for name in env_names for a in ("-e", name)]  # values come from our env
-    volumes = [a for m in mounts for a in ("-v", f"{m}:{m}")]  # stop file and local checkpoints
-    as_user = ["--user", f"{user.pw_uid}:{user.pw_gid}"] if user else []
-    return ["docker", "run", "--rm", *as_user, *passthrough, *volumes, pool.container, *args]
-
-
-def item_user(name: str | None) -> pwd.struct_passwd | None:
-    """The account workloads run as; None: the agent's own. A named user that does not exist is
-    an error (the node would otherwise run items as root without saying so)."""
-    if not name:
-        return None
-    try:
-        return pwd.getpwnam(name)
-    except KeyError:
-        raise RuntimeError(f"the item user {name!r} does not exist on this node: its user-data creates it "
-                           "(or set run_as_root = true on the pool)") from None
+    began: float = field(default_factory=time.time)
+    state: Attempt = field(kw_only=True)
+    workload: Workload = field(kw_only=True)
 
 
 class Agent:
@@ -282,11 +250,11 @@ class Agent:
         if self.stopping.is_set():  # received during the last long poll: not ours to start
             self._requeue([held], interrupted=False)
             return
-        job = self._job(msg.job)
-        if job is None:
-            self._poison(name, delivery, f"job {msg.job!r} is not in the job store (never submitted, or deleted)")
+        action = claim.on_receipt(msg, self._job(msg.job))
+        if isinstance(action, claim.Poison):
+            self._poison(name, delivery, action.reason)
             return
-        if job.cancelled:
+        if isinstance(action, claim.Cancel):
             self._settle_cancelled(held)
             return
         # Delivered before: its last holder may have died mid-attempt (then the record still says
@@ -299,21 +267,39 @@ class Agent:
             fence=Fence(claim_at=now, seq=msg.seq),
         )  # fmt: skip
         if item is None:
-            self._not_claimed(name, delivery, msg, now)
+            self._refused(name, delivery, msg, now)
             return
         held.attempt = item.attempts
         if item.attempts > 1 and self._completed_earlier(held):
             return
-        if before is not None and before.status == "running":  # claimed from a lapsed lease: that node is gone
-            self._failed(held, queue, None, "node lost mid-attempt (no result before the visibility timeout)", {},
-                         lost=True)
+        if claim.node_lost(before):
+            self._failed(held, queue, None, claim.NODE_LOST, {}, lost=True)
             return
-        workdir = self.s.work_dir / msg.job / msg.item / str(item.attempts)
-        run = Run(name, held.receipt, msg, attempt=item.attempts, slots=queue.slots_per_item, workdir=workdir)
+        run = Run(name, held.receipt, msg, attempt=item.attempts, slots=queue.slots_per_item,
+                  state=Attempt(queue.item_timeout_s, min(self.s.grace_s, CANCEL_GRACE_S)),
+                  workload=Workload(self.s.work_dir / msg.job / msg.item / str(item.attempts)))  # fmt: skip
         with self.lock:
             self.runs.append(run)
             self.idle_since = None
         threading.Thread(target=self._execute, args=(run, queue), daemon=True).start()
+
+    def _refused(self, name: str, delivery: Delivery, msg: ItemMessage, now: float) -> None:
+        """The claim was refused: do with the message what the reason calls for (`claim.on_refusal`)."""
+        current = self.store.item(msg.job, msg.item)
+        mine = self._run_of(msg, current.attempts) if current is not None else None
+        action = claim.on_refusal(current, msg, delivery, now=now, heartbeat_s=self.s.heartbeat_s,
+                                  mine=mine is not None)  # fmt: skip
+        if isinstance(action, claim.Poison):
+            self._poison(name, delivery, action.reason)
+        elif isinstance(action, claim.Drop):
+            log.info("%s", action.why)
+            self.cloud.queues.delete(name, [delivery.handle])
+        elif isinstance(action, claim.Hide):
+            if action.why:
+                log.info("%s", action.why)
+            self.cloud.queues.extend(name, [delivery.handle], action.seconds)
+        elif mine is not None:  # claim.Adopt
+            mine.receipt = delivery.handle
 
     def _completed_earlier(self, held: Held) -> bool:
         """An earlier attempt declared completion (`checkpoint.complete()`) but its node died
@@ -333,40 +319,6 @@ class Agent:
         log.info("%s/%s: completed by an earlier attempt; recorded, not run again", msg.job, msg.item)
         return True
 
-    def _not_claimed(self, name: str, delivery: Delivery, msg: ItemMessage, now: float) -> None:
-        """The claim was refused: say why, and do with the message what that calls for."""
-        current = self.store.item(msg.job, msg.item)
-        where = f"{msg.job}/{msg.item}"
-        if current is None:
-            self._poison(name, delivery, f"item {where} is not in the job store (never submitted)")
-        elif current.status in FINAL or current.seq > msg.seq:
-            why = f"already {current.status}" if current.status in FINAL else f"superseded by message {current.seq}"
-            log.info("%s is %s; dropping the duplicate message", where, why)
-            self.cloud.queues.delete(name, [delivery.handle])
-        elif current.status == "running" and current.lease_until > now:
-            if msg.seq > current.seq:
-                # The holder's retry or hand-back, sent just before it records the end of its
-                # attempt: not a copy. Look again soon (doubling, so that if the holder died right
-                # there its lease lapses within a few receives, well before the queue's redrive).
-                self.cloud.queues.extend(name, [delivery.handle], min(2**delivery.deliveries,
-                                                                      int(current.lease_until - now) + 1))
-            elif delivery.message_id and delivery.message_id == current.message_id:
-                # The holder's own message, back because its visibility ran out: keep it hidden until
-                # the holder's lease would have lapsed, so it runs again only if the holder is gone.
-                mine = self._run_of(msg, current.attempts)
-                if mine is not None:
-                    mine.receipt = delivery.handle  # the newest receipt is the one that deletes it
-                    return
-                hide = int(current.lease_until - now + self.s.heartbeat_s) + 1
-                log.info("%s runs on %s (lease %ds left); its message comes back in %ds", where, current.node,
-                         int(current.lease_until - now), hide)
-                self.cloud.queues.extend(name, [delivery.handle], hide)
-            else:  # another copy of a message whose item runs elsewhere: that attempt settles it
-                log.info("%s runs on %s; dropping a duplicate copy of its message", where, current.node)
-                self.cloud.queues.delete(name, [delivery.handle])
-        else:  # it changed between the claim and the read: look again shortly
-            self.cloud.queues.extend(name, [delivery.handle], 1)
-
     def _run_of(self, msg: ItemMessage, attempt: int) -> Run | None:
         with self.lock:
             return next((r for r in self.runs if (r.message.job, r.message.item, r.attempt) == (msg.job, msg.item, attempt)),
@@ -374,31 +326,49 @@ class Agent:
 
     # -- one attempt ----------------------------------------------------------------------
     def _checkpoint_uri(self, queue: str, msg: ItemMessage) -> str:
-        """Per item, the same on every attempt; under its queue's prefix, where the node role may write."""
-        key = f"{naming.checkpoint_prefix(queue)}{msg.job}/{msg.item}/"
-        if self.s.checkpoint_root is not None:
-            (self.s.checkpoint_root / key).mkdir(parents=True, exist_ok=True)
-        return f"{self.checkpoint_base}/{key}"
+        return checkpoint_uri(self.checkpoint_base, self.s.checkpoint_root, queue, msg)
+
+    def _feed(self, run: Run, event: Event) -> tuple[Decision, ...]:
+        """Move the attempt's state machine by one event and send the signals it decides; the
+        rest of what it decides is the caller's to carry out."""
+        with self.changed:
+            decisions = run.state.on(event)
+            for decision in decisions:
+                if isinstance(decision, Signal):
+                    run.workload.signal(decision)
+            self.changed.notify_all()  # the drain waits for attempts to end
+        return decisions
 
     def _execute(self, run: Run, queue: Queue) -> None:
         """The runner thread of one attempt: whatever raises, the attempt settles once and the
         slot is freed."""
         msg = run.message
-        stream = None
+        stream, usage = None, {}
         try:
-            run.workdir.mkdir(parents=True, exist_ok=True)
             stream = self.cloud.logs.stream(run.queue, msg.job, msg.item, run.attempt)
             with self.lock:
                 self.streams.add(stream)
-            code, usage, last_line = self._run_workload(run, queue, stream)
+            run.workload.start(self.pool, msg, run.attempt, self._checkpoint_uri(run.queue, msg),
+                               checkpoint_root=self.s.checkpoint_root, user_name=self.s.item_user)  # fmt: skip
+            self._feed(run, Started())
+            timer = threading.Timer(queue.item_timeout_s, lambda: self._feed(run, StopAsked(Stop.TIMEOUT, time.monotonic())))
+            timer.daemon = True
+            timer.start()
+            try:
+                code, usage, last_line = run.workload.wait(stream)
+            finally:
+                timer.cancel()
+            ended: Exited | Crashed = Exited(code, run.workload.completed(), last_line)
         except Exception as err:  # a bad item fails that item, never the node
-            log.exception("%s/%s attempt %d could not run", msg.job, msg.item, run.attempt)
-            self._kill(run, signal.SIGKILL)
-            code, usage, last_line = 127, {}, f"tidefleet: could not run the item: {type(err).__name__}: {err}"
+            if not isinstance(err, CannotStart):
+                log.exception("%s/%s attempt %d could not run", msg.job, msg.item, run.attempt)
+            why = f"tidefleet: {err}" if isinstance(err, CannotStart) else \
+                f"tidefleet: could not run the item: {type(err).__name__}: {err}"  # fmt: skip
             if stream is not None:
-                stream.write(last_line)
+                stream.write(why)
+            ended = Crashed(why, run.workload.completed())
         try:
-            self._settle(run, queue, code, usage, last_line)
+            self._settle(run, queue, ended, usage)
         except Exception:  # unrecorded, the message comes back after its visibility timeout
             log.exception("could not record %s/%s; the queue redelivers it", msg.job, msg.item)
             self._forget([run])
@@ -407,96 +377,39 @@ class Agent:
                 stream.close()
                 with self.lock:
                     self.streams.discard(stream)
-            shutil.rmtree(run.workdir, ignore_errors=True)
+            run.workload.remove()
 
-    def _run_workload(self, run: Run, queue: Queue, stream) -> tuple[int, dict, str]:
-        """Start the workload and wait for it: (exit code, usage, last line of output)."""
-        msg = run.message
-        item_env = {
-            **self.pool.env,
-            "TIDEFLEET_JOB_ID": msg.job,
-            "TIDEFLEET_ITEM_ID": msg.item,
-            "TIDEFLEET_ATTEMPT": str(run.attempt),
-            "TIDEFLEET_CHECKPOINT_URI": self._checkpoint_uri(run.queue, msg),
-            "TIDEFLEET_STOP_FILE": str(run.stop_file),
-            "TIDEFLEET_DONE_FILE": str(run.done_file),
-        }
-        mounts = [run.workdir] + ([self.s.checkpoint_root.resolve()] if self.s.checkpoint_root else [])
-        user = item_user(self.s.item_user)
-        as_user: dict = {}
-        if user is not None and self.pool.command is not None:  # a container gets --user instead
-            os.chown(run.workdir, user.pw_uid, user.pw_gid)
-            as_user = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
-            item_env |= {"HOME": user.pw_dir, "USER": user.pw_name, "LOGNAME": user.pw_name}
-        argv = workload_command(self.pool, msg.args, list(item_env), mounts, user)
-        try:
-            proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                env={**os.environ, **item_env}, cwd=run.workdir, start_new_session=True, **as_user,
-            )
-        except (OSError, ValueError) as err:  # no such program; a NUL byte in an argument
-            stream.write(f"tidefleet: could not start {argv[0]!r}: {err}")
-            return 127, {}, f"could not start {argv[0]!r}: {err}"
-        with self.lock:
-            run.proc = proc
-            if run.fate is not None:  # stopped before it started
-                self._signal_stop(run)
-        timer = threading.Timer(queue.item_timeout_s, self._kill_for, (run, Stop.TIMEOUT))
-        timer.daemon = True
-        timer.start()
-        last_line = ""
-        try:
-            for raw in proc.stdout:
-                last_line = raw.decode(errors="replace").rstrip("\n")
-                stream.write(last_line)
-        finally:
-            # wait4 gives this child's own CPU time and peak memory, even with siblings running.
-            _, status, rusage = os.wait4(proc.pid, 0)
-            proc.returncode = os.waitstatus_to_exitcode(status)
-            timer.cancel()
-        usage = {"cpu_s": round(rusage.ru_utime + rusage.ru_stime, 3), "peak_rss_mb": round(rusage.ru_maxrss / 1024, 1)}
-        return proc.returncode, usage, last_line
-
-    def _settle(self, run: Run, queue: Queue, code: int, usage: dict, last_line: str) -> None:
-        with self.lock:
-            handed_back, fate = run.claimed, run.fate
-            result = outcome(fate, code, run.done_file.exists())
-            if not handed_back:
-                if result is Outcome.HANDED_BACK:  # the drain hands it back with the rest
-                    run.exited = True
-                    self.changed.notify_all()
-                    return
-                run.claimed = True
-        if handed_back:  # the drain already handed it back
-            if result is Outcome.SUCCEEDED:
-                # It finished after all: record it, so the handed-back copy is dropped as a
-                # duplicate wherever it is received instead of running to success again.
+    def _settle(self, run: Run, queue: Queue, ended: Exited | Crashed, usage: dict) -> None:
+        """Carry out what the attempt decides once its workload has ended."""
+        for decision in self._feed(run, ended):
+            if isinstance(decision, LateSuccess):
                 self._step("late success", self.store.update_item, run.message.job, run.message.item,
                            status="succeeded", exit_code=0, reason="")
-            return
-        outcome_entry = {"attempt": run.attempt, "node": self.s.node_id, "exit_code": code,
-                         "seconds": round(time.time() - run.started, 3), **usage}
+            elif isinstance(decision, Record):
+                self._record_outcome(run, queue, decision, usage)
+
+    def _record_outcome(self, run: Run, queue: Queue, record: Record, usage: dict) -> None:
+        msg = run.message
+        entry = {"attempt": run.attempt, "node": self.s.node_id, "exit_code": record.exit_code,
+                 "seconds": round(time.time() - run.began, 3), **usage}
         try:
-            if result is Outcome.DROPPED:
+            if record.outcome is Outcome.DROPPED:
                 log.warning("%s/%s attempt %d: another attempt holds the item now; recording nothing",
-                            run.message.job, run.message.item, run.attempt)
-            elif result is Outcome.CANCELLED:
-                self._settle_cancelled(run, outcome_entry)
-            elif result is Outcome.SUCCEEDED:
-                self._succeeded(run, usage, outcome_entry)
-            elif fate is Stop.TIMEOUT:
-                self._failed(run, queue, code, f"timed out after {queue.item_timeout_s}s", usage, outcome_entry)
+                            msg.job, msg.item, run.attempt)
+            elif record.outcome is Outcome.CANCELLED:
+                self._settle_cancelled(run, entry)
+            elif record.outcome is Outcome.SUCCEEDED:
+                self._succeeded(run, usage, entry)
             else:
-                detail = f"; last output: {last_line[:300]}" if last_line else ""
-                self._failed(run, queue, code, f"exit code {code}{detail}", usage, outcome_entry)
+                self._failed(run, queue, record.exit_code, record.reason, usage, entry)
         except self.cloud.errors as err:
             # The message stays in flight; with no heartbeat it comes back after the visibility timeout.
-            log.error("could not record %s/%s (%s); the queue will redeliver it", run.message.job, run.message.item, err)
+            log.error("could not record %s/%s (%s); the queue will redeliver it", msg.job, msg.item, err)
         finally:
             self._forget([run])
-        if result is not Outcome.DROPPED:
-            self._step("outcome entry", self.cloud.logs.record_outcome, run.queue, run.message.job, run.message.item,
-                       run.attempt, result.value, outcome_entry["seconds"])
+        if record.outcome is not Outcome.DROPPED:
+            self._step("outcome entry", self.cloud.logs.record_outcome, run.queue, msg.job, msg.item, run.attempt,
+                       record.outcome.value, entry["seconds"])
 
     def _forget(self, runs: list[Run]) -> None:
         with self.lock:
@@ -531,21 +444,17 @@ class Agent:
 
     def _failed(self, held: Held, queue: Queue, code: int | None, reason: str, usage: dict,
                 entry: dict | None = None, *, lost: bool = False) -> None:
-        """Retry the item, or dead-letter it once its failures (or its node losses) run out."""
-        msg = held.message
-        failures, losses = msg.failures + (not lost), msg.lost + lost
-        final = failures > queue.max_retries or losses > NODE_LOSSES_TOLERATED
-        if final:
-            spent = (f"its node was lost {losses} times; {NODE_LOSSES_TOLERATED} tolerated" if lost
-                     else f"{failures} failed attempt(s); max_retries = {queue.max_retries}")
-            reason = f"{reason} (gave up after {spent})"
-        resent = replace(msg, failures=failures, lost=losses, seq=msg.seq + 1)
-        send_messages(self.cloud, held.queue, [resent], dead_letter=final)
+        """Send the retry (or the dead letter, `attempt.after_failure`), delete what we held, record."""
+        retry = after_failure(held.message, reason, max_retries=queue.max_retries,
+                              losses_tolerated=NODE_LOSSES_TOLERATED, lost=lost)  # fmt: skip
+        send_messages(self.cloud, held.queue, [retry.message], dead_letter=retry.dead_letter)
         self.cloud.queues.delete(held.queue, [held.receipt])
-        history = {"node": self.s.node_id, **(entry or {}), "outcome": "lost" if lost else "failed", "reason": reason}
-        self._record(held, status="failed" if final else "queued", failures=failures, lost=losses, exit_code=code,
-                     reason=reason, seq=resent.seq, history=history, **usage)
-        log.info("%s/%s %s: %s", msg.job, msg.item, "dead-lettered" if final else "will retry", reason)
+        history = {"node": self.s.node_id, **(entry or {}), "outcome": "lost" if lost else "failed",
+                   "reason": retry.reason}  # fmt: skip
+        self._record(held, status=retry.status, failures=retry.message.failures, lost=retry.message.lost,
+                     exit_code=code, reason=retry.reason, seq=retry.message.seq, history=history, **usage)
+        log.info("%s/%s %s: %s", held.message.job, held.message.item,
+                 "dead-lettered" if retry.dead_letter else "will retry", retry.reason)  # fmt: skip
 
     def _record(self, held: Held, *, history: dict, **values) -> None:
         """Record the end of the attempt `held` claimed, fenced on that attempt: if a newer one
@@ -560,10 +469,8 @@ class Agent:
         by_queue: dict[str, list[Held]] = defaultdict(list)
         for h in helds:
             by_queue[h.queue].append(h)
-        bump = 1 if interrupted else 0
         for queue, group in by_queue.items():
-            send_messages(self.cloud, queue, [replace(h.message, interruptions=h.message.interruptions + bump,
-                                            seq=h.message.seq + bump) for h in group])  # fmt: skip
+            send_messages(self.cloud, queue, [handed_back(h.message, interrupted=interrupted) for h in group])
             errors = self.cloud.queues.delete(queue, [h.receipt for h in group])
             if errors:
                 log.warning("could not delete %d handed-back message(s): %s", len(errors), errors[0])
@@ -575,53 +482,24 @@ class Agent:
         if helds:
             log.info("handed back %d item(s)%s", len(helds), f" ({self.stop_reason})" if interrupted else "")
 
-    # -- stopping workloads -------------------------------------------------------------
-    def _signal_stop(self, run: Run) -> None:
-        try:
-            run.stop_file.touch()
-        except OSError:  # not started yet: its runner signals it once it has (run.fate is set)
-            pass
-        self._kill(run, signal.SIGTERM)
-
-    @staticmethod
-    def _kill(run: Run, sig: int) -> None:
-        if run.proc is not None and run.proc.returncode is None:
-            try:
-                os.killpg(run.proc.pid, sig)  # the whole process group: shells and their children
-            except (ProcessLookupError, PermissionError):
-                pass
-
-    def _kill_for(self, run: Run, fate: Stop) -> bool:
-        """SIGKILL the attempt now for `fate`, unless it is already settling or being stopped."""
-        with self.lock:
-            if run.claimed or run.fate is not None:
-                return False
-            run.fate = fate
-            self._kill(run, signal.SIGKILL)
-        return True
-
+    # -- stopping ---------------------------------------------------------------------------
     def _drain(self) -> None:
         with self.lock:
             for run in self.runs:
-                run.fate = run.fate or Stop.INTERRUPT
-                self._signal_stop(run)
+                self._feed(run, StopAsked(Stop.INTERRUPT, time.monotonic()))
             busy = len(self.runs)
         if busy:
             log.info("asked %d workload(s) to checkpoint; waiting up to %ss", busy, self.s.grace_s)
         deadline = time.monotonic() + self.s.grace_s
         with self.changed:
-            while any(not (r.claimed or r.exited) for r in self.runs) and time.monotonic() < deadline:
+            while any(r.state.running for r in self.runs) and time.monotonic() < deadline:
                 self.changed.wait(min(0.2, max(0.0, deadline - time.monotonic())))
             # A workload that exited just before the deadline may not be settled yet (its runner
             # is still reading the last output): handing it back would run a finished item again.
             settle_by = time.monotonic() + SETTLE_S
-            while any(not (r.claimed or r.exited) and _has_exited(r) for r in self.runs) and time.monotonic() < settle_by:
+            while any(r.state.running and r.workload.has_exited() for r in self.runs) and time.monotonic() < settle_by:
                 self.changed.wait(0.1)
-            left = [r for r in self.runs if not r.claimed and r.fate is not Stop.SUPERSEDED]
-            for run in left:
-                run.claimed = True
-                if not run.exited:
-                    self._kill(run, signal.SIGKILL)
+            left = [r for r in list(self.runs) if Record(Outcome.HANDED_BACK) in self._feed(r, GraceOver())]
         try:
             self._requeue(left, interrupted=True)
         except self.cloud.errors as err:
@@ -662,7 +540,7 @@ class Agent:
 
     def _beat(self) -> None:
         with self.lock:
-            runs = [r for r in self.runs if not r.claimed]
+            runs = [r for r in self.runs if r.state.result is None]  # still holding their messages
             busy = sum(r.slots for r in self.runs)
             idle_since = self.idle_since
             streams = list(self.streams)
@@ -712,20 +590,18 @@ class Agent:
                 self._superseded(run)
 
     def _superseded(self, run: Run) -> None:
-        if self._kill_for(run, Stop.SUPERSEDED):
+        if self._feed(run, StopAsked(Stop.SUPERSEDED, time.monotonic())):
             log.warning("%s/%s attempt %d: the item is final or held by a newer attempt; stopped this one",
                         run.message.job, run.message.item, run.attempt)
 
     def _stop_cancelled(self, runs: list[Run]) -> None:
         now = time.monotonic()
         for run in runs:
-            if run.fate is None and self._cancelled(run.message.job):
-                with self.lock:
-                    run.fate, run.kill_at = Stop.CANCEL, now + min(self.s.grace_s, 10.0)
-                    self._signal_stop(run)
+            # Read the job only for a run not yet asked to stop: a stopped one needs no reason more.
+            if run.state.stop is None and self._cancelled(run.message.job) and \
+                    self._feed(run, StopAsked(Stop.CANCEL, now)):  # fmt: skip
                 log.info("%s/%s: job cancelled, stopping it", run.message.job, run.message.item)
-            elif run.fate is Stop.CANCEL and run.kill_at is not None and now >= run.kill_at:
-                self._kill(run, signal.SIGKILL)
+            self._feed(run, Tick(now))
 
     def _protect(self, busy: bool) -> None:
         if busy == self.protected:

@@ -362,7 +362,7 @@ class Chaos:
         copies = [sdk.ItemMessage(i.job_id, i.item_id, i.args, failures=i.failures, interruptions=i.interruptions,
                                   lost=i.lost, seq=i.seq) for i in chosen]  # fmt: skip
         if copies:
-            cloud.send(job.queue, copies)
+            sdk.send_messages(cloud, job.queue, copies)
             self.duplicated += [i.item_id for i in chosen]
 
 

@@ -1,0 +1,69 @@
+"""The rules for a received message (`tidefleet.agent.claim`): what it is before the claim, and
+what to do with it when the claim is refused, read from the item's record."""
+
+from __future__ import annotations
+
+import pytest
+
+from tidefleet.agent.claim import Adopt, Cancel, Claim, Drop, Hide, Poison, node_lost, on_receipt, on_refusal
+from tidefleet.jobs.sdk import ItemMessage
+from tidefleet.ports import Delivery
+from tidefleet.records import Item, Job
+
+NOW = 1000.0
+MSG = ItemMessage("job-1", "000001", [], seq=2)
+
+
+def item(status: str, *, seq: int = 2, lease_left: float = 0.0, message_id: str = "m-1") -> Item:
+    return Item("job-1", "000001", status=status, seq=seq, attempts=3, node="node-b", lease_until=NOW + lease_left,
+                message_id=message_id)  # fmt: skip
+
+
+RECEIPTS = [
+    ("a job not in the store is poison", None, Poison("job 'job-1' is not in the job store (never submitted, or deleted)")),
+    ("a cancelled job's item is cancelled", Job("job-1", "n", "q", 0.0, 1, cancelled=True), Cancel()),
+    ("a live job's item is claimed", Job("job-1", "n", "q", 0.0, 1), Claim()),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "job", "expected"), RECEIPTS, ids=[r[0] for r in RECEIPTS])
+def test_a_received_message(case, job, expected):
+    assert on_receipt(MSG, job) == expected
+
+
+REFUSALS = [
+    ("an item not in the store is poison", None, 1, "m-1", False,
+     Poison("item job-1/000001 is not in the job store (never submitted)")),
+    ("a final item's message is a duplicate", item("succeeded"), 1, "m-1", False,
+     Drop("job-1/000001 is already succeeded; dropping the duplicate message")),
+    ("a message older than the newest sent is a duplicate", item("queued", seq=3), 1, "m-9", False,
+     Drop("job-1/000001 is superseded by message 3; dropping the duplicate message")),
+    ("the holder's retry, sent before it recorded, comes back soon, doubling per delivery",
+     item("running", seq=1, lease_left=25), 3, "m-2", False, Hide(8)),
+    ("... but never later than the holder's lease lapses", item("running", seq=1, lease_left=2.5), 3, "m-2", False,
+     Hide(3)),
+    ("the holder's own message is hidden until its lease would lapse", item("running", lease_left=20), 2, "m-1", False,
+     Hide(26, "job-1/000001 runs on node-b (lease 20s left); its message comes back in 26s")),
+    ("our own running attempt's message is adopted", item("running", lease_left=20), 2, "m-1", True, Adopt()),
+    ("another copy of a running item's message is a duplicate", item("running", lease_left=20), 2, "m-7", False,
+     Drop("job-1/000001 runs on node-b; dropping a duplicate copy of its message")),
+    ("a copy without a message id is a duplicate too", item("running", lease_left=20), 2, "", False,
+     Drop("job-1/000001 runs on node-b; dropping a duplicate copy of its message")),
+    ("an item that changed between the claim and the read is looked at again shortly", item("queued"), 1, "m-1",
+     False, Hide(1)),
+    ("a running item whose lease just lapsed is looked at again shortly", item("running", lease_left=0), 2, "m-1",
+     False, Hide(1)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "current", "deliveries", "message_id", "mine", "expected"), REFUSALS,
+                         ids=[r[0] for r in REFUSALS])  # fmt: skip
+def test_a_refused_claim(case, current, deliveries, message_id, mine, expected):
+    delivery = Delivery("handle", MSG.body(), deliveries, message_id)
+    assert on_refusal(current, MSG, delivery, now=NOW, heartbeat_s=5, mine=mine) == expected
+
+
+@pytest.mark.parametrize(("before", "lost"), [(None, False), (item("running"), True), (item("queued"), False),
+                                              (item("succeeded"), False)])  # fmt: skip
+def test_a_node_was_lost_only_if_the_item_still_said_running_before_this_claim(before, lost):
+    assert node_lost(before) is lost

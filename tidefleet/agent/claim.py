@@ -1,0 +1,108 @@
+"""What to do with a received message, before and around the claim: pure rules, no I/O.
+
+An attempt starts only by a conditional write to the item's record (`records.Fence`): the item
+exists and is not final, the message is not older than the newest one sent for it (`seq`), and
+it is not running under another attempt's live lease. The agent (`worker.py`) reads what these
+rules need, asks them, and carries out the answer through its ports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from tidefleet.records import FINAL
+
+if TYPE_CHECKING:
+    from tidefleet.jobs.sdk import ItemMessage
+    from tidefleet.ports import Delivery
+    from tidefleet.records import Item, Job
+
+
+@dataclass(frozen=True)
+class Poison:
+    """It can never run: to the dead-letter queue once, wrapped with the reason."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Drop:
+    """A duplicate: delete it."""
+
+    why: str
+
+
+@dataclass(frozen=True)
+class Hide:
+    """Not ours to run now, not a duplicate either: let it come back in `seconds`."""
+
+    seconds: int
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class Adopt:
+    """Our own running attempt's message, back because its visibility ran out: its newest handle
+    is the one that deletes it."""
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Its job was cancelled: record it cancelled and delete the message."""
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Try the conditional write that makes this delivery the item's next attempt."""
+
+
+Intake = Poison | Cancel | Claim
+Refusal = Poison | Drop | Hide | Adopt
+
+
+def on_receipt(msg: ItemMessage, job: Job | None) -> Intake:
+    """A parsed message, given its job's record (None: not in the store)."""
+    if job is None:
+        return Poison(f"job {msg.job!r} is not in the job store (never submitted, or deleted)")
+    if job.cancelled:
+        return Cancel()
+    return Claim()
+
+
+def on_refusal(current: Item | None, msg: ItemMessage, delivery: Delivery, *, now: float, heartbeat_s: float,
+               mine: bool) -> Refusal:  # fmt: skip
+    """The claim was refused: why, and what to do with the message. `current` is the item's record
+    read after the refusal; `mine`: this agent runs that record's attempt."""
+    where = f"{msg.job}/{msg.item}"
+    if current is None:
+        return Poison(f"item {where} is not in the job store (never submitted)")
+    if current.status in FINAL or current.seq > msg.seq:
+        why = f"already {current.status}" if current.status in FINAL else f"superseded by message {current.seq}"
+        return Drop(f"{where} is {why}; dropping the duplicate message")
+    if current.status == "running" and current.lease_until > now:
+        left = current.lease_until - now
+        if msg.seq > current.seq:
+            # The holder's retry or hand-back, sent just before it records the end of its attempt:
+            # not a copy. Look again soon (doubling, so that if the holder died right there its
+            # lease lapses within a few receives, well before the queue's redrive).
+            return Hide(min(2**delivery.deliveries, int(left) + 1))
+        if delivery.message_id and delivery.message_id == current.message_id:
+            # The holder's own message, back because its visibility ran out: hidden until the
+            # holder's lease would have lapsed, so it runs again only if the holder is gone.
+            if mine:
+                return Adopt()
+            hide = int(left + heartbeat_s) + 1
+            return Hide(hide, f"{where} runs on {current.node} (lease {int(left)}s left); its message comes back in {hide}s")
+        return Drop(f"{where} runs on {current.node}; dropping a duplicate copy of its message")
+    return Hide(1)  # it changed between the claim and the read: look again shortly
+
+
+def node_lost(before: Item | None) -> bool:
+    """A redelivered message whose item still said running (under a lapsed lease, or the claim
+    would have been refused) before this claim: its holder died mid-attempt. That is a lost node,
+    not a failed attempt."""
+    return before is not None and before.status == "running"
+
+
+NODE_LOST = "node lost mid-attempt (no result before the visibility timeout)"

@@ -1,0 +1,146 @@
+"""The I/O of one attempt's workload: its folder, environment, process, signals, output and usage.
+No decisions here: what to signal and when is `tidefleet.agent.attempt`."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shlex
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tidefleet import naming
+from tidefleet.agent.attempt import Signal
+
+if TYPE_CHECKING:
+    from tidefleet.config import Pool
+    from tidefleet.jobs.sdk import ItemMessage
+    from tidefleet.ports import LogStream
+
+
+def workload_command(pool: Pool, args: list[str], env_names: list[str], mounts: list[Path],
+                     user: pwd.struct_passwd | None = None) -> list[str]:  # fmt: skip
+    """The argv for one item: the pool's command with the args appended, or docker run."""
+    if pool.command is not None:
+        return [*shlex.split(pool.command), *args]
+    passthrough = [a for name in env_names for a in ("-e", name)]  # values come from our env
+    volumes = [a for m in mounts for a in ("-v", f"{m}:{m}")]  # stop file and local checkpoints
+    as_user = ["--user", f"{user.pw_uid}:{user.pw_gid}"] if user else []
+    return ["docker", "run", "--rm", *as_user, *passthrough, *volumes, pool.container, *args]
+
+
+def item_user(name: str | None) -> pwd.struct_passwd | None:
+    """The account workloads run as; None: the agent's own. A named user that does not exist is
+    an error (the node would otherwise run items as root without saying so)."""
+    if not name:
+        return None
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        raise RuntimeError(f"the item user {name!r} does not exist on this node: its user-data creates it "
+                           "(or set run_as_root = true on the pool)") from None
+
+
+def checkpoint_uri(base: str, root: Path | None, queue: str, msg: ItemMessage) -> str:
+    """Per item, the same on every attempt; under its queue's prefix, where the node role may write.
+    `root`: local checkpoints (the sandbox), whose folder is made here."""
+    key = f"{naming.checkpoint_prefix(queue)}{msg.job}/{msg.item}/"
+    if root is not None:
+        (root / key).mkdir(parents=True, exist_ok=True)
+    return f"{base}/{key}"
+
+
+class CannotStart(Exception):
+    """The workload's program could not be started."""
+
+
+class Workload:
+    """One attempt's process and its folder (stop file, done file)."""
+
+    def __init__(self, workdir: Path):
+        self.workdir = workdir
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def stop_file(self) -> Path:
+        return self.workdir / "STOP"
+
+    @property
+    def done_file(self) -> Path:
+        return self.workdir / "DONE"
+
+    def completed(self) -> bool:
+        return self.done_file.exists()
+
+    def start(self, pool: Pool, msg: ItemMessage, attempt: int, checkpoint: str, *, checkpoint_root: Path | None,
+              user_name: str | None) -> None:  # fmt: skip
+        """Start the workload in its own process group (so a signal reaches its children too).
+        Raises CannotStart when the program cannot be started; anything else it raises (a command
+        that does not parse, a missing item user) is as much the item's failure."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        item_env = {
+            **pool.env,
+            "TIDEFLEET_JOB_ID": msg.job,
+            "TIDEFLEET_ITEM_ID": msg.item,
+            "TIDEFLEET_ATTEMPT": str(attempt),
+            "TIDEFLEET_CHECKPOINT_URI": checkpoint,
+            "TIDEFLEET_STOP_FILE": str(self.stop_file),
+            "TIDEFLEET_DONE_FILE": str(self.done_file),
+        }
+        mounts = [self.workdir] + ([checkpoint_root.resolve()] if checkpoint_root else [])
+        user = item_user(user_name)
+        as_user: dict = {}
+        if user is not None and pool.command is not None:  # a container gets --user instead
+            os.chown(self.workdir, user.pw_uid, user.pw_gid)
+            as_user = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
+            item_env |= {"HOME": user.pw_dir, "USER": user.pw_name, "LOGNAME": user.pw_name}
+        argv = workload_command(pool, msg.args, list(item_env), mounts, user)
+        try:
+            self.proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                env={**os.environ, **item_env}, cwd=self.workdir, start_new_session=True, **as_user,
+            )  # fmt: skip
+        except (OSError, ValueError) as err:  # no such program; a NUL byte in an argument
+            raise CannotStart(f"could not start {argv[0]!r}: {err}") from err
+
+    def wait(self, stream: LogStream) -> tuple[int, dict, str]:
+        """Copy its output to `stream` until it exits: (exit code, usage, last line of output)."""
+        assert self.proc is not None, "started"
+        last_line = ""
+        try:
+            for raw in self.proc.stdout:
+                last_line = raw.decode(errors="replace").rstrip("\n")
+                stream.write(last_line)
+        finally:
+            # wait4 gives this child's own CPU time and peak memory, even with siblings running.
+            _, status, rusage = os.wait4(self.proc.pid, 0)
+            self.proc.returncode = os.waitstatus_to_exitcode(status)
+        usage = {"cpu_s": round(rusage.ru_utime + rusage.ru_stime, 3), "peak_rss_mb": round(rusage.ru_maxrss / 1024, 1)}
+        return self.proc.returncode, usage, last_line
+
+    def signal(self, what: Signal) -> None:
+        if what is Signal.STOP:
+            try:
+                self.stop_file.touch()
+            except OSError:  # its folder is gone: it has ended
+                pass
+        if self.proc is not None and self.proc.returncode is None:
+            try:  # the whole process group: shells and their children
+                os.killpg(self.proc.pid, signal.SIGTERM if what is Signal.STOP else signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def has_exited(self) -> bool:
+        """Whether the process has ended, without reaping it (`wait` does)."""
+        if self.proc is None:
+            return False
+        try:
+            return os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+        except ChildProcessError:  # already reaped: its runner is settling it
+            return True
+
+    def remove(self) -> None:
+        shutil.rmtree(self.workdir, ignore_errors=True)
