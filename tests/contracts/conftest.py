@@ -29,10 +29,10 @@ from google.auth.credentials import AnonymousCredentials
 from tests.gcp_fake import FakeGcp, FakeVm
 from tidefleet import naming
 from tidefleet.cloud import for_env
-from tidefleet.cloud.aws.dynamodb import DynamoStore, create_table
-from tidefleet.config import load_environment
+from tidefleet.cloud.aws.dynamodb import create_table
+from tidefleet.config import Environment, load_environment
 from tidefleet.ports import FleetPort, ItemLogs, JobStore, QueuePort, WorkQueues
-from tidefleet.sandbox.provision import provision
+from tidefleet.sandbox.provision import create_queues, provision
 
 AWS_ENV = load_environment("sandbox")
 GCP_ENV = load_environment("gcp-dev")
@@ -41,9 +41,22 @@ GCP_ENV = load_environment("gcp-dev")
 # -- the clouds under the adapters ----------------------------------------------------------
 @pytest.fixture
 def moto_env(aws):
-    """The sandbox environment's resources on a clean moto account."""
+    """The sandbox environment's resources on a clean moto account (the fleet needs them all)."""
     provision(AWS_ENV, user_data={pool: "#!/bin/sh\n" for pool in AWS_ENV.pools})
-    return aws
+    return AWS_ENV
+
+
+ENV_NAMES = itertools.count()
+
+
+@pytest.fixture
+def moto_fresh_env(moto_server, monkeypatch) -> Environment:
+    """The sandbox environment under a name of its own on the shared moto account: a store, a
+    queue or a log group needs nothing else, and a reset plus a whole provisioning would cost
+    more than those tests themselves."""
+    for key, value in moto_server.env().items():
+        monkeypatch.setenv(key, value)
+    return AWS_ENV.model_copy(update={"name": f"contract-{next(ENV_NAMES)}"})
 
 
 @pytest.fixture
@@ -84,15 +97,10 @@ class StoreUnderTest:
 
 
 def _dynamodb(request) -> StoreUnderTest:
-    # A table of its own instead of a reset account: the store needs nothing else, and a reset
-    # and a provisioning cost more than every store test together.
-    moto = request.getfixturevalue("moto_server")
-    for key, value in moto.env().items():
-        request.getfixturevalue("monkeypatch").setenv(key, value)
-    env_name = f"contract-{next(TABLES)}"
-    create_table(env_name, AWS_ENV.region)
-    store = DynamoStore(env_name, AWS_ENV.region)
-    client = store.table.meta.client
+    env = request.getfixturevalue("moto_fresh_env")
+    create_table(env.name, env.region)
+    cloud = for_env(env)
+    client = cloud.store.table.meta.client
 
     def before_next_write(fn):
         def once(**_):
@@ -101,7 +109,7 @@ def _dynamodb(request) -> StoreUnderTest:
 
         client.meta.events.register("before-call.dynamodb.UpdateItem", once)
 
-    return StoreUnderTest(store, lambda: DynamoStore(env_name, AWS_ENV.region), before_next_write, for_env(AWS_ENV).errors)
+    return StoreUnderTest(cloud.store, lambda: for_env(env).store, before_next_write, cloud.errors)
 
 
 def _firestore(request) -> StoreUnderTest:
@@ -110,7 +118,6 @@ def _firestore(request) -> StoreUnderTest:
     return StoreUnderTest(cloud.store, lambda: for_env(GCP_ENV).store, fake.before_write.append, cloud.errors)
 
 
-TABLES = itertools.count()
 STORES = {"dynamodb": _dynamodb, "firestore": _firestore}
 store = adapter("store", STORES)
 
@@ -130,8 +137,9 @@ class QueuesUnderTest:
 
 
 def _sqs(request) -> QueuesUnderTest:
-    request.getfixturevalue("moto_env")
-    cloud, (name, queue) = for_env(AWS_ENV), next(iter(AWS_ENV.queues.items()))
+    env = request.getfixturevalue("moto_fresh_env")
+    create_queues(env)
+    cloud, (name, queue) = for_env(env), next(iter(env.queues.items()))
     return QueuesUnderTest(cloud.queues, name, queue.visibility_timeout_s, cloud.redrive_receives(queue),
                            counts_dead_letter_deliveries=True, pass_time=time.sleep, errors=cloud.errors)  # fmt: skip
 
@@ -153,8 +161,9 @@ work_queues = adapter("work_queues", QUEUES)
 
 # -- ItemLogs -------------------------------------------------------------------------------
 def _cloudwatch(request) -> ItemLogs:
-    request.getfixturevalue("moto_env")
-    return for_env(AWS_ENV).logs
+    env = request.getfixturevalue("moto_fresh_env")
+    boto3.client("logs", region_name=env.region).create_log_group(logGroupName=naming.item_log_group(env.name))
+    return for_env(env).logs
 
 
 def _cloud_logging(request) -> ItemLogs:

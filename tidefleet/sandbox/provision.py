@@ -33,6 +33,25 @@ class Provisioned:
 
 def provision(env: Environment, *, user_data: dict[str, str]) -> Provisioned:
     """Create every resource of `env`; `user_data` maps pool name -> rendered script."""
+    queue_urls, dead_letter_urls = create_queues(env)
+    create_table(env.name, env.region)
+    boto3.client("logs", region_name=env.region).create_log_group(
+        logGroupName=naming.item_log_group(env.name)
+    )
+    boto3.client("s3", region_name=env.region).create_bucket(
+        Bucket=naming.artifacts_bucket(env.name, EMULATOR_ACCOUNT)
+    )
+
+    subnet_id = _network(env)
+    for pool_name, pool in env.pools.items():
+        _group(env, pool_name, pool, subnet_id, user_data[pool_name])
+    return Provisioned(
+        queue_urls, dead_letter_urls, {pool: naming.group(env.name, pool) for pool in env.pools}
+    )
+
+
+def create_queues(env: Environment) -> tuple[dict[str, str], dict[str, str]]:
+    """Each queue of `env` and its dead-letter queue, with the stack's redrive policy; their urls by name."""
     sqs = boto3.client("sqs", region_name=env.region)
     queue_urls, dead_letter_urls = {}, {}
     for name, queue in env.queues.items():
@@ -52,21 +71,7 @@ def provision(env: Environment, *, user_data: dict[str, str]) -> Provisioned:
             },
         )["QueueUrl"]
         dead_letter_urls[name] = dlq_url
-
-    create_table(env.name, env.region)
-    boto3.client("logs", region_name=env.region).create_log_group(
-        logGroupName=naming.item_log_group(env.name)
-    )
-    boto3.client("s3", region_name=env.region).create_bucket(
-        Bucket=naming.artifacts_bucket(env.name, EMULATOR_ACCOUNT)
-    )
-
-    subnet_id = _network(env)
-    for pool_name, pool in env.pools.items():
-        _group(env, pool_name, pool, subnet_id, user_data[pool_name])
-    return Provisioned(
-        queue_urls, dead_letter_urls, {pool: naming.group(env.name, pool) for pool in env.pools}
-    )
+    return queue_urls, dead_letter_urls
 
 
 def _network(env: Environment) -> str:
