@@ -7,9 +7,10 @@ GCP adapters through the real google-cloud clients against tests/gcp_fake.py. Wh
 genuinely differs, its entry says so in a capability field, and the test branches on that field,
 never on the adapter's name.
 
-moto gap met here: DescribeScalingActivities always answers an empty list, so a failed spot
-launch is answered in AWS's documented shape at the boto3 client's `before-call` hook, for that
-one call only; every other call of the fleet goes to the moto server.
+moto gaps met here, both answered at the fleet's boto3 client `before-call` hook, for that one
+call only (every other call goes to the moto server): DescribeScalingActivities always answers
+an empty list, so a failed spot launch is answered in AWS's documented shape; and
+CompleteLifecycleAction is not implemented, so its request is recorded and answered empty.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import boto3
 import google.auth
 import pytest
 import responses
+from botocore.awsrequest import AWSResponse
 from google.auth.credentials import AnonymousCredentials
 
 from tests.gcp_fake import FakeGcp, FakeVm
@@ -190,8 +192,9 @@ class FleetUnderTest:
     launch: Callable[[int], list[str]]  # n more instances in service; their ids
     wait: Callable[[int], None]  # n messages waiting in the queue
     spot_launch_failed: Callable[[float], None]  # the cloud reports a failed spot launch started then
-    # GCE has no lifecycle hooks: complete_lifecycle_action has nothing to release there.
-    has_lifecycle_hooks: bool
+    # The drain hook releases sent to the cloud, or None where there are no hooks (GCE): there
+    # complete_lifecycle_action has nothing to release.
+    hook_releases: list[dict] | None
 
 
 def _auto_scaling(request) -> FleetUnderTest:
@@ -222,13 +225,20 @@ def _auto_scaling(request) -> FleetUnderTest:
                             "StatusMessage": message, "Description": f"Launching a new EC2 instance. Status Reason: {message}"})  # fmt: skip
 
     def activities(**_):  # moto answers none: AWS's answer, newest first
-        return ({"status_code": 200, "headers": {}, "body": b""}, {"Activities": failures})
+        return AWSResponse("", 200, {}, None), {"Activities": list(failures)}
+
+    releases: list[dict] = []
+
+    def release(params, **_):  # moto has no CompleteLifecycleAction: AWS's empty answer
+        releases.append(params["body"])
+        return AWSResponse("", 200, {}, None), {}
 
     ports.fleet.asg.meta.events.register("before-call.autoscaling.DescribeScalingActivities", activities)
+    ports.fleet.asg.meta.events.register("before-call.autoscaling.CompleteLifecycleAction", release)
     pool_config = env.pools[pool]
     return FleetUnderTest(ports.fleet, ports.queues, pool, queue, group, pool_config.min, pool_config.max,
                           tuple(t.type for t in pool_config.instance_types), launch, wait, spot_launch_failed,
-                          has_lifecycle_hooks=True)  # fmt: skip
+                          hook_releases=releases)  # fmt: skip
 
 
 def _managed_instance_groups(request) -> FleetUnderTest:
@@ -256,7 +266,7 @@ def _managed_instance_groups(request) -> FleetUnderTest:
     pool_config = env.pools[pool]
     return FleetUnderTest(ports.fleet, ports.queues, pool, queue, spot, pool_config.min, pool_config.max,
                           tuple(t.type for t in pool_config.instance_types), launch, wait, spot_launch_failed,
-                          has_lifecycle_hooks=False)  # fmt: skip
+                          hook_releases=None)  # fmt: skip
 
 
 FLEETS = {"auto-scaling": _auto_scaling, "managed-instance-groups": _managed_instance_groups}
