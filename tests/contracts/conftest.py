@@ -190,6 +190,7 @@ class FleetUnderTest:
     max: int
     instance_types: tuple[str, ...]
     launch: Callable[[int], list[str]]  # n more instances in service; their ids
+    settle: Callable[[], list[str]]  # the group brings up what its sizes say; the ids in service
     wait: Callable[[int], None]  # n messages waiting in the queue
     spot_launch_failed: Callable[[float], None]  # the cloud reports a failed spot launch started then
     # The drain hook releases sent to the cloud, or None where there are no hooks (GCE): there
@@ -212,6 +213,9 @@ def _auto_scaling(request) -> FleetUnderTest:
         desired = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=[group])["AutoScalingGroups"][0]
         autoscaling.set_desired_capacity(AutoScalingGroupName=group, DesiredCapacity=desired["DesiredCapacity"] + n)
         return sorted({i.id for i in ports.fleet.groups([pool], 0)[pool].instances} - before)
+
+    def settle() -> list[str]:  # moto launches at once
+        return sorted(i.id for i in ports.fleet.groups([pool], 0)[pool].instances if i.lifecycle_state == "InService")
 
     def wait(n: int) -> None:
         url = sqs.get_queue_url(QueueName=naming.queue(env.name, queue))["QueueUrl"]
@@ -237,7 +241,7 @@ def _auto_scaling(request) -> FleetUnderTest:
     ports.fleet.asg.meta.events.register("before-call.autoscaling.CompleteLifecycleAction", release)
     pool_config = env.pools[pool]
     return FleetUnderTest(ports.fleet, ports.queues, pool, queue, group, pool_config.min, pool_config.max,
-                          tuple(t.type for t in pool_config.instance_types), launch, wait, spot_launch_failed,
+                          tuple(t.type for t in pool_config.instance_types), launch, settle, wait, spot_launch_failed,
                           hook_releases=releases)  # fmt: skip
 
 
@@ -256,6 +260,13 @@ def _managed_instance_groups(request) -> FleetUnderTest:
         fake.groups[spot] += n
         return sorted(vm.name for vm in vms)
 
+    def settle() -> list[str]:
+        for name in (spot, on_demand):
+            vms = fake.vms.setdefault(name, [])
+            live = [vm for vm in vms if vm.action != "DELETING"]
+            vms += [FakeVm(f"{name}-{next(launched):04x}") for _ in range(fake.groups[name] - len(live))]
+        return sorted(vm.name for name in (spot, on_demand) for vm in fake.vms[name] if vm.action == "NONE")
+
     def wait(n: int) -> None:
         fake.undelivered[naming.queue(env.name, queue)] = n
 
@@ -265,7 +276,7 @@ def _managed_instance_groups(request) -> FleetUnderTest:
 
     pool_config = env.pools[pool]
     return FleetUnderTest(ports.fleet, ports.queues, pool, queue, spot, pool_config.min, pool_config.max,
-                          tuple(t.type for t in pool_config.instance_types), launch, wait, spot_launch_failed,
+                          tuple(t.type for t in pool_config.instance_types), launch, settle, wait, spot_launch_failed,
                           hook_releases=None)  # fmt: skip
 
 

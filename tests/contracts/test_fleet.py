@@ -70,6 +70,17 @@ def test_the_on_demand_base_then_desired_as_the_tick_applies_them(fleet):
     assert (group(fleet).on_demand_base, group(fleet).desired) == (0, 5)
 
 
+def test_lowering_the_on_demand_base_never_stops_a_running_node(fleet):
+    """Restoring the configured base after a Spot shortage happens with the tick's desired
+    unchanged: the group must not shed on-demand nodes of its own choosing (busy ones too)."""
+    fleet.fleet.set_on_demand_base(fleet.pool, 2)
+    fleet.fleet.set_desired(fleet.pool, 2)
+    running = fleet.settle()
+    assert len(running) == 2
+    fleet.fleet.set_on_demand_base(fleet.pool, 0)
+    assert in_service(fleet) == set(running) and group(fleet).desired == 2
+
+
 def test_group_of_names_an_instances_group_or_none(fleet):
     (instance,) = fleet.launch(1)
     assert fleet.fleet.group_of(instance) == fleet.group
