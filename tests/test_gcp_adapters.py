@@ -177,3 +177,20 @@ def test_a_spot_shortage_moves_the_new_capacity_to_the_on_demand_group_in_one_fu
     assert (decision.desired, decision.on_demand_base) == (4, 2)
     assert any("spot short (1 spot launch failure(s)" in r for r in decision.reasons)
     assert gcp.groups == {spot: 2, on_demand: 2}, "the two new nodes come from the on-demand group"
+
+
+def test_once_spot_is_healthy_again_the_busy_on_demand_nodes_are_kept_in_a_full_tick(gcp):
+    now = time.time()
+    spot, on_demand = "tidefleet-gcp-dev-cpu", "tidefleet-gcp-dev-cpu-od"
+    gcp.groups |= {spot: 2, on_demand: 2}  # after a shortage: the base is 2, the configured one 0
+    hour_ago = datetime.fromtimestamp(now - 3600, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    gcp.vms[spot] = [FakeVm(f"{spot}-aaaa", created=hour_ago), FakeVm(f"{spot}-bbbb", created=hour_ago)]
+    gcp.vms[on_demand] = [FakeVm(f"{on_demand}-cccc", created=hour_ago), FakeVm(f"{on_demand}-dddd", created=hour_ago)]
+    ports = control_ports(ENV)
+    for vm in gcp.vms[spot] + gcp.vms[on_demand]:
+        ports.nodes.put_heartbeat(Heartbeat(vm.name, "cpu", at=now, slots=2, busy_slots=2, idle_since=None))
+    gcp.undelivered["tidefleet-gcp-dev-default"] = 8  # every slot busy, nothing waiting
+    (decision,) = tick(ENV, ports, now, pools=["cpu"])
+    assert (decision.desired, decision.on_demand_base) == (4, 0), "the policy restores the configured base"
+    assert gcp.groups == {spot: 2, on_demand: 2}, "but no busy on-demand VM is deleted for it"
+    assert all(vm.action == "NONE" for vm in gcp.vms[spot] + gcp.vms[on_demand])
