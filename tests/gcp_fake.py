@@ -136,6 +136,10 @@ class FakeGcp:
             return 200, {}, json.dumps({"items": self.errors.get(name, [])})
         if verb == "resize":
             self.groups[name] = int(query["size"])
+            # Below the instances it runs, the group deletes some of its own choosing (busy or not).
+            live = [vm for vm in self.vms.get(name, []) if vm.action != "DELETING"]
+            for vm in live[self.groups[name] :]:
+                vm.action = "DELETING"
             return 200, {}, json.dumps(OPERATION)
         if verb == "deleteInstances":
             gone = set(json.loads(request.body)["instances"])

@@ -102,15 +102,6 @@ def test_groups_report_desired_base_instances_launch_time_and_protection(cloud):
     assert all(abs(i.launched_at - datetime.now(UTC).timestamp()) < 300 for i in g.instances)
 
 
-def test_terminate_decrements_desired_and_a_repeat_is_a_no_op(cloud):
-    ids = grow(3)
-    fleet = AutoScalingFleet(ENV)
-    assert fleet.terminate("cpu", (ids[0],)) == (ids[0],)
-    assert fleet.terminate("cpu", (ids[0],)) == ()
-    g = fleet.groups(["cpu"], since=0)["cpu"]
-    assert g.desired == 2 and ids[0] not in {i.id for i in g.instances}
-
-
 def test_the_on_demand_base_changes_and_the_rest_of_the_policy_stays(cloud):
     fleet = AutoScalingFleet(ENV)
     fleet.set_on_demand_base("cpu", 2)
@@ -120,13 +111,6 @@ def test_the_on_demand_base_changes_and_the_rest_of_the_policy_stays(cloud):
     assert fleet.groups(["cpu"], since=0)["cpu"].on_demand_base == 2
     assert [o["InstanceType"] for o in policy["LaunchTemplate"]["Overrides"]] == ["c6i.large", "m6i.large"]
     assert policy["InstancesDistribution"]["SpotAllocationStrategy"] == "price-capacity-optimized"
-
-
-def test_group_of_finds_the_instances_group(cloud):
-    (instance_id,) = grow(1)
-    fleet = AutoScalingFleet(ENV)
-    assert fleet.group_of(instance_id) == GROUP
-    assert fleet.group_of("i-00000000000000000") is None
 
 
 def test_only_recent_failed_spot_launches_count_as_spot_failures():

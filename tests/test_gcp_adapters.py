@@ -4,18 +4,23 @@ as on AWS, run on the GCP ports."""
 
 from __future__ import annotations
 
+import time
+from datetime import UTC, datetime
+
+import google.auth
 import pytest
 import responses
 from google.auth.credentials import AnonymousCredentials
 from google.auth.transport.requests import AuthorizedSession
 
 from tests.gcp_fake import COMPUTE, FakeGcp, FakeVm
-from tidefleet.cloud.gcp.firestore import FirestoreNodes, FirestoreStore
+from tidefleet.cloud.gcp import control_ports
+from tidefleet.cloud.gcp.firestore import FirestoreNodes
 from tidefleet.cloud.gcp.mig import MigFleet, MonitoringQueues
 from tidefleet.config import load_environment
 from tidefleet.control import tick
 from tidefleet.ports import Ports
-from tidefleet.records import Heartbeat, QueueStats
+from tidefleet.records import Heartbeat
 
 ENV = load_environment("gcp-dev")
 IGM = f"/compute/v1/projects/{ENV.project}/regions/{ENV.region}/instanceGroupManagers"
@@ -23,7 +28,9 @@ NOW = 1_800_000_000.0
 
 
 @pytest.fixture
-def gcp():
+def gcp(monkeypatch):
+    # Application default credentials are the only thing not real: no Google account here.
+    monkeypatch.setattr(google.auth, "default", lambda *a, **k: (AnonymousCredentials(), ENV.project))
     fake = FakeGcp(ENV.project, ENV.region)
     with responses.RequestsMock(assert_all_requests_are_fired=False) as mock:
         fake.install(mock)
@@ -52,10 +59,6 @@ def test_backlog_is_the_subscriptions_undelivered_messages(gcp):
         'metric.type = "pubsub.googleapis.com/subscription/num_undelivered_messages" AND '
         'resource.labels.subscription_id = "tidefleet-gcp-dev-default"'
     )
-
-
-def test_a_quiet_subscription_has_no_backlog(gcp):
-    assert ports().queues.backlog("train").visible == 0
 
 
 def test_spot_and_on_demand_groups_are_one_pool_in_the_ticks_words(gcp):
@@ -126,14 +129,6 @@ def test_heartbeats_round_trip_and_draining_is_sticky(gcp):
     assert "draining" not in patch["query"].get("updateMask.fieldPaths", "") and "idle_since" not in patch["body"]["fields"]
 
 
-def test_queue_stats_keep_an_exponentially_weighted_mean_on_firestore(gcp):
-    store = FirestoreStore(ENV, credentials=AnonymousCredentials())
-    assert store.queue_stats(["default"]) == {}
-    store.record_item_seconds("default", 20.0)
-    store.record_item_seconds("default", 40.0)
-    assert store.queue_stats(["default", "other"]) == {"default": QueueStats(mean_item_s=22.0, items=2)}
-
-
 # -- the same control tick and policy, on GCP ports ---------------------------------------
 def test_tick_scales_out_from_zero_on_gcp_backlog(gcp):
     gcp.groups |= {"tidefleet-gcp-dev-cpu": 0, "tidefleet-gcp-dev-cpu-od": 0}
@@ -163,3 +158,39 @@ def test_dry_run_tick_changes_nothing_on_gcp(gcp):
     gcp.undelivered["tidefleet-gcp-dev-default"] = 3
     tick(ENV, ports(), NOW, pools=["cpu"], dry_run=True)
     assert not [c for m, p, c in gcp.calls if m != "GET" and not p.endswith("/listManagedInstances")]
+
+
+def test_a_spot_shortage_moves_the_new_capacity_to_the_on_demand_group_in_one_full_tick(gcp):
+    """The function's own ports (`control_ports`): Monitoring, both groups, their errors, Firestore."""
+    now = time.time()
+    spot, on_demand = "tidefleet-gcp-dev-cpu", "tidefleet-gcp-dev-cpu-od"
+    gcp.groups |= {spot: 2, on_demand: 0}
+    hour_ago = datetime.fromtimestamp(now - 3600, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    gcp.vms[spot] = [FakeVm(f"{spot}-aaaa", created=hour_ago), FakeVm(f"{spot}-bbbb", created=hour_ago)]
+    gcp.errors[spot] = [{"timestamp": datetime.fromtimestamp(now - 60, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                         "error": {"code": "ZONE_RESOURCE_POOL_EXHAUSTED", "message": "no Spot capacity"}}]  # fmt: skip
+    ports = control_ports(ENV)
+    for vm in gcp.vms[spot]:
+        ports.nodes.put_heartbeat(Heartbeat(vm.name, "cpu", at=now, slots=2, busy_slots=2, idle_since=None))
+    gcp.undelivered["tidefleet-gcp-dev-default"] = 8  # 4 running on the two nodes, 4 waiting: 2 more nodes
+    (decision,) = tick(ENV, ports, now, pools=["cpu"])
+    assert (decision.desired, decision.on_demand_base) == (4, 2)
+    assert any("spot short (1 spot launch failure(s)" in r for r in decision.reasons)
+    assert gcp.groups == {spot: 2, on_demand: 2}, "the two new nodes come from the on-demand group"
+
+
+def test_once_spot_is_healthy_again_the_busy_on_demand_nodes_are_kept_in_a_full_tick(gcp):
+    now = time.time()
+    spot, on_demand = "tidefleet-gcp-dev-cpu", "tidefleet-gcp-dev-cpu-od"
+    gcp.groups |= {spot: 2, on_demand: 2}  # after a shortage: the base is 2, the configured one 0
+    hour_ago = datetime.fromtimestamp(now - 3600, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    gcp.vms[spot] = [FakeVm(f"{spot}-aaaa", created=hour_ago), FakeVm(f"{spot}-bbbb", created=hour_ago)]
+    gcp.vms[on_demand] = [FakeVm(f"{on_demand}-cccc", created=hour_ago), FakeVm(f"{on_demand}-dddd", created=hour_ago)]
+    ports = control_ports(ENV)
+    for vm in gcp.vms[spot] + gcp.vms[on_demand]:
+        ports.nodes.put_heartbeat(Heartbeat(vm.name, "cpu", at=now, slots=2, busy_slots=2, idle_since=None))
+    gcp.undelivered["tidefleet-gcp-dev-default"] = 8  # every slot busy, nothing waiting
+    (decision,) = tick(ENV, ports, now, pools=["cpu"])
+    assert (decision.desired, decision.on_demand_base) == (4, 0), "the policy restores the configured base"
+    assert gcp.groups == {spot: 2, on_demand: 2}, "but no busy on-demand VM is deleted for it"
+    assert all(vm.action == "NONE" for vm in gcp.vms[spot] + gcp.vms[on_demand])

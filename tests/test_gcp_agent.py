@@ -5,6 +5,7 @@ loopback, and a real workload process."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -23,6 +24,11 @@ import os, sys, time
 from tidefleet.agent import checkpoint
 print("checkpoints at", checkpoint.checkpoint_uri(), flush=True)
 deadline = time.monotonic() + 20
+if sys.argv[1] == "forever":  # until the agent stops it: a cancel, a timeout
+    with open(os.environ["RELEASE"] + ".pid", "w") as f:
+        f.write(str(os.getpid()))
+    while True:
+        time.sleep(0.05)
 if sys.argv[1] == "wait-once" and checkpoint.attempt() == 1:
     while not checkpoint.should_stop():
         time.sleep(0.05)
@@ -113,3 +119,41 @@ def test_a_preemption_hands_the_item_back_without_a_failure_and_another_node_fin
     assert (item.status, item.attempts, item.failures, item.interruptions, item.node) == (
         "succeeded", 2, 0, 1, "tidefleet-gcp-dev-cpu-bbbb")
     assert gcp.bodies(SUB) == []
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_cancelling_the_job_stops_its_running_item_and_records_it_cancelled(gcp, env, tmp_path, metadata_server):  # noqa: F811
+    url, _ = metadata_server
+    job = sdk.submit(env, "cancelled mid-run", "default", sdk.read_items([["forever"]]), kick=False).job_id
+    pid_file = tmp_path / "release.pid"
+
+    def cancel_once_running(store):
+        if pid_file.exists() and not for_env(env).store.job(job).cancelled:
+            assert sdk.cancel(env, job) == 0, "nothing waiting: the one item is running"
+        return store.item(job, "000000").status == "cancelled"
+
+    run_agent(env, tmp_path, "tidefleet-gcp-dev-cpu-aaaa", url, cancel_once_running)
+    item = for_env(env).store.item(job, "000000")
+    assert (item.status, item.reason, item.failures, item.history[-1]["outcome"]) == ("cancelled", "job cancelled", 0, "cancelled")
+    assert gone(int(pid_file.read_text())), "the workload was terminated"
+    assert gcp.bodies(SUB) == [] and gcp.bodies(DLQ) == [], "acknowledged, not retried nor dead-lettered"
+
+
+def test_an_item_over_its_queues_timeout_is_killed_and_recorded_failed(gcp, env, tmp_path, metadata_server):  # noqa: F811
+    url, _ = metadata_server
+    queue = env.queues["default"].model_copy(update={"item_timeout_s": 1, "max_retries": 0})
+    env = env.model_copy(update={"queues": {**env.queues, "default": queue}})
+    job = sdk.submit(env, "hangs", "default", sdk.read_items([["forever"]]), kick=False).job_id
+    run_agent(env, tmp_path, "tidefleet-gcp-dev-cpu-aaaa", url, lambda s: s.item(job, "000000").status == "failed")
+    item = for_env(env).store.item(job, "000000")
+    assert (item.status, item.exit_code, item.failures) == ("failed", -9, 1)
+    assert item.reason.startswith("timed out after 1s") and "gave up after 1 failed attempt" in item.reason
+    assert gone(int((tmp_path / "release.pid").read_text())), "the workload was killed"
+    assert gcp.bodies(SUB) == [] and len(gcp.bodies(DLQ)) == 1

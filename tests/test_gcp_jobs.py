@@ -150,22 +150,6 @@ def test_a_finished_attempt_writes_one_structured_entry_for_the_outcome_metric(g
 
 
 # -- the Firestore store's conditional writes -------------------------------------------------
-@pytest.mark.parametrize(("status", "kwargs", "applies"), [
-    ("queued", {"only_from": ("pending", "queued")}, True),
-    ("running", {"only_from": ("pending", "queued")}, False),
-    ("running", {}, True),
-    ("succeeded", {}, False),  # never_from defaults to the final states
-    ("failed", {"never_from": ("succeeded", "cancelled")}, True),
-    ("cancelled", {"never_from": ("succeeded", "cancelled")}, False),
-])  # fmt: skip
-def test_an_item_changes_only_from_the_states_the_caller_allows(gcp, status, kwargs, applies):
-    store = for_env(ENV).store
-    store.put_item_if_new(Item("j", "i", ["x"], status=status))
-    result = store.update_item("j", "i", status="queued", **kwargs)
-    assert (result is not None) == applies
-    assert store.item("j", "i").status == ("queued" if applies else status)
-
-
 def test_a_write_that_lost_a_race_reads_again_and_loses_no_update(gcp):
     store = for_env(ENV).store
     store.put_item_if_new(Item("j", "i", ["x"], status="running", attempts=1))
@@ -174,14 +158,6 @@ def test_a_write_that_lost_a_race_reads_again_and_loses_no_update(gcp):
     item = store.update_item("j", "i", add={"attempts": 1}, append={"history": {"outcome": "interrupted"}})
     assert item.attempts == 3 and store.item("j", "i").attempts == 3
     assert "currentDocument.updateTime" in calls(gcp, "PATCH", "/items/i")[-1]["query"], "written only over what was read"
-
-
-def test_an_item_is_never_finished_twice_even_when_two_nodes_race(gcp):
-    store = for_env(ENV).store
-    store.put_item_if_new(Item("j", "i", ["x"], status="running"))
-    gcp.before_write.append(lambda: for_env(ENV).store.update_item("j", "i", status="succeeded", node="other"))
-    assert store.update_item("j", "i", status="succeeded", node="me") is None
-    assert store.item("j", "i").node == "other"
 
 
 def test_a_value_of_none_removes_the_field(gcp):
@@ -269,13 +245,6 @@ def test_an_item_that_keeps_losing_its_node_is_dead_lettered_after_the_tolerated
     assert len(gcp.bodies(DLQ)) == 1 and not gcp.bodies(SUB)
 
 
-def test_firestore_claims_run_an_item_once_and_fence_stale_writers(gcp, tmp_path):
-    from tests.store_contract import check_claims_and_fences
-
-    job = sdk.submit(ENV, "holders", "default", sdk.read_items(["a"]), kick=False).job_id
-    check_claims_and_fences(agent(tmp_path).store, job)
-
-
 # -- bad input and dead letters on GCP ----------------------------------------------------------
 def test_a_job_name_keeps_its_items_in_firestore_too(gcp):
     first = sdk.submit(ENV, "kept", "default", sdk.read_items(["a", "b"]), kick=False)
@@ -298,12 +267,3 @@ def test_an_item_pubsub_dead_lettered_after_its_delivery_attempts_is_failed_and_
     hold, release = calls(gcp, "POST", f"/subscriptions/{DLQ}:modifyAckDeadline")
     assert hold["body"]["ackDeadlineSeconds"] == sdk.REDRIVE_HOLD_S and "ackDeadlineSeconds" not in release["body"]
     assert sdk.retry_failed(ENV, job) == 1 and for_env(ENV).store.item(job, "000000").status == "queued"
-
-
-def test_firestore_and_dynamodb_list_the_same_jobs(gcp, aws):
-    from tests.store_contract import check_jobs_listing
-    from tidefleet.cloud.aws.dynamodb import DynamoStore, create_table
-    from tidefleet.cloud.gcp.firestore import FirestoreStore
-
-    create_table("t")
-    assert check_jobs_listing(FirestoreStore(ENV)) == check_jobs_listing(DynamoStore("t", "us-east-1"))

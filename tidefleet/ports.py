@@ -157,7 +157,7 @@ class JobStore(NodeStatePort, QueueStatsPort, Protocol):
     """Jobs, items, node heartbeats and queue statistics of one environment. Every write of an
     item is conditional: the store never creates an item record by updating it, never moves
     one out of a final status (`FINAL`), and applies a `Fence` exactly as `Fence.admits` says.
-    `tests/store_contract.py` is the contract every adapter passes."""
+    `tests/contracts/` holds the contract every adapter of each port passes."""
 
     def put_heartbeat(self, hb: Heartbeat) -> None: ...
 

@@ -150,7 +150,7 @@ class DynamoStore:
 
     def heartbeat(self, pool: str, node_id: str) -> Heartbeat | None:
         raw = self.table.get_item(Key={"pk": f"POOL#{pool}", "sk": f"NODE#{node_id}"}, ConsistentRead=True).get("Item")
-        if raw is None:
+        if raw is None or "at" not in raw:  # none, or only a draining mark: not a heartbeat yet
             return None
         values = {k: _from_dynamo(v) for k, v in raw.items() if k in Heartbeat.__dataclass_fields__}
         return Heartbeat(**{"node_id": node_id, "pool": pool, "idle_since": None, **values})
@@ -191,6 +191,7 @@ class DynamoStore:
         self.table.update_item(
             Key={"pk": f"JOB#{job_id}", "sk": "JOB"},
             UpdateExpression="SET #t = :t",
+            ConditionExpression="attribute_exists(pk)",  # never creates a job record without its fields
             ExpressionAttributeNames={"#t": "total"},
             ExpressionAttributeValues={":t": total},
         )

@@ -38,9 +38,7 @@ def provision(
     """Create every resource of `env`; `user_data` maps pool name -> rendered script.
     `visibility_timeout_s` overrides every queue's (tests that wait for a lost message)."""
     spec = resources(env, account=EMULATOR_ACCOUNT)
-    queue_urls, dead_letter_urls = {}, {}
-    for name, queue in spec.queues.items():
-        queue_urls[name], dead_letter_urls[name] = _queue(env.region, queue, visibility_timeout_s)
+    queue_urls, dead_letter_urls = create_queues(env, visibility_timeout_s)
     create_table(env.name, env.region)
     dynamodb = boto3.client("dynamodb", region_name=env.region)
     dynamodb.update_continuous_backups(
@@ -57,6 +55,14 @@ def provision(
     return Provisioned(
         queue_urls, dead_letter_urls, {name: pool.group_name for name, pool in spec.pools.items()}
     )
+
+
+def create_queues(env: Environment, visibility_timeout_s: int | None = None) -> tuple[dict[str, str], dict[str, str]]:
+    """Each queue of `env` and its dead-letter queue, as the spec says; their urls by name."""
+    queue_urls, dead_letter_urls = {}, {}
+    for name, queue in resources(env, account=EMULATOR_ACCOUNT).queues.items():
+        queue_urls[name], dead_letter_urls[name] = _queue(env.region, queue, visibility_timeout_s)
+    return queue_urls, dead_letter_urls
 
 
 def _queue(region: str, queue: QueueSpec, visibility_timeout_s: int | None) -> tuple[str, str]:

@@ -8,7 +8,8 @@ Pub/Sub backlog from Cloud Monitoring (`MonitoringQueues`). The tick and the pol
   protection: only the policy's chosen instances go, by `deleteInstances` (which lowers the
   target size with them) with skip-instances-on-validation-error, so one that is already gone
   is skipped instead of failing the call; a target size is never lowered below the instances
-  left (the tick guarantees it), so the group never picks a victim of its own.
+  left (the tick guarantees it for desired; `set_on_demand_base` for the on-demand group), so
+  the group never picks a victim of its own.
 - Backlog: Pub/Sub has no API that counts a subscription's messages; Cloud Monitoring's
   `subscription/num_undelivered_messages` is the count (delivered-but-unacked included). It is
   sampled every minute and visible up to ~2 minutes later, so a scale-out from zero can trail a
@@ -172,7 +173,18 @@ class MigFleet:
         self.migs.resize(**self._where(spot), size=max(0, nodes - (od_group.target_size if od_group else 0)))
 
     def set_on_demand_base(self, pool: str, units: int) -> None:
-        self.migs.resize(**self._where(self._names(pool)[1]), size=math.ceil(units / self._weight(pool)))
+        """Size the on-demand group to the base; the tick's set_desired that follows sizes the Spot
+        group to the rest. Never below the on-demand VMs it runs: a resize below them would delete
+        some of the group's own choosing, busy ones too. Those leave when the policy terminates
+        them (on-demand first, once idle), and the base comes down with them."""
+        on_demand = self._names(pool)[1]
+        size = math.ceil(units / self._weight(pool))
+        group = self._get(on_demand)
+        if group is not None and size < group.target_size:
+            size = max(size, sum(1 for m in self._managed(on_demand) if lifecycle_state(m) in ("InService", "Pending")))
+            if size == group.target_size:
+                return
+        self.migs.resize(**self._where(on_demand), size=size)
 
     def terminate(self, pool: str, instance_ids: tuple[str, ...]) -> tuple[str, ...]:
         if not instance_ids:

@@ -1,0 +1,209 @@
+"""The JobStore contract (`tidefleet.ports.JobStore`), on every job store adapter: DynamoDB on the
+moto server, Firestore through the real client on the GCP fake. These are the rules that keep an
+item running once, finished once, and never invented by a late write."""
+
+from __future__ import annotations
+
+import pytest
+
+from tidefleet.records import Fence, Heartbeat, Item, Job, QueueStats
+
+NOW = 1000.0
+
+
+def queued(job: str = "j", item: str = "000000", **values) -> Item:
+    return Item(job, item, **{"args": ["a"], "status": "queued", **values})
+
+
+# -- items: conditional writes and fences ---------------------------------------------------
+def test_claims_run_an_item_once_and_fence_stale_writers(store):
+    s = store.store
+    s.put_item_if_new(queued())
+
+    def claim(node: str, seq: int, at: float):
+        return s.update_item("j", "000000", status="running", node=node, seq=seq, lease_until=at + 30,
+                             message_id="m-1", add={"attempts": 1}, fence=Fence(claim_at=at, seq=seq))  # fmt: skip
+
+    first = claim("node-a", 0, NOW)
+    assert (first.status, first.node, first.attempts, first.lease_until) == ("running", "node-a", 1, NOW + 30)
+    assert claim("node-b", 0, NOW + 5) is None, "a second delivery must not start while A's lease is live"
+    assert claim("node-b", 0, NOW + 31).node == "node-b", "a lapsed lease may be claimed: A is gone"
+    # A comes back: its records are fenced on attempt 1, B holds attempt 2.
+    assert s.update_item("j", "000000", status="queued", fence=Fence(attempt=1)) is None
+    assert s.update_item("j", "000000", lease_until=NOW + 60, fence=Fence(attempt=1)) is None
+    assert s.item("j", "000000").node == "node-b"
+    # B hands it back with message seq 1: a stale copy of message 0 can no longer claim it.
+    assert s.update_item("j", "000000", status="queued", seq=1, lease_until=None, fence=Fence(attempt=2)).seq == 1
+    assert claim("node-c", 0, NOW + 100) is None, "a stale duplicate (older seq) must not run"
+    assert claim("node-c", 1, NOW + 100).attempts == 3
+    assert s.update_item("j", "000000", status="succeeded", fence=Fence(attempt=3)).status == "succeeded"
+    assert claim("node-d", 1, NOW + 200) is None, "final is final"
+
+
+@pytest.mark.parametrize(("job", "item"), [("j", "no-such-item"), ("no-such-job", "000000")])
+def test_an_update_never_creates_an_item_that_was_never_submitted(store, job, item):
+    store.store.put_item_if_new(queued())
+    assert store.store.update_item(job, item, status="running", add={"attempts": 1}, append={"history": {}}) is None
+    assert store.store.item(job, item) is None
+
+
+@pytest.mark.parametrize(("status", "kwargs", "applies"), [
+    ("queued", {"only_from": ("pending", "queued")}, True),
+    ("running", {"only_from": ("pending", "queued")}, False),
+    ("running", {}, True),
+    ("succeeded", {}, False),  # never_from defaults to the final states
+    ("failed", {}, False),
+    ("cancelled", {}, False),
+    ("failed", {"never_from": ("succeeded", "cancelled")}, True),  # retry-failed's way out of failed
+    ("cancelled", {"never_from": ("succeeded", "cancelled")}, False),
+    ("succeeded", {"never_from": ()}, True),  # a history entry kept for a superseded attempt
+])  # fmt: skip
+def test_an_item_changes_only_from_the_states_the_caller_allows(store, status, kwargs, applies):
+    store.store.put_item_if_new(Item("j", "i", ["x"], status=status))
+    result = store.store.update_item("j", "i", status="queued", **kwargs)
+    assert (result is not None) == applies
+    assert store.store.item("j", "i").status == ("queued" if applies else status)
+
+
+def test_an_update_sets_adds_appends_and_removes_fields_and_returns_the_new_item(store):
+    s = store.store
+    s.put_item_if_new(queued(attempts=1, exit_code=3, history=[{"outcome": "failed"}]))
+    item = s.update_item("j", "000000", reason="why", exit_code=None, add={"attempts": 1, "failures": 2},
+                         append={"history": {"outcome": "interrupted", "seconds": 1.5}})  # fmt: skip
+    assert item == s.item("j", "000000")
+    assert (item.reason, item.exit_code, item.attempts, item.failures) == ("why", None, 2, 2)
+    assert item.history == [{"outcome": "failed"}, {"outcome": "interrupted", "seconds": 1.5}]
+    assert item.updated_at > 0 and item.args == ["a"]
+
+
+def test_a_write_that_lost_a_race_loses_no_update(store):
+    store.store.put_item_if_new(queued(status="running", attempts=1))
+    # Another node counts an attempt between this update's read and its write.
+    store.before_next_write(lambda: store.other().update_item("j", "000000", add={"attempts": 1}))
+    item = store.store.update_item("j", "000000", add={"attempts": 1}, append={"history": {"outcome": "interrupted"}})
+    assert item.attempts == 3 and store.store.item("j", "000000").attempts == 3
+
+
+def test_an_item_is_never_finished_twice_even_when_two_nodes_race(store):
+    store.store.put_item_if_new(queued(status="running"))
+    store.before_next_write(lambda: store.other().update_item("j", "000000", status="succeeded", node="other"))
+    assert store.store.update_item("j", "000000", status="succeeded", node="me") is None
+    assert store.store.item("j", "000000").node == "other"
+
+
+def test_an_item_is_put_only_if_new_and_an_existing_one_is_left_untouched(store):
+    s = store.store
+    assert s.put_item_if_new(queued(args=["first"])) is True
+    assert s.put_item_if_new(queued(args=["second"], status="succeeded")) is False
+    assert (s.item("j", "000000").args, s.item("j", "000000").status) == (["first"], "queued")
+
+
+def test_items_are_listed_in_item_id_order_and_only_the_jobs_own(store):
+    for job, item in (("j", "000002"), ("j", "000000"), ("other", "000001"), ("j", "000001")):
+        store.store.put_item_if_new(queued(job, item))
+    assert [i.item_id for i in store.store.items("j")] == ["000000", "000001", "000002"]
+    assert store.store.items("nothing") == []
+
+
+# -- jobs -------------------------------------------------------------------------------------
+def test_a_job_is_put_once_and_a_repeat_returns_the_stored_one(store):
+    first = Job("j", "nightly", "work", 10.0, 2, items_digest="sha256:x")
+    assert store.store.put_job(first) == first
+    assert store.store.put_job(Job("j", "other name", "work", 20.0, 5)) == first
+    assert store.store.job("j") == first and store.store.job("nope") is None
+
+
+def test_jobs_are_listed_oldest_first_filtered_by_queue_and_items_are_never_jobs(store):
+    s = store.store
+    jobs = [Job("b-new", "new", "work", 20.0, 1), Job("a-old", "old", "other", 10.0, 2, items_digest="sha256:x"),
+            Job("c-same-time", "same", "work", 20.0, 1)]  # fmt: skip
+    for job in jobs:
+        s.put_job(job)
+    s.put_item_if_new(queued("b-new"))
+    s.cancel_job("c-same-time")
+    s.set_job_total("b-new", 3)
+    assert s.jobs() == [jobs[1], Job("b-new", "new", "work", 20.0, 3), Job("c-same-time", "same", "work", 20.0, 1, cancelled=True)]
+    assert [j.job_id for j in s.jobs("work")] == ["b-new", "c-same-time"]
+    assert s.jobs("nope") == []
+
+
+@pytest.mark.parametrize("write", [lambda s: s.cancel_job("ghost"), lambda s: s.set_job_total("ghost", 3)])
+def test_cancelling_or_sizing_a_job_that_was_never_put_raises_and_creates_nothing(store, write):
+    with pytest.raises(store.errors):
+        write(store.store)
+    assert store.store.job("ghost") is None and store.store.jobs() == []
+
+
+# -- node heartbeats ------------------------------------------------------------------------------
+def beat(node: str, pool: str = "cpu", at: float = NOW, busy: int = 0, **values) -> Heartbeat:
+    return Heartbeat(node, pool, at=at, slots=2, busy_slots=busy, idle_since=None if busy else at - 10, **values)
+
+
+def test_heartbeats_round_trip_by_pool(store):
+    s = store.store
+    s.put_heartbeat(beat("n-1", at=100.5, instance_type="c6i.large", spot=False, gpus=1))
+    s.put_heartbeat(beat("n-2", busy=2))
+    s.put_heartbeat(beat("n-3", pool="gpu"))
+    got = s.heartbeats("cpu")
+    assert got == {"n-1": beat("n-1", at=100.5, instance_type="c6i.large", spot=False, gpus=1), "n-2": beat("n-2", busy=2)}
+    assert s.heartbeat("cpu", "n-2") == beat("n-2", busy=2)
+    assert s.heartbeat("cpu", "n-3") is None and s.heartbeats("nothing") == {}
+
+
+def test_a_busy_heartbeat_clears_idle_since(store):
+    store.store.put_heartbeat(beat("n-1"))
+    store.store.put_heartbeat(beat("n-1", at=NOW + 5, busy=1))
+    assert store.store.heartbeat("cpu", "n-1").idle_since is None
+
+
+def test_draining_is_sticky_a_later_heartbeat_never_clears_it(store):
+    s = store.store
+    s.put_heartbeat(beat("n-1"))
+    s.mark_draining("cpu", "n-1")
+    s.mark_draining("cpu", "n-1")  # idempotent
+    s.put_heartbeat(beat("n-1", at=NOW + 5, busy=1))
+    assert s.heartbeats("cpu")["n-1"] == beat("n-1", at=NOW + 5, busy=1, draining=True)
+
+
+def test_a_draining_mark_before_the_first_heartbeat_is_not_a_heartbeat_but_the_first_one_drains(store):
+    s = store.store
+    s.mark_draining("cpu", "n-early")  # the interruption function got there before the agent
+    assert s.heartbeats("cpu") == {} and s.heartbeat("cpu", "n-early") is None
+    s.put_heartbeat(beat("n-early"))
+    assert s.heartbeat("cpu", "n-early").draining
+
+
+def test_a_forgotten_node_has_no_heartbeat(store):
+    store.store.put_heartbeat(beat("n-1"))
+    store.store.put_heartbeat(beat("n-2"))
+    store.store.forget_node("cpu", "n-1")
+    assert set(store.store.heartbeats("cpu")) == {"n-2"}
+    store.store.forget_node("cpu", "n-never")  # nothing to forget: not an error
+
+
+# -- queue statistics ---------------------------------------------------------------------------
+def test_queue_stats_keep_an_exponentially_weighted_mean_of_succeeded_items(store):
+    s = store.store
+    assert s.queue_stats(["render"]) == {}
+    s.record_item_seconds("render", 20.0)
+    s.record_item_seconds("render", 40.0)
+    s.record_item_seconds("batch", 300.5)
+    assert s.queue_stats(["render", "batch", "idle"]) == {
+        "render": QueueStats(mean_item_s=20.0 + 0.1 * (40.0 - 20.0), items=2),
+        "batch": QueueStats(mean_item_s=300.5, items=1),
+    }
+
+
+def test_queue_stats_are_compare_and_set_so_a_concurrent_sample_is_never_lost(store):
+    store.store.record_item_seconds("render", 20.0)
+    store.before_next_write(lambda: store.other().record_item_seconds("render", 40.0))
+    store.store.record_item_seconds("render", 60.0)
+    stats = store.store.queue_stats(["render"])["render"]
+    assert stats.items == 3 and stats.mean_item_s == pytest.approx(22.0 + 0.1 * (60.0 - 22.0))
+
+
+def test_queue_stats_read_more_queues_than_one_batch_holds(store):
+    names = [f"q{i}" for i in range(130)]
+    for name in names[::10]:
+        store.store.record_item_seconds(name, 5.0)
+    assert set(store.store.queue_stats(names)) == set(names[::10])
