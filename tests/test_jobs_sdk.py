@@ -87,14 +87,6 @@ def test_submitting_the_same_job_twice_creates_nothing_twice(h):
     assert status.counts == {"succeeded": 0, "running": 0, "queued": 23, "failed": 0, "cancelled": 0}
 
 
-def test_a_submit_that_crashed_before_sending_is_completed_by_the_next(h):
-    items = sdk.read_items(["a", "b"])
-    job_id = sdk.job_id_for("crashed")
-    DynamoStore(h.env.name, h.env.region).put_item_if_new(Item(job_id, "000000", ["a"]))  # recorded, never sent
-    result = sdk.submit(h.env, "crashed", "work", items, kick=False)
-    assert (result.new_items, result.sent) == (1, 2) and h.queue_depth("work") == 2
-
-
 def test_a_job_name_cannot_move_to_another_queue(h):
     sdk.submit(h.env, "j", "work", sdk.read_items(["a"]), kick=False)
     with pytest.raises(sdk.JobError, match="already exists on queue 'work'"):
