@@ -19,7 +19,7 @@ from tidefleet.cli import main
 from tidefleet.cloud.aws.dynamodb import DynamoStore
 from tidefleet.config import Pool
 from tidefleet.jobs import sdk
-from tidefleet.records import Heartbeat, Item
+from tidefleet.records import Heartbeat
 
 
 @pytest.mark.parametrize(
