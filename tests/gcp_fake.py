@@ -56,6 +56,7 @@ class FakeGcp:
     docs: dict[str, dict] = field(default_factory=dict)  # document name -> fields (REST JSON)
     versions: dict[str, int] = field(default_factory=dict)  # document name -> its update counter
     before_write: list = field(default_factory=list)  # callables run (once each) before the next PATCH
+    unavailable_writes: int = 0  # the next this many writes of a batchWrite fail UNAVAILABLE (throttled), unapplied
     subscriptions: dict[str, FakeSubscription] = field(default_factory=dict)  # by subscription id
     published: dict[str, list[bytes]] = field(default_factory=dict)  # topic id -> every body published
     log_entries: list[dict] = field(default_factory=list)  # entries:write, labels merged into each
@@ -81,7 +82,7 @@ class FakeGcp:
                           callback=self._aggregated)  # fmt: skip
         mock.add_callback(responses.GET, re.compile(r"https://monitoring.googleapis.com/v3/.*"), callback=self._series)
         docs = re.compile(rf"{FIRESTORE}/(projects/.+)")
-        for method in (responses.GET, responses.PATCH, responses.DELETE):
+        for method in (responses.GET, responses.PATCH, responses.DELETE, responses.POST):
             mock.add_callback(method, docs, callback=self._locked(self._firestore))
         pubsub = re.compile(rf"{PUBSUB}/projects/{self.project}/(subscriptions|topics)/.+")
         for method in (responses.GET, responses.POST):
@@ -190,9 +191,38 @@ class FakeGcp:
                 return self._error(400, "FAILED_PRECONDITION", "the document was changed since it was read")
         return None
 
+    def _batch(self, verb: str, body: dict):
+        """documents:batchWrite (each write applied or refused on its own, with its status) and
+        documents:batchGet (a streamed JSON array: one found or missing entry per name)."""
+        if verb == "batchGet":
+            return 200, {}, json.dumps([{"found": self._doc(n)} if n in self.docs else {"missing": n}
+                                        for n in body["documents"]])  # fmt: skip
+        statuses, results = [], []
+        for write in body["writes"]:
+            name = write["update"]["name"]
+            exists = write.get("currentDocument", {}).get("exists")
+            if self.unavailable_writes:
+                self.unavailable_writes -= 1
+                statuses.append({"code": 14, "message": "fake: throttled"})
+            elif exists is False and name in self.docs:
+                statuses.append({"code": 6, "message": f"document already exists: {name}"})
+            elif exists is True and name not in self.docs:
+                statuses.append({"code": 5, "message": f"no document to update: {name}"})
+            else:
+                self.docs[name] = dict(write["update"].get("fields", {}))
+                self.versions[name] = self.versions.get(name, 0) + 1
+                statuses.append({})  # code 0 (OK) is the default, left out of JSON
+                results.append({"updateTime": self._doc(name)["updateTime"]})
+                continue
+            results.append({})
+        return 200, {}, json.dumps({"writeResults": results, "status": statuses})
+
     def _firestore(self, request):
         path, query = self._record(request)
         name = path.removeprefix("/v1/")
+        if request.method == "POST":
+            name, verb = name.rsplit(":", 1)
+            return self._batch(verb, json.loads(request.body))
         if request.method == "PATCH":
             while self.before_write:  # another writer, in between our read and our write
                 self.before_write.pop(0)()

@@ -58,8 +58,13 @@ def test_submit_records_the_job_publishes_its_items_and_kicks_the_scaler_topic(g
     done = sdk.submit(ENV, "nightly eval", "default", sdk.read_items(["gs://b/1", "gs://b/2"]))
     assert (done.new_items, done.sent, done.total) == (2, 2, 2)
     assert done.kick == "kicked tidefleet-gcp-dev-kick"
-    (job_create,) = calls(gcp, "PATCH", f"/jobs/{done.job_id}")
+    job_create, job_end = calls(gcp, "PATCH", f"/jobs/{done.job_id}")
     assert job_create["query"] == {"currentDocument.exists": "false"}, "a job is created only if new"
+    assert job_create["body"]["fields"]["submitting"] == {"booleanValue": True}
+    assert job_end["query"]["updateMask.fieldPaths"] == ["total", "submitting"]
+    (items,) = calls(gcp, "POST", "/documents:batchWrite")  # one batch, each item created only if new
+    assert [w["currentDocument"] for w in items["body"]["writes"]] == [{"exists": False}] * 2
+    assert calls(gcp, "PATCH", f"/jobs/{done.job_id}/sent/00000000"), "the chunk is marked sent"
     (publish,) = calls(gcp, "POST", f"/topics/{SUB}:publish")
     assert published(publish) == [
         {"job": done.job_id, "item": "000000", "args": ["gs://b/1"], "failures": 0, "interruptions": 0, "lost": 0, "seq": 0},

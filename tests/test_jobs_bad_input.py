@@ -124,7 +124,7 @@ def test_items_built_in_code_get_the_same_rules_before_anything_is_written(h, it
 # -- a job name keeps its items ------------------------------------------------------------------
 def test_resubmitting_a_job_name_with_other_items_is_refused_and_changes_nothing(h, tmp_path):
     first = sdk.submit(h.env, "keep", "work", sdk.read_items(["a", "b"]), kick=False)
-    assert DynamoStore(h.env.name, h.env.region).job(first.job_id).items_digest.startswith("sha256:")
+    assert DynamoStore(h.env.name, h.env.region).job(first.job_id).items_digest.startswith("seq-sha256:")
     for other in (["a", "c"], ["a", "b", "c"], ["b", "a"]):  # another arg, one more, a different order
         with pytest.raises(sdk.JobError, match="already exists with different items .2 item.s. recorded"):
             sdk.submit(h.env, "keep", "work", sdk.read_items(other), kick=False)
@@ -133,7 +133,7 @@ def test_resubmitting_a_job_name_with_other_items_is_refused_and_changes_nothing
     items.write_text("a\nz\n")
     out = run(h, "submit", "--name", "keep", "--queue", "work", "--items", str(items))
     refused_cleanly(out)
-    assert "re-submit the same items, or use another --name or --job-id" in out.output
+    assert "re-submit the same items in the same order, or use another --name or --job-id" in out.output
 
 
 def test_a_job_recorded_before_digests_is_compared_by_its_recorded_items(h):

@@ -19,7 +19,7 @@ from tidefleet.cli import main
 from tidefleet.cloud.aws.dynamodb import DynamoStore
 from tidefleet.config import Pool
 from tidefleet.jobs import sdk
-from tidefleet.records import Heartbeat, Item
+from tidefleet.records import Heartbeat
 
 
 @pytest.mark.parametrize(
@@ -85,14 +85,6 @@ def test_submitting_the_same_job_twice_creates_nothing_twice(h):
     assert h.queue_depth("work") == 23
     status = sdk.status(h.env, first.job_id)
     assert status.counts == {"succeeded": 0, "running": 0, "queued": 23, "failed": 0, "cancelled": 0}
-
-
-def test_a_submit_that_crashed_before_sending_is_completed_by_the_next(h):
-    items = sdk.read_items(["a", "b"])
-    job_id = sdk.job_id_for("crashed")
-    DynamoStore(h.env.name, h.env.region).put_item_if_new(Item(job_id, "000000", ["a"]))  # recorded, never sent
-    result = sdk.submit(h.env, "crashed", "work", items, kick=False)
-    assert (result.new_items, result.sent) == (1, 2) and h.queue_depth("work") == 2
 
 
 def test_a_job_name_cannot_move_to_another_queue(h):

@@ -180,6 +180,24 @@ class JobStore(NodeStatePort, QueueStatsPort, Protocol):
     def put_item_if_new(self, item: Item) -> bool:
         """False if an item with this id already exists in the job (left untouched)."""
 
+    def create_items(self, items: list[Item], *, unseen: bool = False) -> list[str]:
+        """Record each item that does not exist yet, in the store's batch writes (retrying what
+        it throttles); returns the ids created. `unseen`: the caller knows none exists (a chunk
+        of a job created by this submit), so a store without conditional batch writes may write
+        them unconditionally (DynamoDB BatchWriteItem); otherwise it must check each."""
+
+    def items_by_id(self, job_id: str, item_ids: list[str]) -> dict[str, Item]:
+        """Those of these items that exist, by id (batched reads)."""
+
+    def mark_sent(self, job_id: str, chunk: int, count: int) -> None:
+        """Submit chunk `chunk` (`count` items) is recorded and its messages were accepted."""
+
+    def sent_chunks(self, job_id: str) -> dict[int, int]:
+        """Every chunk marked sent, with its item count."""
+
+    def end_submit(self, job_id: str, total: int) -> None:
+        """Every item is recorded and sent: set the job's total and clear `submitting`."""
+
     def item(self, job_id: str, item_id: str) -> Item | None: ...
 
     def items(self, job_id: str) -> list[Item]:

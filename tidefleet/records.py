@@ -31,7 +31,8 @@ class Heartbeat:
     gpus: int = 0
 
 
-# Item lifecycle: pending (recorded, not yet sent) -> queued -> running -> one of FINAL.
+# Item lifecycle: queued (recorded; sent once its submit chunk is marked sent) -> running -> one
+# of FINAL. pending (recorded, not yet sent) is only left by submits of earlier versions.
 # A retried or handed-back item goes running -> queued again.
 FINAL = ("succeeded", "failed", "cancelled")
 
@@ -67,6 +68,11 @@ class Job:
     total: int
     cancelled: bool = False
     items_digest: str = ""  # of the submitted item list (jobs.sdk.items_digest); "" on older jobs
+    # Chunked submit (jobs.sdk.submit): items per chunk and chunks written at once; 0 on jobs
+    # submitted item by item. `submitting` until every chunk is recorded and sent.
+    chunk: int = 0
+    window: int = 0
+    submitting: bool = False
 
 
 @dataclass(frozen=True)

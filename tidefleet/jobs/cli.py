@@ -60,13 +60,30 @@ def _explained(env: Environment):
 def submit(env_name, name, queue, items_from, job_id) -> None:
     """Submit a job: record it and its items, send them to the queue, kick the scaler."""
     env = _load(env_name)
+    done, started = 0, None
+
+    def told(n: int) -> None:
+        nonlocal done
+        done += n
+        bar.advance(task, n)
+
+    def recorded(job) -> None:  # the id at once: a long submit can be followed (and resumed) by it
+        nonlocal started
+        started = job
+        bar.console.print(f"job {job.job_id}: sending {job.total} item(s) to {job.queue}; "
+                          "if stopped, the same command continues it", markup=False, highlight=False)
+
     with _explained(env):
         items = sdk.read_items(items_from)
         with Progress(TextColumn("sending"), BarColumn(), TextColumn("{task.completed}/{task.total} items"),
-                      transient=True, disable=len(items) < 1000) as bar:
+                      console=Console(stderr=True), transient=True, disable=len(items) < 1000) as bar:
             task = bar.add_task("", total=len(items))
-            result = sdk.submit(env, name, queue, items, job_id=job_id,
-                                progress=lambda n: bar.advance(task, n))
+            try:
+                result = sdk.submit(env, name, queue, items, job_id=job_id, progress=told, on_job=recorded)
+            except KeyboardInterrupt:
+                where = f"job {started.job_id}: {done} of {started.total} item(s) sent" if started else "nothing sent"
+                click.echo(f"interrupted: {where}; run the same command again to continue", err=True)
+                raise SystemExit(130) from None
     click.echo(f"job {result.job_id}: {result.total} item(s), {result.new_items} new, {result.sent} sent; {result.kick}")
 
 
@@ -89,7 +106,10 @@ def _view(status: sdk.JobStatus, *, all_failed: bool) -> list:
     progress.add_task(escape(status.job.job_id), total=total, completed=finished)
     cancelled = "  [cancelled job]" if status.job.cancelled else ""
     lines: list = [progress.get_renderable(), Text("  ".join(f"{k} {v}" for k, v in c.items()) + cancelled)]
-    if status.unrecorded:
+    if status.submitting:
+        lines.append(Text(f"  submitting: {status.sent} of {status.job.total} item(s) sent so far; "
+                          "if its submit is no longer running, run the same submit again"))
+    elif status.unrecorded:
         lines.append(Text(f"  {status.unrecorded} item(s) not recorded yet: run the same submit again"))
     failed = [i for i in status.items if i.status == "failed"]
     reasons = Counter(i.reason for i in failed).most_common()
@@ -121,7 +141,8 @@ def status_json(status: sdk.JobStatus) -> dict:
               for i in status.items if i.status == "failed"]
     return {"job_id": job.job_id, "name": job.name, "queue": job.queue, "created_at": job.created_at,
             "total": job.total, "cancelled": job.cancelled, "state": status.state, "done": status.done,
-            "counts": status.counts, "unrecorded": status.unrecorded, "failed": failed,
+            "counts": status.counts, "unrecorded": status.unrecorded, "submitting": status.submitting,
+            "sent": status.sent, "failed": failed,
             "warnings": list(status.warnings)}
 
 

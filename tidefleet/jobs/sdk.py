@@ -3,8 +3,29 @@ its dead-lettered items back, and list the nodes working on it.
 
 A job is a name, a queue and a list of items; each item is a list of string arguments
 appended to the pool's command. Submitting is idempotent: the job id derives from the name
-(unless given) and item ids from positions (unless given), records are conditional puts, and
-only items not yet sent are sent, so running the same submit twice creates nothing twice.
+(unless given) and item ids from positions (unless given), so running the same submit twice
+creates and sends nothing twice, and a submit that stopped midway (Ctrl-C, a crash, throttling)
+is continued by running it again.
+
+How a submit writes (`submit`), designed for 250,000 items in minutes: items are checked first
+(`read_items` spools a file to disk, so memory stays flat), the job record is written, then the
+items go in CHUNKs, THREADS chunks at once. Per chunk: record its items as `queued` in batch
+writes, send its messages in batches, then write one mark "chunk k sent". Why in that order:
+an agent drops a message whose item has no record, so the record comes first; and the mark,
+one write per chunk instead of one update per item, is what a re-run trusts.
+  - A job this call created has no items yet, so its chunks are written without conditions
+    (DynamoDB's BatchWriteItem has none) and nothing is read.
+  - A re-run skips the marked chunks without reading them. Chunks are started in order and at
+    most `window` (the threads of the first run) are unmarked at once, so only the first
+    `window` unmarked chunks can hold records: those are read, missing items created with a
+    condition, and items still `queued` sent again; every later chunk is written as new.
+  - Crash windows: before a chunk's records, nothing of it exists; between records and send,
+    its items are recorded, not sent, and a re-run sends them; between send and mark, a re-run
+    sends that chunk again: the one duplicate, at most a chunk per thread, and harmless (the
+    agent drops a message whose item is final and fences a running one). Nothing is ever
+    recorded and never sent once a re-run has finished; `status` shows a job whose submit has
+    not finished as submitting.
+Jobs submitted item by item by earlier versions (`Job.chunk` 0) are continued item by item.
 
 The message of an item carries its failure and interruption counts (`ItemMessage`): the
 agent re-sends a message to retry or hand back an item, so the queue's delivery count (and
@@ -22,12 +43,17 @@ import json
 import logging
 import os
 import re
+import sqlite3
 import sys
+import tempfile
 import time
 import urllib.request
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, replace
+from itertools import islice
 from pathlib import Path
 
 from tidefleet.cloud import for_env
@@ -36,7 +62,9 @@ from tidefleet.ports import Cloud
 from tidefleet.records import FINAL, Item, Job
 from tidefleet.resources import redrive_receives
 
-SEND_BATCH = 10  # items sent between store updates (one SQS batch)
+SEND_BATCH = 10  # messages per receive of the dead-letter queue (SQS's most)
+CHUNK = 500  # items per submit chunk: one progress mark each (`submit`)
+THREADS = 8  # chunks written at once; a crash leaves at most this many chunks uncertain
 log = logging.getLogger("tidefleet.jobs")
 
 
@@ -149,15 +177,53 @@ def _short(value) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+class ItemList:
+    """Checked items, in their order, to iterate as often as needed: `len`, `digest`. Items
+    read from a file or stdin live in a temporary spool file of canonical lines, written while
+    they were checked, so a million items never sit in memory at once (and a file changed
+    after the check cannot change what is sent); items given as a Python list stay in it."""
+
+    def __init__(self, count: int, digest: str, *, specs: list[ItemSpec] | None = None, spool: str | None = None):
+        self.count, self.digest, self._specs, self._spool = count, digest, specs, spool
+        if spool is not None:
+            weakref.finalize(self, os.unlink, spool)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[ItemSpec]:
+        if self._specs is not None:
+            yield from self._specs
+            return
+        with open(self._spool, encoding="utf-8") as lines:
+            for line in lines:
+                item_id, args = json.loads(line)
+                yield ItemSpec(item_id, args)
+
+
+def _canonical(spec: ItemSpec) -> str:
+    return json.dumps([spec.item_id, spec.args], separators=(",", ":")) + "\n"
+
+
+DIGEST = "seq-sha256:"  # of the items in order: a re-run continues by position, so order matters
+
+
 class _Reader:
     """Collects items and every problem, by where it is (`name:line` or `name[index]`), before
-    anything is submitted. Strings are only built for problems: 250,000 items stay cheap."""
+    anything is submitted. Strings are only built for problems: 250,000 items stay cheap. Ids
+    seen are kept in a temporary SQLite table on disk, not a dict (a million ids: ~100 MB)."""
 
-    def __init__(self, name: str, *, lines: bool):
+    def __init__(self, name: str, *, lines: bool, spool: bool):
         self.name, self.lines = name, lines
-        self.specs: list[ItemSpec] = []
+        self.count = 0
+        self.hash = hashlib.sha256()
         self.problems: list[str] = []
-        self.first_seen: dict[str, int] = {}
+        self.seen = sqlite3.connect("")  # "": a private temporary database, deleted on close
+        self.seen.execute("CREATE TABLE seen (id TEXT PRIMARY KEY, at INTEGER)")
+        self.specs: list[ItemSpec] | None = None if spool else []
+        self.spool = None
+        if spool:  # closed in result(); deleted with the ItemList, or at once if refused
+            self.spool = tempfile.NamedTemporaryFile("w", encoding="utf-8", prefix="tidefleet-items-", delete=False)  # noqa: SIM115
 
     def where(self, at: int) -> str:
         return f"{self.name}:{at}" if self.lines else f"{self.name}[{at}]"
@@ -166,37 +232,58 @@ class _Reader:
         self.problems.append(f"{self.where(at)}: {text}")
 
     def add(self, value, at: int) -> None:
-        spec = value if isinstance(value, ItemSpec) else _spec(len(self.specs), value)
+        spec = value if isinstance(value, ItemSpec) else _spec(self.count, value)
         if isinstance(spec, str):
             self.problem(at, spec)
             return
         for text in _problems(spec):
             self.problem(at, text)
-        first = self.first_seen.setdefault(spec.item_id, at)
-        if first != at:
+        if not self.seen.execute("INSERT OR IGNORE INTO seen VALUES (?, ?)", (spec.item_id, at)).rowcount:
+            (first,) = self.seen.execute("SELECT at FROM seen WHERE id = ?", (spec.item_id,)).fetchone()
             used = f"on line {first}" if self.lines else f"by {self.where(first)}"
             self.problem(at, f"item id {spec.item_id[:80]!r} already used {used}; give each item its own id")
-        self.specs.append(spec)
+        self.count += 1
+        if self.problems:  # refused anyway: keep counting problems, stop keeping items
+            return
+        line = _canonical(spec)
+        self.hash.update(line.encode())
+        if self.spool is not None:
+            self.spool.write(line)
+        else:
+            self.specs.append(spec)
 
-    def result(self) -> list[ItemSpec]:
+    def result(self) -> ItemList:
+        self.seen.close()
+        if self.spool is not None:
+            self.spool.close()
+        try:
+            self._refuse()
+        except JobError:
+            if self.spool is not None:
+                os.unlink(self.spool.name)
+            raise
+        digest = DIGEST + self.hash.hexdigest()
+        return ItemList(self.count, digest, specs=self.specs, spool=self.spool and self.spool.name)
+
+    def _refuse(self) -> None:
         if len(self.problems) == 1:
             raise JobError(f"{self.problems[0]}; nothing submitted")
         if self.problems:
             more = len(self.problems) - MAX_PROBLEMS
             shown = self.problems[:MAX_PROBLEMS] + ([f"... and {more} more problem(s)"] if more > 0 else [])
             raise JobError(f"{self.name}: {len(self.problems)} problem(s), nothing submitted:\n" + "\n".join(shown))
-        if not self.specs:
+        if not self.count:
             raise JobError(f"{self.name}: no items given; a job needs at least one item")
-        return self.specs
 
 
-def read_items(source: Iterable | str | Path | io.IOBase) -> list[ItemSpec]:
+def read_items(source: Iterable | str | Path | io.IOBase) -> ItemList:
     """Items from a Python list, a file path ('-' = stdin) or an open stream (text or bytes).
 
     Files: one item per line, UTF-8; a line starting with '{', '[' or '"' is JSON, any other
     line is a URI (one argument, surrounding whitespace removed). Blank lines and lines starting
     with '#' are skipped. The whole input is checked first: any problem (each listed with its
-    line) refuses it all, so a bad line never leaves half a job behind."""
+    line) refuses it all, so a bad line never leaves half a job behind. A file or stream is read
+    once, into a spool file on disk (`ItemList`): memory stays flat however many items."""
     if isinstance(source, (str, Path)):
         if str(source) == "-":  # bytes, so a line that is not UTF-8 is reported, not a crash
             return _lines(getattr(sys.stdin, "buffer", sys.stdin), "stdin")
@@ -210,7 +297,7 @@ def read_items(source: Iterable | str | Path | io.IOBase) -> list[ItemSpec]:
             raise JobError(f"items: cannot read {str(path)!r} ({err.strerror}); check the file's permissions") from None
     if isinstance(source, io.IOBase) or hasattr(source, "readline"):
         return _lines(source, "stdin")
-    reader = _Reader("items", lines=False)
+    reader = _Reader("items", lines=False, spool=False)
     for i, value in enumerate(source):
         reader.add(value, i)
     return reader.result()
@@ -240,8 +327,8 @@ def _raw_lines(stream, name: str) -> Iterator[tuple[int, bytes | None]]:
         yield number, None
 
 
-def _lines(stream, name: str) -> list[ItemSpec]:
-    reader = _Reader(name, lines=True)
+def _lines(stream, name: str) -> ItemList:
+    reader = _Reader(name, lines=True, spool=True)
     for number, raw in _raw_lines(stream, name):
         if raw is None:
             reader.problem(number, f"line longer than {MAX_LINE_BYTES} bytes; pass large data by URI, not inline")
@@ -267,20 +354,28 @@ def _lines(stream, name: str) -> list[ItemSpec]:
     return reader.result()
 
 
-def check_items(items: list[ItemSpec]) -> None:
+def check_items(items: Iterable[ItemSpec]) -> ItemList:
     """The rules `read_items` applies, for items built in code: raises JobError listing every problem."""
-    reader = _Reader("items", lines=False)
+    if isinstance(items, ItemList):
+        return items
+    reader = _Reader("items", lines=False, spool=False)
     for i, spec in enumerate(items):
         if not isinstance(spec, ItemSpec) or not isinstance(spec.item_id, str) or not isinstance(spec.args, list) \
                 or not all(isinstance(a, str) for a in spec.args):
             reader.problem(i, f"not an ItemSpec(item_id: str, args: list[str]) (got {_short(spec)})")
             continue
         reader.add(spec, i)
-    reader.result()
+    return reader.result()
 
 
-def items_digest(items: list[ItemSpec]) -> str:
-    """The item list's identity, stored on the job: a re-submit with other items is refused."""
+def items_digest(items: Iterable[ItemSpec]) -> str:
+    """The item list's identity, in order, stored on the job: a re-submit with other items (or
+    the same in another order) is refused."""
+    return check_items(items).digest
+
+
+def _legacy_digest(items: Iterable[ItemSpec]) -> str:
+    """The digest earlier versions stored ("sha256:"; order-free, so it needs every item in memory)."""
     canonical = json.dumps(sorted([s.item_id, s.args] for s in items), separators=(",", ":"))
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -301,69 +396,134 @@ def send_messages(cloud: Cloud, queue: str, messages: list[ItemMessage], *, dead
 class Submitted:
     job_id: str
     new_items: int  # recorded by this call
-    sent: int  # sent by this call (new ones plus any a crashed earlier submit left unsent)
+    sent: int  # sent by this call (new ones plus any a stopped earlier submit left unsent)
     total: int
     kick: str  # how the scaler was told, or why it was not
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """What a submit of a job has to do, from what the store says (see the module docstring)."""
+
+    chunk: int  # items per chunk
+    threads: int
+    done: dict[int, int]  # chunks marked sent: skipped unread, with their item counts
+    uncertain: set[int]  # chunks that may hold records: read, then created with conditions
+    resend: tuple[str, ...]  # statuses of an existing item of an uncertain chunk that mean "maybe not sent"
+    mark: bool  # write progress marks (not on jobs submitted item by item)
+
+
 def submit(
-    env: Environment, name: str, queue: str, items: list[ItemSpec], *, job_id: str | None = None, kick: bool = True,
-    progress: Callable[[int], None] | None = None,
+    env: Environment, name: str, queue: str, items: Iterable[ItemSpec], *, job_id: str | None = None,
+    kick: bool = True, progress: Callable[[int], None] | None = None, on_job: Callable[[Job], None] | None = None,
+    threads: int = THREADS,
 ) -> Submitted:
-    """Record the job and its items, send them, kick the scaler. Idempotent: submitting the same
-    job and items again creates and sends nothing twice. `progress(n)` is told as items go out."""
+    """Record the job and its items, send them, kick the scaler once the first chunk is out.
+    Idempotent, and a submit that stopped midway is continued: submitting the same job and items
+    again creates and sends nothing twice. `on_job(job)` is told once the job is recorded;
+    `progress(n)` as items go out (first with those an earlier submit already sent)."""
     if queue not in env.queues:
         known = ", ".join(sorted(env.queues))
         raise JobError(f"queue: unknown queue {queue!r} in environment {env.name!r}; known queues: {known}")
     job_id = job_id or job_id_for(name)
     if (why := id_problem(job_id)) is not None:
         raise JobError(f"job id: {job_id[:80]!r} {why}; {ID_HELP}")
-    check_items(items)  # everything is checked before the first write
-    digest = items_digest(items)
+    items = check_items(items)  # everything is checked before the first write
     cloud = for_env(env)
-    stored = cloud.store.put_job(Job(job_id, name, queue, time.time(), len(items), items_digest=digest))
+    ours = Job(job_id, name, queue, time.time(), len(items), items_digest=items.digest, chunk=CHUNK, window=threads,
+               submitting=True)  # fmt: skip
+    stored = cloud.store.put_job(ours)
     if stored.queue != queue:
         raise JobError(f"job {job_id!r} already exists on queue {stored.queue!r}; use another name or --job-id")
     if stored.cancelled:
         raise JobError(f"job {job_id!r} was cancelled; submit under another name or --job-id")
-    existing = {i.item_id: i for i in cloud.store.items(job_id)}
-    if not _same_items(stored, digest, items, existing):
+    if not _same_items(cloud, stored, items):
         raise JobError(
             f"job {job_id!r} already exists with different items ({stored.total} item(s) recorded, "
-            f"{len(items)} given); re-submit the same items, or use another --name or --job-id"
+            f"{len(items)} given); re-submit the same items in the same order, or use another --name or --job-id"
         )
-    new_ids = {s.item_id for s in items if s.item_id not in existing}
-    # "pending" = recorded but maybe not sent: a submit that crashed between the two is
-    # completed by the next one, so no item is ever recorded and never queued.
-    unsent = [s for s in items if s.item_id in new_ids or existing[s.item_id].status == "pending"]
-    recorded, how = 0, "not needed"
-    for start in range(0, len(unsent), SEND_BATCH):
-        batch = unsent[start : start + SEND_BATCH]
-        recorded += sum(
-            cloud.store.put_item_if_new(Item(job_id, s.item_id, s.args, status="pending"))
-            for s in batch
-            if s.item_id in new_ids
-        )
-        send_messages(cloud, queue, [ItemMessage(job_id, s.item_id, s.args) for s in batch])
-        for s in batch:  # an agent may already have started it: only pending becomes queued
-            cloud.store.update_item(job_id, s.item_id, only_from=("pending",), status="queued")
-        if kick and start == 0:  # work is waiting now: nodes boot while the rest is sent
-            how = kick_scaler(env, f"submit {job_id}")
-        if progress:
-            progress(len(batch))
-    total = len(existing) + recorded
-    if total != stored.total:
-        cloud.store.set_job_total(job_id, total)
-    return Submitted(job_id, recorded, len(unsent), total, how)
+    if on_job:
+        on_job(stored)
+    if stored.chunk and not stored.submitting:  # finished before: nothing to read, nothing to do
+        return Submitted(job_id, 0, 0, stored.total, "not needed")
+    plan = _plan(cloud, stored, fresh=stored == ours, threads=threads)
+    if progress and plan.done:
+        progress(sum(plan.done.values()))
+    new, sent, how = 0, 0, "not needed"
+    running: set[Future] = set()
+    pool = ThreadPoolExecutor(plan.threads, thread_name_prefix="submit")
+
+    def collect(finished: set[Future]) -> None:
+        nonlocal new, sent, how
+        running.difference_update(finished)
+        for future in finished:
+            created, out, size = future.result()  # a chunk's error ends the submit; a re-run continues it
+            new, sent = new + created, sent + out
+            if kick and out and how == "not needed":  # work is waiting: nodes boot while the rest is sent
+                how = kick_scaler(env, f"submit {job_id}")
+            if progress:
+                progress(size)
+
+    try:
+        specs = iter(items)
+        for k, chunk in enumerate(iter(lambda: list(islice(specs, plan.chunk)), [])):
+            if k in plan.done:
+                continue
+            while len(running) >= 2 * plan.threads:  # read ahead a little, not the whole file
+                collect(wait(running, return_when=FIRST_COMPLETED).done)
+            running.add(pool.submit(_write_chunk, cloud, stored, k, chunk, plan))
+        while running:
+            collect(wait(running, return_when=FIRST_COMPLETED).done)
+    finally:  # on an error or Ctrl-C: chunks not started are dropped, started ones finish (and mark)
+        pool.shutdown(wait=True, cancel_futures=True)
+    if stored.submitting or stored.total != len(items):
+        cloud.store.end_submit(job_id, len(items))
+    return Submitted(job_id, new, sent, len(items), how)
 
 
-def _same_items(stored: Job, digest: str, items: list[ItemSpec], existing: dict[str, Item]) -> bool:
-    if stored.items_digest:
-        return stored.items_digest == digest
-    # A job recorded before digests: its total and every item recorded so far (a crashed
+def _plan(cloud: Cloud, job: Job, *, fresh: bool, threads: int) -> _Plan:
+    if fresh:
+        return _Plan(CHUNK, threads, {}, set(), (), mark=True)
+    if not job.chunk:  # submitted item by item: any item may exist; "pending" ones were maybe not sent
+        chunks = range(-(-job.total // CHUNK))
+        return _Plan(CHUNK, threads, {}, set(chunks), ("pending",), mark=False)
+    done = cloud.store.sent_chunks(job.job_id)
+    chunks = -(-job.total // job.chunk)
+    unmarked = [k for k in range(chunks) if k not in done]
+    # At most `window` chunks were in flight: no later chunk can hold a record. Not more threads
+    # than that now either, or a crash of this run could leave more.
+    return _Plan(job.chunk, min(threads, job.window), done, set(unmarked[: job.window]), ("pending", "queued"),
+                 mark=True)  # fmt: skip
+
+
+def _write_chunk(cloud: Cloud, job: Job, k: int, specs: list[ItemSpec], plan: _Plan) -> tuple[int, int, int]:
+    """Record, send, mark one chunk; returns (items created, messages sent, items in it)."""
+    records = [Item(job.job_id, s.item_id, s.args, status="queued") for s in specs]
+    if k in plan.uncertain:
+        existing = cloud.store.items_by_id(job.job_id, [s.item_id for s in specs])
+        created = set(cloud.store.create_items([r for r in records if r.item_id not in existing]))
+        send = [s for s in specs if s.item_id in created or (s.item_id in existing and existing[s.item_id].status in plan.resend)]
+    else:
+        created = cloud.store.create_items(records, unseen=True)
+        send = specs
+    send_messages(cloud, job.queue, [ItemMessage(job.job_id, s.item_id, s.args) for s in send])
+    if plan.mark:
+        cloud.store.mark_sent(job.job_id, k, len(specs))
+    else:  # item by item, as those jobs were: only pending becomes queued (an agent may have started it)
+        for s in send:
+            cloud.store.update_item(job.job_id, s.item_id, only_from=("pending",), status="queued")
+    return len(created), len(send), len(specs)
+
+
+def _same_items(cloud: Cloud, stored: Job, items: ItemList) -> bool:
+    if stored.items_digest.startswith(DIGEST):
+        return stored.items_digest == items.digest
+    if stored.items_digest:  # an earlier version's digest: order-free, over every item in memory
+        return stored.items_digest == _legacy_digest(items)
+    # A job recorded before digests: its total and every item recorded so far (a stopped
     # submit may have recorded only some) must match.
     given = {s.item_id: s.args for s in items}
-    return stored.total == len(items) and all(given.get(i) == item.args for i, item in existing.items())
+    return stored.total == len(items) and all(given.get(i.item_id) == i.args for i in cloud.store.items(stored.job_id))
 
 
 def kick_scaler(env: Environment, reason: str) -> str:
@@ -391,6 +551,12 @@ class JobStatus:
     counts: dict[str, int]  # every state in STATES, pending counted as queued
     items: list[Item]
     warnings: tuple[str, ...] = ()  # what could not be checked (the dead-letter queue), to print
+    sent: int | None = None  # items recorded and sent; below total while the job is submitting
+
+    @property
+    def submitting(self) -> bool:
+        """Its submit has not finished: still running, or stopped (then run it again)."""
+        return self.job.submitting
 
     @property
     def unrecorded(self) -> int:
@@ -400,7 +566,7 @@ class JobStatus:
     @property
     def done(self) -> bool:
         """Every item has a final status (an unrecorded item is not final either)."""
-        return self.unrecorded == 0 and all(i.status in FINAL for i in self.items)
+        return not self.submitting and self.unrecorded == 0 and all(i.status in FINAL for i in self.items)
 
     @property
     def state(self) -> str:
@@ -433,7 +599,8 @@ def status(env: Environment, job_id: str, *, reconcile: bool = True) -> JobStatu
 def _status(cloud: Cloud, job: Job, warnings: list[str] = ()) -> JobStatus:
     items = cloud.store.items(job.job_id)
     counts = Counter("queued" if i.status == "pending" else i.status for i in items)
-    return JobStatus(job, {s: counts.get(s, 0) for s in STATES}, items, tuple(warnings))
+    sent = sum(cloud.store.sent_chunks(job.job_id).values()) if job.submitting else len(items)
+    return JobStatus(job, {s: counts.get(s, 0) for s in STATES}, items, tuple(warnings), sent)
 
 
 JOB_STATES = ("running", "done", "failed")  # JobStatus.state

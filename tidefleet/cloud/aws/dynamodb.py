@@ -3,6 +3,7 @@
 Keys (pk, sk), all strings:
   JOB#<job_id>   JOB              the job: name, queue, created_at, total, cancelled
   JOB#<job_id>   ITEM#<item_id>   an item: status, attempts, interruptions, exit_code, reason, ...
+  JOB#<job_id>   SENT#<chunk>     a submit chunk recorded and sent: n (its item count)
   POOL#<pool>    NODE#<node_id>   a node's heartbeat: see `Heartbeat`
   QUEUE#<queue>  STATS            mean_item_s (EWMA of succeeded items' run time), items (count)
 
@@ -12,6 +13,7 @@ the interruption function. Numbers go through Decimal because DynamoDB wants it.
 
 from __future__ import annotations
 
+import random
 import time
 from dataclasses import asdict, fields
 from decimal import Decimal
@@ -22,6 +24,16 @@ from botocore.exceptions import ClientError
 from tidefleet import naming
 from tidefleet.policy.model import item_seconds_mean
 from tidefleet.records import FINAL, STATS_RETRIES, Fence, Heartbeat, Item, Job, QueueStats
+
+WRITE_BATCH = 25  # BatchWriteItem's limit
+GET_BATCH = 100  # BatchGetItem's limit
+RETRIES = 8  # rounds of unprocessed items (throttling) before giving up; backoff doubles from BACKOFF_S
+BACKOFF_S = 0.05
+
+
+def backoff(attempt: int) -> None:
+    """Full jitter: concurrent writers throttled together do not retry together."""
+    time.sleep(random.uniform(0, BACKOFF_S * 2**attempt))
 
 
 def _to_dynamo(value):
@@ -206,17 +218,82 @@ class DynamoStore:
 
     def put_item_if_new(self, item: Item) -> bool:
         """False if an item with this id already exists in the job (left untouched)."""
-        record = {k: _to_dynamo(v) for k, v in asdict(item).items() if v is not None}
         try:
-            self.table.put_item(
-                Item={"pk": f"JOB#{item.job_id}", "sk": f"ITEM#{item.item_id}", **record},
-                ConditionExpression="attribute_not_exists(pk)",
-            )
+            self.table.meta.client.put_item(TableName=self.table.name, Item=self._item_record(item),
+                                            ConditionExpression="attribute_not_exists(pk)")  # fmt: skip
             return True
         except ClientError as err:
             if err.response["Error"]["Code"] != "ConditionalCheckFailedException":
                 raise
             return False
+
+    def _item_record(self, item: Item) -> dict:
+        return {"pk": f"JOB#{item.job_id}", "sk": f"ITEM#{item.item_id}",
+                **{k: _to_dynamo(v) for k, v in asdict(item).items() if v is not None}}  # fmt: skip
+
+    def create_items(self, items: list[Item], *, unseen: bool = False) -> list[str]:
+        """BatchWriteItem (25 a call, unprocessed ones retried with backoff) when `unseen`: it has
+        no conditions, so it is only for items that cannot exist yet. Otherwise a conditional
+        put each (`put_item_if_new`)."""
+        if not unseen:
+            return [i.item_id for i in items if self.put_item_if_new(i)]
+        client = self.table.meta.client  # a client is thread-safe, a resource is not
+        for start in range(0, len(items), WRITE_BATCH):
+            pending = {self.table.name: [{"PutRequest": {"Item": self._item_record(i)}}
+                                         for i in items[start : start + WRITE_BATCH]]}  # fmt: skip
+            for attempt in range(RETRIES + 1):
+                pending = client.batch_write_item(RequestItems=pending).get("UnprocessedItems") or {}
+                if not pending:
+                    break
+                if attempt == RETRIES:
+                    left = len(pending[self.table.name])
+                    raise RuntimeError(f"DynamoDB left {left} item(s) unprocessed after {RETRIES} retries "
+                                       "(throttled); run the same submit again to continue")
+                backoff(attempt)
+        return [i.item_id for i in items]
+
+    def items_by_id(self, job_id: str, item_ids: list[str]) -> dict[str, Item]:
+        out: dict[str, Item] = {}
+        client = self.table.meta.client
+        for start in range(0, len(item_ids), GET_BATCH):
+            keys = [{"pk": f"JOB#{job_id}", "sk": f"ITEM#{i}"} for i in item_ids[start : start + GET_BATCH]]
+            pending = {self.table.name: {"Keys": keys, "ConsistentRead": True}}
+            for attempt in range(RETRIES + 1):
+                page = client.batch_get_item(RequestItems=pending)
+                out |= {raw["item_id"]: _record(Item, raw) for raw in page["Responses"].get(self.table.name, [])}
+                pending = page.get("UnprocessedKeys") or {}
+                if not pending:
+                    break
+                if attempt == RETRIES:
+                    raise RuntimeError(f"DynamoDB left keys unread after {RETRIES} retries (throttled); try again")
+                backoff(attempt)
+        return out
+
+    def mark_sent(self, job_id: str, chunk: int, count: int) -> None:
+        self.table.meta.client.put_item(TableName=self.table.name,
+                                        Item={"pk": f"JOB#{job_id}", "sk": f"SENT#{chunk:08d}", "n": count})  # fmt: skip
+
+    def sent_chunks(self, job_id: str) -> dict[int, int]:
+        out: dict[int, int] = {}
+        kwargs = {
+            "KeyConditionExpression": "pk = :pk AND begins_with(sk, :sent)",
+            "ExpressionAttributeValues": {":pk": f"JOB#{job_id}", ":sent": "SENT#"},
+            "ConsistentRead": True,
+        }
+        while True:
+            page = self.table.query(**kwargs)
+            out |= {int(raw["sk"].removeprefix("SENT#")): int(raw["n"]) for raw in page["Items"]}
+            if "LastEvaluatedKey" not in page:
+                return out
+            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+    def end_submit(self, job_id: str, total: int) -> None:
+        self.table.update_item(
+            Key={"pk": f"JOB#{job_id}", "sk": "JOB"},
+            UpdateExpression="SET #t = :t, submitting = :f",
+            ExpressionAttributeNames={"#t": "total"},
+            ExpressionAttributeValues={":t": total, ":f": False},
+        )
 
     def item(self, job_id: str, item_id: str) -> Item | None:
         raw = self.table.get_item(Key={"pk": f"JOB#{job_id}", "sk": f"ITEM#{item_id}"}, ConsistentRead=True).get("Item")

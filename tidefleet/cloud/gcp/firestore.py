@@ -5,6 +5,7 @@ Documents in the environment's database (naming.table):
                                     all the scaler needs
   jobs/<job_id>                     a job (`Job` fields)           } `FirestoreStore`, for the
   jobs/<job_id>/items/<item_id>     an item (`Item` fields)        } agent and the SDK
+  jobs/<job_id>/sent/<chunk>        a submit chunk recorded and sent: n (its item count)
 
 Node heartbeats follow the DynamoDB rules: Same rules as on DynamoDB: `draining` is sticky (a heartbeat never
 writes it as False, so a mark set by anyone survives), and a draining mark written before a
@@ -14,12 +15,21 @@ client is gRPC only), so the tests drive the real client through a faked HTTP tr
 
 from __future__ import annotations
 
+import random
 import time
 from dataclasses import asdict
 
 from google.api_core import exceptions as gexc
 from google.cloud.firestore_v1.services.firestore import FirestoreClient
-from google.cloud.firestore_v1.types import ArrayValue, Document, DocumentMask, MapValue, Precondition, Value
+from google.cloud.firestore_v1.types import (
+    ArrayValue,
+    Document,
+    DocumentMask,
+    MapValue,
+    Precondition,
+    Value,
+    Write,
+)
 
 from tidefleet import naming
 from tidefleet.config import Environment
@@ -27,6 +37,13 @@ from tidefleet.policy.model import item_seconds_mean
 from tidefleet.records import FINAL, STATS_RETRIES, Fence, Heartbeat, Item, Job, QueueStats
 
 PAGE = 300
+WRITE_BATCH = 500  # batchWrite's limit
+GET_BATCH = 300  # documents per batchGet
+RETRIES = 8  # rounds of throttled writes before giving up; backoff doubles from BACKOFF_S
+BACKOFF_S = 0.05
+# google.rpc.Code of a write in a batchWrite: worth trying again, already there (a create's precondition).
+RETRYABLE = {4, 8, 10, 13, 14}  # DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, ABORTED, INTERNAL, UNAVAILABLE
+ALREADY_EXISTS = 6
 WRITE_RACES = 20  # read-check-write rounds before giving up on a document others keep changing
 
 
@@ -197,6 +214,59 @@ class FirestoreStore(FirestoreNodes):
     def put_item_if_new(self, item: Item) -> bool:
         """False if an item with this id already exists in the job (left untouched)."""
         return self._create(self._item_doc(item.job_id, item.item_id), asdict(item))
+
+    def create_items(self, items: list[Item], *, unseen: bool = False) -> list[str]:
+        """batchWrite, 500 creates a call, each with the precondition "does not exist": the
+        conditional batch write DynamoDB lacks, so `unseen` changes nothing here. batchWrite is
+        not atomic: each write has its own status; throttled ones are retried with backoff."""
+        created: list[str] = []
+        database = self.root.removesuffix("/documents")
+        for start in range(0, len(items), WRITE_BATCH):
+            pending = items[start : start + WRITE_BATCH]
+            for attempt in range(RETRIES + 1):
+                writes = [Write(update=Document(name=self._item_doc(i.job_id, i.item_id), fields=_fields(asdict(i))),
+                                current_document=Precondition(exists=False)) for i in pending]  # fmt: skip
+                statuses = self.client.batch_write(request={"database": database, "writes": writes}).status
+                retry = []
+                for item, status in zip(pending, statuses, strict=True):
+                    if status.code == 0:
+                        created.append(item.item_id)
+                    elif status.code in RETRYABLE:
+                        retry.append(item)
+                    elif status.code != ALREADY_EXISTS:
+                        raise RuntimeError(f"Firestore refused item {item.job_id}/{item.item_id}: {status.message}")
+                if not retry:
+                    break
+                if attempt == RETRIES:
+                    raise RuntimeError(f"Firestore left {len(retry)} item(s) unwritten after {RETRIES} retries "
+                                       "(throttled); run the same submit again to continue")
+                pending = retry
+                time.sleep(random.uniform(0, BACKOFF_S * 2**attempt))  # full jitter
+        return created
+
+    def items_by_id(self, job_id: str, item_ids: list[str]) -> dict[str, Item]:
+        out: dict[str, Item] = {}
+        database = self.root.removesuffix("/documents")
+        for start in range(0, len(item_ids), GET_BATCH):
+            names = [self._item_doc(job_id, i) for i in item_ids[start : start + GET_BATCH]]
+            for got in self.client.batch_get_documents(request={"database": database, "documents": names}):
+                if got.found.name:
+                    item_id = got.found.name.rsplit("/", 1)[-1]
+                    out[item_id] = self._item(job_id, item_id, self._values(got.found))
+        return out
+
+    def mark_sent(self, job_id: str, chunk: int, count: int) -> None:
+        name = f"{self._job_doc(job_id)}/sent/{chunk:08d}"
+        self.client.update_document(request={"document": Document(name=name, fields=_fields({"n": count}))})
+
+    def sent_chunks(self, job_id: str) -> dict[int, int]:
+        pages = self.client.list_documents(
+            request={"parent": self._job_doc(job_id), "collection_id": "sent", "page_size": PAGE}
+        )
+        return {int(doc.name.rsplit("/", 1)[-1]): self._values(doc)["n"] for doc in pages}
+
+    def end_submit(self, job_id: str, total: int) -> None:
+        self._set(self._job_doc(job_id), {"total": total, "submitting": False})
 
     def item(self, job_id: str, item_id: str) -> Item | None:
         doc = self._get(self._item_doc(job_id, item_id))
