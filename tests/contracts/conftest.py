@@ -35,6 +35,7 @@ from tidefleet.cloud.aws.dynamodb import create_table
 from tidefleet.cloud.aws.provision import create_queues, provision
 from tidefleet.config import Environment, load_environment
 from tidefleet.ports import FleetPort, ItemLogs, JobStore, QueuePort, WorkQueues
+from tidefleet.resources import redrive_receives
 
 AWS_ENV = load_environment("sandbox")
 GCP_ENV = load_environment("gcp-dev")
@@ -69,7 +70,7 @@ def gcp(monkeypatch):
     fake = FakeGcp(GCP_ENV.project, GCP_ENV.region)
     for name, queue in GCP_ENV.queues.items():
         fake.add_queue(naming.queue(GCP_ENV.name, name), ack_deadline_s=queue.visibility_timeout_s,
-                       max_delivery_attempts=for_env(GCP_ENV).redrive_receives(queue))  # fmt: skip
+                       max_delivery_attempts=redrive_receives("gcp", queue))  # fmt: skip
     with responses.RequestsMock(assert_all_requests_are_fired=False) as mock:
         fake.install(mock)
         yield fake
@@ -142,7 +143,7 @@ def _sqs(request) -> QueuesUnderTest:
     env = request.getfixturevalue("moto_fresh_env")
     create_queues(env)
     cloud, (name, queue) = for_env(env), next(iter(env.queues.items()))
-    return QueuesUnderTest(cloud.queues, name, queue.visibility_timeout_s, cloud.redrive_receives(queue),
+    return QueuesUnderTest(cloud.queues, name, queue.visibility_timeout_s, redrive_receives(cloud.name, queue),
                            counts_dead_letter_deliveries=True, pass_time=time.sleep, errors=cloud.errors)  # fmt: skip
 
 
@@ -153,7 +154,7 @@ def _pubsub(request) -> QueuesUnderTest:
     def pass_time(seconds: float) -> None:
         fake.clock_offset += seconds
 
-    return QueuesUnderTest(cloud.queues, name, queue.visibility_timeout_s, cloud.redrive_receives(queue),
+    return QueuesUnderTest(cloud.queues, name, queue.visibility_timeout_s, redrive_receives(cloud.name, queue),
                            counts_dead_letter_deliveries=False, pass_time=pass_time, errors=cloud.errors)  # fmt: skip
 
 
