@@ -122,7 +122,6 @@ class AwsCloud:
         boto3.client("s3", region_name=self.env.region).upload_file(str(path), bucket, key)
         return f"s3://{bucket}/{key}"
 
-
     def explain(self, err: BaseException) -> str:
         env = self.env.name
         deploy = f"deploy it with `invoke deploy --env {env}` or start `tidefleet sandbox --keep`"
