@@ -108,11 +108,12 @@ def publish_agent(env: Environment, wheelhouse: Path | None = None) -> list[str]
     """Upload the wheelhouse (built from this checkout unless given), its requirements and
     `environments/<env>.toml`; returns the URIs written. Wheels go first, so a node booting
     meanwhile never sees requirements naming a wheel not there yet."""
+    cloud = for_env(env)
+    cloud.artifacts_location()  # no bucket, no credentials: said now, not after minutes of building
     with tempfile.TemporaryDirectory() as tmp:
         if wheelhouse is None:
             wheelhouse = build_wheelhouse(env, build_agent_wheel(Path(tmp) / "dist"), Path(tmp) / "house")
         uploads = {f"agent/wheels/{w.name}": w for w in sorted((wheelhouse / "wheels").glob("*.whl"))}
         uploads[f"agent/{REQUIREMENTS}"] = wheelhouse / REQUIREMENTS
         uploads[f"agent/environments/{env.name}.toml"] = environments_dir() / f"{env.name}.toml"
-        cloud = for_env(env)
         return [cloud.upload(key, path) for key, path in uploads.items()]

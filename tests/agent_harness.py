@@ -68,6 +68,7 @@ pool = "cpu"
 priority = 10
 max_retries = {max_retries}
 item_timeout_s = 60
+accept_commands = ["{python} *"]
 
 [queues.short]
 pool = "cpu"
@@ -78,18 +79,20 @@ item_timeout_s = 2
 
 
 class Harness:
-    def __init__(self, tmp_path: Path, aws, *, max_retries: int = 2, visibility_s: int = 30):
-        self.tmp, self.aws = tmp_path, aws
+    def __init__(self, tmp_path: Path, aws, *, max_retries: int = 2, visibility_s: int = 30,
+                 env_toml: str = ENV_TOML, workload: str = WORKLOAD, pool: str = "cpu"):  # fmt: skip
+        """`env_toml`: an environment with {python}, {workload}, {ledger} and {max_retries} to fill in."""
+        self.tmp, self.aws, self.pool = tmp_path, aws, pool
         self.ledger = tmp_path / "ledger.jsonl"
-        workload = tmp_path / "workload.py"
-        workload.write_text(WORKLOAD)
+        workload_file = tmp_path / "workload.py"
+        workload_file.write_text(workload)
         self.env_path = tmp_path / "t.toml"
-        self.env_path.write_text(ENV_TOML.format(python=sys.executable, workload=workload, ledger=self.ledger,
+        self.env_path.write_text(env_toml.format(python=sys.executable, workload=workload_file, ledger=self.ledger,
                                                  max_retries=max_retries))
         self.env: Environment = load_environment(str(self.env_path))
         self.agents: list[subprocess.Popen] = []
         # The sandbox's resources, with a short visibility so a lost message comes back within a test.
-        provision(self.env, user_data={"cpu": ""}, visibility_timeout_s=visibility_s)
+        provision(self.env, user_data={name: "" for name in self.env.pools}, visibility_timeout_s=visibility_s)
 
     def start_agent(self, node_id: str, imds_url: str = "http://127.0.0.1:9", **extra_env) -> subprocess.Popen:
         log = open(self.tmp / f"agent-{node_id}.log", "ab")  # noqa: SIM115 - the child owns it while it runs
@@ -103,7 +106,7 @@ class Harness:
             **extra_env,
         }
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tidefleet.cli", "agent", "--env", str(self.env_path), "--pool", "cpu"],
+            [sys.executable, "-m", "tidefleet.cli", "agent", "--env", str(self.env_path), "--pool", self.pool],
             env=env, stdout=log, stderr=subprocess.STDOUT,
         )
         self.agents.append(proc)
@@ -133,7 +136,7 @@ class Harness:
     def group_instance(self) -> str:
         """One in-service instance of the pool's group on the moto server, for an agent to run as
         (its node id): the agent's own scale-in protection calls then act on a member."""
-        group = naming.group(self.env.name, "cpu")
+        group = naming.group(self.env.name, self.pool)
         autoscaling = boto3.client("autoscaling", region_name=self.env.region)
         autoscaling.set_desired_capacity(AutoScalingGroupName=group, DesiredCapacity=1)
         (instance,) = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=[group])["AutoScalingGroups"][0][

@@ -34,7 +34,7 @@ def aws(moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch) -> MotoServer:
     return moto_server
 
 
-SHIPPED_ENVS = ("sandbox", "dev", "prod", "bench")
+SHIPPED_ENVS = ("sandbox", "dev", "prod", "bench", "train")
 
 
 @pytest.fixture(scope="session")

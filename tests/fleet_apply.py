@@ -45,14 +45,16 @@ def apply(env: Environment, fleet: FleetView, decisions: Iterable[PoolDecision])
     """The view after `control.act` applied the decisions: terminated nodes gone, desired and
     the base as the group now has them. Launching for a raised desired is the cloud's job."""
     memory = memory_fleet(env, fleet)
-    ports = Ports(queues=MemoryQueues(), fleet=memory, nodes=MemoryNodes())
+    nodes = MemoryNodes()  # no heartbeats: cordon marks wait in it for the nodes' next beat
+    ports = Ports(queues=MemoryQueues(), fleet=memory, nodes=nodes)
     for decision in decisions:
         group = memory.groups([decision.pool], since=0.0)[decision.pool]
         done = control.act(ports, env, decision, group)
         assert "failed" not in done, done["failed"]
     groups = memory.groups([p.name for p in fleet.pools], since=0.0)
     return replace(fleet, pools=tuple(
-        replace(p, nodes=tuple(n for n in p.nodes if n.id in memory.groups_[p.name].instances),
+        replace(p, nodes=tuple(replace(n, cordoned=nodes.cordons.get((p.name, n.id), n.cordoned))
+                              for n in p.nodes if n.id in memory.groups_[p.name].instances),
                 desired=groups[p.name].desired, on_demand_base=groups[p.name].on_demand_base)
         for p in fleet.pools
     ))  # fmt: skip

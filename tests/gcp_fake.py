@@ -31,6 +31,7 @@ FIRESTORE = "https://firestore.googleapis.com/v1"
 PUBSUB = "https://pubsub.googleapis.com/v1"
 LOGGING = "https://logging.googleapis.com/v2"
 STORAGE_UPLOAD = "https://storage.googleapis.com/upload/storage/v1"
+STORAGE_API = "https://storage.googleapis.com/storage/v1"
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 OPERATION = {"name": "operation-1", "status": "DONE", "kind": "compute#operation"}
 
@@ -60,6 +61,7 @@ class FakeGcp:
     subscriptions: dict[str, FakeSubscription] = field(default_factory=dict)  # by subscription id
     published: dict[str, list[bytes]] = field(default_factory=dict)  # topic id -> every body published
     log_entries: list[dict] = field(default_factory=list)  # entries:write, labels merged into each
+    time_series: list[dict] = field(default_factory=list)  # every series timeSeries.create received
     log_page: int = 1000
     objects: dict[str, bytes] = field(default_factory=dict)  # "bucket/object name" -> what was uploaded
     pull_hold_s: float = 0.2  # how long an empty pull is held before it answers with nothing
@@ -81,6 +83,8 @@ class FakeGcp:
         mock.add_callback(responses.GET, re.compile(rf"{COMPUTE}/projects/{self.project}/aggregated/instances"),
                           callback=self._aggregated)  # fmt: skip
         mock.add_callback(responses.GET, re.compile(r"https://monitoring.googleapis.com/v3/.*"), callback=self._series)
+        mock.add_callback(responses.POST, re.compile(rf"https://monitoring.googleapis.com/v3/projects/{self.project}/timeSeries"),
+                          callback=self._locked(self._create_series))  # fmt: skip
         docs = re.compile(rf"{FIRESTORE}/(projects/.+)")
         for method in (responses.GET, responses.PATCH, responses.DELETE, responses.POST):
             mock.add_callback(method, docs, callback=self._locked(self._firestore))
@@ -89,6 +93,7 @@ class FakeGcp:
             mock.add_callback(method, pubsub, callback=self._pull_waits(self._locked(self._pubsub)))
         mock.add_callback(responses.POST, re.compile(rf"{LOGGING}/entries:\w+"), callback=self._locked(self._logging))
         mock.add_callback(responses.POST, re.compile(rf"{STORAGE_UPLOAD}/b/[^/]+/o"), callback=self._locked(self._upload))
+        mock.add_callback(responses.GET, re.compile(rf"{STORAGE_API}/b/[^/?]+(\?.*)?$"), callback=self._locked(self._bucket))
 
     def _pull_waits(self, handler):
         """An empty pull is held a while, as the server does (an agent polling an empty
@@ -170,6 +175,14 @@ class FakeGcp:
         point = {"interval": {"endTime": query["interval.endTime"]}, "value": {"int64Value": str(self.undelivered[sub])}}
         return 200, {}, json.dumps({"timeSeries": [{"points": [point]}]})
 
+    def _create_series(self, request):
+        _, _ = self._record(request)
+        series = json.loads(request.body)["timeSeries"]
+        if len(series) > 200:
+            return self._error(400, "INVALID_ARGUMENT", "at most 200 time series per request")
+        self.time_series += series
+        return 200, {}, "{}"
+
     # -- firestore ----------------------------------------------------------------------
     def _doc(self, name: str) -> dict:
         stamp = (EPOCH + timedelta(microseconds=self.versions.get(name, 0))).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -194,6 +207,8 @@ class FakeGcp:
     def _batch(self, verb: str, body: dict):
         """documents:batchWrite (each write applied or refused on its own, with its status) and
         documents:batchGet (a streamed JSON array: one found or missing entry per name)."""
+        if verb == "commit":
+            return self._commit(body["writes"])
         if verb == "batchGet":
             return 200, {}, json.dumps([{"found": self._doc(n)} if n in self.docs else {"missing": n}
                                         for n in body["documents"]])  # fmt: skip
@@ -216,6 +231,36 @@ class FakeGcp:
                 continue
             results.append({})
         return 200, {}, json.dumps({"writeResults": results, "status": statuses})
+
+    def _commit(self, writes: list[dict]):
+        """documents:commit: every write's precondition holds, then all apply, or none does.
+        Writes are updates (with a mask) or transforms (field increments)."""
+        while self.before_write:  # another writer, in between our read and our write
+            self.before_write.pop(0)()
+        for write in writes:
+            name = (write.get("update") or write["transform"])["document" if "transform" in write else "name"]
+            given = write.get("currentDocument", {})
+            query = {f"currentDocument.{k}": str(v).lower() if isinstance(v, bool) else v for k, v in given.items()}
+            failed = self._precondition_failed(name, query)
+            if failed:
+                return failed
+        for write in writes:
+            if "transform" in write:
+                name = write["transform"]["document"]
+                fields = self.docs.setdefault(name, {})
+                for t in write["transform"]["fieldTransforms"]:
+                    before = int(fields.get(t["fieldPath"], {}).get("integerValue", 0))
+                    fields[t["fieldPath"]] = {"integerValue": str(before + int(t["increment"]["integerValue"]))}
+            else:
+                name, given = write["update"]["name"], write["update"].get("fields", {})
+                current = self.docs.setdefault(name, {})
+                for field_path in write.get("updateMask", {}).get("fieldPaths", list(given)):
+                    if field_path in given:
+                        current[field_path] = given[field_path]
+                    else:
+                        current.pop(field_path, None)
+            self.versions[name] = self.versions.get(name, 0) + 1
+        return 200, {}, json.dumps({"writeResults": [{} for _ in writes]})
 
     def _firestore(self, request):
         path, query = self._record(request)
@@ -341,6 +386,12 @@ class FakeGcp:
         return 200, {}, json.dumps(page)
 
     # -- cloud storage ----------------------------------------------------------------------
+    def _bucket(self, request):
+        """Every artifacts bucket exists (the stack creates it)."""
+        name = urlparse(request.url).path.rsplit("/", 1)[1]
+        self.calls.append((request.method, urlparse(request.url).path, {"query": {}, "body": None, "content_type": None}))
+        return 200, {}, json.dumps({"name": name})
+
     def _upload(self, request):
         url = urlparse(request.url)
         query = {k: v[0] for k, v in parse_qs(url.query).items()}

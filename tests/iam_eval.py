@@ -67,6 +67,7 @@ class Resolver:
             "aws_sqs_queue": lambda: f"arn:aws:sqs:{region}:{ACCOUNT}:{named('name')}",
             "aws_kms_key": lambda: f"arn:aws:kms:{region}:{ACCOUNT}:key/{name}",
             "aws_lambda_function": lambda: f"arn:aws:lambda:{region}:{ACCOUNT}:function:{named('function_name')}",
+            "aws_sns_topic": lambda: f"arn:aws:sns:{region}:{ACCOUNT}:{named('name')}",
         }
         return arns[kind]()
 

@@ -192,3 +192,32 @@ def test_the_tick_observes_each_queues_mean_item_time_recorded_in_the_job_store(
     DynamoStore(ENV.name, ENV.region).record_item_seconds("demo", 30.0)
     seen = control.observe(ENV, aws_ports(ENV), datetime.now(UTC).timestamp(), ["cpu"])
     assert {q.name: q.mean_item_s for q in seen.fleet.queues}["demo"] == 30.0
+
+
+def calls_of(client, operation: str) -> list[dict]:
+    """The parameters of every call of `operation` this client makes from now on."""
+    seen: list[dict] = []
+    service = client.meta.service_model.service_name
+    client.meta.events.register(f"provide-client-params.{service}.{operation}", lambda params, **_: seen.append(params))
+    return seen
+
+
+def test_a_warm_fleet_describes_only_the_instances_it_has_not_seen_before(cloud):
+    first = grow(2)
+    fleet = AutoScalingFleet(ENV)
+    described = calls_of(fleet.ec2, "DescribeInstances")
+    fleet.groups(["cpu"], since=0)
+    assert sorted(described[0]["Filters"][0]["Values"]) == sorted(first)
+    later = fleet.groups(["cpu"], since=0)  # launch time and spot-ness never change: not asked again
+    assert len(described) == 1 and all(i.launched_at is not None for i in later["cpu"].instances)
+    new = set(grow(3)) - set(first)
+    fleet.groups(["cpu"], since=0)
+    assert [set(call["Filters"][0]["Values"]) for call in described[1:]] == [new]
+
+
+def test_the_queue_urls_come_from_one_listing_of_the_environments_queues(cloud):
+    queues = SqsQueues(ENV)
+    listed, asked = calls_of(queues.sqs, "ListQueues"), calls_of(queues.sqs, "GetQueueUrl")
+    for _ in range(2):
+        assert all(queues.backlog(q) == Backlog(0, 0) for q in ENV.queues)
+    assert (len(listed), len(asked)) == (1, 0)

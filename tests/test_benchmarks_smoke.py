@@ -12,11 +12,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = [
-    ("bench_agent.py", ["--items", "10", "--slots", "2"], "ratio agent/plain"),
+    ("bench_agent.py", ["--items", "10"], "ratio agent/bare:"),
+    ("bench_status.py", ["--total", "1000", "--items", "20", "--repeat", "1"], "from the counters"),
     ("bench_submit.py", ["--items", "20"], "resubmit 20 items"),
     ("bench_policy.py", ["--repeat", "1"], "ms"),
     ("bench_cold_import.py", ["--runs", "1"], "ms"),
     ("bench_sim.py", ["clearml"], "clearml"),  # the whole Philly trace, shipped in traces/
+    ("bench_tick.py", ["--queues", "3", "--pools", "2", "--nodes", "2", "--rounds", "1"], "ratio tick/bare"),
 ]
 
 

@@ -22,6 +22,13 @@ def test_every_shipped_environment_loads():
         assert env.name == name and env.pools and env.queues
 
 
+def test_alerts_are_optional_and_prod_and_gcp_dev_have_some():
+    assert load_environment("dev", ROOT).alerts.email == [] and load_environment("dev", ROOT).alerts.webhooks == []
+    for name in ("prod", "gcp-dev"):
+        alerts = load_environment(name, ROOT).alerts
+        assert alerts.email and alerts.webhooks
+
+
 def test_prod_has_cpu_and_gpu_pools_and_prioritised_queues():
     env = load_environment("prod", ROOT)
     assert set(env.pools) == {"cpu", "gpu", "gpu4"}
@@ -139,6 +146,45 @@ BAD = [
     ("cidr octet 300", {"network.vpc_cidr": "10.300.0.0/16"}, "network.vpc_cidr: not a network (got '10.300.0.0/16')"),
     ("ipv6 cidr", {"network.vpc_cidr": "fd00::/48"}, "network.vpc_cidr: must be an IPv4 network from /16 to /24 (got 'fd00::/48')"),
     ("subnet that is not a subnet id", {"network.subnet_ids": ["subnet-xyz"]}, "network.subnet_ids[0]: not a aws subnet (got 'subnet-xyz')"),
+    ("gs:// data on aws", {"pools.cpu.data": {"read": ["gs://team/data/"]}}, "pools.cpu.data.read[0]: not a s3:// location (got 'gs://team/data/')"),
+    ("data bucket in uppercase", {"pools.cpu.data": {"write": ["s3://Team-Data/x/"]}}, "pools.cpu.data.write[0]: not a bucket name (got 's3://Team-Data/x/')"),
+    ("data prefix not a folder", {"pools.cpu.data": {"read": ["s3://team-data/imagenet"]}}, "pools.cpu.data.read[0]: a prefix must be a folder ending in '/'"),
+    ("data prefix with a wildcard", {"pools.cpu.data": {"read": ["s3://team-data/*/"]}}, "pools.cpu.data.read[0]: a prefix must be a folder ending in '/' without '*'"),
+    ("data prefix climbing out", {"pools.cpu.data": {"read": ["s3://team-data/a/../b/"]}}, "pools.cpu.data.read[0]: a prefix must be a folder"),
+    ("mount without a shared fs", {"pools.cpu.data": {"shared_fs_mount": "/mnt/shared"}}, "pools.cpu.data.shared_fs_mount: no [shared_fs] in this environment (got '/mnt/shared')"),
+    ("mount over a system folder", {"shared_fs": {"kind": "efs"}, "pools.cpu.data": {"shared_fs_mount": "/usr"}}, "pools.cpu.data.shared_fs_mount: must be an absolute path of its own, not a system folder (got '/usr')"),
+    ("shared fs nobody mounts", {"shared_fs": {"kind": "efs"}}, "shared_fs: no pool mounts it"),
+    ("filestore on aws", {"shared_fs": {"kind": "filestore", "size_gb": 1024}, "pools.cpu.data": {"shared_fs_mount": "/mnt/x"}}, "shared_fs.kind: not available on aws (got 'filestore'); use one of efs, fsx-lustre"),
+    ("lustre of an odd size", {"shared_fs": {"kind": "fsx-lustre", "size_gb": 1000}, "pools.cpu.data": {"shared_fs_mount": "/mnt/x"}}, "shared_fs.size_gb: FSx for Lustre takes 1200 or a multiple of 2400 GiB (got 1000)"),
+    ("efs with a size", {"shared_fs": {"kind": "efs", "size_gb": 100}, "pools.cpu.data": {"shared_fs_mount": "/mnt/x"}}, "shared_fs.size_gb: EFS grows with its data (got 100)"),
+    ("efa without cluster placement", {"pools.cpu.efa": True}, "pools.cpu.efa: needs cloud 'aws' and placement 'cluster' (got cloud 'aws', placement 'spread')"),
+    ("cluster placement with burstable types", {"pools.cpu.placement": "cluster", "pools.cpu.instance_types": [{"type": "t3.large"}]}, "pools.cpu.placement: a cluster placement group cannot hold burstable types (got t3.large)"),
+    ("gpu slots that do not divide", {"pools.cpu.instance_types": [{"type": "g5.12xlarge", "weight": 1, "gpus": 4}], "pools.cpu.slots_per_unit": 3}, "pools.cpu.instance_types[0]: 3 slots cannot split 4 GPUs evenly"),
+    ("shared gpus without saying so", {"pools.cpu.instance_types": [{"type": "g5.xlarge", "weight": 1, "gpus": 1}], "pools.cpu.slots_per_unit": 4}, "pools.cpu.instance_types[0]: 4 slots on 1 GPUs would put several items on one GPU (got slots_per_unit 4); set gpu_sharing = true"),
+    ("unknown placement", {"pools.cpu.placement": "pack"}, "pools.cpu.placement: Input should be 'spread' or 'cluster' (got 'pack')"),
+    # alerts
+    ("alert email without a domain", {"alerts.email": ["oncall"]}, "alerts.email[0]: not an email address (got 'oncall'); use an address like oncall@example.com"),
+    ("alert email with a newline", {"alerts.email": ["a@b.example\nBcc: x@y.example"]}, "alerts.email[0]: not an email address (got 'a@b.example\\nBcc: x@y.example')"),
+    ("alert webhook over plain http", {"alerts.webhooks": ["http://hooks.example/x"]}, "alerts.webhooks[0]: not an https URL (got 'http://hooks.example/x'); use an https:// URL (SNS and Cloud Monitoring refuse plain http)"),
+    ("alert webhook with a terraform interpolation", {"alerts.webhooks": ["https://hooks.example/${var.x}"]}, "alerts.webhooks[0]: not an https URL (got 'https://hooks.example/${var.x}')"),
+    ("alert email listed twice", {"alerts.email": ["a@b.example", "a@b.example"]}, "alerts.email: listed twice (got 'a@b.example'); list each once"),
+    ("alert email as a string", {"alerts.email": "a@b.example"}, "alerts.email: Input should be a valid list (got 'a@b.example')"),
+    ("unknown alerts key", {"alerts.slack": "#oncall"}, "alerts.slack: unknown key"),
+    ("queue max wait under a minute", {"queues.default.max_wait_s": 10}, "queues.default.max_wait_s: Input should be greater than or equal to 60 (got 10)"),
+    # schedules: one line each, naming the field, the value and the fix
+    ("schedule with neither cron nor rate", {"schedules.merge": {"queue": "default", "items": ["s3://b/m"]}}, "schedules.merge: set exactly one of 'cron' or 'rate' (got neither)"),
+    ("schedule with both cron and rate", {"schedules.merge": {"cron": "0 3 * * *", "rate": "1 day", "queue": "default", "items": ["x"]}}, "schedules.merge: set exactly one of 'cron' or 'rate' (got both)"),
+    ("cron with six fields", {"schedules.merge": {"cron": "0 0 3 * * *", "queue": "default", "items": ["x"]}}, "schedules.merge.cron: not a 5-field cron, has 6 field(s), not 5"),
+    ("cron hour 24", {"schedules.merge": {"cron": "0 24 * * *", "queue": "default", "items": ["x"]}}, "schedules.merge.cron: not a 5-field cron, hour: '24' is outside 0-23 (got '0 24 * * *')"),
+    ("cron on the 31st of February", {"schedules.merge": {"cron": "0 0 31 2 *", "queue": "default", "items": ["x"]}}, "schedules.merge.cron: not a 5-field cron, matches no date"),
+    ("rate without a unit", {"schedules.merge": {"rate": "10", "queue": "default", "items": ["x"]}}, "schedules.merge.rate: not a rate (got '10'); write 'N minutes', 'N hours' or 'N days'"),
+    ("cron with day of month and of week", {"schedules.merge": {"cron": "0 0 1 * 1", "queue": "default", "items": ["x"]}}, "schedules.merge.cron: on aws restrict the day of month or the day of week, not both (got '0 0 1 * 1'); set one of them to '*'"),
+    ("schedule on an unknown queue", {"schedules.merge": {"rate": "10 hours", "queue": "gpu", "items": ["x"]}}, "schedules.merge.queue: unknown queue (got 'gpu'); known queues: default"),
+    ("schedule without items", {"schedules.merge": {"rate": "10 hours", "queue": "default", "items": []}}, "schedules.merge.items: List should have at least 1 item"),
+    ("schedule item that is an empty list", {"schedules.merge": {"rate": "10 hours", "queue": "default", "items": [[]]}}, "schedules.merge.items[0]: an item is a URI or a non-empty list of args without NUL (got [])"),
+    ("unknown admission", {"schedules.merge": {"rate": "10 hours", "queue": "default", "items": ["x"], "admission": "wait"}}, "schedules.merge.admission: Input should be 'skip' or 'queue' (got 'wait')"),
+    ("timeout under a minute", {"schedules.merge": {"rate": "10 hours", "queue": "default", "items": ["x"], "timeout_s": 5}}, "schedules.merge.timeout_s: Input should be greater than or equal to 60 (got 5)"),
+    ("schedule name in capitals", {"schedules.Merge": {"rate": "10 hours", "queue": "default", "items": ["x"]}}, "schedules.Merge: bad name (got 'Merge')"),
 ]
 
 GCP_BAD = [
@@ -159,6 +205,12 @@ GCP_BAD = [
     ("tag key tidefleet's labels use", {"tags": {"tidefleet-env": "x"}}, "tags.tidefleet-env: reserved tag key (got 'tidefleet-env')"),
     ("accelerator type with a space", {"pools.gpu.instance_types": [{"type": "g2-standard-8", "weight": 1, "gpus": 1, "accelerator": "NVIDIA L4"}]}, "pools.gpu.instance_types[0].accelerator: not a GCP accelerator type (got 'NVIDIA L4')"),
     ("image with a trailing newline", {"pools.cpu.image": "projects/debian-cloud/global/images/family/debian-12\n"}, "pools.cpu.image: not a GCE image (got 'projects/debian-cloud/global/images/family/debian-12\\n')"),
+    ("s3:// data on gcp", {"pools.cpu.data": {"read": ["s3://team/data/"]}}, "pools.cpu.data.read[0]: not a gs:// location (got 's3://team/data/')"),
+    ("efa on gcp", {"pools.cpu.efa": True, "pools.cpu.placement": "cluster"}, "pools.cpu.efa: needs cloud 'aws' and placement 'cluster' (got cloud 'gcp', placement 'cluster')"),
+    ("filestore too small", {"shared_fs": {"kind": "filestore", "size_gb": 100}, "pools.cpu.data": {"shared_fs_mount": "/mnt/x"}}, "shared_fs.size_gb: a regional Filestore instance is 1024-102400 GiB (got 100)"),
+    ("filestore on a configured subnet", {"shared_fs": {"kind": "filestore", "size_gb": 1024}, "pools.cpu.data": {"shared_fs_mount": "/mnt/x"}, "network.subnet_ids": ["nodes"]}, "shared_fs: Filestore joins the network the stack creates"),
+    ("cluster placement on a configured subnet", {"pools.cpu.placement": "cluster", "network.subnet_ids": ["nodes"]}, "pools.cpu.placement: 'cluster' opens traffic among the pool's nodes on the network the stack creates"),
+    ("rate that does not divide a day", {"schedules.merge": {"rate": "10 hours", "queue": "default", "items": ["x"]}}, "schedules.merge.rate: on gcp a rate must divide a day evenly (got '10 hours'); use e.g. '6 hours' or a cron"),
 ]
 CASES = [(case, "dev", change, expected) for case, change, expected in BAD] + [
     (f"gcp: {case}", "gcp-dev", change, expected) for case, change, expected in GCP_BAD

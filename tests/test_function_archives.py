@@ -50,7 +50,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from stacks.gcp.control import PUBLISHED
 from stacks.package import PLATFORM, ROOT, build_aws_archive, build_gcp_archive, runtime_wheels
-from tidefleet import naming
+from tidefleet import metrics, naming
 from tidefleet.cloud.aws.provision import provision
 from tidefleet.config import load_environment
 
@@ -319,14 +319,18 @@ def test_the_built_lambda_handlers_run_real_events_from_the_archive_alone(aws, l
         sqs.send_message(QueueUrl=url, MessageBody=json.dumps({"item": i}))
     calls = [("lambdas.scaler.handler.handler", event("schedule")),
              ("lambdas.interruption.handler.handler", event("malformed")),
-             ("lambdas.scaler.handler.handler", "garbage")]  # fmt: skip
+             ("lambdas.scaler.handler.handler", "garbage"),
+             ("lambdas.schedule.handler.handler", {"tidefleet": "watch"})]  # fmt: skip
     run = subprocess.run(
         [venv / "bin" / "python", "-I", "-c", HANDLERS, str(task_root), json.dumps(calls)],
         cwd=task_root, env=clean_env(**aws.env(), TIDEFLEET_ENV="sandbox", HOME=str(task_root.parent)),
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
-    paths, tick, interruption, garbage = (json.loads(line) for line in run.stdout.splitlines())
+    lines = run.stdout.splitlines()
+    emf = [line for line in lines if line.startswith('{"_aws"')]  # the scaler's metrics (EMF)
+    assert emf and all(metrics.from_emf(line)[1] for line in emf)
+    paths, tick, interruption, garbage, watch = (json.loads(line) for line in lines if line not in emf)
     assert {Path(p).relative_to(task_root).parts[0] for p in paths.values()} == {"tidefleet", "pydantic_core"}
     assert tick["trigger"] == "schedule" and tick["desired"] == {"cpu": 3}
     group = boto3.client("autoscaling", region_name="us-east-1").describe_auto_scaling_groups(
@@ -335,3 +339,4 @@ def test_the_built_lambda_handlers_run_real_events_from_the_archive_alone(aws, l
     assert group["DesiredCapacity"] == 3
     assert set(interruption) == {"ignored"} and set(garbage) == {"ignored"}
     assert run.stderr.count('{"ignored": ') == 2
+    assert watch == {"trigger": "watch", "env": "sandbox", "watched": {}}, "the schedule function runs from the archive"

@@ -96,3 +96,31 @@ def test_a_tick_that_fails_is_one_error_line_and_the_function_returns_normally(m
     assert result["trigger"] == "schedule" and result["failed"].startswith("ConnectionError: ")
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert [json.loads(r.getMessage()) for r in errors] == [result] and result["severity"] == "ERROR"
+
+
+def test_a_tick_writes_its_decisions_as_custom_metrics_that_the_stack_declares(gcp):
+    from tidefleet import metrics
+
+    gcp.undelivered["tidefleet-gcp-dev-default"] = 3
+    main.on_kick(event({"tidefleet": "schedule"}))
+    written = {(s["metric"]["type"], tuple(sorted(s["metric"]["labels"].items()))): s for s in gcp.time_series}
+    desired = written[(metrics.gcp_metric_type("DesiredUnits", ENV.name),
+                       (("environment", "gcp-dev"), ("lifecycle", "spot"), ("pool", "cpu")))]  # fmt: skip
+    assert desired["points"][0]["value"] == {"doubleValue": 2.0}
+    assert desired["resource"] == {"type": "global", "labels": {"project_id": ENV.project}}
+    assert {t for t, _ in written} == {metrics.gcp_metric_type(m.name, ENV.name)
+                                       for m in metrics.METRICS.values() if m.source == "scaler"}  # fmt: skip
+
+
+def test_a_metrics_write_that_fails_does_not_fail_the_tick(gcp, monkeypatch, caplog):
+    from tidefleet.cloud.gcp.monitoring import MonitoringMetrics
+
+    def refused(self, env, points, now=None):
+        raise RuntimeError("403 monitoring.timeSeries.create denied")
+
+    monkeypatch.setattr(MonitoringMetrics, "write", refused)
+    gcp.undelivered["tidefleet-gcp-dev-default"] = 3
+    with caplog.at_level(logging.WARNING, logger="tidefleet.scaler"):
+        summary = main.on_kick(event({"tidefleet": "schedule"}))
+    assert summary["desired"] == {"cpu": 2} and gcp.groups["tidefleet-gcp-dev-cpu"] == 2
+    assert "metrics" in caplog.text and "timeSeries.create denied" in caplog.text

@@ -206,6 +206,7 @@ def test_a_message_redelivered_after_its_ack_deadline_counts_as_a_lost_node(gcp,
     take_and_die(node, job)
     gcp.clock_offset += 601
     node._receive("default", ENV.queues["default"], wait_s=0)
+    node.acks.flush()  # what the agent's ack thread does within ACK_FLUSH_S
     item = node.store.item(job, "000000")
     assert (item.status, item.failures, item.lost) == ("queued", 0, 1)
     assert item.history[-1]["reason"].startswith("node lost mid-attempt")
@@ -243,6 +244,7 @@ def test_an_item_that_keeps_losing_its_node_is_dead_lettered_after_the_tolerated
         take_and_die(node, job)
         gcp.clock_offset += 601
         node._receive("default", ENV.queues["default"], wait_s=0)  # the next node sees it redelivered
+        node.acks.flush()
         assert not gcp.bodies(DLQ) or node.store.item(job, "000000").status == "failed"
     item = node.store.item(job, "000000")
     assert (item.status, item.failures, item.lost) == ("failed", 0, NODE_LOSSES_TOLERATED + 1)

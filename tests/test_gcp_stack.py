@@ -100,8 +100,8 @@ def test_scaler_runs_on_a_schedule_and_kicks_with_one_instance_internal_only(sta
     (job,) = resources(stack, "google_cloud_scheduler_job").values()
     assert job["schedule"] == "* * * * *"
     assert job["pubsub_target"]["topic_name"] == fn["event_trigger"]["pubsub_topic"]
-    (alert,) = resources(stack, "google_monitoring_alert_policy").values()
-    assert all("num_undelivered_messages" in c["condition_threshold"]["filter"] for c in alert["conditions"])
+    dead_letters = resources(stack, "google_monitoring_alert_policy")["alerts_dead-letters"]
+    assert all("num_undelivered_messages" in c["condition_threshold"]["filter"] for c in dead_letters["conditions"])
     assert resources(stack, "google_firestore_database")["jobs"]["type"] == "FIRESTORE_NATIVE"
     assert "item-logs" in resources(stack, "google_logging_project_bucket_config")
 
@@ -162,3 +162,47 @@ def bucket_access(stack, member: str, *, object_name: str | None = None, list_pr
 def test_a_node_reads_the_agent_and_writes_only_its_own_queues_checkpoints(stack, object_name, list_prefix, access):
     cpu = "${google_service_account.pool-cpu_node.member}"
     assert bucket_access(stack, cpu, object_name=object_name, list_prefix=list_prefix) == access
+
+
+# -- alert policies and the dashboard -------------------------------------------------------
+def known_gcp_metric(filter: str) -> bool:
+    """A filter's metric type is one of ours (a custom metric or the outcome log metric), the
+    scaler's error log metric, or one Google publishes."""
+    from tidefleet import metrics
+
+    (metric_type,) = re.findall(r'metric\.type = "([^"]+)"', filter)
+    ours = {metrics.gcp_metric_type(name, ENV.name) for name in metrics.METRICS}
+    errors = f"logging.googleapis.com/user/{naming.stack_resource(ENV.name, 'scaler-errors')}"
+    return metric_type in ours | {errors} | metrics.CLOUD_METRICS["gcp"]
+
+
+def test_every_alert_policy_has_its_runbook_notifies_the_channels_and_watches_an_emitted_metric(stack):
+    from stacks.alarms import RUNBOOKS
+
+    channels = resources(stack, "google_monitoring_notification_channel")
+    assert sorted((c["type"], next(iter(c["labels"].values()))) for c in channels.values()) == sorted(
+        [("email", a) for a in ENV.alerts.email] + [("webhook_tokenauth", u) for u in ENV.alerts.webhooks])
+    policies = {k.removeprefix("alerts_"): p for k, p in resources(stack, "google_monitoring_alert_policy").items()}
+    # gcp-dev has no cost cap; the AWS-only alarms have no GCP signal.
+    expected = {k for k, r in RUNBOOKS.items() if "gcp" in r.clouds} - {"cost-over-cap"}
+    assert set(policies) == expected
+    for key, policy in policies.items():
+        assert policy["documentation"]["content"] == RUNBOOKS[key].text()
+        assert len(policy["notification_channels"]) == len(channels)
+        for condition in policy["conditions"]:
+            threshold = condition["condition_threshold"]
+            assert known_gcp_metric(threshold["filter"]), threshold["filter"]
+            if "denominator_filter" in threshold:
+                assert known_gcp_metric(threshold["denominator_filter"])
+
+
+def test_every_scaler_metric_has_a_descriptor_and_every_dashboard_chart_an_emitted_metric(stack):
+    from tidefleet import metrics
+
+    descriptors = {d["type"] for d in resources(stack, "google_monitoring_metric_descriptor").values()}
+    assert descriptors == {metrics.gcp_metric_type(m.name, ENV.name) for m in metrics.METRICS.values() if m.source == "scaler"}
+    (board,) = resources(stack, "google_monitoring_dashboard").values()
+    tiles = json.loads(board["dashboard_json"])["mosaicLayout"]["tiles"]
+    filters = [d["timeSeriesQuery"]["timeSeriesFilter"]["filter"] for t in tiles for d in t["widget"]["xyChart"]["dataSets"]]
+    assert filters and all(known_gcp_metric(f) for f in filters)
+    assert any("nodes by lifecycle x activity" in t["widget"]["title"] for t in tiles)

@@ -107,6 +107,18 @@ def test_every_trigger_scales_out_on_backlog_at_once(deployed, trigger):
     assert g["DesiredCapacity"] == 3 and len(g["Instances"]) == 3
 
 
+def test_the_scaler_prints_what_it_saw_and_decided_as_emf_lines(deployed, capsys):
+    from tidefleet import metrics
+
+    put_items(5)
+    scaler.handler(event("schedule"), None)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith('{"_aws"')]
+    points = {(p.name, *dict(p.dimensions).values()): p.value for line in lines for p in metrics.from_emf(line)[1]}
+    assert points[("DesiredUnits", "sandbox", "cpu", "spot")] == 3
+    assert points[("QueueVisible", "sandbox", "demo")] == 5
+    assert points[("DemandSlots", "sandbox", "cpu")] == 5
+
+
 def test_idle_nodes_are_terminated_with_decrement_and_busy_or_booting_ones_kept(deployed):
     idle_a, busy, idle_b, booting = grow(4)
     heartbeat(idle_a, busy=0)

@@ -175,3 +175,24 @@ def test_retry_failed_leaves_other_jobs_dead_letters_alone(h):
         sqs.send_message(QueueUrl=dlq, MessageBody=sdk.ItemMessage(sdk.job_id_for(job), "000000", ["a"], failures=3).body())
     assert sdk.retry_failed(h.env, sdk.job_id_for("mine")) == 1
     assert h.queue_depth("work", dead_letter=True) == 1 and h.queue_depth("work") == 3
+
+
+def test_status_counts_from_the_jobs_counters_and_heartbeats_without_reading_an_item(h, monkeypatch):
+    import time
+
+    job_id = sdk.submit(h.env, "counted", "work", sdk.read_items(["a", "b", "c", "d"]), kick=False).job_id
+    store = DynamoStore(h.env.name, h.env.region)
+    for item, status in (("000000", "succeeded"), ("000001", "cancelled")):
+        store.update_item(job_id, item, status=status)
+        store.update_item(job_id, item, status=status)  # a redelivered write: refused, not counted twice
+    store.put_heartbeat(Heartbeat("n-1", h.env.queues["work"].pool, at=time.time(), slots=2, busy_slots=1,
+                                  idle_since=None, running={job_id: 1}))  # fmt: skip
+    store.put_heartbeat(Heartbeat("n-gone", h.env.queues["work"].pool, at=time.time() - 600, slots=2, busy_slots=1,
+                                  idle_since=None, running={job_id: 1}))  # fmt: skip
+    monkeypatch.setattr(DynamoStore, "items", lambda *_: pytest.fail("status read every item"))
+    status = sdk.status(h.env, job_id)
+    assert status.counts == {"succeeded": 1, "running": 1, "queued": 1, "failed": 0, "cancelled": 1}
+    assert not status.done and status.items == []
+    store.update_item(job_id, "000002", status="succeeded")
+    store.update_item(job_id, "000003", status="succeeded")
+    assert sdk.status(h.env, job_id).done

@@ -47,11 +47,12 @@ def environments(draw, *, max_pools: int = 2, env_cap: bool = True) -> Environme
                 "pool": name,
                 "priority": draw(st.integers(0, 3)),
                 "slots_per_item": draw(st.integers(1, min(weights) * spu)),
+                "target_wait_s": draw(st.sampled_from([0, 60, 120, 600])),
             }
     if not queues:  # the config requires at least one queue
         queues["p0-q0"] = {"pool": "p0"}
     scaler = {
-        "scale_in_delay_s": draw(st.sampled_from([0, 120, 300])),
+        "scale_in_delay_s": draw(st.sampled_from([None, None, 0, 120, 300])),
         "scale_out_cooldown_s": draw(st.sampled_from([0, 120])),
         "spot_fallback_after_s": draw(st.sampled_from([60, 240])),
         "spot_failure_window_s": 600,
@@ -89,6 +90,7 @@ def nodes(draw, env: Environment, pool: str, index: int) -> NodeView:
         else None,
         idle_since=idle_since,
         protected=busy > 0 and draw(st.booleans()),
+        cordoned=booted and draw(st.booleans()),
     )
 
 
@@ -117,9 +119,11 @@ def fleets(draw, env: Environment) -> FleetView:
     # Observed mean item time: unknown, shorter than the boot estimate (turnover), or longer.
     mean = st.none() | st.floats(1, 400)
     queues = tuple(
-        QueueView(name, q.pool, q.priority, q.slots_per_item, *draw(depth), mean_item_s=draw(mean))
+        QueueView(name, q.pool, q.priority, q.slots_per_item, *draw(depth), mean_item_s=draw(mean),
+                  oldest_age_s=draw(st.none() | st.floats(0, 900)), target_wait_s=q.target_wait_s,
+                  intake_per_s=draw(st.just(0.0) | st.floats(0, 2)))
         for name, q in env.queues.items()
-    )
+    )  # fmt: skip
     return FleetView(tuple(pools), queues)
 
 
@@ -246,9 +250,9 @@ def test_deciding_again_after_applying_changes_nothing(case):
     env, fleet = case
     once = apply(env, fleet, decide(env, fleet, NOW))
     for pool, again in zip(once.pools, decide(env, once, NOW), strict=True):
-        assert (again.desired, again.terminate, again.on_demand_base) == (pool.desired, (), None), (
-            again.reasons
-        )
+        assert (again.desired, again.terminate, again.on_demand_base, again.cordon, again.uncordon) == (
+            pool.desired, (), None, (), ()
+        ), again.reasons
 
 
 @EXAMPLES
@@ -330,3 +334,62 @@ def worst_case_cost(env: Environment, pool: PoolView, d: PoolDecision) -> float:
         spot: max(price[t.type, spot] / t.weight for t in spec.instance_types) for spot in (False, True)
     }
     return existing + on_demand_new * dearest[False] + (launched - on_demand_new) * dearest[True]
+
+
+# --- consolidation and the wait target ---------------------------------------------------------
+
+
+@EXAMPLES
+@given(cases() | quiet_cases())
+def test_never_cordons_so_much_that_demand_does_not_fit(case):
+    env, fleet = case
+    demand = {p.name: 0 for p in fleet.pools}
+    for q in fleet.queues:
+        demand[q.pool] += (q.visible + q.in_flight) * q.slots_per_item
+    for pool, d in zip(fleet.pools, decide(env, fleet, NOW), strict=True):
+        if not d.cordon:
+            continue
+        cordoned = {n.id for n in pool.nodes if n.cordoned and n.id not in d.uncordon} | set(d.cordon)
+        serving = sum(
+            n.slots for n in pool.nodes
+            if n.state in ("running", "pending") and n.id not in cordoned and n.id not in d.terminate
+        )  # fmt: skip
+        assert serving >= demand[pool.name], d.reasons
+        assert d.desired <= staying_units(pool, d), d.reasons  # never cordons while launching
+
+
+@EXAMPLES
+@given(cases() | quiet_cases())
+def test_a_cordoned_busy_node_is_never_terminated_while_its_heartbeat_is_fresh(case):
+    env, fleet = case
+    for pool, d in zip(fleet.pools, decide(env, fleet, NOW), strict=True):
+        timeout = env.pools[pool.name].boot_timeout_s
+        for n in pool.nodes:
+            if n.cordoned and n.busy_slots and not silent(n, timeout):
+                assert n.id not in d.terminate, d.reasons
+        assert not set(d.cordon) & set(d.terminate), d.reasons
+        assert not set(d.cordon) & set(d.uncordon), d.reasons
+
+
+@EXAMPLES
+@given(cases(max_pools=1) | quiet_cases())
+def test_a_wait_target_never_launches_more_than_launching_at_once(case):
+    env, fleet = case
+    at_once = replace(fleet, queues=tuple(replace(q, target_wait_s=None) for q in fleet.queues))
+    for waited, plain in zip(decide(env, fleet, NOW), decide(env, at_once, NOW), strict=True):
+        assert waited.desired <= plain.desired, (waited.reasons, plain.reasons)
+
+
+@EXAMPLES
+@given(cases(max_pools=1) | quiet_cases())
+def test_once_the_oldest_item_would_miss_its_target_nodes_launch_as_without_a_target(case):
+    """Waiting is allowed only while the oldest item can still make its target after a boot."""
+    env, fleet = case
+    late = []
+    for q in fleet.queues:
+        boot = env.pools[q.pool].boot_estimate_s
+        late.append(replace(q, oldest_age_s=max(q.oldest_age_s or 0.0, (q.target_wait_s or 0) - boot)))
+    due = replace(fleet, queues=tuple(late))
+    at_once = replace(due, queues=tuple(replace(q, target_wait_s=None) for q in due.queues))
+    for waited, plain in zip(decide(env, due, NOW), decide(env, at_once, NOW), strict=True):
+        assert waited.desired == plain.desired, (waited.reasons, plain.reasons)

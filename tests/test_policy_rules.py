@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 from fleet_apply import apply
@@ -593,3 +594,76 @@ def test_a_min_costlier_than_the_cap_is_kept_and_reported():
         "pool min 2 units costs more than the pool cost cap $0.05/h: kept anyway, lower min or raise the cap"
         in decision.reasons
     )
+
+
+# --- the defaults: break-even idle, the wait target, consolidation ------------------------------
+
+# cpu pool: boot_estimate_s 60 (the default), nodes of 2 slots; render's target 120 s >= the boot.
+BREAK_EVEN = {"scaler.scale_in_delay_s": None, "scaler.scale_out_cooldown_s": 0}
+
+
+def with_intake(view: FleetView, render: float, mean: float | None = None) -> FleetView:
+    return replace(view, queues=tuple(
+        replace(q, intake_per_s=render, mean_item_s=mean, target_wait_s=120) if q.name == "render"
+        else replace(q, target_wait_s=120) for q in view.queues
+    ))  # fmt: skip
+
+
+# fmt: off
+IDLE_BY_BREAK_EVEN = [
+    # (case, render intake items/s, mean item s, nodes, terminated, reason expected)
+    ("no intake: the idle node goes at once", 0.0, None, [node("i-a", idle=5)], ("i-a",),
+     "terminate i-a: idle 5s, next item expected never (turnover keeps up) >= a relaunch's 60s (intake 0.000 slots/s) (spot, longest idle first)"),
+    ("an item every 100 s comes later than a relaunch: it goes", 0.01, None, [node("i-a", idle=5)], ("i-a",),
+     "terminate i-a: idle 5s, next item expected in ~100s >= a relaunch's 60s (intake 0.010 slots/s) (spot, longest idle first)"),
+    ("an item every 20 s comes sooner than a relaunch: it stays", 0.05, None, [node("i-a", idle=5)], (),
+     "keep 1 node(s): 1 idle, next item sooner than a relaunch"),
+    ("busy slots that turn over as fast as items come leave no work for a spare", 0.05, 20.0,
+     [node("i-b", busy=2), node("i-a", idle=5)], ("i-a",),
+     "terminate i-a: idle 5s, next item expected never (turnover keeps up) >= a relaunch's 60s (intake 0.050 slots/s) (spot, longest idle first)"),
+    ("of two spares the second is needed later than a relaunch", 0.05, None,
+     [node("i-a", idle=5), node("i-b", idle=50)], ("i-b",),
+     "terminate i-b: idle 50s, next item expected in ~60s >= a relaunch's 60s (intake 0.050 slots/s) (spot, longest idle first)"),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize(("case", "rate", "mean", "nodes", "terminated", "reason"), IDLE_BY_BREAK_EVEN,
+                         ids=[c[0] for c in IDLE_BY_BREAK_EVEN])  # fmt: skip
+def test_by_default_an_idle_node_stays_only_while_its_next_item_comes_sooner_than_a_relaunch(
+    case, rate, mean, nodes, terminated, reason
+):
+    env = environment(**BREAK_EVEN)
+    decision = decide_pool(env, with_intake(fleet(env, nodes), rate, mean))
+    assert decision.terminate == terminated, decision.reasons
+    assert reason in decision.reasons
+
+
+def test_waiting_items_that_turnover_starts_within_the_wait_target_launch_no_node():
+    env = environment(**BREAK_EVEN)
+    busy = [node("i-a", busy=2)]
+    view = with_intake(fleet(env, busy, render=(4, 2)), 0.0, mean=30.0)
+    young = replace(view, queues=tuple(replace(q, oldest_age_s=10.0, target_wait_s=120) for q in view.queues))
+    due = replace(view, queues=tuple(replace(q, oldest_age_s=70.0, target_wait_s=120) for q in view.queues))
+    # 110 s left: each of the 2 slots starts 1 + 110 // 30 = 4 items, covering the 4 waiting ones.
+    assert decide_pool(env, young).desired == 1
+    # 50 s left, less than the 60 s boot: as without a target (1 + 60 // 30 = 3 per slot, 6 >= 6).
+    assert decide_pool(env, due).desired == decide_pool(env, view).desired == 1
+    deeper = replace(due, queues=tuple(replace(q, visible=9) if q.name == "render" else q for q in due.queues))
+    assert decide_pool(env, deeper).desired > 1
+
+
+def test_a_half_empty_node_is_cordoned_when_demand_fits_on_the_others_and_uncordoned_when_it_returns():
+    env = environment(**BREAK_EVEN, **{"pools.cpu.slots_per_unit": 4})
+    nodes = [node("i-a", busy=1, weight=2), node("i-b", busy=6, weight=2)]  # 8 slots each
+    nodes = [replace(n, slots=8) for n in nodes]
+    decision = decide_pool(env, fleet(env, nodes, render=(0, 7)))
+    assert decision.cordon == ("i-a",) and decision.terminate == (), decision.reasons
+    assert "cordon i-a: 1 of 8 slots busy; demand 7 slots fits the other 8 serving slots (its items finish, then it is idle)" in decision.reasons
+    cordoned = [replace(nodes[0], cordoned=True), nodes[1]]
+    assert decide_pool(env, fleet(env, cordoned, render=(0, 7))).cordon == ()
+    back = decide_pool(env, fleet(env, cordoned, render=(5, 7)))
+    assert back.uncordon == ("i-a",) and back.desired == 4, back.reasons
+    drained = [replace(nodes[0], cordoned=True, busy_slots=0, idle_since=NOW - 5), nodes[1]]
+    gone = decide_pool(env, fleet(env, drained, render=(0, 6)))
+    assert gone.terminate == ("i-a",), gone.reasons

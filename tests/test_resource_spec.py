@@ -32,7 +32,7 @@ UNUSUAL = {
         "gpu": {
             "min": 2, "max": 9, "on_demand_base": 1, "on_demand_percent": 25, "spot_max_price": 1.5,
             "spot_allocation_strategy": "capacity-optimized", "container": "repo/img:1", "disk_gb": 80,
-            "boot_timeout_s": 900, "team": "vision", "image": "ami-0123456789abcdef0",
+            "boot_timeout_s": 900, "team": "vision", "image": "ami-0123456789abcdef0", "gpu_sharing": True,
             "instance_types": [{"type": "g5.xlarge", "weight": 1, "gpus": 1}, {"type": "g5.2xlarge", "weight": 2, "gpus": 1}],
         },
         "cpu": {"max": 3, "command": "true", "instance_types": [{"type": "c6i.large"}]},

@@ -11,7 +11,7 @@ from conftest import SHIPPED_ENVS
 from stacks.aws.stack import terraform_literal
 from tidefleet import naming
 from tidefleet.config import load_environment
-from tidefleet.userdata import render_user_data
+from tidefleet.userdata import SHARED_FS_PLACEHOLDER, render_user_data
 
 pytestmark = pytest.mark.synth
 
@@ -21,6 +21,7 @@ UNSCOPED_SIDS = {
     "XRayWriteUnscopable": "X-Ray trace writes have no resource-level permissions",
     "AccountAdministersAndUsesTheKeyThroughIam": "in a key policy '*' means this key",
     "LogsEncryptThisEnvironmentsLogGroups": "in a key policy '*' means this key",
+    "AlarmsPublishToTheEncryptedTopic": "in a key policy '*' means this key",
 }
 
 
@@ -136,9 +137,11 @@ def test_terraform_ignores_desired_capacity_and_on_demand_base_because_the_scale
 
 def test_every_group_spans_every_subnet(shipped):
     env, stack = shipped
-    subnets = {f"${{aws_subnet.network_private-{i}.id}}" for i in range(env.network.az_count)}
-    for group in resources(stack, "aws_autoscaling_group").values():
-        assert set(group["vpc_zone_identifier"]) == (set(env.network.subnet_ids) or subnets)
+    subnets = env.network.subnet_ids or [f"${{aws_subnet.network_private-{i}.id}}" for i in range(env.network.az_count)]
+    for pool_name, pool in env.pools.items():
+        group = resources(stack, "aws_autoscaling_group")[f"pool-{pool_name}_group"]
+        # A cluster placement group lives in one zone: its pool uses the first subnet only.
+        assert group["vpc_zone_identifier"] == (subnets[:1] if pool.placement == "cluster" else subnets)
 
 
 def test_terminating_nodes_get_a_lifecycle_hook_to_hand_work_back(shipped):
@@ -191,8 +194,13 @@ def test_user_data_is_the_rendered_script_with_the_bucket_spliced_in(shipped):
     for pool_name in env.pools:
         template = resources(stack, "aws_launch_template")[f"pool-{pool_name}_launch-template"]
         assert template["user_data"] == f"${{base64encode(local.user-data-{pool_name})}}"
-        expected = terraform_literal(render_user_data(env, pool_name, artifacts_bucket="@@"))
-        assert stack["locals"][f"user-data-{pool_name}"] == expected.replace("@@", bucket)
+        expected = terraform_literal(render_user_data(env, pool_name, artifacts_bucket="@@")).replace("@@", bucket)
+        if env.shared_fs:  # the file system's address, known at apply
+            lustre = "${aws_fsx_lustre_file_system.network_shared-fs_lustre"
+            source = {"fsx-lustre": f"{lustre}.dns_name}}@tcp:/{lustre}.mount_name}}",
+                      "efs": "${aws_efs_file_system.network_shared-fs_efs.dns_name}:/"}[env.shared_fs.kind]  # fmt: skip
+            expected = expected.replace(SHARED_FS_PLACEHOLDER, source)
+        assert stack["locals"][f"user-data-{pool_name}"] == expected
 
 
 def test_functions_run_from_the_archive_pinned_by_its_hash(shipped):
@@ -212,7 +220,7 @@ def test_the_scaler_is_ticked_by_schedule_and_by_one_backlog_alarm_per_queue(shi
     env, stack = shipped
     rules = resources(stack, "aws_cloudwatch_event_rule")
     assert re.fullmatch(r"rate\(\d+ minutes?\)", rules["control_tick"]["schedule_expression"])
-    alarms = resources(stack, "aws_cloudwatch_metric_alarm")
+    alarms = {k: a for k, a in resources(stack, "aws_cloudwatch_metric_alarm").items() if k.startswith("control_backlog-")}
     assert sorted(a["dimensions"]["QueueName"] for a in alarms.values()) == sorted(
         naming.queue(env.name, q) for q in env.queues)  # fmt: skip
     assert all(a["alarm_actions"] == ["${aws_lambda_function.control_scaler.arn}"] for a in alarms.values())
@@ -231,3 +239,20 @@ def test_interruption_rules_cover_spot_warnings_rebalance_and_this_envs_terminat
     assert hook["detail"]["AutoScalingGroupName"] == sorted(naming.group(env.name, p) for p in env.pools)
     targets = resources(stack, "aws_cloudwatch_event_target").values()
     assert sum(t["arn"] == "${aws_lambda_function.control_interruption.arn}" for t in targets) == 3
+
+
+def test_each_schedule_and_the_minute_watch_invoke_the_schedule_function_through_a_role_that_may_only_invoke_it(shipped):
+    env, stack = shipped
+    function = resources(stack, "aws_lambda_function")["schedules_function"]
+    assert function["handler"] == "lambdas.schedule.handler.handler"
+    fired = {s["target"]["input"]: s["schedule_expression"] for s in resources(stack, "aws_scheduler_schedule").values()}
+    expected = {json.dumps({"tidefleet": "watch"}): "rate(1 minute)"} | {
+        json.dumps({"tidefleet": "fire", "schedule": name, "at": "<aws.scheduler.scheduled-time>"}): when
+        for name, when in {"model-merge": "rate(10 hours)", "nightly-eval": "cron(0 3 ? * 2-6 *)"}.items()
+        if name in env.schedules
+    }
+    assert fired == expected
+    documents = {k: v for k, v in policy_documents(stack).items() if k.startswith("schedules_scheduler-role_policy")}
+    (only,) = documents.values()
+    assert [(s["actions"], s["resources"]) for s in only["statement"]] == [
+        (["lambda:InvokeFunction"], ["${aws_lambda_function.schedules_function.arn}"])]

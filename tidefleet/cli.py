@@ -17,6 +17,8 @@ COMMANDS = {
     "retry-failed": "tidefleet.jobs.cli:retry_failed",
     "nodes": "tidefleet.jobs.cli:nodes",
     "jobs": "tidefleet.jobs.cli:jobs",
+    "cost": "tidefleet.jobs.cost_cli:cost",
+    "rightsize": "tidefleet.jobs.cost_cli:rightsize_command",
     "agent": "tidefleet.agent.cli:agent",
     "tick": "tidefleet.control_cli:tick",
     "simulate": "tidefleet.sim.cli:simulate",

@@ -17,7 +17,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from tidefleet import naming, prices
+from tidefleet import naming, prices, schedules
 
 NAME = r"[a-z][a-z0-9-]{0,30}"
 NAME_RULE = "must start with a letter and use only a-z, 0-9 and '-' (at most 31 characters)"
@@ -31,6 +31,12 @@ AWS_SUBNET = r"subnet-[0-9a-f]{8}([0-9a-f]{9})?"
 GCP_SUBNET = r"(projects/[a-z][a-z0-9-]{4,28}[a-z0-9]/regions/[a-z0-9-]+/subnetworks/)?[a-z]([-a-z0-9]{0,61}[a-z0-9])?"
 # GCP project ids: 6-30 characters, lowercase letters, digits and hyphens, a letter first.
 GCP_PROJECT = r"[a-z][a-z0-9-]{4,28}[a-z0-9]"
+# S3 (general purpose) and GCS bucket names; dotted names are allowed by both.
+S3_BUCKET = r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]"
+GCS_BUCKET = r"[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]"
+# Mounting a file system over one of these would break the node.
+SYSTEM_DIRS = frozenset({"/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib64", "/opt", "/proc", "/root",
+                         "/run", "/sbin", "/sys", "/tmp", "/usr", "/var", "/mnt", "/srv"})  # fmt: skip
 ENV_VAR = r"[A-Za-z_][A-Za-z0-9_]*"
 # The OCI / docker reference grammar (distribution/reference): [host[:port]/]path[:tag][@digest].
 _DOMAIN = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)(?:\.(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?))*(?::[0-9]+)?"
@@ -109,6 +115,30 @@ class InstanceType(_Model):
         return own if own is not None else prices.default_price(self.type, spot)
 
 
+class PoolData(_Model):
+    """The team's data a pool's nodes may reach: granted to that pool's role only."""
+
+    read: list[str] = Field(default_factory=list, description="s3://bucket/prefix/ or gs://bucket/prefix/, read only")
+    write: list[str] = Field(default_factory=list, description="likewise, read and write")
+    shared_fs_mount: str | None = Field(None, description="mount the environment's [shared_fs] at this path on boot")
+
+    def locations(self) -> list[tuple[str, str, bool]]:
+        """(bucket, prefix, writable) per configured location, in the configured order."""
+        out = []
+        for uris, writable in ((self.read, False), (self.write, True)):
+            for uri in uris:
+                bucket, _, prefix = uri.split("://", 1)[1].partition("/")
+                out.append((bucket, prefix, writable))
+        return out
+
+
+class SharedFs(_Model):
+    kind: Literal["efs", "fsx-lustre", "filestore"] = Field(
+        description="efs (elastic NFS), fsx-lustre (training data, AWS), filestore (NFS, GCP)"
+    )
+    size_gb: int | None = Field(None, ge=1, le=1_000_000, description="fsx-lustre and filestore: capacity")
+
+
 class Pool(_Model):
     instance_types: list[InstanceType] = Field(min_length=1)
     capacity_unit: Literal["nodes", "vcpus", "gpus"] = "nodes"
@@ -143,6 +173,12 @@ class Pool(_Model):
     cost_cap_usd_per_hour: float | None = Field(None, gt=0)
     public_ip: bool = False
     run_as_root: bool = Field(False, description="run items as root instead of the unprivileged tidefleet-item user")
+    gpu_sharing: bool = Field(False, description="more slots than GPUs: small items share a GPU (and its memory)")
+    data: PoolData = PoolData()
+    placement: Literal["spread", "cluster"] = Field(
+        "spread", description="cluster: nodes close together for multi-node training (one zone, AWS placement group)"
+    )
+    efa: bool = Field(False, description="AWS: Elastic Fabric Adapter on every node (needs placement 'cluster')")
 
     def slots(self, itype: InstanceType) -> int:
         return itype.weight * self.slots_per_unit
@@ -154,7 +190,17 @@ class Queue(_Model):
     max_retries: int = Field(3, ge=0, le=100, description="failed attempts retried before the dead-letter queue")
     item_timeout_s: int = Field(3600, ge=1, le=7 * 24 * 3600)
     slots_per_item: int = Field(1, ge=1, le=256, description="slots one item needs (e.g. GPUs)")
+    target_wait_s: int = Field(
+        120, ge=0, le=DAY_S,
+        description="waiting items may wait this long for running nodes to free up before a node is launched "
+        "for them; once the oldest would miss it, nodes launch at once",
+    )
     team: str | None = Field(None, description="None = the pool's team")
+    accept_images: list[str] = Field(default_factory=list, description="glob patterns of images a job may ask for; '*' = any")
+    accept_commands: list[str] = Field(default_factory=list, description="glob patterns of commands a job may ask for")
+    # An item waiting longer than this raises the oldest-item alarm: longer than a slow GPU
+    # boot plus a scale-out, shorter than anyone waits for a page.
+    max_wait_s: int = Field(1800, ge=60, le=14 * DAY_S, description="oldest waiting item before the alarm")
 
     @property
     def visibility_timeout_s(self) -> int:
@@ -172,8 +218,14 @@ class Queue(_Model):
 class Scaler(_Model):
     tick_s: int = Field(60, ge=1, le=3600, description="scheduled control tick")
     # 0 is meaningful for the delays below (no delay); a day or more is a typo.
-    scale_in_delay_s: int = Field(300, ge=0, le=DAY_S, description="idle time before a node may be removed")
-    scale_out_cooldown_s: int = Field(120, ge=0, le=DAY_S, description="no scale-in this long after a scale-out")
+    scale_in_delay_s: int | None = Field(
+        None, ge=0, le=DAY_S,
+        description="idle time before a node may be removed; None = break-even: keep an idle node only while "
+        "its next item is expected sooner than a relaunch costs",
+    )
+    # 0: the break-even idle rule already keeps a node whose next item is near; a cooldown after
+    # every launch only adds idle time (measured in the README). Set it with a fixed delay.
+    scale_out_cooldown_s: int = Field(0, ge=0, le=DAY_S, description="no scale-in this long after a scale-out")
     spot_fallback_after_s: int = Field(240, ge=0, le=DAY_S, description="spot nodes pending this long count as short")
     spot_failure_window_s: int = Field(600, ge=0, le=DAY_S, description="how long a spot launch failure is remembered")
     dry_run: bool = False
@@ -195,6 +247,24 @@ class State(_Model):
     lock_table: str | None = Field(None, description="s3 backend: DynamoDB lock table; None = S3 lockfile")
 
 
+class Alerts(_Model):
+    """Who the alarms reach. Without it the alarms still exist, reaching no one."""
+
+    email: list[str] = Field(default_factory=list, description="addresses (SNS email subscriptions / GCP email channels)")
+    webhooks: list[str] = Field(default_factory=list, description="https:// endpoints (SNS HTTPS / GCP webhook channels)")
+
+class Schedule(_Model):
+    """A job submitted on a schedule (README "Scheduled jobs"). The items are written inline: the
+    function that submits runs no user code, and the environment file is the one thing shipped."""
+
+    cron: str | None = Field(None, description="5-field cron, UTC: minute hour day-of-month month day-of-week")
+    rate: str | None = Field(None, description="'N minutes|hours|days'")
+    queue: str
+    items: list[str | list[str]] = Field(min_length=1, description="as in an items file: a URI or a list of args")
+    admission: Literal["skip", "queue"] = Field("skip", description="when the previous run is still going")
+    timeout_s: int | None = Field(None, ge=60, le=30 * DAY_S, description="whole run; then cancelled as timed out")
+
+
 class Environment(_Model):
     name: str = Field(description=NAME_RULE)
     cloud: Literal["aws", "gcp"] = "aws"
@@ -203,14 +273,18 @@ class Environment(_Model):
     network: Network = Network()
     state: State = State()
     scaler: Scaler = Scaler()
+    alerts: Alerts = Alerts()
     tags: dict[str, str] = Field(default_factory=dict, description="cost tags on every resource")
+    shared_fs: SharedFs | None = Field(None, description="one shared file system pools may mount (pools.X.data)")
     pools: dict[str, Pool] = Field(min_length=1)
     queues: dict[str, Queue] = Field(min_length=1)
+    schedules: dict[str, Schedule] = Field(default_factory=dict)
 
     def queues_of(self, pool: str) -> dict[str, Queue]:
         return {name: q for name, q in self.queues.items() if q.pool == pool}
 
-    def idle_timeout_s(self, pool: str) -> int:
+    def idle_timeout_s(self, pool: str) -> int | None:
+        """The fixed idle timeout of a pool, or None for the break-even rule (the default)."""
         own = self.pools[pool].idle_timeout_s
         return self.scaler.scale_in_delay_s if own is None else own
 
@@ -224,6 +298,8 @@ def _semantic_problems(env: Environment) -> list[str]:
     out += _network_problems(env)
     out += _state_problems(env)
     out += _tag_problems(env)
+    out += _shared_fs_problems(env)
+    out += _alert_problems(env.alerts)
     for name, pool in env.pools.items():
         out += _pool_problems(env, name, pool)
     seen_queue_names: dict[str, str] = {}
@@ -252,8 +328,39 @@ def _semantic_problems(env: Environment) -> list[str]:
                     "rename one of them"
                 )
             seen_queue_names[cloud_name] = name
+    for name, schedule in env.schedules.items():
+        out += _schedule_problems(env, name, schedule)
     if names_ok:
         out += _derived_name_problems(env)
+    return out
+
+
+def _schedule_problems(env: Environment, name: str, schedule: Schedule) -> list[str]:
+    where = f"schedules.{name}"
+    out = []
+    if (schedule.cron is None) == (schedule.rate is None):
+        out.append(f"{where}: set exactly one of 'cron' or 'rate' (got {'both' if schedule.cron else 'neither'}); "
+                   "e.g. rate = \"10 hours\" or cron = \"0 3 * * *\"")  # fmt: skip
+    if schedule.cron is not None and (why := schedules.cron_problem(schedule.cron)):
+        out.append(f"{where}.cron: not a 5-field cron, {why} (got {schedule.cron!r}); e.g. '0 3 * * *' (03:00 UTC daily)")
+    elif schedule.cron is not None and env.cloud == "aws" and "*" not in schedule.cron.split()[2::2]:
+        # EventBridge Scheduler takes a day of the month or of the week, not both.
+        out.append(f"{where}.cron: on aws restrict the day of month or the day of week, not both "
+                   f"(got {schedule.cron!r}); set one of them to '*'")  # fmt: skip
+    if schedule.rate is not None:
+        period = schedules.rate_seconds(schedule.rate)
+        if period is None:
+            out.append(f"{where}.rate: not a rate (got {schedule.rate!r}); write 'N minutes', 'N hours' or 'N days'")
+        elif env.cloud == "gcp" and (86400 % period if period < 86400 else period != 86400):
+            # Cloud Scheduler takes only cron: a rate must divide the day to become one exactly.
+            out.append(f"{where}.rate: on gcp a rate must divide a day evenly (got {schedule.rate!r}); "
+                       "use e.g. '6 hours' or a cron")  # fmt: skip
+    if schedule.queue not in env.queues:
+        out.append(f"{where}.queue: unknown queue (got {schedule.queue!r}); known queues: {', '.join(sorted(env.queues))}")
+    for i, item in enumerate(schedule.items):
+        args = [item] if isinstance(item, str) else item
+        if not args or any("\0" in a for a in args):
+            out.append(f"{where}.items[{i}]: an item is a URI or a non-empty list of args without NUL (got {item!r})")
     return out
 
 
@@ -261,6 +368,29 @@ def boot_script_problems(env: Environment, pool_name: str) -> list[str]:
     """The rules for every value the node boot script carries (names, region, project,
     init_script, env), for a caller that renders one without having loaded it from a file."""
     return _name_problems(env) + _region_problems(env) + _workload_problems(f"pools.{pool_name}", env.pools[pool_name])
+
+
+# What SNS and Cloud Monitoring accept as an address; the rest is the mail system's business.
+EMAIL = r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+"
+# An https URL without spaces, quotes, braces or `$` (it lands in Terraform JSON, which would
+# interpolate `${...}`).
+WEBHOOK = r"https://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[^\s\"'<>\\{}$]*)?"
+
+
+def _alert_problems(alerts: Alerts) -> list[str]:
+    out = []
+    for field, values, rule, fix in (
+        ("email", alerts.email, EMAIL, "use an address like oncall@example.com"),
+        ("webhooks", alerts.webhooks, WEBHOOK, "use an https:// URL (SNS and Cloud Monitoring refuse plain http)"),
+    ):
+        for i, value in enumerate(values):
+            if not re.fullmatch(rule, value):
+                out.append(f"alerts.{field}[{i}]: not {'an email address' if field == 'email' else 'an https URL'} "
+                           f"(got {value!r}); {fix}")  # fmt: skip
+        seen = [v for i, v in enumerate(values) if v in values[:i]]
+        if seen:
+            out.append(f"alerts.{field}: listed twice (got {seen[0]!r}); list each once")
+    return out
 
 
 def _region_problems(env: Environment) -> list[str]:
@@ -274,7 +404,7 @@ def _name_problems(env: Environment) -> list[str]:
     out = []
     if not re.fullmatch(NAME, env.name):
         out.append(f"name: bad environment name (got {env.name!r}); {NAME_RULE}; rename the file")
-    for kind, names in (("pools", env.pools), ("queues", env.queues)):
+    for kind, names in (("pools", env.pools), ("queues", env.queues), ("schedules", env.schedules)):
         out += [f"{kind}.{name}: bad name (got {name!r}); {NAME_RULE}" for name in names if not re.fullmatch(NAME, name)]
     if env.cloud == "gcp" and not env.project:
         out.append("project: required when cloud = 'gcp' (got nothing); set your GCP project id")
@@ -402,10 +532,12 @@ def _pool_problems(env: Environment, name: str, pool: Pool) -> list[str]:
         missing = [f for f, spot in (("on_demand_price", False), ("spot_price", True)) if itype.price(spot) is None]
         if missing:
             out.append(f"{at}.{missing[0]}: no built-in price for {itype.type!r}; set {' and '.join(missing)} in USD/hour")
+        out += _gpu_slot_problems(at, pool, itype)
         if env.cloud == "aws" and itype.accelerator:
             out.append(f"{at}.accelerator: only for cloud 'gcp' (got {itype.accelerator!r})")
     if env.cloud == "gcp":
         out += _gcp_pool_problems(where, pool)
+    out += _data_problems(env, where, pool)
     if env.cloud == "aws" and not re.fullmatch(AWS_IMAGE, pool.image):
         out.append(f"{where}.image: not an AMI id or ssm:/ parameter (got {pool.image!r})")
     if pool.spot_max_price is not None and pool.spot_max_price < min(
@@ -413,6 +545,82 @@ def _pool_problems(env: Environment, name: str, pool: Pool) -> list[str]:
     ):
         out.append(f"{where}.spot_max_price: below every type's spot price (got {pool.spot_max_price}); spot would never launch")
     return out
+
+
+def _gpu_slot_problems(at: str, pool: Pool, itype: InstanceType) -> list[str]:
+    """Slots map to GPUs (tidefleet/agent/gpus.py): whole GPUs per slot, or slots per GPU when shared."""
+    slots, gpus = pool.slots(itype), itype.gpus
+    if not gpus:
+        return []
+    if slots % gpus and gpus % slots:
+        return [(f"{at}: {slots} slots cannot split {gpus} GPUs evenly (got weight {itype.weight} x slots_per_unit "
+                f"{pool.slots_per_unit}); make one a multiple of the other")]  # fmt: skip
+    if slots > gpus and not pool.gpu_sharing:
+        return [(f"{at}: {slots} slots on {gpus} GPUs would put several items on one GPU (got slots_per_unit "
+                f"{pool.slots_per_unit}); set gpu_sharing = true on the pool (items then share GPU memory) "
+                "or lower slots_per_unit")]  # fmt: skip
+    return []
+
+
+def _data_problems(env: Environment, where: str, pool: Pool) -> list[str]:
+    """Data locations, the shared file system and the placement a pool asks for."""
+    out = []
+    scheme, bucket_rule = ("s3", S3_BUCKET) if env.cloud == "aws" else ("gs", GCS_BUCKET)
+    for field in ("read", "write"):
+        for i, uri in enumerate(getattr(pool.data, field)):
+            at, got = f"{where}.data.{field}[{i}]", f"(got {uri!r})"
+            bucket, _, prefix = uri.partition("://")[2].partition("/")
+            if not uri.startswith(f"{scheme}://"):
+                out.append(f"{at}: not a {scheme}:// location {got}; write one like '{scheme}://team-data/datasets/'")
+            elif not re.fullmatch(bucket_rule, bucket):
+                out.append(f"{at}: not a bucket name {got}; 3-63 lowercase letters, digits, '-' and '.'")
+            elif (prefix and not prefix.endswith("/")) or any(c in prefix for c in "*?") or ".." in prefix.split("/"):
+                out.append(f"{at}: a prefix must be a folder ending in '/' without '*', '?' or '..' {got}; "
+                           f"e.g. '{scheme}://{bucket}/datasets/' (or '{scheme}://{bucket}/' for the whole bucket)")  # fmt: skip
+    mount = pool.data.shared_fs_mount
+    if mount is not None:
+        if env.shared_fs is None:
+            out.append(f"{where}.data.shared_fs_mount: no [shared_fs] in this environment (got {mount!r}); "
+                       "add one (kind = 'efs', 'fsx-lustre' or 'filestore') or remove the mount")  # fmt: skip
+        if not re.fullmatch(r"/[A-Za-z0-9._/-]+", mount) or mount.rstrip("/") in SYSTEM_DIRS or ".." in mount.split("/"):
+            out.append(f"{where}.data.shared_fs_mount: must be an absolute path of its own, not a system folder "
+                       f"(got {mount!r}); e.g. '/mnt/shared'")  # fmt: skip
+    if pool.efa and (env.cloud != "aws" or pool.placement != "cluster"):
+        out.append(f"{where}.efa: needs cloud 'aws' and placement 'cluster' (got cloud {env.cloud!r}, placement "
+                   f"{pool.placement!r}); set placement = 'cluster' or drop efa")  # fmt: skip
+    if pool.placement == "cluster" and env.cloud == "gcp" and env.network.subnet_ids:
+        out.append(f"{where}.placement: 'cluster' opens traffic among the pool's nodes on the network the stack "
+                   f"creates (got network.subnet_ids {env.network.subnet_ids}); remove subnet_ids or use 'spread'")  # fmt: skip
+    if pool.placement == "cluster" and env.cloud == "aws":
+        burstable = [t.type for t in pool.instance_types if t.type.startswith("t")]
+        if burstable:
+            out.append(f"{where}.placement: a cluster placement group cannot hold burstable types (got "
+                       f"{', '.join(burstable)}); drop them or use placement 'spread'")  # fmt: skip
+    return out
+
+
+def _shared_fs_problems(env: Environment) -> list[str]:
+    fs = env.shared_fs
+    if fs is None:
+        return []
+    kinds = {"aws": ("efs", "fsx-lustre"), "gcp": ("filestore",)}[env.cloud]
+    if fs.kind not in kinds:
+        return [f"shared_fs.kind: not available on {env.cloud} (got {fs.kind!r}); use one of {', '.join(kinds)}"]
+    # The services' own capacity steps: FSx for Lustre PERSISTENT_2 is 1200 GiB or a multiple of
+    # 2400; a basic HDD Filestore instance is 1-64 TiB; EFS grows by itself.
+    if fs.kind == "efs" and fs.size_gb is not None:
+        return [f"shared_fs.size_gb: EFS grows with its data (got {fs.size_gb}); remove size_gb"]
+    if fs.kind == "fsx-lustre" and (fs.size_gb is None or fs.size_gb != 1200 and fs.size_gb % 2400):
+        return [f"shared_fs.size_gb: FSx for Lustre takes 1200 or a multiple of 2400 GiB (got {fs.size_gb}); e.g. 1200"]
+    if fs.kind == "filestore" and (fs.size_gb is None or not 1024 <= fs.size_gb <= 102400):
+        return [f"shared_fs.size_gb: a regional Filestore instance is 1024-102400 GiB (got {fs.size_gb}); e.g. 1024"]
+    if env.cloud == "gcp" and env.network.subnet_ids:
+        return [(f"shared_fs: Filestore joins the network the stack creates (got network.subnet_ids "
+                f"{env.network.subnet_ids}); remove subnet_ids or mount your own file system in init_script")]
+    if not any(pool.data.shared_fs_mount for pool in env.pools.values()):
+        return [("shared_fs: no pool mounts it (got a file system and no pools.X.data.shared_fs_mount); "
+                "set shared_fs_mount on the pools that use it, or remove [shared_fs]")]
+    return []
 
 
 def _workload_problems(where: str, pool: Pool) -> list[str]:
@@ -512,9 +720,14 @@ def known_environments(root: Path | None = None) -> list[str]:
     return sorted(p.stem for p in (root or environments_dir()).glob("*.toml"))
 
 
+def environment_path(name: str, root: Path | None = None) -> Path:
+    """The file of environment `name`: `<environments dir>/<name>.toml`, or `name` if it is a .toml path."""
+    return Path(name) if name.endswith(".toml") else (root or environments_dir()) / f"{name}.toml"
+
+
 def load_environment(name: str, root: Path | None = None) -> Environment:
     """Load `environments/<name>.toml` (or a path to a .toml file)."""
-    path = Path(name) if name.endswith(".toml") else (root or environments_dir()) / f"{name}.toml"
+    path = environment_path(name, root)
     try:
         if path.is_dir():
             raise ConfigError(str(path), [f"env: a directory, not an environment file (got {name!r}); give a .toml file"])

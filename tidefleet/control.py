@@ -24,8 +24,9 @@ from dataclasses import dataclass
 
 from tidefleet import policy
 from tidefleet.config import Environment, InstanceType, Pool
+from tidefleet.fanout import each
 from tidefleet.policy.interruption import DrainNode, pool_of_group
-from tidefleet.policy.model import FleetView, NodeView, PoolDecision, PoolView, QueueView
+from tidefleet.policy.model import FleetView, NodeView, PoolDecision, PoolView, QueueView, rate_at
 from tidefleet.ports import GroupInstance, GroupState, Ports
 from tidefleet.records import Heartbeat
 
@@ -90,6 +91,7 @@ def node_view(
         last_heartbeat=heartbeat.at if heartbeat else None,
         idle_since=heartbeat.idle_since if heartbeat else None,
         protected=instance.protected,
+        cordoned=heartbeat.cordoned if heartbeat else False,
     )
 
 
@@ -107,9 +109,14 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
     groups = ports.fleet.groups(names, since=now - env.scaler.spot_failure_window_s)
     for missing in sorted(set(names) - set(groups)):
         log.warning(json.dumps({"pool": missing, "skipped": "no auto scaling group; deploy the environment"}))
-    pool_views, gone = [], {}
+    pool_views, gone, intake = [], {}, {}
+    # One call per pool and per queue, `calls_in_flight` at once (1k queues: 1k calls).
+    heartbeats = dict(zip(groups, each(ports.nodes.heartbeats, list(groups), ports.calls_in_flight), strict=True))
     for name, group in groups.items():
-        beats = ports.nodes.heartbeats(name)
+        beats = heartbeats[name]
+        for hb in beats.values():  # each agent's smoothed rate, decayed to now: the queues' arrivals
+            for qname, rate in hb.intake.items():
+                intake[qname] = intake.get(qname, 0.0) + rate_at(rate, hb.at, now)
         nodes = (node_view(env.pools[name], i, beats.get(i.id), now) for i in group.instances)
         pool_views.append(
             PoolView(
@@ -128,9 +135,10 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
     observed = [qname for qname, queue in env.queues.items() if queue.pool in groups]
     # Mean item times feed the policy's boot-horizon rule; without a stats port they are unknown.
     stats = ports.stats.queue_stats(observed) if ports.stats is not None and observed else {}
+    backlogs = dict(zip(observed, each(ports.queues.backlog, observed, ports.calls_in_flight), strict=True))
     queue_views = []
     for qname in observed:
-        queue, backlog = env.queues[qname], ports.queues.backlog(qname)
+        queue, backlog = env.queues[qname], backlogs[qname]
         queue_views.append(
             QueueView(
                 name=qname,
@@ -140,6 +148,9 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
                 visible=backlog.visible,
                 in_flight=backlog.in_flight,
                 mean_item_s=stats[qname].mean_item_s if qname in stats else None,
+                oldest_age_s=backlog.oldest_age_s,
+                target_wait_s=queue.target_wait_s,
+                intake_per_s=intake.get(qname, 0.0),
             )
         )
     return Observation(FleetView(pools=tuple(pool_views), queues=tuple(queue_views)), groups, gone)
@@ -179,6 +190,11 @@ def act(ports: Ports, env: Environment, decision: PoolDecision, group: GroupStat
     # The policy is pure and trusted, but a stray id must never reach another group's node.
     leaving = tuple(i for i in decision.terminate if i in ours)
     terminated = attempt("terminate", ports.fleet.terminate, decision.pool, leaving) if leaving else ()
+    # Consolidation marks go to the job store, where the agents read them with their heartbeats.
+    for node_id in (i for i in decision.cordon if i in ours):
+        attempt("cordon", ports.nodes.set_cordon, decision.pool, node_id, True)
+    for node_id in (i for i in decision.uncordon if i in ours):
+        attempt("uncordon", ports.nodes.set_cordon, decision.pool, node_id, False)
     if decision.on_demand_base is not None and decision.on_demand_base != group.on_demand_base:
         attempt("set_on_demand_base", ports.fleet.set_on_demand_base, decision.pool, decision.on_demand_base)
     if terminated is None:
@@ -215,8 +231,10 @@ def tick(
     *,
     pools: Iterable[str] | None = None,
     dry_run: bool = False,
+    report: Callable[[FleetView, tuple[PoolDecision, ...]], object] | None = None,
 ) -> tuple[PoolDecision, ...]:
     """Observe → decide → act for these pools (default: all), logging one JSON line per pool.
+    `report(fleet, decisions)` is told what was seen and decided (the metrics), failures or not.
 
     Raises TickError after acting on every other pool if some pool's actions failed."""
     dry_run = dry_run or env.scaler.dry_run
@@ -227,6 +245,7 @@ def tick(
         group = seen.groups[decision.pool]
         line = {
             "pool": decision.pool,
+            "at": round(now, 3),  # what the decision saw is as of this time
             "desired_before": group.desired,
             "desired": decision.desired,
             "terminate": list(decision.terminate),
@@ -234,6 +253,8 @@ def tick(
             "on_demand_base": decision.on_demand_base,
             "reasons": list(decision.reasons),
             "starved_queues": list(decision.starved_queues),
+            "cordon": list(decision.cordon),
+            "uncordon": list(decision.uncordon),
             "dry_run": dry_run,
         }
         if not dry_run:
@@ -249,6 +270,8 @@ def tick(
                 failures.append(f"{decision.pool}: {line['error']}")
         if log.isEnabledFor(logging.INFO):  # the simulator ticks ~10^5 times with the line unread
             log.info(json.dumps(line))
+    if report is not None:
+        report(seen.fleet, decisions)
     if failures:
         raise TickError(failures, decisions)
     return decisions

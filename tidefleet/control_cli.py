@@ -34,6 +34,8 @@ def tick(env_name: str, dry_run: bool, pools: tuple[str, ...], log_json: bool, a
         )
     if log_json:
         logging.basicConfig(level=logging.INFO, format="%(message)s")
+    else:  # what the function logs is said below in words (a pool without a group, for one)
+        logging.getLogger("tidefleet.control").addHandler(logging.NullHandler())
     failed = None
     cloud = for_env(env)
     try:
@@ -43,6 +45,10 @@ def tick(env_name: str, dry_run: bool, pools: tuple[str, ...], log_json: bool, a
     except cloud.errors as err:
         raise click.ClickException(cloud.explain(err)) from None
     dry = dry_run or env.scaler.dry_run
+    undeployed = sorted(set(pools or env.pools) - {d.pool for d in decisions})
+    if undeployed and failed is None:
+        failed = f"no group for pool(s) {', '.join(undeployed)}: {env.name} is not deployed in {env.region}; " \
+                 f"deploy it with `invoke deploy --env {env.name}`"
     if as_json:
         click.echo(json.dumps({"schema": "tidefleet.tick/1", "env": env.name, "dry_run": dry,
                                "decisions": [asdict(d) for d in decisions],
@@ -62,4 +68,4 @@ def tick(env_name: str, dry_run: bool, pools: tuple[str, ...], log_json: bool, a
         if d.starved_queues:
             click.echo(f"  waiting because of a cap: {', '.join(d.starved_queues)}")
     if failed is not None:
-        raise click.ClickException(f"some pools could not be changed:\n{failed}")
+        raise click.ClickException(str(failed) if undeployed else f"some pools could not be changed:\n{failed}")

@@ -137,7 +137,7 @@ class NameRule:
 
     resource: str
     cloud: str  # "aws" or "gcp"
-    scope: str  # "env" (one name), "pool" or "queue" (one per pool / queue)
+    scope: str  # "env" (one name), "pool", "queue" or "schedule" (one per pool / queue / schedule)
     derive: Callable[..., str]  # (env) or (env, pool_or_queue_name) -> name; env: config.Environment
     max_len: int
     charset: str  # full-match regex
@@ -159,6 +159,12 @@ _IAM_PROFILE = (128, r"[\w+=,.@-]+", "alphanumerics and '+=,.@_-'")
 _LOG_GROUP = (512, r"[.\-_/#A-Za-z0-9]+", "a-z, A-Z, 0-9 and '._-/#'")
 _EVENT_RULE = (64, r"[.\-_A-Za-z0-9]+", "a-z, A-Z, 0-9 and '._-'")
 _GCE = (63, _RFC1035, _RFC1035_RULE)
+_ALARM = (255, r"[^\x00-\x1f]+", "free of control characters")
+# The functions and the alarms the AWS stack names (stacks/aws/functions.py, schedules.py, alarms.py).
+FUNCTION_ROLES = ("scaler", "interruption", "schedule")
+ENV_ALARMS = ("scaler-errors", "scaler-throttles", "scaler-duration", "interruption-errors", "cost-over-cap")
+POOL_ALARMS = ("stuck-booting", "silent-nodes", "spot-launch-failures", "on-demand-fallback", "cost-over-cap")
+QUEUE_ALARMS = ("backlog", "dead-letters", "failure-rate", "oldest-item")
 _PUBSUB = (255, r"(?!goog)[A-Za-z][A-Za-z0-9\-_.~+%]*", "a letter then a-z, A-Z, 0-9 and '-_.~+%', not starting 'goog'")
 _GCS_LOGGING = (100, r"[A-Za-z0-9_.-]+", "a-z, A-Z, 0-9 and '_-.'")
 _S3_BUCKET = r"(?!.*\.\.)[a-z0-9][a-z0-9.-]*[a-z0-9]"
@@ -178,10 +184,15 @@ NAME_RULES: tuple[NameRule, ...] = (
     NameRule("CloudWatch log group", "aws", "env", lambda env: item_log_group(env.name), *_LOG_GROUP),
     NameRule("CloudWatch log group", "aws", "env", lambda env: flow_log_group(env.name), *_LOG_GROUP),
     *(NameRule("CloudWatch log group", "aws", "env", _per_role(function_log_group, role), *_LOG_GROUP)
-      for role in ("scaler", "interruption")),
+      for role in FUNCTION_ROLES),
     *(NameRule("Lambda function", "aws", "env", _per_role(function, role), 64, r"[A-Za-z0-9_-]+", "a-z, A-Z, 0-9, '_' and '-'")
-      for role in ("scaler", "interruption")),
-    *(NameRule("IAM role", "aws", "env", _per_role(function, role), *_IAM_ROLE) for role in ("scaler", "interruption")),
+      for role in FUNCTION_ROLES),
+    *(NameRule("IAM role", "aws", "env", _per_role(function, role), *_IAM_ROLE) for role in FUNCTION_ROLES),
+    NameRule("IAM role", "aws", "env", lambda env: f"{function(env.name, 'schedule')}-invoke", *_IAM_ROLE),
+    NameRule("EventBridge Scheduler schedule", "aws", "env", _per_role(stack_resource, "schedule-watch"), *_EVENT_RULE),
+    NameRule("SNS topic", "aws", "env", _per_role(stack_resource, "alerts"), 256, r"[A-Za-z0-9_-]+",
+             "a-z, A-Z, 0-9, '_' and '-'"),
+    *(NameRule("CloudWatch alarm", "aws", "env", _per_role(stack_resource, key), *_ALARM) for key in ENV_ALARMS),
     NameRule("IAM role", "aws", "env", _per_role(stack_resource, "flow-logs"), *_IAM_ROLE),
     NameRule("SQS queue", "aws", "env", lambda env: function_failures(env.name), *_SQS),
     *(NameRule("EventBridge rule", "aws", "env", _per_role(stack_resource, kind), *_EVENT_RULE)
@@ -199,12 +210,16 @@ NAME_RULES: tuple[NameRule, ...] = (
     NameRule("lifecycle hook", "aws", "pool", lambda env, pool: lifecycle_hook(env.name, pool), 255, r"[A-Za-z0-9\-_/]+",
           "a-z, A-Z, 0-9 and '-_/'"),
     NameRule("IAM role", "aws", "pool", lambda env, pool: node_role(env.name, pool), *_IAM_ROLE),
+    *(NameRule("CloudWatch alarm", "aws", "pool", lambda env, pool, key=key: stack_resource(env.name, f"{pool}-{key}"), *_ALARM)
+      for key in POOL_ALARMS),
     NameRule("IAM instance profile", "aws", "pool", lambda env, pool: node_role(env.name, pool), *_IAM_PROFILE),
     # AWS, one per queue
     NameRule("SQS queue", "aws", "queue", lambda env, q: queue(env.name, q), *_SQS),
     NameRule("SQS queue", "aws", "queue", lambda env, q: dead_letter_queue(env.name, q), *_SQS),
-    NameRule("CloudWatch alarm", "aws", "queue", lambda env, q: stack_resource(env.name, f"{q}-backlog"), 255,
-          r"[^\x00-\x1f]+", "free of control characters"),
+    *(NameRule("CloudWatch alarm", "aws", "queue", lambda env, q, key=key: stack_resource(env.name, f"{q}-{key}"), *_ALARM)
+      for key in QUEUE_ALARMS),
+    NameRule("EventBridge Scheduler schedule", "aws", "schedule", lambda env, name: stack_resource(env.name, f"schedule-{name}"),
+             *_EVENT_RULE),
     # GCP, one per environment
     *(NameRule("KMS " + what, "gcp", "env", _per_role(stack_resource, part), 63, r"[A-Za-z0-9_-]+", "a-z, A-Z, 0-9, '_' and '-'")
       for what, part in (("key ring", "keys"), ("key", "data"))),
@@ -214,6 +229,7 @@ NAME_RULES: tuple[NameRule, ...] = (
           "lowercase a-z, 0-9, '_.-', without 'google'", 3),
     NameRule("Cloud Logging bucket and sink", "gcp", "env", lambda env: item_log(env.name), *_GCS_LOGGING),
     NameRule("log-based metric", "gcp", "env", _per_role(stack_resource, "item-outcomes"), *_GCS_LOGGING),
+    NameRule("log-based metric", "gcp", "env", _per_role(stack_resource, "scaler-errors"), *_GCS_LOGGING),
     *(NameRule(what, "gcp", "env", _per_role(stack_resource, part), *_GCE)
       for what, part in (("VPC network, subnet, router and NAT", "nodes"), ("firewall rule", "nodes-deny-ingress"))),
     NameRule("Pub/Sub topic", "gcp", "env", lambda env: kick_topic(env.name), *_PUBSUB, 3),
@@ -255,6 +271,6 @@ def derived_names(env: Environment) -> list[DerivedName]:
         if rule.scope == "env":
             out.append(DerivedName("name", rule.derive(env), rule))
         else:
-            keys = env.pools if rule.scope == "pool" else env.queues
+            keys = {"pool": env.pools, "queue": env.queues, "schedule": env.schedules}[rule.scope]
             out += [DerivedName(f"{rule.scope}s.{key}", rule.derive(env, key), rule) for key in sorted(keys)]
     return out

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 class Backlog:
     visible: int  # waiting items
     in_flight: int  # received by an agent, not yet deleted
+    oldest_age_s: float | None = None  # the oldest waiting item's age; None = the cloud did not say
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +84,11 @@ class NodeStatePort(Protocol):
 
     def mark_draining(self, pool: str, node_id: str) -> None: ...
 
+    def set_cordon(self, pool: str, node_id: str, cordoned: bool) -> None:
+        """Stop (True) or resume (False) the node's intake; its agent reads the mark back with its
+        next heartbeat. A later heartbeat never clears it; a node never heard from gets the mark
+        waiting for its first heartbeat."""
+
     def forget_node(self, pool: str, node_id: str) -> None: ...
 
 
@@ -97,6 +103,9 @@ class Ports:
     fleet: FleetPort
     nodes: NodeStatePort
     stats: QueueStatsPort | None = None  # None: mean item times unknown, the policy counts slots only
+    # Observe calls the tick may have in flight at once: a remote cloud answers many queues and
+    # pools faster side by side (1k queues, one call each); in memory, 1 (no threads at all).
+    calls_in_flight: int = 1
 
 
 # -- the agent's and the SDK's ports ------------------------------------------------------
@@ -163,7 +172,8 @@ class JobStore(NodeStatePort, QueueStatsPort, Protocol):
 
     def heartbeat(self, pool: str, node_id: str) -> Heartbeat | None: ...
 
-    def record_item_seconds(self, queue: str, seconds: float) -> None: ...
+    def record_item_seconds(self, queue: str, *seconds: float) -> None:
+        """Fold succeeded items' run times, in order, into the queue's mean (one write for all)."""
 
     def put_job(self, job: Job) -> Job:
         """Create the job unless it exists; returns the stored job either way (idempotent submit)."""
@@ -175,7 +185,18 @@ class JobStore(NodeStatePort, QueueStatsPort, Protocol):
 
     def set_job_total(self, job_id: str, total: int) -> None: ...
 
-    def cancel_job(self, job_id: str) -> None: ...
+    def cancel_job(self, job_id: str, reason: str = "") -> None: ...
+
+    def end_wait(self, job_id: str) -> None:
+        """The job's held messages are all sent: clear `waiting`."""
+
+    def watch(self, job_id: str) -> None:
+        """Add the job to the few the minute watch looks after (tidefleet.schedules.watch)."""
+
+    def unwatch(self, job_id: str) -> None: ...
+
+    def watched(self) -> list[str]:
+        """The watched jobs' ids: one small read, never a scan of every job."""
 
     def put_item_if_new(self, item: Item) -> bool:
         """False if an item with this id already exists in the job (left untouched)."""
@@ -276,6 +297,12 @@ class Cloud(Protocol):
     def upload(self, key: str, path: Path) -> str:
         """Put a file in the environment's artifacts bucket under `key`; returns its URI."""
 
+    def artifacts_location(self) -> str:
+        """The artifacts bucket's URI, once it is known to exist: publish asks before its slow build."""
+
+    def identity(self) -> str:
+        """Who is calling: the IAM ARN (STS GetCallerIdentity) or the Google account of the
+        application default credentials. Raises one of `errors` when it cannot be read."""
 
     def explain(self, err: BaseException) -> str:
         """One line for a person: what went wrong with this cloud call and what to do."""

@@ -48,3 +48,41 @@ DEFAULT_PRICES: dict[str, tuple[float, float]] = {
 def default_price(instance_type: str, spot: bool) -> float | None:
     pair = DEFAULT_PRICES.get(instance_type)
     return None if pair is None else pair[1 if spot else 0]
+
+
+# type: (vCPUs, memory GiB, GPUs, memory GiB per GPU), from the AWS instance-type pages and the
+# GCE machine-type docs; `tidefleet rightsize` sizes items against these.
+SPECS: dict[str, tuple[int, float, int, float]] = {
+    "t3.medium": (2, 4, 0, 0),
+    "t3.large": (2, 8, 0, 0),
+    "c6i.large": (2, 4, 0, 0),
+    "c6i.xlarge": (4, 8, 0, 0),
+    "c6i.2xlarge": (8, 16, 0, 0),
+    "c6i.4xlarge": (16, 32, 0, 0),
+    "c7i.large": (2, 4, 0, 0),
+    "c7i.xlarge": (4, 8, 0, 0),
+    "c7i.2xlarge": (8, 16, 0, 0),
+    "m6i.large": (2, 8, 0, 0),
+    "m6i.xlarge": (4, 16, 0, 0),
+    "m6i.2xlarge": (8, 32, 0, 0),
+    "m7i.xlarge": (4, 16, 0, 0),
+    "r6i.xlarge": (4, 32, 0, 0),
+    "g4dn.xlarge": (4, 16, 1, 16),  # T4
+    "g4dn.2xlarge": (8, 32, 1, 16),
+    "g4dn.12xlarge": (48, 192, 4, 16),
+    "g5.xlarge": (4, 16, 1, 24),  # A10G
+    "g5.2xlarge": (8, 32, 1, 24),
+    "g5.12xlarge": (48, 192, 4, 24),
+    "g5.48xlarge": (192, 768, 8, 24),
+    "g6.xlarge": (4, 16, 1, 24),  # L4
+    "g6.12xlarge": (48, 192, 4, 24),
+    "p3.2xlarge": (8, 61, 1, 16),  # V100
+    "p3.8xlarge": (32, 244, 4, 16),
+    "p4d.24xlarge": (96, 1152, 8, 40),  # A100 40 GB
+    "e2-standard-4": (4, 16, 0, 0),
+    "n2-standard-4": (4, 16, 0, 0),
+    "n2-standard-8": (8, 32, 0, 0),
+    "n1-standard-8": (8, 30, 0, 0),
+    "g2-standard-8": (8, 32, 1, 24),  # L4
+    "a2-highgpu-1g": (12, 85, 1, 40),  # A100 40 GB
+}

@@ -29,12 +29,42 @@ class Heartbeat:
     instance_type: str = ""
     spot: bool = True
     gpus: int = 0
+    # Items per second this agent took, per queue, as of `at` (`policy.model.rate_after`): the
+    # scaler sums them into each queue's arrival rate, with no shared counter to contend on.
+    intake: dict[str, float] = field(default_factory=dict)
+    # Set and cleared by the scaler only (consolidation): the agent takes no new items while it
+    # is set and finishes what it runs. The agent's own heartbeat never writes it.
+    cordoned: bool = False
+    running: dict[str, int] = field(default_factory=dict)  # attempts running now, by job id
+
+
+SCALER_OWNED = ("cordoned",)  # heartbeat fields only the scaler writes
 
 
 # Item lifecycle: queued (recorded; sent once its submit chunk is marked sent) -> running -> one
 # of FINAL. pending (recorded, not yet sent) is only left by submits of earlier versions.
 # A retried or handed-back item goes running -> queued again.
 FINAL = ("succeeded", "failed", "cancelled")
+STATUSES = ("pending", "queued", "running", *FINAL)
+
+
+def settled_moves(status: str | None, only_from: tuple[str, ...] | None, never_from: tuple[str, ...]) -> dict[str, int]:
+    """What a conditional write of an item adds to its job's counters of settled items
+    (`Job.n_succeeded`, ...): +1 to a final status entered, -1 to one left. The write's condition
+    must pin down whether the item was final, and in which status, or the count would drift; a
+    store applies the result in the same transaction as the write, so only a write that lands counts."""
+    if status is None:
+        return {}
+    could_be = (set(only_from) if only_from else set(STATUSES)) - set(never_from)
+    was_final = could_be & set(FINAL)
+    if status in FINAL and not was_final:
+        return {f"n_{status}": 1}
+    if status not in FINAL and len(was_final) == 1 and was_final == could_be:
+        return {f"n_{was_final.pop()}": -1}
+    if status not in FINAL and not was_final:
+        return {}
+    raise ValueError(f"a write of status {status!r} from {sorted(could_be)} cannot be counted on its job: "
+                     "give only_from / never_from that say whether the item was final, and in which status")
 
 
 @dataclass(frozen=True)
@@ -73,6 +103,25 @@ class Job:
     chunk: int = 0
     window: int = 0
     submitting: bool = False
+    spec: dict = field(default_factory=dict)  # the job's own image/command/env/limits (jobs.spec.JobSpec.record)
+    # Who submitted (the cloud identity: an IAM ARN or a Google account; "os:NAME" when it could
+    # not be read); "" on older jobs. `tidefleet cost --by user` sums by it.
+    submitter: str = ""
+    # Dependencies (jobs.sdk.submit `after`): items are recorded `pending` and sent only once
+    # `after` has succeeded (or finished, with `after_finished`); `waiting` until then.
+    after: str = ""
+    after_finished: bool = False
+    waiting: bool = False
+    # A scheduled run (tidefleet.schedules): its schedule, and its whole-job deadline (0 = none).
+    schedule: str = ""
+    deadline: float = 0.0
+    cancel_reason: str = ""  # why it was cancelled when not by a user: "timed out: ..."
+    # Items settled in each final status, kept by the store in the same transaction as the item's
+    # write (`settled_moves`); `counted` is False on jobs submitted before these counters existed.
+    counted: bool = False
+    n_succeeded: int = 0
+    n_failed: int = 0
+    n_cancelled: int = 0
 
 
 @dataclass(frozen=True)
@@ -90,6 +139,8 @@ class Item:
     node: str = ""
     cpu_s: float | None = None
     peak_rss_mb: float | None = None
+    gpu_util_pct: float | None = None  # mean utilisation of its GPUs over its last attempt (agent.gpus)
+    gpu_mem_peak_mb: float | None = None
     updated_at: float = 0.0
     seq: int = 0  # the newest message sent for this item (each retry or hand-back sends seq + 1)
     lease_until: float = 0.0  # while running: the holder renews it every heartbeat

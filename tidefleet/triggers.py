@@ -7,6 +7,10 @@ No cloud SDK is imported here (the GCP function must not load boto3, nor the AWS
 Triggers: AWS's EventBridge schedule and queue-depth alarm, GCP's Cloud Scheduler message, and
 the "kick" the job SDK sends after a submit so scale-out starts in seconds:
     {"tidefleet": "kick", "env": "<env>", "reason": "<why>"}
+Scheduled jobs (`tidefleet.jobs.scheduled`): a schedule's fire and the minute watch,
+    {"tidefleet": "fire", "schedule": "<name>", "at": "<ISO time the scheduler fired>"}
+    {"tidefleet": "watch"}
+run by AWS's schedule function and, on GCP, by the scaler function (`run_jobs`).
 Anything else is `Ignored`: logged, and the function returns normally, so the platform does
 not retry it (no retry storm on a bad event).
 """
@@ -18,17 +22,17 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-
-from tidefleet.control import tick
+from datetime import datetime
 
 log = logging.getLogger("tidefleet.scaler")
 
 
 @dataclass(frozen=True, slots=True)
 class Trigger:
-    kind: str  # schedule | alarm | kick
+    kind: str  # schedule | alarm | kick | fire | watch
     detail: str  # rule, alarm and state, or the kick's reason
     env: str | None = None  # a kick names its environment
+    at: float | None = None  # a fire: when the scheduler fired it (EventBridge Scheduler says so)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +57,12 @@ def parse(event: object) -> Trigger | Ignored:
         return Trigger("alarm", f"{alarm.get('alarmName', '?')} -> {value}")
     if event.get("tidefleet") == "schedule":  # Cloud Scheduler's message on GCP
         return Trigger("schedule", "cloud scheduler")
+    if event.get("tidefleet") == "fire":
+        if not isinstance(event.get("schedule"), str):
+            return Ignored("fire without a string 'schedule'")
+        return Trigger("fire", event["schedule"], env=None, at=_iso_time(event.get("at")))
+    if event.get("tidefleet") == "watch":
+        return Trigger("watch", "watch")
     if event.get("tidefleet") == "kick":
         if not isinstance(event.get("env"), str):
             return Ignored("kick without a string 'env'")
@@ -60,18 +70,59 @@ def parse(event: object) -> Trigger | Ignored:
     return Ignored(f"unknown event (source {str(event.get('source'))[:100]!r}, keys {sorted(event)[:8]})")
 
 
-def run(trigger: Trigger | Ignored, runtime: Callable[[], tuple]) -> dict:
-    """One tick for a parsed trigger; `runtime()` gives (env, ports), loaded once per cold start."""
+def _iso_time(value: object) -> float | None:
+    try:
+        return datetime.fromisoformat(str(value)).timestamp() if value else None
+    except ValueError:
+        return None
+
+
+def run_jobs(trigger: Trigger, env, cloud, now: float) -> dict:
+    """A schedule's fire or the minute watch (tidefleet.jobs.scheduled); `cloud` is the
+    environment's Cloud (submit, cancel, the watch list)."""
+    from tidefleet.jobs import scheduled  # the scaler's own ticks never load the job SDK
+
+    if trigger.kind == "watch":
+        return {"trigger": "watch", "env": env.name, "watched": scheduled.watch(env, cloud, now)}
+    if trigger.detail not in env.schedules:
+        reason = f"fire for schedule {trigger.detail!r}, which environment {env.name!r} does not have"
+        log.warning(json.dumps({"ignored": reason}))
+        return {"ignored": reason}
+    decided = scheduled.fire(env, cloud, trigger.detail, now, fired_at=trigger.at)
+    return {"trigger": "fire", "schedule": trigger.detail, "env": env.name, "decision": decided.reason,
+            "cancelled": [c.job_id for c in decided.cancel]}  # fmt: skip
+
+
+Emit = Callable[[object, list], object]  # (env, tidefleet.metrics points): the cloud's metrics writer
+
+
+def run(trigger: Trigger | Ignored, runtime: Callable[[], tuple], emit: Emit | None = None) -> dict:
+    """One tick for a parsed trigger; `runtime()` gives (env, ports), loaded once per cold start.
+    `emit(env, points)` writes what the tick saw and decided as metrics (`tidefleet.metrics`),
+    also when some action failed; a metrics write that fails is logged, never fails the tick."""
     if isinstance(trigger, Ignored):
         log.warning(json.dumps({"ignored": trigger.reason}))
         return {"ignored": trigger.reason}
+    # The tick, the policy, the metric set and the settings (pydantic) load on the first trigger, not on import.
+    from tidefleet import metrics
+    from tidefleet.control import tick
+
     env, ports = runtime()
     if trigger.env is not None and trigger.env != env.name:
         reason = f"kick for environment {trigger.env!r} reached the function of {env.name!r}"
         log.warning(json.dumps({"ignored": reason}))
         return {"ignored": reason}
     started = time.time()
-    decisions = tick(env, ports, started)
+    points: list[metrics.Point] = []
+
+    def report(fleet, decided) -> None:
+        try:
+            points.extend(metrics.tick_points(env, fleet, decided, started))
+            emit(env, points)
+        except Exception as err:  # noqa: BLE001 - metrics are for people; the tick's work is done
+            log.warning(json.dumps({"metrics": f"not written: {type(err).__name__}: {err}"}))
+
+    decisions = tick(env, ports, started, report=report if emit else None)
     summary = {
         "trigger": trigger.kind,
         "detail": trigger.detail,

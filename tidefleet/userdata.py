@@ -19,6 +19,8 @@ from tidefleet.config import INIT_SCRIPT_DELIMITER, Environment, boot_script_pro
 
 TEMPLATE = Path(__file__).resolve().parents[1] / "templates" / "user-data.sh.j2"
 EC2_USER_DATA_LIMIT = 16 * 1024
+# Where the file system's address goes (known only at apply): the stack splices it in.
+SHARED_FS_PLACEHOLDER = "TIDEFLEET-SHARED-FS-PLACEHOLDER"
 # In local mode, the interpreter that runs the agent (also exported, harmlessly).
 LOCAL_PYTHON = "TIDEFLEET_PYTHON"
 
@@ -57,6 +59,7 @@ def render_user_data(env: Environment, pool_name: str, *, artifacts_bucket: str,
         local=local,
         python=(local or {}).get(LOCAL_PYTHON, "python3"),
         init_delimiter=INIT_SCRIPT_DELIMITER,
+        shared_fs_source=SHARED_FS_PLACEHOLDER,
     )
     if len(script.encode()) > EC2_USER_DATA_LIMIT:
         raise ValueError(

@@ -6,7 +6,8 @@ Framework puts on sys.path. It imports nothing of AWS.
 
 Messages: Cloud Scheduler's {"tidefleet": "schedule"} every minute, and the job SDK's kick
 after a submit, {"tidefleet": "kick", "env": "<env>", "reason": "<why>"}. Parsing, the tick and
-the policy are the core's (`tidefleet.triggers`), as on AWS; only the ports differ. Anything
+the policy are the core's (`tidefleet.triggers`), as on AWS; only the ports differ. What a tick saw
+and decided is written as Cloud Monitoring custom metrics (`tidefleet.metrics`). Anything
 else is logged and ignored. A tick that fails is logged as one error line and the function
 returns normally: the next tick supersedes it (the trigger also says do-not-retry).
 """
@@ -17,9 +18,11 @@ import base64
 import binascii
 import json
 import logging
+import time
 
-from tidefleet.cloud.gcp import function_runtime
-from tidefleet.triggers import Ignored, Trigger, parse, run
+from tidefleet.cloud import for_env
+from tidefleet.cloud.gcp import function_metrics, function_runtime
+from tidefleet.triggers import Ignored, Trigger, parse, run, run_jobs
 
 log = logging.getLogger("tidefleet.scaler")
 logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -38,10 +41,14 @@ def message_of(cloud_event) -> Trigger | Ignored:
 
 
 def on_kick(cloud_event) -> dict:
-    """The entry point (an event-triggered 2nd-gen function gets a CloudEvent)."""
+    """The entry point (an event-triggered 2nd-gen function gets a CloudEvent). A schedule's fire
+    and the minute watch (Cloud Scheduler messages) go to the scheduled-job code, the rest to a tick."""
     trigger = message_of(cloud_event)
     try:
-        return run(trigger, function_runtime)
+        if isinstance(trigger, Trigger) and trigger.kind in ("fire", "watch"):
+            env, _ = function_runtime()
+            return run_jobs(trigger, env, for_env(env), time.time())
+        return run(trigger, function_runtime, emit=function_metrics)
     except Exception as err:  # noqa: BLE001 - any failure of the tick: one line, then the next tick
         failed = {"severity": "ERROR", "trigger": getattr(trigger, "kind", None),
                   "failed": f"{type(err).__name__}: {err}"}  # fmt: skip

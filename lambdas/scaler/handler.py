@@ -4,6 +4,7 @@ Triggers: the EventBridge schedule (every tick_s), the queue-depth alarm (alarm 
 the job SDK's asynchronous kick after a submit. Parsing and the tick are the core's
 (`tidefleet.triggers`, shared with the GCP function); only the ports are AWS's. Anything else
 is logged and ignored; the function returns normally so the asynchronous invoke is not retried.
+What the tick saw and decided goes to stdout as Embedded Metric Format lines (`tidefleet.metrics`).
 Settings load once per cold start from environments/<TIDEFLEET_ENV>.toml, packaged beside the code.
 
 Only the library the tick needs is imported here (boto3, pydantic, the policy): no click,
@@ -20,5 +21,12 @@ from tidefleet.triggers import parse, run
 logging.getLogger("tidefleet").setLevel(logging.INFO)  # Lambda's root logger stops at WARNING
 
 
+def emit(env, points) -> None:
+    # The metric set loads with the settings, on the first tick: not on the cold import.
+    from tidefleet.cloud.aws.metrics import emf_stdout
+
+    emf_stdout(env, points)
+
+
 def handler(event, context=None) -> dict:
-    return run(parse(event), lambda_runtime)
+    return run(parse(event), lambda_runtime, emit=emit)

@@ -20,8 +20,10 @@ from cdktn_provider_aws.launch_template import (
     LaunchTemplateNetworkInterfaces,
     LaunchTemplateTagSpecifications,
 )
+from cdktn_provider_aws.placement_group import PlacementGroup
 from constructs import Construct
 
+from stacks.aws.data import data_statements, gang_security_group
 from stacks.aws.iam import AwsContext, ServiceRole, Statement
 from tidefleet import naming
 from tidefleet.config import Environment
@@ -61,6 +63,7 @@ class NodePool(Construct):
         spec: PoolSpec,
         ctx: AwsContext,
         subnet_ids: list[str],
+        vpc_id: str,
         security_group_id: str,
         user_data_base64: str,
         queue_arns: list[str],
@@ -103,8 +106,16 @@ class NodePool(Construct):
                           [{"test": "StringLike", "variable": "s3:prefix",
                             "values": ["agent/*", *(f"{naming.checkpoint_prefix(q)}*" for q in queues)]}]),
                 Statement("ArtifactsKey", ["kms:Decrypt", "kms:GenerateDataKey"], [key_arn]),
+                *data_statements(ctx, pool.data),
             ],
         )  # fmt: skip
+        security_groups, placement_group = [security_group_id], None
+        if pool.placement == "cluster":
+            # Training pools: nodes close together (one zone), all traffic among them.
+            placement_group = PlacementGroup(self, "placement", name=naming.stack_resource(env.name, f"{pool_name}-cluster"),
+                                             strategy="cluster").id  # fmt: skip
+            security_groups.append(gang_security_group(self, "gang", env_name=env.name, pool_name=pool_name, vpc_id=vpc_id))
+            subnet_ids = subnet_ids[:1]
         profile = IamInstanceProfile(self, "profile", name=naming.node_role(env.name, pool_name), role=self.role.name)
         tags, lt = spec.tags, spec.launch_template
         template = LaunchTemplate(
@@ -133,8 +144,9 @@ class NodePool(Construct):
                 LaunchTemplateNetworkInterfaces(
                     device_index=0,
                     associate_public_ip_address="true" if pool.public_ip else "false",
-                    security_groups=[security_group_id],
+                    security_groups=security_groups,
                     delete_on_termination="true",
+                    interface_type="efa" if pool.efa else None,
                 )
             ],
             tag_specifications=[LaunchTemplateTagSpecifications(resource_type="volume", tags=tags)],
@@ -148,6 +160,7 @@ class NodePool(Construct):
             desired_capacity=spec.initial_desired,
             desired_capacity_type="units",
             vpc_zone_identifier=subnet_ids,
+            placement_group=placement_group,
             capacity_rebalance=spec.capacity_rebalance,
             health_check_grace_period=spec.health_check_grace_period_s,
             suspended_processes=list(spec.suspended_processes),

@@ -1,4 +1,4 @@
-"""One environment's AWS stack: state, network, node pools, control functions, dashboard."""
+"""One environment's AWS stack: state, network, node pools, control functions, alarms, dashboard."""
 
 from __future__ import annotations
 
@@ -10,14 +10,17 @@ from cdktn_provider_aws.cloudwatch_dashboard import CloudwatchDashboard
 from cdktn_provider_aws.provider import AwsProvider, AwsProviderDefaultTags
 from constructs import Construct
 
+from stacks.aws.alarms import Alarms, dashboard
 from stacks.aws.functions import ControlFunctions, LaunchGrants, QueueRef
 from stacks.aws.iam import AwsContext
 from stacks.aws.network import NodeNetwork
 from stacks.aws.pool import NodePool
+from stacks.aws.schedules import ScheduledJobs
 from stacks.aws.storage import ArtifactsBucket, EnvironmentKey, JobTable, WorkQueue, log_group
 from tidefleet import naming
 from tidefleet.config import Environment
 from tidefleet.resources import resources
+from tidefleet.userdata import SHARED_FS_PLACEHOLDER
 
 # Rendered scripts carry this where the bucket name goes; the name holds the account id,
 # known to Terraform only, so it is spliced back in as an interpolation.
@@ -60,15 +63,17 @@ class AwsFleetStack(TerraformStack):
         self.item_logs = log_group(self, "item-logs", name=spec.item_logs.name, retention_days=spec.item_logs.retention_days,
                                    key_arn=key.arn)  # fmt: skip
         network = NodeNetwork(self, "network", env_name=env.name, network=env.network, ctx=ctx, key_arn=key.arn,
-                              log_retention_days=spec.log_retention_days)  # fmt: skip
+                              log_retention_days=spec.log_retention_days, shared_fs=env.shared_fs)  # fmt: skip
 
         self.pools = {}
         for pool_name in sorted(env.pools):
             script = terraform_literal(user_data(pool_name, BUCKET_PLACEHOLDER)).replace(BUCKET_PLACEHOLDER, self.artifacts.name)
+            if network.shared_fs:
+                script = script.replace(SHARED_FS_PLACEHOLDER, network.shared_fs.mount_source)
             script_local = TerraformLocal(self, f"user-data-{pool_name}", script)
             self.pools[pool_name] = NodePool(
                 self, f"pool-{pool_name}", env=env, pool_name=pool_name, spec=spec.pools[pool_name], ctx=ctx, subnet_ids=network.subnet_ids,
-                security_group_id=network.security_group_id, user_data_base64=Fn.base64encode(script_local.as_string),
+                vpc_id=network.vpc_id, security_group_id=network.security_group_id, user_data_base64=Fn.base64encode(script_local.as_string),
                 queue_arns=[arn for q in env.queues_of(pool_name) for arn in self.queues[q].arns],
                 table_arn=self.table.arn, item_log_group_arn=self.item_logs.arn,
                 artifacts_bucket_arn=self.artifacts.arn, key_arn=key.arn,
@@ -82,6 +87,14 @@ class AwsFleetStack(TerraformStack):
                                 image_parameter_arns=[p.image_parameter_arn for p in self.pools.values() if p.image_parameter_arn]),
             table_arn=self.table.arn, key_arn=key.arn,
         )  # fmt: skip
+        self.alarms = Alarms(
+            self, "alarms", env=env, ctx=ctx, key_arn=key.arn,
+            dead_letter_queues={name: spec.queues[name].dead_letter_name for name in self.queues},
+            queues={name: spec.queues[name].name for name in self.queues},
+        )  # fmt: skip
+        ScheduledJobs(self, "schedules", env=env, spec=spec, ctx=ctx, archive_path=archive_path,
+                      queue_arns=[q.queue.arn for q in self.queues.values()], table_arn=self.table.arn,
+                      key_arn=key.arn, failures_arn=self.functions.failures.arn)  # fmt: skip
         CloudwatchDashboard(self, "dashboard", dashboard_name=naming.stack_resource(env.name, "fleet"),
                             dashboard_body=json.dumps(dashboard(env)))  # fmt: skip
 
@@ -99,21 +112,3 @@ class AwsFleetStack(TerraformStack):
         # Readable, hash-free addresses (aws_sqs_queue.queue-render_queue): the checkov
         # suppressions and the tests name resources by them.
         return "_".join(element.node.path.split("/")[1:])
-
-
-def dashboard(env: Environment) -> dict:
-    """Per pool: its queues' depth and the group's in-service and pending capacity."""
-    widgets = []
-    for i, pool_name in enumerate(sorted(env.pools)):
-        group = naming.group(env.name, pool_name)
-        queues = [naming.queue(env.name, q) for q in sorted(env.queues_of(pool_name))]
-        depth = [["AWS/SQS", m, "QueueName", q] for q in queues
-                 for m in ("ApproximateNumberOfMessagesVisible", "ApproximateNumberOfMessagesNotVisible")]  # fmt: skip
-        fleet = [["AWS/AutoScaling", m, "AutoScalingGroupName", group]
-                 for m in ("GroupInServiceCapacity", "GroupPendingCapacity", "GroupDesiredCapacity")]  # fmt: skip
-        for j, (title, metrics) in enumerate(((f"{pool_name}: queue depth", depth), (f"{pool_name}: capacity", fleet))):
-            widgets.append({
-                "type": "metric", "x": 12 * j, "y": 6 * i, "width": 12, "height": 6,
-                "properties": {"title": title, "region": env.region, "stat": "Maximum", "period": 60, "metrics": metrics},
-            })  # fmt: skip
-    return {"widgets": widgets}

@@ -52,8 +52,8 @@ KEY_USE_ACTIONS = ["kms:Encrypt", "kms:Decrypt", "kms:ReEncryptFrom", "kms:ReEnc
 
 
 class EnvironmentKey(Construct):
-    """The environment's customer-managed KMS key (rotated) for the table, bucket, logs and
-    function settings. CloudWatch Logs may use it only for this environment's log groups."""
+    """The environment's customer-managed KMS key (rotated) for the table, bucket, logs,
+    function settings and the alerts topic. CloudWatch Logs may use it only for this environment's log groups."""
 
     def __init__(self, scope: Construct, id: str, *, env_name: str, ctx: AwsContext, log_group_patterns: Sequence[str]):
         super().__init__(scope, id)
@@ -68,6 +68,14 @@ class EnvironmentKey(Construct):
                     "actions": KEY_ACCOUNT_ACTIONS,
                     "resources": ["*"],
                     "principals": [{"type": "AWS", "identifiers": [f"arn:{ctx.partition}:iam::{ctx.account_id}:root"]}],
+                },
+                {
+                    # An alarm publishing to the environment's encrypted alerts topic.
+                    "sid": "AlarmsPublishToTheEncryptedTopic",
+                    "effect": "Allow",
+                    "actions": ["kms:Decrypt", "kms:GenerateDataKey"],
+                    "resources": ["*"],
+                    "principals": [{"type": "Service", "identifiers": ["cloudwatch.amazonaws.com"]}],
                 },
                 {
                     "sid": "LogsEncryptThisEnvironmentsLogGroups",

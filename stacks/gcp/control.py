@@ -77,6 +77,8 @@ class ScalerFunction(Construct):
         )  # fmt: skip
         ProjectIamMember(self, "fleet", project=project, role=role.name, member=member)
         ProjectIamMember(self, "backlog", project=project, role="roles/monitoring.viewer", member=member)
+        # The tick's decisions as custom metrics (tidefleet.metrics); the role only writes series.
+        ProjectIamMember(self, "metrics", project=project, role="roles/monitoring.metricWriter", member=member)
         ProjectIamMember(self, "heartbeats", project=project, role="roles/datastore.user", member=member,
                          condition=database_condition(project, naming.table(env.name)))  # fmt: skip
         source = StorageBucketObject(

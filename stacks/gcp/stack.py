@@ -1,5 +1,5 @@
 """One environment's GCP stack: state, KMS key, network, queues, job store, artifacts bucket,
-item logs, node pools, the scaler function and the backlog alert."""
+item logs, node pools, the scaler function, alert policies and the dashboard."""
 
 from __future__ import annotations
 
@@ -20,27 +20,23 @@ from cdktn_provider_google.kms_key_ring import KmsKeyRing
 from cdktn_provider_google.logging_metric import LoggingMetric, LoggingMetricMetricDescriptorLabels
 from cdktn_provider_google.logging_project_bucket_config import LoggingProjectBucketConfig
 from cdktn_provider_google.logging_project_sink import LoggingProjectSink
-from cdktn_provider_google.monitoring_alert_policy import (
-    MonitoringAlertPolicy,
-    MonitoringAlertPolicyConditions,
-    MonitoringAlertPolicyConditionsConditionThresholdAggregations,
-)
 from cdktn_provider_google.project_iam_member import ProjectIamMember
 from cdktn_provider_google.provider import GoogleProvider
 from cdktn_provider_google.storage_bucket import StorageBucket, StorageBucketLifecycleRule
 from cdktn_provider_google.storage_bucket_iam_member import StorageBucketIamMember
 from constructs import Construct
 
+from stacks.gcp.alarms import Alerts
 from stacks.gcp.control import ScalerFunction, database_condition
+from stacks.gcp.data import gang_firewall, grant_data, shared_filestore
 from stacks.gcp.messaging import WorkTopic
 from stacks.gcp.pool import NodePool
 from tidefleet import naming
 from tidefleet.config import Environment
 from tidefleet.resources import EnvResources, resources
+from tidefleet.userdata import SHARED_FS_PLACEHOLDER
 
 KEY_ROTATION = "7776000s"  # 90 days
-# Backlog older than this with nothing taking it means the fleet is stuck (or capped).
-STUCK_AFTER_S = 900
 
 
 def labels(env: Environment) -> dict[str, str]:
@@ -105,19 +101,27 @@ class GcpFleetStack(TerraformStack):
         )  # fmt: skip
         self._item_logs(env, spec)
         subnetwork = self._network(env)
+        mount_source = env.shared_fs and shared_filestore(
+            self, "shared-fs", env_name=env.name, region=region, network_name=self.network_name, fs=env.shared_fs,
+            kms_key_id=self.key.id, labels=tags,
+        )  # fmt: skip
 
         self.pools = {}
         for pool_name in sorted(env.pools):
+            script = terraform_literal(user_data(pool_name, bucket_name))
             pool = NodePool(self, f"pool-{pool_name}", env=env, pool_name=pool_name, spec=spec.pools[pool_name],
                             subnetwork=subnetwork,
-                            startup_script=terraform_literal(user_data(pool_name, bucket_name)),
+                            startup_script=script.replace(SHARED_FS_PLACEHOLDER, mount_source) if mount_source else script,
                             labels=tags, kms_key_id=self.key.id)  # fmt: skip
             self._grant_node(env, pool_name, pool.member)
+            if env.pools[pool_name].placement == "cluster":
+                gang_firewall(self, f"gang-{pool_name}", env_name=env.name, pool_name=pool_name, network_id=self.network_id,
+                              service_account=pool.service_account.email)  # fmt: skip
             self.pools[pool_name] = pool
 
         self.scaler = ScalerFunction(self, "control", env=env, archive_path=archive_path, bucket=self.artifacts.name,
                                      kms_key_id=self.key.id, labels=tags)  # fmt: skip
-        self._backlog_alert(env)
+        self.alerts = Alerts(self, "alerts", env=env, labels=tags)
 
     def _grant_node(self, env: Environment, pool_name: str, member: str) -> None:
         """A node's agent: its own queues, the job store, item logs, the artifacts bucket."""
@@ -136,13 +140,16 @@ class GcpFleetStack(TerraformStack):
         prefixes = [naming.checkpoint_prefix(q) for q in sorted(env.queues_of(pool_name))]
         StorageBucketIamMember(self, f"{id}-checkpoints", bucket=bucket, role="roles/storage.objectUser", member=member,
                                condition=prefix_condition(name, prefixes, "its own queues' checkpoints"))  # fmt: skip
+        grant_data(self, id, member=member, data=env.pools[pool_name].data, condition=prefix_condition)
 
     def _network(self, env: Environment) -> str:
         """The subnet nodes use: the configured one, or a private subnet with Cloud NAT."""
+        self.network_id = self.network_name = None  # a configured subnet's network is not ours to change
         if env.network.subnet_ids:
             return env.network.subnet_ids[0]
         name = naming.stack_resource(env.name, "nodes")
         network = ComputeNetwork(self, "network", name=name, auto_create_subnetworks=False)
+        self.network_id, self.network_name = network.id, network.name
         subnet = ComputeSubnetwork(
             self, "subnet", name=name, network=network.id, region=env.region, ip_cidr_range=env.network.vpc_cidr,
             private_ip_google_access=True,
@@ -176,32 +183,6 @@ class GcpFleetStack(TerraformStack):
                                "labels": [LoggingMetricMetricDescriptorLabels(key=k, value_type="STRING")
                                           for k in ("outcome", "queue")]},
             label_extractors={"outcome": "EXTRACT(jsonPayload.outcome)", "queue": "EXTRACT(jsonPayload.queue)"},
-        )  # fmt: skip
-
-    def _backlog_alert(self, env: Environment) -> None:
-        """Work waiting with nothing taking it (a capped, failing or stuck fleet), per queue,
-        and anything in a dead-letter subscription."""
-        conditions = []
-        for name in sorted(env.queues):
-            for kind, sub, duration in (("waiting", naming.queue(env.name, name), f"{STUCK_AFTER_S}s"),
-                                        ("dead-lettered", naming.dead_letter_queue(env.name, name), "0s")):
-                conditions.append(MonitoringAlertPolicyConditions(
-                    display_name=f"{name}: items {kind}",
-                    condition_threshold={
-                        "filter": ('resource.type = "pubsub_subscription" AND '
-                                   f'resource.labels.subscription_id = "{sub}" AND '
-                                   'metric.type = "pubsub.googleapis.com/subscription/num_undelivered_messages"'),
-                        "comparison": "COMPARISON_GT", "threshold_value": 0, "duration": duration,
-                        "aggregations": [MonitoringAlertPolicyConditionsConditionThresholdAggregations(
-                            alignment_period="60s", per_series_aligner="ALIGN_MAX")],
-                    },
-                ))  # fmt: skip
-        MonitoringAlertPolicy(
-            self, "backlog-alert", display_name=f"tidefleet {env.name}: backlog", combiner="OR", conditions=conditions,
-            documentation={"mime_type": "text/markdown",
-                           "content": f"`tidefleet status` and the scaler's log line (function {naming.function(env.name, 'scaler')}) "
-                                      "give the reason: cap, spot shortage, or boot failures."},
-            user_labels=labels(env),
         )  # fmt: skip
 
     def _backend(self, env: Environment, local_state_path: str) -> None:

@@ -107,10 +107,12 @@ def _dynamodb(request) -> StoreUnderTest:
 
     def before_next_write(fn):
         def once(**_):
-            client.meta.events.unregister("before-call.dynamodb.UpdateItem", once)
+            for write in ("UpdateItem", "TransactWriteItems"):  # a settling write is a transaction
+                client.meta.events.unregister(f"before-call.dynamodb.{write}", once)
             fn()
 
-        client.meta.events.register("before-call.dynamodb.UpdateItem", once)
+        for write in ("UpdateItem", "TransactWriteItems"):
+            client.meta.events.register(f"before-call.dynamodb.{write}", once)
 
     return StoreUnderTest(cloud.store, lambda: for_env(env).store, before_next_write, cloud.errors)
 

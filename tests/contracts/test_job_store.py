@@ -4,6 +4,8 @@ item running once, finished once, and never invented by a late write."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from tidefleet.records import Fence, Heartbeat, Item, Job, QueueStats
@@ -13,6 +15,12 @@ NOW = 1000.0
 
 def queued(job: str = "j", item: str = "000000", **values) -> Item:
     return Item(job, item, **{"args": ["a"], "status": "queued", **values})
+
+
+@pytest.fixture(autouse=True)
+def job_j(store):
+    """The job of the items below: a settled item is counted on its job's record."""
+    return store.store.put_job(Job("j", "items", "elsewhere", NOW, 3, counted=True))
 
 
 # -- items: conditional writes and fences ---------------------------------------------------
@@ -54,9 +62,8 @@ def test_an_update_never_creates_an_item_that_was_never_submitted(store, job, it
     ("succeeded", {}, False),  # never_from defaults to the final states
     ("failed", {}, False),
     ("cancelled", {}, False),
-    ("failed", {"never_from": ("succeeded", "cancelled")}, True),  # retry-failed's way out of failed
-    ("cancelled", {"never_from": ("succeeded", "cancelled")}, False),
-    ("succeeded", {"never_from": ()}, True),  # a history entry kept for a superseded attempt
+    ("failed", {"only_from": ("failed",), "never_from": ()}, True),  # retry-failed's way out of failed
+    ("cancelled", {"only_from": ("failed",), "never_from": ()}, False),
 ])  # fmt: skip
 def test_an_item_changes_only_from_the_states_the_caller_allows(store, status, kwargs, applies):
     store.store.put_item_if_new(Item("j", "i", ["x"], status=status))
@@ -74,6 +81,37 @@ def test_an_update_sets_adds_appends_and_removes_fields_and_returns_the_new_item
     assert (item.reason, item.exit_code, item.attempts, item.failures) == ("why", None, 2, 2)
     assert item.history == [{"outcome": "failed"}, {"outcome": "interrupted", "seconds": 1.5}]
     assert item.updated_at > 0 and item.args == ["a"]
+
+
+@pytest.mark.parametrize("kwargs", [{"never_from": ("succeeded", "cancelled")}, {"never_from": ()},
+                                    {"only_from": ("failed", "cancelled"), "never_from": ()}])  # fmt: skip
+def test_a_status_write_that_may_or_may_not_leave_a_final_status_is_refused_as_uncountable(store, kwargs):
+    store.store.put_item_if_new(queued(status="failed"))
+    with pytest.raises(ValueError, match="cannot be counted on its job"):
+        store.store.update_item("j", "000000", status="queued", **kwargs)
+
+
+def test_settled_items_are_counted_on_their_job_once_however_often_the_write_is_repeated(store):
+    s = store.store
+    s.create_items([queued(item=f"00000{n}") for n in range(3)], unseen=True)
+    for item, status in (("000000", "succeeded"), ("000001", "failed"), ("000002", "cancelled")):
+        assert s.update_item("j", item, status="running") is not None, "not final: not counted"
+        assert s.update_item("j", item, status=status, reason="done").status == status
+        assert s.update_item("j", item, status=status, reason="again") is None, "a redelivered write lands nowhere"
+    assert s.update_item("j", "000000", status="failed") is None, "final is final, and so is its count"
+    job = s.job("j")
+    assert (job.n_succeeded, job.n_failed, job.n_cancelled) == (1, 1, 1)
+    assert s.update_item("j", "000001", status="queued", only_from=("failed",), never_from=()) is not None, "retry-failed"
+    assert s.update_item("j", "000001", status="queued", only_from=("failed",), never_from=()) is None
+    assert s.job("j").n_failed == 0 and s.item("j", "000001").status == "queued"
+
+
+def test_a_settling_write_that_loses_a_race_counts_nothing(store):
+    store.store.put_item_if_new(queued(status="running"))
+    store.before_next_write(lambda: store.other().update_item("j", "000000", status="succeeded", node="other"))
+    assert store.store.update_item("j", "000000", status="failed", node="me") is None
+    job = store.store.job("j")
+    assert (job.n_succeeded, job.n_failed) == (1, 0)
 
 
 def test_a_write_that_lost_a_race_loses_no_update(store):
@@ -107,13 +145,13 @@ def test_items_are_listed_in_item_id_order_and_only_the_jobs_own(store):
 
 # -- jobs -------------------------------------------------------------------------------------
 def test_a_job_is_put_once_and_a_repeat_returns_the_stored_one(store):
-    first = Job("j", "nightly", "work", 10.0, 2, items_digest="sha256:x")
+    first = Job("nightly", "nightly", "work", 10.0, 2, items_digest="sha256:x")
     assert store.store.put_job(first) == first
-    assert store.store.put_job(Job("j", "other name", "work", 20.0, 5)) == first
-    assert store.store.job("j") == first and store.store.job("nope") is None
+    assert store.store.put_job(Job("nightly", "other name", "work", 20.0, 5)) == first
+    assert store.store.job("nightly") == first and store.store.job("nope") is None
 
 
-def test_jobs_are_listed_oldest_first_filtered_by_queue_and_items_are_never_jobs(store):
+def test_jobs_are_listed_oldest_first_filtered_by_queue_and_items_are_never_jobs(store, job_j):
     s = store.store
     jobs = [Job("b-new", "new", "work", 20.0, 1), Job("a-old", "old", "other", 10.0, 2, items_digest="sha256:x"),
             Job("c-same-time", "same", "work", 20.0, 1)]  # fmt: skip
@@ -122,16 +160,17 @@ def test_jobs_are_listed_oldest_first_filtered_by_queue_and_items_are_never_jobs
     s.put_item_if_new(queued("b-new"))
     s.cancel_job("c-same-time")
     s.set_job_total("b-new", 3)
-    assert s.jobs() == [jobs[1], Job("b-new", "new", "work", 20.0, 3), Job("c-same-time", "same", "work", 20.0, 1, cancelled=True)]
+    assert s.jobs() == [jobs[1], Job("b-new", "new", "work", 20.0, 3), Job("c-same-time", "same", "work", 20.0, 1, cancelled=True),
+                        job_j]  # fmt: skip
     assert [j.job_id for j in s.jobs("work")] == ["b-new", "c-same-time"]
     assert s.jobs("nope") == []
 
 
 @pytest.mark.parametrize("write", [lambda s: s.cancel_job("ghost"), lambda s: s.set_job_total("ghost", 3)])
-def test_cancelling_or_sizing_a_job_that_was_never_put_raises_and_creates_nothing(store, write):
+def test_cancelling_or_sizing_a_job_that_was_never_put_raises_and_creates_nothing(store, write, job_j):
     with pytest.raises(store.errors):
         write(store.store)
-    assert store.store.job("ghost") is None and store.store.jobs() == []
+    assert store.store.job("ghost") is None and store.store.jobs() == [job_j]
 
 
 # -- node heartbeats ------------------------------------------------------------------------------
@@ -148,6 +187,13 @@ def test_heartbeats_round_trip_by_pool(store):
     assert got == {"n-1": beat("n-1", at=100.5, instance_type="c6i.large", spot=False, gpus=1), "n-2": beat("n-2", busy=2)}
     assert s.heartbeat("cpu", "n-2") == beat("n-2", busy=2)
     assert s.heartbeat("cpu", "n-3") is None and s.heartbeats("nothing") == {}
+
+
+def test_a_heartbeat_says_what_runs_per_job_and_the_next_one_replaces_it(store):
+    store.store.put_heartbeat(beat("n-1", busy=2, running={"job-a": 1, "job-b": 1}))
+    assert store.store.heartbeat("cpu", "n-1").running == {"job-a": 1, "job-b": 1}
+    store.store.put_heartbeat(beat("n-1"))
+    assert store.store.heartbeats("cpu")["n-1"].running == {}
 
 
 def test_a_busy_heartbeat_clears_idle_since(store):
@@ -173,6 +219,32 @@ def test_a_draining_mark_before_the_first_heartbeat_is_not_a_heartbeat_but_the_f
     assert s.heartbeat("cpu", "n-early").draining
 
 
+def test_the_scalers_cordon_mark_survives_heartbeats_until_the_scaler_clears_it(store):
+    s = store.store
+    s.put_heartbeat(beat("n-1"))
+    s.set_cordon("cpu", "n-1", True)
+    s.put_heartbeat(beat("n-1", at=NOW + 5, busy=1))  # the agent's write never touches the mark
+    assert s.heartbeat("cpu", "n-1") == beat("n-1", at=NOW + 5, busy=1, cordoned=True)
+    assert s.heartbeats("cpu")["n-1"].cordoned
+    s.set_cordon("cpu", "n-1", False)
+    s.put_heartbeat(beat("n-1", at=NOW + 10))
+    assert not s.heartbeat("cpu", "n-1").cordoned
+
+
+def test_a_cordon_mark_before_the_first_heartbeat_is_not_a_heartbeat_but_the_first_one_reads_it(store):
+    s = store.store
+    s.set_cordon("cpu", "n-early", True)
+    assert s.heartbeats("cpu") == {} and s.heartbeat("cpu", "n-early") is None
+    s.put_heartbeat(beat("n-early"))
+    assert s.heartbeat("cpu", "n-early").cordoned
+
+
+def test_a_heartbeat_carries_the_agents_intake_rates(store):
+    s = store.store
+    s.put_heartbeat(replace(beat("n-1"), intake={"render": 0.25, "batch": 0.003}))
+    assert s.heartbeats("cpu")["n-1"].intake == {"render": 0.25, "batch": 0.003}
+
+
 def test_a_forgotten_node_has_no_heartbeat(store):
     store.store.put_heartbeat(beat("n-1"))
     store.store.put_heartbeat(beat("n-2"))
@@ -194,6 +266,15 @@ def test_queue_stats_keep_an_exponentially_weighted_mean_of_succeeded_items(stor
     }
 
 
+def test_queue_stats_fold_many_samples_in_one_call_as_one_at_a_time(store):
+    store.store.record_item_seconds("one-by-one", 20.0)
+    store.store.record_item_seconds("one-by-one", 40.0)
+    store.store.record_item_seconds("one-by-one", 10.0)
+    store.store.record_item_seconds("at-once", 20.0, 40.0, 10.0)
+    stats = store.store.queue_stats(["one-by-one", "at-once"])
+    assert stats["at-once"].items == 3 and stats["at-once"].mean_item_s == pytest.approx(stats["one-by-one"].mean_item_s)
+
+
 def test_queue_stats_are_compare_and_set_so_a_concurrent_sample_is_never_lost(store):
     store.store.record_item_seconds("render", 20.0)
     store.before_next_write(lambda: store.other().record_item_seconds("render", 40.0))
@@ -207,3 +288,25 @@ def test_queue_stats_read_more_queues_than_one_batch_holds(store):
     for name in names[::10]:
         store.store.record_item_seconds(name, 5.0)
     assert set(store.store.queue_stats(names)) == set(names[::10])
+
+
+# -- the watch list and dependencies ----------------------------------------------------------
+def test_watched_jobs_are_a_set_listed_without_the_jobs_themselves(store):
+    s = store.store
+    s.put_job(Job("a", "a", "work", 10.0, 1))
+    for job_id in ("w-1", "w-2", "w-1"):
+        s.watch(job_id)
+    assert sorted(s.watched()) == ["w-1", "w-2"]
+    s.unwatch("w-1")
+    s.unwatch("never-watched")  # forgetting twice is harmless: the watch retries
+    assert s.watched() == ["w-2"]
+    assert sorted(j.job_id for j in s.jobs()) == ["a", "j"], "a watch entry is not a job (j: the autouse fixture job)"
+
+
+def test_a_waiting_job_keeps_its_dependency_and_a_timed_out_one_says_why(store):
+    s = store.store
+    s.put_job(Job("b", "b", "work", 10.0, 1, after="a", after_finished=True, waiting=True, deadline=99.5))
+    s.end_wait("b")
+    s.cancel_job("b", "timed out: past its deadline")
+    assert s.job("b") == Job("b", "b", "work", 10.0, 1, after="a", after_finished=True, deadline=99.5,
+                             cancelled=True, cancel_reason="timed out: past its deadline")  # fmt: skip

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from tidefleet.agent.gpus import GpuProblem
 from tidefleet.agent.worker import Agent, Settings
 from tidefleet.cloud import for_env
 from tidefleet.config import ConfigError, load_environment
@@ -37,6 +38,7 @@ from tidefleet.config import ConfigError, load_environment
 def agent(env_name, pool, heartbeat_s, imds_poll_s, grace_s, wait_s, item_user, work_dir) -> None:
     """Run items from POOL's queues on this node until it is interrupted or told to drain."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("botocore").setLevel(logging.WARNING)  # not a line per client it creates
     try:
         env = load_environment(env_name)
     except ConfigError as err:
@@ -59,4 +61,6 @@ def agent(env_name, pool, heartbeat_s, imds_poll_s, grace_s, wait_s, item_user, 
         code = Agent(env, pool, settings, metadata).run()
     except cloud.errors as err:
         raise click.ClickException(cloud.explain(err)) from None
+    except GpuProblem as err:
+        raise click.ClickException(str(err)) from None
     sys.exit(code)

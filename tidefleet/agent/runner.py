@@ -14,22 +14,27 @@ from typing import TYPE_CHECKING
 
 from tidefleet import naming
 from tidefleet.agent.attempt import Signal
+from tidefleet.agent.gpus import docker_gpu_args, visible_env
 
 if TYPE_CHECKING:
     from tidefleet.config import Pool
     from tidefleet.jobs.sdk import ItemMessage
+    from tidefleet.jobs.spec import Resolved
     from tidefleet.ports import LogStream
 
 
-def workload_command(pool: Pool, args: list[str], env_names: list[str], mounts: list[Path],
-                     user: pwd.struct_passwd | None = None) -> list[str]:  # fmt: skip
-    """The argv for one item: the pool's command with the args appended, or docker run."""
-    if pool.command is not None:
-        return [*shlex.split(pool.command), *args]
+def workload_command(what: Pool | Resolved, args: list[str], env_names: list[str], mounts: list[Path],
+                     user: pwd.struct_passwd | None = None, gpu_indices: list[int] = ()) -> list[str]:  # fmt: skip
+    """The argv for one item: the command with the args appended, or docker run of the container
+    (with the job's command, if it set one, before the args) on the item's own GPUs."""
+    if what.container is None:
+        return [*shlex.split(what.command), *args]
     passthrough = [a for name in env_names for a in ("-e", name)]  # values come from our env
     volumes = [a for m in mounts for a in ("-v", f"{m}:{m}")]  # stop file and local checkpoints
     as_user = ["--user", f"{user.pw_uid}:{user.pw_gid}"] if user else []
-    return ["docker", "run", "--rm", *as_user, *passthrough, *volumes, pool.container, *args]
+    command = shlex.split(what.command) if what.command else []
+    return ["docker", "run", "--rm", *as_user, *docker_gpu_args(list(gpu_indices)), *passthrough, *volumes,
+            what.container, *command, *args]  # fmt: skip
 
 
 def item_user(name: str | None) -> pwd.struct_passwd | None:
@@ -75,14 +80,17 @@ class Workload:
     def completed(self) -> bool:
         return self.done_file.exists()
 
-    def start(self, pool: Pool, msg: ItemMessage, attempt: int, checkpoint: str, *, checkpoint_root: Path | None,
-              user_name: str | None) -> None:  # fmt: skip
+    def start(self, what: Resolved, msg: ItemMessage, attempt: int, checkpoint: str, *, checkpoint_root: Path | None,
+              user_name: str | None, gpu_indices: list[int] = ()) -> None:  # fmt: skip
         """Start the workload in its own process group (so a signal reaches its children too).
+        `what`: the job's command or container and env over the pool's (`jobs.spec.resolve`);
+        `gpu_indices`: the item's own GPUs, the only ones it sees.
         Raises CannotStart when the program cannot be started; anything else it raises (a command
         that does not parse, a missing item user) is as much the item's failure."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         item_env = {
-            **pool.env,
+            **what.env,
+            **(visible_env(list(gpu_indices)) if gpu_indices else {}),
             "TIDEFLEET_JOB_ID": msg.job,
             "TIDEFLEET_ITEM_ID": msg.item,
             "TIDEFLEET_ATTEMPT": str(attempt),
@@ -93,11 +101,11 @@ class Workload:
         mounts = [self.workdir] + ([checkpoint_root.resolve()] if checkpoint_root else [])
         user = item_user(user_name)
         as_user: dict = {}
-        if user is not None and pool.command is not None:  # a container gets --user instead
+        if user is not None and what.container is None:  # a container gets --user instead
             os.chown(self.workdir, user.pw_uid, user.pw_gid)
             as_user = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
             item_env |= {"HOME": user.pw_dir, "USER": user.pw_name, "LOGNAME": user.pw_name}
-        argv = workload_command(pool, msg.args, list(item_env), mounts, user)
+        argv = workload_command(what, msg.args, list(item_env), mounts, user, gpu_indices)
         try:
             self.proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

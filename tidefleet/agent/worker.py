@@ -23,9 +23,10 @@ How an item's attempts are counted, on SQS and Pub/Sub alike:
     failed: it is retried without spending max_retries, but losses have their own budget
     (`NODE_LOSSES_TOLERATED`), so an item that kills its node every time still ends in the
     dead-letter queue instead of looping forever.
-  * Order is always: send the new message, delete the old one, then record. A crash in
-    between can duplicate a message, never lose one; `succeeded` is a conditional write, so
-    a duplicate can never finish an item twice.
+  * Order is always: send the new message, record, then delete the old one (batched with
+    others, `Acks`). A crash in between can duplicate a message, never lose one: the record
+    is conditional, so a duplicate can never finish an item twice, and the old message, if
+    redelivered, meets a final record or a newer seq and is dropped by its claim.
 
 One attempt at a time: an attempt starts only by a conditional write to the item's record (the
 claim, `claim.py`). The holder renews the lease every heartbeat; every record it writes is fenced
@@ -48,7 +49,7 @@ import logging
 import signal
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -71,15 +72,20 @@ from tidefleet.agent.attempt import (
     after_failure,
     handed_back,
 )
+from tidefleet.agent.gpus import Devices, GpuProblem, Usage, account, query, sample
 from tidefleet.agent.runner import CannotStart, Workload, checkpoint_uri
 from tidefleet.cloud import for_env
 from tidefleet.config import NODE_LOSSES_TOLERATED, Environment, Queue
 from tidefleet.jobs.sdk import ItemMessage, send_messages
+from tidefleet.jobs.spec import JobSpec, Resolved, resolve
+from tidefleet.policy.model import rate_after, rate_at
 from tidefleet.ports import Delivery, NodeMetadata
 from tidefleet.records import Fence, Heartbeat, Job
 
 log = logging.getLogger("tidefleet.agent")
 RECEIVE_BATCH = 10  # SQS's most per receive; more than a node's free slots anyway
+ACK_BATCH = 10  # messages deleted per call (SQS DeleteMessageBatch's most)
+ACK_FLUSH_S = 0.5  # a recorded item's message is deleted within this, batched with others
 SETTLE_S = 5.0  # after the grace: time for an exited workload's runner to record its result
 MIN_LEASE_S = 30.0  # an attempt's claim lasts this (or 6 heartbeats) past its last renewal
 CANCEL_GRACE_S = 10.0  # at most: a cancelled workload's time to leave before SIGKILL
@@ -107,6 +113,7 @@ class Held:
     receipt: str  # the queue's handle for this delivery (SQS receipt handle, Pub/Sub ack id)
     message: ItemMessage
     attempt: int = 0  # the record's attempt number once claimed (every record is fenced on it)
+    what: Resolved | None = None  # the job's command/container, slots, timeout, retries (`jobs.spec`)
 
 
 @dataclass(eq=False)
@@ -114,9 +121,45 @@ class Run(Held):
     """A claimed attempt: its state machine, its workload, and how many slots it takes."""
 
     slots: int = 1
+    gpus: list[int] = field(default_factory=list)  # the node's GPUs this attempt holds (its only visible ones)
     began: float = field(default_factory=time.time)
     state: Attempt = field(kw_only=True)
     workload: Workload = field(kw_only=True)
+
+
+class Acks:
+    """Messages whose item is recorded, deleted (acked) in batches: a call per `ACK_BATCH`, none
+    waiting longer than `ACK_FLUSH_S`. Only ever given a message after its record is written, so
+    a crash before the delete only redelivers it, and its claim drops it (the item is final or
+    newer). A failed delete is the same case: the queue redelivers, the claim drops."""
+
+    def __init__(self, queues):
+        self.queues = queues
+        self.lock = threading.Lock()
+        self.pending: dict[str, list[str]] = defaultdict(list)
+        self.since: float | None = None  # when the oldest pending one was added
+
+    def add(self, queue: str, handle: str) -> None:
+        with self.lock:
+            self.pending[queue].append(handle)
+            self.since = self.since or time.monotonic()
+            full = len(self.pending[queue]) >= ACK_BATCH
+        if full:
+            self.flush()
+
+    def flush(self, *, due_only: bool = False) -> None:
+        with self.lock:
+            if self.since is None or (due_only and time.monotonic() - self.since < ACK_FLUSH_S):
+                return
+            pending, self.pending, self.since = self.pending, defaultdict(list), None
+        for queue, handles in pending.items():
+            try:
+                errors = self.queues.delete(queue, handles)
+            except Exception as err:  # noqa: BLE001 - redelivered later and dropped by the claim
+                errors = [str(err).splitlines()[0][:300]]
+            if errors:
+                log.warning("could not delete %d recorded message(s) of %s (%s); the queue redelivers and the "
+                            "agent drops them", len(errors), queue, errors[0])
 
 
 class Agent:
@@ -138,6 +181,9 @@ class Agent:
         self.changed = threading.Condition(self.lock)
         self.runs: list[Run] = []
         self.stopping = threading.Event()
+        self.cordoned = False  # the scaler's consolidation mark, read back with each heartbeat
+        self.intake: dict[str, float] = {}  # queue -> items taken per second, as of intake_at
+        self.intake_at = time.time()
         self.finished = threading.Event()
         self.stop_reason = ""
         self.lifecycle_terminating = False
@@ -148,13 +194,18 @@ class Agent:
         self.jobs: dict[str, tuple[float, Job | None]] = {}  # job id -> (read at, the job)
         self.streams: set = set()
         self.checkpoint_base = ""
+        self.devices: Devices | None = None  # the node's GPUs by slot (`_prepare`); None: no GPUs
+        self.gpu_usage: dict[int, Usage] = {}  # id(run) -> what its GPUs did so far
+        self.acks = Acks(self.cloud.queues)
+        self.item_seconds: dict[str, list[float]] = defaultdict(list)  # succeeded items' run times, per beat
 
     # -- life of the agent --------------------------------------------------------------
     def run(self) -> int:
         self._prepare()
         signal.signal(signal.SIGTERM, lambda *_: self.request_stop("SIGTERM to the agent"))
         threads = [threading.Thread(target=self._loop, args=(f, s), daemon=True) for f, s in (
-            (self._beat, self.s.heartbeat_s), (self._watch_metadata, self.s.imds_poll_s))]
+            (self._beat, self.s.heartbeat_s), (self._watch_metadata, self.s.imds_poll_s),
+            (self._flush_acks, ACK_FLUSH_S))]
         for t in threads:
             t.start()
         log.info("agent %s up: pool %s, %d slot(s), queues %s", self.s.node_id, self.pool_name, self.slots,
@@ -182,6 +233,14 @@ class Agent:
             if self.s.heartbeat_s * 2 > self.visibility[name]:
                 log.warning("heartbeat every %ss is slow for queue %s (visibility %ss)", self.s.heartbeat_s, name,
                             self.visibility[name])
+        if self.gpus:
+            try:
+                self.devices = Devices.for_node(query(self.gpus), self.slots)
+            except GpuProblem as err:  # take nothing; the scaler replaces a draining idle node
+                self._step("heartbeat", self._write_unhealthy)
+                raise GpuProblem(f"this node's GPUs are not usable: {err}; it takes no items and is marked "
+                                 "draining, so the scaler replaces it") from None  # fmt: skip
+            log.info("GPUs %s, %d slot(s) each", [g.index for g in self.devices.gpus], self.devices.slots_per_gpu)
         if self.s.checkpoint_root is not None:
             self.checkpoint_base = self.s.checkpoint_root.resolve().as_uri()
         else:
@@ -203,7 +262,8 @@ class Agent:
     def _intake(self) -> None:
         while not self.stopping.is_set():
             try:
-                fitting = [(n, q) for n, q in self.queues if q.slots_per_item <= self._free_slots()]
+                free = 0 if self.cordoned else self._free_slots()  # cordoned: finish, take nothing new
+                fitting = [(n, q) for n, q in self.queues if q.slots_per_item <= free and self._gpus_fit(q.slots_per_item)]
                 if not fitting:
                     with self.changed:
                         self.changed.wait(timeout=1.0)
@@ -217,6 +277,10 @@ class Agent:
             except Exception:  # the intake loop is the node's life: never let it end
                 log.exception("intake failed; retrying")
                 self.stopping.wait(1.0)
+
+    def _gpus_fit(self, slots: int) -> bool:
+        with self.lock:
+            return self.devices is None or self.devices.fits(slots)
 
     def _receive(self, name: str, queue: Queue, wait_s: int) -> int:
         room = min(RECEIVE_BATCH, self._free_slots() // queue.slots_per_item)
@@ -250,12 +314,17 @@ class Agent:
         if self.stopping.is_set():  # received during the last long poll: not ours to start
             self._requeue([held], interrupted=False)
             return
-        action = claim.on_receipt(msg, self._job(msg.job))
+        job = self._job(msg.job)
+        action = claim.on_receipt(msg, job)
         if isinstance(action, claim.Poison):
             self._poison(name, delivery, action.reason)
             return
         if isinstance(action, claim.Cancel):
             self._settle_cancelled(held)
+            return
+        held.what = resolve(JobSpec.from_record(job.spec if job else None), queue, self.pool)
+        if not self._gpus_fit(held.what.slots):  # free slots, but not on whole GPUs: the next node's
+            self._requeue([held], interrupted=False)
             return
         # Delivered before: its last holder may have died mid-attempt (then the record still says
         # running, under a lapsed lease), or the message was only hidden again on purpose.
@@ -275,13 +344,22 @@ class Agent:
         if claim.node_lost(before):
             self._failed(held, queue, None, claim.NODE_LOST, {}, lost=True)
             return
-        run = Run(name, held.receipt, msg, attempt=item.attempts, slots=queue.slots_per_item,
-                  state=Attempt(queue.item_timeout_s, min(self.s.grace_s, CANCEL_GRACE_S)),
+        run = Run(name, held.receipt, msg, attempt=item.attempts, what=held.what, slots=held.what.slots,
+                  state=Attempt(held.what.timeout_s, min(self.s.grace_s, CANCEL_GRACE_S)),
                   workload=Workload(self.s.work_dir / msg.job / msg.item / str(item.attempts)))  # fmt: skip
         with self.lock:
+            if self.devices is not None:  # only this thread takes devices: what fit above still fits
+                run.gpus = self.devices.take(str(id(run)), run.slots)
             self.runs.append(run)
             self.idle_since = None
+            self._count_intake(name, time.time())
         threading.Thread(target=self._execute, args=(run, queue), daemon=True).start()
+
+    def _count_intake(self, queue: str, now: float) -> None:
+        """One more item taken: the per-queue rates the heartbeat carries to the scaler."""
+        self.intake = {q: rate_at(r, self.intake_at, now) for q, r in self.intake.items()}
+        self.intake[queue] = self.intake.get(queue, 0.0) + rate_after(0.0, now, now)
+        self.intake_at = now
 
     def _refused(self, name: str, delivery: Delivery, msg: ItemMessage, now: float) -> None:
         """The claim was refused: do with the message what the reason calls for (`claim.on_refusal`)."""
@@ -293,7 +371,7 @@ class Agent:
             self._poison(name, delivery, action.reason)
         elif isinstance(action, claim.Drop):
             log.info("%s", action.why)
-            self.cloud.queues.delete(name, [delivery.handle])
+            self.acks.add(name, delivery.handle)
         elif isinstance(action, claim.Hide):
             if action.why:
                 log.info("%s", action.why)
@@ -315,7 +393,7 @@ class Agent:
                  "reason": "completed by an earlier attempt whose node was lost before recording it"}
         self.store.update_item(msg.job, msg.item, status="succeeded", exit_code=0, reason="", node="",
                                lease_until=None, append={"history": entry})  # fmt: skip
-        self.cloud.queues.delete(held.queue, [held.receipt])
+        self.acks.add(held.queue, held.receipt)
         log.info("%s/%s: completed by an earlier attempt; recorded, not run again", msg.job, msg.item)
         return True
 
@@ -348,16 +426,20 @@ class Agent:
             stream = self.cloud.logs.stream(run.queue, msg.job, msg.item, run.attempt)
             with self.lock:
                 self.streams.add(stream)
-            run.workload.start(self.pool, msg, run.attempt, self._checkpoint_uri(run.queue, msg),
-                               checkpoint_root=self.s.checkpoint_root, user_name=self.s.item_user)  # fmt: skip
+            run.workload.start(run.what, msg, run.attempt, self._checkpoint_uri(run.queue, msg),
+                               checkpoint_root=self.s.checkpoint_root, user_name=self.s.item_user,
+                               gpu_indices=run.gpus)  # fmt: skip
             self._feed(run, Started())
-            timer = threading.Timer(queue.item_timeout_s, lambda: self._feed(run, StopAsked(Stop.TIMEOUT, time.monotonic())))
+            timer = threading.Timer(run.what.timeout_s, lambda: self._feed(run, StopAsked(Stop.TIMEOUT, time.monotonic())))
             timer.daemon = True
             timer.start()
             try:
                 code, usage, last_line = run.workload.wait(stream)
             finally:
                 timer.cancel()
+            with self.lock:
+                gpu = self.gpu_usage.pop(id(run), None)
+            usage |= gpu.record() if gpu else {}
             ended: Exited | Crashed = Exited(code, run.workload.completed(), last_line)
         except Exception as err:  # a bad item fails that item, never the node
             if not isinstance(err, CannotStart):
@@ -391,7 +473,7 @@ class Agent:
     def _record_outcome(self, run: Run, queue: Queue, record: Record, usage: dict) -> None:
         msg = run.message
         entry = {"attempt": run.attempt, "node": self.s.node_id, "exit_code": record.exit_code,
-                 "seconds": round(time.time() - run.began, 3), **usage}
+                 "seconds": round(time.time() - run.began, 3), **usage, **self._placement(run)}
         try:
             if record.outcome is Outcome.DROPPED:
                 log.warning("%s/%s attempt %d: another attempt holds the item now; recording nothing",
@@ -411,11 +493,19 @@ class Agent:
             self._step("outcome entry", self.cloud.logs.record_outcome, run.queue, msg.job, msg.item, run.attempt,
                        record.outcome.value, entry["seconds"])
 
+    def _placement(self, run: Run) -> dict:
+        """What the attempt ran on, for `tidefleet cost`: heartbeats are gone once the node is."""
+        return {"instance_type": self.s.instance_type, "spot": self.s.spot, "slots": run.slots,
+                "node_slots": self.slots, "ended_at": round(time.time(), 3)}
+
     def _forget(self, runs: list[Run]) -> None:
         with self.lock:
             for run in runs:
                 if run in self.runs:
                     self.runs.remove(run)
+                if self.devices is not None:
+                    self.devices.give_back(str(id(run)))
+                self.gpu_usage.pop(id(run), None)
             if not self.runs and self.idle_since is None:
                 self.idle_since = time.time()
             self.changed.notify_all()
@@ -430,29 +520,30 @@ class Agent:
         )  # fmt: skip
         if item is None:
             log.warning("%s/%s was already final; not marking it succeeded twice", msg.job, msg.item)
-        self.cloud.queues.delete(run.queue, [run.receipt])
-        # The scaler's boot-horizon rule reads the mean; the item is done whether or not this lands.
-        self._step("queue stats", self.store.record_item_seconds, run.queue, entry["seconds"])
+        self.acks.add(run.queue, run.receipt)
+        with self.lock:  # folded into the queue's mean at the next heartbeat
+            self.item_seconds[run.queue].append(entry["seconds"])
         log.info("%s/%s succeeded (attempt %d)", msg.job, msg.item, run.attempt)
 
     def _settle_cancelled(self, held: Held, entry: dict | None = None) -> None:
         extra = {"append": {"history": {**entry, "outcome": "cancelled"}}} if entry else {}
         self.store.update_item(held.message.job, held.message.item, status="cancelled", reason="job cancelled",
                                lease_until=None, **extra)  # fmt: skip
-        self.cloud.queues.delete(held.queue, [held.receipt])
+        self.acks.add(held.queue, held.receipt)
         log.info("%s/%s cancelled", held.message.job, held.message.item)
 
     def _failed(self, held: Held, queue: Queue, code: int | None, reason: str, usage: dict,
                 entry: dict | None = None, *, lost: bool = False) -> None:
         """Send the retry (or the dead letter, `attempt.after_failure`), delete what we held, record."""
-        retry = after_failure(held.message, reason, max_retries=queue.max_retries,
+        max_retries = held.what.max_retries if held.what else queue.max_retries
+        retry = after_failure(held.message, reason, max_retries=max_retries,
                               losses_tolerated=NODE_LOSSES_TOLERATED, lost=lost)  # fmt: skip
         send_messages(self.cloud, held.queue, [retry.message], dead_letter=retry.dead_letter)
-        self.cloud.queues.delete(held.queue, [held.receipt])
         history = {"node": self.s.node_id, **(entry or {}), "outcome": "lost" if lost else "failed",
                    "reason": retry.reason}  # fmt: skip
         self._record(held, status=retry.status, failures=retry.message.failures, lost=retry.message.lost,
                      exit_code=code, reason=retry.reason, seq=retry.message.seq, history=history, **usage)
+        self.acks.add(held.queue, held.receipt)  # a redelivery of it meets the newer seq recorded: dropped
         log.info("%s/%s %s: %s", held.message.job, held.message.item,
                  "dead-lettered" if retry.dead_letter else "will retry", retry.reason)  # fmt: skip
 
@@ -476,9 +567,10 @@ class Agent:
                 log.warning("could not delete %d handed-back message(s): %s", len(errors), errors[0])
         for h in helds:
             if interrupted and h.attempt:
+                ran = {"seconds": round(time.time() - h.began, 3), **self._placement(h)} if isinstance(h, Run) else {}
                 self._record(h, status="queued", seq=h.message.seq + 1, add={"interruptions": 1},
                              history={"attempt": h.attempt, "node": self.s.node_id, "outcome": "interrupted",
-                                      "reason": self.stop_reason})  # fmt: skip
+                                      "reason": self.stop_reason, **ran})  # fmt: skip
         if helds:
             log.info("handed back %d item(s)%s", len(helds), f" ({self.stop_reason})" if interrupted else "")
 
@@ -507,6 +599,7 @@ class Agent:
         self._forget(left)
 
     def _leave(self) -> None:
+        self.acks.flush()
         if self.lifecycle_terminating:
             try:
                 self.node.leave(self.pool_name, self.s.node_id)
@@ -544,13 +637,30 @@ class Agent:
             busy = sum(r.slots for r in self.runs)
             idle_since = self.idle_since
             streams = list(self.streams)
-        self._step("heartbeat", self._write_heartbeat, busy, idle_since)
+            running = Counter(r.message.job for r in self.runs)
+        self._step("heartbeat", self._write_heartbeat, busy, idle_since, dict(running))
         self._step("visibility", self._extend_visibility, runs)
         self._step("lease", self._renew_leases, runs)
         self._step("cancel check", self._stop_cancelled, runs)
-        self._step("scale-in protection", self._protect, busy > 0 and not self.finished.is_set())
+        self._step("queue stats", self._record_item_seconds)
+        # Idle for less than a beat counts as busy: a node taking items back to back keeps its
+        # protection instead of flipping it (a call each way) whenever a beat falls between two.
+        recently = idle_since is not None and time.time() - idle_since < self.s.heartbeat_s
+        self._step("scale-in protection", self._protect, (busy > 0 or recently) and not self.finished.is_set())
+        if self.devices is not None and runs:
+            self._step("GPU usage", self._sample_gpus, runs)
         for stream in streams:
             stream.flush()
+
+    def _flush_acks(self) -> None:
+        self.acks.flush(due_only=True)
+
+    def _record_item_seconds(self) -> None:
+        """The scaler's boot-horizon rule reads each queue's mean; a lost sample only nudges it."""
+        with self.lock:
+            samples, self.item_seconds = self.item_seconds, defaultdict(list)
+        for queue, seconds in samples.items():
+            self.store.record_item_seconds(queue, *seconds)
 
     @staticmethod
     def _step(what: str, fn, *args) -> None:
@@ -559,15 +669,38 @@ class Agent:
         except Exception as err:  # noqa: BLE001 - one failed step must not stop the others
             log.warning("%s failed: %s", what, str(err).splitlines()[0][:300])
 
-    def _write_heartbeat(self, busy: int, idle_since: float | None) -> None:
+    def _write_heartbeat(self, busy: int, idle_since: float | None, running: dict[str, int]) -> None:
+        now = time.time()
+        with self.lock:
+            intake = {q: rate_at(r, self.intake_at, now) for q, r in self.intake.items()}
         self.store.put_heartbeat(Heartbeat(
-            self.s.node_id, self.pool_name, at=time.time(), slots=self.slots, busy_slots=busy,
+            self.s.node_id, self.pool_name, at=now, slots=self.slots, busy_slots=busy,
             idle_since=idle_since, draining=self.stopping.is_set(), instance_type=self.s.instance_type,
-            spot=self.s.spot, gpus=self.gpus,
+            spot=self.s.spot, gpus=self.gpus, intake=intake, running=running,
         ))
         own = self.store.heartbeat(self.pool_name, self.s.node_id)
         if own is not None and own.draining:
             self.request_stop("node marked draining in the job store")
+        cordoned = own is not None and own.cordoned
+        if cordoned != self.cordoned:
+            log.info("intake %s: %s by the scaler", "stopped" if cordoned else "resumed",
+                     "cordoned" if cordoned else "uncordoned")
+            self.cordoned = cordoned
+            with self.changed:
+                self.changed.notify_all()
+
+    def _write_unhealthy(self) -> None:
+        """A node that must not take items says so: draining and idle, the scaler removes it."""
+        now = time.time()
+        self.store.put_heartbeat(Heartbeat(
+            self.s.node_id, self.pool_name, at=now, slots=self.slots, busy_slots=0, idle_since=now, draining=True,
+            instance_type=self.s.instance_type, spot=self.s.spot, gpus=self.gpus,
+        ))  # fmt: skip
+
+    def _sample_gpus(self, runs: list[Run]) -> None:
+        readings = sample()
+        with self.lock:
+            account(self.gpu_usage, {id(r): r.gpus for r in runs if r.gpus and r in self.runs}, readings)
 
     def _extend_visibility(self, runs: list[Run]) -> None:
         by_queue: dict[str, list[Run]] = defaultdict(list)

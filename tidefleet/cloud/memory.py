@@ -112,11 +112,15 @@ class MemoryNodes:
 
     def __init__(self, heartbeats: Iterable[Heartbeat] = ()):
         self.beats: dict[str, dict[str, Heartbeat]] = {}
-        for heartbeat in heartbeats:
-            self.record(heartbeat)
+        self.cordons: dict[tuple[str, str], bool] = {}  # marks set before a node's first heartbeat
+        for heartbeat in heartbeats:  # the store's state as given, cordon marks included
+            self.beats.setdefault(heartbeat.pool, {})[heartbeat.node_id] = heartbeat
 
     def record(self, heartbeat: Heartbeat) -> None:
-        self.beats.setdefault(heartbeat.pool, {})[heartbeat.node_id] = heartbeat
+        """The agent's write: every field but the scaler's cordon mark, which survives it."""
+        old = self.beats.get(heartbeat.pool, {}).get(heartbeat.node_id)
+        cordoned = old.cordoned if old is not None else self.cordons.get((heartbeat.pool, heartbeat.node_id), False)
+        self.beats.setdefault(heartbeat.pool, {})[heartbeat.node_id] = replace(heartbeat, cordoned=cordoned)
 
     def heartbeats(self, pool: str) -> dict[str, Heartbeat]:
         return dict(self.beats.get(pool, {}))
@@ -126,8 +130,16 @@ class MemoryNodes:
         if heartbeat is not None:
             self.beats[pool][node_id] = replace(heartbeat, draining=True)
 
+    def set_cordon(self, pool: str, node_id: str, cordoned: bool) -> None:
+        heartbeat = self.beats.get(pool, {}).get(node_id)
+        if heartbeat is None:
+            self.cordons[pool, node_id] = cordoned
+        else:
+            self.beats[pool][node_id] = replace(heartbeat, cordoned=cordoned)
+
     def forget_node(self, pool: str, node_id: str) -> None:
         self.beats.get(pool, {}).pop(node_id, None)
+        self.cordons.pop((pool, node_id), None)
 
 
 class MemoryQueues:

@@ -23,6 +23,7 @@ from rich.text import Text
 from tidefleet.cloud import for_env
 from tidefleet.config import ConfigError, Environment, load_environment
 from tidefleet.jobs import sdk
+from tidefleet.jobs.spec import JobSpec
 
 json_option = click.option("--json", "as_json", is_flag=True,
                             help="print JSON (schema in the README) instead of text")
@@ -57,9 +58,29 @@ def _explained(env: Environment):
 @click.option("--queue", required=True, help="queue name from the environment file")
 @click.option("--items", "items_from", required=True, help="file of URIs or JSON lines, '-' for stdin")
 @click.option("--job-id", default=None, help="explicit job id instead of one derived from the name")
-def submit(env_name, name, queue, items_from, job_id) -> None:
-    """Submit a job: record it and its items, send them to the queue, kick the scaler."""
+@click.option("--image", default=None, help="container image for this job, or ':TAG' of the pool's image "
+              "(the queue's accept_images must allow other images)")
+@click.option("--command", "command", default=None, help="command for this job, item args appended "
+              "(the queue's accept_commands must allow it)")
+@click.option("--item-env", "job_env", multiple=True, metavar="KEY=VALUE", help="environment for this job's items (repeatable)")
+@click.option("--slots", type=int, default=None, help="slots (GPUs) per item, at most the queue's slots_per_item")
+@click.option("--timeout", "timeout_s", type=int, default=None, help="seconds per attempt, at most the queue's item_timeout_s")
+@click.option("--max-retries", type=int, default=None, help="failed attempts retried, at most the queue's max_retries")
+@click.option("--after", default=None, metavar="JOB", help="hold the items until job JOB has succeeded")
+@click.option("--after-finished", is_flag=True, help="with --after: hold them until JOB has finished, however")
+def submit(env_name, name, queue, items_from, job_id, image, command, job_env, slots, timeout_s, max_retries,
+           after, after_finished) -> None:
+    """Submit a job: record it and its items, send them to the queue, kick the scaler.
+    The job runs its queue's pool command or container unless --image/--command/--item-env/--slots/
+    --timeout/--max-retries say otherwise, within what the queue allows."""
+    if after_finished and after is None:
+        raise click.UsageError("--after-finished needs --after JOB: the job to wait for")
     env = _load(env_name)
+    pairs = [kv.partition("=") for kv in job_env]
+    if bad := [key for key, eq, _ in pairs if not eq]:
+        raise click.BadParameter(f"got {bad[0]!r}; write KEY=VALUE", param_hint="--item-env")
+    spec = JobSpec(image=image, command=command, env={k: v for k, _, v in pairs}, slots=slots, timeout_s=timeout_s,
+                   max_retries=max_retries)  # fmt: skip
     done, started = 0, None
 
     def told(n: int) -> None:
@@ -79,7 +100,8 @@ def submit(env_name, name, queue, items_from, job_id) -> None:
                       console=Console(stderr=True), transient=True, disable=len(items) < 1000) as bar:
             task = bar.add_task("", total=len(items))
             try:
-                result = sdk.submit(env, name, queue, items, job_id=job_id, progress=told, on_job=recorded)
+                result = sdk.submit(env, name, queue, items, job_id=job_id, progress=told, on_job=recorded, spec=spec,
+                                    after=after, after_finished=after_finished)  # fmt: skip
             except KeyboardInterrupt:
                 where = f"job {started.job_id}: {done} of {started.total} item(s) sent" if started else "nothing sent"
                 click.echo(f"interrupted: {where}; run the same command again to continue", err=True)
@@ -106,6 +128,13 @@ def _view(status: sdk.JobStatus, *, all_failed: bool) -> list:
     progress.add_task(escape(status.job.job_id), total=total, completed=finished)
     cancelled = "  [cancelled job]" if status.job.cancelled else ""
     lines: list = [progress.get_renderable(), Text("  ".join(f"{k} {v}" for k, v in c.items()) + cancelled)]
+    if status.job.spec:
+        lines.append(Text("  spec: " + "  ".join(f"{k} {v}" for k, v in status.job.spec.items())))
+    if status.job.cancel_reason not in ("", "cancelled"):  # not by a user: a timeout, a failed dependency
+        lines.append(Text(f"  cancelled: {status.job.cancel_reason}"))
+    if status.job.waiting and not status.job.cancelled:
+        until = "finish" if status.job.after_finished else "succeed"
+        lines.append(Text(f"  waiting for {status.job.after} to {until}: its items are recorded, not sent yet"))
     if status.submitting:
         lines.append(Text(f"  submitting: {status.sent} of {status.job.total} item(s) sent so far; "
                           "if its submit is no longer running, run the same submit again"))
@@ -142,7 +171,8 @@ def status_json(status: sdk.JobStatus) -> dict:
     return {"job_id": job.job_id, "name": job.name, "queue": job.queue, "created_at": job.created_at,
             "total": job.total, "cancelled": job.cancelled, "state": status.state, "done": status.done,
             "counts": status.counts, "unrecorded": status.unrecorded, "submitting": status.submitting,
-            "sent": status.sent, "failed": failed,
+            "sent": status.sent, "failed": failed, "spec": job.spec, "waiting_for": job.after if job.waiting else None,
+            "cancel_reason": job.cancel_reason,
             "warnings": list(status.warnings)}
 
 

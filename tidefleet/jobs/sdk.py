@@ -58,6 +58,9 @@ from pathlib import Path
 
 from tidefleet.cloud import for_env
 from tidefleet.config import NODE_LOSSES_TOLERATED, Environment, Queue
+from tidefleet.jobs.identity import identify
+from tidefleet.jobs.spec import JobSpec
+from tidefleet.jobs.spec import problems as spec_problems
 from tidefleet.ports import Cloud
 from tidefleet.records import FINAL, Item, Job
 from tidefleet.resources import redrive_receives
@@ -416,25 +419,45 @@ class _Plan:
 def submit(
     env: Environment, name: str, queue: str, items: Iterable[ItemSpec], *, job_id: str | None = None,
     kick: bool = True, progress: Callable[[int], None] | None = None, on_job: Callable[[Job], None] | None = None,
-    threads: int = THREADS,
+    threads: int = THREADS, spec: JobSpec | None = None, after: str | None = None,
+    after_finished: bool = False, schedule: str = "", deadline: float = 0.0,
 ) -> Submitted:
     """Record the job and its items, send them, kick the scaler once the first chunk is out.
     Idempotent, and a submit that stopped midway is continued: submitting the same job and items
     again creates and sends nothing twice. `on_job(job)` is told once the job is recorded;
-    `progress(n)` as items go out (first with those an earlier submit already sent)."""
+    `progress(n)` as items go out (first with those an earlier submit already sent).
+    `after`: record the items `pending` and send nothing; the minute watch sends them once that
+    job has succeeded (or finished, `after_finished`); see tidefleet.jobs.scheduled. `schedule`
+    and `deadline` mark a scheduled run, which the watch cancels as timed out past its deadline."""
     if queue not in env.queues:
         known = ", ".join(sorted(env.queues))
         raise JobError(f"queue: unknown queue {queue!r} in environment {env.name!r}; known queues: {known}")
     job_id = job_id or job_id_for(name)
     if (why := id_problem(job_id)) is not None:
         raise JobError(f"job id: {job_id[:80]!r} {why}; {ID_HELP}")
+    spec = spec or JobSpec()
+    q = env.queues[queue]
+    if wrong := spec_problems(spec, queue, q, env.pools[q.pool]):
+        raise JobError("; ".join(wrong))
     items = check_items(items)  # everything is checked before the first write
     cloud = for_env(env)
+    if after is not None and cloud.store.job(after) is None:
+        raise JobError(f"after: job {after!r} not found in environment {env.name!r}; give the id its submit printed")
+    who, unknown_why = identify(cloud)  # said only once the store answered: else its error is the one line
     ours = Job(job_id, name, queue, time.time(), len(items), items_digest=items.digest, chunk=CHUNK, window=threads,
-               submitting=True)  # fmt: skip
+               submitting=True, spec=spec.record(), submitter=who, after=after or "",
+               after_finished=after_finished, waiting=after is not None, schedule=schedule, deadline=deadline,
+               counted=True)  # fmt: skip
     stored = cloud.store.put_job(ours)
+    if unknown_why:
+        log.warning("%s", unknown_why)
+    if stored.waiting or stored.schedule:  # again on a re-run: a submit stopped before this line
+        cloud.store.watch(job_id)
     if stored.queue != queue:
         raise JobError(f"job {job_id!r} already exists on queue {stored.queue!r}; use another name or --job-id")
+    if stored.spec != ours.spec:
+        raise JobError(f"job {job_id!r} already exists with another spec ({stored.spec or 'the queue defaults'}); "
+                       "re-submit with the same options, or use another --name or --job-id")  # fmt: skip
     if stored.cancelled:
         raise JobError(f"job {job_id!r} was cancelled; submit under another name or --job-id")
     if not _same_items(cloud, stored, items):
@@ -498,7 +521,8 @@ def _plan(cloud: Cloud, job: Job, *, fresh: bool, threads: int) -> _Plan:
 
 def _write_chunk(cloud: Cloud, job: Job, k: int, specs: list[ItemSpec], plan: _Plan) -> tuple[int, int, int]:
     """Record, send, mark one chunk; returns (items created, messages sent, items in it)."""
-    records = [Item(job.job_id, s.item_id, s.args, status="queued") for s in specs]
+    # A waiting job's items are recorded `pending` and not sent (its marks then mean "recorded").
+    records = [Item(job.job_id, s.item_id, s.args, status="pending" if job.waiting else "queued") for s in specs]
     if k in plan.uncertain:
         existing = cloud.store.items_by_id(job.job_id, [s.item_id for s in specs])
         created = set(cloud.store.create_items([r for r in records if r.item_id not in existing]))
@@ -506,6 +530,8 @@ def _write_chunk(cloud: Cloud, job: Job, k: int, specs: list[ItemSpec], plan: _P
     else:
         created = cloud.store.create_items(records, unseen=True)
         send = specs
+    if job.waiting:
+        send = []
     send_messages(cloud, job.queue, [ItemMessage(job.job_id, s.item_id, s.args) for s in send])
     if plan.mark:
         cloud.store.mark_sent(job.job_id, k, len(specs))
@@ -549,9 +575,10 @@ WAITING = ("pending", "queued", "running")  # every status that is not final (st
 class JobStatus:
     job: Job
     counts: dict[str, int]  # every state in STATES, pending counted as queued
-    items: list[Item]
+    items: list[Item]  # every item, when they were read (see `status`); else empty
     warnings: tuple[str, ...] = ()  # what could not be checked (the dead-letter queue), to print
     sent: int | None = None  # items recorded and sent; below total while the job is submitting
+    recorded: int | None = None  # items recorded, when counted from the job's counters; None: `items` has them all
 
     @property
     def submitting(self) -> bool:
@@ -561,12 +588,16 @@ class JobStatus:
     @property
     def unrecorded(self) -> int:
         """Items the job was submitted with that have no record: a submit stopped midway."""
-        return max(self.job.total - len(self.items), 0)
+        return max(self.job.total - (len(self.items) if self.recorded is None else self.recorded), 0)
 
     @property
     def done(self) -> bool:
         """Every item has a final status (an unrecorded item is not final either)."""
-        return not self.submitting and self.unrecorded == 0 and all(i.status in FINAL for i in self.items)
+        if self.submitting or self.unrecorded:
+            return False
+        if self.recorded is None:
+            return all(i.status in FINAL for i in self.items)
+        return sum(self.counts[s] for s in FINAL) >= self.recorded
 
     @property
     def state(self) -> str:
@@ -581,26 +612,50 @@ def _job(cloud: Cloud, env: Environment, job_id: str) -> Job:
     return job
 
 
-def status(env: Environment, job_id: str, *, reconcile: bool = True) -> JobStatus:
-    """The job's counts and items; first marks failed what redrive moved to its dead-letter
-    queue (`reconcile_dead_letters`), which costs one empty receive when there is none."""
+def status(env: Environment, job_id: str, *, reconcile: bool = True, items: bool = False) -> JobStatus:
+    """The job's counts, and its items when `items` is asked or when some failed (to show why);
+    first marks failed what redrive moved to its dead-letter queue (`reconcile_dead_letters`),
+    which costs one empty receive when there is none. Counts come from the job's counters of
+    settled items and its nodes' heartbeats (running), in a few reads however big the job;
+    from every item when those are read anyway, or the job predates the counters."""
     cloud = for_env(env)
     job = _job(cloud, env, job_id)
     warnings: list[str] = []
     if reconcile:
         try:
-            warnings += _reconcile(cloud, env, [job.queue], job_id).warnings
+            reconciled = _reconcile(cloud, env, [job.queue], job_id)
+            warnings += reconciled.warnings
+            if reconciled.failed:  # the job's counters moved
+                job = _job(cloud, env, job_id)
         except cloud.errors as err:
             warnings.append(f"could not read the dead-letter queue of {job.queue!r} ({err}); "
                             "items redrive moved there are not counted as failed yet")
-    return _status(cloud, job, warnings)
+    return _status(cloud, env, job, warnings, items=items)
 
 
-def _status(cloud: Cloud, job: Job, warnings: list[str] = ()) -> JobStatus:
-    items = cloud.store.items(job.job_id)
-    counts = Counter("queued" if i.status == "pending" else i.status for i in items)
-    sent = sum(cloud.store.sent_chunks(job.job_id).values()) if job.submitting else len(items)
-    return JobStatus(job, {s: counts.get(s, 0) for s in STATES}, items, tuple(warnings), sent)
+RUNNING_FRESH_S = 60.0  # a node silent this long is gone: what it ran is not running (its lease lapsed)
+
+
+def _status(cloud: Cloud, env: Environment, job: Job, warnings: list[str] = (), *, items: bool = False) -> JobStatus:
+    sent = sum(cloud.store.sent_chunks(job.job_id).values()) if job.submitting else None
+    if job.counted and not items and not job.n_failed:
+        recorded = job.total if sent is None else sent
+        settled = {"succeeded": job.n_succeeded, "failed": job.n_failed, "cancelled": job.n_cancelled}
+        running = _running(cloud, env, job)
+        counts = {**settled, "running": running, "queued": max(recorded - sum(settled.values()) - running, 0)}
+        return JobStatus(job, {s: counts[s] for s in STATES}, [], tuple(warnings), recorded, recorded=recorded)
+    every = cloud.store.items(job.job_id)
+    counts = Counter("queued" if i.status == "pending" else i.status for i in every)
+    return JobStatus(job, {s: counts.get(s, 0) for s in STATES}, every, tuple(warnings), len(every) if sent is None else sent)
+
+
+def _running(cloud: Cloud, env: Environment, job: Job) -> int:
+    """Attempts of the job running now, as its pool's nodes said in their last heartbeats."""
+    queue = env.queues.get(job.queue)
+    if queue is None:
+        return 0
+    fresh = time.time() - RUNNING_FRESH_S
+    return sum(hb.running.get(job.job_id, 0) for hb in cloud.store.heartbeats(queue.pool).values() if hb.at >= fresh)
 
 
 JOB_STATES = ("running", "done", "failed")  # JobStatus.state
@@ -608,15 +663,16 @@ JOB_STATES = ("running", "done", "failed")  # JobStatus.state
 
 def jobs(env: Environment, *, queue: str | None = None, state: str | None = None) -> list[JobStatus]:
     """Every job of the environment (or of one queue, in one state), oldest first. Costly by
-    design for now: the DynamoDB store scans the whole table, and each job's items are read to
-    know its state (O(items)); dead letters are not reconciled here (`status` does that)."""
+    design for now: the DynamoDB store scans the whole table, and the items of a job with failed
+    items (or one submitted before the counters) are read; dead letters are not reconciled here
+    (`status` does that)."""
     if queue is not None and queue not in env.queues:
         raise JobError(f"queue: unknown queue {queue!r} in environment {env.name!r}; "
                        f"known queues: {', '.join(sorted(env.queues))}")
     if state is not None and state not in JOB_STATES:
         raise JobError(f"state: unknown state {state!r}; use one of {', '.join(JOB_STATES)}")
     cloud = for_env(env)
-    found = (_status(cloud, job) for job in cloud.store.jobs(queue))
+    found = (_status(cloud, env, job) for job in cloud.store.jobs(queue))
     return [s for s in found if state is None or s.state == state]
 
 
@@ -689,15 +745,15 @@ def _agent_gave_up(msg: ItemMessage, queue: Queue) -> bool:
     return msg.failures > queue.max_retries or msg.lost > NODE_LOSSES_TOLERATED
 
 
-def cancel(env: Environment, job_id: str) -> int:
+def cancel(env: Environment, job_id: str, *, reason: str = "cancelled", cloud: Cloud | None = None) -> int:
     """Flag the job (agents stop its running items) and cancel its waiting items; returns how many."""
-    store = for_env(env).store
+    store = (cloud or for_env(env)).store
     if store.job(job_id) is None:
         raise JobError(f"job {job_id!r} not found in environment {env.name!r}; nothing to cancel")
-    store.cancel_job(job_id)
+    store.cancel_job(job_id, reason)
     waiting = [i for i in store.items(job_id) if i.status in ("pending", "queued")]
     return sum(
-        store.update_item(job_id, i.item_id, only_from=("pending", "queued"), status="cancelled", reason="cancelled")
+        store.update_item(job_id, i.item_id, only_from=("pending", "queued"), status="cancelled", reason=reason)
         is not None
         for i in waiting
     )
@@ -729,9 +785,10 @@ def retry_failed(env: Environment, job_id: str) -> int:
                 # Store first: an agent drops a message whose item is still final, so the item
                 # must be queued again before its message can be received (an item with no
                 # record gets none: the store never creates one in an update).
-                for msg, _ in mine:
-                    cloud.store.update_item(job_id, msg.item, never_from=("succeeded", "cancelled"),
-                                            status="queued", failures=0, reason="")  # fmt: skip
+                for msg, _ in mine:  # from failed (uncounted on the job), else from waiting
+                    if cloud.store.update_item(job_id, msg.item, only_from=("failed",), never_from=(), status="queued",
+                                               failures=0, reason="") is None:  # fmt: skip
+                        cloud.store.update_item(job_id, msg.item, status="queued", failures=0, reason="")
                 send_messages(cloud, job.queue, [replace(msg, failures=0) for msg, _ in mine])
                 cloud.queues.delete(job.queue, [r for _, r in mine], dead_letter=True)
                 moved += len(mine)

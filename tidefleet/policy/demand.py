@@ -5,12 +5,17 @@ depends on the queues after it: the environment budget is shared by those prefix
 waiting items never lower what is needed (each rule is monotone in demand).
 
 1a. Boot horizon. A new node is ready only `boot_estimate_s` after launch. A serving slot whose
-    queue finishes items every `mean_item_s` seconds starts about 1 + floor(boot / mean) items
-    in that time (the one it runs or takes now, then one per mean), each no later than a new
-    node could start it. Only the items beyond that need new slots. The floor keeps the
-    expected wait of a covered item within the boot estimate; an unknown mean (None) or one
-    longer than the boot gives 1 item per slot: plain slot counting. Booting slots count once
-    (they are not turning over yet) and are used first, as they serve every queue alike.
+    queue finishes items every `mean_item_s` seconds starts about 1 + floor(horizon / mean)
+    items within a horizon (the one it runs or takes now, then one per mean). Only the items
+    beyond that need new slots. The horizon is the boot estimate (a covered item starts no
+    later than a new node could start it), or longer when the queue's wait target allows it:
+    the oldest item may still wait `target_wait_s - oldest_age_s`, and every waiting item is
+    younger, so items the serving slots start within that need no node (`wait_horizon`). Once
+    the oldest item's remaining wait is below a boot, the horizon is the boot again: waiting
+    work that turnover does not cover launches at once. The floor keeps the expected wait of a
+    covered item within the horizon; an unknown mean (None) or one longer than the horizon gives
+    1 item per slot: plain slot counting. Booting slots count once (they are not turning over
+    yet) and are used first, as they serve every queue alike.
 1b. Packing. An item of k > 1 slots starts only on one node with k free slots. Waiting items
     of such queues are placed on the serving nodes' free slots (booting nodes are all free),
     biggest first within a priority, each on the node with the fewest free slots that fit it.
@@ -41,6 +46,13 @@ class Horizon:
     means: tuple[float, ...]  # the mean run times that turned over
 
 
+def wait_horizon(queue: QueueView, boot_s: int) -> float:
+    """How long the queue's waiting items may wait for serving slots before a node must launch."""
+    if queue.target_wait_s is None or queue.oldest_age_s is None:
+        return boot_s
+    return max(boot_s, queue.target_wait_s - queue.oldest_age_s)
+
+
 def boot_horizon(queues: list[QueueView], warm_slots: int, booting_slots: int, boot_s: int) -> Horizon:
     warm_left, boot_left = warm_slots, booting_slots
     uncovered, waiting, started, means = [], 0, 0, []
@@ -49,7 +61,7 @@ def boot_horizon(queues: list[QueueView], warm_slots: int, booting_slots: int, b
         from_boot = min(boot_left, need)
         boot_left -= from_boot
         need -= from_boot
-        per_slot = 1 + turns(q.mean_item_s, boot_s)
+        per_slot = 1 + turns(q.mean_item_s, wait_horizon(q, boot_s))
         used = min(warm_left, math.ceil(need / per_slot))
         warm_left -= used
         left = need - min(need, used * per_slot)
@@ -61,11 +73,11 @@ def boot_horizon(queues: list[QueueView], warm_slots: int, booting_slots: int, b
     return Horizon(tuple(uncovered), waiting, started, tuple(means))
 
 
-def turns(mean_item_s: float | None, boot_s: int) -> int:
-    """Items one slot finishes and starts again within the boot estimate (0: unknown mean)."""
+def turns(mean_item_s: float | None, horizon_s: float) -> int:
+    """Items one slot finishes and starts again within the horizon (0: unknown mean)."""
     if not mean_item_s or mean_item_s <= 0:
         return 0
-    return int(boot_s // mean_item_s)
+    return int(horizon_s // mean_item_s)
 
 
 @dataclass(slots=True)

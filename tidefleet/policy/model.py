@@ -26,6 +26,7 @@ class NodeView:
     last_heartbeat: float | None = None  # None: the agent has never reported
     idle_since: float | None = None  # None: busy, or never reported
     protected: bool = False  # scale-in protection set by a busy agent
+    cordoned: bool = False  # the scaler stopped its intake (consolidation): it drains, then idles
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +40,13 @@ class QueueView:
     # Observed mean run time of the queue's recently completed items (`item_seconds_mean`);
     # None = unknown: serving slots are then not expected to start more waiting work soon.
     mean_item_s: float | None = None
+    # How long the oldest waiting item has waited (SQS ApproximateAgeOfOldestMessage, Pub/Sub
+    # oldest_unacked_message_age); None = unknown: the policy then launches as if it were due.
+    oldest_age_s: float | None = None
+    target_wait_s: int | None = None  # the queue's wait target; None = launch for waiting work at once
+    # Items per second the pool's agents take from this queue, smoothed (`RATE_WINDOW_S`), summed
+    # over their heartbeats: the arrival rate while capacity keeps up.
+    intake_per_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,10 +72,12 @@ class PoolDecision:
     on_demand_base: int | None  # new on-demand base, or None to leave it
     reasons: tuple[str, ...]  # one human line per decision taken or withheld
     starved_queues: tuple[str, ...] = ()  # queues waiting because of a cap
+    cordon: tuple[str, ...] = ()  # nodes to stop taking items (consolidation), never interrupted
+    uncordon: tuple[str, ...] = ()  # cordoned nodes to take items again (demand came back)
 
     @property
     def changes(self) -> bool:
-        return bool(self.terminate) or self.on_demand_base is not None
+        return bool(self.terminate or self.cordon or self.uncordon) or self.on_demand_base is not None
 
 
 ITEM_SECONDS_WEIGHT = 0.1  # weight of the newest completion: about the last ten items count
@@ -77,6 +87,22 @@ def item_seconds_mean(previous: float | None, seconds: float) -> float:
     """The exponentially weighted mean run time after one more completed item. The job store
     keeps it per queue for the AWS scaler; the simulator keeps it the same way."""
     return seconds if previous is None else previous + ITEM_SECONDS_WEIGHT * (seconds - previous)
+
+
+# An agent's intake rate is an exponentially decaying count: each item taken adds 1/RATE_WINDOW_S,
+# and the sum decays by e per window. Five minutes is five scheduled ticks: long enough to see a
+# burst's rate, short enough that a burst that ended stops keeping nodes within minutes.
+RATE_WINDOW_S = 300.0
+
+
+def rate_at(rate: float, since: float, now: float) -> float:
+    """A rate recorded at `since`, decayed to `now` (no item taken in between)."""
+    return rate * math.exp(-max(0.0, now - since) / RATE_WINDOW_S)
+
+
+def rate_after(rate: float, since: float, now: float, taken: int = 1) -> float:
+    """The rate at `now` after `taken` more items, from one recorded at `since`."""
+    return rate_at(rate, since, now) + taken / RATE_WINDOW_S
 
 
 def on_demand_units(total: int, base: int, percent: int) -> int:

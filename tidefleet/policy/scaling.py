@@ -68,6 +68,7 @@ class _Nodes:
     release: list[NodeView] = field(default_factory=list)  # draining and idle
     draining_busy: list[NodeView] = field(default_factory=list)  # draining with work: kept, not capacity
     leaving: list[NodeView] = field(default_factory=list)  # already terminating: not in the group
+    cordoned: list[NodeView] = field(default_factory=list)  # running, intake stopped: kept, not capacity
 
 
 @dataclass(slots=True)
@@ -92,6 +93,8 @@ class _Plan:
     limit: int  # units allowed by max and the pool cost cap
     limited_by: str  # which of them binds: "max" or "pool cost cap"
     shortage: list[str]  # spot shortage signals, empty when spot is healthy
+    cordon: list[str] = field(default_factory=list)  # nodes whose intake stops (consolidation)
+    uncordon: list[str] = field(default_factory=list)  # cordoned nodes taking items again
     granted: int = 0  # units to launch, after the environment budget
     env_limited: bool = False
 
@@ -139,31 +142,43 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
     queues = sorted(queues, key=lambda q: (-q.priority, -q.slots_per_item, q.name))
     demand = sum(map(demand_slots, queues))
     nodes = _sort_nodes(view.nodes, pool, now)
+    uncordon, uncordon_reasons = _uncordon(nodes, demand)
     smallest = min(t.weight for t in pool.instance_types)
     packed = packing(queues, nodes.serving, smallest * pool.slots_per_unit)
     reasons = [_replace_reason(n, pool, now) for n in nodes.replace]
     reasons += [f"terminate {n.id}: draining and idle" for n in nodes.release]
     reasons += [_draining_kept_reason(n) for n in nodes.draining_busy]
+    reasons += uncordon_reasons
 
-    members = nodes.serving + nodes.release + nodes.replace + nodes.draining_busy
+    members = nodes.serving + nodes.release + nodes.replace + nodes.draining_busy + nodes.cordoned
     launching = max(0, view.desired - _units(members))
     serving_slots = _slots(nodes.serving)
-    held_units = _units(nodes.draining_busy)
-    idle_out, idle_reasons = _choose_idle(
+    held_units = _units(nodes.draining_busy) + _units(nodes.cordoned)
+    idle_timeout_s = env.idle_timeout_s(view.name)
+    relaunch_s = _relaunch_s(pool, queues)
+    idle_out, idle_reasons, held = _choose_idle(
         nodes.serving,
         demand=demand,
         serving_slots=serving_slots,
         group_units=held_units + _units(nodes.serving),
         reserved=packed.reserved,
         pool=pool,
-        idle_timeout_s=env.idle_timeout_s(view.name),
+        idle_timeout_s=idle_timeout_s,
+        break_even=None if idle_timeout_s is not None else BreakEven.of(queues, nodes.serving, relaunch_s),
         cooldown_s=scaler.scale_out_cooldown_s,
         last_launch=max((n.launched_at for n in view.nodes), default=None),
         now=now,
     )
     reasons += idle_reasons
+    reasons += [f"keep {n.id}: cordoned, {n.busy_slots} busy slot(s) finishing" for n in nodes.cordoned]
     terminated = nodes.replace + nodes.release + idle_out
     gone = {n.id for n in terminated}
+    # A drained node that stays (not surplus after all, not just held) takes items again.
+    kept_drained = [
+        n for n in nodes.serving if n.cordoned and n.id not in gone and n.id not in held and n not in uncordon
+    ]
+    uncordon += kept_drained
+    reasons += [f"uncordon {n.id}: drained but kept, it takes items again" for n in kept_drained]
     staying = [n for n in members if n.id not in gone]
 
     shortage = _spot_shortage(
@@ -184,6 +199,15 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
     horizon = boot_horizon(queues, staying_serving_slots - booting_slots, booting_slots, pool.boot_estimate_s)
     needs = _needs(horizon, packed, pool.slots_per_unit, smallest)
     wanted = needs[-1] if needs else 0
+    cordon: list[NodeView] = []
+    if wanted == 0 and not uncordon:
+        idle_ids = {n.id for n in idle_out}
+        cordon, cordon_reasons = _consolidate(
+            [n for n in nodes.serving if n.id not in idle_ids],
+            demand=demand + _expected_slots(queues, relaunch_s),
+            reserved=packed.reserved,
+        )
+        reasons += cordon_reasons
     reasons += _horizon_reason(horizon, demand, staying_serving_slots, pool)
     reasons += _packing_reasons(queues, packed, smallest * pool.slots_per_unit)
     limit, limited_by = max(0, pool.max - group_units), "max"
@@ -211,6 +235,8 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
         limit=limit,
         limited_by=limited_by,
         shortage=shortage,
+        cordon=[n.id for n in cordon],
+        uncordon=[n.id for n in uncordon],
     )
 
 
@@ -267,6 +293,8 @@ def _sort_nodes(nodes: tuple[NodeView, ...], pool: Pool, now: float) -> _Nodes:
         elif node.state == "draining":
             idle = node.busy_slots == 0 and node.idle_since is not None and not node.protected
             (out.release if idle else out.draining_busy).append(node)
+        elif node.cordoned and node.state == "running" and not _is_idle(node):
+            out.cordoned.append(node)  # drained ones serve as idle nodes: scaled in or uncordoned
         else:
             out.serving.append(node)
     return out
@@ -316,7 +344,7 @@ def _is_idle(node: NodeView) -> bool:
     )
 
 
-def _kept_line(serving: list[NodeView], idle_timeout_s: int, now: float) -> list[str]:
+def _kept_line(serving: list[NodeView], idle_timeout_s: int | None, warm: int, now: float) -> list[str]:
     """One line for the serving nodes that are no scale-in candidate yet, counted by why: a
     line per node would bury the decision at thousands of nodes (and cost a string each)."""
     busy, protected, booting, unreported, young = [], [], [], [], []
@@ -329,7 +357,7 @@ def _kept_line(serving: list[NodeView], idle_timeout_s: int, now: float) -> list
             booting.append(n)
         elif n.idle_since is None:
             unreported.append(n)
-        elif now - n.idle_since <= idle_timeout_s:
+        elif idle_timeout_s is not None and now - n.idle_since <= idle_timeout_s:
             young.append(n)
     parts = [f"{len(busy)} busy"] if busy else []
     if protected:
@@ -342,8 +370,77 @@ def _kept_line(serving: list[NodeView], idle_timeout_s: int, now: float) -> list
     if young:
         longest = now - min(n.idle_since for n in young)
         parts.append(f"{len(young)} idle <= {idle_timeout_s}s (longest {longest:.0f}s)")
-    kept = len(busy) + len(protected) + len(booting) + len(unreported) + len(young)
+    if warm:
+        parts.append(f"{warm} idle, next item sooner than a relaunch")
+    kept = len(busy) + len(protected) + len(booting) + len(unreported) + len(young) + warm
     return [f"keep {kept} node(s): {', '.join(parts)}"] if kept else []
+
+
+def _relaunch_s(pool: Pool, queues: list[QueueView]) -> float:
+    """What terminating an idle node costs when an item then needs it, in seconds of the node:
+    the replacement's boot, billed, plus the item's wait for it where that wait misses the
+    queue's target (valued as node time: one more boot's worth at most)."""
+    targets = [q.target_wait_s for q in queues if q.target_wait_s is not None]
+    missed = max(0, pool.boot_estimate_s - min(targets)) if targets else pool.boot_estimate_s
+    return float(pool.boot_estimate_s + missed)
+
+
+def _expected_slots(queues: list[QueueView], within_s: float) -> int:
+    """Slots the pool's intake rate asks for within `within_s` (rounded up)."""
+    return math.ceil(sum(q.intake_per_s * q.slots_per_item for q in queues) * within_s)
+
+
+@dataclass(frozen=True, slots=True)
+class BreakEven:
+    """Rule 4 by default (no fixed idle timeout): keep an idle node only while the next item
+    expected to land on it comes sooner than a relaunch would cost (`_relaunch_s`).
+
+    Items arrive at the pool's intake rate (slot-starts per second, the agents' smoothed rates)
+    and take the free slots of the nodes ahead first: busy nodes, then the idle nodes kept
+    before it. Busy slots free up at busy / mean item time per second, so the slots ahead fill
+    at intake - turnover, and the next item lands on this node in about
+    (free slots ahead + 1) / (intake - turnover): never, when turnover keeps up with intake."""
+
+    intake: float  # slot-starts per second
+    mean_item_s: float | None  # intake-weighted over the pool's queues; None = unknown
+    relaunch_s: float
+    waiting: int  # slots of waiting items: they take free slots first
+
+    @classmethod
+    def of(cls, queues: list[QueueView], serving: list[NodeView], relaunch_s: float) -> BreakEven:
+        rates = [(q.intake_per_s * q.slots_per_item, q.mean_item_s) for q in queues]
+        intake = sum(r for r, _ in rates)
+        known = [(r, m) for r, m in rates if m and r > 0]
+        mean = sum(r * m for r, m in known) / sum(r for r, _ in known) if known and intake else None
+        waiting = sum(q.visible * q.slots_per_item for q in queues)
+        return cls(intake, mean, relaunch_s, waiting)
+
+    def next_item_s(self, free_ahead: int, busy_ahead: int) -> float:
+        arrivals = free_ahead - self.waiting + 1  # the one after those that fill the slots ahead
+        if arrivals <= 0:
+            return 0.0  # a waiting item needs it now
+        turnover = busy_ahead / self.mean_item_s if self.mean_item_s else 0.0
+        fill = self.intake - turnover
+        return math.inf if fill <= 0 else arrivals / fill
+
+    def surplus(self, serving: list[NodeView], idle: list[NodeView]) -> dict[str, float]:
+        """For each idle node, in keep order (spot first, most recently idle first), the expected
+        time to its next item, counting every node ahead of it; only those past a relaunch."""
+        ids = {n.id for n in idle}
+        ahead = [n for n in serving if n.id not in ids]
+        free = sum(n.slots - (n.busy_slots if n.state == "running" else 0) for n in ahead)
+        busy = sum(n.busy_slots for n in ahead if n.state == "running")
+        out = {}
+        for n in sorted(idle, key=lambda n: (n.cordoned, not n.spot, -n.idle_since, n.id)):
+            gap = self.next_item_s(free, busy)
+            if gap >= self.relaunch_s:
+                out[n.id] = gap
+            free += n.slots
+        return out
+
+    def line(self, gap: float) -> str:
+        when = "never (turnover keeps up)" if math.isinf(gap) else f"in ~{gap:.0f}s"
+        return f"next item expected {when} >= a relaunch's {self.relaunch_s:.0f}s (intake {self.intake:.3f} slots/s)"
 
 
 def _choose_idle(
@@ -354,31 +451,35 @@ def _choose_idle(
     group_units: int,
     reserved: set[str],
     pool: Pool,
-    idle_timeout_s: int,
+    idle_timeout_s: int | None,
+    break_even: BreakEven | None,
     cooldown_s: int,
     last_launch: float | None,
     now: float,
-) -> tuple[list[NodeView], list[str]]:
+) -> tuple[list[NodeView], list[str], set[str]]:
     """Idle nodes to terminate (rule 4), a line for each of them and for each overdue node kept,
-    and one line counting the other serving nodes kept while there is surplus."""
+    and one line counting the other serving nodes kept while there is surplus; and the nodes
+    that would go but for the scale-out cooldown (held)."""
     idle = [n for n in serving if _is_idle(n)]
+    if break_even is None:
+        why = {n.id: f"idle {now - n.idle_since:.0f}s > {idle_timeout_s}s" for n in idle if now - n.idle_since > idle_timeout_s}
+    else:
+        since = {n.id: n.idle_since for n in idle}
+        why = {nid: f"idle {now - since[nid]:.0f}s, {break_even.line(gap)}" for nid, gap in break_even.surplus(serving, idle).items()}
     overdue = sorted(
-        (n for n in idle if now - n.idle_since > idle_timeout_s),
-        key=lambda n: (n.spot, n.idle_since, n.id),  # on-demand first, then the longest idle
+        (n for n in idle if n.id in why),
+        key=lambda n: (not n.cordoned, n.spot, n.idle_since, n.id),  # drained, on-demand, longest idle first
     )
     surplus = serving_slots - demand
     if surplus <= 0:
         if overdue:
-            return [], [f"no scale-in: demand {demand} slots needs all {serving_slots} serving slots"]
-        return [], []
-    reasons = _kept_line(serving, idle_timeout_s, now)
+            return [], [f"no scale-in: demand {demand} slots needs all {serving_slots} serving slots"], set()
+        return [], [], set()
+    warm = 0 if break_even is None else len(idle) - len(overdue)
+    reasons = _kept_line(serving, idle_timeout_s, warm, now)
     if not overdue:
-        return [], reasons
-    since = None if last_launch is None else now - last_launch
-    if since is not None and since < cooldown_s:
-        reasons.append(f"hold scale-in: {since:.0f}s since scale-out < cooldown {cooldown_s}s")
-        return [], reasons
-    chosen = []
+        return [], reasons, set()
+    chosen, chosen_reasons = [], []
     for n in overdue:
         if n.id in reserved:
             reasons.append(f"keep {n.id}: idle but needed, a waiting multi-slot item fits its free slots")
@@ -392,9 +493,57 @@ def _choose_idle(
             chosen.append(n)
             surplus -= n.slots
             group_units -= n.weight
-            order = "on-demand first" if not n.spot else "spot, longest idle first"
-            reasons.append(f"terminate {n.id}: idle {now - n.idle_since:.0f}s > {idle_timeout_s}s ({order})")
-    return chosen, reasons
+            order = "cordoned, drained" if n.cordoned else "on-demand first" if not n.spot else "spot, longest idle first"
+            chosen_reasons.append(f"terminate {n.id}: {why[n.id]} ({order})")
+    since = None if last_launch is None else now - last_launch
+    if chosen and since is not None and since < cooldown_s:
+        # Held, not needed: a drained node among them stays cordoned until the cooldown ends.
+        reasons.append(f"hold scale-in: {since:.0f}s since scale-out < cooldown {cooldown_s}s")
+        return [], reasons, {n.id for n in chosen}
+    return chosen, reasons + chosen_reasons, set()
+
+
+# --- consolidation ---------------------------------------------------------------------------
+
+
+def _uncordon(nodes: _Nodes, demand: int) -> tuple[list[NodeView], list[str]]:
+    """Demand came back beyond the serving slots: cordoned nodes take items again (most free
+    slots first) before any node is launched. Moves them to `nodes.serving`."""
+    short = demand - _slots(nodes.serving)
+    back = []
+    for n in sorted(nodes.cordoned, key=lambda n: (n.busy_slots - n.slots, n.id)):
+        if short <= 0:
+            break
+        back.append(n)
+        short -= n.slots
+    for n in back:
+        nodes.cordoned.remove(n)
+        nodes.serving.append(n)
+    return back, [f"uncordon {n.id}: demand {demand} slots exceeds the serving slots" for n in back]
+
+
+def _consolidate(serving: list[NodeView], *, demand: int, reserved: set[str]) -> tuple[list[NodeView], list[str]]:
+    """Rule 9: when demand (plus what intake brings within a relaunch) fits on fewer nodes, stop
+    intake on the least-loaded multi-slot busy nodes, so they drain and become idle. Running
+    items are never interrupted; a node a waiting multi-slot item was placed on is not taken."""
+    capacity = _slots([n for n in serving if not n.cordoned])  # a drained, cordoned node takes no items
+    candidates = sorted(
+        (n for n in serving
+         if n.state == "running" and not n.cordoned and n.slots > 1 and 0 < n.busy_slots < n.slots
+         and n.id not in reserved),
+        key=lambda n: (n.busy_slots / n.slots, n.busy_slots, n.id),
+    )  # fmt: skip
+    out, reasons = [], []
+    for n in candidates:
+        if capacity - n.slots < demand:
+            break
+        out.append(n)
+        capacity -= n.slots
+        reasons.append(
+            f"cordon {n.id}: {n.busy_slots} of {n.slots} slots busy; demand {demand} slots fits the other "
+            f"{capacity} serving slots (its items finish, then it is idle)"
+        )
+    return out, reasons
 
 
 def _spot_shortage(
@@ -474,6 +623,8 @@ def _decision(plan: _Plan, env_cap: str) -> PoolDecision:
         on_demand_base=on_demand_base,
         reasons=tuple(reasons + plan.reasons),
         starved_queues=starved,
+        cordon=tuple(plan.cordon),
+        uncordon=tuple(plan.uncordon),
     )
 
 

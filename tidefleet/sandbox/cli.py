@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import shutil
 import signal
 import sys
 import tempfile
@@ -11,11 +12,12 @@ from pathlib import Path
 
 import click
 
-from tidefleet.config import ConfigError, load_environment
+from tidefleet.config import ConfigError, environment_path, load_environment
 
 
 @click.command()
-@click.option("--env", "env_name", default="sandbox", show_default=True, help="environment file to run")
+@click.option("--env", "env_name", default="sandbox", show_default=True,
+              help="environment to run: a name in environments/ or your own .toml file (an aws one)")
 @click.option(
     "--items",
     default=200,
@@ -59,76 +61,79 @@ def sandbox(env_name, items, chaos, keep, time_limit, tick, boot_delay, seed, wo
     nodes as local processes running their real user-data, and a demo job: watch machines
     appear, do the work and go back to zero. Exit 0 when every item is accounted for."""
     from rich.console import Console
-    from rich.live import Live
 
-    from tidefleet.cloud import for_env
-    from tidefleet.sandbox import view
-    from tidefleet.sandbox.run import Chaos, Sandbox, Timing, run_demo
+    from tidefleet.sandbox.run import Timing
 
     try:
         env = load_environment(env_name)
     except ConfigError as err:
         raise click.ClickException(str(err)) from None
-    deadline = time.time() + time_limit
+    if env.cloud != "aws":
+        raise click.BadParameter(f"{env.name} is a {env.cloud} environment; the sandbox emulates AWS only "
+                                 "(set cloud = \"aws\" in a copy of it)", param_hint="--env")  # fmt: skip
     console = Console(stderr=as_json)
+    temporary = workdir is None
     workdir = workdir or Path(tempfile.mkdtemp(prefix="tidefleet-sandbox-"))
     # SIGTERM ends the run like Ctrl-C does, so every node process and the emulator go too.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    summary = None
+    try:
+        summary = _run(env, environment_path(env_name).resolve().parent, workdir, console, items=items, chaos=chaos,
+                       keep=keep, deadline=time.time() + time_limit, timing=Timing(boot_delay_s=boot_delay, tick_s=tick),
+                       seed=seed, as_json=as_json)  # fmt: skip
+    finally:
+        # A temp workdir goes, unless the run failed: then its node and scaler logs are the evidence.
+        if temporary and (summary is None or summary.ok):
+            shutil.rmtree(workdir, ignore_errors=True)
+            if summary is not None and not as_json:
+                console.print(f"{workdir} removed (--workdir DIR keeps the work folder)", highlight=False)
+    if summary is not None and not summary.ok:
+        console.print(f"node logs and the scaler log are kept in {workdir}", highlight=False)
+        sys.exit(2 if summary.time_limit_hit else 1)
+
+
+def _run(env, environments: Path, workdir: Path, console, *, items, chaos, keep, deadline, timing, seed, as_json):
+    """Bring the sandbox up, run the demo job (unless items is 0), stay up under --keep; the summary."""
+    from tidefleet.cloud import for_env
+    from tidefleet.sandbox import view
+    from tidefleet.sandbox.run import Chaos, Sandbox, run_demo
+
     started = time.time()
-    with Sandbox(env, workdir, Timing(boot_delay_s=boot_delay, tick_s=tick)) as box:
+    with Sandbox(env, workdir, timing, environments) as box:
         if not as_json:
-            console.print(f"[bold]tidefleet sandbox[/bold]: moto on {box.moto.url}, work in {workdir}")
+            console.print(f"[bold]tidefleet sandbox[/bold]: moto on {box.moto.url}, work in {workdir}", highlight=False)
         summary = None
         if items:
             store = for_env(env).store
+            screen = None if as_json else view.Screen(console)
 
             def draw(progress: dict) -> None:
-                if live_view is None:
+                if screen is None:
                     return
-                busy = {
-                    hb.node_id: hb.busy_slots for pool in env.pools for hb in store.heartbeats(pool).values()
-                }
-                reasons = [r for d in box.last_decisions for r in d.reasons]
-                live_view.update(
-                    view.live(
-                        env_name=env.name,
-                        started=started,
-                        status=progress["status"],
-                        queues=progress["queues"],
-                        nodes=box.launcher.snapshot(),
-                        busy=busy,
-                        reasons=reasons,
-                        tick_error=box.tick_error,
-                    )
-                )
+                busy = {hb.node_id: hb.busy_slots for pool in env.pools for hb in store.heartbeats(pool).values()}
+                screen.show(env_name=env.name, started=started, status=progress["status"], queues=progress["queues"],
+                            nodes=box.launcher.snapshot(), busy=busy,
+                            reasons=[r for d in box.last_decisions for r in d.reasons], tick_error=box.tick_error)  # fmt: skip
 
-            live_view = None if as_json else Live(console=console, refresh_per_second=4, transient=False)
             strike = Chaos(random.Random(seed)) if chaos else None
-            if live_view is not None:
-                live_view.start()
             try:
-                summary = run_demo(
-                    box, items=items, deadline=deadline, chaos=strike, on_progress=draw, seed=seed
-                )
+                summary = run_demo(box, items=items, deadline=deadline, chaos=strike, on_progress=draw, seed=seed)
             finally:
-                if live_view is not None:
-                    live_view.stop()
+                if screen is not None:
+                    screen.close()
             if as_json:
                 click.echo(summary.to_json())
             else:
                 console.print()
                 console.print(view.summary_table(summary))
         if keep:
-            console.print("\n[bold]The sandbox stays up.[/bold] In another shell:\n")
-            console.print("\n".join(box.export_lines()), highlight=False)
-            console.print(
-                f"\ntidefleet submit --env {env.name} --queue {next(iter(env.queues))} --name mine ITEMS_FILE\n"
-                "tidefleet status --env sandbox JOB --watch\n\nCtrl-C stops everything."
-            )
+            lines = [*box.export_lines(), *box.try_lines(workdir / "my-items.txt")]
+            console.print("\n[bold]The sandbox stays up.[/bold] In another shell, paste:\n")
+            console.print("\n".join(lines), highlight=False, markup=False, soft_wrap=True)
+            console.print("\nCtrl-C stops everything.")
             try:
                 while True:
                     time.sleep(1)
             except KeyboardInterrupt:
                 pass
-    if summary is not None and not summary.ok:
-        sys.exit(2 if summary.time_limit_hit else 1)
+    return summary

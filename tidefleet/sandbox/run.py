@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import random
+import shlex
 import sys
 import threading
 import time
@@ -22,8 +23,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Self
 
-from tidefleet import control, naming
+from tidefleet import control, metrics, naming
 from tidefleet.cloud import for_env
+from tidefleet.cloud.aws.metrics import EmfToCloudWatch
 from tidefleet.cloud.aws.provision import EMULATOR_ACCOUNT, Provisioned, provision
 from tidefleet.config import Environment, environments_dir
 from tidefleet.emulator import MotoServer, start_moto
@@ -34,6 +36,7 @@ from tidefleet.sandbox.launcher import Launcher
 from tidefleet.userdata import LOCAL_PYTHON, render_user_data
 
 DEMO_JOB = "sandbox-demo"
+DEMO_MODULE = "tidefleet.sandbox.demo_work"
 FAIL_EVERY = 25  # one input in this many is made to fail (not UTF-8)
 WORDS = [
     "tide",
@@ -88,8 +91,11 @@ class Sandbox:
     """Emulator + provisioned environment + control loop + node launcher. A context manager:
     leaving it (normally, on an error or on Ctrl-C) kills every node and stops the emulator."""
 
-    def __init__(self, env: Environment, workdir: Path, timing: Timing):
+    def __init__(self, env: Environment, workdir: Path, timing: Timing, environments: Path | None = None):
+        """environments: the folder of the environment's file, where the nodes' agents find it
+        by name (default: the environments folder)."""
         self.env = env
+        self.environments = environments or environments_dir()
         self.workdir = workdir
         self.timing = timing
         self.tick_s = timing.tick_s or env.scaler.tick_s
@@ -112,6 +118,8 @@ class Sandbox:
     def _start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.moto = start_moto()
+        # This process talks to the emulator while the sandbox runs; __exit__ puts the environment back.
+        self._saved_environ = {k: os.environ.get(k) for k in [*self.moto.env(self.env.region), "TIDEFLEET_KICK_URL"]}
         os.environ.update(self.moto.env(self.env.region))
         kick_handler = type("KickHandler", (_KickHandler,), {"kicked": self.kicked})
         kick_server = ThreadingHTTPServer(("127.0.0.1", 0), kick_handler)
@@ -127,7 +135,7 @@ class Sandbox:
             **self.moto.env(self.env.region),
             "TIDEFLEET_KICK_URL": self.kick_url,
             "TIDEFLEET_CHECKPOINT_ROOT": str(self.workdir / "checkpoints"),
-            "TIDEFLEET_ENVIRONMENTS": str(environments_dir()),
+            "TIDEFLEET_ENVIRONMENTS": str(self.environments),
             LOCAL_PYTHON: sys.executable,
             **{k: str(v) for k, v in AGENT_CLOCK.items()},
         }
@@ -140,6 +148,9 @@ class Sandbox:
         # A node's process sees only what its user-data exports, plus this Python on PATH.
         node_env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "TIDEFLEET_"))}
         node_env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), node_env.get("PATH", "")])
+        # The agents' per-attempt folders and the workloads' temp files: inside the workdir, so they go with it.
+        node_env["TMPDIR"] = str(self.workdir / "tmp")
+        (self.workdir / "tmp").mkdir(exist_ok=True)
         self.launcher = Launcher(
             self.env,
             self.imds,
@@ -164,9 +175,16 @@ class Sandbox:
 
     def _control_loop(self) -> None:
         ports = for_env(self.env).control_ports()
+        # The emulator extracts no EMF: the scaler's lines and the agents' outcome events are
+        # published with PutMetricData, so the dashboard's metrics exist as on AWS.
+        self.metrics = EmfToCloudWatch(self.env)
         while not self.stop.is_set():
             try:
-                self.last_decisions = control.tick(self.env, ports, time.time())
+                now = time.time()
+                report = lambda fleet, decided, now=now: self.metrics.emit(
+                    self.env, metrics.tick_points(self.env, fleet, decided, now))
+                self.last_decisions = control.tick(self.env, ports, now, report=report)
+                self.metrics.pump_outcomes()
                 self.tick_error = ""
             except Exception as err:  # noqa: BLE001 - shown in the view; the next tick retries
                 self.tick_error = f"{type(err).__name__}: {err}"
@@ -187,6 +205,11 @@ class Sandbox:
             thread.join(timeout=10)
         if self.moto is not None:
             self.moto.stop()
+        for key, value in getattr(self, "_saved_environ", {}).items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
     # -- what the view and the summary read ------------------------------------------------
     def queue_depths(self) -> dict[str, tuple[int, int, int]]:
@@ -203,14 +226,26 @@ class Sandbox:
         env = {
             **self.moto.env(self.env.region),
             "TIDEFLEET_ENV": self.env.name,
+            "TIDEFLEET_ENVIRONMENTS": str(self.environments),
             "TIDEFLEET_KICK_URL": self.kick_url,
         }
-        return [f"export {k}={v}" for k, v in env.items()]
+        return [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
+
+    def try_lines(self, items: Path) -> list[str]:
+        """Commands that submit `items` (a file it writes) to the first queue and watch the job:
+        pasted after `export_lines`, they work as printed."""
+        queue, name = next(iter(self.env.queues)), "my-first-job"
+        specs, _ = make_inputs(items.parent / "my-inputs", 5, seed=1, fail_every=0)
+        items.write_text("".join(f"{spec.args[0]}\n" for spec in specs))
+        return [
+            f"tidefleet submit --env {self.env.name} --queue {queue} --name {name} --items {shlex.quote(str(items))}",
+            f"tidefleet status --env {self.env.name} {sdk.job_id_for(name)} --watch --time-limit 300",
+        ]
 
 
 # -- the demo job ---------------------------------------------------------------------------
-def make_inputs(workdir: Path, count: int, seed: int) -> tuple[list[sdk.ItemSpec], set[str]]:
-    """`count` text files of a few thousand words; every FAIL_EVERY-th is not UTF-8.
+def make_inputs(workdir: Path, count: int, seed: int, fail_every: int = FAIL_EVERY) -> tuple[list[sdk.ItemSpec], set[str]]:
+    """`count` text files of a few thousand words; every `fail_every`-th (0: none) is not UTF-8.
     Returns the items and the ids of those made to fail."""
     rng = random.Random(seed)
     inputs = workdir / "inputs"
@@ -218,7 +253,7 @@ def make_inputs(workdir: Path, count: int, seed: int) -> tuple[list[sdk.ItemSpec
     items, doomed = [], set()
     for i in range(count):
         item_id = f"item-{i:04d}"
-        if i % FAIL_EVERY == FAIL_EVERY - 1:
+        if fail_every and i % fail_every == fail_every - 1:
             path = inputs / f"{item_id}.bin"
             path.write_bytes(bytes([0xFF, 0xFE]) + rng.randbytes(64))
             doomed.add(item_id)
@@ -227,6 +262,11 @@ def make_inputs(workdir: Path, count: int, seed: int) -> tuple[list[sdk.ItemSpec
             path.write_text(" ".join(rng.choice(WORDS) for _ in range(rng.randint(2000, 8000))))
         items.append(sdk.ItemSpec(item_id, [str(path)]))
     return items, doomed
+
+
+def is_demo_workload(env: Environment, queue: str) -> bool:
+    """Whether `queue`'s pool runs the sandbox's demo workload (an environment of your own runs yours)."""
+    return DEMO_MODULE in (env.pools[env.queues[queue].pool].command or "")
 
 
 def read_events(workdir: Path) -> list[dict]:
@@ -257,6 +297,7 @@ class Summary:
     duplicate_messages: int  # copies of item messages sent by --chaos
     time_limit_hit: bool
     fleet_at_zero: bool
+    demo_workload: bool  # the queue's pool runs demo_work: its designed failures and own records are checked
     wall_s: float
     workdir: str
     notes: list[str] = field(default_factory=list)
@@ -276,14 +317,17 @@ class Summary:
         return json.dumps({**asdict(self), "ok": self.ok}, indent=2, sort_keys=True)
 
 
-def account(status: sdk.JobStatus, doomed: set[str], events: list[dict], killed_nodes: set[str]) -> dict:
-    """Every item's fate, from the job store and, independently, from the workload's own events."""
+def account(status: sdk.JobStatus, doomed: set[str], events: list[dict], killed_nodes: set[str], *,
+            demo: bool = True) -> dict:
+    """Every item's fate, from the job store and, for the demo workload, independently from its own
+    events. Another workload (`demo` False) records no events and fails only for its own reasons:
+    its items are accounted for by the store alone, a failure with the workload's reason."""
     failed, failed_unexpectedly, succeeded_unexpectedly, unaccounted = {}, {}, [], {}
     for item in status.items:
         if item.status == "succeeded":
             if item.item_id in doomed:
                 succeeded_unexpectedly.append(item.item_id)
-        elif item.status == "failed" and item.item_id in doomed and item.reason:
+        elif item.status == "failed" and (item.item_id in doomed or not demo) and item.reason:
             failed[item.item_id] = item.reason
         elif item.status == "failed":
             failed_unexpectedly[item.item_id] = item.reason or "(no reason recorded)"
@@ -298,7 +342,7 @@ def account(status: sdk.JobStatus, doomed: set[str], events: list[dict], killed_
     # recorded it loses that report, and the item runs again elsewhere. Nothing else may.
     explained = all(successes[item][0]["node"] in killed_nodes for item in duplicates)
     missing_evidence = [
-        i.item_id for i in status.items if i.status == "succeeded" and i.item_id not in successes
+        i.item_id for i in status.items if demo and i.status == "succeeded" and i.item_id not in successes
     ]
     for item_id in missing_evidence:
         unaccounted[item_id] = "succeeded in the store, but the workload never reported a success"
@@ -376,20 +420,21 @@ def run_demo(
     seed: int = 7,
 ) -> Summary:
     started = time.time()
-    specs, doomed = make_inputs(sandbox.workdir, items, seed)
     queue = next(iter(sandbox.env.queues))
+    demo = is_demo_workload(sandbox.env, queue)
+    specs, doomed = make_inputs(sandbox.workdir, items, seed, fail_every=FAIL_EVERY if demo else 0)
     submitted_at = time.time()
     job_done = threading.Event()
     if chaos is not None:  # from the start: a big job's nodes are busy long before its submit returns
         threading.Thread(target=chaos.run, args=(sandbox.launcher, sandbox.env, sdk.job_id_for(DEMO_JOB), job_done),
                          daemon=True).start()  # fmt: skip
     job = sdk.submit(sandbox.env, DEMO_JOB, queue, specs)
-    status = sdk.status(sandbox.env, job.job_id)
+    status = sdk.status(sandbox.env, job.job_id, items=True)
     done_at = zero_at = None
     stray_in_flight_s = 0.0  # messages in flight after every item finished: they hold a node up
     while time.time() < deadline:
         now = time.time()
-        status = sdk.status(sandbox.env, job.job_id)
+        status = sdk.status(sandbox.env, job.job_id, items=True)
         if status.done and done_at is None:
             done_at = now
             job_done.set()
@@ -417,7 +462,8 @@ def run_demo(
     killed = chaos.killed if chaos else set()
     return Summary(
         items=items,
-        **account(status, doomed, events, killed),
+        **account(status, doomed, events, killed, demo=demo),
+        demo_workload=demo,
         peak_nodes=sandbox.launcher.peak_nodes,
         node_seconds=round(sandbox.launcher.node_seconds(time.time()), 1),
         submit_to_first_start_s=round(min(starts) - submitted_at, 2) if starts else None,

@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 from collections import Counter
 
-from rich.console import Group
+from rich.console import Console, Group
+from rich.live import Live
 from rich.panel import Panel
 from rich.progress_bar import ProgressBar
 from rich.table import Table
@@ -19,6 +20,48 @@ def node_label(node: LocalNode, busy: dict[str, int]) -> str:
     if node.state == "up" and node.instance_id in busy:
         return "busy" if busy[node.instance_id] else "idle"
     return {"up": "starting agent"}.get(node.state, node.state)
+
+
+PLAIN_EVERY_S = 2.0  # at most one plain progress line this often
+
+
+class Screen:
+    """The live view on a terminal. Anywhere else (a pipe, a CI log, a file) redrawing in place
+    would leave cursor codes and repeated frames, so it prints one plain line whenever the
+    progress changes, at most every PLAIN_EVERY_S."""
+
+    def __init__(self, console: Console):
+        self.console = console
+        redraw = console.is_terminal and not console.is_dumb_terminal
+        self.live = Live(console=console, refresh_per_second=4, transient=False) if redraw else None
+        if self.live is not None:
+            self.live.start()
+        self.said, self.said_at = "", 0.0
+
+    def show(self, **fields) -> None:
+        if self.live is not None:
+            self.live.update(live(**fields))
+            return
+        line, now = plain(**fields), time.monotonic()
+        if line != self.said and now - self.said_at >= PLAIN_EVERY_S:
+            elapsed = time.time() - fields["started"]
+            self.console.print(f"{elapsed:5.0f}s  {line}", markup=False, highlight=False, soft_wrap=True)
+            self.said, self.said_at = line, now
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+
+
+def plain(*, status: sdk.JobStatus, queues: dict[str, tuple[int, int, int]], nodes: list[LocalNode],
+          busy: dict[str, int], **_) -> str:  # fmt: skip
+    """The live view's numbers on one line."""
+    done = status.counts["succeeded"] + status.counts["failed"] + status.counts["cancelled"]
+    live_nodes = [n for n in nodes if n.state != "gone"]
+    by_state = Counter(node_label(n, busy) for n in live_nodes)
+    waiting = sum(visible for visible, _, _ in queues.values())
+    return (f"{done}/{status.job.total} final ({status.counts['failed']} failed)  waiting {waiting}  "
+            f"nodes {len(live_nodes)}" + "".join(f", {c} {state}" for state, c in sorted(by_state.items())))
 
 
 def live(
@@ -73,7 +116,7 @@ def summary_table(summary) -> Table:
     rows = [
         ("items", summary.items),
         ("succeeded", summary.succeeded),
-        ("failed by design", len(summary.failed)),
+        ("failed by design" if summary.demo_workload else "failed (the workload's reasons below)", len(summary.failed)),
         ("failed unexpectedly", len(summary.failed_unexpectedly)),
         ("unaccounted", len(summary.unaccounted)),
         (

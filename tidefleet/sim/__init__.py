@@ -4,7 +4,8 @@
 trace (schema in traces/README.md) through a discrete-event model of one pool.
 
 The model
-- An item needs `gpus` slots (1 when CPU-only) on one node. It joins the pool's queue with
+- An item needs `gpus` slots (1 when CPU-only) on one node; on a `capacity_unit = "vcpus"`
+  pool it needs its `cpus` rounded up (1 where the trace has none). It joins the pool's queue with
   the smallest `slots_per_item` that holds it (else the largest) and takes
   max(gpus, that queue's slots_per_item) slots. Items larger than the pool's biggest node
   can never run: they are reported under `unfittable`, not replayed.
@@ -16,9 +17,13 @@ The model
 - Boot (launch to a usable OS and the agent's first heartbeat) and spot notice, defaults
   from the traces README: AWS 45 s boot, 120 s notice; GCP 35 s boot, 30 s notice
   (`--boot-s`, `--notice-s`). The submit kick reaches the scaler 2 s after a submit.
-- The worker agent: every node with free slots takes the oldest waiting item that fits,
-  on the fullest node it fits (best fit). On a spot notice it takes no more items; items
-  that end before the reclaim finish, the others are lost when the node goes.
+- The worker agent pulls (`tidefleet.agent.worker`): a node with free slots receives from
+  its queues by priority (the environment file's order among equals), from each the oldest
+  items while they fit its free slots; an item that arrives goes to any one node with room
+  (a seeded uniform pick: SQS hands a message to whichever receiver it picks), never a best
+  fit. So small items take the slots a wide item waits for, and nodes fragment as real ones
+  do. A cordoned node and, on a spot notice, a draining one take no more items; items that
+  end before the reclaim finish, the others are lost when the node goes.
 - Lost work: an item whose node is reclaimed or terminated under it goes back to the head
   of its queue at once and is redone from scratch (trace items do not checkpoint);
   the time it had run counts as `work_redone_s`. Every policy shares this agent. Each
@@ -34,8 +39,8 @@ The model
   per node-hour; `--spot-trace FILE` (skypilot-org/spot-traces JSON, repeated over the
   run) interrupts that share of spot nodes whenever the level falls, and refuses spot
   launches while it is zero. With neither, spot is never interrupted.
-- Deterministic: events are ordered by (time, sequence); every random pick uses one
-  `random.Random(seed)` per run.
+- Deterministic: events are ordered by (time, sequence); random picks use generators
+  seeded from `seed` (one for the market and the group, one for placement).
 - The run ends when every item is done and the pool is back at min (or 6 h later, the
   remaining nodes billed to then), when work waits with nothing running for 7 days, or at
   last submit + 2 x the longest item + 7 days (work that keeps being lost); what is left

@@ -6,8 +6,8 @@ being pushed up front, which keeps the heap small for long traces.
 
 The engine models what every policy shares: the group (desired capacity in units, the
 on-demand base, which type and purchase option it launches, which victims it picks on
-scale-in), node boot, the worker agent (one item per free slot, best fit, stop intake on
-a spot notice), spot interruptions and billing. A policy only observes the engine and
+scale-in), node boot, the worker agent (pull: see `Simulation._pull`; stop intake on a spot
+notice), spot interruptions and billing. A policy only observes the engine and
 sets desired capacity, terminates exact nodes, or changes the on-demand base.
 """
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from tidefleet.config import Environment, InstanceType, Queue
-from tidefleet.policy.model import item_seconds_mean, on_demand_units
+from tidefleet.policy.model import item_seconds_mean, on_demand_units, rate_after, rate_at
 from tidefleet.sim.trace import SpotTrace, TraceItem
 
 # Event kinds, in the order they are handled when they fall on the same time and sequence.
@@ -38,6 +38,15 @@ class Timing:
     boot_s: float  # launch to a usable OS with the agent's first heartbeat
     notice_s: float  # spot interruption notice to reclaim
     kick_s: float = 2.0  # submit to the scaler's kicked run (asynchronous invoke)
+    # The agent's own time per attempt, holding the item's slots: receive and claim to the
+    # workload's start (counted as waiting), and its exit to the slots being free. 0 for traces,
+    # whose durations are whole runs; the sandbox's loaded machine measures seconds
+    # (tidefleet.sim.calibration).
+    start_s: float = 0.0
+    finish_s: float = 0.0
+    # The scaler's decision to terminate a node to the node stopping (billed until then): the
+    # tick's own observe-and-act time and the shutdown. 0 for traces; the sandbox measures it.
+    stop_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +73,12 @@ class Node:
         "busy",
         "busy_s",
         "busy_since",
+        "cordoned",
+        "free_at",
         "id",
         "idle_since",
+        "intake",
+        "intake_at",
         "itype",
         "launched_at",
         "name",
@@ -79,6 +92,7 @@ class Node:
         "state",
         "weight",
     )  # fmt: skip
+    free_at: tuple[int, int] | None
 
     def __init__(self, id: int, itype: InstanceType, weight: int, slots: int, spot: bool, now: float):
         self.id = id
@@ -91,6 +105,8 @@ class Node:
         self.launched_at = now
         self.ready_at: float | None = None
         self.state = "pending"
+        self.cordoned = False  # the policy's cordon mark: its agent takes no new items
+        self.free_at = None  # (free slots, position) in Simulation.takers while it takes items
         self.busy = 0
         self.idle_since: float | None = None
         self.running: dict[int, float] = {}  # item index -> start of this attempt
@@ -98,6 +114,8 @@ class Node:
         self.busy_s = 0.0
         self.reported_at: float | None = None  # the agent's last heartbeat: at boot, every change, see beat()
         self.record = None  # the ports' cached group instance and heartbeat, dropped on every change
+        self.intake: dict[int, float] = {}  # queue index -> items taken per second (policy.model.rate_after)
+        self.intake_at = now
 
     def changed(self, now: float) -> None:
         self.record = None
@@ -112,6 +130,44 @@ class Node:
         if self.reported_at is not None and now - self.reported_at >= every_s:
             self.reported_at = now
             self.record = None
+
+
+class Takers:
+    """The nodes whose agents take items, filed by free slots, so that a uniform random pick
+    among those with at least n free slots costs one pass over the slot counts."""
+
+    def __init__(self, most_slots: int):
+        self.by_free: list[list[Node]] = [[] for _ in range(most_slots + 1)]
+
+    def add(self, node: Node) -> None:
+        line = self.by_free[node.slots - node.busy]
+        node.free_at = (node.slots - node.busy, len(line))
+        line.append(node)
+
+    def discard(self, node: Node) -> None:
+        if node.free_at is None:
+            return
+        free, pos = node.free_at
+        line = self.by_free[free]
+        last = line.pop()
+        if last is not node:
+            line[pos] = last
+            last.free_at = (free, pos)
+        node.free_at = None
+
+    def pick(self, need: int, rng: random.Random) -> Node | None:
+        """Any one node with at least `need` free slots, each equally likely; None if there is none.
+        (SQS hands a message to whichever waiting receiver it picks: no best fit, no packing.)"""
+        lines = self.by_free[need:]
+        total = sum(len(line) for line in lines)
+        if not total:
+            return None
+        k = rng.randrange(total)
+        for line in lines:
+            if k < len(line):
+                return line[k]
+            k -= len(line)
+        raise AssertionError("unreachable")
 
 
 @dataclass
@@ -162,7 +218,9 @@ class Simulation:
         self.timing = timing
         self.interruptions = interruptions
         self.rng = random.Random(seed)
+        self.placement_rng = random.Random(f"placement/{seed}")  # apart: placement draws move no interruption
         self.queues = pool_queues(env, pool)
+        self.intake_order = intake_order(env, pool, self.queues)
         self.launch_types = launchable_types(env, pool, max((i.slots for i in items), default=1))
         self.max_slots = max(self.pool.slots(t) for t in self.pool.instance_types)
 
@@ -178,10 +236,8 @@ class Simulation:
         self.next_arrival = 0
         self.nodes: dict[int, Node] = {}
         self.node_ids = itertools.count(1)
-        self.free: list[dict[int, Node]] = [
-            {} for _ in range(self.max_slots + 1)
-        ]  # intake nodes by free slots
-        self.waiting: dict[int, deque[int]] = {}  # slots needed -> items in queue order
+        self.takers = Takers(self.max_slots)
+        self.waiting: list[deque[int]] = [deque() for _ in self.queues]  # per queue, in arrival order
         self.visible = [0] * len(self.queues)
         self.in_flight = [0] * len(self.queues)
         # Per queue, the run time of items finished so far, as the job store keeps it (never the
@@ -239,7 +295,7 @@ class Simulation:
         decrement stops there and the group launches a replacement."""
         if node.busy:
             self.outcome.busy_killed += len(node.running)
-        self._remove(node)
+        self._remove(node, billed_until=self.now + self.timing.stop_s)
         if decrement:
             self.desired = max(self.pool.min, self.desired - node.weight)
         self._reconcile()  # dispatches what the node ran
@@ -310,8 +366,8 @@ class Simulation:
                 node.state = "running"
                 node.ready_at = node.idle_since = self.now
                 node.changed(self.now)
-                self.free[node.slots][node.id] = node
-                self._dispatch()
+                self._refile(node)
+                self._pull(node)
         elif kind == NOTICE:
             node = self.nodes.get(payload)
             if node is not None and node.state != "draining":
@@ -332,57 +388,78 @@ class Simulation:
 
     # ----------------------------------------------------------------- items
     def _arrive(self, index: int) -> None:
-        self.waiting.setdefault(self.need[index], deque()).append(index)
-        self.visible[self.queue_of[index]] += 1
-        self._dispatch()
+        q = self.queue_of[index]
+        self.waiting[q].append(index)
+        self.visible[q] += 1
+        if len(self.waiting[q]) == 1:  # behind others, it waits for them (no node had room for them)
+            node = self.takers.pick(self.need[index], self.placement_rng)
+            if node is not None:
+                self._start(node, self.waiting[q].popleft())
         if self.policy.kick_s is not None and not self.kick_pending:
             self.kick_pending = True
             self._push(self.now + self.policy.kick_s, KICK, None)
 
+    def takes_items(self, node: Node) -> bool:
+        """Its agent receives: booted, not stopping intake, not cordoned."""
+        return node.state == "running" and not node.cordoned
+
+    def _refile(self, node: Node) -> None:
+        """File the node under its free slots again (after any change to them or to takes_items)."""
+        self.takers.discard(node)
+        if self.takes_items(node):
+            self.takers.add(node)
+
+    def _pull(self, node: Node) -> None:
+        """The agent's intake (`agent.worker.Agent._intake`): its queues by priority (config order
+        among equals), from each the oldest items while they fit its free slots. So a node that
+        frees a slot takes small items before a big one waits for a whole node: fragmentation."""
+        if not self.takes_items(node):
+            return
+        for q in self.intake_order:
+            line = self.waiting[q]
+            while line and self.need[line[0]] <= node.slots - node.busy:
+                self._start(node, line.popleft())
+
     def _dispatch(self) -> None:
-        """Agents with free slots take waiting items: oldest head first, best-fitting node."""
-        heads = sorted(self.waiting.items(), key=lambda kv: kv[1][0] if kv[1] else math.inf)
-        for need, line in heads:
+        """Items waiting while agents have room (after requeues, launches): queue by queue in
+        intake order, each head to any node it fits, until none fits."""
+        for q in self.intake_order:
+            line = self.waiting[q]
             while line:
-                node = self._fitting_node(need)
+                node = self.takers.pick(self.need[line[0]], self.placement_rng)
                 if node is None:
                     break
                 self._start(node, line.popleft())
 
-    def _fitting_node(self, need: int) -> Node | None:
-        free = self.free
-        for f in range(need, self.max_slots + 1):
-            if free[f]:
-                return next(iter(free[f].values()))
-        return None
-
     def _start(self, node: Node, index: int) -> None:
         need = self.need[index]
-        del self.free[node.slots - node.busy][node.id]
+        assert need <= node.slots - node.busy and self.takes_items(node), "placed on a node without room"
         if node.busy == 0:
             node.busy_since = self.now
             node.idle_since = None
         node.busy += need
         node.changed(self.now)
-        self.free[node.slots - node.busy][node.id] = node
+        self._refile(node)
         node.running[index] = self.now
         q = self.queue_of[index]
+        node.intake[q] = rate_after(node.intake.get(q, 0.0), node.intake_at, self.now)
+        for other in node.intake:
+            if other != q:
+                node.intake[other] = rate_at(node.intake[other], node.intake_at, self.now)
+        node.intake_at = self.now
         self.visible[q] -= 1
         self.in_flight[q] += 1
         if self.outcome.first_start[index] is None:
-            self.outcome.first_start[index] = self.now
+            self.outcome.first_start[index] = self.now + self.timing.start_s
         self.last_progress = self.now
-        self._push(self.now + self.items[index].duration_s, DONE, (node.id, index, self.attempt[index]))
+        held_s = self.timing.start_s + self.items[index].duration_s + self.timing.finish_s
+        self._push(self.now + held_s, DONE, (node.id, index, self.attempt[index]))
 
     def _release_slots(self, node: Node, index: int) -> None:
         del node.running[index]
-        intake = node.state == "running"
-        if intake:
-            del self.free[node.slots - node.busy][node.id]
         node.busy -= self.need[index]
         node.changed(self.now)
-        if intake:
-            self.free[node.slots - node.busy][node.id] = node
+        self._refile(node)
         if node.busy == 0:
             node.busy_s += self.now - node.busy_since
             node.idle_since = self.now
@@ -396,8 +473,7 @@ class Simulation:
         self.outcome.finished[index] = self.now
         self.done += 1
         self.last_progress = self.now
-        if node.state == "running":
-            self._dispatch()
+        self._pull(node)
 
     def _requeue(self, node: Node, index: int) -> None:
         """The node went away under the item: its work is lost and it waits again, first in line,
@@ -412,7 +488,7 @@ class Simulation:
             self.outcome.dead_lettered += 1
             self.done += 1  # settled, not finished: reported as unfinished and dead-lettered
             return
-        self.waiting.setdefault(self.need[index], deque()).appendleft(index)
+        self.waiting[q].appendleft(index)
         self.visible[q] += 1
 
     # ----------------------------------------------------------------- nodes and the group
@@ -462,25 +538,37 @@ class Simulation:
             self._remove(node)
         self._dispatch()
 
-    def _remove(self, node: Node) -> None:
+    def _remove(self, node: Node, billed_until: float | None = None) -> None:
         """The node is gone (terminated or reclaimed): bill it and requeue whatever it ran."""
+        node.state = "gone"
         for index in list(node.running):
             self._requeue(node, index)
-        if node.state == "running":
-            del self.free[node.slots][node.id]
+        self.takers.discard(node)
         del self.nodes[node.id]
         self.units -= node.weight
-        hours = (self.now - node.launched_at) / 3600.0
+        hours = ((self.now if billed_until is None else billed_until) - node.launched_at) / 3600.0
         self.outcome.node_hours += hours
         self.outcome.idle_node_hours += hours - node.busy_s / 3600.0
         self.outcome.cost_usd += hours * node.price
 
+    def set_cordon(self, node: Node, cordoned: bool) -> None:
+        """The scaler's cordon mark, as the agent reads it: no new items while it is set."""
+        node.cordoned = cordoned
+        node.changed(self.now)
+        self._refile(node)
+        if not cordoned:
+            self._dispatch()
+
+    def oldest_waiting(self, q: int) -> float | None:
+        """Submit time of queue q's oldest waiting item (its line's head)."""
+        line = self.waiting[q]
+        return self.items[line[0]].submit_s if line else None
+
     def stop_intake(self, node: Node) -> None:
         """The node is draining: its agent takes no more items; those it runs may finish."""
-        if node.state == "running":
-            del self.free[node.slots - node.busy][node.id]
         node.state = "draining"
         node.changed(self.now)
+        self._refile(node)
 
     def _notice(self, node: Node) -> None:
         """Spot notice: the agent stops intake; items that end before the reclaim still finish."""
@@ -515,6 +603,13 @@ def pool_queues(env: Environment, pool: str) -> list[tuple[str, Queue]]:
     if not queues:
         raise ValueError(f"pools.{pool}: no queue feeds this pool; add a [queues.NAME] with pool = {pool!r}")
     return queues
+
+
+def intake_order(env: Environment, pool: str, queues: list[tuple[str, Queue]]) -> list[int]:
+    """Indices into `queues` in the order an agent of the pool receives from them: priority,
+    highest first, then the order of the environment file (the agent's stable sort)."""
+    in_file = list(env.queues_of(pool))
+    return sorted(range(len(queues)), key=lambda q: (-queues[q][1].priority, in_file.index(queues[q][0])))
 
 
 def placement(queues: list[tuple[str, Queue]], items: list[TraceItem]) -> tuple[list[int], list[int]]:

@@ -18,15 +18,15 @@ def plot_report(report: Report, out: Path) -> None:
     for r in report.results:
         # Log axes: the oracle waits 0 s and a baseline may wait days; 1 s stands for "no wait".
         p95 = max(1.0, r.wait_s["p95"])
-        costs.scatter(p95, r.cost_usd, s=40)
         label = r.policy + (f" ({r.items_unfinished} unfinished)" if r.items_unfinished else "")
-        costs.annotate(label, (p95, r.cost_usd), textcoords="offset points", xytext=(5, 4))
+        costs.scatter(p95, r.cost_usd, s=40, label=f"{label}: ${r.cost_usd:,.0f}, {r.cost_vs_lower_bound:.2f}x")
     costs.set_xscale("log")
     costs.set_yscale("log")
     costs.set_xlabel("p95 wait, submit to start (s, log)")
     costs.set_ylabel("cost (USD, log)")
     costs.set_title(f"{report.trace} on {report.env}/{report.pool}")
     costs.grid(alpha=0.3)
+    costs.legend(title="policy: cost, x lower bound", fontsize=8)
     queued = timeline.twinx()  # items waiting are few next to the slots serving: own scale
     for name, samples in report.timelines.items():
         if not samples:
@@ -41,6 +41,9 @@ def plot_report(report: Report, out: Path) -> None:
     queued.set_ylabel("queue depth (items, dotted)")
     timeline.set_title("capacity and queue depth over time")
     timeline.grid(alpha=0.3)
+    lines = timeline.get_lines() + queued.get_lines()
+    if lines:
+        timeline.legend(lines, [line.get_label() for line in lines], fontsize=8, loc="upper right")
     fig.tight_layout()
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)

@@ -9,6 +9,7 @@ same decisions to both and compares the fleets.
 
 from __future__ import annotations
 
+from tidefleet.policy.model import rate_at
 from tidefleet.ports import Backlog, GroupInstance, GroupState
 from tidefleet.records import Heartbeat, QueueStats
 from tidefleet.sim.engine import Node, Simulation
@@ -23,11 +24,13 @@ class SimulationPorts:
         self.sim = sim
         self.group_name = f"sim-{sim.pool_name}"
         self._queue = {name: q for q, (name, _) in enumerate(sim.queues)}
+        self._names = [name for name, _ in sim.queues]
 
     # -- QueuePort, QueueStatsPort -------------------------------------------------------------
     def backlog(self, queue: str) -> Backlog:
         q = self._queue[queue]
-        return Backlog(self.sim.visible[q], self.sim.in_flight[q])
+        oldest = self.sim.oldest_waiting(q) if self.sim.visible[q] else None
+        return Backlog(self.sim.visible[q], self.sim.in_flight[q], None if oldest is None else self.sim.now - oldest)
 
     def queue_stats(self, queues: list[str]) -> dict[str, QueueStats]:
         sim = self.sim
@@ -48,7 +51,7 @@ class SimulationPorts:
             min=sim.pool.min,
             max=sim.pool.max,
             on_demand_base=sim.on_demand_base,
-            instances=tuple(_record(n, sim.pool_name)[0] for n in sim.nodes.values()),
+            instances=tuple(_record(n, sim.pool_name, self._names)[0] for n in sim.nodes.values()),
             spot_failures=sim.spot_failures_since(since),
         )
         return {sim.pool_name: group}
@@ -86,7 +89,7 @@ class SimulationPorts:
         beats = {}
         for node in sim.nodes.values():
             node.beat(sim.now, every_s)
-            heartbeat = _record(node, pool)[1]
+            heartbeat = _record(node, pool, self._names)[1]
             if heartbeat is not None:
                 beats[node.name] = heartbeat
         return beats
@@ -96,6 +99,11 @@ class SimulationPorts:
         if node is not None:
             self.sim.stop_intake(node)
 
+    def set_cordon(self, pool: str, node_id: str, cordoned: bool) -> None:
+        node = self.sim.node_named(node_id) if pool == self.sim.pool_name else None
+        if node is not None:
+            self.sim.set_cordon(node, cordoned)
+
     def forget_node(self, pool: str, node_id: str) -> None:
         """Heartbeats are read off the live nodes: a node that left has none to forget."""
 
@@ -104,7 +112,7 @@ class SimulationPorts:
             raise LookupError(f"pool {pool!r}: the simulation runs pool {self.sim.pool_name!r} only")
 
 
-def _record(node: Node, pool: str) -> tuple[GroupInstance, Heartbeat | None]:
+def _record(node: Node, pool: str, queues: list[str]) -> tuple[GroupInstance, Heartbeat | None]:
     """The node as its group lists it and as its last heartbeat says; cached until it changes.
     A node boots in service; its agent's first heartbeat comes when it is ready."""
     if node.record is None:
@@ -129,6 +137,8 @@ def _record(node: Node, pool: str) -> tuple[GroupInstance, Heartbeat | None]:
                 draining=node.state == "draining",
                 instance_type=node.itype.type,
                 spot=node.spot,
+                intake={queues[q]: rate_at(r, node.intake_at, node.reported_at) for q, r in node.intake.items()},
+                cordoned=node.cordoned,
             )
         node.record = (instance, heartbeat)
     return node.record

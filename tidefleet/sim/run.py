@@ -17,7 +17,7 @@ from tidefleet.sim.engine import (
     pool_queues,
 )
 from tidefleet.sim.policies import BASELINES, POLICY_NAMES, TidefleetPolicy
-from tidefleet.sim.trace import TraceItem
+from tidefleet.sim.trace import TraceItem, for_pool
 
 SCHEMA = "tidefleet.sim/1"
 PLOT_POINTS = 1500  # timeline samples per run, whatever the trace length
@@ -185,7 +185,7 @@ def simulate(
             f"--policy: unknown policy (got {unknown[0]!r}); choose from {', '.join(POLICY_NAMES)}"
         )
     timing = timing or default_timing(env)
-    fits, unfittable = split_unfittable(env, pool, items)
+    fits, unfittable = split_unfittable(env, pool, for_pool(items, env.pools[pool].capacity_unit))
     span = (fits[-1].submit_s - fits[0].submit_s) if fits else 0.0
     sample_s = max(float(env.scaler.tick_s), span / PLOT_POINTS)
     lb = lower_bound(env, pool, fits, placement(pool_queues(env, pool), fits)[1])

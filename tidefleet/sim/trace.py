@@ -1,7 +1,7 @@
 """Workload and spot traces: read, validate, filter.
 
 A workload trace is a CSV with at least `submit_s` and `duration_s` (see
-`traces/README.md`); `gpus` (empty or 0 = CPU-only) and `group` are optional.
+`traces/README.md`); `gpus` (empty or 0 = CPU-only), `cpus` and `group` are optional.
 Bad rows stop the load with the file, line, column and value, never a silent skip.
 """
 
@@ -11,7 +11,7 @@ import csv
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 REQUIRED_COLUMNS = ("submit_s", "duration_s")
@@ -32,8 +32,9 @@ def traces_dir() -> Path:
 class TraceItem:
     submit_s: float
     duration_s: float
-    slots: int  # GPUs it needs on one node, or 1 when CPU-only
+    slots: int  # GPUs it needs on one node, or 1 when CPU-only (see for_pool for CPU pools)
     group: str = ""
+    cpus: float = 0.0  # the trace's `cpus` (0 where it records none)
 
 
 def _number(text: str, *, where: str, column: str, allow_empty: bool = False) -> float:
@@ -74,9 +75,18 @@ def load_trace(path: Path, window: tuple[float, float] | None = None) -> list[Tr
             gpus = _number(row.get("gpus") or "", where=where, column="gpus", allow_empty=True)
             if gpus != int(gpus):
                 raise TraceError(f"{where}: column 'gpus' must be a whole number (got {row['gpus']!r})")
-            items.append(TraceItem(submit, duration, max(1, int(gpus)), row.get("group") or ""))
+            cpus = _number(row.get("cpus") or "", where=where, column="cpus", allow_empty=True)
+            items.append(TraceItem(submit, duration, max(1, int(gpus)), row.get("group") or "", cpus))
     items.sort(key=lambda i: i.submit_s)  # stable: equal submit times keep file order
     return items
+
+
+def for_pool(items: list[TraceItem], capacity_unit: str) -> list[TraceItem]:
+    """Items as a pool of this capacity unit counts them: a vCPU pool's slots are vCPUs, so an
+    item takes its `cpus` rounded up (1 where the trace records none); other pools count GPUs."""
+    if capacity_unit != "vcpus":
+        return items
+    return [replace(i, slots=max(1, math.ceil(i.cpus))) for i in items]
 
 
 def parse_window(text: str) -> tuple[float, float]:

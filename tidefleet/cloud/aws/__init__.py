@@ -10,37 +10,59 @@ from __future__ import annotations
 import os
 from functools import cache, cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import boto3
+import botocore.session
+from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 from botocore.parsers import ResponseParserError
 
 from tidefleet import naming
-from tidefleet.cloud.aws.autoscaling import AutoScalingFleet
+from tidefleet.cloud.aws.autoscaling import CALLS_IN_FLIGHT, AutoScalingFleet
 from tidefleet.cloud.aws.dynamodb import DynamoStore
 from tidefleet.cloud.aws.imds import Metadata
 from tidefleet.cloud.aws.logs import CloudWatchItemLogs
 from tidefleet.cloud.aws.sqs import QueueMissing, SqsQueues, SqsWorkQueues
-from tidefleet.config import Environment, load_environment
 from tidefleet.ports import Ports
+
+if TYPE_CHECKING:
+    from tidefleet.config import Environment
 
 # What a call may raise: API errors, transport errors, a garbled answer (a 500 page);
 # QueueMissing is the backlog port's "not deployed".
 ERRORS: tuple[type[BaseException], ...] = (BotoCoreError, ClientError, ResponseParserError, QueueMissing)
-MISSING = {"ResourceNotFoundException", "AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"}
+MISSING = {"ResourceNotFoundException", "AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist", "NoSuchBucket",
+           "404"}  # a HeadBucket of a missing bucket answers a bare 404
 # From a spot notice to the reclaim AWS gives 2 minutes, of which the notice may be seen up to
 # imds_poll_s late and SETTLE_S may follow the grace: 90 s leaves time to hand items back.
 GRACE_S = 90.0
+# Someone waits on every call the CLI and the agent make: a refused or silent endpoint ends in
+# seconds, not after botocore's legacy retries (ten attempts on DynamoDB: ~26 s). Standard mode
+# still backs off on throttling, and the SDK retries throttled batch writes itself.
+CLIENT_CONFIG = Config(connect_timeout=5, retries={"mode": "standard", "max_attempts": 3})
+
+
+@cache
+def _fail_fast() -> None:
+    """Every boto3 client of this process (`boto3.client(...)`) gets CLIENT_CONFIG."""
+    session = botocore.session.get_session()
+    session.set_default_client_config(CLIENT_CONFIG)
+    boto3.setup_default_session(botocore_session=session)
 
 
 def aws_ports(env: Environment) -> Ports:
     store = DynamoStore(env.name, env.region)  # heartbeats, and the queue stats the agents record
-    return Ports(queues=SqsQueues(env), fleet=AutoScalingFleet(env), nodes=store, stats=store)
+    return Ports(queues=SqsQueues(env), fleet=AutoScalingFleet(env), nodes=store, stats=store,
+                 calls_in_flight=CALLS_IN_FLIGHT)  # fmt: skip
 
 
 @cache
 def lambda_runtime() -> tuple[Environment, Ports]:
-    """Settings and clients, once per cold start: the environment named by TIDEFLEET_ENV."""
+    """Settings and clients, once per cold start: the environment named by TIDEFLEET_ENV.
+    The settings (pydantic) load here, on the first trigger, not when the handler is imported."""
+    from tidefleet.config import load_environment
+
     env = load_environment(os.environ["TIDEFLEET_ENV"])
     return env, aws_ports(env)
 
@@ -84,6 +106,7 @@ class AwsCloud:
 
     def __init__(self, env: Environment):
         self.env = env
+        _fail_fast()
 
     # Built when first used: a kick or a status call needs only some of them.
     @cached_property
@@ -122,6 +145,14 @@ class AwsCloud:
         boto3.client("s3", region_name=self.env.region).upload_file(str(path), bucket, key)
         return f"s3://{bucket}/{key}"
 
+    def artifacts_location(self) -> str:
+        bucket = artifacts_bucket(self.env)
+        boto3.client("s3", region_name=self.env.region).head_bucket(Bucket=bucket)
+        return f"s3://{bucket}"
+
+    def identity(self) -> str:
+        return boto3.client("sts", region_name=self.env.region).get_caller_identity()["Arn"]
+
     def explain(self, err: BaseException) -> str:
         env = self.env.name
         deploy = f"deploy it with `invoke deploy --env {env}` or start `tidefleet sandbox --keep`"
@@ -131,7 +162,7 @@ class AwsCloud:
             return str(err)
         if isinstance(err, ClientError):
             code = err.response["Error"]["Code"]
-            message = err.response["Error"].get("Message", code)
+            message = err.response["Error"].get("Message") or code
             if code in MISSING:
                 return f"{message}: environment {env!r} is not deployed in {self.env.region}; {deploy}"
             return f"{code}: {message} (region {self.env.region})"

@@ -3,17 +3,26 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import boto3
 from botocore.exceptions import ClientError
 
 from tidefleet import naming
-from tidefleet.config import Environment
+from tidefleet.fanout import each
 from tidefleet.ports import GroupInstance, GroupState
+
+if TYPE_CHECKING:  # settings are loaded (pydantic) by the runtime, not on import
+    from tidefleet.config import Environment
 
 # States from which TerminateInstanceInAutoScalingGroup takes an instance out cleanly.
 TERMINABLE = frozenset({"InService"})
 FILTER_VALUES_MAX = 200  # EC2 DescribeInstances: values per filter
 GROUP_NAMES_MAX = 100  # DescribeAutoScalingGroups: names per call
+# Calls in flight at once where a tick makes one call per pool, queue or chunk (100 pools:
+# 100 scaling-activity reads); boto3 clients are thread-safe. The tick's ports use it too.
+CALLS_IN_FLIGHT = 16
+FACTS_KEPT = 100_000  # instances whose launch facts a warm function remembers (~10 MB)
 
 
 def _chunks(items: list[str], size: int) -> list[list[str]]:
@@ -37,6 +46,9 @@ class AutoScalingFleet:
         self.env = env
         self.asg = autoscaling or boto3.client("autoscaling", region_name=env.region)
         self.ec2 = ec2 or boto3.client("ec2", region_name=env.region)
+        # Launch time and spot-ness never change for an instance: a warm function describes only
+        # the instances it has not seen (at 10k nodes DescribeInstances is most of a tick).
+        self._facts: dict[str, tuple[float | None, bool]] = {}
 
     def _group_name(self, pool: str) -> str:
         return naming.group(self.env.name, pool)
@@ -50,19 +62,27 @@ class AutoScalingFleet:
         return out
 
     def _ec2_facts(self, instance_ids: list[str]) -> dict[str, tuple[float | None, bool]]:
-        """Launch time and spot-ness, which the group's own listing does not carry."""
-        facts: dict[str, tuple[float | None, bool]] = {}
+        """Launch time and spot-ness, which the group's own listing does not carry; remembered
+        (one EC2 does not list yet is asked again next tick)."""
         pages = self.ec2.get_paginator("describe_instances")
-        # A filter, not InstanceIds: an instance that vanished since the group listing must
-        # not fail the whole call.
-        for chunk in _chunks(instance_ids, FILTER_VALUES_MAX):
-            for page in pages.paginate(Filters=[{"Name": "instance-id", "Values": chunk}]):
-                for reservation in page["Reservations"]:
-                    for inst in reservation["Instances"]:
-                        facts[inst["InstanceId"]] = (
-                            inst["LaunchTime"].timestamp(),
-                            inst.get("InstanceLifecycle") == "spot",
-                        )
+
+        def chunk_facts(chunk: list[str]) -> dict[str, tuple[float | None, bool]]:
+            # A filter, not InstanceIds: an instance that vanished since the group listing must
+            # not fail the whole call.
+            return {
+                inst["InstanceId"]: (inst["LaunchTime"].timestamp(), inst.get("InstanceLifecycle") == "spot")
+                for page in pages.paginate(Filters=[{"Name": "instance-id", "Values": chunk}])
+                for reservation in page["Reservations"]
+                for inst in reservation["Instances"]
+            }
+
+        facts = {i: self._facts[i] for i in instance_ids if i in self._facts}
+        unseen = [i for i in instance_ids if i not in facts]
+        for found in each(chunk_facts, _chunks(unseen, FILTER_VALUES_MAX), CALLS_IN_FLIGHT):
+            facts |= found
+        if len(self._facts) > FACTS_KEPT:  # instances come and go: forget the long gone now and then
+            self._facts = {}
+        self._facts |= facts
         return facts
 
     def _spot_failures(self, group: str, since: float) -> tuple[float, ...]:
@@ -82,8 +102,9 @@ class AutoScalingFleet:
         by_name = {self._group_name(p): p for p in pools}
         raw = self._describe_groups(list(by_name))
         facts = self._ec2_facts([i["InstanceId"] for g in raw for i in g["Instances"]])
+        failures = each(lambda g: self._spot_failures(g["AutoScalingGroupName"], since), raw, CALLS_IN_FLIGHT)
         out: dict[str, GroupState] = {}
-        for g in raw:
+        for g, spot_failures in zip(raw, failures, strict=True):
             distribution = (g.get("MixedInstancesPolicy") or {}).get("InstancesDistribution", {})
             instances = []
             for i in g["Instances"]:
@@ -107,7 +128,7 @@ class AutoScalingFleet:
                 max=g["MaxSize"],
                 on_demand_base=int(distribution.get("OnDemandBaseCapacity", 0)),
                 instances=tuple(instances),
-                spot_failures=self._spot_failures(g["AutoScalingGroupName"], since),
+                spot_failures=spot_failures,
             )
         return out
 

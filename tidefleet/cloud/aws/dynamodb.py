@@ -5,6 +5,7 @@ Keys (pk, sk), all strings:
   JOB#<job_id>   ITEM#<item_id>   an item: status, attempts, interruptions, exit_code, reason, ...
   JOB#<job_id>   SENT#<chunk>     a submit chunk recorded and sent: n (its item count)
   POOL#<pool>    NODE#<node_id>   a node's heartbeat: see `Heartbeat`
+  WATCH          JOB#<job_id>     a job the minute watch looks after (tidefleet.schedules)
   QUEUE#<queue>  STATS            mean_item_s (EWMA of succeeded items' run time), items (count)
 
 Node heartbeats are written by the agent and read by the scaler; `draining` is also set by
@@ -17,13 +18,23 @@ import random
 import time
 from dataclasses import asdict, fields
 from decimal import Decimal
+from functools import reduce
 
 import boto3
 from botocore.exceptions import ClientError
 
 from tidefleet import naming
-from tidefleet.policy.model import item_seconds_mean
-from tidefleet.records import FINAL, STATS_RETRIES, Fence, Heartbeat, Item, Job, QueueStats
+from tidefleet.records import (
+    FINAL,
+    SCALER_OWNED,
+    STATS_RETRIES,
+    Fence,
+    Heartbeat,
+    Item,
+    Job,
+    QueueStats,
+    settled_moves,
+)
 
 WRITE_BATCH = 25  # BatchWriteItem's limit
 GET_BATCH = 100  # BatchGetItem's limit
@@ -68,7 +79,7 @@ class DynamoStore:
 
     # -- node heartbeats --------------------------------------------------------------
     def put_heartbeat(self, hb: Heartbeat) -> None:
-        item = {k: _to_dynamo(v) for k, v in asdict(hb).items() if v is not None}
+        item = {k: _to_dynamo(v) for k, v in asdict(hb).items() if v is not None and k not in SCALER_OWNED}
         # draining is sticky: once the interruption function (or the agent) set it, a later
         # heartbeat must not clear it, so it is only ever written as True.
         if not hb.draining:
@@ -96,8 +107,8 @@ class DynamoStore:
             page = self.table.query(**kwargs)
             for raw in page["Items"]:
                 if "at" not in raw:
-                    # Only a draining mark (the interruption function got there before the
-                    # agent's first heartbeat): not a heartbeat yet. The mark is sticky, so
+                    # Only a draining or cordon mark (set before the agent's first
+                    # heartbeat): not a heartbeat yet. The mark is sticky, so
                     # the first heartbeat comes back with draining set.
                     continue
                 node_id = raw["sk"].removeprefix("NODE#")
@@ -116,17 +127,29 @@ class DynamoStore:
             ExpressionAttributeValues={":t": True},
         )
 
+    def set_cordon(self, pool: str, node_id: str, cordoned: bool) -> None:
+        """The agent reads it back after each heartbeat write (`heartbeat`), which never sets it."""
+        self.table.update_item(
+            Key={"pk": f"POOL#{pool}", "sk": f"NODE#{node_id}"},
+            UpdateExpression="SET cordoned = :c",
+            ExpressionAttributeValues={":c": cordoned},
+        )
+
     def forget_node(self, pool: str, node_id: str) -> None:
         self.table.delete_item(Key={"pk": f"POOL#{pool}", "sk": f"NODE#{node_id}"})
 
     # -- queue statistics (the scaler's boot-horizon rule reads them) -------------------
-    def record_item_seconds(self, queue: str, seconds: float) -> None:
-        """Fold one succeeded item's run time into its queue's mean. Compare-and-set on the
-        count, so concurrent agents never overwrite each other's samples."""
+    def record_item_seconds(self, queue: str, *seconds: float) -> None:
+        """Fold succeeded items' run times, in order, into their queue's mean: one read and one
+        write however many. Compare-and-set on the count, so concurrent agents never overwrite
+        each other's samples."""
+        # Imported here, on the agent's path: the policy package would weigh on the scaler's cold import.
+        from tidefleet.policy.model import item_seconds_mean
+
         key = {"pk": f"QUEUE#{queue}", "sk": "STATS"}
         for _ in range(STATS_RETRIES):
             current = self.queue_stats([queue]).get(queue)
-            mean = item_seconds_mean(current.mean_item_s if current else None, seconds)
+            mean = reduce(item_seconds_mean, seconds, current.mean_item_s if current else None)
             try:
                 self.table.update_item(
                     Key=key,
@@ -135,7 +158,7 @@ class DynamoStore:
                     ExpressionAttributeNames={"#items": "items"},
                     ExpressionAttributeValues={
                         ":mean": _to_dynamo(float(mean)),
-                        ":next": (current.items if current else 0) + 1,
+                        ":next": (current.items if current else 0) + len(seconds),
                         **({":items": current.items} if current else {}),
                     },
                 )
@@ -208,13 +231,34 @@ class DynamoStore:
             ExpressionAttributeValues={":t": total},
         )
 
-    def cancel_job(self, job_id: str) -> None:
+    def cancel_job(self, job_id: str, reason: str = "") -> None:
         self.table.update_item(
             Key={"pk": f"JOB#{job_id}", "sk": "JOB"},
-            UpdateExpression="SET cancelled = :t",
+            UpdateExpression="SET cancelled = :t, cancel_reason = :r",
             ConditionExpression="attribute_exists(pk)",
-            ExpressionAttributeValues={":t": True},
+            ExpressionAttributeValues={":t": True, ":r": reason},
         )
+
+    def end_wait(self, job_id: str) -> None:
+        self.table.update_item(Key={"pk": f"JOB#{job_id}", "sk": "JOB"}, UpdateExpression="SET waiting = :f",
+                               ConditionExpression="attribute_exists(pk)", ExpressionAttributeValues={":f": False})  # fmt: skip
+
+    def watch(self, job_id: str) -> None:
+        self.table.put_item(Item={"pk": "WATCH", "sk": f"JOB#{job_id}"})
+
+    def unwatch(self, job_id: str) -> None:
+        self.table.delete_item(Key={"pk": "WATCH", "sk": f"JOB#{job_id}"})
+
+    def watched(self) -> list[str]:
+        """One Query of the WATCH partition (paginated): a handful of keys, not a table scan."""
+        out: list[str] = []
+        kwargs = {"KeyConditionExpression": "pk = :w", "ExpressionAttributeValues": {":w": "WATCH"}, "ConsistentRead": True}
+        while True:
+            page = self.table.query(**kwargs)
+            out += [raw["sk"].removeprefix("JOB#") for raw in page["Items"]]
+            if "LastEvaluatedKey" not in page:
+                return out
+            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
     def put_item_if_new(self, item: Item) -> bool:
         """False if an item with this id already exists in the job (left untouched)."""
@@ -330,7 +374,12 @@ class DynamoStore:
         `only_from` (when given) and not in `never_from`, and `fence` admits it; `append` adds one
         entry to a list. Returns the new item, or None when the condition failed. The condition
         is what keeps an item from being finished twice or run by two nodes at once, and what
-        keeps a message for an item that was never submitted from creating a record."""
+        keeps a message for an item that was never submitted from creating a record.
+
+        A write that settles the item (or takes it out of a final status) also counts it on its
+        job (`settled_moves`): one TransactWriteItems of both, so only a write that lands counts.
+        A transaction returns no values: that write returns the item as far as it wrote it."""
+        moves = settled_moves(values.get("status"), only_from, never_from)
         values["updated_at"] = time.time()
         names = {f"#{k}": k for k in [*values, *(add or {}), *(append or {})]}
         sets = [f"#{k} = :{k}" for k, v in values.items() if v is not None]
@@ -377,12 +426,32 @@ class DynamoStore:
         }
         kwargs["ConditionExpression"] = " AND ".join(conditions)
         names["#status"] = "status"
+        if moves:
+            return self._counted_update(job_id, item_id, kwargs, moves, values)
         try:
             return _record(Item, self.table.update_item(**kwargs)["Attributes"])
         except ClientError as err:
             if err.response["Error"]["Code"] != "ConditionalCheckFailedException":
                 raise
             return None
+
+    def _counted_update(self, job_id: str, item_id: str, update: dict, moves: dict[str, int], values: dict) -> Item | None:
+        del update["ReturnValues"]
+        job = {"Key": {"pk": f"JOB#{job_id}", "sk": "JOB"}, "ConditionExpression": "attribute_exists(pk)",
+               "UpdateExpression": "ADD " + ", ".join(f"{k} :{k}" for k in moves),
+               "ExpressionAttributeValues": {f":{k}": n for k, n in moves.items()}}  # fmt: skip
+        try:
+            self.table.meta.client.transact_write_items(TransactItems=[
+                {"Update": {"TableName": self.table.name, **update}},
+                {"Update": {"TableName": self.table.name, **job}},
+            ])  # fmt: skip
+        except ClientError as err:
+            reasons = [r.get("Code") for r in err.response.get("CancellationReasons", [])]
+            if err.response["Error"]["Code"] == "TransactionCanceledException" and "ConditionalCheckFailed" in reasons:
+                return None
+            raise
+        written = {k: v for k, v in values.items() if k in Item.__dataclass_fields__ and v is not None}
+        return Item(job_id=job_id, item_id=item_id, **written)
 
 
 def create_table(env_name: str, region: str | None = None) -> None:

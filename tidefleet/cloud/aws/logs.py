@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import boto3
 from botocore.exceptions import ClientError
 
 from tidefleet import naming
-from tidefleet.config import Environment
 from tidefleet.logstream import BufferedStream, stream_name, stream_order
+
+if TYPE_CHECKING:  # settings are loaded (pydantic) by the runtime, not on import
+    from tidefleet.config import Environment
 
 
 class CloudWatchItemLogs:
@@ -19,6 +23,7 @@ class CloudWatchItemLogs:
     def __init__(self, env: Environment, *, client=None):
         self.logs = client or boto3.client("logs", region_name=env.region)
         self.group = naming.item_log_group(env.name)
+        self.env_name = env.name
 
     def stream(self, queue: str, job: str, item: str, attempt: int) -> BufferedStream:
         name = naming.item_log_stream_prefix(queue) + stream_name(job, item, attempt)
@@ -38,7 +43,21 @@ class CloudWatchItemLogs:
         return BufferedStream(name, send)
 
     def record_outcome(self, queue: str, job: str, item: str, attempt: int, outcome: str, seconds: float) -> None:
-        """Nothing on AWS: no stack resource counts outcome entries (the job store's item history has them)."""
+        """The attempt's outcome metrics (`tidefleet.metrics.attempt_points`) as one EMF event in the
+        queue's outcome stream, which CloudWatch turns into the metrics the alarms watch."""
+        from tidefleet import metrics  # the agent's path only: not the scaler's cold import
+        from tidefleet.cloud.aws.metrics import outcome_stream
+
+        name = outcome_stream(queue)
+        lines = metrics.emf(metrics.attempt_points(self.env_name, queue, outcome), int(time.time() * 1000))
+        events = [{"timestamp": int(time.time() * 1000), "message": line} for line in lines]
+        try:
+            self.logs.put_log_events(logGroupName=self.group, logStreamName=name, logEvents=events)
+        except ClientError as err:
+            if err.response["Error"]["Code"] != "ResourceNotFoundException":
+                raise
+            self.logs.create_log_stream(logGroupName=self.group, logStreamName=name)
+            self.logs.put_log_events(logGroupName=self.group, logStreamName=name, logEvents=events)
 
     def lines(self, queue: str, job: str, item: str | None = None) -> Iterator[tuple[str, str]]:
         queue_prefix = naming.item_log_stream_prefix(queue)

@@ -8,12 +8,15 @@ against AWS and the moto server.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import boto3
-from botocore.exceptions import ClientError
 
 from tidefleet import naming
-from tidefleet.config import Environment
 from tidefleet.ports import Backlog, Delivery
+
+if TYPE_CHECKING:  # settings are loaded (pydantic) by the runtime, not on import
+    from tidefleet.config import Environment
 
 SQS_BATCH = 10
 
@@ -30,17 +33,25 @@ class SqsQueues:
 
     def _url(self, queue: str) -> str:
         if queue not in self._urls:
+            self._list_urls()
+        if queue not in self._urls:
             name = naming.queue(self.env.name, queue)
-            try:
-                self._urls[queue] = self.sqs.get_queue_url(QueueName=name)["QueueUrl"]
-            except ClientError as err:
-                if "NonExistentQueue" not in err.response["Error"]["Code"]:
-                    raise
-                raise QueueMissing(
-                    f"queues.{queue}: SQS queue {name!r} does not exist in {self.env.region}; "
-                    f"deploy the environment first (invoke deploy --env {self.env.name})"
-                ) from None
+            raise QueueMissing(
+                f"queues.{queue}: SQS queue {name!r} does not exist in {self.env.region}; "
+                f"deploy the environment first (invoke deploy --env {self.env.name})"
+            )
         return self._urls[queue]
+
+    def _list_urls(self) -> None:
+        """Every configured queue's URL from ListQueues by the environment's prefix: one call per
+        1000 queues, where GetQueueUrl is one call per queue (a cold start at 1k queues)."""
+        by_name = {naming.queue(self.env.name, q): q for q in self.env.queues}
+        pages = self.sqs.get_paginator("list_queues")
+        for page in pages.paginate(QueueNamePrefix=naming.queue(self.env.name, ""), PaginationConfig={"PageSize": 1000}):
+            for url in page.get("QueueUrls", []):
+                name = url.rsplit("/", 1)[-1]
+                if name in by_name:
+                    self._urls[by_name[name]] = url
 
     def backlog(self, queue: str) -> Backlog:
         attrs = self.sqs.get_queue_attributes(

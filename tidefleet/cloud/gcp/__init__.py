@@ -20,6 +20,7 @@ from tidefleet.ports import Ports
 # (5 s) may follow the grace, so 15 s leaves 5 s to hand the items back.
 GRACE_S = 15.0
 GCS_UPLOAD = "https://storage.googleapis.com/upload/storage/v1"
+GCS_API = "https://storage.googleapis.com/storage/v1"
 
 
 def errors() -> tuple[type[BaseException], ...]:
@@ -35,6 +36,18 @@ def function_runtime() -> tuple[Environment, Ports]:
     """Settings and clients, once per cold start: the environment named by TIDEFLEET_ENV."""
     env = load_environment(os.environ["TIDEFLEET_ENV"])
     return env, control_ports(env)
+
+
+def function_metrics(env: Environment, points: list) -> None:
+    """The scaler function's emitter: Cloud Monitoring custom metrics, one session per cold start."""
+    _monitoring().write(env, points)
+
+
+@cache
+def _monitoring():
+    from tidefleet.cloud.gcp.monitoring import MonitoringMetrics
+
+    return MonitoringMetrics(function_runtime()[0])
 
 
 def control_ports(env: Environment) -> Ports:
@@ -126,6 +139,35 @@ class GcpCloud:
                      headers={"Content-Type": "application/octet-stream"}, timeout=120).raise_for_status()  # fmt: skip
         return f"gs://{bucket}/{key}"
 
+    def artifacts_location(self) -> str:
+        import google.auth
+        from google.api_core.exceptions import from_http_response
+        from google.auth.transport.requests import AuthorizedSession
+
+        from tidefleet.cloud.gcp.cloud_logging import SCOPES
+
+        bucket = naming.artifacts_bucket(self.env.name, self.env.project)
+        session = AuthorizedSession(google.auth.default(scopes=SCOPES)[0])
+        found = session.get(f"{GCS_API}/b/{bucket}", params={"fields": "name"}, timeout=30)
+        if not found.ok:
+            raise from_http_response(found)  # NotFound, PermissionDenied, ...: explained below
+        return f"gs://{bucket}"
+
+    def identity(self) -> str:
+        """The account of the application default credentials (a service account's email, or the
+        user account gcloud recorded); compute credentials learn theirs on refresh."""
+        import google.auth
+        from google.auth.exceptions import GoogleAuthError
+        from google.auth.transport.requests import Request
+
+        creds = google.auth.default()[0]
+        account = getattr(creds, "service_account_email", None) or getattr(creds, "account", None)
+        if account in (None, "", "default") and hasattr(creds, "service_account_email"):
+            creds.refresh(Request())
+            account = creds.service_account_email
+        if account in (None, "", "default"):
+            raise GoogleAuthError(f"the application default credentials ({type(creds).__name__}) name no account")
+        return account
 
     def explain(self, err: BaseException) -> str:
         from google.api_core import exceptions as gexc

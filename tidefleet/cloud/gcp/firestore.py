@@ -6,6 +6,7 @@ Documents in the environment's database (naming.table):
   jobs/<job_id>                     a job (`Job` fields)           } `FirestoreStore`, for the
   jobs/<job_id>/items/<item_id>     an item (`Item` fields)        } agent and the SDK
   jobs/<job_id>/sent/<chunk>        a submit chunk recorded and sent: n (its item count)
+  watched/<job_id>                  a job the minute watch looks after (tidefleet.schedules)
 
 Node heartbeats follow the DynamoDB rules: Same rules as on DynamoDB: `draining` is sticky (a heartbeat never
 writes it as False, so a mark set by anyone survives), and a draining mark written before a
@@ -18,6 +19,7 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import asdict
+from functools import reduce
 
 from google.api_core import exceptions as gexc
 from google.cloud.firestore_v1.services.firestore import FirestoreClient
@@ -25,6 +27,7 @@ from google.cloud.firestore_v1.types import (
     ArrayValue,
     Document,
     DocumentMask,
+    DocumentTransform,
     MapValue,
     Precondition,
     Value,
@@ -34,7 +37,17 @@ from google.cloud.firestore_v1.types import (
 from tidefleet import naming
 from tidefleet.config import Environment
 from tidefleet.policy.model import item_seconds_mean
-from tidefleet.records import FINAL, STATS_RETRIES, Fence, Heartbeat, Item, Job, QueueStats
+from tidefleet.records import (
+    FINAL,
+    SCALER_OWNED,
+    STATS_RETRIES,
+    Fence,
+    Heartbeat,
+    Item,
+    Job,
+    QueueStats,
+    settled_moves,
+)
 
 PAGE = 300
 WRITE_BATCH = 500  # batchWrite's limit
@@ -99,8 +112,9 @@ class FirestoreNodes:
         return f"{self.root}/pools/{pool}/nodes/{node_id}"
 
     def put_heartbeat(self, hb: Heartbeat) -> None:
-        fields = {k: v for k, v in asdict(hb).items() if k not in ("node_id", "pool") and v is not None}
-        mask = [k for k in Heartbeat.__dataclass_fields__ if k not in ("node_id", "pool")]
+        skip = ("node_id", "pool", *SCALER_OWNED)
+        fields = {k: v for k, v in asdict(hb).items() if k not in skip and v is not None}
+        mask = [k for k in Heartbeat.__dataclass_fields__ if k not in skip]
         if not hb.draining:  # sticky: never written as False
             fields.pop("draining")
             mask.remove("draining")
@@ -135,6 +149,13 @@ class FirestoreNodes:
         self.client.update_document(
             document=Document(name=self._doc(pool, node_id), fields={"draining": to_value(True)}),
             update_mask=DocumentMask(field_paths=["draining"]),
+        )
+
+    def set_cordon(self, pool: str, node_id: str, cordoned: bool) -> None:
+        """As `DynamoStore.set_cordon`: one field, so the agent's heartbeats never touch it."""
+        self.client.update_document(
+            document=Document(name=self._doc(pool, node_id), fields={"cordoned": to_value(cordoned)}),
+            update_mask=DocumentMask(field_paths=["cordoned"]),
         )
 
     def forget_node(self, pool: str, node_id: str) -> None:
@@ -202,8 +223,22 @@ class FirestoreStore(FirestoreNodes):
     def set_job_total(self, job_id: str, total: int) -> None:
         self._set(self._job_doc(job_id), {"total": total})
 
-    def cancel_job(self, job_id: str) -> None:
-        self._set(self._job_doc(job_id), {"cancelled": True})
+    def cancel_job(self, job_id: str, reason: str = "") -> None:
+        self._set(self._job_doc(job_id), {"cancelled": True, "cancel_reason": reason})
+
+    def end_wait(self, job_id: str) -> None:
+        self._set(self._job_doc(job_id), {"waiting": False})
+
+    def watch(self, job_id: str) -> None:
+        self.client.update_document(request={"document": Document(name=f"{self.root}/watched/{job_id}",
+                                                                  fields=_fields({"job_id": job_id}))})  # fmt: skip
+
+    def unwatch(self, job_id: str) -> None:
+        self.client.delete_document(request={"name": f"{self.root}/watched/{job_id}"})
+
+    def watched(self) -> list[str]:
+        pages = self.client.list_documents(request={"parent": self.root, "collection_id": "watched", "page_size": PAGE})
+        return [doc.name.rsplit("/", 1)[-1] for doc in pages]
 
     # -- items ------------------------------------------------------------------------------
     @staticmethod
@@ -284,15 +319,15 @@ class FirestoreStore(FirestoreNodes):
     def _stats_doc(self, queue: str) -> str:
         return f"{self.root}/queues/{queue}"
 
-    def record_item_seconds(self, queue: str, seconds: float) -> None:
+    def record_item_seconds(self, queue: str, *seconds: float) -> None:
         """As `DynamoStore.record_item_seconds`: the read's update time is the write's precondition."""
         name = self._stats_doc(queue)
         for _ in range(STATS_RETRIES):
             doc = self._get(name)
             current = self._values(doc) if doc is not None else {}
             new = {
-                "mean_item_s": float(item_seconds_mean(current.get("mean_item_s"), seconds)),
-                "items": current.get("items", 0) + 1,
+                "mean_item_s": float(reduce(item_seconds_mean, seconds, current.get("mean_item_s"))),
+                "items": current.get("items", 0) + len(seconds),
             }
             precondition = Precondition(update_time=doc.update_time) if doc is not None else Precondition(exists=False)
             try:
@@ -330,7 +365,9 @@ class FirestoreStore(FirestoreNodes):
         """As `DynamoStore.update_item`: set `values` (None deletes), add `add` to counters and one
         entry per `append` list, only if the status is in `only_from` (when given) and not in
         `never_from`, and `fence` admits it (when given); never creates an item. Returns the new item, or None when
-        the condition failed."""
+        the condition failed. A write that settles the item (or takes it out of a final status)
+        also counts it on its job (`settled_moves`): one commit of both."""
+        moves = settled_moves(values.get("status"), only_from, never_from)
         name = self._item_doc(job_id, item_id)
         values["updated_at"] = time.time()
         changed = [*values, *(add or {}), *(append or {})]
@@ -351,13 +388,19 @@ class FirestoreStore(FirestoreNodes):
                 new[k] = (new.get(k) or 0) + n
             for k, entry in (append or {}).items():
                 new[k] = [*(new.get(k) or []), entry]
-            precondition = Precondition(update_time=doc.update_time)
+            # A path in the mask but not in the fields is deleted: what a None value asks for.
+            write = Write(update=Document(name=name, fields=_fields({k: new.get(k) for k in changed})),
+                          update_mask=DocumentMask(field_paths=changed),
+                          current_document=Precondition(update_time=doc.update_time))  # fmt: skip
+            count = DocumentTransform(document=self._job_doc(job_id), field_transforms=[
+                DocumentTransform.FieldTransform(field_path=k, increment=Value(integer_value=n)) for k, n in moves.items()])
             try:
-                # A path in the mask but not in the fields is deleted: what a None value asks for.
-                self.client.update_document(request={
-                    "document": Document(name=name, fields=_fields({k: new.get(k) for k in changed})),
-                    "update_mask": DocumentMask(field_paths=changed), "current_document": precondition,
-                })  # fmt: skip
+                if moves:
+                    self.client.commit(request={"database": self.root.removesuffix("/documents"), "writes": [
+                        write, Write(transform=count, current_document=Precondition(exists=True))]})  # fmt: skip
+                else:
+                    self.client.update_document(request={"document": write.update, "update_mask": write.update_mask,
+                                                         "current_document": write.current_document})  # fmt: skip
             except gexc.GoogleAPICallError as err:
                 if not lost_race(err):
                     raise

@@ -1,0 +1,78 @@
+"""`tidefleet status` of a big job: counters vs reading every item, same moto server, one run.
+
+    python benchmarks/bench_status.py [--total 250000] [--items 5000]
+
+A job whose counters say `--total` items (all but ten settled), and `--items` item records
+actually written (writing 250k records into moto takes longer than the point needs). Status
+from the counters reads the job, its pool's heartbeats and the sent chunks: its time does not
+depend on the size. The full read (`items=True`, what status did before) is timed on the
+records written and scaled to the total.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from tidefleet.cloud.aws.dynamodb import DynamoStore
+from tidefleet.cloud.aws.provision import provision
+from tidefleet.config import load_environment
+from tidefleet.emulator import start_moto
+from tidefleet.jobs import sdk
+from tidefleet.records import Item, Job
+
+ENV = """
+region = "us-east-1"
+[pools.cpu]
+max = 1
+command = "true"
+instance_types = [{ type = "c6i.large", weight = 1 }]
+[queues.work]
+pool = "cpu"
+"""
+
+
+def timed(fn, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--total", type=int, default=250_000, help="items the job's counters say")
+    parser.add_argument("--items", type=int, default=5_000, help="item records actually written")
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    server = start_moto()
+    try:
+        os.environ.update(server.env())
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "bstatus.toml"
+            path.write_text(ENV)
+            env = load_environment(str(path))
+            provision(env, user_data={"cpu": ""})
+            store = DynamoStore(env.name, env.region)
+            store.put_job(Job("big", "big", "work", time.time(), args.total, counted=True, n_succeeded=args.total - 10))
+            store.create_items([Item("big", f"{n:06d}", ["x"], status="succeeded") for n in range(args.items)], unseen=True)
+            counted = timed(lambda: sdk.status(env, "big"), args.repeat)
+            read_all = timed(lambda: sdk.status(env, "big", items=True), max(1, args.repeat // 2))
+    finally:
+        server.stop()
+    scaled = read_all * args.total / args.items
+    print(f"status of a job of {args.total} items, moto server on loopback")
+    print(f"from the counters:        {counted * 1000:8.0f} ms")
+    print(f"reading every item:       {read_all * 1000:8.0f} ms for {args.items} records, "
+          f"~{scaled:.0f} s scaled to {args.total}")
+    print(f"ratio read-all/counters:  {scaled / counted:8.0f}")
+
+
+if __name__ == "__main__":
+    main()

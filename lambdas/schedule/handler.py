@@ -1,0 +1,41 @@
+"""Schedule function: a `[schedules.NAME]` fire from EventBridge Scheduler, and the minute watch
+that releases jobs waiting on another job and cancels scheduled runs past their deadline.
+
+Events: {"tidefleet": "fire", "schedule": "<name>", "at": "<aws.scheduler.scheduled-time>"} and
+{"tidefleet": "watch"}. Parsing and the decisions are the core's (`tidefleet.triggers`,
+`tidefleet.schedules`); the submit is the job SDK's. Anything else is logged and ignored; the
+function returns normally so a bad event is not retried. Its role may send to the queues of
+its environment and write its job store, nothing more.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from functools import cache
+
+from tidefleet.cloud import for_env
+from tidefleet.config import load_environment
+from tidefleet.triggers import Ignored, parse, run_jobs
+
+log = logging.getLogger("tidefleet.schedules")
+logging.getLogger("tidefleet").setLevel(logging.INFO)  # Lambda's root logger stops at WARNING
+
+
+@cache
+def runtime():
+    """Settings and clients, once per cold start: the environment named by TIDEFLEET_ENV."""
+    env = load_environment(os.environ["TIDEFLEET_ENV"])
+    return env, for_env(env)
+
+
+def handler(event, context=None) -> dict:
+    trigger = parse(event)
+    if isinstance(trigger, Ignored) or trigger.kind not in ("fire", "watch"):
+        reason = trigger.reason if isinstance(trigger, Ignored) else f"a {trigger.kind} event is the scaler's"
+        log.warning(json.dumps({"ignored": reason}))
+        return {"ignored": reason}
+    env, cloud = runtime()
+    return run_jobs(trigger, env, cloud, time.time())

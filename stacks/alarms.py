@@ -1,0 +1,66 @@
+"""The alarms every environment gets, on both clouds: what each means and what to do first.
+
+The AWS and GCP stacks build theirs from this table (the text becomes each alarm's description
+or documentation), and the README's "Alarms and dashboard" table lists the same rows (a test
+compares them). `clouds` names where the signal exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# An item failure rate above this, over at least MIN_ATTEMPTS finished attempts in 15 minutes.
+FAILURE_RATE_PERCENT = 20
+MIN_ATTEMPTS = 5
+# The scaler's tick is slow when it uses this share of its timeout.
+SLOW_TICK_SHARE = 0.8
+
+
+@dataclass(frozen=True)
+class Runbook:
+    meaning: str
+    first_action: str
+    clouds: tuple[str, ...] = ("aws", "gcp")
+
+    def text(self) -> str:
+        return f"{self.meaning}. First: {self.first_action}."
+
+
+RUNBOOKS = {
+    "dead-letters": Runbook(
+        "items of the queue ran out of retries (or were not items) and sit in its dead-letter queue",
+        "`tidefleet status --env E JOB --failed` for the reasons; fix, then `tidefleet retry-failed`"),
+    "failure-rate": Runbook(
+        f"more than {FAILURE_RATE_PERCENT} % of the queue's finished attempts failed in 15 minutes",
+        "`tidefleet logs --env E JOB ITEM` of a failed item: a bad image, input or workload release"),
+    "oldest-item": Runbook(
+        "an item has waited longer than the queue's `max_wait_s`",
+        "`tidefleet tick --env E --dry-run`: the reasons say cap, spot shortage or boot failures"),
+    "scaler-errors": Runbook(
+        "control ticks failed (the next tick retries; nothing scales while they fail)",
+        "the scaler function's log: its last error line names the refused action"),
+    "scaler-throttles": Runbook(
+        "scaler invocations were throttled for 15 minutes (one tick at a time; kicks wait)",
+        "check the scaler's duration: ticks that run long hold the one concurrent tick", ("aws",)),
+    "scaler-duration": Runbook(
+        f"a tick used more than {round(SLOW_TICK_SHARE * 100)} % of the function's timeout",
+        "the scaler's log line `ms`: a slow cloud API or a very large fleet; ticks past the timeout fail"),
+    "interruption-errors": Runbook(
+        "the interruption function failed on spot notices or lifecycle hooks",
+        "its log; nodes then drain only when their own agent sees the notice", ("aws",)),
+    "spot-launch-failures": Runbook(
+        "the group could not launch spot capacity (no capacity or price above the cap)",
+        "add instance types or zones to the pool, or raise `spot_max_price`"),
+    "on-demand-fallback": Runbook(
+        "spot is short, so the scaler buys on-demand above the pool's base (it costs more)",
+        "nothing if brief; if it lasts, add instance types or zones to the pool"),
+    "stuck-booting": Runbook(
+        "nodes launched longer ago than `boot_timeout_s` and their agent never reported",
+        "a node's console output / boot log: image, `init_script`, or no route to the artifacts bucket"),
+    "silent-nodes": Runbook(
+        "running nodes whose agent stopped sending heartbeats (they are replaced after the boot timeout)",
+        "the node's agent log (journalctl -u tidefleet-agent): a crashed agent or a lost network"),
+    "cost-over-cap": Runbook(
+        "the nodes cost more per hour than the environment's (or the pool's) `cost_cap_usd_per_hour`",
+        "`tidefleet nodes --env E`: prices changed or on-demand fallback; lower `max` or raise the cap"),
+}

@@ -1,0 +1,77 @@
+"""GPUs on a real agent (a fake nvidia-smi on PATH; the agent is the shipped one, on the moto
+server): items on one node get disjoint devices and their usage is recorded; a node whose
+driver is broken takes nothing and asks to be replaced."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from agent_harness import Harness, wait_until
+
+from tidefleet.cloud.aws.dynamodb import DynamoStore
+from tidefleet.jobs import sdk
+
+FAKES = Path(__file__).parent / "fakes"
+
+GPU_ENV = """
+region = "us-east-1"
+
+[pools.gpu]
+capacity_unit = "gpus"
+max = 4
+command = "{python} {workload}"
+env = {{ LEDGER = "{ledger}" }}
+instance_types = [{{ type = "g5.12xlarge", weight = 2, gpus = 2 }}]
+
+[queues.train]
+pool = "gpu"
+max_retries = {max_retries}
+item_timeout_s = 60
+"""
+
+# Records what devices it was given, then holds them long enough for the other item to start.
+SEE_DEVICES = r'''
+import json, os, sys, time
+with open(os.environ["LEDGER"], "a") as f:
+    f.write(json.dumps({"item": os.environ["TIDEFLEET_ITEM_ID"], "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                        "nvidia": os.environ.get("NVIDIA_VISIBLE_DEVICES"), "at": time.time()}) + "\n")
+time.sleep(3)
+'''
+
+
+@pytest.fixture
+def gpu_node(tmp_path, aws):
+    h = Harness(tmp_path, aws, env_toml=GPU_ENV, workload=SEE_DEVICES, pool="gpu")
+    yield h
+    h.stop_agents()
+
+
+def _path_with_fake_driver() -> str:
+    return f"{FAKES}{os.pathsep}{os.environ['PATH']}"
+
+
+def test_two_items_on_a_two_gpu_node_see_disjoint_devices_and_their_usage_is_recorded(gpu_node):
+    job = sdk.submit(gpu_node.env, "see", "train", sdk.read_items(["a", "b"]), kick=False).job_id
+    gpu_node.start_agent("gpu-node", PATH=_path_with_fake_driver(), FAKE_GPUS="2", FAKE_GPU_UTIL="60")
+    wait_until(lambda: sdk.status(gpu_node.env, job).done, 60, "both items done")
+    seen = [json.loads(line) for line in gpu_node.ledger.read_text().splitlines()]
+    assert sorted(s["cuda"] for s in seen) == ["0", "1"] and all(s["cuda"] == s["nvidia"] for s in seen)
+    assert abs(seen[0]["at"] - seen[1]["at"]) < 2.5, "the two ran at the same time"
+    items = DynamoStore(gpu_node.env.name, gpu_node.env.region).items(job)
+    assert {i.status for i in items} == {"succeeded"}
+    assert all(i.gpu_util_pct == 60.0 and i.gpu_mem_peak_mb >= 1000 for i in items), items
+
+
+def test_a_node_whose_driver_is_broken_takes_nothing_and_is_marked_draining(gpu_node):
+    sdk.submit(gpu_node.env, "none", "train", sdk.read_items(["a"]), kick=False)
+    proc = gpu_node.start_agent("broken", PATH=_path_with_fake_driver(), FAKE_NVIDIA_FAIL="NVIDIA-SMI has failed")
+    assert proc.wait(30) == 1
+    log = gpu_node.agent_log("broken")
+    assert "this node's GPUs are not usable: nvidia-smi failed (NVIDIA-SMI has failed)" in log
+    assert "Traceback" not in log
+    beat = DynamoStore(gpu_node.env.name, gpu_node.env.region).heartbeat("gpu", "broken")
+    assert beat.draining and beat.busy_slots == 0
+    assert gpu_node.queue_depth("train") == 1 and not gpu_node.ledger.exists()

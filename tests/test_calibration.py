@@ -1,0 +1,28 @@
+"""The simulator against the sandbox on the calibration scenarios (`tidefleet.sim.calibration`):
+a burst, a steady stream and a long-tail mix with two-slot items, run side by side in one sandbox
+(real agents on a moto server) and replayed by the simulator with the same environment and the
+sandbox's measured boot, tick and agent times. About 100 s on a loaded 2-core machine."""
+
+from __future__ import annotations
+
+import pytest
+
+from tidefleet.sim.calibration import SCENARIOS, calibrate, format_rows, pooled
+
+pytestmark = pytest.mark.calibration
+
+
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory):
+    return calibrate(tmp_path_factory.mktemp("calibration"))
+
+
+def test_every_scenario_ran_every_item_in_the_sandbox_and_in_the_simulator(rows):
+    assert {r.scenario for r in rows} == set(SCENARIOS)
+    for r in rows:
+        assert len(r.sandbox_waits) == len(r.sim_waits) == len(SCENARIOS[r.scenario])
+        assert r.sandbox_node_s > 0 and r.sim_node_s > 0
+
+
+def test_over_the_scenarios_the_simulator_is_within_15_percent_of_the_sandbox(rows):
+    assert pooled(rows).agrees(), "\n" + format_rows(rows)

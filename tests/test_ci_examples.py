@@ -1,0 +1,129 @@
+"""The CI pipelines in examples/ci/ parse, and every `invoke` task and `tidefleet` command they
+run exists with the options they pass; the bootstrap stack that gives them their roles
+synthesizes, trusts only the repository's pull requests (plan) and deploy environments
+(deploy), and scans clean."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+
+import click
+import pytest
+import yaml
+from invoke import Collection
+
+import tasks
+from stacks.aws.bootstrap import issuer, synth_bootstrap
+from stacks.scan import scan
+from tidefleet.cli import main
+from tidefleet.config import load_environment
+
+ROOT = Path(__file__).resolve().parents[1]
+PIPELINES = sorted((ROOT / "examples" / "ci").rglob("*.yml"))
+
+
+def shell_lines(node) -> list[str]:
+    """Every string of a workflow file that a shell runs (GitHub `run:`, GitLab `script:` and friends)."""
+    if isinstance(node, dict):
+        out = []
+        for key, value in node.items():
+            if key in ("run", "script", "before_script", "after_script"):
+                values = value if isinstance(value, list) else [value]
+                out += [line for v in values if isinstance(v, str) for line in v.splitlines()]
+            else:
+                out += shell_lines(value)
+        return out
+    return [line for item in node for line in shell_lines(item)] if isinstance(node, list) else []
+
+
+def commands(tool: str) -> list[tuple[str, list[str]]]:
+    """(file, words) of each `.venv/bin/<tool> ...` call in the pipelines, up to a pipe or `;`/`&&`."""
+    found = []
+    for path in PIPELINES:
+        for line in shell_lines(yaml.safe_load(path.read_text())):
+            for match in re.finditer(rf"\.venv/bin/{tool} ([^|;&]+)", line):
+                found.append((path.name, shlex.split(match[1])))
+    return found
+
+
+def flags(words: list[str]) -> set[str]:
+    return {w.split("=")[0] for w in words if w.startswith("--")}
+
+
+def test_the_pipelines_are_yaml_with_the_jobs_the_readme_describes():
+    assert {p.name for p in PIPELINES} == {"tidefleet.yml", ".gitlab-ci.yml"}
+    github = yaml.safe_load((ROOT / "examples/ci/github/workflows/tidefleet.yml").read_text())
+    assert set(github["jobs"]) == {"check", "plan", "deploy-dev", "deploy-prod"}
+    assert github["jobs"]["deploy-prod"]["needs"] == "deploy-dev" and github["jobs"]["deploy-prod"]["environment"] == "prod"
+    assert github["jobs"]["plan"]["permissions"]["id-token"] == "write"  # OIDC, no stored keys
+    gitlab = yaml.safe_load((ROOT / "examples/ci/gitlab/.gitlab-ci.yml").read_text())
+    assert gitlab["deploy-prod"]["rules"][0]["when"] == "manual"
+    for text in (p.read_text() for p in PIPELINES):
+        assert "AWS_SECRET_ACCESS_KEY" not in text and "aws-secret-access-key" not in text
+
+
+def test_every_invoke_task_a_pipeline_runs_exists_with_those_options():
+    collection = Collection.from_module(tasks)
+    calls = commands("invoke")
+    assert {words[0] for _, words in calls} >= {"scan", "plan", "deploy", "test", "lint"}
+    for file, (name, *args) in calls:
+        assert name in collection.task_names, f"{file}: invoke {name}: no such task"
+        known = {f"--{n}" for a in collection[name].get_arguments() for n in a.names if len(n) > 1}
+        assert flags(args) <= known, f"{file}: invoke {name}: unknown option(s) {flags(args) - known}"
+
+
+def test_every_tidefleet_command_a_pipeline_runs_exists_with_those_options():
+    calls = commands("tidefleet")
+    assert calls
+    for file, (name, *args) in calls:
+        command = main.get_command(click.Context(main), name)
+        assert command is not None, f"{file}: tidefleet {name}: no such command"
+        known = {opt for p in command.params if isinstance(p, click.Option) for opt in p.opts}
+        assert flags(args) <= known, f"{file}: tidefleet {name}: unknown option(s) {flags(args) - known}"
+
+
+@pytest.mark.parametrize(
+    ("ci", "plan", "deploy"),
+    [
+        ("github", ["repo:acme/infra:pull_request"], ["repo:acme/infra:environment:dev", "repo:acme/infra:environment:prod"]),
+        ("gitlab", ["project_path:acme/infra:ref_type:branch:ref:*"], ["project_path:acme/infra:ref_type:branch:ref:main"]),
+    ],
+)
+def test_the_roles_trust_only_the_repository_and_its_deploy_environments(ci, plan, deploy):
+    oidc = issuer(ci, "acme/infra", "main", ("dev", "prod"))
+    assert list(oidc.plan_subjects) == plan and list(oidc.deploy_subjects) == deploy
+
+
+@pytest.fixture(scope="module")
+def bootstrap(tmp_path_factory):
+    out = synth_bootstrap(tmp_path_factory.mktemp("bootstrap"), ci="github", repo="acme/infra", branch="main",
+                          state=load_environment("prod").state, region="us-east-1", environments=("dev", "prod"))  # fmt: skip
+    return out, json.loads((out / "cdk.tf.json").read_text())
+
+
+def test_the_bootstrap_stack_binds_each_role_to_the_repository_through_oidc(bootstrap):
+    _, stack = bootstrap
+    docs = stack["data"]["aws_iam_policy_document"]
+    for role, subjects in (("plan-trust", ["repo:acme/infra:pull_request"]),
+                           ("deploy-trust", ["repo:acme/infra:environment:dev", "repo:acme/infra:environment:prod"])):  # fmt: skip
+        (statement,) = docs[role]["statement"]
+        assert statement["actions"] == ["sts:AssumeRoleWithWebIdentity"]
+        conditions = {c["variable"]: (c["test"], c["values"]) for c in statement["condition"]}
+        assert conditions == {
+            "token.actions.githubusercontent.com:aud": ("StringEquals", ["sts.amazonaws.com"]),
+            "token.actions.githubusercontent.com:sub": ("StringEquals", subjects),
+        }
+    deploy = docs["deploy-policy"]["statement"]
+    assert all(s["resources"] != ["*"] or "condition" in s for s in deploy if s["effect"] == "Allow")
+    assert not any("iam:*" in s["actions"] for s in deploy if s["effect"] == "Allow")
+    (deny,) = [s for s in deploy if s["effect"] == "Deny"]  # the deploy role cannot widen its own rights
+    assert deny["resources"][0].endswith(":role/tidefleet-ci-*")
+    assert stack["resource"]["aws_iam_openid_connect_provider"]["oidc"]["url"] == "https://token.actions.githubusercontent.com"
+
+
+def test_the_bootstrap_stack_scans_clean(bootstrap):
+    out, _ = bootstrap
+    assert scan(out, "ci-bootstrap") == 0

@@ -1,0 +1,117 @@
+"""A node's GPUs: found through the driver (a fake nvidia-smi on PATH here), refused when the
+driver is broken, handed out per item without overlap, and each item's usage recorded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tidefleet.agent.gpus import (
+    Devices,
+    Gpu,
+    GpuProblem,
+    Usage,
+    account,
+    docker_gpu_args,
+    query,
+    sample,
+    visible_env,
+)
+
+FAKES = Path(__file__).parent / "fakes"
+
+
+@pytest.fixture
+def fake_driver(monkeypatch):
+    monkeypatch.setenv("PATH", f"{FAKES}:/usr/bin:/bin")
+    return monkeypatch
+
+
+def test_the_driver_lists_the_node_s_gpus(fake_driver):
+    fake_driver.setenv("FAKE_GPUS", "4")
+    assert [g.index for g in query(4)] == [0, 1, 2, 3]
+    assert query(4)[2] == Gpu(2, "GPU-fake-2", 81920)
+
+
+@pytest.mark.parametrize(("setup", "expected"), [
+    ({"FAKE_GPUS": "1"}, "1 of the 2 GPUs of this instance type are visible to the driver"),
+    ({"FAKE_NVIDIA_FAIL": "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver"},
+     "nvidia-smi failed (NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver)"),
+    ({"PATH": "/nonexistent"}, "nvidia-smi not found: the NVIDIA driver is not installed"),
+])  # fmt: skip
+def test_a_node_whose_driver_does_not_work_is_unhealthy(fake_driver, setup, expected):
+    for key, value in setup.items():
+        fake_driver.setenv(key, value)
+    with pytest.raises(GpuProblem, match=expected.replace("(", r"\(").replace(")", r"\)")):
+        query(2)
+
+
+def test_garbage_from_the_driver_is_a_problem_not_a_crash():
+    with pytest.raises(GpuProblem, match="unexpected"):
+        query(1, run=lambda args: "0, GPU-x\n")
+    with pytest.raises(GpuProblem, match="not a number"):
+        query(1, run=lambda args: "zero, GPU-x, 100\n")
+
+
+def gpus(n: int) -> list[Gpu]:
+    return [Gpu(i, f"GPU-{i}", 80000) for i in range(n)]
+
+
+def test_one_slot_items_on_a_two_gpu_node_get_disjoint_devices():
+    devices = Devices(gpus(2), slots_per_gpu=1)
+    assert devices.take("a", 1) == [0] and devices.take("b", 1) == [1]
+    assert not devices.fits(1) and devices.take("c", 1) == []
+    devices.give_back("a")
+    assert devices.take("c", 1) == [0]
+
+
+def test_a_multi_gpu_item_gets_whole_free_gpus_only():
+    devices = Devices(gpus(4), slots_per_gpu=2)
+    assert devices.take("small", 1) == [0]
+    assert devices.take("big", 4) == [1, 2]
+    assert devices.take("big2", 4) == []  # GPU 0 is shared, 3 alone is not enough
+    assert devices.take("half", 2) == [3]
+
+
+def test_sharing_packs_small_items_onto_the_fullest_gpu_that_fits():
+    devices = Devices(gpus(2), slots_per_gpu=4)
+    assert [devices.take(h, 1) for h in "abc"] == [[0], [0], [0]]
+    assert devices.take("d", 2) == [1]  # GPU 0 has one slot left
+    assert devices.take("e", 1) == [0]
+    assert devices.take("f", 4) == []
+
+
+def test_no_two_holders_ever_share_a_slot():
+    import random
+
+    rng = random.Random(7)
+    devices = Devices(gpus(8), slots_per_gpu=2)
+    for step in range(2000):
+        if devices.held and rng.random() < 0.45:
+            devices.give_back(rng.choice(sorted(devices.held)))
+        else:
+            devices.take(f"h{step}", rng.choice([1, 1, 2, 3, 4, 8]))
+        assert all(0 <= devices.free(g.index) <= 2 for g in devices.gpus)
+
+
+def test_the_workload_sees_only_its_own_devices():
+    assert visible_env([1, 3]) == {"CUDA_VISIBLE_DEVICES": "1,3", "NVIDIA_VISIBLE_DEVICES": "1,3"}
+    assert docker_gpu_args([1, 3]) == ["--gpus", '"device=1,3"']
+    assert docker_gpu_args([]) == []
+
+
+def test_each_item_s_usage_is_the_mean_utilisation_and_peak_memory_of_its_gpus(fake_driver):
+    fake_driver.setenv("FAKE_GPU_UTIL", "50")
+    usages: dict[str, Usage] = {}
+    account(usages, {"a": [0], "b": [1]}, sample())
+    account(usages, {"a": [0], "b": [1]}, {0: (100.0, 500.0), 1: (0.0, 9000.0)})
+    assert usages["a"].record() == {"gpu_util_pct": 75.0, "gpu_mem_peak_mb": 1000.0}
+    assert usages["b"].record() == {"gpu_util_pct": 25.0, "gpu_mem_peak_mb": 9000.0}
+    assert Usage().record() == {}
+
+
+def test_a_node_with_more_gpus_than_slots_gives_each_slot_its_share():
+    devices = Devices.for_node(gpus(8), slots=2)
+    assert devices.take("a", 1) == [0, 1, 2, 3] and devices.take("b", 1) == [4, 5, 6, 7]
+    assert Devices.for_node(gpus(2), slots=8).slots_per_gpu == 4

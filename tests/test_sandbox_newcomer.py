@@ -1,0 +1,108 @@
+"""The sandbox as a newcomer meets it: with an environment file of their own and their own
+workload, `--keep` printing commands that work when pasted into another shell, plain progress
+lines when the output is not a terminal, the live view under `invoke` on a terminal, and no
+temp directory left behind."""
+
+from __future__ import annotations
+
+import os
+import pty
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.sandbox
+ROOT = Path(__file__).resolve().parents[1]
+MY_ENV = """
+cloud = "aws"
+region = "eu-west-1"
+
+[scaler]
+tick_s = 2
+scale_in_delay_s = 3
+scale_out_cooldown_s = 3
+
+[pools.work]
+max = 2
+command = "wc -w"
+slots_per_unit = 2
+instance_types = [{ type = "c6i.large" }]
+
+[queues.mine]
+pool = "work"
+item_timeout_s = 10
+"""
+
+
+def process_env(tmp: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "TIDEFLEET_"))}
+    return {**env, "TMPDIR": str(tmp), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"}
+
+
+def read_until(stream, marker: str, proc: subprocess.Popen, timeout_s: float) -> str:
+    out, deadline = "", time.monotonic() + timeout_s
+    while marker not in out:
+        assert time.monotonic() < deadline and proc.poll() is None, f"no {marker!r} (exit {proc.poll()}):\n{out[-3000:]}"
+        line = stream.readline()
+        out += line
+    return out
+
+
+def test_my_own_environment_file_and_workload_run_and_keep_prints_commands_that_work(tmp_path):
+    """Outside the project (its own folder, another cwd), through a pipe: plain lines, then the
+    pasted commands submit to the kept sandbox and watch the job to the end."""
+    mine, temp = tmp_path / "elsewhere", tmp_path / "tmp"
+    mine.mkdir(), temp.mkdir()
+    (mine / "my-env.toml").write_text(MY_ENV)
+    sandbox = subprocess.Popen(
+        [sys.executable, "-m", "tidefleet.cli", "sandbox", "--env", str(mine / "my-env.toml"), "--items", "6",
+         "--time-limit", "150", "--keep"],
+        cwd=mine, env=process_env(temp), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        shown = read_until(sandbox.stdout, "Ctrl-C stops everything", sandbox, 200)
+        assert "\x1b[" not in shown  # no cursor codes off a terminal
+        assert re.search(r"\d+s  6/6 final \(0 failed\)", shown), shown  # plain progress lines
+        assert re.search(r"succeeded\s+6", shown) and "failed (the workload's reasons below)" in shown, shown
+        pasted = shown.split("paste:")[1].split("Ctrl-C")[0].strip().splitlines()
+        assert [line.split()[:2] for line in pasted[-2:]] == [["tidefleet", "submit"], ["tidefleet", "status"]]
+        assert "--items" in pasted[-2] and all(line.startswith("export ") for line in pasted[:-2])
+        run = subprocess.run(["bash", "-ec", "\n".join(pasted)], cwd=tmp_path, env=process_env(temp),
+                             capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert "5 item(s)" in run.stdout and "succeeded 5" in run.stdout, run.stdout
+    finally:
+        sandbox.send_signal(signal.SIGINT)
+        sandbox.wait(timeout=60)
+    assert sandbox.returncode == 0
+    assert list(temp.iterdir()) == []  # its workdir, the nodes' and workloads' temp files: gone
+
+
+def test_the_live_view_redraws_under_invoke_on_a_terminal(tmp_path):
+    main, child = pty.openpty()
+    run = subprocess.Popen([sys.executable, "-m", "invoke", "sandbox", "--items", "4", "--time-limit", "120"],
+                           cwd=ROOT, env={**process_env(tmp_path), "COLUMNS": "120", "LINES": "40"},
+                           stdin=child, stdout=child, stderr=child)  # fmt: skip
+    os.close(child)
+    out = b""
+    while True:
+        ready, _, _ = select.select([main], [], [], 200)
+        assert ready, out[-3000:]
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # the child side closed: the run is over
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(main)
+    assert run.wait(timeout=30) == 0, out[-3000:].decode(errors="replace")
+    text = out.decode(errors="replace")
+    assert "\x1b[2K" in text or "\x1b[1A" in text  # redrawn in place
+    assert "tidefleet sandbox · env sandbox" in text and re.search(r"succeeded\s+\S*4", text)

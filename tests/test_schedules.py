@@ -1,0 +1,78 @@
+"""The pure decisions of scheduled jobs and dependencies: when a cron fires, what one fire does
+(submit, skip, cancel the overdue run) and what the watch does with a waiting or running job."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from tidefleet.schedules import Cron, JobView, fire, fire_time, run_id, watch
+
+
+def at(text: str) -> float:
+    return datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()
+
+
+@pytest.mark.parametrize(("cron", "now", "latest"), [
+    ("0 3 * * *", "2025-05-10 02:59", "2025-05-09 03:00"),
+    ("0 3 * * *", "2025-05-10 03:00", "2025-05-10 03:00"),
+    ("*/15 * * * *", "2025-05-10 10:44", "2025-05-10 10:30"),
+    ("5/20 8-9 * * *", "2025-05-10 12:00", "2025-05-10 09:45"),
+    ("0 0 * * 1", "2025-05-10 12:00", "2025-05-05 00:00"),  # Mondays; the 10th is a Saturday
+    ("0 0 * * 7", "2025-05-10 12:00", "2025-05-04 00:00"),  # 7 is Sunday too
+    ("0 0 1 * 1", "2025-05-10 12:00", "2025-05-05 00:00"),  # day of month OR day of week
+    ("30 6 29 2 *", "2025-05-10 12:00", "2024-02-29 06:30"),  # leap day, last year
+])  # fmt: skip
+def test_a_cron_fires_at_its_latest_matching_minute(cron, now, latest):
+    assert Cron.parse(cron).latest(at(now) + 12.5) == at(latest)
+
+
+def test_a_rate_fires_on_whole_periods_and_names_one_run_per_fire():
+    fired = fire_time(None, "10 hours", at("2025-05-10 12:34") + 7)
+    assert fired == at("2025-05-10 08:00")  # 48524 whole periods of 10 h since the epoch
+    assert run_id("merge", fired) == "merge-20250510t0800"
+
+
+def view(job_id: str, **kw) -> JobView:
+    return JobView(job_id, **{"done": False, "failed": False, "cancelled": False, **kw})
+
+
+T = at("2025-05-10 10:00")
+
+
+@pytest.mark.parametrize(("case", "admission", "runs", "submit", "cancelled", "reason"), [
+    ("first run", "skip", [], "m-20250510t1000", [], "submit m-20250510t1000"),
+    ("previous still going, skip", "skip", [view("m-1", deadline=T + 60)], None, [], "skipped: m-1 still running"),
+    ("previous still going, queue", "queue", [view("m-1")], "m-20250510t1000", [], "queued behind m-1"),
+    ("previous finished", "skip", [view("m-1", done=True)], "m-20250510t1000", [], "submit"),
+    ("previous overdue: cancelled, then run", "skip", [view("m-1", deadline=T - 1)], "m-20250510t1000", ["m-1"], "submit"),
+    ("a retried delivery of the same fire", "skip", [view("m-20250510t1000")], "m-20250510t1000", [], "submit"),
+])  # fmt: skip
+def test_one_fire_submits_skips_or_cancels_the_overdue_run(case, admission, runs, submit, cancelled, reason):
+    decided = fire("m", admission=admission, timeout_s=3600, fired_at=T, now=T + 5, runs=runs)
+    assert decided.submit == submit
+    assert [c.job_id for c in decided.cancel] == cancelled
+    assert reason in decided.reason
+    assert decided.deadline == (T + 3600 if submit else 0.0)
+    assert all("timed out" in c.reason for c in decided.cancel)
+
+
+@pytest.mark.parametrize(("case", "job", "parent", "action", "reason"), [
+    ("parent still running", view("b", waiting=True, after="a"), view("a"), "keep", "waiting for a"),
+    ("parent succeeded", view("b", waiting=True, after="a"), view("a", done=True), "release", "a succeeded"),
+    ("parent failed", view("b", waiting=True, after="a"), view("a", done=True, failed=True), "cancel", "a failed"),
+    ("parent failed, after finished", view("b", waiting=True, after="a", after_finished=True),
+     view("a", done=True, failed=True), "release", "a finished"),
+    ("parent cancelled", view("b", waiting=True, after="a"), view("a", cancelled=True), "cancel", "was cancelled"),
+    ("parent gone", view("b", waiting=True, after="a"), None, "cancel", "does not exist"),
+    ("still being recorded", view("b", waiting=True, after="a", submitting=True), view("a", done=True), "keep", "recorded"),
+    ("run past its deadline", view("r", schedule="m", deadline=T - 1), None, "cancel", "timed out"),
+    ("run before its deadline", view("r", schedule="m", deadline=T + 1), None, "keep", "running"),
+    ("run without a deadline", view("r", schedule="m"), None, "keep", "running"),
+    ("run finished", view("r", schedule="m", deadline=T - 1, done=True), None, "forget", "finished"),
+    ("released, no deadline", view("b", after="a"), view("a", done=True), "forget", "running"),
+])  # fmt: skip
+def test_the_watch_releases_waits_cancels_or_forgets(case, job, parent, action, reason):
+    decided = watch(job, now=T, parent=parent)
+    assert (decided.action, reason in decided.reason) == (action, True), decided

@@ -1,0 +1,164 @@
+"""A node's GPUs: which exist and work, which item holds which, and what each item used.
+
+Slots map to devices: a node of `gpus` GPUs and `slots` slots gives each slot gpus // slots
+whole GPUs, or, with GPU sharing (`gpu_sharing = true`, more slots than GPUs), each GPU
+slots // gpus slots. An item needing a GPU's slots or more gets whole GPUs of its own; a
+smaller one shares a GPU with others, packed onto the fullest GPU it fits. The workload sees only its own devices
+(`CUDA_VISIBLE_DEVICES`, `NVIDIA_VISIBLE_DEVICES`; containers `--gpus "device=…"`).
+
+Everything here is pure but `query`, which runs `nvidia-smi` (the driver's own CLI, present
+wherever the driver is) and turns any failure into a `GpuProblem`.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+NVIDIA_SMI = "nvidia-smi"
+QUERY_TIMEOUT_S = 20
+
+
+class GpuProblem(Exception):
+    """The node's GPUs are not usable: it must not take items (one line says why)."""
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    uuid: str
+    memory_mb: int
+
+
+Runner = Callable[[Sequence[str]], str]
+
+
+def run_nvidia_smi(args: Sequence[str]) -> str:
+    """stdout of `nvidia-smi ARGS`; a GpuProblem when it is missing, hangs or fails."""
+    try:
+        done = subprocess.run([NVIDIA_SMI, *args], capture_output=True, text=True, timeout=QUERY_TIMEOUT_S, check=False)
+    except FileNotFoundError:
+        raise GpuProblem(f"{NVIDIA_SMI} not found: the NVIDIA driver is not installed (use a GPU image)") from None
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise GpuProblem(f"{NVIDIA_SMI} did not answer ({err}): the driver is not working") from None
+    if done.returncode != 0:
+        why = (done.stderr or done.stdout).strip().splitlines()
+        raise GpuProblem(f"{NVIDIA_SMI} failed ({why[0] if why else f'exit {done.returncode}'}): the driver is not working")
+    return done.stdout
+
+
+def _rows(text: str, width: int) -> list[list[str]]:
+    rows = [[cell.strip() for cell in line.split(",")] for line in text.splitlines() if line.strip()]
+    bad = [r for r in rows if len(r) != width]
+    if bad:
+        raise GpuProblem(f"{NVIDIA_SMI} printed something unexpected ({', '.join(bad[0])!r})")
+    return rows
+
+
+def _number(cell: str) -> float:
+    """nvidia-smi prints "[N/A]" or "[Not Supported]" where a GPU has no such reading."""
+    try:
+        return float(cell)
+    except ValueError:
+        return 0.0
+
+
+def query(expected: int, run: Runner = run_nvidia_smi) -> list[Gpu]:
+    """The node's GPUs, checked against the `expected` count its instance type has."""
+    try:
+        rows = _rows(run(["--query-gpu=index,uuid,memory.total", "--format=csv,noheader,nounits"]), 3)
+        gpus = [Gpu(int(index), uuid, int(_number(memory))) for index, uuid, memory in rows]
+    except ValueError as err:
+        raise GpuProblem(f"{NVIDIA_SMI} printed an index that is not a number ({err})") from None
+    if len(gpus) < expected:
+        raise GpuProblem(f"{len(gpus)} of the {expected} GPUs of this instance type are visible to the driver")
+    return gpus[:expected]
+
+
+@dataclass
+class Devices:
+    """Which item holds which slots of which GPU. Not thread-safe: the agent holds its lock."""
+
+    gpus: list[Gpu]
+    slots_per_gpu: int = 1
+    gpus_per_slot: int = 1
+    held: dict[str, dict[int, int]] = field(default_factory=dict)  # holder -> {gpu index: slots}
+
+    @classmethod
+    def for_node(cls, gpus: list[Gpu], slots: int) -> Devices:
+        """The node's GPUs split among its slots (config validation makes one divide the other)."""
+        n = len(gpus)
+        return cls(gpus, slots_per_gpu=max(1, slots // n), gpus_per_slot=max(1, n // slots))
+
+    def free(self, index: int) -> int:
+        return self.slots_per_gpu - sum(h.get(index, 0) for h in self.held.values())
+
+    def fits(self, slots: int) -> bool:
+        return self._pick(slots) is not None
+
+    def take(self, holder: str, slots: int) -> list[int]:
+        """The GPU indices `holder` gets for an item of `slots` slots (sorted); [] if it does not fit."""
+        picked = self._pick(slots)
+        if picked is None:
+            return []
+        self.held[holder] = picked
+        return sorted(picked)
+
+    def give_back(self, holder: str) -> None:
+        self.held.pop(holder, None)
+
+    def _pick(self, slots: int) -> dict[int, int] | None:
+        per = self.slots_per_gpu
+        if slots >= per:  # whole GPUs, untouched by anyone
+            whole = -(-slots // per) * self.gpus_per_slot
+            empty = [g.index for g in self.gpus if self.free(g.index) == per]
+            return {i: per for i in empty[:whole]} if len(empty) >= whole else None
+        # Part of one GPU: the fullest one it fits, so whole GPUs stay free for big items.
+        fitting = sorted((self.free(g.index), g.index) for g in self.gpus if self.free(g.index) >= slots)
+        return {fitting[0][1]: slots} if fitting else None
+
+
+def visible_env(indices: list[int]) -> dict[str, str]:
+    """What tells CUDA (and the NVIDIA container runtime) which devices are the item's."""
+    devices = ",".join(str(i) for i in indices)
+    return {"CUDA_VISIBLE_DEVICES": devices, "NVIDIA_VISIBLE_DEVICES": devices}
+
+
+def docker_gpu_args(indices: list[int]) -> list[str]:
+    """`docker run` arguments giving a container exactly these devices (the quotes keep the commas)."""
+    return ["--gpus", f'"device={",".join(str(i) for i in indices)}"'] if indices else []
+
+
+@dataclass
+class Usage:
+    """What one item's GPUs did while it ran: mean utilisation and peak memory."""
+
+    samples: int = 0
+    util_sum: float = 0.0
+    memory_peak_mb: float = 0.0
+
+    def add(self, util_pct: float, memory_mb: float) -> None:
+        self.samples += 1
+        self.util_sum += util_pct
+        self.memory_peak_mb = max(self.memory_peak_mb, memory_mb)
+
+    def record(self) -> dict:
+        if not self.samples:
+            return {}
+        return {"gpu_util_pct": round(self.util_sum / self.samples, 1), "gpu_mem_peak_mb": round(self.memory_peak_mb, 1)}
+
+
+def sample(run: Runner = run_nvidia_smi) -> dict[int, tuple[float, float]]:
+    """Per GPU index: (utilisation %, memory used MB) now."""
+    rows = _rows(run(["--query-gpu=index,utilization.gpu,memory.used", "--format=csv,noheader,nounits"]), 3)
+    return {int(_number(index)): (_number(util), _number(used)) for index, util, used in rows}
+
+
+def account(usages: dict[str, Usage], held: dict[str, list[int]], readings: dict[int, tuple[float, float]]) -> None:
+    """Add one reading to each holder's usage: the mean utilisation and summed memory of its GPUs
+    (a shared GPU's reading is the whole GPU's: with sharing it is an upper bound, said so in the README)."""
+    for holder, indices in held.items():
+        mine = [readings[i] for i in indices if i in readings]
+        if mine:
+            usages.setdefault(holder, Usage()).add(sum(u for u, _ in mine) / len(mine), sum(m for _, m in mine))

@@ -1,0 +1,108 @@
+"""The I/O around `tidefleet.schedules`: fire one schedule, and the minute watch that releases
+jobs waiting on another job and cancels scheduled runs past their deadline.
+
+One small function runs both: AWS's schedule function (lambdas/schedule, EventBridge Scheduler:
+one schedule per `[schedules.NAME]` plus a one-minute watch), GCP's scaler function (Cloud
+Scheduler, routed by `tidefleet.triggers`), and the sandbox's loop on its own clock.
+
+Idempotent and crash-safe: a fire's job id derives from its fire time, so a repeated delivery
+submits nothing twice (and a submit stopped midway is continued by the next delivery); a
+release sends the held items, then clears `waiting`, so a release cut short is repeated by the
+next watch (the items it already sent get a duplicate message, which the agent's fences drop).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from itertools import islice
+
+from tidefleet import schedules
+from tidefleet.config import Environment
+from tidefleet.jobs.sdk import (
+    CHUNK,
+    ItemMessage,
+    JobError,
+    _status,
+    cancel,
+    kick_scaler,
+    read_items,
+    send_messages,
+    submit,
+)
+from tidefleet.ports import Cloud
+from tidefleet.records import Job
+
+log = logging.getLogger("tidefleet.schedules")
+
+
+def view(env: Environment, cloud: Cloud, job: Job | None) -> schedules.JobView | None:
+    """What the decisions need of a job: from its settled-item counters (items are read only
+    for jobs submitted before them, or with failures)."""
+    if job is None:
+        return None
+    done = failed = False
+    if not job.waiting and not job.submitting:
+        status = _status(cloud, env, job)
+        done, failed = status.done, status.state == "failed"
+    return schedules.JobView(job.job_id, done=done, failed=failed, cancelled=job.cancelled, submitting=job.submitting,
+                             waiting=job.waiting, after=job.after, after_finished=job.after_finished,
+                             deadline=job.deadline, schedule=job.schedule)  # fmt: skip
+
+
+def fire(env: Environment, cloud: Cloud, name: str, at: float, *, fired_at: float | None = None) -> schedules.Fire:
+    """Fire schedule `name` at `at` (`fired_at`: the scheduler's own fire time, when it says)."""
+    schedule = env.schedules[name]
+    fired = schedules.fire_time(schedule.cron, schedule.rate, at if fired_at is None else fired_at)
+    runs = [view(env, cloud, cloud.store.job(job_id)) for job_id in cloud.store.watched()]
+    runs = [r for r in runs if r is not None and r.schedule == name]
+    decided = schedules.fire(name, admission=schedule.admission, timeout_s=schedule.timeout_s, fired_at=fired, now=at,
+                             runs=runs)  # fmt: skip
+    for overdue in decided.cancel:
+        cancel(env, overdue.job_id, reason=overdue.reason, cloud=cloud)
+        cloud.store.unwatch(overdue.job_id)
+    if decided.submit is not None:
+        # A run is watched until seen finished: the next fire finds its previous run there.
+        submit(env, f"{name} {decided.submit}", schedule.queue, read_items(schedule.items), job_id=decided.submit,
+               schedule=name, deadline=decided.deadline)  # fmt: skip
+    log.info(json.dumps({"schedule": name, "decision": decided.reason,
+                         "cancelled": [c.job_id for c in decided.cancel]}))  # fmt: skip
+    return decided
+
+
+def release(env: Environment, cloud: Cloud, job: Job) -> int:
+    """Send a waiting job's held (`pending`) items, then clear `waiting`; returns how many."""
+    held = (i for i in cloud.store.items(job.job_id) if i.status == "pending")
+    sent = 0
+    for batch in iter(lambda: list(islice(held, CHUNK)), []):
+        send_messages(cloud, job.queue, [ItemMessage(job.job_id, i.item_id, i.args) for i in batch])
+        sent += len(batch)
+    cloud.store.end_wait(job.job_id)
+    return sent
+
+
+def watch(env: Environment, cloud: Cloud, now: float) -> dict[str, str]:
+    """One pass over the watched jobs: what was done to each (job id -> decision)."""
+    out: dict[str, str] = {}
+    for job_id in cloud.store.watched():
+        job = cloud.store.job(job_id)
+        mine = view(env, cloud, job)
+        parent = view(env, cloud, cloud.store.job(job.after)) if job is not None and job.waiting and job.after else None
+        decided = schedules.watch(mine, now=now, parent=parent)
+        try:
+            if decided.action == "release":
+                sent = release(env, cloud, job)
+                kick_scaler(env, f"released {job_id}: {decided.reason}")
+                out[job_id] = f"released {sent} item(s): {decided.reason}"  # the next pass forgets it
+                continue
+            if decided.action == "cancel":
+                cancel(env, job_id, reason=decided.reason, cloud=cloud)
+            if decided.action in ("cancel", "forget"):
+                cloud.store.unwatch(job_id)
+        except (JobError, *cloud.errors) as err:  # one job's trouble never stops the others
+            out[job_id] = f"failed: {err}"
+            continue
+        out[job_id] = f"{decided.action}: {decided.reason}"
+    if out:
+        log.info(json.dumps({"watch": out}))
+    return out
