@@ -16,6 +16,8 @@ from tidefleet.emulator import MotoServer, start_moto
 settings.register_profile(
     "mutation", max_examples=10, derandomize=True, database=None, phases=[Phase.explicit, Phase.generate]
 )
+# A long search before a change lands: `invoke test --args '--hypothesis-profile deep -k properties'`.
+settings.register_profile("deep", max_examples=5000, deadline=None)
 
 
 @pytest.fixture(scope="session")

@@ -49,7 +49,7 @@ happens only when there is none.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tidefleet.config import Environment, Pool
 from tidefleet.policy.cost import LaunchCost, PoolPrices
@@ -142,9 +142,15 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
     queues = sorted(queues, key=lambda q: (-q.priority, -q.slots_per_item, q.name))
     demand = sum(map(demand_slots, queues))
     nodes = _sort_nodes(view.nodes, pool, now)
+    relaunch_s = _relaunch_s(pool, queues)
+    # Hysteresis, so that one never undoes the other: nodes are uncordoned when demand exceeds the
+    # slots that take items, and cordoned only while those left cover demand and what intake
+    # brings within a relaunch.
     uncordon, uncordon_reasons = _uncordon(nodes, demand)
     smallest = min(t.weight for t in pool.instance_types)
-    packed = packing(queues, nodes.serving, smallest * pool.slots_per_unit)
+    # Waiting multi-slot items are placed only on nodes that take items (not drained, cordoned ones).
+    takers = [n for n in nodes.serving if not n.cordoned]
+    packed = packing(queues, takers, smallest * pool.slots_per_unit)
     reasons = [_replace_reason(n, pool, now) for n in nodes.replace]
     reasons += [f"terminate {n.id}: draining and idle" for n in nodes.release]
     reasons += [_draining_kept_reason(n) for n in nodes.draining_busy]
@@ -152,11 +158,10 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
 
     members = nodes.serving + nodes.release + nodes.replace + nodes.draining_busy + nodes.cordoned
     launching = max(0, view.desired - _units(members))
-    serving_slots = _slots(nodes.serving)
+    serving_slots = _slots(takers)  # a drained, cordoned node is kept (for scale-in) but takes no items
     held_units = _units(nodes.draining_busy) + _units(nodes.cordoned)
     idle_timeout_s = env.idle_timeout_s(view.name)
-    relaunch_s = _relaunch_s(pool, queues)
-    idle_out, idle_reasons, held = _choose_idle(
+    idle_out, idle_reasons = _choose_idle(
         nodes.serving,
         demand=demand,
         serving_slots=serving_slots,
@@ -173,12 +178,7 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
     reasons += [f"keep {n.id}: cordoned, {n.busy_slots} busy slot(s) finishing" for n in nodes.cordoned]
     terminated = nodes.replace + nodes.release + idle_out
     gone = {n.id for n in terminated}
-    # A drained node that stays (not surplus after all, not just held) takes items again.
-    kept_drained = [
-        n for n in nodes.serving if n.cordoned and n.id not in gone and n.id not in held and n not in uncordon
-    ]
-    uncordon += kept_drained
-    reasons += [f"uncordon {n.id}: drained but kept, it takes items again" for n in kept_drained]
+    uncordon = [n for n in uncordon if n.id not in gone]  # a node leaving needs no mark
     staying = [n for n in members if n.id not in gone]
 
     shortage = _spot_shortage(
@@ -194,7 +194,7 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
         on_demand_percent=pool.on_demand_percent,
     )
     existing_cost = sum(prices.node(n) for n in view.nodes if n.id not in gone)
-    staying_serving_slots = serving_slots - _slots(idle_out)
+    staying_serving_slots = serving_slots - _slots([n for n in idle_out if not n.cordoned])
     booting_slots = sum(n.slots for n in nodes.serving if n.state == "pending")
     horizon = boot_horizon(queues, staying_serving_slots - booting_slots, booting_slots, pool.boot_estimate_s)
     needs = _needs(horizon, packed, pool.slots_per_unit, smallest)
@@ -427,7 +427,7 @@ class BreakEven:
         """For each idle node, in keep order (spot first, most recently idle first), the expected
         time to its next item, counting every node ahead of it; only those past a relaunch."""
         ids = {n.id for n in idle}
-        ahead = [n for n in serving if n.id not in ids]
+        ahead = [n for n in serving if n.id not in ids and not n.cordoned]
         free = sum(n.slots - (n.busy_slots if n.state == "running" else 0) for n in ahead)
         busy = sum(n.busy_slots for n in ahead if n.state == "running")
         out = {}
@@ -435,7 +435,7 @@ class BreakEven:
             gap = self.next_item_s(free, busy)
             if gap >= self.relaunch_s:
                 out[n.id] = gap
-            free += n.slots
+            free += 0 if n.cordoned else n.slots
         return out
 
     def line(self, gap: float) -> str:
@@ -456,10 +456,9 @@ def _choose_idle(
     cooldown_s: int,
     last_launch: float | None,
     now: float,
-) -> tuple[list[NodeView], list[str], set[str]]:
+) -> tuple[list[NodeView], list[str]]:
     """Idle nodes to terminate (rule 4), a line for each of them and for each overdue node kept,
-    and one line counting the other serving nodes kept while there is surplus; and the nodes
-    that would go but for the scale-out cooldown (held)."""
+    and one line counting the other serving nodes kept while there is surplus."""
     idle = [n for n in serving if _is_idle(n)]
     if break_even is None:
         why = {n.id: f"idle {now - n.idle_since:.0f}s > {idle_timeout_s}s" for n in idle if now - n.idle_since > idle_timeout_s}
@@ -470,20 +469,24 @@ def _choose_idle(
         (n for n in idle if n.id in why),
         key=lambda n: (not n.cordoned, n.spot, n.idle_since, n.id),  # drained, on-demand, longest idle first
     )
-    surplus = serving_slots - demand
-    if surplus <= 0:
+    surplus = serving_slots - demand  # serving_slots: the slots that take items; a drained, cordoned node has none
+    if surplus <= 0 and not any(n.cordoned for n in overdue):
         if overdue:
-            return [], [f"no scale-in: demand {demand} slots needs all {serving_slots} serving slots"], set()
-        return [], [], set()
+            return [], [f"no scale-in: demand {demand} slots needs all {serving_slots} serving slots"]
+        return [], []
     warm = 0 if break_even is None else len(idle) - len(overdue)
     reasons = _kept_line(serving, idle_timeout_s, warm, now)
     if not overdue:
-        return [], reasons, set()
-    chosen, chosen_reasons = [], []
+        return [], reasons
+    since = None if last_launch is None else now - last_launch
+    if since is not None and since < cooldown_s:
+        reasons.append(f"hold scale-in: {since:.0f}s since scale-out < cooldown {cooldown_s}s")
+        return [], reasons
+    chosen = []
     for n in overdue:
         if n.id in reserved:
             reasons.append(f"keep {n.id}: idle but needed, a waiting multi-slot item fits its free slots")
-        elif n.slots > surplus:
+        elif not n.cordoned and n.slots > surplus:
             reasons.append(
                 f"keep {n.id}: idle but needed, demand {demand} slots leaves {surplus} spare < its {n.slots}"
             )
@@ -491,34 +494,35 @@ def _choose_idle(
             reasons.append(f"keep {n.id}: idle but pool min is {pool.min} units")
         else:
             chosen.append(n)
-            surplus -= n.slots
+            surplus -= 0 if n.cordoned else n.slots
             group_units -= n.weight
             order = "cordoned, drained" if n.cordoned else "on-demand first" if not n.spot else "spot, longest idle first"
-            chosen_reasons.append(f"terminate {n.id}: {why[n.id]} ({order})")
-    since = None if last_launch is None else now - last_launch
-    if chosen and since is not None and since < cooldown_s:
-        # Held, not needed: a drained node among them stays cordoned until the cooldown ends.
-        reasons.append(f"hold scale-in: {since:.0f}s since scale-out < cooldown {cooldown_s}s")
-        return [], reasons, {n.id for n in chosen}
-    return chosen, reasons + chosen_reasons, set()
+            reasons.append(f"terminate {n.id}: {why[n.id]} ({order})")
+    return chosen, reasons
 
 
 # --- consolidation ---------------------------------------------------------------------------
 
 
 def _uncordon(nodes: _Nodes, demand: int) -> tuple[list[NodeView], list[str]]:
-    """Demand came back beyond the serving slots: cordoned nodes take items again (most free
-    slots first) before any node is launched. Moves them to `nodes.serving`."""
-    short = demand - _slots(nodes.serving)
+    """Demand came back beyond the uncordoned serving slots: cordoned nodes take items again, most free slots first (drained ones before busy
+    ones), before any node is launched. Moves the busy ones to `nodes.serving`; drained ones
+    are there already (as idle nodes, for scale-in). A drained node not wanted stays cordoned
+    until it is removed: uncordoning it would only make the next tick cordon another."""
+    short = demand - _slots([n for n in nodes.serving if not n.cordoned])
+    cordoned = nodes.cordoned + [n for n in nodes.serving if n.cordoned]
     back = []
-    for n in sorted(nodes.cordoned, key=lambda n: (n.busy_slots - n.slots, n.id)):
+    for n in sorted(cordoned, key=lambda n: (n.busy_slots - n.slots, n.id)):
         if short <= 0:
             break
         back.append(n)
         short -= n.slots
-    for n in back:
-        nodes.cordoned.remove(n)
-        nodes.serving.append(n)
+    for n in back:  # from here on the plan sees them as they will be: taking items
+        if n in nodes.cordoned:
+            nodes.cordoned.remove(n)
+            nodes.serving.append(replace(n, cordoned=False))
+        else:
+            nodes.serving[nodes.serving.index(n)] = replace(n, cordoned=False)
     return back, [f"uncordon {n.id}: demand {demand} slots exceeds the serving slots" for n in back]
 
 
