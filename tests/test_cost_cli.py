@@ -238,6 +238,12 @@ def test_the_readmes_cost_commands_run_as_written(run):
     commands = [line.split()[1:] for line in section.split("```bash\n", 1)[1].split("```", 1)[0].splitlines()]
     assert [c[0] for c in commands] == ["cost", "cost", "rightsize"]
     h, _ = run
+    prod = load_environment("prod")
     for args in commands:  # the harness's environment stands in for prod (the last --env wins)
+        assert args[args.index("--env") + 1] == prod.name
+        if "--queue" in args:  # one of prod's queues as written; the harness's own queue here
+            at = args.index("--queue") + 1
+            assert args[at] in prod.queues, (args[at], sorted(prod.queues))
+            args = [*args[:at], "work", *args[at + 1:]]
         out = cli(h, *args)
         assert out.exit_code == 0 and "attempt" in out.output, (args, out.output)
