@@ -215,6 +215,16 @@ def test_jobs_lists_every_job_with_its_state_and_filters_by_queue_and_state(h):
     assert out.exit_code == 1 and "unknown queue 'nope'" in out.output and "Traceback" not in out.output
 
 
+def test_jobs_since_leaves_out_older_jobs_and_a_bad_value_names_the_option(h):
+    job_with(h, "since-old", "succeeded")
+    assert [j["name"] for j in json_lines(run(h, "jobs", "--json", "--since", "1d"))[0]["jobs"]] == ["since-old"]
+    assert json_lines(run(h, "jobs", "--json", "--since", "2999-01-01"))[0]["jobs"] == []
+    assert "since 2999-01-01" in run(h, "jobs", "--since", "2999-01-01").output
+    out = run(h, "jobs", "--since", "last week")
+    assert out.exit_code == 2 and "--since: not a duration or a date (got 'last week')" in out.output
+    assert "Traceback" not in out.output
+
+
 def test_jobs_with_an_unreachable_endpoint_is_one_line_and_exit_1(h, monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")

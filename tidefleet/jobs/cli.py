@@ -22,6 +22,7 @@ from rich.text import Text
 
 from tidefleet.cloud import for_env
 from tidefleet.config import ConfigError, Environment, load_environment
+from tidefleet.costs import parse_since
 from tidefleet.jobs import sdk
 from tidefleet.jobs.spec import JobSpec
 
@@ -327,21 +328,28 @@ def nodes(env_name, as_json) -> None:
 @click.option("--queue", default=None, help="only this queue's jobs")
 @click.option("--state", type=click.Choice(sdk.JOB_STATES), default=None,
               help="running (items not final yet), done (none failed) or failed (done with failed items)")
+@click.option("--since", "since_text", default="all", show_default=True,
+              help="only jobs created this long ago or later: 7d, 12h, a date (2026-01-31, UTC) or all")
 @json_option
-def jobs(env_name, queue, state, as_json) -> None:
+def jobs(env_name, queue, state, since_text, as_json) -> None:
     """List the environment's jobs, oldest first, with their item counts.
 
     Slow on big environments for now: on AWS it scans the whole table (there is no jobs index),
-    and it reads every job's items to know its state."""
+    and it reads the items of each job with failed items to know why."""
+    try:
+        since = parse_since(since_text, time.time())
+    except ValueError as err:
+        raise click.UsageError(str(err)) from None
     env = _load(env_name)
     with _explained(env):
-        found = sdk.jobs(env, queue=queue, state=state)
+        found = sdk.jobs(env, queue=queue, state=state, since=since)
     if as_json:
         fields = ("job_id", "name", "queue", "created_at", "total", "cancelled", "state", "done", "counts", "unrecorded")
         _emit("jobs", env=env.name, jobs=[{k: status_json(s)[k] for k in fields} for s in found])
         return
     if not found:
-        click.echo(f"no jobs{f' on queue {queue}' if queue else ''}{f' in state {state}' if state else ''}", err=True)
+        click.echo(f"no jobs{f' on queue {queue}' if queue else ''}{f' in state {state}' if state else ''}"
+                   f"{f' since {since_text}' if since else ''}", err=True)  # fmt: skip
         return
     for s in found:  # one line per job, however long: for grep and cut
         c = s.counts

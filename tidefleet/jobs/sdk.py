@@ -661,18 +661,19 @@ def _running(cloud: Cloud, env: Environment, job: Job) -> int:
 JOB_STATES = ("running", "done", "failed")  # JobStatus.state
 
 
-def jobs(env: Environment, *, queue: str | None = None, state: str | None = None) -> list[JobStatus]:
-    """Every job of the environment (or of one queue, in one state), oldest first. Costly by
-    design for now: the DynamoDB store scans the whole table, and the items of a job with failed
-    items (or one submitted before the counters) are read; dead letters are not reconciled here
-    (`status` does that)."""
+def jobs(env: Environment, *, queue: str | None = None, state: str | None = None,
+         since: float = 0.0) -> list[JobStatus]:  # fmt: skip
+    """Every job of the environment (or of one queue, in one state, created at `since` or later),
+    oldest first. Costly by design for now: the DynamoDB store scans the whole table, and the
+    items of a job with failed items (or one submitted before the counters) are read; dead
+    letters are not reconciled here (`status` does that)."""
     if queue is not None and queue not in env.queues:
         raise JobError(f"queue: unknown queue {queue!r} in environment {env.name!r}; "
                        f"known queues: {', '.join(sorted(env.queues))}")
     if state is not None and state not in JOB_STATES:
         raise JobError(f"state: unknown state {state!r}; use one of {', '.join(JOB_STATES)}")
     cloud = for_env(env)
-    found = (_status(cloud, env, job) for job in cloud.store.jobs(queue))
+    found = (_status(cloud, env, job) for job in cloud.store.jobs(queue) if job.created_at >= since)
     return [s for s in found if state is None or s.state == state]
 
 
