@@ -148,9 +148,18 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
     # brings within a relaunch.
     uncordon, uncordon_reasons = _uncordon(nodes, demand)
     smallest = min(t.weight for t in pool.instance_types)
-    # Waiting multi-slot items are placed only on nodes that take items (not drained, cordoned ones).
+    # Waiting multi-slot items are placed only on nodes that take items; a drained, cordoned node
+    # that would hold one is uncordoned rather than a node launched for it.
     takers = [n for n in nodes.serving if not n.cordoned]
     packed = packing(queues, takers, smallest * pool.slots_per_unit)
+    for n in sorted((n for n in nodes.serving if n.cordoned), key=lambda n: (-n.slots, n.id)):
+        if not any(packed.unplaced):
+            break
+        uncordon.append(n)
+        uncordon_reasons.append(f"uncordon {n.id}: a waiting multi-slot item fits no other node")
+        nodes.serving[nodes.serving.index(n)] = replace(n, cordoned=False)
+        takers = [n for n in nodes.serving if not n.cordoned]
+        packed = packing(queues, takers, smallest * pool.slots_per_unit)
     reasons = [_replace_reason(n, pool, now) for n in nodes.replace]
     reasons += [f"terminate {n.id}: draining and idle" for n in nodes.release]
     reasons += [_draining_kept_reason(n) for n in nodes.draining_busy]
@@ -200,7 +209,8 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
     needs = _needs(horizon, packed, pool.slots_per_unit, smallest)
     wanted = needs[-1] if needs else 0
     cordon: list[NodeView] = []
-    if wanted == 0 and not uncordon:
+    forced = max(0, min(pool.min, pool.max) - group_units)  # launched to keep the pool at min
+    if wanted == 0 and forced == 0 and not uncordon:  # never cordons while launching
         idle_ids = {n.id for n in idle_out}
         cordon, cordon_reasons = _consolidate(
             [n for n in nodes.serving if n.id not in idle_ids],
@@ -231,7 +241,7 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
         launch_cost=launch_cost,
         existing_cost=existing_cost,
         wanted=wanted,
-        forced=max(0, min(pool.min, pool.max) - group_units),
+        forced=forced,
         limit=limit,
         limited_by=limited_by,
         shortage=shortage,
