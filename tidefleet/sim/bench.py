@@ -195,7 +195,7 @@ def readme_rows(workload: Workload, report: Report) -> list[str]:
         unfinished = f" ({r.items_unfinished} unfinished)" if r.items_unfinished else ""
         cost = f"{r.cost_usd:,.2f}{unfinished}"
         if r.policy == "oracle":
-            rows.append(f"| {workload.label} ({workload.pool}) | oracle | {cost} | 1.00 | 0 / 0 | {r.node_hours:,.1f} | 0 % | 0 |")
+            rows.append(f"| {workload.label} ({workload.pool}) | oracle | {cost} | 1.00 | 0 / 0 | {r.node_hours:,.1f} | 0% | 0 |")
             continue
         rows.append(
             f"| {workload.label} ({workload.pool}) | {r.policy} | {cost} | {r.cost_vs_lower_bound:.2f} | "
