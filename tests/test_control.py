@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tidefleet import control, policy
+from tidefleet.cloud.memory import MemoryQueues
 from tidefleet.config import parse_environment
 from tidefleet.policy.interruption import DrainNode, Ignore, LifecycleHold, action_for
 from tidefleet.policy.model import PoolDecision
@@ -208,18 +209,49 @@ def test_observe_reads_backlog_per_queue_and_skips_pools_without_a_group(caplog)
     assert "no auto scaling group" in caplog.text and '"gpu"' in caplog.text
 
 
-@dataclass
-class FakeStats:
-    stats: dict[str, QueueStats]
+def waiting_ports(visible: int, marks: MemoryQueues) -> Ports:
+    return replace(ports(group("cpu", 1, instance("i-1")), backlogs={"demo": Backlog(visible, 0)}), stats=marks)
 
-    def queue_stats(self, queues):
-        return {q: self.stats[q] for q in queues if q in self.stats}
+
+def ages(p: Ports, now: float, dry_run: bool = False) -> dict[str, float | None]:
+    control.tick(ENV, p, now, pools=["cpu"], dry_run=dry_run)
+    return {q.name: q.oldest_age_s for q in control.observe(ENV, p, now, ["cpu"]).fleet.queues}
+
+
+def test_a_backlog_is_aged_from_the_tick_that_first_saw_it_and_the_mark_goes_when_it_empties():
+    marks = MemoryQueues()
+    assert ages(waiting_ports(5, marks), NOW) == {"demo": 0.0}  # the submit's kick: first seen now
+    assert marks.waiting == {"demo": NOW}
+    assert ages(waiting_ports(3, marks), NOW + 30) == {"demo": 30.0}  # still waiting: 30 s old
+    assert marks.waiting == {"demo": NOW}
+    assert ages(waiting_ports(0, marks), NOW + 60) == {"demo": None} and marks.waiting == {}
+    assert ages(waiting_ports(2, marks), NOW + 90) == {"demo": 0.0} and marks.waiting == {"demo": NOW + 90}
+
+
+def test_a_dry_run_writes_no_mark_and_a_cloud_given_age_wins():
+    marks = MemoryQueues()
+    ages(waiting_ports(5, marks), NOW, dry_run=True)
+    assert marks.waiting == {}
+    p = replace(waiting_ports(5, marks), queues=FakeQueues({"demo": Backlog(5, 0, oldest_age_s=42.0)}))
+    assert ages(p, NOW + 10) == {"demo": 42.0}
+
+
+def test_a_mark_that_cannot_be_written_is_logged_and_the_tick_goes_on(caplog):
+    class Refusing(MemoryQueues):
+        def mark_waiting(self, queue, since):
+            raise ConnectionError("store unreachable")
+
+    p = waiting_ports(5, Refusing())
+    with caplog.at_level(logging.WARNING, logger=control.log.name):
+        decisions = control.tick(ENV, p, NOW, pools=["cpu"])
+    assert decisions and any('"action": "mark waiting"' in r.getMessage() and "store unreachable" in r.getMessage()
+                             for r in caplog.records)  # fmt: skip
 
 
 def test_observe_gives_each_queue_its_recorded_mean_item_time_and_none_when_unknown():
     p = ports(group("cpu", 1, instance("i-1")), group("gpu", 0))
     assert [q.mean_item_s for q in control.observe(ENV, p, NOW, ["cpu", "gpu"]).fleet.queues] == [None, None]
-    p = replace(p, stats=FakeStats({"demo": QueueStats(mean_item_s=23.5, items=40)}))
+    p = replace(p, stats=MemoryQueues(stats={"demo": QueueStats(mean_item_s=23.5, items=40)}))
     seen = control.observe(ENV, p, NOW, ["cpu", "gpu"])
     assert {q.name: q.mean_item_s for q in seen.fleet.queues} == {"demo": 23.5, "train": None}
 

@@ -20,14 +20,14 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tidefleet import policy
 from tidefleet.config import Environment, InstanceType, Pool
 from tidefleet.fanout import each
 from tidefleet.policy.interruption import DrainNode, pool_of_group
 from tidefleet.policy.model import FleetView, NodeView, PoolDecision, PoolView, QueueView, rate_at
-from tidefleet.ports import GroupInstance, GroupState, Ports
+from tidefleet.ports import Backlog, GroupInstance, GroupState, Ports
 from tidefleet.records import Heartbeat
 
 log = logging.getLogger("tidefleet.control")
@@ -100,6 +100,7 @@ class Observation:
     fleet: FleetView  # what the policy sees
     groups: dict[str, GroupState]  # the raw groups, which the act step checks against
     gone: dict[str, tuple[str, ...]]  # per pool: heartbeats of nodes long gone from the group
+    waiting_marks: dict[str, float | None] = field(default_factory=dict)  # per queue: mark (None: clear)
 
 
 def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) -> Observation:
@@ -136,9 +137,15 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
     # Mean item times feed the policy's boot-horizon rule; without a stats port they are unknown.
     stats = ports.stats.queue_stats(observed) if ports.stats is not None and observed else {}
     backlogs = dict(zip(observed, each(ports.queues.backlog, observed, ports.calls_in_flight), strict=True))
-    queue_views = []
+    waiting = ports.stats.waiting_since(observed) if ports.stats is not None and observed else {}
+    queue_views, marks = [], {}
     for qname in observed:
         queue, backlog = env.queues[qname], backlogs[qname]
+        age = backlog.oldest_age_s
+        if ports.stats is not None:  # no marks without it: the age stays what the cloud said
+            age, mark = _oldest_age(backlog, waiting.get(qname), now)
+            if mark != waiting.get(qname):
+                marks[qname] = mark
         queue_views.append(
             QueueView(
                 name=qname,
@@ -148,12 +155,23 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
                 visible=backlog.visible,
                 in_flight=backlog.in_flight,
                 mean_item_s=stats[qname].mean_item_s if qname in stats else None,
-                oldest_age_s=backlog.oldest_age_s,
+                oldest_age_s=age,
                 target_wait_s=queue.target_wait_s,
                 intake_per_s=intake.get(qname, 0.0),
             )
         )
-    return Observation(FleetView(pools=tuple(pool_views), queues=tuple(queue_views)), groups, gone)
+    return Observation(FleetView(pools=tuple(pool_views), queues=tuple(queue_views)), groups, gone, marks)
+
+
+def _oldest_age(backlog: Backlog, since: float | None, now: float) -> tuple[float | None, float | None]:
+    """(the oldest waiting item's age, the queue's waiting mark to keep). SQS and Pub/Sub give
+    counts only, so the tick marks when it first saw the backlog and counts from there: an upper
+    bound while the backlog never empties, and from the submit's kick, seconds after the items
+    went out."""
+    if not backlog.visible:
+        return backlog.oldest_age_s, None
+    since = now if since is None else since
+    return (backlog.oldest_age_s if backlog.oldest_age_s is not None else now - since), since
 
 
 def _live_capacity(env: Environment, pool: str, group: GroupState, leaving: Iterable[str]) -> int:
@@ -270,6 +288,12 @@ def tick(
                 failures.append(f"{decision.pool}: {line['error']}")
         if log.isEnabledFor(logging.INFO):  # the simulator ticks ~10^5 times with the line unread
             log.info(json.dumps(line))
+    if not dry_run:
+        for qname, since in seen.waiting_marks.items():
+            try:
+                ports.stats.mark_waiting(qname, since)
+            except Exception as err:  # noqa: BLE001 - a lost mark only makes the next tick see the backlog anew
+                log.warning(json.dumps({"queue": qname, "action": "mark waiting", "error": f"{type(err).__name__}: {err}"}))
     if report is not None:
         report(seen.fleet, decisions)
     if failures:

@@ -96,6 +96,12 @@ class QueueStatsPort(Protocol):
     def queue_stats(self, queues: list[str]) -> dict[str, QueueStats]:
         """Recorded statistics of these queues (mean item run time), by name; absent if none yet."""
 
+    def waiting_since(self, queues: list[str]) -> dict[str, float]:
+        """When the scaler first saw each queue's current backlog (`mark_waiting`); absent: none."""
+
+    def mark_waiting(self, queue: str, since: float | None) -> None:
+        """Record when the queue's backlog was first seen (None: it emptied; the mark goes)."""
+
 
 @dataclass(frozen=True)
 class Ports:

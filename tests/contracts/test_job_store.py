@@ -266,6 +266,20 @@ def test_queue_stats_keep_an_exponentially_weighted_mean_of_succeeded_items(stor
     }
 
 
+def test_a_waiting_mark_is_kept_moved_and_cleared_apart_from_the_queue_stats(store):
+    s = store.store
+    assert s.waiting_since(["render", "batch"]) == {}
+    s.record_item_seconds("render", 20.0)
+    s.mark_waiting("render", 1_800_000_000.5)
+    s.mark_waiting("batch", 1_800_000_100.0)
+    s.mark_waiting("batch", 1_800_000_200.0)  # a new backlog's mark replaces the old one
+    assert s.waiting_since(["render", "batch", "idle"]) == {"render": 1_800_000_000.5, "batch": 1_800_000_200.0}
+    s.mark_waiting("render", None)
+    s.mark_waiting("idle", None)  # nothing to clear: not an error
+    assert s.waiting_since(["render", "batch", "idle"]) == {"batch": 1_800_000_200.0}
+    assert s.queue_stats(["render"]) == {"render": QueueStats(mean_item_s=20.0, items=1)}  # untouched
+
+
 def test_queue_stats_fold_many_samples_in_one_call_as_one_at_a_time(store):
     store.store.record_item_seconds("one-by-one", 20.0)
     store.store.record_item_seconds("one-by-one", 40.0)

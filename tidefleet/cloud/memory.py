@@ -148,9 +148,19 @@ class MemoryQueues:
     def __init__(self, backlogs: dict[str, Backlog] | None = None, stats: dict[str, QueueStats] | None = None):
         self.backlogs = dict(backlogs or {})
         self.stats = dict(stats or {})
+        self.waiting: dict[str, float] = {}
 
     def backlog(self, queue: str) -> Backlog:
         return self.backlogs.get(queue, Backlog(0, 0))
 
     def queue_stats(self, queues: list[str]) -> dict[str, QueueStats]:
         return {q: self.stats[q] for q in queues if q in self.stats}
+
+    def waiting_since(self, queues: list[str]) -> dict[str, float]:
+        return {q: self.waiting[q] for q in queues if q in self.waiting}
+
+    def mark_waiting(self, queue: str, since: float | None) -> None:
+        if since is None:
+            self.waiting.pop(queue, None)
+        else:
+            self.waiting[queue] = since

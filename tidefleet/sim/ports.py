@@ -25,12 +25,23 @@ class SimulationPorts:
         self.group_name = f"sim-{sim.pool_name}"
         self._queue = {name: q for q, (name, _) in enumerate(sim.queues)}
         self._names = [name for name, _ in sim.queues]
+        self._waiting: dict[str, float] = {}
 
     # -- QueuePort, QueueStatsPort -------------------------------------------------------------
     def backlog(self, queue: str) -> Backlog:
+        """As SQS and Pub/Sub answer it: counts, not the oldest item's age; the tick learns that
+        from its own waiting marks (`waiting_since`), as it does in the cloud."""
         q = self._queue[queue]
-        oldest = self.sim.oldest_waiting(q) if self.sim.visible[q] else None
-        return Backlog(self.sim.visible[q], self.sim.in_flight[q], None if oldest is None else self.sim.now - oldest)
+        return Backlog(self.sim.visible[q], self.sim.in_flight[q])
+
+    def waiting_since(self, queues: list[str]) -> dict[str, float]:
+        return {q: self._waiting[q] for q in queues if q in self._waiting}
+
+    def mark_waiting(self, queue: str, since: float | None) -> None:
+        if since is None:
+            self._waiting.pop(queue, None)
+        else:
+            self._waiting[queue] = since
 
     def queue_stats(self, queues: list[str]) -> dict[str, QueueStats]:
         sim = self.sim

@@ -183,6 +183,28 @@ class DynamoStore:
                 pending = page.get("UnprocessedKeys") or {}
         return out
 
+    def waiting_since(self, queues: list[str]) -> dict[str, float]:
+        out: dict[str, float] = {}
+        client = self.table.meta.client
+        for at in range(0, len(queues), 100):  # BatchGetItem: 100 keys per call
+            keys = [{"pk": f"QUEUE#{q}", "sk": "WAITING"} for q in queues[at : at + 100]]
+            pending = {self.table.name: {"Keys": keys, "ConsistentRead": True}}
+            while pending:
+                page = client.batch_get_item(RequestItems=pending)
+                for raw in page["Responses"].get(self.table.name, []):
+                    out[raw["pk"].removeprefix("QUEUE#")] = float(raw["since"])
+                pending = page.get("UnprocessedKeys") or {}
+        return out
+
+    def mark_waiting(self, queue: str, since: float | None) -> None:
+        key = {"pk": f"QUEUE#{queue}", "sk": "WAITING"}
+        if since is None:
+            self.table.delete_item(Key=key)
+        else:
+            # UpdateItem, not PutItem: the scaler's role may update and delete, never put.
+            self.table.update_item(Key=key, UpdateExpression="SET since = :s",
+                                   ExpressionAttributeValues={":s": _to_dynamo(float(since))})  # fmt: skip
+
     def heartbeat(self, pool: str, node_id: str) -> Heartbeat | None:
         raw = self.table.get_item(Key={"pk": f"POOL#{pool}", "sk": f"NODE#{node_id}"}, ConsistentRead=True).get("Item")
         if raw is None or "at" not in raw:  # none, or only a draining mark: not a heartbeat yet

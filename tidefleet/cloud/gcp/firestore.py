@@ -350,6 +350,26 @@ class FirestoreStore(FirestoreNodes):
                 out[queue] = QueueStats(mean_item_s=float(values["mean_item_s"]), items=int(values["items"]))
         return out
 
+    def _waiting_doc(self, queue: str) -> str:
+        return f"{self.root}/waiting/{queue}"
+
+    def waiting_since(self, queues: list[str]) -> dict[str, float]:
+        """As `DynamoStore.waiting_since`."""
+        out = {}
+        for queue in queues:
+            doc = self._get(self._waiting_doc(queue))
+            if doc is not None:
+                out[queue] = float(self._values(doc)["since"])
+        return out
+
+    def mark_waiting(self, queue: str, since: float | None) -> None:
+        """As `DynamoStore.mark_waiting`."""
+        name = self._waiting_doc(queue)
+        if since is None:
+            self.client.delete_document(request={"name": name})
+        else:
+            self.client.update_document(request={"document": Document(name=name, fields=_fields({"since": float(since)}))})
+
     def update_item(
         self,
         job_id: str,
