@@ -288,17 +288,21 @@ def tick(
                 failures.append(f"{decision.pool}: {line['error']}")
         if log.isEnabledFor(logging.INFO):  # the simulator ticks ~10^5 times with the line unread
             log.info(json.dumps(line))
-    if not dry_run:
-        for qname, since in seen.waiting_marks.items():
-            try:
-                ports.stats.mark_waiting(qname, since)
-            except Exception as err:  # noqa: BLE001 - a lost mark only makes the next tick see the backlog anew
-                log.warning(json.dumps({"queue": qname, "action": "mark waiting", "error": f"{type(err).__name__}: {err}"}))
+    if not dry_run and seen.waiting_marks:
+        each(lambda qname: _mark_waiting(ports, qname, seen.waiting_marks[qname]), list(seen.waiting_marks),
+             ports.calls_in_flight)  # fmt: skip
     if report is not None:
         report(seen.fleet, decisions)
     if failures:
         raise TickError(failures, decisions)
     return decisions
+
+
+def _mark_waiting(ports: Ports, queue: str, since: float | None) -> None:
+    try:
+        ports.stats.mark_waiting(queue, since)
+    except Exception as err:  # noqa: BLE001 - a lost mark only makes the next tick see the backlog anew
+        log.warning(json.dumps({"queue": queue, "action": "mark waiting", "error": f"{type(err).__name__}: {err}"}))
 
 
 def drain(
