@@ -184,12 +184,24 @@ class Pool(_Model):
         return itype.weight * self.slots_per_unit
 
 
+class NodesRange(_Model):
+    """An elastic gang: starts once `min` nodes joined, runs on as long as `min` remain, grows to `max`."""
+
+    min: int = Field(ge=1, le=1000)
+    max: int = Field(ge=1, le=1000)
+
+
 class Queue(_Model):
     pool: str
     priority: int = Field(0, ge=0, le=1000, description="higher is served first when capacity is capped")
     max_retries: int = Field(3, ge=0, le=100, description="failed attempts retried before the dead-letter queue")
     item_timeout_s: int = Field(3600, ge=1, le=7 * 24 * 3600)
     slots_per_item: int = Field(1, ge=1, le=256, description="slots one item needs (e.g. GPUs)")
+    nodes_per_item: int | NodesRange = Field(
+        1,
+        description="nodes one item runs on at once (a gang, e.g. distributed training), or {min, max} for an "
+        "elastic gang (torchrun --nnodes=min:max); each member takes a whole node",
+    )
     target_wait_s: int = Field(
         120, ge=0, le=DAY_S,
         description="waiting items may wait this long for running nodes to free up before a node is launched "
@@ -201,6 +213,12 @@ class Queue(_Model):
     # An item waiting longer than this raises the oldest-item alarm: longer than a slow GPU
     # boot plus a scale-out, shorter than anyone waits for a page.
     max_wait_s: int = Field(1800, ge=60, le=14 * DAY_S, description="oldest waiting item before the alarm")
+
+    @property
+    def gang(self) -> tuple[int, int]:
+        """(min, max) nodes an item runs on; (1, 1) for an ordinary queue."""
+        n = self.nodes_per_item
+        return (n, n) if isinstance(n, int) else (n.min, n.max)
 
     @property
     def visibility_timeout_s(self) -> int:
@@ -321,6 +339,7 @@ def _semantic_problems(env: Environment) -> list[str]:
                     f"(got {queue.slots_per_item} > {min(pool.slots(t) for t in pool.instance_types)}); "
                     "use a pool whose every type fits the item"
                 )
+            out += _gang_problems(where, queue, queue.pool, pool)
         for cloud_name in (name, f"{name}-dlq"):
             if cloud_name in seen_queue_names:
                 out.append(
@@ -332,6 +351,30 @@ def _semantic_problems(env: Environment) -> list[str]:
         out += _schedule_problems(env, name, schedule)
     if names_ok:
         out += _derived_name_problems(env)
+    return out
+
+
+def _gang_problems(where: str, queue: Queue, pool_name: str, pool: Pool) -> list[str]:
+    """A gang runs one member per node (torchrun's nproc_per_node = the node's slots): every type
+    must be exactly one member, and the pool must be able to hold the whole gang at once."""
+    low, high = queue.gang
+    at = f"{where}.nodes_per_item"
+    if not 1 <= low <= 1000 or not 1 <= high <= 1000:
+        return [f"{at}: nodes per item must be 1 to 1000 (got {queue.nodes_per_item!r})"]
+    if high == 1:
+        return []
+    if low > high:
+        return [f"{at}: min must be <= max (got min {low} > max {high}); e.g. {{ min = 2, max = 4 }}"]
+    out = []
+    other = sorted({pool.slots(t) for t in pool.instance_types} - {queue.slots_per_item})
+    if other:
+        out.append(f"{at}: each gang member takes a whole node, so slots_per_item must equal every type's slots "
+                   f"(got slots_per_item {queue.slots_per_item}, nodes with {', '.join(map(str, other))} slots in pool "
+                   f"{pool_name!r}); set slots_per_item to the node's slots")  # fmt: skip
+    most_units = max(t.weight for t in pool.instance_types)
+    if low * most_units > pool.max:
+        out.append(f"{at}: a gang of {low} nodes needs {low * most_units} capacity units at once (got pool "
+                   f"{pool_name!r} max {pool.max}); raise the pool's max or lower the gang's size")  # fmt: skip
     return out
 
 
