@@ -209,6 +209,17 @@ def test_observe_reads_backlog_per_queue_and_skips_pools_without_a_group(caplog)
     assert "no auto scaling group" in caplog.text and '"gpu"' in caplog.text
 
 
+def test_a_gang_item_is_demand_for_every_node_of_it_an_elastic_one_for_its_max():
+    data = {"region": "us-east-1", "pools": {"gpu": {"max": 16, "command": "train", "capacity_unit": "gpus",
+            "instance_types": [{"type": "g5.12xlarge", "weight": 4, "gpus": 4}]}},
+            "queues": {"fixed": {"pool": "gpu", "slots_per_item": 4, "nodes_per_item": 2},
+                       "elastic": {"pool": "gpu", "slots_per_item": 4, "nodes_per_item": {"min": 2, "max": 4}}}}  # fmt: skip
+    env = parse_environment(data, name="t")
+    p = ports(group("gpu", 0), backlogs={"fixed": Backlog(3, 1), "elastic": Backlog(1, 1)})
+    seen = {q.name: (q.visible, q.in_flight) for q in control.observe(env, p, NOW, ["gpu"]).fleet.queues}
+    assert seen == {"fixed": (6, 2), "elastic": (4, 4)}
+
+
 def waiting_ports(visible: int, marks: MemoryQueues) -> Ports:
     return replace(ports(group("cpu", 1, instance("i-1")), backlogs={"demo": Backlog(visible, 0)}), stats=marks)
 

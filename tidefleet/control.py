@@ -152,8 +152,10 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
                 pool=queue.pool,
                 priority=queue.priority,
                 slots_per_item=queue.slots_per_item,
-                visible=backlog.visible,
-                in_flight=backlog.in_flight,
+                # A gang item is demand for every node of it (an elastic one's max: it grows to it);
+                # each node is one item of the queue's slots to the policy.
+                visible=backlog.visible * queue.gang[1],
+                in_flight=backlog.in_flight * queue.gang[1],
                 mean_item_s=stats[qname].mean_item_s if qname in stats else None,
                 oldest_age_s=age,
                 target_wait_s=queue.target_wait_s,

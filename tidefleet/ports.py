@@ -254,6 +254,9 @@ class NodeMetadata(Protocol):
     def notice(self) -> Notice | None:
         """A spot reclaim or a group's termination of this node, if one is under way."""
 
+    def address(self) -> str | None:
+        """The node's private IP, where the other nodes of a gang reach it; None where unknown."""
+
 
 class NodeHost(Protocol):
     """What an agent needs from the cloud of the node it runs on."""

@@ -36,6 +36,9 @@ class Heartbeat:
     # is set and finishes what it runs. The agent's own heartbeat never writes it.
     cordoned: bool = False
     running: dict[str, int] = field(default_factory=dict)  # attempts running now, by job id
+    # A gang this node leads and that takes members (`tidefleet.agent.gang.Beacon`): free nodes of
+    # the pool find it here and join it before they take new items. {} when none.
+    gang: dict = field(default_factory=dict)
 
 
 SCALER_OWNED = ("cordoned",)  # heartbeat fields only the scaler writes
@@ -146,3 +149,10 @@ class Item:
     lease_until: float = 0.0  # while running: the holder renews it every heartbeat
     message_id: str = ""  # the queue's id of the message the current attempt holds
     history: list[dict] = field(default_factory=list)  # one entry per finished attempt
+    # A multi-node item's gang for the current attempt (`tidefleet.agent.gang`): its state
+    # (forming, running, stopping, released), the nodes that joined in order (the lead first),
+    # those that left, and why a member failed. Reset by every claim.
+    gang: str = ""
+    members: list[dict] = field(default_factory=list)
+    left: list[dict] = field(default_factory=list)
+    gang_failure: str = ""

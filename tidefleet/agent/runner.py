@@ -8,6 +8,7 @@ import pwd
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -58,6 +59,14 @@ def checkpoint_uri(base: str, root: Path | None, queue: str, msg: ItemMessage) -
     return f"{base}/{key}"
 
 
+def free_port() -> int:
+    """A TCP port free on this node now, for a gang's rendezvous (MASTER_PORT): the lead's
+    workload binds it moments later, so another process taking it first is unlikely, not impossible."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
 class CannotStart(Exception):
     """The workload's program could not be started."""
 
@@ -81,10 +90,11 @@ class Workload:
         return self.done_file.exists()
 
     def start(self, what: Resolved, msg: ItemMessage, attempt: int, checkpoint: str, *, checkpoint_root: Path | None,
-              user_name: str | None, gpu_indices: list[int] = ()) -> None:  # fmt: skip
+              user_name: str | None, gpu_indices: list[int] = (), extra_env: dict | None = None) -> None:  # fmt: skip
         """Start the workload in its own process group (so a signal reaches its children too).
         `what`: the job's command or container and env over the pool's (`jobs.spec.resolve`);
-        `gpu_indices`: the item's own GPUs, the only ones it sees.
+        `gpu_indices`: the item's own GPUs, the only ones it sees; `extra_env`: a gang's rank and
+        rendezvous (`agent.gang.workload_env`).
         Raises CannotStart when the program cannot be started; anything else it raises (a command
         that does not parse, a missing item user) is as much the item's failure."""
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -97,6 +107,7 @@ class Workload:
             "TIDEFLEET_CHECKPOINT_URI": checkpoint,
             "TIDEFLEET_STOP_FILE": str(self.stop_file),
             "TIDEFLEET_DONE_FILE": str(self.done_file),
+            **(extra_env or {}),
         }
         mounts = [self.workdir] + ([checkpoint_root.resolve()] if checkpoint_root else [])
         user = item_user(user_name)

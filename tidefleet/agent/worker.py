@@ -53,7 +53,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from tidefleet.agent import checkpoint, claim
+from tidefleet.agent import checkpoint, claim, gang
 from tidefleet.agent.attempt import (
     Attempt,
     Crashed,
@@ -73,7 +73,7 @@ from tidefleet.agent.attempt import (
     handed_back,
 )
 from tidefleet.agent.gpus import Devices, GpuProblem, Usage, account, query, sample
-from tidefleet.agent.runner import CannotStart, Workload, checkpoint_uri
+from tidefleet.agent.runner import CannotStart, Workload, checkpoint_uri, free_port
 from tidefleet.cloud import for_env
 from tidefleet.config import NODE_LOSSES_TOLERATED, Environment, Queue
 from tidefleet.jobs.sdk import ItemMessage, send_messages
@@ -125,6 +125,30 @@ class Run(Held):
     began: float = field(default_factory=time.time)
     state: Attempt = field(kw_only=True)
     workload: Workload = field(kw_only=True)
+    # A multi-node item this node leads (`agent.gang`): the gang's (min, max) nodes, why the gang
+    # stopped the workload (then the item goes back whole) or which member failed.
+    gang: tuple[int, int] | None = None
+    gang_stop: str = ""
+    gang_failure: str = ""
+    stop_at: float | None = None  # when the gang asked it to stop: SIGKILL after the grace
+
+
+@dataclass(eq=False)
+class Member:
+    """This node's part in a gang item another node leads: it holds the node's slots while the gang
+    forms and runs, never the item's message or lease (the lead's)."""
+
+    queue: str
+    job: str
+    item: str
+    attempt: int
+    slots: int
+    gang: tuple[int, int]
+    state: Attempt
+    workload: Workload
+    gpus: list[int] = field(default_factory=list)
+    rank: int | None = None  # once started
+    stop_at: float | None = None  # when the gang asked it to stop: SIGKILL after the grace
 
 
 class Acks:
@@ -180,6 +204,9 @@ class Agent:
         self.lock = threading.RLock()  # re-entrant: the SIGTERM handler may run while the main thread holds it
         self.changed = threading.Condition(self.lock)
         self.runs: list[Run] = []
+        self.members: list[Member] = []  # this node's parts in gangs other nodes lead
+        self.beacon: dict = {}  # the gang this node leads that takes members (`gang.Beacon`), for the heartbeat
+        self.address = "127.0.0.1"  # where the nodes of a gang this node leads reach it (`_prepare`)
         self.stopping = threading.Event()
         self.cordoned = False  # the scaler's consolidation mark, read back with each heartbeat
         self.intake: dict[str, float] = {}  # queue -> items taken per second, as of intake_at
@@ -241,6 +268,7 @@ class Agent:
                 raise GpuProblem(f"this node's GPUs are not usable: {err}; it takes no items and is marked "
                                  "draining, so the scaler replaces it") from None  # fmt: skip
             log.info("GPUs %s, %d slot(s) each", [g.index for g in self.devices.gpus], self.devices.slots_per_gpu)
+        self.address = self.metadata.address() or self.address
         if self.s.checkpoint_root is not None:
             self.checkpoint_base = self.s.checkpoint_root.resolve().as_uri()
         else:
@@ -257,7 +285,7 @@ class Agent:
     # -- intake -------------------------------------------------------------------------
     def _free_slots(self) -> int:
         with self.lock:
-            return self.slots - sum(r.slots for r in self.runs)
+            return self.slots - sum(r.slots for r in self.runs) - sum(m.slots for m in self.members)
 
     def _intake(self) -> None:
         while not self.stopping.is_set():
@@ -268,6 +296,8 @@ class Agent:
                     with self.changed:
                         self.changed.wait(timeout=1.0)
                     continue
+                if free == self.slots and self._join_gang([(n, q) for n, q in fitting if q.gang[1] > 1]):
+                    continue  # a gang that forms goes before new items
                 got = sum(self._receive(n, q, wait_s=0) for n, q in fitting)  # highest priority first
                 if not got and not self.stopping.is_set():
                     self._receive(*fitting[0], wait_s=self.s.wait_s)
@@ -330,10 +360,13 @@ class Agent:
         # running, under a lapsed lease), or the message was only hidden again on purpose.
         before = self.store.item(msg.job, msg.item) if delivery.deliveries > 1 else None
         now = time.time()
+        # A gang item's claim makes this node its lead and starts the gang afresh.
+        lead = {"gang": gang.FORMING, "members": [self._member_entry(now, port=free_port())], "left": [],
+                "gang_failure": ""} if queue.gang[1] > 1 else {}  # fmt: skip
         item = self.store.update_item(
             msg.job, msg.item, status="running", node=self.s.node_id, args=msg.args, seq=msg.seq,
             lease_until=now + self.lease_s, message_id=delivery.message_id, add={"attempts": 1},
-            fence=Fence(claim_at=now, seq=msg.seq),
+            fence=Fence(claim_at=now, seq=msg.seq), **lead,
         )  # fmt: skip
         if item is None:
             self._refused(name, delivery, msg, now)
@@ -346,14 +379,15 @@ class Agent:
             return
         run = Run(name, held.receipt, msg, attempt=item.attempts, what=held.what, slots=held.what.slots,
                   state=Attempt(held.what.timeout_s, min(self.s.grace_s, CANCEL_GRACE_S)),
-                  workload=Workload(self.s.work_dir / msg.job / msg.item / str(item.attempts)))  # fmt: skip
+                  workload=Workload(self.s.work_dir / msg.job / msg.item / str(item.attempts)),
+                  gang=queue.gang if lead else None)  # fmt: skip
         with self.lock:
             if self.devices is not None:  # only this thread takes devices: what fit above still fits
                 run.gpus = self.devices.take(str(id(run)), run.slots)
             self.runs.append(run)
             self.idle_since = None
             self._count_intake(name, time.time())
-        threading.Thread(target=self._execute, args=(run, queue), daemon=True).start()
+        threading.Thread(target=self._lead if lead else self._execute, args=(run, queue), daemon=True).start()
 
     def _count_intake(self, queue: str, now: float) -> None:
         """One more item taken: the per-queue rates the heartbeat carries to the scaler."""
@@ -402,6 +436,233 @@ class Agent:
             return next((r for r in self.runs if (r.message.job, r.message.item, r.attempt) == (msg.job, msg.item, attempt)),
                         None)  # fmt: skip
 
+    # -- gangs: items that run on several nodes at once (`agent.gang`) ---------------------
+    def _member_entry(self, now: float, port: int | None = None) -> dict:
+        return {"node": self.s.node_id, "addr": self.address, "at": now, **({"port": port} if port else {})}
+
+    def _join_gang(self, fitting: list[tuple[str, Queue]]) -> bool:
+        """Join the first live gang of these queues that has room: True if this node joined one."""
+        if not fitting:
+            return False
+        queues = dict(fitting)
+        now = time.time()
+        for beacon in gang.beacons(self.store.heartbeats(self.pool_name), own_node=self.s.node_id, queues=set(queues),
+                                   now=now, heartbeat_s=self.s.heartbeat_s):  # fmt: skip
+            item = self.store.update_item(beacon.job, beacon.item, only_from=("running",), fence=Fence(attempt=beacon.attempt),
+                                          append={"members": self._member_entry(now)})  # fmt: skip
+            verdict = gang.for_member(item, beacon.attempt, self.s.node_id, queues[beacon.queue].gang[1], now)
+            if isinstance(verdict, gang.Leave):
+                if item is not None:  # joined past the gang's size: surplus, off the roster for good
+                    self._step("gang leave", self._mark_left, beacon.job, beacon.item, beacon.attempt)
+                continue
+            queue = queues[beacon.queue]
+            member = Member(beacon.queue, beacon.job, beacon.item, beacon.attempt, slots=self.slots, gang=queue.gang,
+                            state=Attempt(queue.item_timeout_s, self.s.grace_s),
+                            workload=Workload(self.s.work_dir / beacon.job / beacon.item / f"{beacon.attempt}-member"))  # fmt: skip
+            with self.lock:
+                if self.devices is not None:
+                    member.gpus = self.devices.take(str(id(member)), member.slots)
+                self.members.append(member)
+                self.idle_since = None
+            log.info("joined the gang of %s/%s (attempt %d) led by another node", beacon.job, beacon.item, beacon.attempt)
+            threading.Thread(target=self._member, args=(member, queue), daemon=True).start()
+            return True
+        return False
+
+    def _mark_left(self, job: str, item: str, attempt: int) -> None:
+        self.store.update_item(job, item, fence=Fence(attempt=attempt), append={"left": {"node": self.s.node_id}})
+
+    def _lead(self, run: Run, queue: Queue) -> None:
+        """Form the gang of the item this node claimed, then run it as node rank 0. The item goes
+        back (no attempt spent) if an older gang is forming or this one does not form in time."""
+        msg, (low, high) = run.message, run.gang
+        self.beacon = gang.Beacon(run.queue, msg.job, msg.item, run.attempt, time.time(), forming=True).record()
+        self._step("heartbeat", self._beat)  # free nodes find the gang now, not a heartbeat later
+        deadline = time.monotonic() + self.pool.boot_timeout_s  # the members may have to boot first
+        why = ""
+        while not why:
+            if run.state.stop is not None:  # a drain, a cancel, a newer attempt: settled as any attempt's
+                self.beacon = {}
+                self._settle(run, queue, Exited(-signal.SIGTERM, False, "stopped before its gang formed"), {})
+                return
+            item = self.store.item(msg.job, msg.item)
+            if item is None or item.attempts != run.attempt or item.status != "running":
+                self._superseded(run)
+                continue
+            if len(gang.roster(item.members, item.left, high)) >= low:
+                break
+            own = gang.Beacon.parse(self.beacon)
+            older = gang.yields_to(own, gang.beacons(self.store.heartbeats(self.pool_name), own_node=self.s.node_id,
+                                                     queues={run.queue}, now=time.time(), heartbeat_s=self.s.heartbeat_s))  # fmt: skip
+            if older is not None:
+                why = f"an older gang ({older.job}/{older.item}) is forming in the pool; joining it first"
+            elif time.monotonic() > deadline:
+                why = f"its gang did not form within {self.pool.boot_timeout_s}s (pool boot_timeout_s)"
+            else:
+                self.finished.wait(1.0)
+        if why:
+            self._release(run, why)
+            return
+        started = self.store.update_item(msg.job, msg.item, only_from=("running",), fence=Fence(attempt=run.attempt),
+                                         gang=gang.RUNNING)  # fmt: skip
+        if started is None:
+            self.beacon = {}
+            self._superseded(run)
+            self._settle(run, queue, Exited(-signal.SIGTERM, False), {})
+            return
+        members = tuple(gang.roster(started.members, started.left, high))
+        self.beacon = {**self.beacon, "forming": False} if low < high and len(members) < high else {}
+        log.info("%s/%s: gang of %d node(s) formed; starting as node rank 0", msg.job, msg.item, len(members))
+        self._execute(run, queue, gang.workload_env(members, 0, slots=self.slots, low=low, high=high,
+                                                    rendezvous_id=f"{msg.job}-{msg.item}-{run.attempt}"))  # fmt: skip
+
+    def _release(self, run: Run, why: str) -> None:
+        """Give a gang item back before it ran: a fresh message (seq + 1, so the old one is dropped
+        wherever it turns up), the record queued again; an interruption, never a failure."""
+        msg = run.message
+        self.beacon = {}
+        back = replace(msg, seq=msg.seq + 1)
+        send_messages(self.cloud, run.queue, [back])
+        self._record(run, status="queued", seq=back.seq, gang=gang.RELEASED,
+                     history={"attempt": run.attempt, "node": self.s.node_id, "outcome": "released", "reason": why})  # fmt: skip
+        self.acks.add(run.queue, run.receipt)
+        self._feed(run, StopAsked(Stop.SUPERSEDED, time.monotonic()))
+        self._feed(run, Exited(-signal.SIGTERM, False))
+        self._forget([run])
+        log.info("%s/%s: gave the item back: %s", msg.job, msg.item, why)
+
+    def _end_gang(self, run: Run, queue: Queue, usage: dict) -> None:
+        """After the lead's workload ended: the gang takes no members any more; a gang stopped by
+        one of its nodes hands the item back whole, or fails it if a member failed."""
+        self.beacon = {}
+        if not run.state.exited or self.stopping.is_set():
+            return  # recorded by `_settle`, or the drain hands it back with the rest
+        if Record(Outcome.HANDED_BACK) not in self._feed(run, GraceOver()):
+            return
+        if run.gang_failure:
+            self._failed(run, queue, None, f"gang member failed: {run.gang_failure}", usage)
+        else:
+            self._requeue([run], interrupted=True, reason=run.gang_stop)
+        self._forget([run])
+
+    def _member(self, member: Member, queue: Queue) -> None:
+        """A member's thread: wait for the gang to start, run this node's part, leave."""
+        stream = None
+        try:
+            verdict = self._member_verdict(member)
+            while isinstance(verdict, gang.Wait) and member.state.stop is None and not self.stopping.is_set():
+                self.finished.wait(1.0)
+                verdict = self._member_verdict(member)
+            if not isinstance(verdict, gang.Start) or member.state.stop is not None or self.stopping.is_set():
+                log.info("%s/%s: leaving its gang before it started (%s)", member.job, member.item,
+                         verdict.why if isinstance(verdict, gang.Leave) else "stopping")  # fmt: skip
+                self._feed(member, Exited(-signal.SIGTERM, False))
+                return
+            member.rank = verdict.rank
+            low, high = member.gang
+            job = self._job(member.job)
+            what = resolve(JobSpec.from_record(job.spec if job else None), queue, self.pool)
+            message = ItemMessage(member.job, member.item, self._item_args(member))
+            env = gang.workload_env(verdict.members, verdict.rank, slots=self.slots, low=low, high=high,
+                                    rendezvous_id=f"{member.job}-{member.item}-{member.attempt}")  # fmt: skip
+            stream = self.cloud.logs.stream(member.queue, member.job, member.item, member.attempt)
+            with self.lock:
+                self.streams.add(stream)
+            member.workload.start(what, message, member.attempt, self._checkpoint_uri(member.queue, message),
+                                  checkpoint_root=self.s.checkpoint_root, user_name=self.s.item_user,
+                                  gpu_indices=member.gpus, extra_env=env)  # fmt: skip
+            self._feed(member, Started())
+            log.info("%s/%s: started as node rank %d of %d", member.job, member.item, member.rank, len(verdict.members))
+            code, _, last_line = member.workload.wait(stream)
+            self._feed(member, Exited(code, member.workload.completed(), last_line))
+            if code != 0 and member.state.stop is None:  # its failure is the item's: the lead records it
+                tail = f": {last_line[:200]}" if last_line else ""
+                self._step("gang failure", self._fail_gang, member, f"node {self.s.node_id} (rank {member.rank}) exited {code}{tail}")
+        except Exception as err:  # a member's failure never takes the node down
+            log.exception("%s/%s: this node's part of the gang failed", member.job, member.item)
+            self._step("gang failure", self._fail_gang, member, f"node {self.s.node_id}: {type(err).__name__}: {err}")
+            self._feed(member, Crashed(str(err)))
+        finally:
+            if member.rank is None:  # never started: off the roster, so the gang forms without it
+                self._step("gang leave", self._mark_left, member.job, member.item, member.attempt)
+            if stream is not None:
+                stream.close()
+                with self.lock:
+                    self.streams.discard(stream)
+            member.workload.remove()
+            with self.lock:
+                if member in self.members:
+                    self.members.remove(member)
+                if self.devices is not None:
+                    self.devices.give_back(str(id(member)))
+            self._forget([])
+
+    def _fail_gang(self, member: Member, failure: str) -> None:
+        self.store.update_item(member.job, member.item, only_from=("running",), fence=Fence(attempt=member.attempt),
+                               gang_failure=failure)  # fmt: skip
+
+    def _member_verdict(self, member: Member) -> gang.Wait | gang.Start | gang.Leave:
+        item = self.store.item(member.job, member.item)
+        return gang.for_member(item, member.attempt, self.s.node_id, member.gang[1], time.time())
+
+    def _item_args(self, member: Member) -> list[str]:
+        item = self.store.item(member.job, member.item)
+        return list(item.args) if item is not None else []
+
+    def _watch_gangs(self, leads: list[Run], members: list[Member]) -> None:
+        """Each heartbeat: a lead stops when its gang stops, fails or shrinks below min; a member
+        stops when its gang or its lead ends."""
+        clock = time.monotonic()
+        for part in [*leads, *members]:  # a workload the gang stopped gets the grace to checkpoint, then SIGKILL
+            if part.stop_at is not None and clock - part.stop_at > self.s.grace_s:
+                part.workload.signal(Signal.KILL)
+        for run in leads:
+            if run.state.stop is not None or not run.state.started:
+                continue
+            item = self.store.item(run.message.job, run.message.item)
+            if item is None or item.attempts != run.attempt:
+                continue  # the lease renewal stops a superseded attempt
+            low, high = run.gang
+            ranked = gang.roster(item.members, item.left, high)
+            if item.gang_failure:
+                run.gang_failure = item.gang_failure
+            elif item.gang == gang.STOPPING:
+                run.gang_stop = "a node of its gang was interrupted"
+            elif len(ranked) < low:
+                run.gang_stop = f"its gang fell to {len(ranked)} node(s), below min {low}"
+                self.store.update_item(run.message.job, run.message.item, only_from=("running",),
+                                       fence=Fence(attempt=run.attempt), gang=gang.STOPPING)  # fmt: skip
+            else:
+                if self.beacon and low < high:  # an elastic gang takes joiners while it has room
+                    self.beacon = {**self.beacon, "forming": False} if len(ranked) < high else {}
+                continue
+            log.info("%s/%s: stopping the gang's workload: %s", run.message.job, run.message.item,
+                     run.gang_failure or run.gang_stop)  # fmt: skip
+            run.stop_at = clock
+            self._feed(run, StopAsked(Stop.INTERRUPT, clock))
+        for member in members:
+            if member.state.stop is None and member.state.started:
+                verdict = self._member_verdict(member)
+                if isinstance(verdict, gang.Leave):
+                    log.info("%s/%s: stopping this node's part: %s", member.job, member.item, verdict.why)
+                    member.stop_at = clock
+                    self._feed(member, StopAsked(Stop.INTERRUPT, clock))
+
+    def _leave_gang(self, part: Run | Member) -> None:
+        """This node is going away: its gang stops with it (the item goes back whole), or, for an
+        elastic gang with enough nodes left, goes on without it."""
+        job, item_id = (part.message.job, part.message.item) if isinstance(part, Run) else (part.job, part.item)
+        low, high = part.gang
+        item = self.store.item(job, item_id)
+        if item is None or item.attempts != part.attempt:
+            return
+        if isinstance(part, Member) and part.rank is None:
+            return  # not started: it leaves the roster as its thread ends, and the gang forms without it
+        if isinstance(part, Run) or gang.on_member_stop(item, self.s.node_id, low, high) == gang.STOPPING:
+            self.store.update_item(job, item_id, only_from=("running",), fence=Fence(attempt=part.attempt), gang=gang.STOPPING)
+        else:
+            self._mark_left(job, item_id, part.attempt)
+
     # -- one attempt ----------------------------------------------------------------------
     def _checkpoint_uri(self, queue: str, msg: ItemMessage) -> str:
         return checkpoint_uri(self.checkpoint_base, self.s.checkpoint_root, queue, msg)
@@ -417,7 +678,7 @@ class Agent:
             self.changed.notify_all()  # the drain waits for attempts to end
         return decisions
 
-    def _execute(self, run: Run, queue: Queue) -> None:
+    def _execute(self, run: Run, queue: Queue, gang_env: dict | None = None) -> None:
         """The runner thread of one attempt: whatever raises, the attempt settles once and the
         slot is freed."""
         msg = run.message
@@ -428,7 +689,7 @@ class Agent:
                 self.streams.add(stream)
             run.workload.start(run.what, msg, run.attempt, self._checkpoint_uri(run.queue, msg),
                                checkpoint_root=self.s.checkpoint_root, user_name=self.s.item_user,
-                               gpu_indices=run.gpus)  # fmt: skip
+                               gpu_indices=run.gpus, extra_env=gang_env)  # fmt: skip
             self._feed(run, Started())
             timer = threading.Timer(run.what.timeout_s, lambda: self._feed(run, StopAsked(Stop.TIMEOUT, time.monotonic())))
             timer.daemon = True
@@ -451,6 +712,8 @@ class Agent:
             ended = Crashed(why, run.workload.completed())
         try:
             self._settle(run, queue, ended, usage)
+            if run.gang is not None:
+                self._end_gang(run, queue, usage)
         except Exception:  # unrecorded, the message comes back after its visibility timeout
             log.exception("could not record %s/%s; the queue redelivers it", msg.job, msg.item)
             self._forget([run])
@@ -506,7 +769,7 @@ class Agent:
                 if self.devices is not None:
                     self.devices.give_back(str(id(run)))
                 self.gpu_usage.pop(id(run), None)
-            if not self.runs and self.idle_since is None:
+            if not self.runs and not self.members and self.idle_since is None:
                 self.idle_since = time.time()
             self.changed.notify_all()
 
@@ -555,8 +818,9 @@ class Agent:
                                   fence=Fence(attempt=held.attempt), **values) is None:  # fmt: skip
             self.store.update_item(msg.job, msg.item, never_from=(), append={"history": history})
 
-    def _requeue(self, helds: list[Held], *, interrupted: bool) -> None:
+    def _requeue(self, helds: list[Held], *, interrupted: bool, reason: str = "") -> None:
         """Send each item back as a fresh message (receive count 1), then delete what we held."""
+        reason = reason or self.stop_reason
         by_queue: dict[str, list[Held]] = defaultdict(list)
         for h in helds:
             by_queue[h.queue].append(h)
@@ -570,22 +834,29 @@ class Agent:
                 ran = {"seconds": round(time.time() - h.began, 3), **self._placement(h)} if isinstance(h, Run) else {}
                 self._record(h, status="queued", seq=h.message.seq + 1, add={"interruptions": 1},
                              history={"attempt": h.attempt, "node": self.s.node_id, "outcome": "interrupted",
-                                      "reason": self.stop_reason, **ran})  # fmt: skip
+                                      "reason": reason, **ran})  # fmt: skip
         if helds:
-            log.info("handed back %d item(s)%s", len(helds), f" ({self.stop_reason})" if interrupted else "")
+            log.info("handed back %d item(s)%s", len(helds), f" ({reason})" if interrupted else "")
 
     # -- stopping ---------------------------------------------------------------------------
     def _drain(self) -> None:
         with self.lock:
             for run in self.runs:
                 self._feed(run, StopAsked(Stop.INTERRUPT, time.monotonic()))
-            busy = len(self.runs)
+            for member in self.members:
+                self._feed(member, StopAsked(Stop.INTERRUPT, time.monotonic()))
+            busy = len(self.runs) + len(self.members)
+            gangs = [r for r in self.runs if r.gang] + list(self.members)
+        for part in gangs:  # the other nodes of this node's gangs stop with it, or go on without it
+            self._step("gang stop", self._leave_gang, part)
         if busy:
             log.info("asked %d workload(s) to checkpoint; waiting up to %ss", busy, self.s.grace_s)
         deadline = time.monotonic() + self.s.grace_s
         with self.changed:
-            while any(r.state.running for r in self.runs) and time.monotonic() < deadline:
+            while any(p.state.running for p in [*self.runs, *self.members]) and time.monotonic() < deadline:
                 self.changed.wait(min(0.2, max(0.0, deadline - time.monotonic())))
+            for member in self.members:
+                self._feed(member, GraceOver())  # SIGKILL what is left; members hand nothing back
             # A workload that exited just before the deadline may not be settled yet (its runner
             # is still reading the last output): handing it back would run a finished item again.
             settle_by = time.monotonic() + SETTLE_S
@@ -634,11 +905,13 @@ class Agent:
     def _beat(self) -> None:
         with self.lock:
             runs = [r for r in self.runs if r.state.result is None]  # still holding their messages
-            busy = sum(r.slots for r in self.runs)
+            members = list(self.members)
+            busy = sum(r.slots for r in self.runs) + sum(m.slots for m in members)
             idle_since = self.idle_since
             streams = list(self.streams)
-            running = Counter(r.message.job for r in self.runs)
+            running = Counter([*(r.message.job for r in self.runs), *(m.job for m in members)])
         self._step("heartbeat", self._write_heartbeat, busy, idle_since, dict(running))
+        self._step("gangs", self._watch_gangs, [r for r in runs if r.gang], members)
         self._step("visibility", self._extend_visibility, runs)
         self._step("lease", self._renew_leases, runs)
         self._step("cancel check", self._stop_cancelled, runs)
@@ -676,7 +949,7 @@ class Agent:
         self.store.put_heartbeat(Heartbeat(
             self.s.node_id, self.pool_name, at=now, slots=self.slots, busy_slots=busy,
             idle_since=idle_since, draining=self.stopping.is_set(), instance_type=self.s.instance_type,
-            spot=self.s.spot, gpus=self.gpus, intake=intake, running=running,
+            spot=self.s.spot, gpus=self.gpus, intake=intake, running=running, gang=self.beacon,
         ))
         own = self.store.heartbeat(self.pool_name, self.s.node_id)
         if own is not None and own.draining:

@@ -37,6 +37,7 @@ class NodeMetadata:
             "/latest/meta-data/placement/availability-zone": self.availability_zone,
             "/latest/meta-data/placement/region": self.availability_zone[:-1],
             "/latest/meta-data/autoscaling/target-lifecycle-state": self.target_lifecycle_state,
+            "/latest/meta-data/local-ipv4": "127.0.0.1",  # every sandbox node is a process on this machine
         }
         if path == "/latest/meta-data/spot/instance-action":
             return json.dumps(self.spot_action) if self.spot_action else None

@@ -51,6 +51,9 @@ class Metadata:
         return (self.get("/latest/meta-data/instance-id"), self.get("/latest/meta-data/instance-type"),
                 self.get("/latest/meta-data/instance-life-cycle") != "on-demand")  # fmt: skip
 
+    def address(self) -> str | None:
+        return self.get("/latest/meta-data/local-ipv4")
+
     def notice(self) -> Notice | None:
         """A spot interruption notice or a group termination, whichever is present."""
         action = self.get("/latest/meta-data/spot/instance-action")

@@ -41,6 +41,9 @@ class GceMetadata:
         model = self.get("/computeMetadata/v1/instance/scheduling/provisioning-model")
         return self.get("/computeMetadata/v1/instance/name"), machine.rsplit("/", 1)[-1] if machine else None, model != "STANDARD"
 
+    def address(self) -> str | None:
+        return self.get("/computeMetadata/v1/instance/network-interfaces/0/ip")
+
     def notice(self) -> Notice | None:
         if (self.get(PREEMPTED) or "").strip().upper() == "TRUE":
             return Notice(f"spot preemption notice (GCE gives about {NOTICE_S}s)")

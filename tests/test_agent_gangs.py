@@ -1,0 +1,186 @@
+"""Multi-node items on real agent processes against the moto server: the nodes of a gang
+rendezvous through the job store, start together with disjoint ranks, reach each other at the
+lead's address, and stop together; a spot notice on one member sends the item back whole and it
+resumes from its checkpoint and succeeds once; an elastic gang goes on without a lost member; a
+member's failure fails the attempt."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from agent_harness import Harness, Imds, wait_until
+
+from tidefleet.jobs import sdk
+from tidefleet.records import FINAL
+
+pytestmark = pytest.mark.moto
+
+# Each node's part: note the rank environment, meet at MASTER_ADDR:MASTER_PORT (rank 0 serves,
+# the others connect and say their rank, as torch.distributed's TCP store does), then step; rank
+# 0 saves progress in the checkpoint the gang shares, and every rank resumes from it.
+GANG_WORKLOAD = r'''
+import json, os, pathlib, socket, sys, time, urllib.parse
+from tidefleet.agent import checkpoint
+
+args = dict(a.split("=", 1) for a in sys.argv[1:])
+names = ("RANK", "NODE_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TIDEFLEET_NNODES",
+         "TIDEFLEET_GANG_NODES", "TIDEFLEET_RDZV_ID")
+env = {k: os.environ.get(k) for k in names}
+rank, nodes = int(env["NODE_RANK"]), int(env["TIDEFLEET_GANG_NODES"])
+saved = pathlib.Path(urllib.parse.urlparse(checkpoint.checkpoint_uri()).path) / "progress"
+start = int(saved.read_text()) if saved.exists() else 0
+
+def record(event, **extra):
+    with open(os.environ["LEDGER"], "a") as f:
+        f.write(json.dumps({"event": event, "item": os.environ["TIDEFLEET_ITEM_ID"], "attempt": checkpoint.attempt(),
+                            "node": os.environ["TIDEFLEET_NODE_ID"], "rank": rank, **extra}) + "\n")
+
+record("start", env=env, resumed_from=start)
+if rank == 0:
+    server = socket.create_server((env["MASTER_ADDR"], int(env["MASTER_PORT"])))
+    server.settimeout(30)
+    peers = []
+    for _ in range(nodes - 1):
+        conn, _ = server.accept()
+        peers.append(int(conn.recv(16)))
+        conn.close()
+    record("rendezvous", peers=sorted(peers))
+else:
+    for _ in range(150):
+        try:
+            with socket.create_connection((env["MASTER_ADDR"], int(env["MASTER_PORT"])), timeout=1) as s:
+                s.sendall(str(rank).encode())
+            break
+        except OSError:
+            time.sleep(0.2)
+    else:
+        sys.exit(5)
+if rank == int(args.get("fail_rank", -1)):
+    print("rank failed on purpose", flush=True)
+    sys.exit(4)
+for step in range(start, int(args.get("steps", 0))):
+    if checkpoint.should_stop():
+        if rank == 0:
+            saved.write_text(str(step))
+            record("checkpoint", step=step)
+        checkpoint.exit_interrupted()
+    time.sleep(0.1)
+record("done")
+'''
+
+GANG_ENV = """
+region = "us-east-1"
+
+[pools.cpu]
+max = 4
+command = "{python} {workload}"
+env = {{ LEDGER = "{ledger}" }}
+instance_types = [{{ type = "c6i.large", weight = 1 }}]
+
+[queues.train]
+pool = "cpu"
+max_retries = {max_retries}
+item_timeout_s = 120
+nodes_per_item = 2
+
+[queues.elastic]
+pool = "cpu"
+max_retries = {max_retries}
+item_timeout_s = 120
+nodes_per_item = {{ min = 2, max = 3 }}
+"""
+
+
+@pytest.fixture
+def gang(tmp_path, aws, request) -> Harness:
+    h = Harness(tmp_path, aws, env_toml=GANG_ENV, workload=GANG_WORKLOAD, max_retries=1)
+    request.addfinalizer(h.stop_agents)
+    return h
+
+
+def _final(h: Harness, job_id: str):
+    item = h.items(job_id)["000000"]
+    return item.status in FINAL and item
+
+
+def _starts(h: Harness, attempt: int) -> dict[int, dict]:
+    return {e["rank"]: e for e in h.events("start") if e["attempt"] == attempt}
+
+
+def test_a_two_node_gang_starts_together_with_disjoint_ranks_meets_at_the_lead_and_succeeds_once(gang):
+    h = gang
+    job = sdk.submit(h.env, "gang", "train", sdk.read_items([["steps=20"]]), kick=False).job_id
+    h.start_agent("node-a")
+    h.start_agent("node-b")
+    item = wait_until(lambda: _final(h, job), 60, "the gang item to finish")
+    assert item.status == "succeeded" and item.attempts == 1
+    starts = _starts(h, 1)
+    assert sorted(starts) == [0, 1] and starts[0]["node"] != starts[1]["node"]
+    lead, member = starts[0]["env"], starts[1]["env"]
+    assert (lead["NODE_RANK"], member["NODE_RANK"], lead["WORLD_SIZE"], member["WORLD_SIZE"]) == ("0", "1", "2", "2")
+    assert (lead["RANK"], member["RANK"], lead["LOCAL_WORLD_SIZE"]) == ("0", "1", "1")
+    assert lead["MASTER_ADDR"] == member["MASTER_ADDR"] == "127.0.0.1" and lead["MASTER_PORT"] == member["MASTER_PORT"]
+    assert lead["TIDEFLEET_NNODES"] == "2" and lead["TIDEFLEET_RDZV_ID"] == member["TIDEFLEET_RDZV_ID"]
+    assert [e["peers"] for e in h.events("rendezvous")] == [[1]]  # the member reached the lead's port
+    assert Counter(e["rank"] for e in h.events("done")) == {0: 1, 1: 1}
+    assert item.members[0]["node"] == starts[0]["node"] and item.gang == "running"
+    wait_until(lambda: h.queue_depth("train") == 0, 10, "the message deleted")
+
+
+def test_a_spot_notice_on_one_member_stops_the_whole_gang_and_the_item_resumes_once_from_its_checkpoint(gang):
+    h, notices = gang, {n: Imds(n) for n in ("node-a", "node-b")}
+    try:
+        job = sdk.submit(h.env, "gang", "train", sdk.read_items([["steps=80"]]), kick=False).job_id
+        agents = {n: h.start_agent(n, notices[n].url) for n in notices}
+        starts = wait_until(lambda: len(_starts(h, 1)) == 2 and _starts(h, 1), 60, "the gang to start")
+        member = starts[1]["node"]
+        notices[member].spot_action = {"action": "terminate", "time": "2030-01-01T00:00:00Z"}
+        assert agents[member].wait(timeout=30) == 0
+        # The lead hands it back whole (and, free again, may well lead its next attempt at once).
+        item = wait_until(lambda: h.items(job)["000000"].interruptions == 1 and h.items(job)["000000"], 30,
+                          "the lead to hand the item back")  # fmt: skip
+        assert item.failures == 0 and item.history[0]["outcome"] == "interrupted"
+        assert [e["rank"] for e in h.events("checkpoint")] == [0]  # the lead saved the gang's progress
+        h.start_agent("node-c")  # capacity comes back: the gang forms again on the lead and the new node
+        item = wait_until(lambda: _final(h, job), 90, "the resumed gang to finish")
+        assert (item.status, item.attempts, item.interruptions, item.failures) == ("succeeded", 2, 1, 0)
+        resumed = _starts(h, 2)
+        assert sorted(resumed) == [0, 1] and all(e["resumed_from"] > 0 for e in resumed.values())
+        assert member not in {e["node"] for e in resumed.values()}
+        assert Counter(e["rank"] for e in h.events("done")) == {0: 1, 1: 1}  # succeeded once
+        assert "a node of its gang was interrupted" in str(item.history)
+    finally:
+        for imds in notices.values():
+            imds.close()
+
+
+def test_an_elastic_gang_goes_on_without_a_reclaimed_member_while_min_remain(gang):
+    h, notices = gang, {n: Imds(n) for n in ("node-a", "node-b", "node-c")}
+    try:
+        job = sdk.submit(h.env, "elastic", "elastic", sdk.read_items([["steps=60"]]), kick=False).job_id
+        agents = {n: h.start_agent(n, notices[n].url) for n in notices}
+        starts = wait_until(lambda: len(_starts(h, 1)) >= 2 and _starts(h, 1), 60, "the gang to start")
+        assert starts[0]["env"]["TIDEFLEET_NNODES"] == "2:3"
+        # The third node joins the running gang (torchrun would restart its rendezvous with it).
+        starts = wait_until(lambda: len(_starts(h, 1)) == 3 and _starts(h, 1), 30, "the gang to grow to 3")
+        leaving = starts[max(starts)]["node"]
+        notices[leaving].spot_action = {"action": "terminate", "time": "2030-01-01T00:00:00Z"}
+        assert agents[leaving].wait(timeout=30) == 0
+        item = wait_until(lambda: _final(h, job), 60, "the gang to finish without it")
+        assert (item.status, item.attempts, item.interruptions) == ("succeeded", 1, 0)
+        assert {e["node"] for e in item.left} >= {leaving}
+    finally:
+        for imds in notices.values():
+            imds.close()
+
+
+def test_a_member_that_fails_fails_the_attempt_with_its_node_and_exit_code(gang):
+    h = gang
+    job = sdk.submit(h.env, "gang", "train", sdk.read_items([["steps=100", "fail_rank=1"]]), kick=False).job_id
+    h.start_agent("node-a")
+    h.start_agent("node-b")
+    item = wait_until(lambda: h.items(job)["000000"].failures >= 1 and h.items(job)["000000"], 60, "a failed attempt")
+    failed = [e for e in item.history if e["outcome"] == "failed"]
+    assert failed and "gang member failed" in failed[0]["reason"] and "(rank 1) exited 4" in failed[0]["reason"]
+    assert item.interruptions == 0
