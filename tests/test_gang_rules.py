@@ -83,7 +83,9 @@ def test_the_rendezvous_environment_follows_torchrun_conventions():
     env = gang.workload_env(members, 2, slots=8, low=2, high=4, rendezvous_id="j-000000-3")
     assert env == {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29400", "WORLD_SIZE": "24", "RANK": "16",
                    "NODE_RANK": "2", "LOCAL_WORLD_SIZE": "8", "TIDEFLEET_NNODES": "2:4", "TIDEFLEET_GANG_NODES": "3",
-                   "TIDEFLEET_RDZV_ID": "j-000000-3"}  # fmt: skip
+                   "TIDEFLEET_RDZV_ID": "j-000000-3", "PET_NNODES": "2:4", "PET_NPROC_PER_NODE": "8",
+                   "PET_RDZV_BACKEND": "c10d", "PET_RDZV_ENDPOINT": "10.0.0.1:29400", "PET_RDZV_ID": "j-000000-3",
+                   "PET_RDZV_CONF": "is_host=0,last_call_timeout=5"}  # fmt: skip
     fixed = gang.workload_env(members[:2], 0, slots=8, low=2, high=2, rendezvous_id="r")
     assert fixed["TIDEFLEET_NNODES"] == "2" and fixed["MASTER_PORT"] == "29400"
 

@@ -121,22 +121,34 @@ def for_member(item, attempt: int, node_id: str, most: int, now: float) -> Wait 
 
 
 def workload_env(members: tuple[dict, ...], rank: int, *, slots: int, low: int, high: int, rendezvous_id: str) -> dict:
-    """The torch.distributed / torchrun variables for node `rank` of the gang. One process per node
-    reads RANK and WORLD_SIZE as they are; torchrun starts LOCAL_WORLD_SIZE processes per node
-    (`--nproc-per-node`) and rendezvouses at MASTER_ADDR:MASTER_PORT, elastic between
-    TIDEFLEET_NNODES=min:max."""
+    """The torch.distributed / torchrun variables for node `rank` of the gang.
+
+    A workload that runs one process per node reads MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE
+    as they are (`torch.distributed.init_process_group("env://")`). A plain `torchrun train.py`
+    needs no flags: torchrun reads its options from PET_* variables, so it starts
+    LOCAL_WORLD_SIZE processes per node and rendezvouses (c10d) at the lead's address, elastic
+    between min and max nodes; the lead hosts the rendezvous store. tidefleet starts torchrun
+    once the gang's nodes are there, so torchrun's own wait for more nodes (last call) is short."""
     lead = members[0]
     nodes = len(members)
+    addr, port = str(lead.get("addr") or "127.0.0.1"), str(lead.get("port") or MASTER_PORT_DEFAULT)
+    nnodes = f"{low}:{high}" if low < high else str(high)
     return {
-        "MASTER_ADDR": str(lead.get("addr") or "127.0.0.1"),
-        "MASTER_PORT": str(lead.get("port") or MASTER_PORT_DEFAULT),
+        "MASTER_ADDR": addr,
+        "MASTER_PORT": port,
         "WORLD_SIZE": str(nodes * slots),
         "RANK": str(rank * slots),
         "NODE_RANK": str(rank),
         "LOCAL_WORLD_SIZE": str(slots),
-        "TIDEFLEET_NNODES": f"{low}:{high}" if low < high else str(high),
+        "TIDEFLEET_NNODES": nnodes,
         "TIDEFLEET_GANG_NODES": str(nodes),
         "TIDEFLEET_RDZV_ID": rendezvous_id,
+        "PET_NNODES": nnodes,
+        "PET_NPROC_PER_NODE": str(slots),
+        "PET_RDZV_BACKEND": "c10d",
+        "PET_RDZV_ENDPOINT": f"{addr}:{port}",
+        "PET_RDZV_ID": rendezvous_id,
+        "PET_RDZV_CONF": f"is_host={int(rank == 0)},last_call_timeout=5",
     }
 
 
