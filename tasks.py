@@ -158,17 +158,19 @@ def lint(c):
         "items": "items in the demo job (0: none; with --keep, just the system)",
         "chaos": "SIGKILL random nodes, send spot notices and duplicate item messages while the job runs",
         "keep": "stay up afterwards and print the commands that point the CLI at it",
+        "train": "GPU items on their own devices and a 2-node training gang that survives a spot notice "
+                 "(environment sandbox-train unless --env names another)",
         "time_limit": "give up after this many seconds",
         "tick": "control tick in seconds (default: the environment's scaler.tick_s)",
     }
 )
-def sandbox(c, env="sandbox", items=200, chaos=False, keep=False, time_limit=600, tick=None):
+def sandbox(c, env=None, items=200, chaos=False, keep=False, train=False, time_limit=600, tick=None):
     """The whole system on this machine against a moto server: a job in, nodes up, work done, fleet at zero."""
     from tidefleet.cli import main
 
     # In this process, not a child: the live view gets this terminal as it is (or plain lines without one).
-    args = ["sandbox", "--env", env, "--items", str(int(items)), "--time-limit", str(int(time_limit))]
-    args += ["--chaos"] * chaos + ["--keep"] * keep + (["--tick", str(float(tick))] if tick else [])
+    args = ["sandbox", *(["--env", env] if env else []), "--items", str(int(items)), "--time-limit", str(int(time_limit))]
+    args += ["--chaos"] * chaos + ["--keep"] * keep + ["--train"] * train + (["--tick", str(float(tick))] if tick else [])
     try:
         main(args, prog_name="tidefleet")
     except SystemExit as done:  # click ends every run with one

@@ -28,6 +28,9 @@ from tidefleet.config import ConfigError, environment_path, load_environment
 @click.option("--chaos", is_flag=True,
               help="SIGKILL random nodes, send spot notices and duplicate item messages while the job runs")
 @click.option("--keep", is_flag=True, help="stay up afterwards and print how to point the CLI at it")
+@click.option("--train", is_flag=True,
+              help="instead of the demo job: GPU items sharing nodes on their own devices, and a 2-node training "
+                   "gang that gets a spot notice and resumes (environment sandbox-train unless --env names another)")
 @click.option(
     "--time-limit",
     default=600,
@@ -56,7 +59,7 @@ from tidefleet.config import ConfigError, environment_path, load_environment
 @click.option(
     "--json", "as_json", is_flag=True, help="print only the summary, as JSON (for scripts and tests)"
 )
-def sandbox(env_name, items, chaos, keep, time_limit, tick, boot_delay, seed, workdir, as_json) -> None:
+def sandbox(env_name, items, chaos, keep, train, time_limit, tick, boot_delay, seed, workdir, as_json) -> None:
     """A moto server, the environment's queues, table and groups, the scaler on a fast clock,
     nodes as local processes running their real user-data, and a demo job: watch machines
     appear, do the work and go back to zero. Exit 0 when every item is accounted for."""
@@ -64,6 +67,8 @@ def sandbox(env_name, items, chaos, keep, time_limit, tick, boot_delay, seed, wo
 
     from tidefleet.sandbox.run import Timing
 
+    if train and click.get_current_context().get_parameter_source("env_name") is click.core.ParameterSource.DEFAULT:
+        env_name = "sandbox-train"
     try:
         env = load_environment(env_name)
     except ConfigError as err:
@@ -71,6 +76,13 @@ def sandbox(env_name, items, chaos, keep, time_limit, tick, boot_delay, seed, wo
     if env.cloud != "aws":
         raise click.BadParameter(f"{env.name} is a {env.cloud} environment; the sandbox emulates AWS only "
                                  "(set cloud = \"aws\" in a copy of it)", param_hint="--env")  # fmt: skip
+    if train:
+        from tidefleet.sandbox.training import NotATrainingEnvironment, Queues
+
+        try:
+            Queues.of(env)
+        except NotATrainingEnvironment as err:
+            raise click.BadParameter(str(err), param_hint="--env") from None
     console = Console(stderr=as_json)
     temporary = workdir is None
     workdir = workdir or Path(tempfile.mkdtemp(prefix="tidefleet-sandbox-"))
@@ -79,8 +91,8 @@ def sandbox(env_name, items, chaos, keep, time_limit, tick, boot_delay, seed, wo
     summary = None
     try:
         summary = _run(env, environment_path(env_name).resolve().parent, workdir, console, items=items, chaos=chaos,
-                       keep=keep, deadline=time.time() + time_limit, timing=Timing(boot_delay_s=boot_delay, tick_s=tick),
-                       seed=seed, as_json=as_json)  # fmt: skip
+                       keep=keep, train=train, deadline=time.time() + time_limit,
+                       timing=Timing(boot_delay_s=boot_delay, tick_s=tick), seed=seed, as_json=as_json)  # fmt: skip
     finally:
         # A temp workdir goes, unless the run failed: then its node and scaler logs are the evidence.
         if temporary and (summary is None or summary.ok):
@@ -92,7 +104,7 @@ def sandbox(env_name, items, chaos, keep, time_limit, tick, boot_delay, seed, wo
         sys.exit(2 if summary.time_limit_hit else 1)
 
 
-def _run(env, environments: Path, workdir: Path, console, *, items, chaos, keep, deadline, timing, seed, as_json):
+def _run(env, environments: Path, workdir: Path, console, *, items, chaos, keep, train, deadline, timing, seed, as_json):
     """Bring the sandbox up, run the demo job (unless items is 0), stay up under --keep; the summary."""
     from tidefleet.cloud import for_env
     from tidefleet.sandbox import view
@@ -103,7 +115,9 @@ def _run(env, environments: Path, workdir: Path, console, *, items, chaos, keep,
         if not as_json:
             console.print(f"[bold]tidefleet sandbox[/bold]: moto on {box.moto.url}, work in {workdir}", highlight=False)
         summary = None
-        if items:
+        if train:
+            summary = _train(box, console, started=started, deadline=deadline, as_json=as_json)
+        elif items:
             store = for_env(env).store
             screen = None if as_json else view.Screen(console)
 
@@ -136,4 +150,40 @@ def _run(env, environments: Path, workdir: Path, console, *, items, chaos, keep,
                     time.sleep(1)
             except KeyboardInterrupt:
                 pass
+    return summary
+
+
+def _train(box, console, *, started: float, deadline: float, as_json: bool):
+    """The --train scenario with the live view; its summary printed (as JSON with --json)."""
+    from rich.table import Table
+
+    from tidefleet.cloud import for_env
+    from tidefleet.sandbox import view
+    from tidefleet.sandbox.training import run_training
+
+    env, store = box.env, for_env(box.env).store
+    screen = None if as_json else view.Screen(console)
+
+    def draw(progress: dict) -> None:
+        if screen is not None:
+            busy = {hb.node_id: hb.busy_slots for pool in env.pools for hb in store.heartbeats(pool).values()}
+            screen.show(env_name=env.name, started=started, status=progress["status"], queues=progress["queues"],
+                        nodes=box.launcher.snapshot(), busy=busy,
+                        reasons=[r for d in box.last_decisions for r in d.reasons], tick_error=box.tick_error)  # fmt: skip
+
+    try:
+        summary = run_training(box, deadline=deadline, on_progress=draw)
+    finally:
+        if screen is not None:
+            screen.close()
+    if as_json:
+        click.echo(summary.to_json())
+    else:
+        table = Table("", "", box=None, show_header=False, pad_edge=False)
+        for name, value in summary.rows():
+            table.add_row(name, value)
+        console.print()
+        console.print(table)
+        for note in summary.notes:
+            console.print(f"note: {note}", highlight=False)
     return summary

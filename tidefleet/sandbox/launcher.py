@@ -134,6 +134,9 @@ class Launcher:
             "TIDEFLEET_IMDS_URL": node.imds_url,
             "TIDEFLEET_NODE_ID": node.instance_id,
             "TIDEFLEET_AGENT_WORK_DIR": str(node_dir / "work"),
+            # The emulated driver's device count (`fake_nvidia_smi`), as the node's type has.
+            "FAKE_GPUS": str(next((t.gpus for t in self.env.pools[node.pool].instance_types
+                                   if t.type == node.instance_type), 0)),
         }
         with open(node_dir / "console.log", "ab") as console:
             node.process = subprocess.Popen(

@@ -148,6 +148,8 @@ class Sandbox:
         # A node's process sees only what its user-data exports, plus this Python on PATH.
         node_env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "TIDEFLEET_"))}
         node_env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), node_env.get("PATH", "")])
+        if any(t.gpus for pool in self.env.pools.values() for t in pool.instance_types):
+            node_env["PATH"] = os.pathsep.join([str(self._emulated_driver()), node_env["PATH"]])
         # The agents' per-attempt folders and the workloads' temp files: inside the workdir, so they go with it.
         node_env["TMPDIR"] = str(self.workdir / "tmp")
         (self.workdir / "tmp").mkdir(exist_ok=True)
@@ -167,6 +169,16 @@ class Sandbox:
         self._spawn("kick", kick_server.serve_forever)
         self._spawn("control", self._control_loop)
         self._spawn("launcher", lambda: self.launcher.run(self.stop))
+
+    def _emulated_driver(self) -> Path:
+        """A folder with an `nvidia-smi` that answers as a node of the pool's type would
+        (`fake_nvidia_smi`): GPU pools run here on an emulated driver, each item on its own devices."""
+        folder = self.workdir / "bin"
+        folder.mkdir(exist_ok=True)
+        smi = folder / "nvidia-smi"
+        smi.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m tidefleet.sandbox.fake_nvidia_smi "$@"\n')
+        smi.chmod(0o755)
+        return folder
 
     def _spawn(self, name: str, target: Callable[[], None]) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)

@@ -1,0 +1,39 @@
+"""`tidefleet sandbox --train` end to end, as a user runs it (the real CLI in a subprocess): GPU
+items on nodes of an emulated 4-GPU driver, two at a time per node on disjoint devices, and a
+2-node training gang whose non-lead node gets a spot notice: the item goes back whole once (not a
+failure), resumes from its saved step on a new pair of nodes, succeeds once, and the fleet goes
+back to zero."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.sandbox
+
+
+def test_gpu_items_share_nodes_on_their_own_devices_and_a_gang_survives_a_notice_on_a_member(tmp_path):
+    run = subprocess.run(
+        [sys.executable, "-m", "tidefleet.cli", "sandbox", "--train", "--time-limit", "200",
+         "--workdir", str(tmp_path / "sandbox"), "--json"],
+        capture_output=True, text=True, timeout=260, check=False,
+    )  # fmt: skip
+    assert run.stdout, f"no summary; exit {run.returncode}\n{run.stderr[-3000:]}"
+    summary = json.loads(run.stdout)
+    assert run.returncode == (0 if summary["ok"] else 2 if summary["time_limit_hit"] else 1), summary
+    assert summary["gpu_items_succeeded"] == summary["gpu_items"] == 4
+    assert summary["overlapping_pairs"] >= 1 and summary["devices_disjoint"]
+    assert summary["gang_nodes"] == 2 and summary["ranks_on_distinct_nodes"] and summary["rendezvous_ok"]
+    assert summary["noticed_node"] and (summary["interruptions"], summary["failures"]) == (1, 0)
+    assert summary["resumed_from"] > 0 and summary["succeeded_once"] and summary["fleet_at_zero"]
+    assert summary["ok"]
+
+
+def test_train_refuses_an_environment_without_a_gang_queue_in_one_line():
+    run = subprocess.run([sys.executable, "-m", "tidefleet.cli", "sandbox", "--train", "--env", "sandbox"],
+                         capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert "--train needs a queue with nodes_per_item > 1" in run.stderr and "use --env sandbox-train" in run.stderr
