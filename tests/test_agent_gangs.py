@@ -6,13 +6,20 @@ member's failure fails the attempt."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 
 import pytest
 from agent_harness import Harness, Imds, wait_until
+from botocore.exceptions import ClientError
 
+from tidefleet.agent import worker
+from tidefleet.agent.gang import Beacon
+from tidefleet.agent.worker import Agent, Settings
+from tidefleet.cloud.aws.dynamodb import DynamoStore
+from tidefleet.cloud.aws.imds import Metadata
 from tidefleet.jobs import sdk
-from tidefleet.records import FINAL
+from tidefleet.records import FINAL, Heartbeat
 
 pytestmark = pytest.mark.moto
 
@@ -184,3 +191,46 @@ def test_a_member_that_fails_fails_the_attempt_with_its_node_and_exit_code(gang)
     failed = [e for e in item.history if e["outcome"] == "failed"]
     assert failed and "gang member failed" in failed[0]["reason"] and "(rank 1) exited 4" in failed[0]["reason"]
     assert item.interruptions == 0
+
+
+# -- faults, in-process: whatever breaks while a gang forms, the item goes back and the node is free
+def _agent(h: Harness, node_id: str) -> Agent:
+    node = Agent(h.env, "cpu", Settings(node_id=node_id, instance_type="c6i.large", spot=True, work_dir=h.tmp / node_id,
+                                        checkpoint_root=h.tmp / "checkpoints", heartbeat_s=0.5, wait_s=0),
+                 metadata=Metadata("http://127.0.0.1:9"))  # fmt: skip
+    node._prepare()
+    return node
+
+
+def test_an_error_while_a_gang_forms_gives_the_item_back_unspent_and_frees_the_lead(gang, monkeypatch):
+    h = gang
+    job = sdk.submit(h.env, "gang", "train", sdk.read_items([["steps=5"]]), kick=False).job_id
+    lead = _agent(h, "node-lead")
+    monkeypatch.setattr(lead.store, "heartbeats", lambda pool: (_ for _ in ()).throw(KeyError("boom")))
+    assert lead._receive("train", h.env.queues["train"], wait_s=1) == 1
+    wait_until(lambda: not lead.runs, 30, "the lead's slots to come free")
+    item = h.items(job)["000000"]
+    assert (item.status, item.failures, item.gang) == ("queued", 0, "released")
+    assert item.history[-1]["outcome"] == "released" and "could not be formed" in item.history[-1]["reason"]
+    lead.acks.flush()
+    assert h.queue_depth("train") == 1  # the item's message is back: the next node leads it
+
+
+def test_a_member_that_cannot_read_its_gang_waits_and_then_leaves_without_failing_it(gang, monkeypatch):
+    h = gang
+    job = sdk.submit(h.env, "gang", "train", sdk.read_items([["steps=5"]]), kick=False).job_id
+    store = DynamoStore(h.env.name, h.env.region)
+    store.update_item(job, "000000", status="running", attempts=1, lease_until=9e9, gang="forming",
+                      members=[{"node": "node-lead", "addr": "127.0.0.1", "port": 1}])  # fmt: skip
+    store.put_heartbeat(Heartbeat("node-lead", "cpu", at=time.time(), slots=1, busy_slots=1,
+                                  idle_since=None, gang=Beacon("train", job, "000000", 1, 1.0, True).record()))  # fmt: skip
+    member = _agent(h, "node-m")
+    monkeypatch.setattr(worker, "MIN_LEASE_S", 0.0)  # give up as soon as the boot timeout is over
+    throttled = ClientError({"Error": {"Code": "ThrottlingException", "Message": "slow down"}}, "GetItem")
+    monkeypatch.setattr(member.store, "item", lambda *a: (_ for _ in ()).throw(throttled))
+    member.pool = member.pool.model_copy(update={"boot_timeout_s": 2})
+    assert member._join_gang([("train", h.env.queues["train"])])
+    assert member.members
+    wait_until(lambda: not member.members, 30, "the member to give up")
+    item = store.item(job, "000000")
+    assert item.gang_failure == "" and [m["node"] for m in item.left] == ["node-m"]

@@ -54,8 +54,8 @@ def test_ranks_follow_join_order_without_those_that_left_and_surplus_joiners_are
 
 
 def _item(**over):
-    base = dict(job_id="j", item_id="000000", status="running", attempts=2, lease_until=NOW + 30, gang=gang.FORMING,
-                members=[{"node": "lead", "addr": "10.0.0.1", "port": 29400}, {"node": "me"}])
+    base = {"job_id": "j", "item_id": "000000", "status": "running", "attempts": 2, "lease_until": NOW + 30,
+            "gang": gang.FORMING, "members": [{"node": "lead", "addr": "10.0.0.1", "port": 29400}, {"node": "me"}]}
     return Item(**{**base, **over})
 
 

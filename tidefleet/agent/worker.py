@@ -465,7 +465,7 @@ class Agent:
                 self.members.append(member)
                 self.idle_since = None
             log.info("joined the gang of %s/%s (attempt %d) led by another node", beacon.job, beacon.item, beacon.attempt)
-            threading.Thread(target=self._member, args=(member, queue), daemon=True).start()
+            threading.Thread(target=self._member, args=(member, queue, list(item.args)), daemon=True).start()
             return True
         return False
 
@@ -473,8 +473,22 @@ class Agent:
         self.store.update_item(job, item, fence=Fence(attempt=attempt), append={"left": {"node": self.s.node_id}})
 
     def _lead(self, run: Run, queue: Queue) -> None:
-        """Form the gang of the item this node claimed, then run it as node rank 0. The item goes
-        back (no attempt spent) if an older gang is forming or this one does not form in time."""
+        """The thread of a gang item this node claimed: form the gang, then run it as node rank 0.
+        Whatever raises while it forms, the item goes back and the node's slots come free."""
+        try:
+            self._form(run, queue)
+        except Exception:  # never a wedged node: give the item back, else let its lease lapse
+            log.exception("%s/%s: forming its gang failed; giving the item back", run.message.job, run.message.item)
+            try:
+                self._release(run, "its gang could not be formed (an agent error)")
+            except Exception:  # noqa: BLE001 - unrecorded: the message comes back after its visibility timeout
+                self._feed(run, StopAsked(Stop.SUPERSEDED, time.monotonic()))
+                self._forget([run])
+                self.beacon = {}
+
+    def _form(self, run: Run, queue: Queue) -> None:
+        """Wait for the gang's nodes, then start. The item goes back (no attempt spent) if an
+        older gang is forming in the pool or this one does not form in time."""
         msg, (low, high) = run.message, run.gang
         self.beacon = gang.Beacon(run.queue, msg.job, msg.item, run.attempt, time.time(), forming=True).record()
         self._step("heartbeat", self._beat)  # free nodes find the gang now, not a heartbeat later
@@ -485,15 +499,21 @@ class Agent:
                 self.beacon = {}
                 self._settle(run, queue, Exited(-signal.SIGTERM, False, "stopped before its gang formed"), {})
                 return
-            item = self.store.item(msg.job, msg.item)
+            try:
+                item = self.store.item(msg.job, msg.item)
+                pool = self.store.heartbeats(self.pool_name)
+            except self.cloud.errors as err:  # the lease is renewed meanwhile: look again
+                log.warning("%s/%s: could not read its gang (%s); trying again", msg.job, msg.item, err)
+                self.finished.wait(1.0)
+                continue
             if item is None or item.attempts != run.attempt or item.status != "running":
                 self._superseded(run)
                 continue
             if len(gang.roster(item.members, item.left, high)) >= low:
                 break
             own = gang.Beacon.parse(self.beacon)
-            older = gang.yields_to(own, gang.beacons(self.store.heartbeats(self.pool_name), own_node=self.s.node_id,
-                                                     queues={run.queue}, now=time.time(), heartbeat_s=self.s.heartbeat_s))  # fmt: skip
+            older = gang.yields_to(own, gang.beacons(pool, own_node=self.s.node_id, queues={run.queue}, now=time.time(),
+                                                     heartbeat_s=self.s.heartbeat_s))  # fmt: skip
             if older is not None:
                 why = f"an older gang ({older.job}/{older.item}) is forming in the pool; joining it first"
             elif time.monotonic() > deadline:
@@ -545,14 +565,20 @@ class Agent:
             self._requeue([run], interrupted=True, reason=run.gang_stop)
         self._forget([run])
 
-    def _member(self, member: Member, queue: Queue) -> None:
-        """A member's thread: wait for the gang to start, run this node's part, leave."""
-        stream = None
+    def _member(self, member: Member, queue: Queue, args: list[str]) -> None:
+        """A member's thread: wait for the gang to start, run this node's part, leave. Whatever
+        raises, the node's slots come free and the gang learns of it."""
+        stream, verdict = None, gang.Wait()
+        # A lead gives up on a gang that has not formed within the boot timeout; a member that
+        # cannot even learn that (the store unreadable) gives up a little later.
+        give_up = time.monotonic() + self.pool.boot_timeout_s + MIN_LEASE_S
         try:
-            verdict = self._member_verdict(member)
             while isinstance(verdict, gang.Wait) and member.state.stop is None and not self.stopping.is_set():
-                self.finished.wait(1.0)
                 verdict = self._member_verdict(member)
+                if isinstance(verdict, gang.Wait) and time.monotonic() > give_up:
+                    verdict = gang.Leave(f"the gang did not start within {self.pool.boot_timeout_s + MIN_LEASE_S:.0f}s")
+                elif isinstance(verdict, gang.Wait):
+                    self.finished.wait(1.0)
             if not isinstance(verdict, gang.Start) or member.state.stop is not None or self.stopping.is_set():
                 log.info("%s/%s: leaving its gang before it started (%s)", member.job, member.item,
                          verdict.why if isinstance(verdict, gang.Leave) else "stopping")  # fmt: skip
@@ -562,7 +588,7 @@ class Agent:
             low, high = member.gang
             job = self._job(member.job)
             what = resolve(JobSpec.from_record(job.spec if job else None), queue, self.pool)
-            message = ItemMessage(member.job, member.item, self._item_args(member))
+            message = ItemMessage(member.job, member.item, args)
             env = gang.workload_env(verdict.members, verdict.rank, slots=self.slots, low=low, high=high,
                                     rendezvous_id=f"{member.job}-{member.item}-{member.attempt}")  # fmt: skip
             stream = self.cloud.logs.stream(member.queue, member.job, member.item, member.attempt)
@@ -578,13 +604,17 @@ class Agent:
             if code != 0 and member.state.stop is None:  # its failure is the item's: the lead records it
                 tail = f": {last_line[:200]}" if last_line else ""
                 self._step("gang failure", self._fail_gang, member, f"node {self.s.node_id} (rank {member.rank}) exited {code}{tail}")
-        except Exception as err:  # a member's failure never takes the node down
+        except self.cloud.errors as err:  # the cloud, not the item: leave, the gang goes on or re-forms
+            log.warning("%s/%s: could not run this node's part of the gang (%s); leaving it", member.job, member.item,
+                        str(err).splitlines()[0][:300])  # fmt: skip
+            self._feed(member, Crashed(str(err)))
+        except Exception as err:  # the item's failure (a program that does not start): never the node's
             log.exception("%s/%s: this node's part of the gang failed", member.job, member.item)
             self._step("gang failure", self._fail_gang, member, f"node {self.s.node_id}: {type(err).__name__}: {err}")
             self._feed(member, Crashed(str(err)))
         finally:
-            if member.rank is None:  # never started: off the roster, so the gang forms without it
-                self._step("gang leave", self._mark_left, member.job, member.item, member.attempt)
+            if not member.state.started:
+                self._step("gang leave", self._leave_unstarted, member, isinstance(verdict, gang.Start))
             if stream is not None:
                 stream.close()
                 with self.lock:
@@ -601,13 +631,23 @@ class Agent:
         self.store.update_item(member.job, member.item, only_from=("running",), fence=Fence(attempt=member.attempt),
                                gang_failure=failure)  # fmt: skip
 
-    def _member_verdict(self, member: Member) -> gang.Wait | gang.Start | gang.Leave:
-        item = self.store.item(member.job, member.item)
-        return gang.for_member(item, member.attempt, self.s.node_id, member.gang[1], time.time())
+    def _leave_unstarted(self, member: Member, running: bool) -> None:
+        """Off the roster, so the gang forms without this node; but a fixed gang that started
+        counts on it: the gang stops (the item goes back whole) rather than wait for it."""
+        if running and member.gang[0] == member.gang[1]:
+            self.store.update_item(member.job, member.item, only_from=("running",), fence=Fence(attempt=member.attempt),
+                                   gang=gang.STOPPING)  # fmt: skip
+        else:
+            self._mark_left(member.job, member.item, member.attempt)
 
-    def _item_args(self, member: Member) -> list[str]:
-        item = self.store.item(member.job, member.item)
-        return list(item.args) if item is not None else []
+    def _member_verdict(self, member: Member) -> gang.Wait | gang.Start | gang.Leave:
+        """What the member does now; Wait (look again) when the store cannot be read."""
+        try:
+            item = self.store.item(member.job, member.item)
+        except self.cloud.errors as err:
+            log.warning("%s/%s: could not read the gang (%s); trying again", member.job, member.item, err)
+            return gang.Wait()
+        return gang.for_member(item, member.attempt, self.s.node_id, member.gang[1], time.time())
 
     def _watch_gangs(self, leads: list[Run], members: list[Member]) -> None:
         """Each heartbeat: a lead stops when its gang stops, fails or shrinks below min; a member

@@ -82,12 +82,14 @@ class TrainingSummary:
         return json.dumps({**asdict(self), "ok": self.ok}, indent=2, sort_keys=True)
 
     def rows(self) -> list[tuple[str, str]]:
-        yes = lambda flag: "yes" if flag else "NO"  # noqa: E731
+        def yes(flag: bool) -> str:
+            return "yes" if flag else "NO"
+
         return [
             ("GPU items succeeded", f"{self.gpu_items_succeeded} of {self.gpu_items}"),
             ("GPU items side by side on a node", f"{self.overlapping_pairs} pair(s); disjoint GPUs: {yes(self.devices_disjoint)}"),
-            ("gang: nodes, distinct ranks, rendezvous", f"{self.gang_nodes}, {yes(self.ranks_on_distinct_nodes)}, "
-                                                        f"{yes(self.rendezvous_ok)}"),  # fmt: skip
+            ("gang: nodes, distinct ranks, rendezvous",
+             f"{self.gang_nodes}, {yes(self.ranks_on_distinct_nodes)}, {yes(self.rendezvous_ok)}"),
             ("spot notice sent to", self.noticed_node or "NO ONE"),
             ("gang handed back / failed", f"{self.interruptions} / {self.failures}"),
             ("resumed from step", str(self.resumed_from)),
