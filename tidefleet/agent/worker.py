@@ -268,7 +268,8 @@ class Agent:
                 raise GpuProblem(f"this node's GPUs are not usable: {err}; it takes no items and is marked "
                                  "draining, so the scaler replaces it") from None  # fmt: skip
             log.info("GPUs %s, %d slot(s) each", [g.index for g in self.devices.gpus], self.devices.slots_per_gpu)
-        self.address = self.metadata.address() or self.address
+        if any(q.gang[1] > 1 for _, q in self.queues):  # where the nodes of a gang it leads reach it
+            self.address = self.metadata.address() or self.address
         if self.s.checkpoint_root is not None:
             self.checkpoint_base = self.s.checkpoint_root.resolve().as_uri()
         else:
