@@ -42,6 +42,11 @@ Rules
 8. When capacity is capped (max or a cost cap), queues are served by priority: the
    environment budget goes to pools in the order of their queues' priority, and the reason
    names the queues left waiting (also in `PoolDecision.starved_queues`).
+10. Team quotas and fair share (`quota.py`, with `[teams]`): before rule 1, waiting items beyond
+   their team's share of the pool are left out of demand, and queues of a team at its share are
+   held (`PoolDecision.hold` / `release`): its agents take no new items from them.
+11. Escalation: a queue whose oldest item waited past `max_wait_s` is served first in the fair
+   share (rule 10) and the units launched for the pool come on demand, as in rule 6.
 No decision both scales in and out: idle nodes go only when there is surplus, and growth
 happens only when there is none.
 """
@@ -52,6 +57,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from tidefleet.config import Environment, Pool
+from tidefleet.policy import quota
 from tidefleet.policy.cost import LaunchCost, PoolPrices
 from tidefleet.policy.demand import Horizon, Packing, boot_horizon, demand_slots, packing
 from tidefleet.policy.model import FleetView, NodeView, PoolDecision, PoolView, QueueView
@@ -93,6 +99,7 @@ class _Plan:
     limit: int  # units allowed by max and the pool cost cap
     limited_by: str  # which of them binds: "max" or "pool cost cap"
     shortage: list[str]  # spot shortage signals, empty when spot is healthy
+    escalated: list[str]  # queues whose oldest item waited past max_wait_s: launches come on demand
     cordon: list[str] = field(default_factory=list)  # nodes whose intake stops (consolidation)
     uncordon: list[str] = field(default_factory=list)  # cordoned nodes taking items again
     granted: int = 0  # units to launch, after the environment budget
@@ -108,11 +115,9 @@ def decide(env: Environment, fleet: FleetView, now: float) -> tuple[PoolDecision
 
     The environment cost cap sees only the pools in `fleet`: when it is set, pass them all.
     """
-    queues_by_pool: dict[str, list[QueueView]] = {}
-    for queue in fleet.queues:
-        queues_by_pool.setdefault(queue.pool, []).append(queue)
+    quotas = quota.apply(env, fleet)  # rule 10: demand beyond a team's share is left out
     plans = {
-        view.name: _plan_pool(env, view, queues_by_pool.get(view.name, []), now)
+        view.name: _plan_pool(env, view, list(quotas[view.name].queues) if view.name in quotas else [], now)
         for view in fleet.pools
         if view.name in env.pools
     }
@@ -122,9 +127,17 @@ def decide(env: Environment, fleet: FleetView, now: float) -> tuple[PoolDecision
         env_cost = sum(p.existing_cost + p.launch_cost(p.granted) for p in plans.values())
         env_cap = f"environment cap ({_usd(env_cost)} of {_usd(env.scaler.cost_cap_usd_per_hour)})"
     return tuple(
-        _decision(plans[view.name], env_cap) if view.name in plans else _unknown_pool(env, view)
+        _with_quota(_decision(plans[view.name], env_cap), quotas.get(view.name))
+        if view.name in plans
+        else _unknown_pool(env, view)
         for view in fleet.pools
     )
+
+
+def _with_quota(decision: PoolDecision, share: quota.PoolQuota | None) -> PoolDecision:
+    if share is None:
+        return decision
+    return replace(decision, hold=share.hold, release=share.release, reasons=decision.reasons + share.reasons)
 
 
 def _unknown_pool(env: Environment, view: PoolView) -> PoolDecision:
@@ -193,13 +206,14 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
     shortage = _spot_shortage(
         view, nodes.serving, scaler.spot_failure_window_s, scaler.spot_fallback_after_s, now
     )
+    escalated = [q.name for q in queues if quota.overdue(q)]
     prices = PoolPrices.of(pool)
     group_units = _units(staying)
     launch_cost = LaunchCost(
         prices,
         group_units=group_units,
         on_demand_units=_units([n for n in staying if not n.spot]),
-        on_demand_base=pool.max if shortage else pool.on_demand_base,
+        on_demand_base=pool.max if shortage or escalated else pool.on_demand_base,
         on_demand_percent=pool.on_demand_percent,
     )
     existing_cost = sum(prices.node(n) for n in view.nodes if n.id not in gone)
@@ -245,6 +259,7 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
         limit=limit,
         limited_by=limited_by,
         shortage=shortage,
+        escalated=escalated,
         cordon=[n.id for n in cordon],
         uncordon=[n.id for n in uncordon],
     )
@@ -697,16 +712,19 @@ def _cap_reason(plan: _Plan, desired: int, starved: tuple[str, ...], env_cap: st
 def _on_demand_base(plan: _Plan, desired: int) -> tuple[int | None, str | None]:
     """Rule 6: raise the base to cover the units to launch while spot is short; restore it after."""
     current, configured = plan.view.on_demand_base, plan.pool.on_demand_base
-    if plan.shortage:
+    if plan.shortage or plan.escalated:
         # Only what is launched now needs the base; it is never lowered while spot is short.
         to_launch = max(0, desired - plan.group_units)
         wanted = min(plan.pool.max, max(configured, plan.launch_cost.on_demand_units + to_launch))
-        signals = "; ".join(plan.shortage)
+        if plan.shortage:
+            why = f"spot short ({'; '.join(plan.shortage)})"
+        else:  # rule 11: an item waited past its queue's max_wait_s: no spot launch gamble for it
+            why = f"escalate (queue {', '.join(plan.escalated)} waited past max_wait_s)"
         if to_launch == 0 or wanted <= current:
-            return None, f"spot short ({signals}): on-demand base stays {current} units"
+            return None, f"{why}: on-demand base stays {current} units"
         return (
             wanted,
-            f"spot short ({signals}): on-demand base {current} -> {wanted} units so {to_launch} unit(s) to launch come on demand",
+            f"{why}: on-demand base {current} -> {wanted} units so {to_launch} unit(s) to launch come on demand",
         )
     if current != configured:
         return configured, f"spot healthy: on-demand base {current} -> {configured} units (configured)"

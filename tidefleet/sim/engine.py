@@ -238,6 +238,7 @@ class Simulation:
         self.node_ids = itertools.count(1)
         self.takers = Takers(self.max_slots)
         self.waiting: list[deque[int]] = [deque() for _ in self.queues]  # per queue, in arrival order
+        self.held_at: dict[int, float] = {}  # queues the policy holds (team at its share): not pulled
         self.visible = [0] * len(self.queues)
         self.in_flight = [0] * len(self.queues)
         # Per queue, the run time of items finished so far, as the job store keeps it (never the
@@ -391,7 +392,7 @@ class Simulation:
         q = self.queue_of[index]
         self.waiting[q].append(index)
         self.visible[q] += 1
-        if len(self.waiting[q]) == 1:  # behind others, it waits for them (no node had room for them)
+        if len(self.waiting[q]) == 1 and q not in self.held_at:  # behind others, it waits for them
             node = self.takers.pick(self.need[index], self.placement_rng)
             if node is not None:
                 self._start(node, self.waiting[q].popleft())
@@ -416,6 +417,8 @@ class Simulation:
         if not self.takes_items(node):
             return
         for q in self.intake_order:
+            if q in self.held_at:
+                continue
             line = self.waiting[q]
             while line and self.need[line[0]] <= node.slots - node.busy:
                 self._start(node, line.popleft())
@@ -424,6 +427,8 @@ class Simulation:
         """Items waiting while agents have room (after requeues, launches): queue by queue in
         intake order, each head to any node it fits, until none fits."""
         for q in self.intake_order:
+            if q in self.held_at:
+                continue
             line = self.waiting[q]
             while line:
                 node = self.takers.pick(self.need[line[0]], self.placement_rng)
@@ -558,6 +563,14 @@ class Simulation:
         self._refile(node)
         if not cordoned:
             self._dispatch()
+
+    def set_held(self, q: int, since: float | None) -> None:
+        """The scaler's hold mark on queue q, as the agents read it: no new items from it while set."""
+        if since is None:
+            self.held_at.pop(q, None)
+            self._dispatch()
+        else:
+            self.held_at[q] = since
 
     def oldest_waiting(self, q: int) -> float | None:
         """Submit time of queue q's oldest waiting item (its line's head)."""
