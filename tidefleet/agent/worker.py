@@ -261,6 +261,7 @@ class Agent:
             return self.slots - sum(r.slots for r in self.runs)
 
     def _intake(self) -> None:
+        self._step("read holds", self._read_holds)  # before the first receive, not a heartbeat later
         while not self.stopping.is_set():
             try:
                 free = 0 if self.cordoned else self._free_slots()  # cordoned: finish, take nothing new
