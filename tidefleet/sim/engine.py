@@ -195,6 +195,7 @@ class Outcome:
     dead_lettered: int = 0  # items interrupted max_receive_count times: in the dead-letter queue
     peak_nodes: int = 0
     spot_launch_failures: int = 0
+    item_cost_usd: dict[int, float] = field(default_factory=dict)  # item index -> its slots' share of node bills
     end_s: float = 0.0
     samples: list[Sample] = field(default_factory=list)
 
@@ -461,6 +462,8 @@ class Simulation:
         self._push(self.now + held_s, DONE, (node.id, index, self.attempt[index]))
 
     def _release_slots(self, node: Node, index: int) -> None:
+        share = self.need[index] / node.slots * node.price * (self.now - node.running[index]) / 3600.0
+        self.outcome.item_cost_usd[index] = self.outcome.item_cost_usd.get(index, 0.0) + share
         del node.running[index]
         node.busy -= self.need[index]
         node.changed(self.now)
@@ -629,13 +632,18 @@ def placement(queues: list[tuple[str, Queue]], items: list[TraceItem]) -> tuple[
     """(queue index, slots taken) per item.
 
     An item goes to the pool's queue with the smallest slots_per_item that holds it (else the
-    largest) and takes that many slots, as the agent reserves a queue's slots per item.
+    largest) and takes that many slots, as the agent reserves a queue's slots per item. An item
+    whose trace group is the `team` of some of the queues goes to one of those (a team's work).
     """
+    teams: dict[str, list[int]] = {}
+    for i, (_, queue) in enumerate(queues):
+        if queue.team is not None:
+            teams.setdefault(queue.team, []).append(i)
+    every = list(range(len(queues)))
     queue_of, need = [], []
     for item in items:
-        q = next(
-            (i for i, (_, queue) in enumerate(queues) if queue.slots_per_item >= item.slots), len(queues) - 1
-        )
+        own = teams.get(item.group, every)
+        q = next((i for i in own if queues[i][1].slots_per_item >= item.slots), own[-1])
         queue_of.append(q)
         need.append(max(item.slots, queues[q][1].slots_per_item))
     return queue_of, need
