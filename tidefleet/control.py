@@ -138,7 +138,7 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
     stats = ports.stats.queue_stats(observed) if ports.stats is not None and observed else {}
     backlogs = dict(zip(observed, each(ports.queues.backlog, observed, ports.calls_in_flight), strict=True))
     waiting = ports.stats.waiting_since(observed) if ports.stats is not None and observed else {}
-    # Hold marks are the scaler's own (quota.py); read only when teams have quotas, or some may be left over.
+    # Hold marks are the scaler's own (quota.py), read every tick: a removed [teams] table releases them.
     held = ports.stats.held_since(observed) if ports.stats is not None and observed else {}
     queue_views, marks = [], {}
     for qname in observed:
