@@ -110,15 +110,32 @@ def test_waiting_items_beyond_a_teams_share_launch_no_node():
     assert d.reasons[0].startswith("scale out 0 -> 8 units: demand 8 slots")
 
 
-def test_an_overdue_queue_is_served_first_and_launched_on_demand():
+def test_an_overdue_queue_is_served_first_in_the_fair_share():
     env = environment(**{"pools.gpu.max": 6, "teams.vision.quota.gpus": 8, "teams.nlp.quota.gpus": 8})
     view = fleet(env, {"vision-train": (6, 0), "nlp-train": (6, 0)}, age={"vision-train": 2000.0})
     (d,) = decide(env, view, NOW)
-    assert d.desired == 6 and d.on_demand_base == 6
+    assert d.desired == 6 and d.on_demand_base is None  # overdue alone buys nothing on demand
     assert "queue vision-train waited 2000s > max_wait_s 1800s: team vision served first" in d.reasons
     assert "team nlp gets 0 of 6 slots: pool gpu holds 6 slots, shared by weight (1)" in d.reasons
-    assert ("escalate (queue vision-train waited past max_wait_s): on-demand base 0 -> 6 units so 6 unit(s) "
-            "to launch come on demand") in d.reasons  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("case", "age", "base", "line"),
+    [
+        ("a spot node booting past a typical boot is a shortage for an overdue queue", 2000.0, 3,
+         "spot short (i-slow spot without heartbeat 100s > 60s; queue vision-train waited past max_wait_s: escalated): "
+         "on-demand base 0 -> 3 units so 3 unit(s) to launch come on demand"),
+        ("the same node is not one for a queue within its max wait", 1000.0, None, None),
+    ],
+)  # fmt: skip
+def test_an_overdue_queue_falls_back_to_on_demand_after_a_typical_boot(case, age, base, line):
+    env = environment()
+    slow = NodeView("i-slow", "g5.xlarge", 1, 1, True, "pending", NOW - 100)
+    view = fleet(env, {"vision-train": (4, 0)}, age={"vision-train": age})
+    view = FleetView((PoolView("gpu", (slow,), 1, 0),), view.queues)
+    (d,) = decide(env, view, NOW)
+    assert d.on_demand_base == base, d.reasons
+    assert line is None or line in d.reasons
 
 
 def test_an_environment_wide_quota_counts_what_the_team_runs_in_other_pools():

@@ -46,7 +46,10 @@ Rules
    their team's share of the pool are left out of demand, and queues of a team at its share are
    held (`PoolDecision.hold` / `release`): its agents take no new items from them.
 11. Escalation: a queue whose oldest item waited past `max_wait_s` is served first in the fair
-   share (rule 10) and the units launched for the pool come on demand, as in rule 6.
+   share (rule 10), and its pool takes a spot node without heartbeat after `boot_estimate_s`
+   (not `spot_fallback_after_s`) as spot being short (rule 6: launches come on demand). Not more:
+   SQS and Pub/Sub give no ages, so a backlog that never empties is as old as its waiting mark,
+   and buying every launch on demand for it would be for good.
 No decision both scales in and out: idle nodes go only when there is surplus, and growth
 happens only when there is none.
 """
@@ -99,7 +102,6 @@ class _Plan:
     limit: int  # units allowed by max and the pool cost cap
     limited_by: str  # which of them binds: "max" or "pool cost cap"
     shortage: list[str]  # spot shortage signals, empty when spot is healthy
-    escalated: list[str]  # queues whose oldest item waited past max_wait_s: launches come on demand
     cordon: list[str] = field(default_factory=list)  # nodes whose intake stops (consolidation)
     uncordon: list[str] = field(default_factory=list)  # cordoned nodes taking items again
     granted: int = 0  # units to launch, after the environment budget
@@ -203,17 +205,22 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
     uncordon = [n for n in uncordon if n.id not in gone]  # a node leaving needs no mark
     staying = [n for n in members if n.id not in gone]
 
-    shortage = _spot_shortage(
-        view, nodes.serving, scaler.spot_failure_window_s, scaler.spot_fallback_after_s, now
-    )
-    escalated = [q.name for q in queues if quota.overdue(q)]
+    # Rule 11: with an item past its queue's max_wait_s, a spot node still booting after a typical
+    # boot is already a shortage: its items are not kept waiting for the fallback delay too.
+    window_s, fallback_s = scaler.spot_failure_window_s, scaler.spot_fallback_after_s
+    shortage = _spot_shortage(view, nodes.serving, window_s, fallback_s, now)
+    overdue = [q.name for q in queues if quota.overdue(q)]
+    if overdue and pool.boot_estimate_s < fallback_s:
+        eager = _spot_shortage(view, nodes.serving, window_s, pool.boot_estimate_s, now)
+        if len(eager) > len(shortage):
+            shortage = [*eager, f"queue {', '.join(overdue)} waited past max_wait_s: escalated"]
     prices = PoolPrices.of(pool)
     group_units = _units(staying)
     launch_cost = LaunchCost(
         prices,
         group_units=group_units,
         on_demand_units=_units([n for n in staying if not n.spot]),
-        on_demand_base=pool.max if shortage or escalated else pool.on_demand_base,
+        on_demand_base=pool.max if shortage else pool.on_demand_base,
         on_demand_percent=pool.on_demand_percent,
     )
     existing_cost = sum(prices.node(n) for n in view.nodes if n.id not in gone)
@@ -259,7 +266,6 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
         limit=limit,
         limited_by=limited_by,
         shortage=shortage,
-        escalated=escalated,
         cordon=[n.id for n in cordon],
         uncordon=[n.id for n in uncordon],
     )
@@ -712,14 +718,11 @@ def _cap_reason(plan: _Plan, desired: int, starved: tuple[str, ...], env_cap: st
 def _on_demand_base(plan: _Plan, desired: int) -> tuple[int | None, str | None]:
     """Rule 6: raise the base to cover the units to launch while spot is short; restore it after."""
     current, configured = plan.view.on_demand_base, plan.pool.on_demand_base
-    if plan.shortage or plan.escalated:
+    if plan.shortage:
         # Only what is launched now needs the base; it is never lowered while spot is short.
         to_launch = max(0, desired - plan.group_units)
         wanted = min(plan.pool.max, max(configured, plan.launch_cost.on_demand_units + to_launch))
-        if plan.shortage:
-            why = f"spot short ({'; '.join(plan.shortage)})"
-        else:  # rule 11: an item waited past its queue's max_wait_s: no spot launch gamble for it
-            why = f"escalate (queue {', '.join(plan.escalated)} waited past max_wait_s)"
+        why = f"spot short ({'; '.join(plan.shortage)})"
         if to_launch == 0 or wanted <= current:
             return None, f"{why}: on-demand base stays {current} units"
         return (
