@@ -28,7 +28,7 @@ def test_the_readme_environment_validates_with_its_teams():
     assert set(env.teams) == {"vision", "nlp"} and env.teams["nlp"].weight == 2
 
 
-def tick(vision: tuple[int, int], nlp: tuple[int, int]) -> list[str]:
+def tick(vision: tuple[int, int], nlp: tuple[int, int], vision_waited_s: float | None = None) -> list[str]:
     """The README's fleet: 12 one-GPU nodes, each running one of vision's items."""
     env = parse_environment(tomllib.loads(ENV_TOML), name="shared")
     nodes = tuple(
@@ -36,8 +36,9 @@ def tick(vision: tuple[int, int], nlp: tuple[int, int]) -> list[str]:
         for i in range(12)
     )
     queues = tuple(
-        QueueView(name, "gpu", 0, 1, *depth, team=env.team_of(name), max_wait_s=env.queues[name].max_wait_s)
-        for name, depth in (("vision-train", vision), ("nlp-train", nlp))
+        QueueView(name, "gpu", 0, 1, *depth, team=env.team_of(name), max_wait_s=env.queues[name].max_wait_s,
+                  oldest_age_s=age)
+        for name, depth, age in (("vision-train", vision, vision_waited_s), ("nlp-train", nlp, None))
     )
     (decision,) = decide(env, FleetView((PoolView("gpu", nodes, 12, 0),), queues), NOW)
     return list(decision.reasons)
@@ -48,6 +49,11 @@ def test_the_readme_ticks_give_the_reasons_it_shows():
     borrowing, given_back = (block.strip().splitlines() for block in TICKS)
     assert tick(vision=(3, 12), nlp=(0, 0)) == borrowing
     assert tick(vision=(3, 12), nlp=(8, 0)) == given_back
+
+
+def test_the_readme_escalation_line_is_what_an_overdue_queue_gets():
+    line = re.search(r"\(`(queue vision-train waited .*?)`\)", SECTION).group(1)
+    assert line in tick(vision=(3, 12), nlp=(8, 0), vision_waited_s=2000.0)
 
 
 def test_the_readme_by_team_command_runs_as_written(tmp_path):
