@@ -7,7 +7,9 @@ Pure: no SDK, no clock, no environment variables. Kueue's cohort model, in slots
    slot of the pool holds of it, the most any of its types holds (so a slot is never undercounted).
    An environment-wide limit is what the team's running items in other pools leave of it.
 2. Guaranteed. Each team may hold min(demand, quota) slots. When the pool cannot hold them all
-   (its max or cost cap), they are shared by weight (`teams.X.weight`), each up to its guarantee.
+   (its max, or its own cost cap at its cheapest spot slot), they are shared by weight
+   (`teams.X.weight`), each up to its guarantee. The environment's cost cap is not seen here: it is
+   shared among pools afterwards, by priority (scaling rule 8).
 3. Borrowing. Quota a team does not use (quota - demand, when positive) may be lent: teams that
    want more than their quota share it by weight, within what the pool can hold. A team without
    a `[teams]` quota is limited only by the pool and its weight.
@@ -145,7 +147,8 @@ def apply(env: Environment, fleet: FleetView) -> dict[str, PoolQuota]:
     slot = {name: per_slot(pool) for name, pool in env.pools.items()}
     running: dict[tuple[str, str], int] = {}  # (team, pool) -> running slots
     for q in fleet.queues:
-        running[q.team, q.pool] = running.get((q.team, q.pool), 0) + q.in_flight * q.slots_per_item
+        if q.pool in env.pools:
+            running[q.team, q.pool] = running.get((q.team, q.pool), 0) + q.in_flight * q.slots_per_item
     out = {}
     for pool_name, queues in by_pool.items():
         if pool_name not in env.pools:

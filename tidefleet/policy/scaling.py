@@ -722,12 +722,12 @@ def _on_demand_base(plan: _Plan, desired: int) -> tuple[int | None, str | None]:
         # Only what is launched now needs the base; it is never lowered while spot is short.
         to_launch = max(0, desired - plan.group_units)
         wanted = min(plan.pool.max, max(configured, plan.launch_cost.on_demand_units + to_launch))
-        why = f"spot short ({'; '.join(plan.shortage)})"
+        signals = "; ".join(plan.shortage)
         if to_launch == 0 or wanted <= current:
-            return None, f"{why}: on-demand base stays {current} units"
+            return None, f"spot short ({signals}): on-demand base stays {current} units"
         return (
             wanted,
-            f"{why}: on-demand base {current} -> {wanted} units so {to_launch} unit(s) to launch come on demand",
+            f"spot short ({signals}): on-demand base {current} -> {wanted} units so {to_launch} unit(s) to launch come on demand",
         )
     if current != configured:
         return configured, f"spot healthy: on-demand base {current} -> {configured} units (configured)"

@@ -393,7 +393,8 @@ class Simulation:
         q = self.queue_of[index]
         self.waiting[q].append(index)
         self.visible[q] += 1
-        if len(self.waiting[q]) == 1 and q not in self.held_at:  # behind others, it waits for them
+        # Behind others, it waits for them (no node had room for them); a held queue, for its release.
+        if len(self.waiting[q]) == 1 and q not in self.held_at:
             node = self.takers.pick(self.need[index], self.placement_rng)
             if node is not None:
                 self._start(node, self.waiting[q].popleft())
