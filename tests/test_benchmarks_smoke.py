@@ -20,6 +20,7 @@ SMOKE = [
     ("bench_sim.py", ["clearml"], "clearml"),  # the whole Philly trace, shipped in traces/
     ("bench_tick.py", ["--queues", "3", "--pools", "2", "--nodes", "2", "--rounds", "1"], "ratio tick/bare"),
     ("bench_target_wait.py", ["--waits", "120"], "| tidefleet | 120 (default) |"),
+    ("bench_teams.py", ["--window", "2592000:2599200"], "| all | 544 GPUs (pool max) |"),
 ]
 
 

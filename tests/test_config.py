@@ -215,6 +215,12 @@ GCP_BAD = [
     ("filestore on a configured subnet", {"shared_fs": {"kind": "filestore", "size_gb": 1024}, "pools.cpu.data": {"shared_fs_mount": "/mnt/x"}, "network.subnet_ids": ["nodes"]}, "shared_fs: Filestore joins the network the stack creates"),
     ("cluster placement on a configured subnet", {"pools.cpu.placement": "cluster", "network.subnet_ids": ["nodes"]}, "pools.cpu.placement: 'cluster' opens traffic among the pool's nodes on the network the stack creates"),
     ("rate that does not divide a day", {"schedules.merge": {"rate": "10 hours", "queue": "default", "items": ["x"]}}, "schedules.merge.rate: on gcp a rate must divide a day evenly (got '10 hours'); use e.g. '6 hours' or a cron"),
+    ("quota for a team no queue has", {"teams.vision": {"quota": {"nodes": 2}}}, "teams.vision: no queue runs items of team 'vision' (teams of queues: ml, research); set queues.<name>.team or pools.<name>.team"),
+    ("pool quota on a pool the team does not use", {"teams.ml": {"pools": {"gpu": {"gpus": 4}}}}, "teams.ml.pools.gpu: team 'ml' runs no queue on this pool (got 'gpu'); its pools: cpu"),
+    ("vcpu quota on a pool counting nodes", {"teams.ml": {"quota": {"vcpus": 8}}}, "teams.ml.quota.vcpus: pool cpu counts nodes, not vCPUs (got vcpus = 8); set its capacity_unit = 'vcpus'"),
+    ("negative gpu quota", {"teams.ml": {"quota": {"gpus": -1}}}, "teams.ml.quota.gpus: Input should be greater than or equal to 0 (got -1)"),
+    ("misspelt quota key", {"teams.ml": {"quota": {"gpu": 4}}}, "teams.ml.quota.gpu: unknown key"),
+    ("team weight of zero", {"teams.ml": {"weight": 0}}, "teams.ml.weight: Input should be greater than or equal to 1 (got 0)"),
 ]
 CASES = [(case, "dev", change, expected) for case, change, expected in BAD] + [
     (f"gcp: {case}", "gcp-dev", change, expected) for case, change, expected in GCP_BAD

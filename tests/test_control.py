@@ -259,6 +259,49 @@ def test_a_mark_that_cannot_be_written_is_logged_and_the_tick_goes_on(caplog):
                              for r in caplog.records)  # fmt: skip
 
 
+def hold_ports(marks: MemoryQueues) -> Ports:
+    return replace(ports(group("cpu", 1, instance("i-1")), backlogs={"demo": Backlog(5, 2)}), stats=marks)
+
+
+def test_a_queue_view_carries_its_team_max_wait_and_whether_the_scaler_holds_it():
+    marks = MemoryQueues()
+    marks.held["demo"] = NOW - 60
+    (queue,) = control.observe(ENV, hold_ports(marks), NOW, ["cpu"]).fleet.queues
+    assert (queue.team, queue.held, queue.max_wait_s) == (ENV.team_of("demo"), True, ENV.queues["demo"].max_wait_s)
+    marks.held.clear()
+    assert not control.observe(ENV, hold_ports(marks), NOW, ["cpu"]).fleet.queues[0].held
+
+
+@pytest.mark.parametrize(
+    ("case", "before", "hold", "release", "dry_run", "after"),
+    [
+        ("a hold is written with the tick's time", {}, ("demo",), (), False, {"demo": NOW}),
+        ("a release removes the mark", {"demo": NOW - 60}, (), ("demo",), False, {}),
+        ("a dry run writes no hold", {}, ("demo",), (), True, {}),
+        ("a dry run releases nothing", {"demo": NOW - 60}, (), ("demo",), True, {"demo": NOW - 60}),
+    ],
+)
+def test_hold_and_release_marks_follow_the_decision(decide, case, before, hold, release, dry_run, after):
+    marks = MemoryQueues()
+    marks.held.update(before)
+    decide(replace(decision("cpu", 1), hold=hold, release=release))
+    control.tick(ENV, hold_ports(marks), NOW, pools=["cpu"], dry_run=dry_run)
+    assert marks.held == after
+
+
+def test_a_hold_that_cannot_be_written_fails_the_tick_after_every_other_action(decide):
+    class Refusing(MemoryQueues):
+        def mark_held(self, queue, since):
+            raise ConnectionError("store unreachable")
+
+    decide(replace(decision("cpu", 2), hold=("demo",)))
+    p = hold_ports(Refusing())
+    with pytest.raises(control.TickError) as err:
+        control.tick(ENV, p, NOW, pools=["cpu"])
+    assert "queue demo: hold: ConnectionError: store unreachable" in str(err.value)
+    assert ("set_desired", "cpu", 2) in p.fleet.calls
+
+
 def test_observe_gives_each_queue_its_recorded_mean_item_time_and_none_when_unknown():
     p = ports(group("cpu", 1, instance("i-1")), group("gpu", 0))
     assert [q.mean_item_s for q in control.observe(ENV, p, NOW, ["cpu", "gpu"]).fleet.queues] == [None, None]

@@ -283,6 +283,27 @@ class Schedule(_Model):
     timeout_s: int | None = Field(None, ge=60, le=30 * DAY_S, description="whole run; then cancelled as timed out")
 
 
+class Quota(_Model):
+    """Capacity a team is owed; each limit set binds (None: that resource is not limited)."""
+
+    gpus: int | None = Field(None, ge=0, description="GPUs of the nodes its items run on")
+    vcpus: int | None = Field(None, ge=0, description="vCPUs (pools with capacity_unit = 'vcpus')")
+    nodes: int | None = Field(None, ge=0, description="whole nodes' worth of slots")
+    usd_per_hour: float | None = Field(None, ge=0, description="spot price of the slots its items hold")
+
+    def limits(self) -> dict[str, float]:
+        return {k: v for k, v in (("gpus", self.gpus), ("vcpus", self.vcpus), ("nodes", self.nodes),
+                                  ("usd_per_hour", self.usd_per_hour)) if v is not None}  # fmt: skip
+
+
+class Team(_Model):
+    """A team's share of capacity (README "Teams, quotas and fair share")."""
+
+    quota: Quota = Field(Quota(), description="over the whole environment")
+    pools: dict[str, Quota] = Field(default_factory=dict, description="per pool, on top of `quota`")
+    weight: int = Field(1, ge=1, le=1000, description="share of capacity beyond quotas, and of a capped pool")
+
+
 class Environment(_Model):
     name: str = Field(description=NAME_RULE)
     cloud: Literal["aws", "gcp"] = "aws"
@@ -297,6 +318,7 @@ class Environment(_Model):
     pools: dict[str, Pool] = Field(min_length=1)
     queues: dict[str, Queue] = Field(min_length=1)
     schedules: dict[str, Schedule] = Field(default_factory=dict)
+    teams: dict[str, Team] = Field(default_factory=dict, description="quotas and fair-share weights by team")
 
     def queues_of(self, pool: str) -> dict[str, Queue]:
         return {name: q for name, q in self.queues.items() if q.pool == pool}
@@ -305,6 +327,11 @@ class Environment(_Model):
         """The fixed idle timeout of a pool, or None for the break-even rule (the default)."""
         own = self.pools[pool].idle_timeout_s
         return self.scaler.scale_in_delay_s if own is None else own
+
+    def team_of(self, queue: str) -> str:
+        """The team a queue's items are counted to: its own, else its pool's."""
+        q = self.queues[queue]
+        return q.team if q.team is not None else self.pools[q.pool].team
 
 
 def _semantic_problems(env: Environment) -> list[str]:
@@ -349,8 +376,35 @@ def _semantic_problems(env: Environment) -> list[str]:
             seen_queue_names[cloud_name] = name
     for name, schedule in env.schedules.items():
         out += _schedule_problems(env, name, schedule)
+    for name, team in env.teams.items():
+        out += _team_problems(env, name, team)
     if names_ok:
         out += _derived_name_problems(env)
+    return out
+
+
+def _team_problems(env: Environment, name: str, team: Team) -> list[str]:
+    """A quota must name a team that runs somewhere, and limit what its pools can measure."""
+    where = f"teams.{name}"
+    pools = {q.pool for qname, q in env.queues.items() if q.pool in env.pools and env.team_of(qname) == name}
+    if not pools:
+        known = ", ".join(sorted({env.team_of(q) for q, v in env.queues.items() if v.pool in env.pools})) or "none"
+        return [f"{where}: no queue runs items of team {name!r} (teams of queues: {known}); "
+                "set queues.<name>.team or pools.<name>.team, or remove the table"]  # fmt: skip
+    out = []
+    for pool_name in team.pools:
+        if pool_name not in pools:
+            out.append(f"{where}.pools.{pool_name}: team {name!r} runs no queue on this pool (got {pool_name!r}); "
+                       f"its pools: {', '.join(sorted(pools))}")  # fmt: skip
+    quotas = [(f"{where}.quota", team.quota, pools)] + [
+        (f"{where}.pools.{p}", q, {p}) for p, q in team.pools.items() if p in pools
+    ]
+    for at, quota, on in quotas:
+        blind = sorted(p for p in on if env.pools[p].capacity_unit != "vcpus")
+        if quota.vcpus is not None and blind:
+            out.append(f"{at}.vcpus: pool {blind[0]} counts {env.pools[blind[0]].capacity_unit}, not vCPUs "
+                       f"(got vcpus = {quota.vcpus}); set its capacity_unit = 'vcpus' or limit gpus, nodes "
+                       "or usd_per_hour")  # fmt: skip
     return out
 
 

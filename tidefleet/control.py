@@ -138,6 +138,8 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
     stats = ports.stats.queue_stats(observed) if ports.stats is not None and observed else {}
     backlogs = dict(zip(observed, each(ports.queues.backlog, observed, ports.calls_in_flight), strict=True))
     waiting = ports.stats.waiting_since(observed) if ports.stats is not None and observed else {}
+    # Hold marks are the scaler's own (quota.py), read every tick: a removed [teams] table releases them.
+    held = ports.stats.held_since(observed) if ports.stats is not None and observed else {}
     queue_views, marks = [], {}
     for qname in observed:
         queue, backlog = env.queues[qname], backlogs[qname]
@@ -160,6 +162,9 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
                 oldest_age_s=age,
                 target_wait_s=queue.target_wait_s,
                 intake_per_s=intake.get(qname, 0.0),
+                team=env.team_of(qname),
+                held=qname in held,
+                max_wait_s=queue.max_wait_s,
             )
         )
     return Observation(FleetView(pools=tuple(pool_views), queues=tuple(queue_views)), groups, gone, marks)
@@ -275,6 +280,8 @@ def tick(
             "starved_queues": list(decision.starved_queues),
             "cordon": list(decision.cordon),
             "uncordon": list(decision.uncordon),
+            "hold": list(decision.hold),
+            "release": list(decision.release),
             "dry_run": dry_run,
         }
         if not dry_run:
@@ -293,6 +300,9 @@ def tick(
     if not dry_run and seen.waiting_marks:
         each(lambda qname: _mark_waiting(ports, qname, seen.waiting_marks[qname]), list(seen.waiting_marks),
              ports.calls_in_flight)  # fmt: skip
+    holds = {q: now for d in decisions for q in d.hold} | {q: None for d in decisions for q in d.release}
+    if not dry_run and holds and ports.stats is not None:  # no store, no marks: quotas size capacity only
+        failures += [f"queue {q}: {err}" for q in holds if (err := _mark_held(ports, q, holds[q]))]
     if report is not None:
         report(seen.fleet, decisions)
     if failures:
@@ -305,6 +315,18 @@ def _mark_waiting(ports: Ports, queue: str, since: float | None) -> None:
         ports.stats.mark_waiting(queue, since)
     except Exception as err:  # noqa: BLE001 - a lost mark only makes the next tick see the backlog anew
         log.warning(json.dumps({"queue": queue, "action": "mark waiting", "error": f"{type(err).__name__}: {err}"}))
+
+
+def _mark_held(ports: Ports, queue: str, since: float | None) -> str | None:
+    """Hold or release a queue; the error in words if the write failed (the tick then reports it:
+    a lost hold lets a team past its share until the next tick)."""
+    try:
+        ports.stats.mark_held(queue, since)
+    except Exception as err:  # noqa: BLE001 - one failed mark must not stop the others; reported
+        action = "release" if since is None else "hold"
+        log.warning(json.dumps({"queue": queue, "action": action, "error": f"{type(err).__name__}: {err}"}))
+        return f"{action}: {type(err).__name__}: {err}"
+    return None
 
 
 def drain(

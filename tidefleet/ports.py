@@ -102,6 +102,12 @@ class QueueStatsPort(Protocol):
     def mark_waiting(self, queue: str, since: float | None) -> None:
         """Record when the queue's backlog was first seen (None: it emptied; the mark goes)."""
 
+    def held_since(self, queues: list[str]) -> dict[str, float]:
+        """Since when the scaler holds each queue (`mark_held`); absent: not held. Agents read it too."""
+
+    def mark_held(self, queue: str, since: float | None) -> None:
+        """Hold the queue (its team is at its share: agents take no new items) or, with None, release it."""
+
 
 @dataclass(frozen=True)
 class Ports:

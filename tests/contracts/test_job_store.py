@@ -280,6 +280,19 @@ def test_a_waiting_mark_is_kept_moved_and_cleared_apart_from_the_queue_stats(sto
     assert s.queue_stats(["render"]) == {"render": QueueStats(mean_item_s=20.0, items=1)}  # untouched
 
 
+def test_a_hold_mark_is_kept_and_released_apart_from_the_waiting_mark_and_seen_by_another_client(store):
+    s = store.store
+    assert s.held_since(["render", "batch"]) == {}
+    s.mark_waiting("render", 1_800_000_000.0)
+    s.mark_held("render", 1_800_000_060.0)
+    s.mark_held("batch", 1_800_000_060.0)
+    assert store.other().held_since(["render", "batch", "idle"]) == {"render": 1_800_000_060.0, "batch": 1_800_000_060.0}
+    s.mark_held("batch", None)
+    s.mark_held("idle", None)  # nothing to release: not an error
+    assert store.other().held_since(["render", "batch", "idle"]) == {"render": 1_800_000_060.0}
+    assert s.waiting_since(["render"]) == {"render": 1_800_000_000.0}  # untouched
+
+
 def test_queue_stats_fold_many_samples_in_one_call_as_one_at_a_time(store):
     store.store.record_item_seconds("one-by-one", 20.0)
     store.store.record_item_seconds("one-by-one", 40.0)

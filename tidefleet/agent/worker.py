@@ -209,6 +209,7 @@ class Agent:
         self.address = "127.0.0.1"  # where the nodes of a gang this node leads reach it (`_prepare`)
         self.stopping = threading.Event()
         self.cordoned = False  # the scaler's consolidation mark, read back with each heartbeat
+        self.held: set[str] = set()  # queues the scaler holds (their team is at its quota), read likewise
         self.intake: dict[str, float] = {}  # queue -> items taken per second, as of intake_at
         self.intake_at = time.time()
         self.finished = threading.Event()
@@ -289,10 +290,12 @@ class Agent:
             return self.slots - sum(r.slots for r in self.runs) - sum(m.slots for m in self.members)
 
     def _intake(self) -> None:
+        self._step("read holds", self._read_holds)  # before the first receive, not a heartbeat later
         while not self.stopping.is_set():
             try:
                 free = 0 if self.cordoned else self._free_slots()  # cordoned: finish, take nothing new
-                fitting = [(n, q) for n, q in self.queues if q.slots_per_item <= free and self._gpus_fit(q.slots_per_item)]
+                fitting = [(n, q) for n, q in self.queues
+                           if n not in self.held and q.slots_per_item <= free and self._gpus_fit(q.slots_per_item)]
                 if not fitting:
                     with self.changed:
                         self.changed.wait(timeout=1.0)
@@ -1000,6 +1003,15 @@ class Agent:
             log.info("intake %s: %s by the scaler", "stopped" if cordoned else "resumed",
                      "cordoned" if cordoned else "uncordoned")
             self.cordoned = cordoned
+            with self.changed:
+                self.changed.notify_all()
+        self._read_holds()
+
+    def _read_holds(self) -> None:
+        held = set(self.store.held_since([n for n, _ in self.queues]))
+        if held != self.held:
+            log.info("queues held by the scaler (team at its quota): %s", ", ".join(sorted(held)) or "none")
+            self.held = held
             with self.changed:
                 self.changed.notify_all()
 

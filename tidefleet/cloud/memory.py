@@ -149,6 +149,7 @@ class MemoryQueues:
         self.backlogs = dict(backlogs or {})
         self.stats = dict(stats or {})
         self.waiting: dict[str, float] = {}
+        self.held: dict[str, float] = {}
 
     def backlog(self, queue: str) -> Backlog:
         return self.backlogs.get(queue, Backlog(0, 0))
@@ -160,7 +161,17 @@ class MemoryQueues:
         return {q: self.waiting[q] for q in queues if q in self.waiting}
 
     def mark_waiting(self, queue: str, since: float | None) -> None:
-        if since is None:
-            self.waiting.pop(queue, None)
-        else:
-            self.waiting[queue] = since
+        _mark(self.waiting, queue, since)
+
+    def held_since(self, queues: list[str]) -> dict[str, float]:
+        return {q: self.held[q] for q in queues if q in self.held}
+
+    def mark_held(self, queue: str, since: float | None) -> None:
+        _mark(self.held, queue, since)
+
+
+def _mark(marks: dict[str, float], queue: str, since: float | None) -> None:
+    if since is None:
+        marks.pop(queue, None)
+    else:
+        marks[queue] = since

@@ -47,6 +47,9 @@ class QueueView:
     # Items per second the pool's agents take from this queue, smoothed (`RATE_WINDOW_S`), summed
     # over their heartbeats: the arrival rate while capacity keeps up.
     intake_per_s: float = 0.0
+    team: str = "default"  # whose quota its items count to (`Environment.team_of`)
+    held: bool = False  # its agents take no new items: its team is at its share (see quota.py)
+    max_wait_s: int | None = None  # past it the queue is escalated (quota.py rule 5, scaling rule 6)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,10 +77,14 @@ class PoolDecision:
     starved_queues: tuple[str, ...] = ()  # queues waiting because of a cap
     cordon: tuple[str, ...] = ()  # nodes to stop taking items (consolidation), never interrupted
     uncordon: tuple[str, ...] = ()  # cordoned nodes to take items again (demand came back)
+    hold: tuple[str, ...] = ()  # queues whose agents stop taking items: their team is at its share
+    release: tuple[str, ...] = ()  # held queues that take items again
 
     @property
     def changes(self) -> bool:
-        return bool(self.terminate or self.cordon or self.uncordon) or self.on_demand_base is not None
+        return bool(self.terminate or self.cordon or self.uncordon or self.hold or self.release) or (
+            self.on_demand_base is not None
+        )
 
 
 ITEM_SECONDS_WEIGHT = 0.1  # weight of the newest completion: about the last ten items count

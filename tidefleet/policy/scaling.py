@@ -42,6 +42,14 @@ Rules
 8. When capacity is capped (max or a cost cap), queues are served by priority: the
    environment budget goes to pools in the order of their queues' priority, and the reason
    names the queues left waiting (also in `PoolDecision.starved_queues`).
+10. Team quotas and fair share (`quota.py`, with `[teams]`): before rule 1, waiting items beyond
+   their team's share of the pool are left out of demand, and queues of a team at its share are
+   held (`PoolDecision.hold` / `release`): its agents take no new items from them.
+11. Escalation: a queue whose oldest item waited past `max_wait_s` is served first in the fair
+   share (rule 10), and its pool takes a spot node without heartbeat after `boot_estimate_s`
+   (not `spot_fallback_after_s`) as spot being short (rule 6: launches come on demand). Not more:
+   SQS and Pub/Sub give no ages, so a backlog that never empties is as old as its waiting mark,
+   and buying every launch on demand for it would be for good.
 No decision both scales in and out: idle nodes go only when there is surplus, and growth
 happens only when there is none.
 """
@@ -52,6 +60,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from tidefleet.config import Environment, Pool
+from tidefleet.policy import quota
 from tidefleet.policy.cost import LaunchCost, PoolPrices
 from tidefleet.policy.demand import Horizon, Packing, boot_horizon, demand_slots, packing
 from tidefleet.policy.model import FleetView, NodeView, PoolDecision, PoolView, QueueView
@@ -108,11 +117,9 @@ def decide(env: Environment, fleet: FleetView, now: float) -> tuple[PoolDecision
 
     The environment cost cap sees only the pools in `fleet`: when it is set, pass them all.
     """
-    queues_by_pool: dict[str, list[QueueView]] = {}
-    for queue in fleet.queues:
-        queues_by_pool.setdefault(queue.pool, []).append(queue)
+    quotas = quota.apply(env, fleet)  # rule 10: demand beyond a team's share is left out
     plans = {
-        view.name: _plan_pool(env, view, queues_by_pool.get(view.name, []), now)
+        view.name: _plan_pool(env, view, list(quotas[view.name].queues) if view.name in quotas else [], now)
         for view in fleet.pools
         if view.name in env.pools
     }
@@ -122,9 +129,17 @@ def decide(env: Environment, fleet: FleetView, now: float) -> tuple[PoolDecision
         env_cost = sum(p.existing_cost + p.launch_cost(p.granted) for p in plans.values())
         env_cap = f"environment cap ({_usd(env_cost)} of {_usd(env.scaler.cost_cap_usd_per_hour)})"
     return tuple(
-        _decision(plans[view.name], env_cap) if view.name in plans else _unknown_pool(env, view)
+        _with_quota(_decision(plans[view.name], env_cap), quotas.get(view.name))
+        if view.name in plans
+        else _unknown_pool(env, view)
         for view in fleet.pools
     )
+
+
+def _with_quota(decision: PoolDecision, share: quota.PoolQuota | None) -> PoolDecision:
+    if share is None:
+        return decision
+    return replace(decision, hold=share.hold, release=share.release, reasons=decision.reasons + share.reasons)
 
 
 def _unknown_pool(env: Environment, view: PoolView) -> PoolDecision:
@@ -190,9 +205,15 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
     uncordon = [n for n in uncordon if n.id not in gone]  # a node leaving needs no mark
     staying = [n for n in members if n.id not in gone]
 
-    shortage = _spot_shortage(
-        view, nodes.serving, scaler.spot_failure_window_s, scaler.spot_fallback_after_s, now
-    )
+    # Rule 11: with an item past its queue's max_wait_s, a spot node still booting after a typical
+    # boot is already a shortage: its items are not kept waiting for the fallback delay too.
+    window_s, fallback_s = scaler.spot_failure_window_s, scaler.spot_fallback_after_s
+    shortage = _spot_shortage(view, nodes.serving, window_s, fallback_s, now)
+    overdue = [q.name for q in queues if quota.overdue(q)]
+    if overdue and pool.boot_estimate_s < fallback_s:
+        eager = _spot_shortage(view, nodes.serving, window_s, pool.boot_estimate_s, now)
+        if len(eager) > len(shortage):
+            shortage = [*eager, f"queue {', '.join(overdue)} waited past max_wait_s: escalated"]
     prices = PoolPrices.of(pool)
     group_units = _units(staying)
     launch_cost = LaunchCost(

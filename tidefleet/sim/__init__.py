@@ -82,6 +82,9 @@ Metrics and the `--json` schema (`"schema": "tidefleet.sim/1"`, stable; fields a
       finish), items_finished, items_unfinished, items_interrupted (attempts lost),
       items_dead_lettered, work_redone_s, busy_items_killed_by_scale_in, spot_launch_failures, peak_nodes,
       lower_bound_usd, cost_vs_lower_bound.
+    teams (with by_team; per policy but the oracle): one per team, most work first: team, quota
+      (the binding limit in words, "-" without one), quota_slots, weight, items, slot_hours,
+      wait_p50_s, wait_p95_s, cost_usd (its items' share of node bills while they ran).
 """
 
 from tidefleet.sim.engine import Interruptions, Simulation, Timing

@@ -12,6 +12,7 @@ from tidefleet.sim.engine import Interruptions
 from tidefleet.sim.policies import POLICY_NAMES
 from tidefleet.sim.run import Report, default_timing
 from tidefleet.sim.run import simulate as run_simulation
+from tidefleet.sim.teams import format_team_table
 from tidefleet.sim.trace import TraceError, load_spot_trace, load_trace, parse_window
 
 
@@ -55,6 +56,7 @@ def format_table(report: Report) -> str:
 @click.option("--interruption-rate", type=float, help="spot notices per spot node-hour (Poisson)")
 @click.option("--boot-s", type=float, help="launch to first heartbeat, s (default: AWS 45, GCP 35)")
 @click.option("--notice-s", type=float, help="spot notice to reclaim, s (default: AWS 120, GCP 30)")
+@click.option("--by-team", is_flag=True, help="also a table per policy: each team's quota, wait and cost")
 def simulate(
     trace,
     env_name,
@@ -68,6 +70,7 @@ def simulate(
     interruption_rate,
     boot_s,
     notice_s,
+    by_team,
 ):
     """Replay TRACE (CSV: submit_s, duration_s, gpus, group) through scaling policies on one pool."""
     if spot_trace and interruption_rate is not None:
@@ -89,7 +92,7 @@ def simulate(
         report = run_simulation(
             env, pool, items, list(policies), trace_name=Path(trace).name, timing=default_timing(env, boot_s, notice_s),
             interruptions=interruptions, spot_trace_name=Path(spot_trace).name if spot_trace else None,
-            seed=seed, window=bounds,
+            seed=seed, window=bounds, by_team=by_team,
         )  # fmt: skip
     except (ConfigError, TraceError, ValueError) as err:
         raise click.ClickException(str(err)) from None
@@ -103,6 +106,8 @@ def simulate(
             click.echo(f"not replayed: {unfit['count']} item(s) need more than the {unfit['largest_node_slots']} "
                        f"slots of the pool's biggest node (by slots: {unfit['by_slots']})")  # fmt: skip
         click.echo(format_table(report))
+        for policy, rows in report.teams.items():
+            click.echo("\n" + format_team_table(policy, rows))
     if plot:
         from tidefleet.sim.plot import plot_report
 

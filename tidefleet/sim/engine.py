@@ -195,6 +195,7 @@ class Outcome:
     dead_lettered: int = 0  # items interrupted max_receive_count times: in the dead-letter queue
     peak_nodes: int = 0
     spot_launch_failures: int = 0
+    item_cost_usd: dict[int, float] = field(default_factory=dict)  # item index -> its slots' share of node bills
     end_s: float = 0.0
     samples: list[Sample] = field(default_factory=list)
 
@@ -238,6 +239,7 @@ class Simulation:
         self.node_ids = itertools.count(1)
         self.takers = Takers(self.max_slots)
         self.waiting: list[deque[int]] = [deque() for _ in self.queues]  # per queue, in arrival order
+        self.held_at: dict[int, float] = {}  # queues the policy holds (team at its share): not pulled
         self.visible = [0] * len(self.queues)
         self.in_flight = [0] * len(self.queues)
         # Per queue, the run time of items finished so far, as the job store keeps it (never the
@@ -391,7 +393,8 @@ class Simulation:
         q = self.queue_of[index]
         self.waiting[q].append(index)
         self.visible[q] += 1
-        if len(self.waiting[q]) == 1:  # behind others, it waits for them (no node had room for them)
+        # Behind others, it waits for them (no node had room for them); a held queue, for its release.
+        if len(self.waiting[q]) == 1 and q not in self.held_at:
             node = self.takers.pick(self.need[index], self.placement_rng)
             if node is not None:
                 self._start(node, self.waiting[q].popleft())
@@ -416,6 +419,8 @@ class Simulation:
         if not self.takes_items(node):
             return
         for q in self.intake_order:
+            if q in self.held_at:
+                continue
             line = self.waiting[q]
             while line and self.need[line[0]] <= node.slots - node.busy:
                 self._start(node, line.popleft())
@@ -424,6 +429,8 @@ class Simulation:
         """Items waiting while agents have room (after requeues, launches): queue by queue in
         intake order, each head to any node it fits, until none fits."""
         for q in self.intake_order:
+            if q in self.held_at:
+                continue
             line = self.waiting[q]
             while line:
                 node = self.takers.pick(self.need[line[0]], self.placement_rng)
@@ -456,6 +463,8 @@ class Simulation:
         self._push(self.now + held_s, DONE, (node.id, index, self.attempt[index]))
 
     def _release_slots(self, node: Node, index: int) -> None:
+        share = self.need[index] / node.slots * node.price * (self.now - node.running[index]) / 3600.0
+        self.outcome.item_cost_usd[index] = self.outcome.item_cost_usd.get(index, 0.0) + share
         del node.running[index]
         node.busy -= self.need[index]
         node.changed(self.now)
@@ -559,6 +568,14 @@ class Simulation:
         if not cordoned:
             self._dispatch()
 
+    def set_held(self, q: int, since: float | None) -> None:
+        """The scaler's hold mark on queue q, as the agents read it: no new items from it while set."""
+        if since is None:
+            self.held_at.pop(q, None)
+            self._dispatch()
+        else:
+            self.held_at[q] = since
+
     def oldest_waiting(self, q: int) -> float | None:
         """Submit time of queue q's oldest waiting item (its line's head)."""
         line = self.waiting[q]
@@ -616,13 +633,18 @@ def placement(queues: list[tuple[str, Queue]], items: list[TraceItem]) -> tuple[
     """(queue index, slots taken) per item.
 
     An item goes to the pool's queue with the smallest slots_per_item that holds it (else the
-    largest) and takes that many slots, as the agent reserves a queue's slots per item.
+    largest) and takes that many slots, as the agent reserves a queue's slots per item. An item
+    whose trace group is the `team` of some of the queues goes to one of those (a team's work).
     """
+    teams: dict[str, list[int]] = {}
+    for i, (_, queue) in enumerate(queues):
+        if queue.team is not None:
+            teams.setdefault(queue.team, []).append(i)
+    every = list(range(len(queues)))
     queue_of, need = [], []
     for item in items:
-        q = next(
-            (i for i, (_, queue) in enumerate(queues) if queue.slots_per_item >= item.slots), len(queues) - 1
-        )
+        own = teams.get(item.group, every)
+        q = next((i for i in own if queues[i][1].slots_per_item >= item.slots), own[-1])
         queue_of.append(q)
         need.append(max(item.slots, queues[q][1].slots_per_item))
     return queue_of, need

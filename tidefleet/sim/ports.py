@@ -43,6 +43,13 @@ class SimulationPorts:
         else:
             self._waiting[queue] = since
 
+    def held_since(self, queues: list[str]) -> dict[str, float]:
+        return {q: self.sim.held_at[i] for q in queues if (i := self._queue.get(q)) is not None and i in self.sim.held_at}
+
+    def mark_held(self, queue: str, since: float | None) -> None:
+        """The agents read the mark with their heartbeats: here, at once."""
+        self.sim.set_held(self._queue[queue], since)
+
     def queue_stats(self, queues: list[str]) -> dict[str, QueueStats]:
         sim = self.sim
         return {

@@ -17,6 +17,8 @@ from tidefleet.sim.engine import (
     pool_queues,
 )
 from tidefleet.sim.policies import BASELINES, POLICY_NAMES, TidefleetPolicy
+from tidefleet.sim.teams import TeamRow, route
+from tidefleet.sim.teams import by_team as by_team_rows
 from tidefleet.sim.trace import TraceItem, for_pool
 
 SCHEMA = "tidefleet.sim/1"
@@ -68,6 +70,7 @@ class Report:
     lower_bound_usd: float
     results: list[PolicyResult]
     timelines: dict[str, list[Sample]] = field(default_factory=dict)
+    teams: dict[str, list[TeamRow]] = field(default_factory=dict)  # per policy, with by_team
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -174,6 +177,7 @@ def simulate(
     spot_trace_name: str | None = None,
     seed: int = 0,
     window: tuple[float, float] | None = None,
+    by_team: bool = False,
 ) -> Report:
     if pool not in env.pools:
         raise ValueError(
@@ -186,10 +190,11 @@ def simulate(
         )
     timing = timing or default_timing(env)
     fits, unfittable = split_unfittable(env, pool, for_pool(items, env.pools[pool].capacity_unit))
+    fits = route(env, pool, fits)
     span = (fits[-1].submit_s - fits[0].submit_s) if fits else 0.0
     sample_s = max(float(env.scaler.tick_s), span / PLOT_POINTS)
     lb = lower_bound(env, pool, fits, placement(pool_queues(env, pool), fits)[1])
-    results, timelines = [], {}
+    results, timelines, teams = [], {}, {}
     for name in policies:
         if name == "oracle":
             outcome = oracle_outcome(fits, lb)
@@ -198,6 +203,8 @@ def simulate(
             outcome = Simulation(env, pool, fits, policy, timing, interruptions, seed, sample_s).run()
         results.append(summarise(fits, outcome, lb[0]))
         timelines[name] = outcome.samples
+        if by_team and name != "oracle":
+            teams[name] = by_team_rows(env, pool, fits, outcome)
     return Report(
         trace=trace_name,
         env=env.name,
@@ -213,4 +220,5 @@ def simulate(
         lower_bound_usd=lb[0],
         results=results,
         timelines=timelines,
+        teams=teams,
     )

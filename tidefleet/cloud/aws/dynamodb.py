@@ -184,10 +184,22 @@ class DynamoStore:
         return out
 
     def waiting_since(self, queues: list[str]) -> dict[str, float]:
+        return self._queue_marks("WAITING", queues)
+
+    def mark_waiting(self, queue: str, since: float | None) -> None:
+        self._mark_queue("WAITING", queue, since)
+
+    def held_since(self, queues: list[str]) -> dict[str, float]:
+        return self._queue_marks("HELD", queues)
+
+    def mark_held(self, queue: str, since: float | None) -> None:
+        self._mark_queue("HELD", queue, since)
+
+    def _queue_marks(self, mark: str, queues: list[str]) -> dict[str, float]:
         out: dict[str, float] = {}
         client = self.table.meta.client
         for at in range(0, len(queues), 100):  # BatchGetItem: 100 keys per call
-            keys = [{"pk": f"QUEUE#{q}", "sk": "WAITING"} for q in queues[at : at + 100]]
+            keys = [{"pk": f"QUEUE#{q}", "sk": mark} for q in queues[at : at + 100]]
             pending = {self.table.name: {"Keys": keys, "ConsistentRead": True}}
             while pending:
                 page = client.batch_get_item(RequestItems=pending)
@@ -196,8 +208,8 @@ class DynamoStore:
                 pending = page.get("UnprocessedKeys") or {}
         return out
 
-    def mark_waiting(self, queue: str, since: float | None) -> None:
-        key = {"pk": f"QUEUE#{queue}", "sk": "WAITING"}
+    def _mark_queue(self, mark: str, queue: str, since: float | None) -> None:
+        key = {"pk": f"QUEUE#{queue}", "sk": mark}
         if since is None:
             self.table.delete_item(Key=key)
         else:

@@ -350,21 +350,32 @@ class FirestoreStore(FirestoreNodes):
                 out[queue] = QueueStats(mean_item_s=float(values["mean_item_s"]), items=int(values["items"]))
         return out
 
-    def _waiting_doc(self, queue: str) -> str:
-        return f"{self.root}/waiting/{queue}"
-
     def waiting_since(self, queues: list[str]) -> dict[str, float]:
         """As `DynamoStore.waiting_since`."""
+        return self._queue_marks("waiting", queues)
+
+    def mark_waiting(self, queue: str, since: float | None) -> None:
+        """As `DynamoStore.mark_waiting`."""
+        self._mark_queue("waiting", queue, since)
+
+    def held_since(self, queues: list[str]) -> dict[str, float]:
+        """As `DynamoStore.held_since`."""
+        return self._queue_marks("held", queues)
+
+    def mark_held(self, queue: str, since: float | None) -> None:
+        """As `DynamoStore.mark_held`."""
+        self._mark_queue("held", queue, since)
+
+    def _queue_marks(self, mark: str, queues: list[str]) -> dict[str, float]:
         out = {}
         for queue in queues:
-            doc = self._get(self._waiting_doc(queue))
+            doc = self._get(f"{self.root}/{mark}/{queue}")
             if doc is not None:
                 out[queue] = float(self._values(doc)["since"])
         return out
 
-    def mark_waiting(self, queue: str, since: float | None) -> None:
-        """As `DynamoStore.mark_waiting`."""
-        name = self._waiting_doc(queue)
+    def _mark_queue(self, mark: str, queue: str, since: float | None) -> None:
+        name = f"{self.root}/{mark}/{queue}"
         if since is None:
             self.client.delete_document(request={"name": name})
         else:

@@ -1,0 +1,172 @@
+"""Team quotas, fair share, borrowing and escalation (policy/quota.py, scaling rules 10 and 11),
+one table: each case asserts the pool's decision, the holds and the reason text."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from tidefleet.config import parse_environment
+from tidefleet.policy import decide
+from tidefleet.policy.model import FleetView, NodeView, PoolView, QueueView
+from tidefleet.policy.quota import Share, TeamDemand, share
+
+NOW = 100_000.0
+# One GPU per node and per slot: a slot is a GPU, so quotas in GPUs read as slots.
+BASE = {
+    "region": "us-east-1",
+    "pools": {"gpu": {"max": 12, "container": "train:1", "instance_types": [{"type": "g5.xlarge", "gpus": 1}]}},
+    "queues": {
+        "vision-train": {"pool": "gpu", "team": "vision"},
+        "nlp-train": {"pool": "gpu", "team": "nlp"},
+    },
+    "teams": {"vision": {"quota": {"gpus": 4}}, "nlp": {"quota": {"gpus": 4}}},
+}
+
+
+def environment(**changes):
+    data = copy.deepcopy(BASE)
+    for dotted, value in changes.items():
+        *parents, leaf = dotted.split(".")
+        at = data
+        for key in parents:
+            at = at.setdefault(key, {})
+        if value is None:
+            at.pop(leaf)
+        else:
+            at[leaf] = value
+    return parse_environment(data, name="test")
+
+
+def busy(n: int) -> list[NodeView]:
+    return [
+        NodeView(f"i-{i}", "g5.xlarge", 1, 1, True, "running", NOW - 3600, busy_slots=1, last_heartbeat=NOW - 5)
+        for i in range(n)
+    ]
+
+
+def fleet(env, depth: dict, held=(), age: dict | None = None) -> FleetView:
+    """depth: queue -> (visible, in flight); one busy node per item in flight."""
+    queues = tuple(
+        QueueView(name, q.pool, q.priority, q.slots_per_item, *depth.get(name, (0, 0)), team=env.team_of(name),
+                  held=name in held, max_wait_s=q.max_wait_s, oldest_age_s=(age or {}).get(name))
+        for name, q in env.queues.items()
+    )  # fmt: skip
+    nodes = busy(sum(f for _, f in depth.values()))
+    return FleetView((PoolView("gpu", tuple(nodes), len(nodes), 0),), queues)
+
+
+# fmt: off
+CASES = [
+    # (case, env changes, depth, held before, desired, hold, release, reason)
+    ("a team under its quota gets all it asks for", {}, {"vision-train": (3, 0)}, (), 3, (), (),
+     None),
+    ("a team borrows the quota another team leaves idle", {}, {"vision-train": (7, 0)}, (), 7, (), (),
+     "team vision borrows 3 slots of idle quota (quota 4 GPUs = 4 slots; 7 slots wanted)"),
+    ("borrowing stops at the idle quota, below the pool's max", {}, {"vision-train": (10, 0)}, (), 8, (), (),
+     "team vision borrows 4 slots of idle quota (quota 4 GPUs = 4 slots; 10 slots wanted)"),
+    ("borrowed capacity goes back the tick the owner needs it", {}, {"vision-train": (2, 7), "nlp-train": (4, 0)},
+     (), 11, ("vision-train",), (), "team vision at quota 4 GPUs; 2 items wait (held: vision-train)"),
+    ("a team running at its full quota is held though nothing of it waits", {}, {"vision-train": (0, 4), "nlp-train": (4, 0)},
+     (), 8, ("vision-train",), (), "team vision at quota 4 GPUs; 0 items wait (held: vision-train)"),
+    ("a held queue is released once its team is under its share again", {}, {"vision-train": (2, 1)},
+     ("vision-train",), 3, (), ("vision-train",), None),
+    ("a capped pool is shared by weight among teams owed more than it holds",
+     {"pools.gpu.max": 6, "teams.vision.weight": 2, "teams.vision.quota.gpus": 8, "teams.nlp.quota.gpus": 8},
+     {"vision-train": (6, 0), "nlp-train": (6, 0)}, (), 6, (), (),
+     "team nlp gets 2 of 6 slots: pool gpu holds 6 slots, shared by weight (1)"),
+    ("a team without a quota is limited by the pool and its weight only", {"teams.nlp": None},
+     {"vision-train": (2, 0), "nlp-train": (9, 0)}, (), 11, (), (), None),
+    ("a cost cap limits the pool's slots like max does",
+     {"pools.gpu.cost_cap_usd_per_hour": 2.0, "teams.vision.quota.gpus": 8, "teams.nlp.quota.gpus": 8},
+     {"vision-train": (6, 0), "nlp-train": (6, 0)}, (), 5, (), (),
+     "team vision gets 2 of 6 slots: pool gpu holds 5 slots, shared by weight (1)"),
+    ("an environment without teams releases every held queue", {"teams": None}, {"vision-train": (9, 0)},
+     ("vision-train",), 9, (), ("vision-train",), None),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize(
+    ("case", "changes", "depth", "held", "desired", "hold", "release", "reason"), CASES, ids=[c[0] for c in CASES]
+)
+def test_teams_share_a_pool_by_quota_borrow_idle_quota_and_give_it_back(
+    case, changes, depth, held, desired, hold, release, reason
+):
+    env = environment(**changes)
+    (d,) = decide(env, fleet(env, depth, held), NOW)
+    assert (d.desired, d.hold, d.release) == (desired, hold, release), d.reasons
+    if reason is None:
+        assert not [r for r in d.reasons if r.startswith("team ")], d.reasons
+    else:
+        assert reason in d.reasons
+
+
+def test_waiting_items_beyond_a_teams_share_launch_no_node():
+    env = environment(**{"pools.gpu.max": 20})
+    (d,) = decide(env, fleet(env, {"vision-train": (15, 0), "nlp-train": (1, 0)}), NOW)
+    assert d.desired == 8  # vision: its 4 and nlp's 3 idle; nlp: 1
+    assert d.reasons[0].startswith("scale out 0 -> 8 units: demand 8 slots")
+
+
+def test_an_overdue_queue_is_served_first_in_the_fair_share():
+    env = environment(**{"pools.gpu.max": 6, "teams.vision.quota.gpus": 8, "teams.nlp.quota.gpus": 8})
+    view = fleet(env, {"vision-train": (6, 0), "nlp-train": (6, 0)}, age={"vision-train": 2000.0})
+    (d,) = decide(env, view, NOW)
+    assert d.desired == 6 and d.on_demand_base is None  # overdue alone buys nothing on demand
+    assert "queue vision-train waited 2000s > max_wait_s 1800s: team vision served first" in d.reasons
+    assert "team nlp gets 0 of 6 slots: pool gpu holds 6 slots, shared by weight (1)" in d.reasons
+
+
+@pytest.mark.parametrize(
+    ("case", "age", "base", "line"),
+    [
+        ("a spot node booting past a typical boot is a shortage for an overdue queue", 2000.0, 3,
+         "spot short (i-slow spot without heartbeat 100s > 60s; queue vision-train waited past max_wait_s: escalated): "
+         "on-demand base 0 -> 3 units so 3 unit(s) to launch come on demand"),
+        ("the same node is not one for a queue within its max wait", 1000.0, None, None),
+    ],
+)  # fmt: skip
+def test_an_overdue_queue_falls_back_to_on_demand_after_a_typical_boot(case, age, base, line):
+    env = environment()
+    slow = NodeView("i-slow", "g5.xlarge", 1, 1, True, "pending", NOW - 100)
+    view = fleet(env, {"vision-train": (4, 0)}, age={"vision-train": age})
+    view = FleetView((PoolView("gpu", (slow,), 1, 0),), view.queues)
+    (d,) = decide(env, view, NOW)
+    assert d.on_demand_base == base, d.reasons
+    assert line is None or line in d.reasons
+
+
+def test_an_environment_wide_quota_counts_what_the_team_runs_in_other_pools():
+    env = environment(**{
+        "pools.gpu4": {"max": 4, "container": "train:1", "instance_types": [{"type": "g5.12xlarge", "gpus": 4, "weight": 4}]},
+        "queues.vision-big": {"pool": "gpu4", "team": "vision", "slots_per_item": 4},
+        "teams.vision.quota.gpus": 6,
+    })  # fmt: skip
+    base = fleet(env, {"vision-train": (5, 0), "vision-big": (0, 1)})
+    view = FleetView((*base.pools, PoolView("gpu4", (), 4, 0)), base.queues)
+    decisions = {d.pool: d for d in decide(env, view, NOW)}
+    # 4 of its 6 GPUs run in gpu4: 2 left in gpu, and nlp lends its 4 idle ones.
+    assert decisions["gpu"].desired == 5 and "team vision borrows 3 slots of idle quota (quota 6 GPUs = 2 slots; 5 slots wanted)" in decisions["gpu"].reasons
+
+
+# fmt: off
+SHARES = [
+    # (case, capacity, teams as (name, quota, weight, demand, urgent), expected (allowed, borrowed) per team)
+    ("weights split what is left after quotas", 10, [("a", 2, 1, 9, False), ("b", 2, 3, 9, False), ("c", 6, 1, 0, False)],
+     {"a": (4, 2), "b": (6, 4), "c": (0, 0)}),
+    ("less than a slot each goes to the least served for its weight", 3, [("a", 4, 1, 4, False), ("b", 4, 1, 4, False)],
+     {"a": (2, 0), "b": (1, 0)}),
+    ("an urgent team is filled before the others", 4, [("a", 4, 1, 4, False), ("b", 4, 1, 4, True)],
+     {"a": (0, 0), "b": (4, 0)}),
+    ("a team short of its guarantee borrows nothing", 5, [("a", 4, 1, 9, False), ("b", 4, 1, 9, False), ("c", 4, 1, 0, False)],
+     {"a": (3, 0), "b": (2, 0), "c": (0, 0)}),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize(("case", "capacity", "teams", "expected"), SHARES, ids=[c[0] for c in SHARES])
+def test_share_by_quota_then_weight(case, capacity, teams, expected):
+    demands = [TeamDemand(n, q, w, d, 0, u) for n, q, w, d, u in teams]
+    assert share(capacity, demands) == {n: Share(*v) for n, v in expected.items()}

@@ -1,0 +1,78 @@
+"""Teams in the simulator: items go to their team's queues, held queues are not pulled, and the
+fair share shows in the waits: an owner's items wait for one borrowed item, not a backlog."""
+
+from __future__ import annotations
+
+import pytest
+
+from tidefleet.config import parse_environment
+from tidefleet.sim import Timing, TraceItem, simulate
+from tidefleet.sim.engine import BOOTED, Simulation, placement, pool_queues
+from tidefleet.sim.policies import TidefleetPolicy
+from tidefleet.sim.teams import route
+
+TIMING = Timing(boot_s=45.0, notice_s=120.0, kick_s=0.0)
+HOUR = 3600.0
+
+
+def make_env(teams: dict | None = None):
+    # Team "big" first in the file: without quotas the agents always take its items first.
+    return parse_environment({
+        "region": "us-east-1",
+        "scaler": {"tick_s": 60, "scale_in_delay_s": 60},
+        "pools": {"p": {"max": 4, "command": "run", "instance_types": [
+            {"type": "c6i.large", "on_demand_price": 2.0, "spot_price": 1.0}]}},
+        "queues": {"big-q": {"pool": "p", "team": "big"}, "small-q": {"pool": "p", "team": "small"},
+                   "vc-ab12-q": {"pool": "p", "team": "vc-ab12"}},
+        "teams": teams or {},
+    }, name="t")  # fmt: skip
+
+
+def backlog_then_owner() -> list[TraceItem]:
+    """Team big floods the pool at 0 with 12 one-hour items; team small sends 2 a minute later."""
+    return [TraceItem(0.0, HOUR, 1, "big") for _ in range(12)] + [TraceItem(60.0, HOUR, 1, "small")] * 2
+
+
+def test_an_item_goes_to_the_queues_of_the_team_its_group_names_or_vc_group():
+    env = make_env()
+    items = route(env, "p", [TraceItem(0, 1, 1, "small"), TraceItem(0, 1, 1, "ab12"), TraceItem(0, 1, 1, "other")])
+    assert [i.group for i in items] == ["small", "vc-ab12", "other"]
+    queues = pool_queues(env, "p")
+    queue_of, _ = placement(queues, items)
+    assert [queues[q][0] for q in queue_of[:2]] == ["small-q", "vc-ab12-q"]
+
+
+def test_a_held_queue_is_not_pulled_until_released():
+    env = make_env()
+    sim = Simulation(env, "p", [TraceItem(0.0, HOUR, 1, "big")], TidefleetPolicy(env, 0.0), TIMING)
+    q = next(i for i, (name, _) in enumerate(sim.queues) if name == "big-q")
+    sim.set_held(q, 0.0)
+    sim.set_desired(1)
+    sim._handle(BOOTED, 1)  # the node boots: its agent pulls
+    sim._arrive(0)
+    assert sim.visible[q] == 1 and sim.in_flight[q] == 0
+    sim.set_held(q, None)
+    assert sim.visible[q] == 0 and sim.in_flight[q] == 1
+
+
+@pytest.mark.parametrize(
+    ("case", "teams", "small_waits_under_h"),
+    [
+        # Without quotas the agents drain big's backlog first: small waits for all 12 items (3 h).
+        ("without quotas a team waits behind another's whole backlog", {}, 3.1),
+        # With quotas big borrows small's idle half, is held when small's items arrive, and small
+        # starts as big's first borrowed items end: one item's run time.
+        ("with quotas a team waits for one borrowed item at most",
+         {"big": {"quota": {"nodes": 2}}, "small": {"quota": {"nodes": 2}}}, 1.1),
+    ],
+)
+def test_fair_share_bounds_an_owners_wait_by_one_borrowed_item(case, teams, small_waits_under_h):
+    env = make_env(teams)
+    report = simulate(env, "p", backlog_then_owner(), ["tidefleet"], timing=TIMING, by_team=True)
+    rows = {r.team: r for r in report.teams["tidefleet"]}
+    assert rows["small"].wait_p95_s < small_waits_under_h * HOUR
+    assert rows["small"].wait_p95_s > (small_waits_under_h - 1) * HOUR  # the other case's bound does not hold
+    assert report.results[0].items_finished == 14
+    # The teams' shares of the bills never exceed the bills (idle time is no team's).
+    assert sum(r.cost_usd for r in rows.values()) <= report.results[0].cost_usd + 1e-9
+    assert rows["big"].cost_usd == pytest.approx(12 * HOUR / HOUR * 1.0, rel=0.01)
