@@ -123,8 +123,8 @@ def test_an_overdue_queue_is_served_first_in_the_fair_share():
     ("case", "age", "base", "line"),
     [
         ("a spot node booting past a typical boot is a shortage for an overdue queue", 2000.0, 3,
-         "spot short (i-slow spot without heartbeat 100s > 60s; queue vision-train waited past max_wait_s: escalated): "
-         "on-demand base 0 -> 3 units so 3 unit(s) to launch come on demand"),
+         ("spot short (i-slow spot without heartbeat 100s > 60s; queue vision-train waited past max_wait_s: escalated): "
+         "on-demand base 0 -> 3 units so 3 unit(s) to launch come on demand")),
         ("the same node is not one for a queue within its max wait", 1000.0, None, None),
     ],
 )  # fmt: skip

@@ -389,8 +389,8 @@ def _team_problems(env: Environment, name: str, team: Team) -> list[str]:
     pools = {q.pool for qname, q in env.queues.items() if q.pool in env.pools and env.team_of(qname) == name}
     if not pools:
         known = ", ".join(sorted({env.team_of(q) for q, v in env.queues.items() if v.pool in env.pools})) or "none"
-        return [f"{where}: no queue runs items of team {name!r} (teams of queues: {known}); "
-                "set queues.<name>.team or pools.<name>.team, or remove the table"]  # fmt: skip
+        return [(f"{where}: no queue runs items of team {name!r} (teams of queues: {known}); "
+                "set queues.<name>.team or pools.<name>.team, or remove the table")]  # fmt: skip
     out = []
     for pool_name in team.pools:
         if pool_name not in pools:

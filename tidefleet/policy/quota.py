@@ -116,7 +116,7 @@ def pool_capacity(pool: Pool) -> int:
     slots = pool.max * pool.slots_per_unit
     if pool.cost_cap_usd_per_hour is None:
         return slots
-    cheapest = min(((t.price(True) or t.price(False) or 0.0) / pool.slots(t) for t in pool.instance_types))
+    cheapest = min((t.price(True) or t.price(False) or 0.0) / pool.slots(t) for t in pool.instance_types)
     return slots if cheapest <= 0 else min(slots, math.floor(pool.cost_cap_usd_per_hour / cheapest + 1e-9))
 
 
