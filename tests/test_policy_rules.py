@@ -534,6 +534,10 @@ CAPS = [
     ("higher priority served first under the cap", {"pools.cpu.cost_cap_usd_per_hour": 0.2}, [],
      {"render": (6, 0), "batch": (6, 0)}, 5, ("batch",),
      "cost cap: pool cpu capped at 5 units ($0.19/h of $0.20/h), demand needs 6 units; waiting: batch (priority 5)"),
+    # The busy slots run batch's items: render's waiting ones are the ones left waiting, not batch's.
+    ("the queue whose items wait is named, not the one whose items run", {"pools.cpu.max": 1},
+     [node("i-1", busy=2)], {"render": (1, 0), "batch": (0, 2)}, 1, ("render",),
+     "at max: pool cpu capped at 1 units, demand needs 2 units; waiting: render (priority 20)"),
 ]
 # fmt: on
 

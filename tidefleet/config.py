@@ -213,6 +213,12 @@ class Queue(_Model):
     # An item waiting longer than this raises the oldest-item alarm: longer than a slow GPU
     # boot plus a scale-out, shorter than anyone waits for a page.
     max_wait_s: int = Field(1800, ge=60, le=14 * DAY_S, description="oldest waiting item before the alarm")
+    preemptible: bool = Field(
+        False,
+        description="its running items may be stopped (checkpoint and hand back: an interruption, never a failed "
+        "attempt) to make room for a higher-priority queue's waiting items when the pool cannot grow",
+    )
+    min_runtime_s: int = Field(600, ge=0, le=DAY_S, description="a preemptible item runs this long before it may be preempted")
 
     @property
     def gang(self) -> tuple[int, int]:

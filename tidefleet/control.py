@@ -26,7 +26,7 @@ from tidefleet import policy
 from tidefleet.config import Environment, InstanceType, Pool
 from tidefleet.fanout import each
 from tidefleet.policy.interruption import DrainNode, pool_of_group
-from tidefleet.policy.model import FleetView, NodeView, PoolDecision, PoolView, QueueView, rate_at
+from tidefleet.policy.model import FleetView, NodeView, PoolDecision, PoolView, QueueView, RunView, rate_at
 from tidefleet.ports import Backlog, GroupInstance, GroupState, Ports
 from tidefleet.records import Heartbeat
 
@@ -92,7 +92,20 @@ def node_view(
         idle_since=heartbeat.idle_since if heartbeat else None,
         protected=instance.protected,
         cordoned=heartbeat.cordoned if heartbeat else False,
+        runs=_runs(heartbeat),
+        preempting=tuple(heartbeat.preempt) if heartbeat else (),
     )
+
+
+def _runs(heartbeat: Heartbeat | None) -> tuple[RunView, ...]:
+    """The preemptible attempts a heartbeat lists; a malformed entry is skipped (never preempted)."""
+    out = []
+    for run in heartbeat.runs if heartbeat else ():
+        try:
+            out.append(RunView(str(run["key"]), str(run["queue"]), float(run["since"]), int(run["slots"])))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -220,6 +233,8 @@ def act(ports: Ports, env: Environment, decision: PoolDecision, group: GroupStat
         attempt("cordon", ports.nodes.set_cordon, decision.pool, node_id, True)
     for node_id in (i for i in decision.uncordon if i in ours):
         attempt("uncordon", ports.nodes.set_cordon, decision.pool, node_id, False)
+    for node_id, keys in (p for p in decision.preempt if p[0] in ours):  # the agent stops these and hands them back
+        attempt("preempt", ports.nodes.set_preempt, decision.pool, node_id, list(keys))
     if decision.on_demand_base is not None and decision.on_demand_base != group.on_demand_base:
         attempt("set_on_demand_base", ports.fleet.set_on_demand_base, decision.pool, decision.on_demand_base)
     if terminated is None:
@@ -282,6 +297,7 @@ def tick(
             "uncordon": list(decision.uncordon),
             "hold": list(decision.hold),
             "release": list(decision.release),
+            "preempt": {node: list(keys) for node, keys in decision.preempt},
             "dry_run": dry_run,
         }
         if not dry_run:

@@ -89,6 +89,10 @@ class NodeStatePort(Protocol):
         next heartbeat. A later heartbeat never clears it; a node never heard from gets the mark
         waiting for its first heartbeat."""
 
+    def set_preempt(self, pool: str, node_id: str, keys: list[str]) -> None:
+        """The attempts (job/item/attempt) the node's agent must stop and hand back (preemption);
+        replaces the node's previous list. Like the cordon mark, a heartbeat never clears it."""
+
     def forget_node(self, pool: str, node_id: str) -> None: ...
 
 

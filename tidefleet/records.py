@@ -39,9 +39,14 @@ class Heartbeat:
     # A gang this node leads and that takes members (`tidefleet.agent.gang.Beacon`): free nodes of
     # the pool find it here and join it before they take new items. {} when none.
     gang: dict = field(default_factory=dict)
+    # The attempts running on the node from preemptible queues: {"key": "job/item/attempt", "queue",
+    # "since", "slots"}; and the keys of those the scaler preempts (it writes `preempt`, the agent
+    # stops them and hands them back).
+    runs: list[dict] = field(default_factory=list)
+    preempt: list[str] = field(default_factory=list)
 
 
-SCALER_OWNED = ("cordoned",)  # heartbeat fields only the scaler writes
+SCALER_OWNED = ("cordoned", "preempt")  # heartbeat fields only the scaler writes
 
 
 # Item lifecycle: queued (recorded; sent once its submit chunk is marked sent) -> running -> one

@@ -125,12 +125,14 @@ class Run(Held):
     began: float = field(default_factory=time.time)
     state: Attempt = field(kw_only=True)
     workload: Workload = field(kw_only=True)
-    # A multi-node item this node leads (`agent.gang`): the gang's (min, max) nodes, why the gang
-    # stopped the workload (then the item goes back whole) or which member failed.
+    # A multi-node item this node leads (`agent.gang`): the gang's (min, max) nodes, and which
+    # member failed (then the attempt fails).
     gang: tuple[int, int] | None = None
-    gang_stop: str = ""
     gang_failure: str = ""
-    stop_at: float | None = None  # when the gang asked it to stop: SIGKILL after the grace
+    # Stopped alone, while the node goes on (its gang stopped, or the scaler preempted it): why
+    # (then the item goes back whole, an interruption), and when (SIGKILL after the grace).
+    stop_note: str = ""
+    stop_at: float | None = None
 
 
 @dataclass(eq=False)
@@ -555,10 +557,12 @@ class Agent:
         self._forget([run])
         log.info("%s/%s: gave the item back: %s", msg.job, msg.item, why)
 
-    def _end_gang(self, run: Run, queue: Queue, usage: dict) -> None:
-        """After the lead's workload ended: the gang takes no members any more; a gang stopped by
-        one of its nodes hands the item back whole, or fails it if a member failed."""
-        self.beacon = {}
+    def _after_exit(self, run: Run, queue: Queue, usage: dict) -> None:
+        """After a workload ended: a gang it led takes no members any more; an attempt stopped
+        alone while the node goes on (its gang stopped, a preemption) goes back whole, as an
+        interruption, or fails if a member of its gang failed."""
+        if run.gang is not None:
+            self.beacon = {}
         if not run.state.exited or self.stopping.is_set():
             return  # recorded by `_settle`, or the drain hands it back with the rest
         if Record(Outcome.HANDED_BACK) not in self._feed(run, GraceOver()):
@@ -566,7 +570,7 @@ class Agent:
         if run.gang_failure:
             self._failed(run, queue, None, f"gang member failed: {run.gang_failure}", usage)
         else:
-            self._requeue([run], interrupted=True, reason=run.gang_stop)
+            self._requeue([run], interrupted=True, reason=run.stop_note)
         self._forget([run])
 
     def _member(self, member: Member, queue: Queue, args: list[str]) -> None:
@@ -657,9 +661,6 @@ class Agent:
         """Each heartbeat: a lead stops when its gang stops, fails or shrinks below min; a member
         stops when its gang or its lead ends."""
         clock = time.monotonic()
-        for part in [*leads, *members]:  # a workload the gang stopped gets the grace to checkpoint, then SIGKILL
-            if part.stop_at is not None and clock - part.stop_at > self.s.grace_s:
-                part.workload.signal(Signal.KILL)
         for run in leads:
             if run.state.stop is not None or not run.state.started:
                 continue
@@ -671,9 +672,9 @@ class Agent:
             if item.gang_failure:
                 run.gang_failure = item.gang_failure
             elif item.gang == gang.STOPPING:
-                run.gang_stop = "a node of its gang was interrupted"
+                run.stop_note = "a node of its gang was interrupted"
             elif len(ranked) < low:
-                run.gang_stop = f"its gang fell to {len(ranked)} node(s), below min {low}"
+                run.stop_note = f"its gang fell to {len(ranked)} node(s), below min {low}"
                 self.store.update_item(run.message.job, run.message.item, only_from=("running",),
                                        fence=Fence(attempt=run.attempt), gang=gang.STOPPING)  # fmt: skip
             else:
@@ -681,7 +682,7 @@ class Agent:
                     self.beacon = {**self.beacon, "forming": False} if len(ranked) < high else {}
                 continue
             log.info("%s/%s: stopping the gang's workload: %s", run.message.job, run.message.item,
-                     run.gang_failure or run.gang_stop)  # fmt: skip
+                     run.gang_failure or run.stop_note)  # fmt: skip
             run.stop_at = clock
             self._feed(run, StopAsked(Stop.INTERRUPT, clock))
         for member in members:
@@ -691,6 +692,27 @@ class Agent:
                     log.info("%s/%s: stopping this node's part: %s", member.job, member.item, verdict.why)
                     member.stop_at = clock
                     self._feed(member, StopAsked(Stop.INTERRUPT, clock))
+
+    def _kill_overdue(self, parts: list[Run | Member]) -> None:
+        """A workload stopped alone (its gang, a preemption) had the grace to checkpoint: SIGKILL."""
+        clock = time.monotonic()
+        for part in parts:
+            if part.stop_at is not None and clock - part.stop_at > self.s.grace_s:
+                part.workload.signal(Signal.KILL)
+
+    def _preempt(self, keys: set[str]) -> None:
+        """The scaler preempts these attempts: each checkpoints and goes back to its queue."""
+        with self.lock:
+            runs = [r for r in self.runs if self._run_key(r) in keys and r.state.stop is None]
+        for run in runs:
+            run.stop_note = "preempted by the scaler for a higher-priority queue's items"
+            run.stop_at = time.monotonic()
+            log.info("%s/%s: %s", run.message.job, run.message.item, run.stop_note)
+            self._feed(run, StopAsked(Stop.INTERRUPT, run.stop_at))
+
+    @staticmethod
+    def _run_key(run: Run) -> str:
+        return f"{run.message.job}/{run.message.item}/{run.attempt}"
 
     def _leave_gang(self, part: Run | Member) -> None:
         """This node is going away: its gang stops with it (the item goes back whole), or, for an
@@ -756,8 +778,7 @@ class Agent:
             ended = Crashed(why, run.workload.completed())
         try:
             self._settle(run, queue, ended, usage)
-            if run.gang is not None:
-                self._end_gang(run, queue, usage)
+            self._after_exit(run, queue, usage)
         except Exception:  # unrecorded, the message comes back after its visibility timeout
             log.exception("could not record %s/%s; the queue redelivers it", msg.job, msg.item)
             self._forget([run])
@@ -956,6 +977,7 @@ class Agent:
             running = Counter([*(r.message.job for r in self.runs), *(m.job for m in members)])
         self._step("heartbeat", self._write_heartbeat, busy, idle_since, dict(running))
         self._step("gangs", self._watch_gangs, [r for r in runs if r.gang], members)
+        self._step("stop deadlines", self._kill_overdue, [*runs, *members])
         self._step("visibility", self._extend_visibility, runs)
         self._step("lease", self._renew_leases, runs)
         self._step("cancel check", self._stop_cancelled, runs)
@@ -993,11 +1015,13 @@ class Agent:
         self.store.put_heartbeat(Heartbeat(
             self.s.node_id, self.pool_name, at=now, slots=self.slots, busy_slots=busy,
             idle_since=idle_since, draining=self.stopping.is_set(), instance_type=self.s.instance_type,
-            spot=self.s.spot, gpus=self.gpus, intake=intake, running=running, gang=self.beacon,
+            spot=self.s.spot, gpus=self.gpus, intake=intake, running=running, gang=self.beacon, runs=self._preemptible(),
         ))
         own = self.store.heartbeat(self.pool_name, self.s.node_id)
         if own is not None and own.draining:
             self.request_stop("node marked draining in the job store")
+        if own is not None and own.preempt:
+            self._preempt(set(own.preempt))
         cordoned = own is not None and own.cordoned
         if cordoned != self.cordoned:
             log.info("intake %s: %s by the scaler", "stopped" if cordoned else "resumed",
@@ -1014,6 +1038,12 @@ class Agent:
             self.held = held
             with self.changed:
                 self.changed.notify_all()
+
+    def _preemptible(self) -> list[dict]:
+        """This node's started attempts of preemptible queues, for the scaler's preemption rule."""
+        with self.lock:
+            return [{"key": self._run_key(r), "queue": r.queue, "since": r.began, "slots": r.slots} for r in self.runs
+                    if self.env.queues[r.queue].preemptible and r.state.started and r.state.stop is None]  # fmt: skip
 
     def _write_unhealthy(self) -> None:
         """A node that must not take items says so: draining and idle, the scaler removes it."""

@@ -137,6 +137,11 @@ class MemoryNodes:
         else:
             self.beats[pool][node_id] = replace(heartbeat, cordoned=cordoned)
 
+    def set_preempt(self, pool: str, node_id: str, keys: list[str]) -> None:
+        heartbeat = self.beats.get(pool, {}).get(node_id)
+        if heartbeat is not None:  # no heartbeat, no attempts to preempt
+            self.beats[pool][node_id] = replace(heartbeat, preempt=list(keys))
+
     def forget_node(self, pool: str, node_id: str) -> None:
         self.beats.get(pool, {}).pop(node_id, None)
         self.cordons.pop((pool, node_id), None)

@@ -14,6 +14,16 @@ NodeState = Literal["pending", "running", "draining", "terminating"]
 
 
 @dataclass(frozen=True, slots=True)
+class RunView:
+    """An attempt of a preemptible queue running on a node (its agent's heartbeat)."""
+
+    key: str  # job/item/attempt
+    queue: str
+    since: float
+    slots: int
+
+
+@dataclass(frozen=True, slots=True)
 class NodeView:
     id: str
     instance_type: str
@@ -27,6 +37,8 @@ class NodeView:
     idle_since: float | None = None  # None: busy, or never reported
     protected: bool = False  # scale-in protection set by a busy agent
     cordoned: bool = False  # the scaler stopped its intake (consolidation): it drains, then idles
+    runs: tuple[RunView, ...] = ()  # its attempts of preemptible queues
+    preempting: tuple[str, ...] = ()  # keys of those the scaler already preempts (they are leaving)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,10 +91,13 @@ class PoolDecision:
     uncordon: tuple[str, ...] = ()  # cordoned nodes to take items again (demand came back)
     hold: tuple[str, ...] = ()  # queues whose agents stop taking items: their team is at its share
     release: tuple[str, ...] = ()  # held queues that take items again
+    # Per node whose marks change: the attempts it must stop and hand back (preemption.py); an
+    # empty tuple clears the node's marks.
+    preempt: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @property
     def changes(self) -> bool:
-        return bool(self.terminate or self.cordon or self.uncordon or self.hold or self.release) or (
+        return bool(self.terminate or self.cordon or self.uncordon or self.hold or self.release or self.preempt) or (
             self.on_demand_base is not None
         )
 

@@ -50,6 +50,10 @@ Rules
    (not `spot_fallback_after_s`) as spot being short (rule 6: launches come on demand). Not more:
    SQS and Pub/Sub give no ages, so a backlog that never empties is as old as its waiting mark,
    and buying every launch on demand for it would be for good.
+12. Preemption (`preemption.py`, queues that opt in with `preemptible`): when a queue's items are
+   left waiting by a cap (rule 8), attempts of lower-priority preemptible queues that ran
+   `min_runtime_s` are asked to checkpoint and go back to their queue, as many as make room
+   for the waiting items (`PoolDecision.preempt`).
 No decision both scales in and out: idle nodes go only when there is surplus, and growth
 happens only when there is none.
 """
@@ -60,7 +64,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from tidefleet.config import Environment, Pool
-from tidefleet.policy import quota
+from tidefleet.policy import preemption, quota
 from tidefleet.policy.cost import LaunchCost, PoolPrices
 from tidefleet.policy.demand import Horizon, Packing, boot_horizon, demand_slots, packing
 from tidefleet.policy.model import FleetView, NodeView, PoolDecision, PoolView, QueueView
@@ -129,11 +133,23 @@ def decide(env: Environment, fleet: FleetView, now: float) -> tuple[PoolDecision
         env_cost = sum(p.existing_cost + p.launch_cost(p.granted) for p in plans.values())
         env_cap = f"environment cap ({_usd(env_cost)} of {_usd(env.scaler.cost_cap_usd_per_hour)})"
     return tuple(
-        _with_quota(_decision(plans[view.name], env_cap), quotas.get(view.name))
+        _with_preemption(env, view, fleet, _with_quota(_decision(plans[view.name], env_cap), quotas.get(view.name)), now)
         if view.name in plans
         else _unknown_pool(env, view)
         for view in fleet.pools
     )
+
+
+def _with_preemption(env: Environment, view: PoolView, fleet: FleetView, decision: PoolDecision,
+                     now: float) -> PoolDecision:  # fmt: skip
+    """Rule 12: the marks of attempts to preempt, where they change."""
+    if not any(n.runs or n.preempting for n in view.nodes):
+        return decision
+    starved = [q for q in fleet.queues if q.name in decision.starved_queues and q.visible and not q.held]
+    chosen = preemption.choose(env.queues, starved, list(view.nodes), now)
+    changed = tuple((n.id, chosen.marks.get(n.id, ())) for n in view.nodes
+                    if n.state == "running" and not n.cordoned and set(chosen.marks.get(n.id, ())) != set(n.preempting))  # fmt: skip
+    return replace(decision, preempt=changed, reasons=decision.reasons + chosen.reasons)
 
 
 def _with_quota(decision: PoolDecision, share: quota.PoolQuota | None) -> PoolDecision:
@@ -690,12 +706,18 @@ def _desired_reason(plan: _Plan, desired: int) -> str:
 
 
 def _starved(plan: _Plan) -> tuple[str, ...]:
-    """Queues with waiting items that the capped capacity does not reach, by priority."""
-    return tuple(
-        queue.name
-        for queue, need in zip(plan.queues, plan.needs, strict=True)
-        if need > plan.granted and queue.visible
-    )
+    """Queues with waiting items that the capped capacity leaves waiting: the free slots of the
+    nodes that take items, and of the units granted, go to the highest-priority waiting items
+    first. (Not the per-queue needs: those credit the busy slots' turnover to the first queue,
+    whichever queue's items hold them.)"""
+    free = sum(n.slots - n.busy_slots for n in plan.view.nodes if n.state in ("running", "pending") and not n.cordoned)
+    free += plan.granted * plan.pool.slots_per_unit
+    starved = []
+    for queue in plan.queues:  # highest priority first
+        free -= queue.visible * queue.slots_per_item
+        if queue.visible and free < 0:
+            starved.append(queue.name)
+    return tuple(starved)
 
 
 def _cap_reason(plan: _Plan, desired: int, starved: tuple[str, ...], env_cap: str) -> str:

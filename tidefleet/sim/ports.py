@@ -122,6 +122,10 @@ class SimulationPorts:
         if node is not None:
             self.sim.set_cordon(node, cordoned)
 
+    def set_preempt(self, pool: str, node_id: str, keys: list[str]) -> None:
+        """Never called: the simulated nodes list no preemptible attempts (preemption is not
+        modeled in the simulator), so the policy has nothing to preempt there."""
+
     def forget_node(self, pool: str, node_id: str) -> None:
         """Heartbeats are read off the live nodes: a node that left has none to forget."""
 

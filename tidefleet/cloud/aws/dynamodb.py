@@ -135,6 +135,13 @@ class DynamoStore:
             ExpressionAttributeValues={":c": cordoned},
         )
 
+    def set_preempt(self, pool: str, node_id: str, keys: list[str]) -> None:
+        self.table.update_item(
+            Key={"pk": f"POOL#{pool}", "sk": f"NODE#{node_id}"},
+            UpdateExpression="SET preempt = :p",
+            ExpressionAttributeValues={":p": list(keys)},
+        )
+
     def forget_node(self, pool: str, node_id: str) -> None:
         self.table.delete_item(Key={"pk": f"POOL#{pool}", "sk": f"NODE#{node_id}"})
 

@@ -158,6 +158,12 @@ class FirestoreNodes:
             update_mask=DocumentMask(field_paths=["cordoned"]),
         )
 
+    def set_preempt(self, pool: str, node_id: str, keys: list[str]) -> None:
+        self.client.update_document(
+            document=Document(name=self._doc(pool, node_id), fields={"preempt": to_value(list(keys))}),
+            update_mask=DocumentMask(field_paths=["preempt"]),
+        )
+
     def forget_node(self, pool: str, node_id: str) -> None:
         self.client.delete_document(request={"name": self._doc(pool, node_id)})
 

@@ -1,0 +1,133 @@
+"""Preemption (scaling rule 12, `policy/preemption.py`): when a pool cannot grow, a higher-priority
+queue's waiting items take the slots of lower-priority attempts of queues that opted in; each
+such attempt checkpoints and goes back to its queue. One table of cases, then a property."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tidefleet.config import parse_environment
+from tidefleet.policy import decide
+from tidefleet.policy.model import FleetView, NodeView, PoolView, QueueView, RunView
+
+NOW = 100_000.0
+
+
+def env(*, preemptible=True, min_runtime_s=600, max_nodes=2):
+    return parse_environment({
+        "region": "us-east-1",
+        "pools": {"cpu": {"max": max_nodes, "slots_per_unit": 2, "command": "work", "instance_types": [{"type": "c6i.large"}]}},
+        "queues": {
+            "urgent": {"pool": "cpu", "priority": 50, "slots_per_item": 2},
+            "batch": {"pool": "cpu", "priority": 5, "preemptible": preemptible, "min_runtime_s": min_runtime_s},
+            "other": {"pool": "cpu", "priority": 1},
+            "vip": {"pool": "cpu", "priority": 90, "preemptible": True, "min_runtime_s": 0},
+        },
+    }, name="t")  # fmt: skip
+
+
+def run(key, queue="batch", ran=3600.0, slots=1):
+    return RunView(key, queue, NOW - ran, slots)
+
+
+def full(id_, *runs, preempting=(), busy=None, state="running", cordoned=False):
+    return NodeView(id=id_, instance_type="c6i.large", weight=1, slots=2, spot=True, state=state, launched_at=NOW - 7200,
+                    busy_slots=2 if busy is None else busy, last_heartbeat=NOW - 2, runs=tuple(runs),
+                    preempting=tuple(preempting), cordoned=cordoned)  # fmt: skip
+
+
+# A full node whose work may not be preempted: with it, one more node puts the pool at its max.
+BLOCKER = NodeView(id="nx", instance_type="c6i.large", weight=1, slots=2, spot=True, state="running",
+                   launched_at=NOW - 7200, busy_slots=2, last_heartbeat=NOW - 2,
+                   runs=(RunView("o/8/1", "other", NOW - 9000, 1), RunView("o/9/1", "other", NOW - 9000, 1)))  # fmt: skip
+
+
+def fleet(*nodes, urgent=1, batch_in_flight=4):
+    queues = (QueueView("urgent", "cpu", 50, 2, visible=urgent, in_flight=0),
+              QueueView("batch", "cpu", 5, 1, visible=0, in_flight=batch_in_flight))  # fmt: skip
+    return FleetView((PoolView("cpu", tuple(nodes), desired=len(nodes), on_demand_base=0),), queues)
+
+
+def preempted(environment, view) -> dict:
+    (decision,) = decide(environment, view, NOW)
+    return {node: set(keys) for node, keys in decision.preempt}, decision.reasons
+
+
+CASES = [
+    ("the node whose stopped attempts ran least makes room for the waiting item",
+     env(), fleet(full("n1", run("a/1/1", ran=4000), run("a/2/1", ran=900)), full("n2", run("a/3/1", ran=800), run("a/4/1", ran=700))),
+     {"n2": {"a/3/1", "a/4/1"}}),
+    ("a node whose other slots hold work that may not be preempted is no place for the item",
+     env(), fleet(full("n1", run("o/1/1", queue="other"), run("a/1/1")), BLOCKER), {}),
+    ("a queue that did not opt in is never preempted",
+     env(preemptible=False), fleet(full("n1", run("a/1/1"), run("a/2/1")), BLOCKER), {}),
+    ("an attempt younger than min_runtime_s is not preempted",
+     env(min_runtime_s=600), fleet(full("n1", run("a/1/1", ran=599), run("a/2/1", ran=599)), BLOCKER), {}),
+    ("an attempt of a higher-priority queue is not preempted",
+     env(), fleet(full("n1", run("v/1/1", queue="vip"), run("v/2/1", queue="vip")), BLOCKER), {}),
+    ("a pool that can grow preempts nothing: the waiting item gets a new node",
+     env(max_nodes=5), fleet(full("n1", run("a/1/1"), run("a/2/1")), BLOCKER), {}),
+    ("free slots on a node are used before any attempt is stopped",
+     env(), fleet(full("n1", run("a/1/1"), busy=1), full("n2", run("a/2/1"), run("a/3/1"))), {"n1": {"a/1/1"}}),
+    ("attempts already preempted count as room: a waiting item never preempts twice",
+     env(), fleet(full("n1", run("a/1/1"), run("a/2/1"), preempting=("a/1/1", "a/2/1")), full("n2", run("a/3/1"), run("a/4/1"))),
+     {}),
+    ("a mark whose attempt ended is cleared",
+     env(), fleet(full("n1", run("a/2/1"), preempting=("a/1/1",), busy=1), full("n2", run("a/3/1"), run("a/4/1")), urgent=0),
+     {"n1": set()}),
+    ("a draining or cordoned node is not a place to make room",
+     env(), fleet(full("n1", run("a/1/1"), run("a/2/1"), state="draining"), full("n2", run("a/3/1"), run("a/4/1"), cordoned=True)), {}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "environment", "view", "expected"), CASES, ids=[c[0] for c in CASES])
+def test_preemption(case, environment, view, expected):
+    marks, _ = preempted(environment, view)
+    assert marks == expected
+
+
+def test_the_reason_names_the_attempt_its_queue_and_the_queue_it_makes_room_for():
+    _, reasons = preempted(env(), fleet(full("n1", run("a/1/1"), run("a/2/1", ran=700)), BLOCKER))
+    assert ("preempt a/2/1 on n1 (queue batch, priority 5, ran 700s >= min_runtime_s 600): queue urgent (priority 50) "
+            "has items waiting and the pool cannot grow; it checkpoints and goes back to its queue, not a failed attempt"
+            ) in reasons  # fmt: skip
+
+
+QUEUES = ["batch", "other", "vip"]
+runs_st = st.lists(st.tuples(st.sampled_from(QUEUES), st.floats(0, 5000), st.integers(1, 2)), max_size=3)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    nodes=st.lists(st.tuples(runs_st, st.booleans(), st.sampled_from(["running", "draining", "pending"])), min_size=1, max_size=4),
+    waiting=st.integers(0, 4),
+    min_runtime=st.integers(0, 3000),
+)  # fmt: skip
+def test_preemption_never_takes_more_than_waiting_items_need_nor_anything_not_preemptible(nodes, waiting, min_runtime):
+    environment = env(min_runtime_s=min_runtime)
+    views = []
+    for i, (runs, cordoned, state) in enumerate(nodes):
+        fitting, used = [], 0
+        for j, (queue, ran, slots) in enumerate(runs):
+            if used + slots <= 2:
+                fitting.append(run(f"j/{i}-{j}/1", queue=queue, ran=ran, slots=slots))
+                used += slots
+        views.append(full(f"n{i}", *fitting, busy=used, state=state, cordoned=cordoned))
+    view = fleet(*views, urgent=waiting)
+    view = replace(view, pools=(replace(view.pools[0], desired=2),))
+    marks, _ = preempted(environment, view)
+    by_key = {r.key: (n, r) for n in views for r in n.runs}
+    taken = 0
+    for node_id, keys in marks.items():
+        for key in keys:
+            node, attempt = by_key[key]
+            own = environment.queues[attempt.queue]
+            assert node.id == node_id and node.state == "running" and not node.cordoned
+            assert own.preemptible and own.priority < 50 and NOW - attempt.since >= own.min_runtime_s
+            taken += attempt.slots
+    # Never more than the waiting items' slots plus what one item may overshoot per node.
+    assert taken <= waiting * 2 + len(views)

@@ -1,0 +1,89 @@
+"""Preemption: when a pool cannot grow, a higher-priority queue's waiting items may take the slots
+of lower-priority running items of queues that opted in (`preemptible = true`). Pure.
+
+A preempted attempt is asked to checkpoint and is handed back whole (an interruption, never a
+failed attempt: the agent's stop file and SIGTERM, as on a spot notice); its item waits in its
+queue again. Rules:
+  * only queues whose items wait because capacity is capped (`starved`), highest priority first;
+  * only attempts of preemptible queues of strictly lower priority that ran `min_runtime_s` or
+    more, on nodes that take items (running, not cordoned);
+  * for each waiting item, the node where the fewest slots are taken (free slots and attempts
+    already being preempted first), then the fewest attempts, then the least run time stopped
+    (what may be lost since their last checkpoint); on a node, the lowest-priority, most
+    recently started attempts go first; no node, no preemption;
+  * an attempt already marked stays marked while it runs, and counts as room already made, so
+    a waiting item never preempts twice over consecutive ticks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tidefleet.config import Queue
+from tidefleet.policy.model import NodeView, QueueView, RunView
+
+
+@dataclass(frozen=True)
+class Preemption:
+    marks: dict[str, tuple[str, ...]]  # node id -> every attempt it must stop (old marks kept)
+    reasons: tuple[str, ...]
+
+
+def choose(queues: dict[str, Queue], starved: list[QueueView], nodes: list[NodeView], now: float) -> Preemption:
+    """The attempts to preempt on these nodes for the starved queues' waiting items."""
+    takers = [n for n in nodes if n.state == "running" and not n.cordoned]
+    marked = {n.id: {r.key for r in n.runs if r.key in n.preempting} for n in takers}
+    # Room already being made on each node: free slots, plus what marked attempts will free.
+    room = {n.id: n.slots - n.busy_slots + sum(r.slots for r in n.runs if r.key in marked[n.id]) for n in takers}
+    reasons = []
+    for queue in sorted(starved, key=lambda q: (-q.priority, q.name)):
+        for _ in range(queue.visible):
+            best = None
+            for node in takers:
+                victims = _victims(node, queue, queues, marked[node.id], room[node.id], now)
+                if victims is not None and (best is None or _cost(victims, now) < _cost(best[1], now)):
+                    best = (node, victims)
+            if best is None:
+                break  # nothing more to take for this queue; lower ones may still find some
+            node, victims = best
+            room[node.id] += sum(r.slots for r in victims) - queue.slots_per_item
+            marked[node.id] |= {r.key for r in victims}
+            reasons += [_reason(r, node, queue, queues, now) for r in victims]
+    return Preemption({n.id: tuple(sorted(marked[n.id])) for n in takers if marked[n.id]}, tuple(reasons))
+
+
+def _victims(node: NodeView, queue: QueueView, queues: dict[str, Queue], marked: set[str], room: int,
+             now: float) -> list[RunView] | None:  # fmt: skip
+    """The attempts to stop on `node` so one item of `queue` fits ([] if it fits already); None:
+    it cannot be made to fit there."""
+    if room >= queue.slots_per_item:
+        return []
+    candidates = sorted(
+        (r for r in node.runs if r.key not in marked and _preemptible(r, queue, queues, now)),
+        key=lambda r: (queues[r.queue].priority, -r.since, r.key),
+    )
+    chosen = []
+    for run in candidates:
+        chosen.append(run)
+        room += run.slots
+        if room >= queue.slots_per_item:
+            return chosen
+    return None
+
+
+def _preemptible(run: RunView, queue: QueueView, queues: dict[str, Queue], now: float) -> bool:
+    own = queues.get(run.queue)
+    return bool(own and own.preemptible and own.priority < queue.priority and now - run.since >= own.min_runtime_s)
+
+
+def _cost(victims: list[RunView], now: float) -> tuple[int, int, float]:
+    """Fewer slots taken from running work first, then fewer attempts stopped, then less run
+    time interrupted (what may be lost since their last checkpoint)."""
+    return (sum(r.slots for r in victims), len(victims), sum(now - r.since for r in victims))
+
+
+def _reason(run: RunView, node: NodeView, queue: QueueView, queues: dict[str, Queue], now: float) -> str:
+    own = queues[run.queue]
+    return (f"preempt {run.key} on {node.id} (queue {run.queue}, priority {own.priority}, ran {now - run.since:.0f}s "
+            f">= min_runtime_s {own.min_runtime_s}): queue {queue.name} (priority {queue.priority}) has items waiting "
+            "and the pool cannot grow; it checkpoints and goes back to its queue, not a failed attempt")  # fmt: skip
