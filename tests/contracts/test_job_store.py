@@ -239,6 +239,18 @@ def test_a_cordon_mark_before_the_first_heartbeat_is_not_a_heartbeat_but_the_fir
     assert s.heartbeat("cpu", "n-early").cordoned
 
 
+def test_the_scalers_preempt_marks_survive_heartbeats_and_are_replaced_whole(store):
+    s = store.store
+    runs = [{"key": "j/000001/2", "queue": "batch", "since": NOW - 700, "slots": 1}]
+    s.put_heartbeat(replace(beat("n-1"), runs=runs))
+    s.set_preempt("cpu", "n-1", ["j/000001/2"])
+    s.put_heartbeat(replace(beat("n-1", at=NOW + 5), runs=runs))  # the agent's write never touches the marks
+    seen = s.heartbeats("cpu")["n-1"]
+    assert (seen.runs, seen.preempt) == (runs, ["j/000001/2"])
+    s.set_preempt("cpu", "n-1", [])
+    assert s.heartbeat("cpu", "n-1").preempt == []
+
+
 def test_a_heartbeat_carries_the_agents_intake_rates(store):
     s = store.store
     s.put_heartbeat(replace(beat("n-1"), intake={"render": 0.25, "batch": 0.003}))
