@@ -219,6 +219,11 @@ class Queue(_Model):
         "attempt) to make room for a higher-priority queue's waiting items when the pool cannot grow",
     )
     min_runtime_s: int = Field(600, ge=0, le=DAY_S, description="a preemptible item runs this long before it may be preempted")
+    on_demand_after_interruptions: int | None = Field(
+        None, ge=1, le=100,
+        description="an item handed back this many times (spot reclaims, drains, preemptions) runs next on an "
+        "on-demand node of its pool; None = wherever it lands",
+    )
 
     @property
     def gang(self) -> tuple[int, int]:
@@ -373,6 +378,11 @@ def _semantic_problems(env: Environment) -> list[str]:
                     "use a pool whose every type fits the item"
                 )
             out += _gang_problems(where, queue, queue.pool, pool)
+            if queue.on_demand_after_interruptions is not None and queue.gang[1] > 1:
+                # Only the lead's node is chosen by the message; members join on whatever node is free.
+                out.append(f"{where}.on_demand_after_interruptions: a multi-node item's members join on any node, "
+                           f"spot or not (got {queue.on_demand_after_interruptions} with nodes_per_item "
+                           f"{queue.nodes_per_item!r}); remove it or run the item on one node")  # fmt: skip
         for cloud_name in (name, f"{name}-dlq"):
             if cloud_name in seen_queue_names:
                 out.append(

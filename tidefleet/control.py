@@ -124,6 +124,8 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
     for missing in sorted(set(names) - set(groups)):
         log.warning(json.dumps({"pool": missing, "skipped": "no auto scaling group; deploy the environment"}))
     pool_views, gone, intake = [], {}, {}
+    # Items spot agents left to on-demand nodes, by queue: distinct, as several spot nodes see the same item.
+    on_demand: dict[str, set[str]] = {}
     # One call per pool and per queue, `calls_in_flight` at once (1k queues: 1k calls).
     heartbeats = dict(zip(groups, each(ports.nodes.heartbeats, list(groups), ports.calls_in_flight), strict=True))
     for name, group in groups.items():
@@ -131,6 +133,8 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
         for hb in beats.values():  # each agent's smoothed rate, decayed to now: the queues' arrivals
             for qname, rate in hb.intake.items():
                 intake[qname] = intake.get(qname, 0.0) + rate_at(rate, hb.at, now)
+            for qname, keys in hb.on_demand_wanted.items():
+                on_demand.setdefault(qname, set()).update(keys)
         nodes = (node_view(env.pools[name], i, beats.get(i.id), now) for i in group.instances)
         pool_views.append(
             PoolView(
@@ -178,6 +182,7 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
                 team=env.team_of(qname),
                 held=qname in held,
                 max_wait_s=queue.max_wait_s,
+                on_demand_wanted=len(on_demand.get(qname, ())) if queue.on_demand_after_interruptions else 0,
             )
         )
     return Observation(FleetView(pools=tuple(pool_views), queues=tuple(queue_views)), groups, gone, marks)

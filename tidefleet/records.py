@@ -44,6 +44,9 @@ class Heartbeat:
     # stops them and hands them back).
     runs: list[dict] = field(default_factory=list)
     preempt: list[str] = field(default_factory=list)
+    # On a spot node: the items of queues with `on_demand_after_interruptions` it left for on-demand
+    # capacity (interrupted that often), by queue, as job/item keys, while their records say queued.
+    on_demand_wanted: dict[str, list[str]] = field(default_factory=dict)
 
 
 SCALER_OWNED = ("cordoned", "preempt")  # heartbeat fields only the scaler writes

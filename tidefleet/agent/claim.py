@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 from tidefleet.records import FINAL
 
+DEFER_S = 30  # a spot node hides an item left to on-demand capacity this long (`Defer`), then sees it again
+
 if TYPE_CHECKING:
     from tidefleet.jobs.sdk import ItemMessage
     from tidefleet.ports import Delivery
@@ -42,6 +44,16 @@ class Hide:
 
 
 @dataclass(frozen=True)
+class Defer:
+    """Interrupted too often for spot: a spot node leaves it to an on-demand node of the pool,
+    hidden for `DEFER_S`. `resend`: each hide costs a receive, and the queue's redrive would
+    dead-letter it soon: a fresh copy (receive count 1, the same seq) replaces it instead."""
+
+    why: str
+    resend: bool = False
+
+
+@dataclass(frozen=True)
 class Adopt:
     """Our own running attempt's message, back because its visibility ran out: its newest handle
     is the one that deletes it."""
@@ -68,6 +80,16 @@ def on_receipt(msg: ItemMessage, job: Job | None) -> Intake:
     if job.cancelled:
         return Cancel()
     return Claim()
+
+
+def on_spot(msg: ItemMessage, delivery: Delivery, *, after: int | None, max_receives: int) -> Defer | None:
+    """A message received on a spot node, of a queue whose items go on demand once interrupted
+    `after` times (None: never); `max_receives`: the queue's redrive count."""
+    if after is None or msg.interruptions < after:
+        return None
+    why = (f"{msg.job}/{msg.item} was interrupted {msg.interruptions} time(s) (on_demand_after_interruptions "
+           f"{after}): left to an on-demand node")  # fmt: skip
+    return Defer(why, resend=delivery.deliveries >= max_receives - 1)
 
 
 def on_refusal(current: Item | None, msg: ItemMessage, delivery: Delivery, *, now: float, heartbeat_s: float,

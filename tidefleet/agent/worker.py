@@ -212,6 +212,7 @@ class Agent:
         self.stopping = threading.Event()
         self.cordoned = False  # the scaler's consolidation mark, read back with each heartbeat
         self.held: set[str] = set()  # queues the scaler holds (their team is at its quota), read likewise
+        self.deferred: set[tuple[str, str, str]] = set()  # (queue, job, item) left to on-demand nodes (`_defer`)
         self.intake: dict[str, float] = {}  # queue -> items taken per second, as of intake_at
         self.intake_at = time.time()
         self.finished = threading.Event()
@@ -358,6 +359,11 @@ class Agent:
         if isinstance(action, claim.Cancel):
             self._settle_cancelled(held)
             return
+        defer = claim.on_spot(msg, delivery, after=queue.on_demand_after_interruptions,
+                              max_receives=queue.max_receive_count) if self.s.spot else None  # fmt: skip
+        if defer is not None:
+            self._defer(name, delivery, msg, defer)
+            return
         held.what = resolve(JobSpec.from_record(job.spec if job else None), queue, self.pool)
         if not self._gpus_fit(held.what.slots):  # free slots, but not on whole GPUs: the next node's
             self._requeue([held], interrupted=False)
@@ -394,6 +400,19 @@ class Agent:
             self.idle_since = None
             self._count_intake(name, time.time())
         threading.Thread(target=self._lead if lead else self._execute, args=(run, queue), daemon=True).start()
+
+    def _defer(self, name: str, delivery: Delivery, msg: ItemMessage, defer: claim.Defer) -> None:
+        """Leave the item to an on-demand node; the heartbeat asks the scaler for one while it waits."""
+        if defer.resend:
+            send_messages(self.cloud, name, [msg])  # the same seq: a leftover copy is dropped by its claim
+            self.cloud.queues.delete(name, [delivery.handle])
+        else:
+            self.cloud.queues.extend(name, [delivery.handle], claim.DEFER_S)
+        with self.lock:
+            new = (name, msg.job, msg.item) not in self.deferred
+            self.deferred.add((name, msg.job, msg.item))
+        if new:
+            log.info("%s", defer.why)
 
     def _count_intake(self, queue: str, now: float) -> None:
         """One more item taken: the per-queue rates the heartbeat carries to the scaler."""
@@ -975,6 +994,7 @@ class Agent:
             idle_since = self.idle_since
             streams = list(self.streams)
             running = Counter([*(r.message.job for r in self.runs), *(m.job for m in members)])
+        self._step("on-demand items", self._forget_placed)
         self._step("heartbeat", self._write_heartbeat, busy, idle_since, dict(running))
         self._step("gangs", self._watch_gangs, [r for r in runs if r.gang], members)
         self._step("stop deadlines", self._kill_overdue, [*runs, *members])
@@ -1016,6 +1036,7 @@ class Agent:
             self.s.node_id, self.pool_name, at=now, slots=self.slots, busy_slots=busy,
             idle_since=idle_since, draining=self.stopping.is_set(), instance_type=self.s.instance_type,
             spot=self.s.spot, gpus=self.gpus, intake=intake, running=running, gang=self.beacon, runs=self._preemptible(),
+            on_demand_wanted=self._on_demand_wanted(),
         ))
         own = self.store.heartbeat(self.pool_name, self.s.node_id)
         if own is not None and own.draining:
@@ -1044,6 +1065,24 @@ class Agent:
         with self.lock:
             return [{"key": self._run_key(r), "queue": r.queue, "since": r.began, "slots": r.slots} for r in self.runs
                     if self.env.queues[r.queue].preemptible and r.state.started and r.state.stop is None]  # fmt: skip
+
+    def _forget_placed(self) -> None:
+        """Items left to on-demand nodes that no longer wait (an on-demand node claimed them, or they
+        ended): the scaler must not launch for them any more."""
+        with self.lock:
+            deferred = list(self.deferred)
+        for key in deferred:
+            item = self.store.item(key[1], key[2])
+            if item is None or item.status != "queued":
+                with self.lock:
+                    self.deferred.discard(key)
+
+    def _on_demand_wanted(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = defaultdict(list)
+        with self.lock:
+            for queue, job, item in sorted(self.deferred):
+                out[queue].append(f"{job}/{item}")
+        return dict(out)
 
     def _write_unhealthy(self) -> None:
         """A node that must not take items says so: draining and idle, the scaler removes it."""

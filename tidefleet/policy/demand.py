@@ -21,6 +21,9 @@ waiting items never lower what is needed (each rule is monotone in demand).
     biggest first within a priority, each on the node with the fewest free slots that fit it.
     Items that fit nowhere need new nodes of the pool's smallest type (every type fits the
     queue's items: a config rule). Nodes holding a placement are kept from scale-in.
+13. Items only on-demand nodes take (scaling rule 13) are placed the same way, first, on the free
+    slots of the on-demand nodes that take items, items of one slot included; packing then sees
+    what they leave.
 """
 
 from __future__ import annotations
@@ -87,22 +90,37 @@ class Packing:
     unplaced: list[int] = field(default_factory=list)  # per queue, in the given order
     new_nodes: list[int] = field(default_factory=list)
     reserved: set[str] = field(default_factory=set)  # nodes a waiting item was placed on
+    taken: dict[str, int] = field(default_factory=dict)  # slots placed, per node
 
 
-def packing(queues: list[QueueView], serving: list[NodeView], node_slots: int) -> Packing:
-    """Place waiting items of multi-slot queues; `queues` in priority order (ties: biggest first)."""
+def on_demand(queues: list[QueueView], serving: list[NodeView], node_slots: int) -> Packing:
+    """Place the items only on-demand nodes take (`QueueView.on_demand_wanted`) on those nodes."""
+    return _place(queues, [q.on_demand_wanted for q in queues], [n for n in serving if not n.spot], node_slots, {})
+
+
+def packing(queues: list[QueueView], serving: list[NodeView], node_slots: int,
+            taken: dict[str, int] | None = None) -> Packing:  # fmt: skip
+    """Place waiting items of multi-slot queues; `queues` in priority order (ties: biggest first).
+    Items left to on-demand nodes are `on_demand`'s, whose placements `taken` (slots per node) holds:
+    a deferred item is often visible (no spot agent has room to receive it), and counted once."""
+    counts = [max(0, q.visible - q.on_demand_wanted) if q.slots_per_item > 1 else 0 for q in queues]
+    return _place(queues, counts, serving, node_slots, taken or {})
+
+
+def _place(queues: list[QueueView], counts: list[int], serving: list[NodeView], node_slots: int,
+           taken: dict[str, int]) -> Packing:  # fmt: skip
     out = Packing()
-    if not any(q.slots_per_item > 1 and q.visible for q in queues):
+    if not any(counts):
         out.unplaced = out.new_nodes = [0] * len(queues)
         return out
     by_free: dict[int, list[str]] = {}
     for n in sorted(serving, key=lambda n: n.id):  # a fixed order: the same view, the same placement
-        free = n.slots - n.busy_slots if n.state == "running" else n.slots
-        if free > 1:
+        free = (n.slots - n.busy_slots if n.state == "running" else n.slots) - taken.get(n.id, 0)
+        if free > 0:
             by_free.setdefault(free, []).append(n.id)
     sizes = sorted(by_free)
-    for q in queues:
-        k, left = q.slots_per_item, q.visible if q.slots_per_item > 1 else 0
+    for q, left in zip(queues, counts, strict=True):
+        k = q.slots_per_item
         while left:
             at = bisect.bisect_left(sizes, k)
             if at == len(sizes):
@@ -112,7 +130,8 @@ def packing(queues: list[QueueView], serving: list[NodeView], node_slots: int) -
             if not by_free[free]:
                 del by_free[free], sizes[at]
             out.reserved.add(node)
-            if free - k > 1:
+            out.taken[node] = out.taken.get(node, 0) + k
+            if free - k > 0:
                 if free - k not in by_free:
                     bisect.insort(sizes, free - k)
                 by_free.setdefault(free - k, []).append(node)

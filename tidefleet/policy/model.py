@@ -62,6 +62,9 @@ class QueueView:
     team: str = "default"  # whose quota its items count to (`Environment.team_of`)
     held: bool = False  # its agents take no new items: its team is at its share (see quota.py)
     max_wait_s: int | None = None  # past it the queue is escalated (quota.py rule 5, scaling rule 6)
+    # Of its items, those that only on-demand nodes take (interrupted `on_demand_after_interruptions`
+    # times; spot agents leave them, scaling rule 13). Counted in visible + in_flight too.
+    on_demand_wanted: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,6 +54,12 @@ Rules
    left waiting by a cap (rule 8), attempts of lower-priority preemptible queues that ran
    `min_runtime_s` are asked to checkpoint and go back to their queue, as many as make room
    for the waiting items (`PoolDecision.preempt`).
+13. Interruption-aware placement (queues with `on_demand_after_interruptions`): items interrupted
+   that often are left by spot agents to on-demand nodes (`QueueView.on_demand_wanted`). They are
+   placed first on the free slots of on-demand nodes that take items (`demand.on_demand`; those
+   nodes are kept from scale-in and consolidation); the rest need new on-demand nodes, launched
+   like any (within max and the caps), with the on-demand base raised so the group buys them on
+   demand. The base is not lowered while such items wait, and returns to the configured one after.
 No decision both scales in and out: idle nodes go only when there is surplus, and growth
 happens only when there is none.
 """
@@ -66,7 +72,7 @@ from dataclasses import dataclass, field, replace
 from tidefleet.config import Environment, Pool
 from tidefleet.policy import preemption, quota
 from tidefleet.policy.cost import LaunchCost, PoolPrices
-from tidefleet.policy.demand import Horizon, Packing, boot_horizon, demand_slots, packing
+from tidefleet.policy.demand import Horizon, Packing, boot_horizon, demand_slots, on_demand, packing
 from tidefleet.policy.model import FleetView, NodeView, PoolDecision, PoolView, QueueView
 
 QUEUES_NAMED = 3  # queues spelled out in a demand line; the rest are counted
@@ -106,6 +112,8 @@ class _Plan:
     limit: int  # units allowed by max and the pool cost cap
     limited_by: str  # which of them binds: "max" or "pool cost cap"
     shortage: list[str]  # spot shortage signals, empty when spot is healthy
+    on_demand_items: str  # rule 13: the items that wait for on-demand nodes, in words; "" when none
+    on_demand_needed: int  # rule 13: units of new on-demand nodes they need
     cordon: list[str] = field(default_factory=list)  # nodes whose intake stops (consolidation)
     uncordon: list[str] = field(default_factory=list)  # cordoned nodes taking items again
     granted: int = 0  # units to launch, after the environment budget
@@ -182,7 +190,7 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
     # Waiting multi-slot items are placed only on nodes that take items; a drained, cordoned node
     # that would hold one is uncordoned rather than a node launched for it.
     takers = [n for n in nodes.serving if not n.cordoned]
-    packed = packing(queues, takers, smallest * pool.slots_per_unit)
+    for_on_demand, packed = _placements(queues, takers, smallest * pool.slots_per_unit)
     for n in sorted((n for n in nodes.serving if n.cordoned), key=lambda n: (-n.slots, n.id)):
         if not any(packed.unplaced):
             break
@@ -190,7 +198,7 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
         uncordon_reasons.append(f"uncordon {n.id}: a waiting multi-slot item fits no other node")
         nodes.serving[nodes.serving.index(n)] = replace(n, cordoned=False)
         takers = [n for n in nodes.serving if not n.cordoned]
-        packed = packing(queues, takers, smallest * pool.slots_per_unit)
+        for_on_demand, packed = _placements(queues, takers, smallest * pool.slots_per_unit)
     reasons = [_replace_reason(n, pool, now) for n in nodes.replace]
     reasons += [f"terminate {n.id}: draining and idle" for n in nodes.release]
     reasons += [_draining_kept_reason(n) for n in nodes.draining_busy]
@@ -207,6 +215,7 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
         serving_slots=serving_slots,
         group_units=held_units + _units(nodes.serving),
         reserved=packed.reserved,
+        for_on_demand=for_on_demand.reserved,
         pool=pool,
         idle_timeout_s=idle_timeout_s,
         break_even=None if idle_timeout_s is not None else BreakEven.of(queues, nodes.serving, relaunch_s),
@@ -232,18 +241,23 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
             shortage = [*eager, f"queue {', '.join(overdue)} waited past max_wait_s: escalated"]
     prices = PoolPrices.of(pool)
     group_units = _units(staying)
+    on_demand_staying = _units([n for n in staying if not n.spot])
+    on_demand_needed = sum(for_on_demand.new_nodes) * smallest
+    base = pool.on_demand_base
+    if any(q.on_demand_wanted for q in queues):  # rule 13 may raise the base, and lowers it not: priced so
+        base = max(base, view.on_demand_base, on_demand_staying + on_demand_needed)
     launch_cost = LaunchCost(
         prices,
         group_units=group_units,
-        on_demand_units=_units([n for n in staying if not n.spot]),
-        on_demand_base=pool.max if shortage else pool.on_demand_base,
+        on_demand_units=on_demand_staying,
+        on_demand_base=pool.max if shortage else base,
         on_demand_percent=pool.on_demand_percent,
     )
     existing_cost = sum(prices.node(n) for n in view.nodes if n.id not in gone)
     staying_serving_slots = serving_slots - _slots([n for n in idle_out if not n.cordoned])
     booting_slots = sum(n.slots for n in nodes.serving if n.state == "pending")
     horizon = boot_horizon(queues, staying_serving_slots - booting_slots, booting_slots, pool.boot_estimate_s)
-    needs = _needs(horizon, packed, pool.slots_per_unit, smallest)
+    needs = _needs(horizon, packed, for_on_demand, pool.slots_per_unit, smallest)
     wanted = needs[-1] if needs else 0
     cordon: list[NodeView] = []
     forced = max(0, min(pool.min, pool.max) - group_units)  # launched to keep the pool at min
@@ -252,7 +266,7 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
         cordon, cordon_reasons = _consolidate(
             [n for n in nodes.serving if n.id not in idle_ids],
             demand=demand + _expected_slots(queues, relaunch_s),
-            reserved=packed.reserved,
+            reserved=packed.reserved | for_on_demand.reserved,
         )
         reasons += cordon_reasons
     reasons += _horizon_reason(horizon, demand, staying_serving_slots, pool)
@@ -282,19 +296,39 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
         limit=limit,
         limited_by=limited_by,
         shortage=shortage,
+        on_demand_items=_on_demand_items(env, queues),
+        on_demand_needed=on_demand_needed,
         cordon=[n.id for n in cordon],
         uncordon=[n.id for n in uncordon],
     )
 
 
-def _needs(horizon: Horizon, packed: Packing, slots_per_unit: int, node_units: int) -> list[int]:
-    """Per queue, units the queues up to it need: the larger of the two rules' answers."""
+def _placements(queues: list[QueueView], takers: list[NodeView], node_slots: int) -> tuple[Packing, Packing]:
+    """Rule 13's items on on-demand nodes first (only those take them), then rule 1b's on what is left."""
+    for_on_demand = on_demand(queues, takers, node_slots)
+    return for_on_demand, packing(queues, takers, node_slots, for_on_demand.taken)
+
+
+def _needs(horizon: Horizon, packed: Packing, for_on_demand: Packing, slots_per_unit: int,
+           node_units: int) -> list[int]:  # fmt: skip
+    """Per queue, units the queues up to it need: the larger of slot counting and the new nodes
+    that placed items need (rule 1b's and rule 13's, different items: they add up)."""
     needs, slots, nodes = [], 0, 0
-    for uncovered, new_nodes in zip(horizon.uncovered, packed.new_nodes, strict=True):
+    for uncovered, new_nodes, new_on_demand in zip(horizon.uncovered, packed.new_nodes, for_on_demand.new_nodes,
+                                                   strict=True):  # fmt: skip
         slots += uncovered
-        nodes += new_nodes
+        nodes += new_nodes + new_on_demand
         needs.append(max(math.ceil(slots / slots_per_unit), nodes * node_units))
     return needs
+
+
+def _on_demand_items(env: Environment, queues: list[QueueView]) -> str:
+    """Rule 13's items in words: `2 item(s) of queue train interrupted >= 3 times`, per queue."""
+    return ", ".join(
+        f"{q.on_demand_wanted} item(s) of queue {q.name} interrupted >= "
+        f"{env.queues[q.name].on_demand_after_interruptions} times"
+        for q in queues if q.on_demand_wanted
+    )  # fmt: skip
 
 
 def _horizon_reason(horizon: Horizon, demand: int, serving_slots: int, pool: Pool) -> list[str]:
@@ -497,6 +531,7 @@ def _choose_idle(
     serving_slots: int,
     group_units: int,
     reserved: set[str],
+    for_on_demand: set[str],
     pool: Pool,
     idle_timeout_s: int | None,
     break_even: BreakEven | None,
@@ -533,6 +568,8 @@ def _choose_idle(
     for n in overdue:
         if n.id in reserved:
             reasons.append(f"keep {n.id}: idle but needed, a waiting multi-slot item fits its free slots")
+        elif n.id in for_on_demand:
+            reasons.append(f"keep {n.id}: idle but needed, an item left to on-demand nodes is placed on it")
         elif not n.cordoned and n.slots > surplus:
             reasons.append(
                 f"keep {n.id}: idle but needed, demand {demand} slots leaves {surplus} spare < its {n.slots}"
@@ -738,7 +775,8 @@ def _cap_reason(plan: _Plan, desired: int, starved: tuple[str, ...], env_cap: st
 
 
 def _on_demand_base(plan: _Plan, desired: int) -> tuple[int | None, str | None]:
-    """Rule 6: raise the base to cover the units to launch while spot is short; restore it after."""
+    """Rule 6: raise the base to cover the units to launch while spot is short; restore it after.
+    Rule 13: raise it to cover the new on-demand nodes items wait for; keep it while they wait."""
     current, configured = plan.view.on_demand_base, plan.pool.on_demand_base
     if plan.shortage:
         # Only what is launched now needs the base; it is never lowered while spot is short.
@@ -751,6 +789,16 @@ def _on_demand_base(plan: _Plan, desired: int) -> tuple[int | None, str | None]:
             wanted,
             f"spot short ({signals}): on-demand base {current} -> {wanted} units so {to_launch} unit(s) to launch come on demand",
         )
+    if plan.on_demand_items:
+        launch = min(max(0, desired - plan.group_units), plan.on_demand_needed)
+        wanted = min(plan.pool.max, max(configured, plan.launch_cost.on_demand_units + launch))
+        if launch and wanted > current:
+            return (
+                wanted,
+                f"{plan.on_demand_items} wait for on-demand capacity: on-demand base {current} -> {wanted} units "
+                f"so {launch} unit(s) to launch come on demand",
+            )
+        return None, f"{plan.on_demand_items} wait for on-demand capacity: on-demand base stays {current} units"
     if current != configured:
         return configured, f"spot healthy: on-demand base {current} -> {configured} units (configured)"
     return None, None
