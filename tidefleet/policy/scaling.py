@@ -795,8 +795,8 @@ def _on_demand_base(plan: _Plan, desired: int) -> tuple[int | None, str | None]:
         if launch and wanted > current:
             return (
                 wanted,
-                f"{plan.on_demand_items} wait for on-demand capacity: on-demand base {current} -> {wanted} units "
-                f"so {launch} unit(s) to launch come on demand",
+                (f"{plan.on_demand_items} wait for on-demand capacity: on-demand base {current} -> {wanted} units "
+                 f"so {launch} unit(s) to launch come on demand"),
             )
         return None, f"{plan.on_demand_items} wait for on-demand capacity: on-demand base stays {current} units"
     if current != configured:
