@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tidefleet.agent.claim import Adopt, Cancel, Claim, Drop, Hide, Poison, node_lost, on_receipt, on_refusal
+from tidefleet.agent.claim import Adopt, Cancel, Claim, Defer, Drop, Hide, Poison, node_lost, on_receipt, on_refusal, on_spot
 from tidefleet.jobs.sdk import ItemMessage
 from tidefleet.ports import Delivery
 from tidefleet.records import Item, Job
@@ -67,3 +67,20 @@ def test_a_refused_claim(case, current, deliveries, message_id, mine, expected):
                                               (item("succeeded"), False)])  # fmt: skip
 def test_a_node_was_lost_only_if_the_item_still_said_running_before_this_claim(before, lost):
     assert node_lost(before) is lost
+
+
+LEFT = "job-1/000001 was interrupted 3 time(s) (on_demand_after_interruptions 3): left to an on-demand node"
+ON_SPOT = [
+    ("an item of a queue without the setting is taken", 9, None, 1, None),
+    ("an item interrupted fewer times than the setting is taken", 2, 3, 1, None),
+    ("an item interrupted as often as the setting is left to an on-demand node", 3, 3, 1, Defer(LEFT)),
+    ("... by a fresh copy once the queue's redrive nears, which would dead-letter it", 3, 3, 5, Defer(LEFT, resend=True)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "interruptions", "after", "deliveries", "expected"), ON_SPOT,
+                         ids=[r[0] for r in ON_SPOT])  # fmt: skip
+def test_a_message_received_on_a_spot_node(case, interruptions, after, deliveries, expected):
+    msg = ItemMessage("job-1", "000001", [], interruptions=interruptions)
+    delivery = Delivery("handle", msg.body(), deliveries)
+    assert on_spot(msg, delivery, after=after, max_receives=6) == expected

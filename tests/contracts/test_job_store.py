@@ -251,6 +251,14 @@ def test_the_scalers_preempt_marks_survive_heartbeats_and_are_replaced_whole(sto
     assert s.heartbeat("cpu", "n-1").preempt == []
 
 
+def test_a_heartbeat_carries_the_items_its_spot_node_left_to_on_demand_nodes_and_the_next_one_replaces_them(store):
+    s = store.store
+    s.put_heartbeat(beat("n-1", on_demand_wanted={"train": ["job-a/000001", "job-b/000007"]}))
+    assert s.heartbeats("cpu")["n-1"].on_demand_wanted == {"train": ["job-a/000001", "job-b/000007"]}
+    s.put_heartbeat(beat("n-1", at=NOW + 5))  # an on-demand node took them
+    assert s.heartbeat("cpu", "n-1").on_demand_wanted == {}
+
+
 def test_a_heartbeat_carries_the_agents_intake_rates(store):
     s = store.store
     s.put_heartbeat(replace(beat("n-1"), intake={"render": 0.25, "batch": 0.003}))
