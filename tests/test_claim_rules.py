@@ -5,7 +5,19 @@ from __future__ import annotations
 
 import pytest
 
-from tidefleet.agent.claim import Adopt, Cancel, Claim, Defer, Drop, Hide, Poison, node_lost, on_receipt, on_refusal, on_spot
+from tidefleet.agent.claim import (
+    Adopt,
+    Cancel,
+    Claim,
+    Defer,
+    Drop,
+    Hide,
+    Poison,
+    node_lost,
+    on_receipt,
+    on_refusal,
+    on_spot,
+)
 from tidefleet.jobs.sdk import ItemMessage
 from tidefleet.ports import Delivery
 from tidefleet.records import Item, Job
