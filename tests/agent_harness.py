@@ -177,12 +177,14 @@ class Harness:
 
 
 class Imds:
-    """A tiny IMDSv2 endpoint; set `.spot_action` or `.lifecycle` to serve a notice."""
+    """A tiny IMDSv2 endpoint; set `.spot_action` or `.lifecycle` to serve a notice. `spot=False`:
+    an on-demand instance."""
 
-    def __init__(self, instance_id: str = "i-0test", lifecycle: str = "InService"):
+    def __init__(self, instance_id: str = "i-0test", lifecycle: str = "InService", *, spot: bool = True):
         self.spot_action: dict | None = None
         self.lifecycle = lifecycle
         self.instance_id = instance_id
+        self.life_cycle = "spot" if spot else "on-demand"
         imds = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -198,7 +200,7 @@ class Imds:
                 paths = {
                     "/latest/meta-data/instance-id": imds.instance_id,
                     "/latest/meta-data/instance-type": "c6i.large",
-                    "/latest/meta-data/instance-life-cycle": "spot",
+                    "/latest/meta-data/instance-life-cycle": imds.life_cycle,
                     "/latest/meta-data/autoscaling/target-lifecycle-state": imds.lifecycle,
                     "/latest/meta-data/spot/instance-action": json.dumps(imds.spot_action) if imds.spot_action else None,
                 }

@@ -89,6 +89,7 @@ ACK_FLUSH_S = 0.5  # a recorded item's message is deleted within this, batched w
 SETTLE_S = 5.0  # after the grace: time for an exited workload's runner to record its result
 MIN_LEASE_S = 30.0  # an attempt's claim lasts this (or 6 heartbeats) past its last renewal
 CANCEL_GRACE_S = 10.0  # at most: a cancelled workload's time to leave before SIGKILL
+YIELD_S = 5.0  # after an item left to on-demand nodes shows again: time for one of them to receive it
 
 
 @dataclass(frozen=True)
@@ -212,7 +213,8 @@ class Agent:
         self.stopping = threading.Event()
         self.cordoned = False  # the scaler's consolidation mark, read back with each heartbeat
         self.held: set[str] = set()  # queues the scaler holds (their team is at its quota), read likewise
-        self.deferred: set[tuple[str, str, str]] = set()  # (queue, job, item) left to on-demand nodes (`_defer`)
+        # (queue, job, item) left to on-demand nodes (`_defer`) -> when its message shows again
+        self.deferred: dict[tuple[str, str, str], float] = {}
         self.intake: dict[str, float] = {}  # queue -> items taken per second, as of intake_at
         self.intake_at = time.time()
         self.finished = threading.Event()
@@ -298,7 +300,8 @@ class Agent:
             try:
                 free = 0 if self.cordoned else self._free_slots()  # cordoned: finish, take nothing new
                 fitting = [(n, q) for n, q in self.queues
-                           if n not in self.held and q.slots_per_item <= free and self._gpus_fit(q.slots_per_item)]
+                           if n not in self.held and q.slots_per_item <= free and self._gpus_fit(q.slots_per_item)
+                           and not self._yielding(n)]
                 if not fitting:
                     with self.changed:
                         self.changed.wait(timeout=1.0)
@@ -410,9 +413,18 @@ class Agent:
             self.cloud.queues.extend(name, [delivery.handle], claim.DEFER_S)
         with self.lock:
             new = (name, msg.job, msg.item) not in self.deferred
-            self.deferred.add((name, msg.job, msg.item))
+            self.deferred[name, msg.job, msg.item] = time.time() + claim.DEFER_S
         if new:
             log.info("%s", defer.why)
+
+    def _yielding(self, queue: str) -> bool:
+        """While an item it left to on-demand nodes shows again, a spot node does not receive from its
+        queue (a long poll started before counts): the message goes to an on-demand node's receive,
+        not back to this node's. Other spot nodes may still get it, and then yield likewise."""
+        now = time.time()
+        with self.lock:
+            return any(q == queue and -self.s.wait_s - 1 <= now - shows <= YIELD_S
+                       for (q, _, _), shows in self.deferred.items())  # fmt: skip
 
     def _count_intake(self, queue: str, now: float) -> None:
         """One more item taken: the per-queue rates the heartbeat carries to the scaler."""
@@ -1075,7 +1087,7 @@ class Agent:
             item = self.store.item(key[1], key[2])
             if item is None or item.status != "queued":
                 with self.lock:
-                    self.deferred.discard(key)
+                    self.deferred.pop(key, None)
 
     def _on_demand_wanted(self) -> dict[str, list[str]]:
         out: dict[str, list[str]] = defaultdict(list)
