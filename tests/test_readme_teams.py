@@ -18,7 +18,8 @@ from tidefleet.policy.model import FleetView, NodeView, PoolView, QueueView
 ROOT = Path(__file__).resolve().parent.parent
 SECTION = (ROOT / "README.md").read_text().split("\n## Teams, quotas and fair share\n", 1)[1].split("\n## ", 1)[0]
 ENV_TOML = re.search(r"```toml\n(.*?)```", SECTION, re.DOTALL).group(1)
-TICKS = re.findall(r"```text\n(.*?)```", SECTION, re.DOTALL)
+TICKS = re.findall(r"```text\n(.*?)```", SECTION.split("\n### ", 1)[0], re.DOTALL)  # the subsections have their own
+PLACEMENT = SECTION.split("\n### Interruption-aware placement\n", 1)[1].split("\n### ", 1)[0]
 COMMAND = re.search(r"```bash\n(tidefleet simulate .*?)```", SECTION, re.DOTALL).group(1)
 NOW = 100_000.0
 
@@ -28,9 +29,10 @@ def test_the_readme_environment_validates_with_its_teams():
     assert set(env.teams) == {"vision", "nlp"} and env.teams["nlp"].weight == 2
 
 
-def tick(vision: tuple[int, int], nlp: tuple[int, int], vision_waited_s: float | None = None) -> list[str]:
+def tick(vision: tuple[int, int], nlp: tuple[int, int], vision_waited_s: float | None = None, *,
+         data: dict | None = None, extra: tuple[QueueView, ...] = ()) -> list[str]:  # fmt: skip
     """The README's fleet: 12 one-GPU nodes, each running one of vision's items."""
-    env = parse_environment(tomllib.loads(ENV_TOML), name="shared")
+    env = parse_environment(data or tomllib.loads(ENV_TOML), name="shared")
     nodes = tuple(
         NodeView(f"i-{i}", "g5.xlarge", 1, 1, True, "running", NOW - 3600, busy_slots=1, last_heartbeat=NOW - 5)
         for i in range(12)
@@ -40,7 +42,7 @@ def tick(vision: tuple[int, int], nlp: tuple[int, int], vision_waited_s: float |
                   oldest_age_s=age)
         for name, depth, age in (("vision-train", vision, vision_waited_s), ("nlp-train", nlp, None))
     )
-    (decision,) = decide(env, FleetView((PoolView("gpu", nodes, 12, 0),), queues), NOW)
+    (decision,) = decide(env, FleetView((PoolView("gpu", nodes, 12, 0),), queues + extra), NOW)
     return list(decision.reasons)
 
 
@@ -54,6 +56,14 @@ def test_the_readme_ticks_give_the_reasons_it_shows():
 def test_the_readme_escalation_line_is_what_an_overdue_queue_gets():
     line = re.search(r"\(`(queue vision-train waited .*?)`\)", SECTION).group(1)
     assert line in tick(vision=(3, 12), nlp=(8, 0), vision_waited_s=2000.0)
+
+
+def test_the_readme_placement_queue_validates_and_its_tick_gives_the_line_it_shows():
+    data = tomllib.loads(ENV_TOML)
+    data["queues"] |= tomllib.loads(re.search(r"```toml\n(.*?)```", PLACEMENT, re.DOTALL).group(1))["queues"]
+    (line,) = re.findall(r"```text\n(.*?)```", PLACEMENT, re.DOTALL)
+    train = QueueView("train", "gpu", 0, 1, 0, 2, on_demand_wanted=2)  # hidden by the spot nodes: in flight
+    assert line.strip() in tick(vision=(0, 12), nlp=(0, 0), data=data, extra=(train,))
 
 
 def test_the_readme_by_team_command_runs_as_written(tmp_path):
