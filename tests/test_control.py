@@ -209,6 +209,17 @@ def test_observe_reads_backlog_per_queue_and_skips_pools_without_a_group(caplog)
     assert "no auto scaling group" in caplog.text and '"gpu"' in caplog.text
 
 
+def test_observe_counts_each_item_spot_nodes_left_to_on_demand_nodes_once_and_only_where_the_queue_asks():
+    env = parse_environment({"region": "us-east-1", "pools": {"cpu": {"max": 6, "command": "work",
+                             "instance_types": [{"type": "c6i.large"}]}},
+                             "queues": {"demo": {"pool": "cpu", "on_demand_after_interruptions": 2},
+                                        "plain": {"pool": "cpu"}}}, name="t")  # fmt: skip
+    beats = {"i-1": replace(beat("i-1"), on_demand_wanted={"demo": ["j/1", "j/2"], "plain": ["j/9"]}),
+             "i-2": replace(beat("i-2"), on_demand_wanted={"demo": ["j/2", "j/3"]})}  # fmt: skip
+    seen = control.observe(env, ports(group("cpu", 2, instance("i-1"), instance("i-2")), beats={"cpu": beats}), NOW, ["cpu"])
+    assert {q.name: q.on_demand_wanted for q in seen.fleet.queues} == {"demo": 3, "plain": 0}
+
+
 def test_a_gang_item_is_demand_for_every_node_of_it_an_elastic_one_for_its_max():
     data = {"region": "us-east-1", "pools": {"gpu": {"max": 16, "command": "train", "capacity_unit": "gpus",
             "instance_types": [{"type": "g5.12xlarge", "weight": 4, "gpus": 4}]}},
