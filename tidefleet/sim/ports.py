@@ -9,12 +9,20 @@ same decisions to both and compares the fleets.
 
 from __future__ import annotations
 
+from tidefleet.config import Queue
 from tidefleet.policy.model import rate_at
 from tidefleet.ports import Backlog, GroupInstance, GroupState
 from tidefleet.records import Heartbeat, QueueStats
 from tidefleet.sim.engine import Node, Simulation
 
 HEARTBEAT_GRAIN = 0.25  # of the boot timeout: a live node's last beat is never older than this
+
+
+def gang_counts(queue: Queue, visible: int, in_flight: int) -> tuple[int, int]:
+    """A queue's (visible, in flight) as demand: a gang item counts its gang's `max` members, each a
+    whole node of slots_per_item, so the policy counts nodes' worth of items unchanged."""
+    nodes = queue.gang[1]
+    return visible * nodes, in_flight * nodes
 
 
 class SimulationPorts:
@@ -32,7 +40,8 @@ class SimulationPorts:
         """As SQS and Pub/Sub answer it: counts, not the oldest item's age; the tick learns that
         from its own waiting marks (`waiting_since`), as it does in the cloud."""
         q = self._queue[queue]
-        return Backlog(self.sim.visible[q], self.sim.in_flight[q])
+        # Until control.observe applies gang_counts itself (then this must give raw counts again).
+        return Backlog(*gang_counts(self.sim.queues[q][1], self.sim.visible[q], self.sim.in_flight[q]))
 
     def waiting_since(self, queues: list[str]) -> dict[str, float]:
         return {q: self._waiting[q] for q in queues if q in self._waiting}

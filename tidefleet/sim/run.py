@@ -13,6 +13,8 @@ from tidefleet.sim.engine import (
     Sample,
     Simulation,
     Timing,
+    gang_nodes,
+    is_gang,
     placement,
     pool_queues,
 )
@@ -65,6 +67,7 @@ class Report:
     spot_trace: str | None
     items: int
     unfittable: dict
+    gangs: dict
     lower_bound_usd: float
     results: list[PolicyResult]
     timelines: dict[str, list[Sample]] = field(default_factory=dict)
@@ -81,21 +84,44 @@ def _finite(x: float) -> float | None:
 
 
 def split_unfittable(env: Environment, pool: str, items: list[TraceItem]) -> tuple[list[TraceItem], dict]:
-    """Items needing more slots than the pool's biggest node can never run: report them."""
+    """Items no node and no gang of the pool can ever run: report them.
+
+    An item larger than the pool's biggest node runs only as a gang of whole nodes, so only on a
+    pool with a gang queue (as the agent runs it), and only if some gang queue's max and the pool's
+    max both hold the nodes it spans: a trace's job ran on all of them.
+    """
     p = env.pools[pool]
     biggest = max(p.slots(t) for t in p.instance_types)
-    fits = [i for i in items if i.slots <= biggest]
-    too_big = [i for i in items if i.slots > biggest]
+    most_nodes = max((q.gang[1] for q in env.queues_of(pool).values() if is_gang(q)), default=1)
+    most_nodes = max(1, min(most_nodes, p.max // max(t.weight for t in p.instance_types)))
+    fits = [i for i in items if gang_nodes(i.slots, biggest) <= most_nodes]
+    too_big = [i for i in items if gang_nodes(i.slots, biggest) > most_nodes]
     sizes: dict[int, int] = {}
     for i in too_big:
         sizes[i.slots] = sizes.get(i.slots, 0) + 1
     info = {
         "count": len(too_big),
         "largest_node_slots": biggest,
+        "most_nodes": most_nodes,  # an item may span (> 1 only as a gang)
         "by_slots": {str(k): v for k, v in sorted(sizes.items())},
         "work_s": sum(i.duration_s for i in too_big),
     }
     return fits, info
+
+
+def gang_report(queues, items: list[TraceItem], queue_of: list[int]) -> dict:
+    """The items replayed as gangs: how many, by the nodes they span, and their work."""
+    gang = [i for i, q in zip(items, queue_of) if is_gang(queues[q][1])]
+    node_slots = max((queue.slots_per_item for _, queue in queues if is_gang(queue)), default=1)
+    sizes: dict[int, int] = {}
+    for i in gang:
+        nodes = gang_nodes(i.slots, node_slots)
+        sizes[nodes] = sizes.get(nodes, 0) + 1
+    return {
+        "count": len(gang),
+        "by_nodes": {str(k): v for k, v in sorted(sizes.items())},
+        "work_s": sum(i.duration_s for i in gang),
+    }
 
 
 def cheapest_slot_hour(env: Environment, pool: str) -> tuple[float, int]:
@@ -105,10 +131,14 @@ def cheapest_slot_hour(env: Environment, pool: str) -> tuple[float, int]:
     return (best.price(True) or 0.0) / p.slots(best), p.slots(best)
 
 
-def lower_bound(env: Environment, pool: str, items: list[TraceItem], need: list[int]) -> tuple[float, float]:
-    """(USD, node-hours) of the work alone at the cheapest $/slot-hour: no boot, no idle, no wait."""
+def lower_bound(env: Environment, pool: str, items: list[TraceItem]) -> tuple[float, float]:
+    """(USD, node-hours) of the work alone at the cheapest $/slot-hour: no boot, no idle, no wait;
+    a gang item on the fewest members it runs on."""
     price, slots = cheapest_slot_hour(env, pool)
-    slot_hours = sum(i.duration_s * n for i, n in zip(items, need)) / 3600.0
+    queues = pool_queues(env, pool)
+    queue_of, need = placement(queues, items)
+    members = [queues[q][1].gang[0] for q in queue_of]
+    slot_hours = sum(i.duration_s * n * m for i, n, m in zip(items, need, members)) / 3600.0
     return slot_hours * price, slot_hours / slots
 
 
@@ -188,7 +218,9 @@ def simulate(
     fits, unfittable = split_unfittable(env, pool, for_pool(items, env.pools[pool].capacity_unit))
     span = (fits[-1].submit_s - fits[0].submit_s) if fits else 0.0
     sample_s = max(float(env.scaler.tick_s), span / PLOT_POINTS)
-    lb = lower_bound(env, pool, fits, placement(pool_queues(env, pool), fits)[1])
+    lb = lower_bound(env, pool, fits)
+    queues = pool_queues(env, pool)
+    gangs = gang_report(queues, fits, placement(queues, fits)[0])
     results, timelines = [], {}
     for name in policies:
         if name == "oracle":
@@ -210,6 +242,7 @@ def simulate(
         spot_trace=spot_trace_name,
         items=len(items),
         unfittable=unfittable,
+        gangs=gangs,
         lower_bound_usd=lb[0],
         results=results,
         timelines=timelines,
