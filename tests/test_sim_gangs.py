@@ -91,7 +91,11 @@ def test_a_forming_gang_holds_its_leads_slots_and_is_billed():
         if sim.now == 300:
             lead = next(n for n in sim.nodes.values() if n.gang is not None)
             group = SimulationPorts(sim).groups(["p"], since=0)["p"]
-            seen["lead"] = (lead.busy, lead.slots, next(i.protected for i in group.instances if i.id == lead.name))
+            seen["lead"] = (
+                lead.busy,
+                lead.slots,
+                next(i.protected for i in group.instances if i.id == lead.name),
+            )
 
     items = [TraceItem(0, 500, 4), GANG, TraceItem(200, 100, 1)]
     outcome = run_fleet(make_env(), items, 2, look=look)
@@ -136,7 +140,9 @@ def test_an_elastic_gang_of_two_to_three_loses_members_and_finishes(noticed, int
         (1, 8, 1, 0),  # no gang queue: one node at most
     ],
 )
-def test_a_gang_larger_than_the_pool_or_its_gang_queues_is_reported_unfittable(nodes_per_item, slots, unfittable, gangs):
+def test_a_gang_larger_than_the_pool_or_its_gang_queues_is_reported_unfittable(
+    nodes_per_item, slots, unfittable, gangs
+):
     items = [TraceItem(0, 100, 1), TraceItem(5, 100, slots)]
     report = simulate(make_env(nodes_per_item), "p", items, ["tidefleet"], timing=TIMING)
     assert report.unfittable["count"] == unfittable and report.gangs["count"] == gangs
@@ -164,4 +170,3 @@ def test_philly_replays_its_multi_node_jobs_as_gangs():
     assert multi_node == report.gangs["count"] == 5 and report.gangs["by_nodes"] == {"2": 5}
     assert report.unfittable["count"] == 0
     assert report.results[0].items_finished == len(items)
-

@@ -103,8 +103,11 @@ def simulate(
             click.echo(f"gangs: {report.gangs['count']} item(s) replayed on whole nodes at once "
                        f"(by nodes: {report.gangs['by_nodes']})")  # fmt: skip
         if unfit["count"]:
-            room = (f"{unfit['most_nodes']} nodes of {unfit['largest_node_slots']} slots (the pool's gangs)"
-                    if unfit["most_nodes"] > 1 else f"the {unfit['largest_node_slots']} slots of the pool's biggest node")
+            room = (
+                f"{unfit['most_nodes']} nodes of {unfit['largest_node_slots']} slots (the pool's gangs)"
+                if unfit["most_nodes"] > 1
+                else f"the {unfit['largest_node_slots']} slots of the pool's biggest node"
+            )
             click.echo(f"not replayed: {unfit['count']} item(s) need more than {room} "
                        f"(by slots: {unfit['by_slots']})")  # fmt: skip
         click.echo(format_table(report))

@@ -438,9 +438,10 @@ class Simulation:
         self.visible[q] += 1
         if len(self.waiting[q]) == 1:  # behind others, it waits for them (no node had room for them)
             gang = self.gang_size[q] is not None
-            node = self.takers.pick(self.need[index], self.placement_rng) if not (gang and self.forming) else None
-            if node is not None:
-                (self._lead if gang else self._start)(node, self.waiting[q].popleft())
+            if not (gang and self.forming):  # a gang item waits for the pool's forming gang to fill
+                node = self.takers.pick(self.need[index], self.placement_rng)
+                if node is not None:
+                    (self._lead if gang else self._start)(node, self.waiting[q].popleft())
         if self.policy.kick_s is not None and not self.kick_pending:
             self.kick_pending = True
             self._push(self.now + self.policy.kick_s, KICK, None)
@@ -614,7 +615,8 @@ class Simulation:
         if gang.stops_without(node):
             index, q = gang.index, self.queue_of[gang.index]
             ran = max(0.0, self.now - gang.started_at - self.timing.start_s)
-            self.gang_left_s[index] = max(0.0, self.gang_left_s.get(index, self.items[index].duration_s) - ran)
+            left = self.gang_left_s.get(index, self.items[index].duration_s)
+            self.gang_left_s[index] = max(0.0, left - ran)
             self.outcome.interruptions += 1
             del self.running_gangs[index]
             self._disband(gang)
@@ -813,7 +815,9 @@ def placement(queues: list[tuple[str, Queue]], items: list[TraceItem]) -> tuple[
     member (a gang queue's slots_per_item is its nodes' slots: a config rule).
     """
     ordinary = [q for q, (_, queue) in enumerate(queues) if not is_gang(queue)]
-    gangs = sorted((q for q, (_, queue) in enumerate(queues) if is_gang(queue)), key=lambda q: queues[q][1].gang[1])
+    gangs = sorted(
+        (q for q, (_, queue) in enumerate(queues) if is_gang(queue)), key=lambda q: queues[q][1].gang[1]
+    )
     node_slots = queues[gangs[0]][1].slots_per_item if gangs else 0
     queue_of, need = [], []
     for item in items:
