@@ -120,7 +120,7 @@ def test_a_spot_notice_on_one_member_of_a_fixed_gang_requeues_it_whole_and_it_su
 @pytest.mark.parametrize(
     ("noticed", "interruptions", "finished"),
     [
-        ((3,), 0, BOOT + 1000),  # three members, one lost: two remain, it runs on
+        ((2,), 0, BOOT + 1000),  # started on nodes 1 and 2, node 3 joined: one lost, two remain
         ((2, 3), 1, 300 + NOTICE_S + BOOT + 1000 - (300 - BOOT)),  # one left: back whole, resumed
     ],
 )

@@ -158,8 +158,8 @@ class Gang:
         self.started_at: float | None = None
 
     def stops_without(self, node: Node) -> bool:
-        """Losing this member stops the running gang whole."""
-        return self.started_at is not None and (self.lo == self.hi or len(self.members) - 1 < self.lo)
+        """Losing this member stops the running gang whole (a fixed gang has exactly `lo` members)."""
+        return self.started_at is not None and len(self.members) - 1 < self.lo
 
 
 class Takers:
