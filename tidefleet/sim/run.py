@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from tidefleet.config import Environment
+from tidefleet.config import Environment, Queue
 from tidefleet.sim.engine import (
     NO_INTERRUPTIONS,
     Interruptions,
@@ -109,7 +109,7 @@ def split_unfittable(env: Environment, pool: str, items: list[TraceItem]) -> tup
     return fits, info
 
 
-def gang_report(queues, items: list[TraceItem], queue_of: list[int]) -> dict:
+def gang_report(queues: list[tuple[str, Queue]], items: list[TraceItem], queue_of: list[int]) -> dict:
     """The items replayed as gangs: how many, by the nodes they span, and their work."""
     gang = [i for i, q in zip(items, queue_of) if is_gang(queues[q][1])]
     node_slots = max((queue.slots_per_item for _, queue in queues if is_gang(queue)), default=1)
@@ -131,14 +131,10 @@ def cheapest_slot_hour(env: Environment, pool: str) -> tuple[float, int]:
     return (best.price(True) or 0.0) / p.slots(best), p.slots(best)
 
 
-def lower_bound(env: Environment, pool: str, items: list[TraceItem]) -> tuple[float, float]:
-    """(USD, node-hours) of the work alone at the cheapest $/slot-hour: no boot, no idle, no wait;
-    a gang item on the fewest members it runs on."""
+def lower_bound(env: Environment, pool: str, items: list[TraceItem], need: list[int]) -> tuple[float, float]:
+    """(USD, node-hours) of the work alone at the cheapest $/slot-hour: no boot, no idle, no wait."""
     price, slots = cheapest_slot_hour(env, pool)
-    queues = pool_queues(env, pool)
-    queue_of, need = placement(queues, items)
-    members = [queues[q][1].gang[0] for q in queue_of]
-    slot_hours = sum(i.duration_s * n * m for i, n, m in zip(items, need, members)) / 3600.0
+    slot_hours = sum(i.duration_s * n for i, n in zip(items, need)) / 3600.0
     return slot_hours * price, slot_hours / slots
 
 
@@ -218,9 +214,11 @@ def simulate(
     fits, unfittable = split_unfittable(env, pool, for_pool(items, env.pools[pool].capacity_unit))
     span = (fits[-1].submit_s - fits[0].submit_s) if fits else 0.0
     sample_s = max(float(env.scaler.tick_s), span / PLOT_POINTS)
-    lb = lower_bound(env, pool, fits)
     queues = pool_queues(env, pool)
-    gangs = gang_report(queues, fits, placement(queues, fits)[0])
+    queue_of, need = placement(queues, fits)
+    # A gang item's slots on every member of the smallest gang it runs as.
+    lb = lower_bound(env, pool, fits, [n * queues[q][1].gang[0] for q, n in zip(queue_of, need)])
+    gangs = gang_report(queues, fits, queue_of)
     results, timelines = [], {}
     for name in policies:
         if name == "oracle":
