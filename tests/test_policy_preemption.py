@@ -4,7 +4,9 @@ such attempt checkpoints and goes back to its queue. One table of cases, then a 
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -131,3 +133,26 @@ def test_preemption_never_takes_more_than_waiting_items_need_nor_anything_not_pr
             taken += attempt.slots
     # Never more than the waiting items' slots plus what one item may overshoot per node.
     assert taken <= waiting * 2 + len(views)
+
+
+def test_the_readme_preemption_line_is_what_the_policy_says_for_that_fleet():
+    section = (Path(__file__).resolve().parent.parent / "README.md").read_text().split("\n### Preemption\n", 1)[1]
+    line = re.search(r"```text\n(.*?)\n```", section, re.DOTALL).group(1)
+    key, node_id, queue, priority, ran, minimum, waiting, over = re.fullmatch(
+        r"preempt (\S+) on (\S+) \(queue (\S+), priority (\d+), ran (\d+)s >= min_runtime_s (\d+)\): "
+        r"queue (\S+) \(priority (\d+)\) has items waiting .*", line).groups()  # fmt: skip
+    environment = parse_environment({
+        "region": "us-east-1",
+        "pools": {"cpu": {"max": 1, "command": "work", "instance_types": [{"type": "c6i.large"}]}},
+        "queues": {queue: {"pool": "cpu", "priority": int(priority), "preemptible": True, "min_runtime_s": int(minimum)},
+                   waiting: {"pool": "cpu", "priority": int(over)}},
+    }, name="t")  # fmt: skip
+    busy = NodeView(id=node_id, instance_type="c6i.large", weight=1, slots=1, spot=True, state="running",
+                    launched_at=NOW - 7200, busy_slots=1, last_heartbeat=NOW - 2,
+                    runs=(RunView(key, queue, NOW - int(ran), 1),))  # fmt: skip
+    view = FleetView((PoolView("cpu", (busy,), desired=1, on_demand_base=0),),
+                     (QueueView(waiting, "cpu", int(over), 1, visible=1, in_flight=0),
+                      QueueView(queue, "cpu", int(priority), 1, visible=0, in_flight=1)))  # fmt: skip
+    (decision,) = decide(environment, view, NOW)
+    assert decision.preempt == ((node_id, (key,)),)
+    assert line in decision.reasons

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from tidefleet import policy
 from tidefleet.config import Environment, InstanceType, Pool
 from tidefleet.fanout import each
+from tidefleet.policy.demand import gang_counts
 from tidefleet.policy.interruption import DrainNode, pool_of_group
 from tidefleet.policy.model import FleetView, NodeView, PoolDecision, PoolView, QueueView, RunView, rate_at
 from tidefleet.ports import Backlog, GroupInstance, GroupState, Ports
@@ -165,16 +166,16 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
             age, mark = _oldest_age(backlog, waiting.get(qname), now)
             if mark != waiting.get(qname):
                 marks[qname] = mark
+        # A gang item is demand for every node of it, each node one item of the queue's slots.
+        visible, in_flight = gang_counts(queue, backlog.visible, backlog.in_flight)
         queue_views.append(
             QueueView(
                 name=qname,
                 pool=queue.pool,
                 priority=queue.priority,
                 slots_per_item=queue.slots_per_item,
-                # A gang item is demand for every node of it (an elastic one's max: it grows to it);
-                # each node is one item of the queue's slots to the policy.
-                visible=backlog.visible * queue.gang[1],
-                in_flight=backlog.in_flight * queue.gang[1],
+                visible=visible,
+                in_flight=in_flight,
                 mean_item_s=stats[qname].mean_item_s if qname in stats else None,
                 oldest_age_s=age,
                 target_wait_s=queue.target_wait_s,

@@ -31,8 +31,20 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from tidefleet.policy.model import NodeView, QueueView
+
+if TYPE_CHECKING:
+    from tidefleet.config import Queue
+
+
+def gang_counts(queue: Queue, visible: int, in_flight: int) -> tuple[int, int]:
+    """A queue's (visible, in flight) messages as demand: a gang item counts its gang's `max`
+    members (an elastic gang grows to it), each a whole node of slots_per_item, so the policy
+    counts nodes' worth of items unchanged. The tick and the simulator's baselines both use it."""
+    nodes = queue.gang[1]
+    return visible * nodes, in_flight * nodes
 
 
 def demand_slots(queue: QueueView) -> int:

@@ -8,7 +8,21 @@ The model
   pool it needs its `cpus` rounded up (1 where the trace has none). It joins the pool's queue with
   the smallest `slots_per_item` that holds it (else the largest) and takes
   max(gpus, that queue's slots_per_item) slots. Items larger than the pool's biggest node
-  can never run: they are reported under `unfittable`, not replayed.
+  run only as gangs (below); where the pool has no gang queue, or the item spans more nodes than
+  its largest gang queue's max or the pool's max, they are reported under `unfittable`, not replayed.
+- Gangs (`Queue.nodes_per_item`): an item larger than a node (any item, where only gang queues
+  feed the pool) goes to the gang queue with the smallest max that holds the nodes it spans
+  (ceil(gpus / node slots)) and runs as that queue's gang, one member per whole node. A wholly
+  free node that receives it leads the pool's one forming gang; other nodes join it, once wholly
+  free, before they receive anything (the next gang item waits for it to fill); it starts all at
+  once at `min` members. The members are billed and protected while it forms, and that time
+  counts as idle. One short of `min` 600 s after its lead received it (torchrun's rendezvous
+  join_timeout) lets its item go back to the head of its queue, not as an attempt. An elastic
+  gang takes free nodes up to `max` while it runs, with no restart pause, and its duration does
+  not depend on its members. A spot notice stops a member at once: a fixed gang stops whole, an
+  elastic one runs on while `min` members remain; a stopped gang goes back whole as one
+  interruption (one receive) and resumes from its checkpoint (no work redone). The scaler counts
+  a gang item as its `max` nodes' worth (`tidefleet.policy.demand.gang_counts`), and so do the baselines.
 - Nodes are the pool's instance types with `Pool.slots(type)` slots. The group launches
   the type with the lowest spot $/unit among those that fit the trace's largest item,
   on demand for the on-demand base and `on_demand_percent` above it, spot otherwise.
@@ -61,19 +75,22 @@ Policies
   No scale-in protection.
 - `clearml`: every 5 min launch one instance per queued item minus idle and booting ones;
   terminate instances idle for 15 min.
+  (These two count a queued gang item as its max nodes' worth, and a forming gang's missing
+  members as queued: it holds its message in flight, where they do not look.)
 - `keda`: ScaledObject, aws-sqs-queue scaler defaults: ceil((visible + in flight) / 5)
-  replicas per queue, polled every 30 s, HPA scale-down stabilization 300 s,
+  replicas per queue (a gang queue: its messages x the gang's max, each a whole node), polled every 30 s, HPA scale-down stabilization 300 s,
   cooldownPeriod 300 s before scaling to zero; a replica is one worker slot and nodes
   follow replicas; no maxReplicaCount cap beyond the pool's max. The HPA's victims are any
   pods, so scale-in kills running items (ScaledJob would not, but is not the default).
-- `oracle`: the lower bound: the work itself (duration x slots) at the pool's cheapest
+- `oracle`: the lower bound: the work itself (duration x slots, x a gang's min members) at the pool's cheapest
   spot $/slot-hour, no boot, no idle, no wait.
 
 Metrics and the `--json` schema (`"schema": "tidefleet.sim/1"`, stable; fields are only added)
     trace, env, pool: the inputs; window: [start, end|null] or null; seed; boot_s; notice_s;
     interruption_rate_per_hour; spot_trace (file name or null);
-    items: rows read (after the window); unfittable: {count, largest_node_slots,
-      by_slots: {"<slots>": count}, work_s};
+    items: rows read (after the window); unfittable: {count, largest_node_slots, most_nodes
+      (an item may span: > 1 only with a gang queue), by_slots: {"<slots>": count}, work_s};
+    gangs: the items replayed as gangs: {count, by_nodes: {"<nodes spanned>": count}, work_s};
     lower_bound_usd: the oracle's cost;
     results: one per policy, in the order asked:
       policy, cost_usd, node_hours, idle_node_hours (node time with no item running,

@@ -250,7 +250,8 @@ def run_bench(out: Path, traces_dir: Path | None = None, workers: int | None = N
         sections += [
             f"## {workload.label}: {workload.name} on {ENV}/{workload.pool}, second half\n",
             (
-                f"{report.items} items; {unfit['count']} unfittable (need more than {unfit['largest_node_slots']} "
+                f"{report.items} items; {report.gangs['count']} replayed as gangs (by nodes: {report.gangs['by_nodes']}); "
+                f"{unfit['count']} unfittable (need more than {unfit['most_nodes']} node(s) of {unfit['largest_node_slots']} "
                 f"slots: {unfit['by_slots']}); boot {report.boot_s:.0f}s, notice {report.notice_s:.0f}s; "
                 f"lower bound ${report.lower_bound_usd:,.2f}; {TUNED}: {describe(tuned)}; "
                 f"{seconds:.1f}s of simulation\n"

@@ -102,9 +102,17 @@ def simulate(
         unfit = report.unfittable
         click.echo(f"{report.trace} on {report.env}/{report.pool}: {report.items} items, "
                    f"lower bound ${report.lower_bound_usd:,.2f}")  # fmt: skip
+        if report.gangs["count"]:
+            click.echo(f"gangs: {report.gangs['count']} item(s) replayed on whole nodes at once "
+                       f"(by nodes: {report.gangs['by_nodes']})")  # fmt: skip
         if unfit["count"]:
-            click.echo(f"not replayed: {unfit['count']} item(s) need more than the {unfit['largest_node_slots']} "
-                       f"slots of the pool's biggest node (by slots: {unfit['by_slots']})")  # fmt: skip
+            room = (
+                f"{unfit['most_nodes']} nodes of {unfit['largest_node_slots']} slots (the pool's gangs)"
+                if unfit["most_nodes"] > 1
+                else f"the {unfit['largest_node_slots']} slots of the pool's biggest node"
+            )
+            click.echo(f"not replayed: {unfit['count']} item(s) need more than {room} "
+                       f"(by slots: {unfit['by_slots']})")  # fmt: skip
         click.echo(format_table(report))
         for policy, rows in report.teams.items():
             click.echo("\n" + format_team_table(policy, rows))

@@ -7,8 +7,8 @@ being pushed up front, which keeps the heap small for long traces.
 The engine models what every policy shares: the group (desired capacity in units, the
 on-demand base, which type and purchase option it launches, which victims it picks on
 scale-in), node boot, the worker agent (pull: see `Simulation._pull`; stop intake on a spot
-notice), spot interruptions and billing. A policy only observes the engine and
-sets desired capacity, terminates exact nodes, or changes the on-demand base.
+notice), gangs (see `Gang`), spot interruptions and billing. A policy only observes the engine
+and sets desired capacity, terminates exact nodes, or changes the on-demand base.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from tidefleet.policy.model import item_seconds_mean, on_demand_units, rate_afte
 from tidefleet.sim.trace import SpotTrace, TraceItem
 
 # Event kinds, in the order they are handled when they fall on the same time and sequence.
-BOOTED, DONE, NOTICE, RECLAIM, SPOT_DROP, POLL, KICK, RETRY, SAMPLE = range(9)
+BOOTED, DONE, NOTICE, RECLAIM, SPOT_DROP, POLL, KICK, RETRY, SAMPLE, GANG_DONE, RENDEZVOUS = range(11)
 
 RETRY_LAUNCH_S = 60.0  # the group retries a failed launch on its own about once a minute
 DRAIN_HORIZON_S = 6 * 3600.0  # after the last item: how long a policy may take to reach min
@@ -75,6 +75,7 @@ class Node:
         "busy_since",
         "cordoned",
         "free_at",
+        "gang",
         "id",
         "idle_since",
         "intake",
@@ -108,6 +109,7 @@ class Node:
         self.cordoned = False  # the policy's cordon mark: its agent takes no new items
         self.free_at = None  # (free slots, position) in Simulation.takers while it takes items
         self.busy = 0
+        self.gang: Gang | None = None  # the gang it is a member of (it then holds all its slots)
         self.idle_since: float | None = None
         self.running: dict[int, float] = {}  # item index -> start of this attempt
         self.busy_since = 0.0
@@ -130,6 +132,33 @@ class Node:
         if self.reported_at is not None and now - self.reported_at >= every_s:
             self.reported_at = now
             self.record = None
+
+
+class Gang:
+    """One gang item on its member nodes, one member per node holding all its slots.
+
+    A free node that receives a gang item leads a forming gang (the pool's only one); other nodes,
+    once wholly free, join it before they receive anything. At `lo` members it starts, all at once;
+    an elastic gang (`lo < hi`) takes joiners up to `hi` while it runs (the rendezvous restart is
+    not modelled: no pause) and runs on while `lo` members remain. Its duration does not depend on
+    how many members it has. A forming gang short of `lo` after the pool's boot_timeout_s lets its item go back (as the agent's lead does)
+    to the queue (not an attempt). A stopped gang (a member lost from a fixed gang, or an elastic one
+    below `lo`) goes back whole as one interruption and resumes from its checkpoint: the work it did
+    is kept (`Simulation.gang_left_s`).
+    """
+
+    __slots__ = ("hi", "index", "lo", "members", "started_at")
+
+    def __init__(self, index: int, lo: int, hi: int):
+        self.index = index
+        self.lo = lo
+        self.hi = hi
+        self.members: list[Node] = []
+        self.started_at: float | None = None
+
+    def stops_without(self, node: Node) -> bool:
+        """Losing this member stops the running gang whole (a fixed gang has exactly `lo` members)."""
+        return self.started_at is not None and len(self.members) - 1 < self.lo
 
 
 class Takers:
@@ -227,6 +256,10 @@ class Simulation:
 
         self.items = items
         self.queue_of, self.need = placement(self.queues, items)
+        self.gang_size = [queue.gang if is_gang(queue) else None for _, queue in self.queues]
+        self.forming: Gang | None = None  # the pool's one gang waiting for members
+        self.running_gangs: dict[int, Gang] = {}  # item index -> its gang, in start order
+        self.gang_left_s: dict[int, float] = {}  # work a stopped gang item has left (its checkpoint)
         self.attempt = [0] * len(items)
         self.outcome = Outcome(policy.name, [None] * len(items), [None] * len(items))
 
@@ -279,6 +312,10 @@ class Simulation:
         node = self.nodes.get(int(number)) if prefix == "i" and number.isdigit() else None
         return node if node is not None and node.name == name else None
 
+    def forming_short(self) -> int:
+        """Members the forming gang still waits for (it holds its item in flight meanwhile)."""
+        return self.forming.lo - len(self.forming.members) if self.forming is not None else 0
+
     def launch_weight(self) -> int:
         """Units one more node adds (the type the group would launch next)."""
         return self.launch_types[0].weight
@@ -295,8 +332,7 @@ class Simulation:
     def terminate(self, node: Node, decrement: bool = True) -> None:
         """Terminate one exact node, like terminate-instance-in-auto-scaling-group; at min the
         decrement stops there and the group launches a replacement."""
-        if node.busy:
-            self.outcome.busy_killed += len(node.running)
+        self.outcome.busy_killed += self._items_killed(node)
         self._remove(node, billed_until=self.now + self.timing.stop_s)
         if decrement:
             self.desired = max(self.pool.min, self.desired - node.weight)
@@ -356,6 +392,14 @@ class Simulation:
             node_id, index, attempt = payload
             if self.attempt[index] == attempt and node_id in self.nodes:
                 self._finish(self.nodes[node_id], index)
+        elif kind == GANG_DONE:
+            index, attempt = payload
+            if self.attempt[index] == attempt and index in self.running_gangs:
+                self._finish_gang(self.running_gangs[index])
+        elif kind == RENDEZVOUS:
+            if self.forming is payload:
+                self._release_forming(payload)
+                self._dispatch()
         elif kind == POLL:
             self.policy.poll(self)
             self._push(self.now + self.policy.poll_s, POLL, None)
@@ -393,11 +437,14 @@ class Simulation:
         q = self.queue_of[index]
         self.waiting[q].append(index)
         self.visible[q] += 1
-        # Behind others, it waits for them (no node had room for them); a held queue, for its release.
+        # Behind others, it waits for them (no node had room for them); a held queue, for its
+        # release; a gang item, for the pool's forming gang to fill.
         if len(self.waiting[q]) == 1 and q not in self.held_at:
-            node = self.takers.pick(self.need[index], self.placement_rng)
-            if node is not None:
-                self._start(node, self.waiting[q].popleft())
+            gang = self.gang_size[q] is not None
+            if not (gang and self.forming):
+                node = self.takers.pick(self.need[index], self.placement_rng)
+                if node is not None:
+                    (self._lead if gang else self._start)(node, self.waiting[q].popleft())
         if self.policy.kick_s is not None and not self.kick_pending:
             self.kick_pending = True
             self._push(self.now + self.policy.kick_s, KICK, None)
@@ -418,25 +465,35 @@ class Simulation:
         frees a slot takes small items before a big one waits for a whole node: fragmentation."""
         if not self.takes_items(node):
             return
+        if node.busy == 0 and (gang := self._open_gang()) is not None:
+            self._join(gang, node)  # a wholly free node joins an open gang before receiving
+            return
         for q in self.intake_order:
             if q in self.held_at:
                 continue
             line = self.waiting[q]
+            if self.gang_size[q] is not None:
+                if line and node.busy == 0 and self.forming is None:
+                    self._lead(node, line.popleft())
+                continue
             while line and self.need[line[0]] <= node.slots - node.busy:
                 self._start(node, line.popleft())
 
     def _dispatch(self) -> None:
         """Items waiting while agents have room (after requeues, launches): queue by queue in
-        intake order, each head to any node it fits, until none fits."""
+        intake order, each head to any node it fits, until none fits; wholly free nodes first join
+        the open gangs, and a gang item is led only while no other gang forms."""
+        self._recruit()
         for q in self.intake_order:
             if q in self.held_at:
                 continue
             line = self.waiting[q]
-            while line:
+            gang = self.gang_size[q] is not None
+            while line and not (gang and self.forming):
                 node = self.takers.pick(self.need[line[0]], self.placement_rng)
                 if node is None:
                     break
-                self._start(node, line.popleft())
+                (self._lead if gang else self._start)(node, line.popleft())
 
     def _start(self, node: Node, index: int) -> None:
         need = self.need[index]
@@ -448,6 +505,15 @@ class Simulation:
         node.changed(self.now)
         self._refile(node)
         node.running[index] = self.now
+        self._received(node, index)
+        if self.outcome.first_start[index] is None:
+            self.outcome.first_start[index] = self.now + self.timing.start_s
+        self.last_progress = self.now
+        held_s = self.timing.start_s + self.items[index].duration_s + self.timing.finish_s
+        self._push(self.now + held_s, DONE, (node.id, index, self.attempt[index]))
+
+    def _received(self, node: Node, index: int) -> None:
+        """The node's agent took the item's message: in flight, and the node's intake rate."""
         q = self.queue_of[index]
         node.intake[q] = rate_after(node.intake.get(q, 0.0), node.intake_at, self.now)
         for other in node.intake:
@@ -456,11 +522,121 @@ class Simulation:
         node.intake_at = self.now
         self.visible[q] -= 1
         self.in_flight[q] += 1
+
+    # ----------------------------------------------------------------- gangs
+    def _open_gang(self) -> Gang | None:
+        """The gang a wholly free node joins: the forming one, else a running elastic one below its max."""
+        if self.forming is not None:
+            return self.forming
+        return next((g for g in self.running_gangs.values() if len(g.members) < g.hi), None)
+
+    def _recruit(self) -> None:
+        """Wholly free nodes join the open gangs (any one of them each time, as they poll)."""
+        while self.running_gangs or self.forming:
+            gang = self._open_gang()
+            node = self.takers.pick(self.need[gang.index], self.placement_rng) if gang is not None else None
+            if node is None:
+                return
+            self._join(gang, node)
+
+    def _lead(self, node: Node, index: int) -> None:
+        """The node received a gang item: it opens the pool's forming gang, which free nodes join."""
+        q = self.queue_of[index]
+        gang = self.forming = Gang(index, *self.gang_size[q])
+        self._received(node, index)
+        self._join(gang, node)
+        if gang.started_at is None:
+            self._push(self.now + self.env.pools[self.pool_name].boot_timeout_s, RENDEZVOUS, gang)
+        self._recruit()
+
+    def _join(self, gang: Gang, node: Node) -> None:
+        """A member holds all its node's slots (so the node is protected and takes nothing else);
+        a forming member is billed and counts as idle until the gang starts."""
+        gang.members.append(node)
+        node.gang = gang
+        node.busy = node.slots
+        node.idle_since = None
+        node.changed(self.now)
+        self._refile(node)
+        if gang.started_at is not None:
+            node.busy_since = self.now
+        elif len(gang.members) >= gang.lo:
+            self._start_gang(gang)
+
+    def _start_gang(self, gang: Gang) -> None:
+        index = gang.index
+        gang.started_at = self.now
+        self.forming = None
+        self.running_gangs[index] = gang
+        for node in gang.members:
+            node.busy_since = self.now
         if self.outcome.first_start[index] is None:
             self.outcome.first_start[index] = self.now + self.timing.start_s
         self.last_progress = self.now
-        held_s = self.timing.start_s + self.items[index].duration_s + self.timing.finish_s
-        self._push(self.now + held_s, DONE, (node.id, index, self.attempt[index]))
+        left = self.gang_left_s.get(index, self.items[index].duration_s)
+        held_s = self.timing.start_s + left + self.timing.finish_s
+        self._push(self.now + held_s, GANG_DONE, (index, self.attempt[index]))
+
+    def _leave(self, gang: Gang, node: Node) -> None:
+        gang.members.remove(node)
+        node.gang = None
+        node.busy = 0
+        if gang.started_at is not None:
+            node.busy_s += self.now - node.busy_since
+        node.idle_since = self.now
+        node.changed(self.now)
+        self._refile(node)
+
+    def _disband(self, gang: Gang) -> list[Node]:
+        members = list(gang.members)
+        for node in members:
+            self._leave(gang, node)
+        return members
+
+    def _finish_gang(self, gang: Gang) -> None:
+        index, q = gang.index, self.queue_of[gang.index]
+        self.mean_item_s[q] = item_seconds_mean(self.mean_item_s[q], self.now - gang.started_at)
+        self.finished_items[q] += 1
+        del self.running_gangs[index]
+        self.in_flight[q] -= 1
+        self.outcome.finished[index] = self.now
+        self.done += 1
+        self.last_progress = self.now
+        for node in self._disband(gang):
+            self._pull(node)
+
+    def _release_forming(self, gang: Gang) -> None:
+        """Short of members (rendezvous timeout, or every member gone): the item goes back to the
+        head of its queue, not as a failed attempt; the members are free again."""
+        self.forming = None
+        self._disband(gang)
+        q = self.queue_of[gang.index]
+        self.in_flight[q] -= 1
+        self.waiting[q].appendleft(gang.index)
+        self.visible[q] += 1
+
+    def _lose_member(self, node: Node) -> None:
+        """The member stops (spot notice, or its node is gone): a forming gang waits on without it,
+        an elastic one runs on while `lo` remain, else the gang stops and goes back whole."""
+        gang = node.gang
+        if gang.stops_without(node):
+            index, q = gang.index, self.queue_of[gang.index]
+            ran = max(0.0, self.now - gang.started_at - self.timing.start_s)
+            left = self.gang_left_s.get(index, self.items[index].duration_s)
+            self.gang_left_s[index] = max(0.0, left - ran)
+            self.outcome.interruptions += 1
+            del self.running_gangs[index]
+            self._disband(gang)
+            self.in_flight[q] -= 1
+            self._receive_again(index)
+            return
+        self._leave(gang, node)
+        if gang.started_at is None and not gang.members:
+            self._release_forming(gang)
+
+    def _items_killed(self, node: Node) -> int:
+        """Items that terminating this node kills: those it runs, and a gang that stops without it."""
+        return len(node.running) + (node.gang is not None and node.gang.stops_without(node))
 
     def _release_slots(self, node: Node, index: int) -> None:
         share = self.need[index] / node.slots * node.price * (self.now - node.running[index]) / 3600.0
@@ -491,6 +667,10 @@ class Simulation:
         self.outcome.interruptions += 1
         self.outcome.redone_s += self.now - node.running[index]
         self._release_slots(node, index)
+        self._receive_again(index)
+
+    def _receive_again(self, index: int) -> None:
+        """The attempt was a receive: the item waits again, first in line, or is dead-lettered."""
         self.attempt[index] += 1
         q = self.queue_of[index]
         if self.attempt[index] >= self.queues[q][1].max_receive_count:
@@ -542,14 +722,15 @@ class Simulation:
         for node in victims:
             if self.units - node.weight < self.desired:
                 continue
-            if node.busy:
-                self.outcome.busy_killed += len(node.running)
+            self.outcome.busy_killed += self._items_killed(node)
             self._remove(node)
         self._dispatch()
 
     def _remove(self, node: Node, billed_until: float | None = None) -> None:
         """The node is gone (terminated or reclaimed): bill it and requeue whatever it ran."""
         node.state = "gone"
+        if node.gang is not None:
+            self._lose_member(node)
         for index in list(node.running):
             self._requeue(node, index)
         self.takers.discard(node)
@@ -590,6 +771,9 @@ class Simulation:
     def _notice(self, node: Node) -> None:
         """Spot notice: the agent stops intake; items that end before the reclaim still finish."""
         self.stop_intake(node)
+        if node.gang is not None:  # the agent stops its member at once: the gang cannot wait 2 min
+            self._lose_member(node)
+            self._dispatch()
         self._push(self.now + self.timing.notice_s, RECLAIM, node.id)
         if self.policy.kick_on_notice and (any(self.visible) or any(self.in_flight)):
             self.policy.poll(self)
@@ -629,24 +813,45 @@ def intake_order(env: Environment, pool: str, queues: list[tuple[str, Queue]]) -
     return sorted(range(len(queues)), key=lambda q: (-queues[q][1].priority, in_file.index(queues[q][0])))
 
 
+def is_gang(queue: Queue) -> bool:
+    return queue.gang[1] > 1
+
+
+def gang_nodes(slots: int, node_slots: int) -> int:
+    """Whole nodes an item of this many slots spans."""
+    return -(-slots // node_slots)
+
+
 def placement(queues: list[tuple[str, Queue]], items: list[TraceItem]) -> tuple[list[int], list[int]]:
-    """(queue index, slots taken) per item.
+    """(queue index, slots taken on each of its nodes) per item.
 
     An item goes to the pool's queue with the smallest slots_per_item that holds it (else the
     largest) and takes that many slots, as the agent reserves a queue's slots per item. An item
     whose trace group is the `team` of some of the queues goes to one of those (a team's work).
+    Gang queues take the items larger than a node (all items, where no other queue feeds the
+    pool): the one with the smallest max that holds the item's nodes (else the largest max), a
+    whole node per member (a gang queue's slots_per_item is its nodes' slots: a config rule).
     """
     teams: dict[str, list[int]] = {}
     for i, (_, queue) in enumerate(queues):
         if queue.team is not None:
             teams.setdefault(queue.team, []).append(i)
     every = list(range(len(queues)))
+    all_gangs = [q for q in every if is_gang(queues[q][1])]
+    node_slots = queues[all_gangs[0]][1].slots_per_item if all_gangs else 0
     queue_of, need = [], []
     for item in items:
         own = teams.get(item.group, every)
-        q = next((i for i in own if queues[i][1].slots_per_item >= item.slots), own[-1])
+        ordinary = [q for q in own if not is_gang(queues[q][1])]
+        gangs = sorted((q for q in own if is_gang(queues[q][1])), key=lambda q: queues[q][1].gang[1])
+        if ordinary and (not gangs or item.slots <= node_slots):
+            q = next((q for q in ordinary if queues[q][1].slots_per_item >= item.slots), ordinary[-1])
+            need.append(max(item.slots, queues[q][1].slots_per_item))
+        else:
+            nodes = gang_nodes(item.slots, node_slots)
+            q = next((q for q in gangs if queues[q][1].gang[1] >= nodes), gangs[-1])
+            need.append(node_slots)
         queue_of.append(q)
-        need.append(max(item.slots, queues[q][1].slots_per_item))
     return queue_of, need
 
 

@@ -11,9 +11,21 @@ import math
 from collections import deque
 
 from tidefleet.config import Environment
+from tidefleet.policy.demand import gang_counts
 from tidefleet.ports import Ports
-from tidefleet.sim.engine import Simulation
+from tidefleet.sim.engine import Simulation, is_gang
 from tidefleet.sim.ports import SimulationPorts
+
+
+def queued(sim: Simulation, per_node: int) -> int:
+    """Waiting messages as these baselines count them, a gang item as `per_node` for each member of
+    its gang's max (`gang_counts`), plus the members a forming gang still waits for: it holds its
+    message in flight, where they do not look, and would otherwise never start."""
+    total = sim.forming_short() * per_node
+    for q, (_, queue) in enumerate(sim.queues):
+        nodes, _ = gang_counts(queue, sim.visible[q], 0)
+        total += nodes * per_node if is_gang(queue) else nodes
+    return total
 
 
 class TidefleetPolicy:
@@ -46,8 +58,8 @@ class TargetTracking:
     Scale out after 3 one-minute datapoints above target, scale in after 15 below, to
     ceil(instances * metric / target), with a 300 s cooldown. The metric is undefined with
     no instance in service, so (as AWS's guide does) a separate alarm on visible > 0 sets
-    one node. Target: one queued item per slot of an instance. No scale-in protection, so
-    the group's victims may be busy.
+    one node. Target: one queued item per slot of an instance, a gang item counting a whole node
+    per member. No scale-in protection, so the group's victims may be busy.
     """
 
     name = "target-tracking"
@@ -64,14 +76,15 @@ class TargetTracking:
     def poll(self, sim: Simulation) -> None:
         in_service = sum(1 for n in sim.nodes.values() if n.state == "running")
         weight = sim.launch_weight()
+        target = sim.pool.slots(sim.launch_types[0])
+        backlog = queued(sim, target)
         if in_service == 0:
             self.points.clear()
-            if sim.queued() and sim.desired < weight:
+            if backlog and sim.desired < weight:
                 sim.set_desired(weight)
             return
-        metric = sim.queued() / in_service
+        metric = backlog / in_service
         self.points.append(metric)
-        target = sim.pool.slots(sim.launch_types[0])
         if sim.now - self.last_scaled < self.COOLDOWN_S:
             return
         wanted = math.ceil(in_service * metric / target) * weight
@@ -89,8 +102,9 @@ class TargetTracking:
 
 
 class ClearML:
-    """ClearML AWS autoscaler: every 5 min, one instance per queued task minus idle and
-    booting instances; instances idle 15 min are terminated by the autoscaler itself."""
+    """ClearML AWS autoscaler: every 5 min, one instance per queued task (a gang task: one per
+    member) minus idle and booting instances; instances idle 15 min are terminated by the
+    autoscaler itself."""
 
     name = "clearml"
     poll_s = 300.0
@@ -108,7 +122,7 @@ class ClearML:
                 sim.terminate(node, decrement=True)
         idle = sum(1 for n in sim.nodes.values() if n.state == "running" and n.busy == 0)
         booting = sum(1 for n in sim.nodes.values() if n.state == "pending")
-        missing = sim.queued() - idle - booting
+        missing = queued(sim, 1) - idle - booting
         if missing > 0:
             sim.set_desired(sim.desired + missing * sim.launch_weight())
 
@@ -117,8 +131,10 @@ class Keda:
     """KEDA ScaledObject with the aws-sqs-queue scaler's defaults: replicas =
     ceil((visible + in flight) / 5) per queue, polled every 30 s; the HPA keeps the highest
     recommendation of the last 300 s before scaling down; cooldownPeriod 300 s before 1 -> 0.
-    A replica is one worker slot; nodes follow the replicas. The HPA's victims are any
-    pods, so scale-in may kill running items."""
+    A replica is one worker slot; nodes follow the replicas. A gang queue needs every member at
+    once, so its replicas are its messages times the gang's max (`gang_counts`), a whole node's
+    slots each, not one per 5 messages. The HPA's victims are any pods, so scale-in may kill
+    running items."""
 
     name = "keda"
     poll_s = 30.0
@@ -134,6 +150,9 @@ class Keda:
     def poll(self, sim: Simulation) -> None:
         slots = 0
         for q, (_, queue) in enumerate(sim.queues):
+            if is_gang(queue):
+                slots += sum(gang_counts(queue, sim.visible[q], sim.in_flight[q])) * queue.slots_per_item
+                continue
             messages = sim.visible[q] + sim.in_flight[q]
             slots += math.ceil(messages / self.QUEUE_LENGTH) * queue.slots_per_item
         if slots:

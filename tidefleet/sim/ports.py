@@ -32,7 +32,7 @@ class SimulationPorts:
         """As SQS and Pub/Sub answer it: counts, not the oldest item's age; the tick learns that
         from its own waiting marks (`waiting_since`), as it does in the cloud."""
         q = self._queue[queue]
-        return Backlog(self.sim.visible[q], self.sim.in_flight[q])
+        return Backlog(self.sim.visible[q], self.sim.in_flight[q])  # messages: the tick counts a gang's nodes
 
     def waiting_since(self, queues: list[str]) -> dict[str, float]:
         return {q: self._waiting[q] for q in queues if q in self._waiting}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from tidefleet.config import Environment
+from tidefleet.config import Environment, Queue
 from tidefleet.sim.engine import (
     NO_INTERRUPTIONS,
     Interruptions,
@@ -13,6 +13,8 @@ from tidefleet.sim.engine import (
     Sample,
     Simulation,
     Timing,
+    gang_nodes,
+    is_gang,
     placement,
     pool_queues,
 )
@@ -67,6 +69,7 @@ class Report:
     spot_trace: str | None
     items: int
     unfittable: dict
+    gangs: dict
     lower_bound_usd: float
     results: list[PolicyResult]
     timelines: dict[str, list[Sample]] = field(default_factory=dict)
@@ -84,21 +87,44 @@ def _finite(x: float) -> float | None:
 
 
 def split_unfittable(env: Environment, pool: str, items: list[TraceItem]) -> tuple[list[TraceItem], dict]:
-    """Items needing more slots than the pool's biggest node can never run: report them."""
+    """Items no node and no gang of the pool can ever run: report them.
+
+    An item larger than the pool's biggest node runs only as a gang of whole nodes, so only on a
+    pool with a gang queue (as the agent runs it), and only if some gang queue's max and the pool's
+    max both hold the nodes it spans: a trace's job ran on all of them.
+    """
     p = env.pools[pool]
     biggest = max(p.slots(t) for t in p.instance_types)
-    fits = [i for i in items if i.slots <= biggest]
-    too_big = [i for i in items if i.slots > biggest]
+    most_nodes = max((q.gang[1] for q in env.queues_of(pool).values() if is_gang(q)), default=1)
+    most_nodes = max(1, min(most_nodes, p.max // max(t.weight for t in p.instance_types)))
+    fits = [i for i in items if gang_nodes(i.slots, biggest) <= most_nodes]
+    too_big = [i for i in items if gang_nodes(i.slots, biggest) > most_nodes]
     sizes: dict[int, int] = {}
     for i in too_big:
         sizes[i.slots] = sizes.get(i.slots, 0) + 1
     info = {
         "count": len(too_big),
         "largest_node_slots": biggest,
+        "most_nodes": most_nodes,  # an item may span (> 1 only as a gang)
         "by_slots": {str(k): v for k, v in sorted(sizes.items())},
         "work_s": sum(i.duration_s for i in too_big),
     }
     return fits, info
+
+
+def gang_report(queues: list[tuple[str, Queue]], items: list[TraceItem], queue_of: list[int]) -> dict:
+    """The items replayed as gangs: how many, by the nodes they span, and their work."""
+    gang = [i for i, q in zip(items, queue_of) if is_gang(queues[q][1])]
+    node_slots = max((queue.slots_per_item for _, queue in queues if is_gang(queue)), default=1)
+    sizes: dict[int, int] = {}
+    for i in gang:
+        nodes = gang_nodes(i.slots, node_slots)
+        sizes[nodes] = sizes.get(nodes, 0) + 1
+    return {
+        "count": len(gang),
+        "by_nodes": {str(k): v for k, v in sorted(sizes.items())},
+        "work_s": sum(i.duration_s for i in gang),
+    }
 
 
 def cheapest_slot_hour(env: Environment, pool: str) -> tuple[float, int]:
@@ -193,7 +219,11 @@ def simulate(
     fits = route(env, pool, fits)
     span = (fits[-1].submit_s - fits[0].submit_s) if fits else 0.0
     sample_s = max(float(env.scaler.tick_s), span / PLOT_POINTS)
-    lb = lower_bound(env, pool, fits, placement(pool_queues(env, pool), fits)[1])
+    queues = pool_queues(env, pool)
+    queue_of, need = placement(queues, fits)
+    # A gang item's slots on every member of the smallest gang it runs as.
+    lb = lower_bound(env, pool, fits, [n * queues[q][1].gang[0] for q, n in zip(queue_of, need)])
+    gangs = gang_report(queues, fits, queue_of)
     results, timelines, teams = [], {}, {}
     for name in policies:
         if name == "oracle":
@@ -217,6 +247,7 @@ def simulate(
         spot_trace=spot_trace_name,
         items=len(items),
         unfittable=unfittable,
+        gangs=gangs,
         lower_bound_usd=lb[0],
         results=results,
         timelines=timelines,
