@@ -16,11 +16,11 @@ from tidefleet.policy import decide
 from tidefleet.policy.model import FleetView, NodeView, PoolView, QueueView
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTION = (ROOT / "README.md").read_text().split("\n## Teams, quotas and fair share\n", 1)[1].split("\n## ", 1)[0]
-SECTION = SECTION.split("\n### Preemption\n", 1)[0]  # its own example is tests/test_policy_preemption.py's
+WHOLE = (ROOT / "README.md").read_text().split("\n## Teams, quotas and fair share\n", 1)[1].split("\n## ", 1)[0]
+SECTION = WHOLE.split("\n### Preemption\n", 1)[0]  # its own example is tests/test_policy_preemption.py's
+PLACEMENT = WHOLE.split("\n### Interruption-aware placement\n", 1)[1].split("\n### ", 1)[0]
 ENV_TOML = re.search(r"```toml\n(.*?)```", SECTION, re.DOTALL).group(1)
-TICKS = re.findall(r"```text\n(.*?)```", SECTION.split("\n### ", 1)[0], re.DOTALL)  # the subsections have their own
-PLACEMENT = SECTION.split("\n### Interruption-aware placement\n", 1)[1].split("\n### ", 1)[0]
+TICKS = re.findall(r"```text\n(.*?)```", SECTION, re.DOTALL)
 COMMAND = re.search(r"```bash\n(tidefleet simulate .*?)```", SECTION, re.DOTALL).group(1)
 NOW = 100_000.0
 
