@@ -106,8 +106,6 @@ def sandbox(env_name, items, chaos, keep, train, time_limit, tick, boot_delay, s
 
 def _run(env, environments: Path, workdir: Path, console, *, items, chaos, keep, train, deadline, timing, seed, as_json):
     """Bring the sandbox up, run the demo job (unless items is 0), stay up under --keep; the summary."""
-    from tidefleet.cloud import for_env
-    from tidefleet.sandbox import view
     from tidefleet.sandbox.run import Chaos, Sandbox, run_demo
 
     started = time.time()
@@ -116,30 +114,15 @@ def _run(env, environments: Path, workdir: Path, console, *, items, chaos, keep,
             console.print(f"[bold]tidefleet sandbox[/bold]: moto on {box.moto.url}, work in {workdir}", highlight=False)
         summary = None
         if train:
-            summary = _train(box, console, started=started, deadline=deadline, as_json=as_json)
+            from tidefleet.sandbox.training import run_training
+
+            summary = _watched(box, console, started=started, as_json=as_json,
+                               run=lambda draw: run_training(box, deadline=deadline, on_progress=draw))  # fmt: skip
         elif items:
-            store = for_env(env).store
-            screen = None if as_json else view.Screen(console)
-
-            def draw(progress: dict) -> None:
-                if screen is None:
-                    return
-                busy = {hb.node_id: hb.busy_slots for pool in env.pools for hb in store.heartbeats(pool).values()}
-                screen.show(env_name=env.name, started=started, status=progress["status"], queues=progress["queues"],
-                            nodes=box.launcher.snapshot(), busy=busy,
-                            reasons=[r for d in box.last_decisions for r in d.reasons], tick_error=box.tick_error)  # fmt: skip
-
             strike = Chaos(random.Random(seed)) if chaos else None
-            try:
-                summary = run_demo(box, items=items, deadline=deadline, chaos=strike, on_progress=draw, seed=seed)
-            finally:
-                if screen is not None:
-                    screen.close()
-            if as_json:
-                click.echo(summary.to_json())
-            else:
-                console.print()
-                console.print(view.summary_table(summary))
+            summary = _watched(box, console, started=started, as_json=as_json,
+                               run=lambda draw: run_demo(box, items=items, deadline=deadline, chaos=strike,
+                                                         on_progress=draw, seed=seed))  # fmt: skip
         if keep:
             lines = [*box.export_lines(), *box.try_lines(workdir / "my-items.txt")]
             console.print("\n[bold]The sandbox stays up.[/bold] In another shell, paste:\n")
@@ -153,13 +136,14 @@ def _run(env, environments: Path, workdir: Path, console, *, items, chaos, keep,
     return summary
 
 
-def _train(box, console, *, started: float, deadline: float, as_json: bool):
-    """The --train scenario with the live view; its summary printed (as JSON with --json)."""
+def _watched(box, console, *, started: float, as_json: bool, run):
+    """`run(on_progress)` under the live view (none with --json); its summary, printed (as JSON with
+    --json): the demo's table, or the training scenario's rows."""
     from rich.table import Table
 
     from tidefleet.cloud import for_env
     from tidefleet.sandbox import view
-    from tidefleet.sandbox.training import run_training
+    from tidefleet.sandbox.training import TrainingSummary
 
     env, store = box.env, for_env(box.env).store
     screen = None if as_json else view.Screen(console)
@@ -172,18 +156,21 @@ def _train(box, console, *, started: float, deadline: float, as_json: bool):
                         reasons=[r for d in box.last_decisions for r in d.reasons], tick_error=box.tick_error)  # fmt: skip
 
     try:
-        summary = run_training(box, deadline=deadline, on_progress=draw)
+        summary = run(draw)
     finally:
         if screen is not None:
             screen.close()
     if as_json:
         click.echo(summary.to_json())
-    else:
-        table = Table("", "", box=None, show_header=False, pad_edge=False)
-        for name, value in summary.rows():
-            table.add_row(name, value)
-        console.print()
-        console.print(table)
-        for note in summary.notes:
-            console.print(f"note: {note}", highlight=False)
+        return summary
+    console.print()
+    if not isinstance(summary, TrainingSummary):
+        console.print(view.summary_table(summary))  # its notes included
+        return summary
+    table = Table("", "", box=None, show_header=False, pad_edge=False)
+    for name, value in summary.rows():
+        table.add_row(name, value)
+    console.print(table)
+    for note in summary.notes:
+        console.print(f"note: {note}", highlight=False)
     return summary
