@@ -216,6 +216,7 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
         group_units=held_units + _units(nodes.serving),
         reserved=packed.reserved,
         for_on_demand=for_on_demand.reserved,
+        on_demand_launch=any(for_on_demand.new_nodes),
         pool=pool,
         idle_timeout_s=idle_timeout_s,
         break_even=None if idle_timeout_s is not None else BreakEven.of(queues, nodes.serving, relaunch_s),
@@ -261,12 +262,14 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
     wanted = needs[-1] if needs else 0
     cordon: list[NodeView] = []
     forced = max(0, min(pool.min, pool.max) - group_units)  # launched to keep the pool at min
-    if wanted == 0 and forced == 0 and not uncordon:  # never cordons while launching
+    if wanted == 0 and forced == 0:  # never cordons while launching
+        # With an uncordon in the same decision it is a swap: the uncordoned node's slots may let a
+        # less loaded one drain now (the next tick would cordon it anyway), never the uncordoned one.
         idle_ids = {n.id for n in idle_out}
         cordon, cordon_reasons = _consolidate(
             [n for n in nodes.serving if n.id not in idle_ids],
             demand=demand + _expected_slots(queues, relaunch_s),
-            reserved=packed.reserved | for_on_demand.reserved,
+            reserved=packed.reserved | for_on_demand.reserved | {n.id for n in uncordon},
         )
         reasons += cordon_reasons
     reasons += _horizon_reason(horizon, demand, staying_serving_slots, pool)
@@ -532,6 +535,7 @@ def _choose_idle(
     group_units: int,
     reserved: set[str],
     for_on_demand: set[str],
+    on_demand_launch: bool,
     pool: Pool,
     idle_timeout_s: int | None,
     break_even: BreakEven | None,
@@ -559,6 +563,9 @@ def _choose_idle(
     warm = 0 if break_even is None else len(idle) - len(overdue)
     reasons = _kept_line(serving, idle_timeout_s, warm, now)
     if not overdue:
+        return [], reasons
+    if on_demand_launch:  # rule 13 launches: an idle spot node goes next tick, never in and out at once
+        reasons.append("hold scale-in: on-demand nodes launch for items left to them")
         return [], reasons
     since = None if last_launch is None else now - last_launch
     if since is not None and since < cooldown_s:
