@@ -24,6 +24,29 @@ def job_j(store):
 
 
 # -- items: conditional writes and fences ---------------------------------------------------
+def test_a_gang_claim_resets_its_roster_and_only_joins_of_that_attempt_land_in_order(store):
+    """The gang protocol's writes (`agent.gang`): every claim starts the roster afresh with its lead,
+    joins are appends fenced on the attempt, so a join aimed at an older attempt is refused."""
+    s = store.store
+    s.put_item_if_new(queued())
+
+    def claim(node: str, at: float):
+        return s.update_item("j", "000000", status="running", node=node, lease_until=at + 30, add={"attempts": 1},
+                             fence=Fence(claim_at=at), gang="forming", members=[{"node": node}], left=[])  # fmt: skip
+
+    def join(node: str, attempt: int):
+        return s.update_item("j", "000000", only_from=("running",), fence=Fence(attempt=attempt),
+                             append={"members": {"node": node}})  # fmt: skip
+
+    assert claim("lead-a", NOW).attempts == 1
+    assert [m["node"] for m in join("b", 1).members] == ["lead-a", "b"]
+    assert [m["node"] for m in join("c", 1).members] == ["lead-a", "b", "c"]
+    second = claim("lead-d", NOW + 31)  # a's lease lapsed: a new attempt, a new gang
+    assert (second.attempts, second.gang, [m["node"] for m in second.members]) == (2, "forming", ["lead-d"])
+    assert join("e", 1) is None, "a join aimed at the old attempt must not reach the new gang"
+    assert [m["node"] for m in join("e", 2).members] == ["lead-d", "e"]
+
+
 def test_claims_run_an_item_once_and_fence_stale_writers(store):
     s = store.store
     s.put_item_if_new(queued())
@@ -257,6 +280,15 @@ def test_a_heartbeat_carries_the_items_its_spot_node_left_to_on_demand_nodes_and
     assert s.heartbeats("cpu")["n-1"].on_demand_wanted == {"train": ["job-a/000001", "job-b/000007"]}
     s.put_heartbeat(beat("n-1", at=NOW + 5))  # an on-demand node took them
     assert s.heartbeat("cpu", "n-1").on_demand_wanted == {}
+
+
+def test_a_heartbeat_carries_a_gang_leads_beacon_and_a_later_one_clears_it(store):
+    s = store.store
+    beacon = {"queue": "train", "job": "j", "item": "000000", "attempt": 2, "since": NOW - 3.5, "forming": True}
+    s.put_heartbeat(replace(beat("n-1"), gang=beacon))
+    assert s.heartbeats("cpu")["n-1"].gang == beacon
+    s.put_heartbeat(beat("n-1", at=NOW + 5))
+    assert s.heartbeat("cpu", "n-1").gang == {}
 
 
 def test_a_heartbeat_carries_the_agents_intake_rates(store):
