@@ -19,7 +19,7 @@ from tidefleet.cloud import for_env
 from tidefleet.config import load_environment
 from tidefleet.jobs import sdk
 from tidefleet.jobs.sdk import ItemMessage
-from tidefleet.records import Heartbeat, Item
+from tidefleet.records import AttemptOutcome, Heartbeat, Item
 from tidefleet.resources import redrive_receives
 
 ENV = load_environment("gcp-dev")
@@ -121,7 +121,7 @@ def test_item_output_goes_to_the_stacks_log_with_labels_and_reads_back_per_attem
         stream.write(f"{text} done")
         stream.flush()
     logs.stream("default", "job-1", "item-b", 1).write("other item")
-    logs.record_outcome("default", "job-1", "item-a", 2, "succeeded", 1.5)  # not output: lines() leaves it out
+    logs.record_outcomes("default", [AttemptOutcome("job-1", "item-a", 2, "succeeded", 1.5, 1.0)])  # not output
     gcp.log_page = 1  # several pages
     (write, *_) = calls(gcp, "POST", "/entries:write")
     assert write["body"]["logName"] == f"projects/{ENV.project}/logs/tidefleet-gcp-dev-items"
@@ -143,15 +143,20 @@ def test_a_receive_is_a_pull_whose_client_timeout_is_the_wait_and_a_held_empty_p
     assert gcp.pull_timeouts == [1, 20]
 
 
-def test_a_finished_attempt_writes_one_structured_entry_for_the_outcome_metric(gcp):
-    for_env(ENV).logs.record_outcome("default", "job-1", "item-a", 3, "failed", 12.5)
+def test_finished_attempts_write_one_structured_entry_each_in_one_request_for_the_outcome_metric(gcp):
+    for_env(ENV).logs.record_outcomes("default", [AttemptOutcome("job-1", "item-a", 3, "failed", 12.5, 1.0),
+                                                  AttemptOutcome("job-2", "item-b", 1, "succeeded", 2.0, 2.0)])
     (write,) = calls(gcp, "POST", "/entries:write")
-    (entry,) = write["body"]["entries"]
+    first, second = write["body"]["entries"]
     assert write["body"]["logName"] == f"projects/{ENV.project}/logs/tidefleet-gcp-dev-items"
-    assert write["body"]["labels"] == {"job": "job-1", "item": "item-a", "attempt": "3"}
-    assert entry["jsonPayload"] == {"outcome": "failed", "queue": "default", "job": "job-1", "item": "item-a",
+    assert first["labels"] == {"job": "job-1", "item": "item-a", "attempt": "3"}
+    assert first["jsonPayload"] == {"outcome": "failed", "queue": "default", "job": "job-1", "item": "item-a",
                                     "attempt": 3, "seconds": 12.5}  # fmt: skip
-    assert "textPayload" not in entry  # the stack's item-outcomes metric filters on jsonPayload.outcome
+    assert second["labels"] == {"job": "job-2", "item": "item-b", "attempt": "1"}
+    assert second["jsonPayload"]["outcome"] == "succeeded"
+    assert "textPayload" not in first  # the stack's item-outcomes metric filters on jsonPayload.outcome
+    for_env(ENV).logs.record_outcomes("default", [])
+    assert len(calls(gcp, "POST", "/entries:write")) == 1  # nothing to say: no request
 
 
 # -- the Firestore store's conditional writes -------------------------------------------------

@@ -16,6 +16,7 @@ from tidefleet.cloud.aws.logs import CloudWatchItemLogs
 from tidefleet.cloud.aws.metrics import EmfToCloudWatch, outcome_stream
 from tidefleet.cloud.aws.provision import provision
 from tidefleet.config import load_environment
+from tidefleet.records import AttemptOutcome
 
 ENV = load_environment("sandbox")
 
@@ -30,8 +31,9 @@ def published(namespace: str = metrics.NAMESPACE) -> set[tuple[str, tuple]]:
 def test_an_agents_outcome_is_an_emf_event_the_bridge_publishes_once(aws):
     provision(ENV, user_data={"cpu": "#!/bin/sh\n"})
     logs = CloudWatchItemLogs(ENV)
-    logs.record_outcome("demo", "job-1", "item-1", 1, "failed", 1.5)
-    logs.record_outcome("demo", "job-1", "item-2", 1, "succeeded", 1.0)
+    logs.record_outcomes("demo", [AttemptOutcome("job-1", "item-2", 1, "succeeded", 1.0, time.time()),
+                                  AttemptOutcome("job-1", "item-1", 1, "failed", 1.5, time.time() - 1)])
+    logs.record_outcomes("demo", [])  # nothing to write
     events = boto3.client("logs", region_name=ENV.region).get_log_events(
         logGroupName=naming.item_log_group(ENV.name), logStreamName=outcome_stream("demo"), startFromHead=True)["events"]
     assert [metrics.from_emf(e["message"])[1] for e in events] == [

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from tidefleet.records import FINAL, Fence, Heartbeat, Item, Job, QueueStats
+from tidefleet.records import FINAL, AttemptOutcome, Fence, Heartbeat, Item, Job, QueueStats
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -174,8 +174,8 @@ class ItemLogs(Protocol):
         """(stream, line) for every attempt of the job's items (or one item), oldest first per stream;
         `queue` is the job's (a node may write only its own queues' logs)."""
 
-    def record_outcome(self, queue: str, job: str, item: str, attempt: int, outcome: str, seconds: float) -> None:
-        """One finished attempt (succeeded / failed / cancelled), for the cloud's outcome metric."""
+    def record_outcomes(self, queue: str, outcomes: list[AttemptOutcome]) -> None:
+        """Finished attempts of one queue, oldest first, in one write: the cloud's outcome metric."""
 
 
 class JobStore(NodeStatePort, QueueStatsPort, Protocol):

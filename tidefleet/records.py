@@ -79,6 +79,18 @@ def settled_moves(status: str | None, only_from: tuple[str, ...] | None, never_f
 
 
 @dataclass(frozen=True)
+class AttemptOutcome:
+    """One finished attempt (succeeded / failed / cancelled), for the cloud's outcome metric."""
+
+    job: str
+    item: str
+    attempt: int
+    outcome: str
+    seconds: float
+    at: float  # when it ended (epoch s)
+
+
+@dataclass(frozen=True)
 class Fence:
     """What a write demands of the item's current record, beyond "exists and is not final".
 

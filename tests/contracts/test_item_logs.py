@@ -5,6 +5,8 @@ attempt."""
 
 from __future__ import annotations
 
+from tidefleet.records import AttemptOutcome
+
 QUEUE = "demo"
 
 
@@ -40,7 +42,7 @@ def test_a_flush_sends_what_was_written_so_far_and_close_sends_the_rest(item_log
 
 def test_an_attempts_outcome_is_not_output(item_logs):
     write(item_logs, "job-1", "item-a", 1, "output")
-    item_logs.record_outcome(QUEUE, "job-1", "item-a", 1, "succeeded", 1.5)
+    item_logs.record_outcomes(QUEUE, [AttemptOutcome("job-1", "item-a", 1, "succeeded", 1.5, 1.0)])
     assert list(item_logs.lines(QUEUE, "job-1")) == [("job-1/item-a/1", "output")]
 
 

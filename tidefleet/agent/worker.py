@@ -80,12 +80,13 @@ from tidefleet.jobs.sdk import ItemMessage, send_messages
 from tidefleet.jobs.spec import JobSpec, Resolved, resolve
 from tidefleet.policy.model import rate_after, rate_at
 from tidefleet.ports import Delivery, NodeMetadata
-from tidefleet.records import Fence, Heartbeat, Job
+from tidefleet.records import AttemptOutcome, Fence, Heartbeat, Job
 
 log = logging.getLogger("tidefleet.agent")
 RECEIVE_BATCH = 10  # SQS's most per receive; more than a node's free slots anyway
 ACK_BATCH = 10  # messages deleted per call (SQS DeleteMessageBatch's most)
 ACK_FLUSH_S = 0.5  # a recorded item's message is deleted within this, batched with others
+OUTCOME_BATCH = 500  # finished attempts per outcome-metric write (CloudWatch takes 10,000 events in one)
 SETTLE_S = 5.0  # after the grace: time for an exited workload's runner to record its result
 MIN_LEASE_S = 30.0  # an attempt's claim lasts this (or 6 heartbeats) past its last renewal
 CANCEL_GRACE_S = 10.0  # at most: a cancelled workload's time to leave before SIGKILL
@@ -154,23 +155,22 @@ class Member:
     stop_at: float | None = None  # when the gang asked it to stop: SIGKILL after the grace
 
 
-class Acks:
-    """Messages whose item is recorded, deleted (acked) in batches: a call per `ACK_BATCH`, none
-    waiting longer than `ACK_FLUSH_S`. Only ever given a message after its record is written, so
-    a crash before the delete only redelivers it, and its claim drops it (the item is final or
-    newer). A failed delete is the same case: the queue redelivers, the claim drops."""
+class Batches:
+    """What the agent sends per queue in batches (`add`): a call per `size` entries of a queue,
+    none waiting longer than `ACK_FLUSH_S`. `send(queue, entries)` returns the entries' errors
+    (or raises); either is logged, never retried: see `Acks` and `Outcomes`."""
 
-    def __init__(self, queues):
-        self.queues = queues
+    def __init__(self, send, size: int, what: str):
+        self.send, self.size, self.what = send, size, what
         self.lock = threading.Lock()
-        self.pending: dict[str, list[str]] = defaultdict(list)
+        self.pending: dict[str, list] = defaultdict(list)
         self.since: float | None = None  # when the oldest pending one was added
 
-    def add(self, queue: str, handle: str) -> None:
+    def add(self, queue: str, entry) -> None:
         with self.lock:
-            self.pending[queue].append(handle)
+            self.pending[queue].append(entry)
             self.since = self.since or time.monotonic()
-            full = len(self.pending[queue]) >= ACK_BATCH
+            full = len(self.pending[queue]) >= self.size
         if full:
             self.flush()
 
@@ -179,14 +179,33 @@ class Acks:
             if self.since is None or (due_only and time.monotonic() - self.since < ACK_FLUSH_S):
                 return
             pending, self.pending, self.since = self.pending, defaultdict(list), None
-        for queue, handles in pending.items():
+        for queue, entries in pending.items():
             try:
-                errors = self.queues.delete(queue, handles)
-            except Exception as err:  # noqa: BLE001 - redelivered later and dropped by the claim
-                errors = [str(err).splitlines()[0][:300]]
+                errors = self.send(queue, entries)
+            except Exception as err:  # noqa: BLE001 - see the callers: nothing is lost by it
+                errors = [str(err).splitlines()[0][:300]] * len(entries)
             if errors:
-                log.warning("could not delete %d recorded message(s) of %s (%s); the queue redelivers and the "
-                            "agent drops them", len(errors), queue, errors[0])
+                log.warning("could not %s: %d of %s (%s)", self.what, len(errors), queue, errors[0])
+
+
+class Acks(Batches):
+    """Messages whose item is recorded, deleted (acked) in batches. Only ever given a message
+    after its record is written, so a crash before the delete only redelivers it, and its claim
+    drops it (the item is final or newer). A failed delete is the same case: the queue
+    redelivers, the claim drops."""
+
+    def __init__(self, queues):
+        super().__init__(queues.delete, ACK_BATCH, "delete recorded messages (the queue redelivers them and the "
+                         "agent drops them)")  # fmt: skip
+
+
+class Outcomes(Batches):
+    """Finished attempts for the cloud's outcome metric (the alarms on failure rates): one write
+    per queue per flush, not a call per item. Sent after the item's record; a lost batch only
+    thins the metric."""
+
+    def __init__(self, logs):
+        super().__init__(logs.record_outcomes, OUTCOME_BATCH, "record the outcome metric of attempts")
 
 
 class Agent:
@@ -230,6 +249,7 @@ class Agent:
         self.devices: Devices | None = None  # the node's GPUs by slot (`_prepare`); None: no GPUs
         self.gpu_usage: dict[int, Usage] = {}  # id(run) -> what its GPUs did so far
         self.acks = Acks(self.cloud.queues)
+        self.outcomes = Outcomes(self.cloud.logs)
         self.item_seconds: dict[str, list[float]] = defaultdict(list)  # succeeded items' run times, per beat
 
     # -- life of the agent --------------------------------------------------------------
@@ -238,7 +258,7 @@ class Agent:
         signal.signal(signal.SIGTERM, lambda *_: self.request_stop("SIGTERM to the agent"))
         threads = [threading.Thread(target=self._loop, args=(f, s), daemon=True) for f, s in (
             (self._beat, self.s.heartbeat_s), (self._watch_metadata, self.s.imds_poll_s),
-            (self._flush_acks, ACK_FLUSH_S))]
+            (self._flush_batches, ACK_FLUSH_S))]
         for t in threads:
             t.start()
         log.info("agent %s up: pool %s, %d slot(s), queues %s", self.s.node_id, self.pool_name, self.slots,
@@ -849,8 +869,8 @@ class Agent:
         finally:
             self._forget([run])
         if record.outcome is not Outcome.DROPPED:
-            self._step("outcome entry", self.cloud.logs.record_outcome, run.queue, msg.job, msg.item, run.attempt,
-                       record.outcome.value, entry["seconds"])
+            self.outcomes.add(run.queue, AttemptOutcome(msg.job, msg.item, run.attempt, record.outcome.value,
+                                                        entry["seconds"], time.time()))
 
     def _placement(self, run: Run) -> dict:
         """What the attempt ran on, for `tidefleet cost`: heartbeats are gone once the node is."""
@@ -967,6 +987,7 @@ class Agent:
 
     def _leave(self) -> None:
         self.acks.flush()
+        self.outcomes.flush()
         if self.lifecycle_terminating:
             try:
                 self.node.leave(self.pool_name, self.s.node_id)
@@ -1023,8 +1044,9 @@ class Agent:
         for stream in streams:
             stream.flush()
 
-    def _flush_acks(self) -> None:
+    def _flush_batches(self) -> None:
         self.acks.flush(due_only=True)
+        self.outcomes.flush(due_only=True)
 
     def _record_item_seconds(self) -> None:
         """The scaler's boot-horizon rule reads each queue's mean; a lost sample only nudges it."""

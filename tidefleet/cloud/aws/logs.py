@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -14,6 +13,7 @@ from tidefleet.logstream import BufferedStream, stream_name, stream_order
 
 if TYPE_CHECKING:  # settings are loaded (pydantic) by the runtime, not on import
     from tidefleet.config import Environment
+    from tidefleet.records import AttemptOutcome
 
 
 class CloudWatchItemLogs:
@@ -42,15 +42,19 @@ class CloudWatchItemLogs:
 
         return BufferedStream(name, send)
 
-    def record_outcome(self, queue: str, job: str, item: str, attempt: int, outcome: str, seconds: float) -> None:
-        """The attempt's outcome metrics (`tidefleet.metrics.attempt_points`) as one EMF event in the
-        queue's outcome stream, which CloudWatch turns into the metrics the alarms watch."""
+    def record_outcomes(self, queue: str, outcomes: list[AttemptOutcome]) -> None:
+        """The attempts' outcome metrics (`tidefleet.metrics.attempt_points`) as EMF events in the
+        queue's outcome stream, one PutLogEvents for all: CloudWatch turns them into the metrics
+        the alarms watch."""
         from tidefleet import metrics  # the agent's path only: not the scaler's cold import
         from tidefleet.cloud.aws.metrics import outcome_stream
 
         name = outcome_stream(queue)
-        lines = metrics.emf(metrics.attempt_points(self.env_name, queue, outcome), int(time.time() * 1000))
-        events = [{"timestamp": int(time.time() * 1000), "message": line} for line in lines]
+        events = [{"timestamp": int(o.at * 1000), "message": line}
+                  for o in sorted(outcomes, key=lambda o: o.at)
+                  for line in metrics.emf(metrics.attempt_points(self.env_name, queue, o.outcome), int(o.at * 1000))]
+        if not events:
+            return
         try:
             self.logs.put_log_events(logGroupName=self.group, logStreamName=name, logEvents=events)
         except ClientError as err:

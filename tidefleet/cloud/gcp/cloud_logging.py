@@ -8,7 +8,6 @@ log bucket and sink select it), with labels job / item / attempt; a "stream" is
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from functools import cached_property
@@ -18,6 +17,7 @@ from google.auth.transport.requests import AuthorizedSession
 from tidefleet import naming
 from tidefleet.config import Environment
 from tidefleet.logstream import BufferedStream, stream_name, stream_order
+from tidefleet.records import AttemptOutcome
 
 LOGGING = "https://logging.googleapis.com/v2"
 SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
@@ -47,9 +47,14 @@ class CloudLoggingItemLogs:
 
         return BufferedStream(stream_name(job, item, attempt), send)
 
-    def record_outcome(self, queue: str, job: str, item: str, attempt: int, outcome: str, seconds: float) -> None:
-        payload = {"outcome": outcome, "queue": queue, "job": job, "item": item, "attempt": attempt, "seconds": seconds}
-        self._write(job, item, attempt, [{"jsonPayload": payload, "timestamp": _stamp(time.time())}])
+    def record_outcomes(self, queue: str, outcomes: list[AttemptOutcome]) -> None:
+        entries = [{"jsonPayload": {"outcome": o.outcome, "queue": queue, "job": o.job, "item": o.item,
+                                    "attempt": o.attempt, "seconds": o.seconds},
+                    "labels": {"job": o.job, "item": o.item, "attempt": str(o.attempt)},
+                    "timestamp": _stamp(o.at)} for o in outcomes]  # fmt: skip
+        if entries:
+            body = {"logName": self.log_name, "resource": {"type": "global"}, "entries": entries}
+            self.session.post(f"{LOGGING}/entries:write", json=body, timeout=10).raise_for_status()
 
     def lines(self, queue: str, job: str, item: str | None = None) -> Iterator[tuple[str, str]]:
         # textPayload:* leaves out the outcome entries (jsonPayload), which are not output.
