@@ -6,9 +6,11 @@ For 1 and for 8 slots per node, both sides drain the same kind of queue filled b
 `submit`. The bare loop only receives and deletes (10 per call). The agent is a real
 `tidefleet agent` process doing everything it does in production per item: the claim, a
 subprocess (`true`), usage accounting, the final record, the delete. Timed from the agent's
-first heartbeat to an empty queue. Every AWS call either side makes is counted by operation
-(the agent's through `benchmarks/callcount/sitecustomize.py` on its PYTHONPATH); the last line
-is the worse ratio of the two slot settings.
+first heartbeat to an empty queue. A third loop, bare + claim + record, adds to the bare loop
+the two conditional writes per item that running each item once and recording it once need:
+the agent's floor on this server, whatever it does besides. Every AWS call each side makes is
+counted by operation (the agent's through `benchmarks/callcount/sitecustomize.py` on its
+PYTHONPATH); the last line is the worse agent/bare ratio of the two slot settings.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from tidefleet.cloud.aws.provision import provision
 from tidefleet.config import load_environment
 from tidefleet.emulator import start_moto
 from tidefleet.jobs import sdk
+from tidefleet.records import Fence
 
 COUNTER = Path(__file__).resolve().parent / "callcount"
 ENV = """
@@ -75,6 +78,36 @@ def bare_loop(env, items: int) -> tuple[float, collections.Counter]:
                 QueueUrl=url, Entries=[{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)]
             )
             done += len(messages)
+    return items / (time.perf_counter() - start), calls
+
+
+def records_loop(env, items: int) -> tuple[float, collections.Counter]:
+    """The bare loop plus the two writes that "run once, record once" needs per item and no
+    more: the claim (a conditional UpdateItem) and the final record with its job counter (a
+    TransactWriteItems), through the same store the agent uses. The agent's floor on this server."""
+    job = sdk.submit(env, "records", "records", sdk.read_items(["noop"] * items), kick=False).job_id
+    sqs = boto3.client("sqs", region_name=env.region)
+    store = DynamoStore(env.name, env.region)
+    calls: collections.Counter = collections.Counter()
+    for client in (sqs, store.table.meta.client):
+        client.meta.events.register("before-call.*.*", lambda model, **_: calls.update([model.name]))
+    url = sqs.get_queue_url(QueueName=naming.queue(env.name, "records"))["QueueUrl"]
+    done, start = 0, time.perf_counter()
+    while done < items:
+        messages = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1).get("Messages", [])
+        for m in messages:
+            msg = sdk.ItemMessage.parse(m["Body"])
+            now = time.time()
+            store.update_item(job, msg.item, status="running", node="bench", seq=msg.seq, lease_until=now + 60,
+                              add={"attempts": 1}, fence=Fence(claim_at=now, seq=msg.seq))  # fmt: skip
+            store.update_item(job, msg.item, status="succeeded", exit_code=0, fence=Fence(attempt=1))
+        if messages:
+            sqs.delete_message_batch(
+                QueueUrl=url, Entries=[{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)]
+            )
+            done += len(messages)
+    if sdk.status(env, job).counts["succeeded"] != items:
+        raise SystemExit("the records loop did not record every item")
     return items / (time.perf_counter() - start), calls
 
 
@@ -127,18 +160,23 @@ def main() -> None:
             root = Path(tmp)
             print(f"items: {args.items} per run, moto server on loopback")
             for slots in (1, 8):
-                bare_rate = agent_rate = 0.0
+                bare_rate = agent_rate = floor_rate = 0.0
                 for n in range(args.rounds):  # fresh queues each round; the best of each side
                     _, bare_env = _env(root, f"bb{slots}r{n}", "bare", slots)
+                    _, floor_env = _env(root, f"bf{slots}r{n}", "records", slots)
                     env_path, agent_env = _env(root, f"ba{slots}r{n}", "noop", slots)
                     rate, bare_calls = bare_loop(bare_env, args.items)
                     bare_rate = max(bare_rate, rate)
+                    rate, floor_calls = records_loop(floor_env, args.items)
+                    floor_rate = max(floor_rate, rate)
                     rate, agent_calls = agent(agent_env, env_path, args.items, server.env(), root)
                     agent_rate = max(agent_rate, rate)
                 ratios[slots] = agent_rate / bare_rate
-                print(f"{slots} slot(s): bare receive/delete {bare_rate:7.1f} items/s, agent {agent_rate:7.1f} items/s, "
-                      f"ratio {ratios[slots]:.2f}")
+                print(f"{slots} slot(s): bare receive/delete {bare_rate:7.1f} items/s, bare + claim + record "
+                      f"{floor_rate:7.1f} items/s, agent {agent_rate:7.1f} items/s: ratio {ratios[slots]:.2f} "
+                      f"(to bare + claim + record: {agent_rate / floor_rate:.2f})")
                 print(f"  bare calls per item:  {per_item(bare_calls, args.items)}")
+                print(f"  bare + claim + record calls per item: {per_item(floor_calls, args.items)}")
                 print(f"  agent calls per item: {per_item(agent_calls, args.items)}")
     finally:
         server.stop()
