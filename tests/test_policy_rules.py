@@ -657,6 +657,30 @@ def test_waiting_items_that_turnover_starts_within_the_wait_target_launch_no_nod
     assert decide_pool(env, deeper).desired > 1
 
 
+def test_nodes_launched_for_waiting_items_count_their_turnover_within_the_wait_target():
+    env = environment(**BREAK_EVEN)  # boot 60 s, 2 slots a node
+    fresh = with_intake(fleet(env, [], render=(12, 0)), 0.0, mean=30.0)
+    fresh = replace(fresh, queues=tuple(replace(q, oldest_age_s=0.0) for q in fresh.queues))
+    # 120 s to wait: a new slot is ready at 60 s and starts 1 + 60 // 30 = 3 items: 4 slots, 2 nodes.
+    assert decide_pool(env, fresh).desired == 2
+    due = replace(fresh, queues=tuple(replace(q, oldest_age_s=60.0) for q in fresh.queues))
+    assert decide_pool(env, due).desired == 6  # a boot left: a slot per item, as without a target
+
+
+def test_a_booting_node_nearly_ready_starts_more_of_the_waiting_items_than_one_just_launched():
+    env = environment(**BREAK_EVEN)
+    view = with_intake(fleet(env, [], render=(8, 0)), 0.0, mean=30.0)
+    view = replace(view, queues=tuple(replace(q, oldest_age_s=0.0) for q in view.queues))
+    # Ready in 10 s: each of its 2 slots starts 1 + 110 // 30 = 4 items, all 8: no launch.
+    nearly = replace(view, pools=tuple(replace(p, nodes=(node("i-a", booted=False, age=50),), desired=1)
+                                       for p in view.pools))  # fmt: skip
+    assert decide_pool(env, nearly).desired == 1, decide_pool(env, nearly).reasons
+    # Just launched: 1 + 60 // 30 = 3 each, 6 of 8; the other 2 take one more new slot.
+    just = replace(view, pools=tuple(replace(p, nodes=(node("i-a", booted=False, age=0),), desired=1)
+                                     for p in view.pools))  # fmt: skip
+    assert decide_pool(env, just).desired == 2, decide_pool(env, just).reasons
+
+
 def test_a_half_empty_node_is_cordoned_when_demand_fits_on_the_others_and_uncordoned_when_it_returns():
     env = environment(**BREAK_EVEN, **{"pools.cpu.slots_per_unit": 4})
     nodes = [node("i-a", busy=1, weight=2), node("i-b", busy=6, weight=2)]  # 8 slots each

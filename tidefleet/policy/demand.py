@@ -14,8 +14,10 @@ waiting items never lower what is needed (each rule is monotone in demand).
     the oldest item's remaining wait is below a boot, the horizon is the boot again: waiting
     work that turnover does not cover launches at once. The floor keeps the expected wait of a
     covered item within the horizon; an unknown mean (None) or one longer than the horizon gives
-    1 item per slot: plain slot counting. Booting slots count once (they are not turning over
-    yet) and are used first, as they serve every queue alike.
+    1 item per slot: plain slot counting. Booting slots are used first, as they serve every
+    queue alike, the soonest ready first: each starts 1 + floor((horizon - its boot left) /
+    mean). New slots alike, a whole boot away: within a wait target, a burst gets a node per
+    few items, not one per item (1 each once the oldest item has only a boot left).
 1b. Packing. An item of k > 1 slots starts only on one node with k free slots. Waiting items
     of such queues are placed on the serving nodes' free slots (booting nodes are all free),
     biggest first within a priority, each on the node with the fewest free slots that fit it.
@@ -68,19 +70,20 @@ def wait_horizon(queue: QueueView, boot_s: int) -> float:
     return max(boot_s, queue.target_wait_s - queue.oldest_age_s)
 
 
-def boot_horizon(queues: list[QueueView], warm_slots: int, booting_slots: int, boot_s: int) -> Horizon:
-    warm_left, boot_left = warm_slots, booting_slots
+def boot_horizon(queues: list[QueueView], warm_slots: int, booting: list[float], boot_s: int) -> Horizon:
+    """`booting`: per booting slot, the seconds until its node is expected ready."""
+    warm_left, boot_left = warm_slots, sorted(booting)
     uncovered, waiting, started, means = [], 0, 0, []
     for q in queues:
         need = demand_slots(q)
-        from_boot = min(boot_left, need)
-        boot_left -= from_boot
-        need -= from_boot
-        per_slot = 1 + turns(q.mean_item_s, wait_horizon(q, boot_s))
+        horizon_s = wait_horizon(q, boot_s)
+        while need and boot_left:  # the soonest ready first; each turns over once ready
+            need -= min(need, 1 + turns(q.mean_item_s, max(0.0, horizon_s - boot_left.pop(0))))
+        per_slot = 1 + turns(q.mean_item_s, horizon_s)
         used = min(warm_left, math.ceil(need / per_slot))
         warm_left -= used
         left = need - min(need, used * per_slot)
-        uncovered.append(left)
+        uncovered.append(math.ceil(left / (1 + turns(q.mean_item_s, horizon_s - boot_s))))  # new slots alike
         if per_slot > 1 and q.visible:
             waiting += q.visible
             started += max(0, q.visible - math.ceil(left / q.slots_per_item))

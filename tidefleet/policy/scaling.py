@@ -256,8 +256,9 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
     )
     existing_cost = sum(prices.node(n) for n in view.nodes if n.id not in gone)
     staying_serving_slots = serving_slots - _slots([n for n in idle_out if not n.cordoned])
-    booting_slots = sum(n.slots for n in nodes.serving if n.state == "pending")
-    horizon = boot_horizon(queues, staying_serving_slots - booting_slots, booting_slots, pool.boot_estimate_s)
+    booting = [max(0.0, n.launched_at + pool.boot_estimate_s - now)
+               for n in nodes.serving if n.state == "pending" for _ in range(n.slots)]  # fmt: skip
+    horizon = boot_horizon(queues, staying_serving_slots - len(booting), booting, pool.boot_estimate_s)
     needs = _needs(horizon, packed, for_on_demand, pool.slots_per_unit, smallest)
     wanted = needs[-1] if needs else 0
     cordon: list[NodeView] = []
