@@ -27,7 +27,7 @@ from tidefleet.config import Environment, InstanceType, Pool
 from tidefleet.fanout import each
 from tidefleet.policy.demand import gang_counts
 from tidefleet.policy.interruption import DrainNode, pool_of_group
-from tidefleet.policy.model import FleetView, NodeView, PoolDecision, PoolView, QueueView, RunView, rate_at
+from tidefleet.policy.model import FleetView, NodeView, PoolDecision, PoolView, QueueView, RunView, rate_decay
 from tidefleet.ports import Backlog, GroupInstance, GroupState, Ports
 from tidefleet.records import Heartbeat
 
@@ -109,6 +109,38 @@ def _runs(heartbeat: Heartbeat | None) -> tuple[RunView, ...]:
     return tuple(out)
 
 
+# Per pool name: instance id -> (pool, instance, heartbeat, view) as the last observe saw them.
+_LAST_VIEWS: dict[str, dict[str, tuple[Pool, GroupInstance, Heartbeat | None, NodeView | None]]] = {}
+
+
+def _node_views(
+    name: str, pool: Pool, instances: tuple[GroupInstance, ...], beats: dict[str, Heartbeat], now: float
+) -> tuple[tuple[NodeView, ...], dict]:
+    """(the pool's node views, its members by instance id). Records are frozen values: a node whose
+    group record and heartbeat are the very objects of the last observe, under the same pool
+    config, has the same view (its launch time known: `now` is not used), so it is reused. An
+    adapter that keeps records between ticks (the simulator, ~10^7 views a replay) skips the
+    rebuild; one that reads fresh records every tick only misses."""
+    last = _LAST_VIEWS.get(name, {})
+    seen: dict[str, tuple[Pool, GroupInstance, Heartbeat | None, NodeView | None]] = {}
+    views = []
+    for instance in instances:
+        heartbeat = beats.get(instance.id)
+        hit = last.get(instance.id)
+        if (
+            hit is not None and hit[1] is instance and hit[2] is heartbeat and hit[0] is pool
+            and instance.launched_at is not None
+        ):  # fmt: skip
+            view = hit[3]
+        else:
+            view = node_view(pool, instance, heartbeat, now)
+        seen[instance.id] = (pool, instance, heartbeat, view)
+        if view is not None:
+            views.append(view)
+    _LAST_VIEWS[name] = seen  # only live nodes: the cache never outgrows the fleet
+    return tuple(views), seen
+
+
 @dataclass(frozen=True)
 class Observation:
     fleet: FleetView  # what the policy sees
@@ -132,15 +164,17 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
     for name, group in groups.items():
         beats = heartbeats[name]
         for hb in beats.values():  # each agent's smoothed rate, decayed to now: the queues' arrivals
-            for qname, rate in hb.intake.items():
-                intake[qname] = intake.get(qname, 0.0) + rate_at(rate, hb.at, now)
+            if hb.intake:
+                decay = rate_decay(hb.at, now)
+                for qname, rate in hb.intake.items():
+                    intake[qname] = intake.get(qname, 0.0) + rate * decay
             for qname, keys in hb.on_demand_wanted.items():
                 on_demand.setdefault(qname, set()).update(keys)
-        nodes = (node_view(env.pools[name], i, beats.get(i.id), now) for i in group.instances)
+        nodes, members = _node_views(name, env.pools[name], group.instances, beats, now)
         pool_views.append(
             PoolView(
                 name=name,
-                nodes=tuple(n for n in nodes if n is not None),
+                nodes=nodes,
                 desired=group.desired,
                 on_demand_base=group.on_demand_base,
                 spot_failures=group.spot_failures,
@@ -148,7 +182,6 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
         )
         # A node the group no longer lists and that has been silent longer than a boot: its
         # record would otherwise stay forever (a reclaimed spot node never says goodbye).
-        members = {i.id for i in group.instances}
         silent_since = now - env.pools[name].boot_timeout_s
         gone[name] = tuple(n for n, hb in beats.items() if n not in members and hb.at < silent_since)
     observed = [qname for qname, queue in env.queues.items() if queue.pool in groups]

@@ -69,7 +69,7 @@ class SimulationPorts:
             min=sim.pool.min,
             max=sim.pool.max,
             on_demand_base=sim.on_demand_base,
-            instances=tuple(_record(n, sim.pool_name, self._names)[0] for n in sim.nodes.values()),
+            instances=tuple([(n.record or _record(n, sim.pool_name, self._names))[0] for n in sim.nodes.values()]),
             spot_failures=sim.spot_failures_since(since),
         )
         return {sim.pool_name: group}
@@ -103,11 +103,11 @@ class SimulationPorts:
         sim = self.sim
         if pool != sim.pool_name:
             return {}
-        every_s = sim.pool.boot_timeout_s * HEARTBEAT_GRAIN
+        now, every_s = sim.now, sim.pool.boot_timeout_s * HEARTBEAT_GRAIN
         beats = {}
         for node in sim.nodes.values():
-            node.beat(sim.now, every_s)
-            heartbeat = _record(node, pool, self._names)[1]
+            node.beat(now, every_s)
+            heartbeat = (node.record or _record(node, pool, self._names))[1]
             if heartbeat is not None:
                 beats[node.name] = heartbeat
         return beats
