@@ -58,10 +58,17 @@ def _instance_type(pool: Pool, instance: GroupInstance) -> InstanceType | None:
     return None
 
 
-def _weight(pool: Pool, instance: GroupInstance, itype: InstanceType | None = None) -> int:
+def _weight(itype: InstanceType | None, instance: GroupInstance) -> int:
     """Capacity units: the configured weight; the group's own if the type is not configured."""
-    itype = itype or _instance_type(pool, instance)
     return itype.weight if itype else (instance.weight or 1)
+
+
+def _types(pool: Pool) -> dict[str, InstanceType]:
+    """The pool's types by name, the first of a repeated name (as `_instance_type` finds it)."""
+    types: dict[str, InstanceType] = {}
+    for itype in pool.instance_types:
+        types.setdefault(itype.type, itype)
+    return types
 
 
 def node_view(
@@ -77,7 +84,7 @@ def node_view(
     else:
         return None
     itype = _instance_type(pool, instance)
-    weight = _weight(pool, instance, itype)
+    weight = _weight(itype, instance)
     return NodeView(
         id=instance.id,
         instance_type=instance.instance_type,
@@ -128,13 +135,12 @@ def _node_views(
         heartbeat = beats.get(instance.id)
         hit = last.get(instance.id)
         if (
-            hit is not None and hit[1] is instance and hit[2] is heartbeat and hit[0] is pool
-            and instance.launched_at is not None
+            hit is None or hit[1] is not instance or hit[2] is not heartbeat or hit[0] is not pool
+            or instance.launched_at is None
         ):  # fmt: skip
-            view = hit[3]
-        else:
-            view = node_view(pool, instance, heartbeat, now)
-        seen[instance.id] = (pool, instance, heartbeat, view)
+            hit = (pool, instance, heartbeat, node_view(pool, instance, heartbeat, now))
+        seen[instance.id] = hit
+        view = hit[3]
         if view is not None:
             views.append(view)
     _LAST_VIEWS[name] = seen  # only live nodes: the cache never outgrows the fleet
@@ -163,9 +169,12 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
     heartbeats = dict(zip(groups, each(ports.nodes.heartbeats, list(groups), ports.calls_in_flight), strict=True))
     for name, group in groups.items():
         beats = heartbeats[name]
+        decays: dict[float, float] = {}  # many agents beat at the same time: one exp() for them
         for hb in beats.values():  # each agent's smoothed rate, decayed to now: the queues' arrivals
             if hb.intake:
-                decay = rate_decay(hb.at, now)
+                decay = decays.get(hb.at)
+                if decay is None:
+                    decay = decays[hb.at] = rate_decay(hb.at, now)
                 for qname, rate in hb.intake.items():
                     intake[qname] = intake.get(qname, 0.0) + rate * decay
             for qname, keys in hb.on_demand_wanted.items():
@@ -183,7 +192,8 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
         # A node the group no longer lists and that has been silent longer than a boot: its
         # record would otherwise stay forever (a reclaimed spot node never says goodbye).
         silent_since = now - env.pools[name].boot_timeout_s
-        gone[name] = tuple(n for n, hb in beats.items() if n not in members and hb.at < silent_since)
+        strays = beats.keys() - members.keys()  # usually none: a set difference, not a scan
+        gone[name] = tuple(n for n, hb in beats.items() if n in strays and hb.at < silent_since) if strays else ()
     observed = [qname for qname, queue in env.queues.items() if queue.pool in groups]
     # Mean item times feed the policy's boot-horizon rule; without a stats port they are unknown.
     stats = ports.stats.queue_stats(observed) if ports.stats is not None and observed else {}
@@ -236,8 +246,9 @@ def _oldest_age(backlog: Backlog, since: float | None, now: float) -> tuple[floa
 def _live_capacity(env: Environment, pool: str, group: GroupState, leaving: Iterable[str]) -> int:
     """Units of the group's instances that stay: desired below this makes the group pick a victim."""
     leaving = set(leaving)
+    types = _types(env.pools[pool])
     return sum(
-        _weight(env.pools[pool], i)
+        _weight(types.get(i.instance_type), i)
         for i in group.instances
         # A Terminating:Wait instance already left the group's capacity: not counted.
         if i.id not in leaving and i.lifecycle_state in CAPACITY
