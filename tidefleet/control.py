@@ -177,8 +177,9 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
                     decay = decays[hb.at] = rate_decay(hb.at, now)
                 for qname, rate in hb.intake.items():
                     intake[qname] = intake.get(qname, 0.0) + rate * decay
-            for qname, keys in hb.on_demand_wanted.items():
-                on_demand.setdefault(qname, set()).update(keys)
+            if hb.on_demand_wanted:
+                for qname, keys in hb.on_demand_wanted.items():
+                    on_demand.setdefault(qname, set()).update(keys)
         nodes, members = _node_views(name, env.pools[name], group.instances, beats, now)
         pool_views.append(
             PoolView(
