@@ -27,7 +27,7 @@ from tidefleet.config import Environment, InstanceType, Pool
 from tidefleet.fanout import each
 from tidefleet.policy.demand import gang_counts
 from tidefleet.policy.interruption import DrainNode, pool_of_group
-from tidefleet.policy.model import FleetView, NodeView, PoolDecision, PoolView, QueueView, RunView, rate_at
+from tidefleet.policy.model import FleetView, NodeView, PoolDecision, PoolView, QueueView, RunView, rate_decay
 from tidefleet.ports import Backlog, GroupInstance, GroupState, Ports
 from tidefleet.records import Heartbeat
 
@@ -58,10 +58,17 @@ def _instance_type(pool: Pool, instance: GroupInstance) -> InstanceType | None:
     return None
 
 
-def _weight(pool: Pool, instance: GroupInstance, itype: InstanceType | None = None) -> int:
+def _weight(itype: InstanceType | None, instance: GroupInstance) -> int:
     """Capacity units: the configured weight; the group's own if the type is not configured."""
-    itype = itype or _instance_type(pool, instance)
     return itype.weight if itype else (instance.weight or 1)
+
+
+def _types(pool: Pool) -> dict[str, InstanceType]:
+    """The pool's types by name, the first of a repeated name (as `_instance_type` finds it)."""
+    types: dict[str, InstanceType] = {}
+    for itype in pool.instance_types:
+        types.setdefault(itype.type, itype)
+    return types
 
 
 def node_view(
@@ -77,7 +84,7 @@ def node_view(
     else:
         return None
     itype = _instance_type(pool, instance)
-    weight = _weight(pool, instance, itype)
+    weight = _weight(itype, instance)
     return NodeView(
         id=instance.id,
         instance_type=instance.instance_type,
@@ -109,6 +116,37 @@ def _runs(heartbeat: Heartbeat | None) -> tuple[RunView, ...]:
     return tuple(out)
 
 
+# Per pool name: instance id -> (pool, instance, heartbeat, view) as the last observe saw them.
+_LAST_VIEWS: dict[str, dict[str, tuple[Pool, GroupInstance, Heartbeat | None, NodeView | None]]] = {}
+
+
+def _node_views(
+    name: str, pool: Pool, instances: tuple[GroupInstance, ...], beats: dict[str, Heartbeat], now: float
+) -> tuple[tuple[NodeView, ...], dict]:
+    """(the pool's node views, its members by instance id). Records are frozen values: a node whose
+    group record and heartbeat are the very objects of the last observe, under the same pool
+    config, has the same view (its launch time known: `now` is not used), so it is reused. An
+    adapter that keeps records between ticks (the simulator, ~10^7 views a replay) skips the
+    rebuild; one that reads fresh records every tick only misses."""
+    last = _LAST_VIEWS.get(name, {})
+    seen: dict[str, tuple[Pool, GroupInstance, Heartbeat | None, NodeView | None]] = {}
+    views = []
+    for instance in instances:
+        heartbeat = beats.get(instance.id)
+        hit = last.get(instance.id)
+        if (
+            hit is None or hit[1] is not instance or hit[2] is not heartbeat or hit[0] is not pool
+            or instance.launched_at is None
+        ):  # fmt: skip
+            hit = (pool, instance, heartbeat, node_view(pool, instance, heartbeat, now))
+        seen[instance.id] = hit
+        view = hit[3]
+        if view is not None:
+            views.append(view)
+    _LAST_VIEWS[name] = seen  # only live nodes: the cache never outgrows the fleet
+    return tuple(views), seen
+
+
 @dataclass(frozen=True)
 class Observation:
     fleet: FleetView  # what the policy sees
@@ -131,16 +169,22 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
     heartbeats = dict(zip(groups, each(ports.nodes.heartbeats, list(groups), ports.calls_in_flight), strict=True))
     for name, group in groups.items():
         beats = heartbeats[name]
+        decays: dict[float, float] = {}  # many agents beat at the same time: one exp() for them
         for hb in beats.values():  # each agent's smoothed rate, decayed to now: the queues' arrivals
-            for qname, rate in hb.intake.items():
-                intake[qname] = intake.get(qname, 0.0) + rate_at(rate, hb.at, now)
-            for qname, keys in hb.on_demand_wanted.items():
-                on_demand.setdefault(qname, set()).update(keys)
-        nodes = (node_view(env.pools[name], i, beats.get(i.id), now) for i in group.instances)
+            if hb.intake:
+                decay = decays.get(hb.at)
+                if decay is None:
+                    decay = decays[hb.at] = rate_decay(hb.at, now)
+                for qname, rate in hb.intake.items():
+                    intake[qname] = intake.get(qname, 0.0) + rate * decay
+            if hb.on_demand_wanted:
+                for qname, keys in hb.on_demand_wanted.items():
+                    on_demand.setdefault(qname, set()).update(keys)
+        nodes, members = _node_views(name, env.pools[name], group.instances, beats, now)
         pool_views.append(
             PoolView(
                 name=name,
-                nodes=tuple(n for n in nodes if n is not None),
+                nodes=nodes,
                 desired=group.desired,
                 on_demand_base=group.on_demand_base,
                 spot_failures=group.spot_failures,
@@ -148,9 +192,9 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
         )
         # A node the group no longer lists and that has been silent longer than a boot: its
         # record would otherwise stay forever (a reclaimed spot node never says goodbye).
-        members = {i.id for i in group.instances}
         silent_since = now - env.pools[name].boot_timeout_s
-        gone[name] = tuple(n for n, hb in beats.items() if n not in members and hb.at < silent_since)
+        strays = beats.keys() - members.keys()  # usually none: a set difference, not a scan
+        gone[name] = tuple(n for n, hb in beats.items() if n in strays and hb.at < silent_since) if strays else ()
     observed = [qname for qname, queue in env.queues.items() if queue.pool in groups]
     # Mean item times feed the policy's boot-horizon rule; without a stats port they are unknown.
     stats = ports.stats.queue_stats(observed) if ports.stats is not None and observed else {}
@@ -203,8 +247,9 @@ def _oldest_age(backlog: Backlog, since: float | None, now: float) -> tuple[floa
 def _live_capacity(env: Environment, pool: str, group: GroupState, leaving: Iterable[str]) -> int:
     """Units of the group's instances that stay: desired below this makes the group pick a victim."""
     leaving = set(leaving)
+    types = _types(env.pools[pool])
     return sum(
-        _weight(env.pools[pool], i)
+        _weight(types.get(i.instance_type), i)
         for i in group.instances
         # A Terminating:Wait instance already left the group's capacity: not counted.
         if i.id not in leaving and i.lifecycle_state in CAPACITY

@@ -122,7 +122,12 @@ RATE_WINDOW_S = 300.0
 
 def rate_at(rate: float, since: float, now: float) -> float:
     """A rate recorded at `since`, decayed to `now` (no item taken in between)."""
-    return rate * math.exp(-max(0.0, now - since) / RATE_WINDOW_S)
+    return rate * rate_decay(since, now)
+
+
+def rate_decay(since: float, now: float) -> float:
+    """The factor `rate_at` multiplies by: one per record however many rates it holds."""
+    return math.exp(-max(0.0, now - since) / RATE_WINDOW_S)
 
 
 def rate_after(rate: float, since: float, now: float, taken: int = 1) -> float:

@@ -82,6 +82,7 @@ class Node:
         "intake_at",
         "itype",
         "launched_at",
+        "listed",
         "name",
         "price",
         "ready_at",
@@ -115,7 +116,8 @@ class Node:
         self.busy_since = 0.0
         self.busy_s = 0.0
         self.reported_at: float | None = None  # the agent's last heartbeat: at boot, every change, see beat()
-        self.record = None  # the ports' cached group instance and heartbeat, dropped on every change
+        self.listed = None  # the ports' cached group instance (see sim.ports._listed)
+        self.record = None  # the ports' cached heartbeat, dropped on every change
         self.intake: dict[int, float] = {}  # queue index -> items taken per second (policy.model.rate_after)
         self.intake_at = now
 

@@ -69,7 +69,7 @@ class SimulationPorts:
             min=sim.pool.min,
             max=sim.pool.max,
             on_demand_base=sim.on_demand_base,
-            instances=tuple(_record(n, sim.pool_name, self._names)[0] for n in sim.nodes.values()),
+            instances=tuple([_listed(n) for n in sim.nodes.values()]),
             spot_failures=sim.spot_failures_since(since),
         )
         return {sim.pool_name: group}
@@ -103,11 +103,11 @@ class SimulationPorts:
         sim = self.sim
         if pool != sim.pool_name:
             return {}
-        every_s = sim.pool.boot_timeout_s * HEARTBEAT_GRAIN
+        now, every_s = sim.now, sim.pool.boot_timeout_s * HEARTBEAT_GRAIN
         beats = {}
         for node in sim.nodes.values():
-            node.beat(sim.now, every_s)
-            heartbeat = _record(node, pool, self._names)[1]
+            node.beat(now, every_s)
+            heartbeat = node.record or _heartbeat(node, pool, self._names)
             if heartbeat is not None:
                 beats[node.name] = heartbeat
         return beats
@@ -134,33 +134,38 @@ class SimulationPorts:
             raise LookupError(f"pool {pool!r}: the simulation runs pool {self.sim.pool_name!r} only")
 
 
-def _record(node: Node, pool: str, queues: list[str]) -> tuple[GroupInstance, Heartbeat | None]:
-    """The node as its group lists it and as its last heartbeat says; cached until it changes.
-    A node boots in service; its agent's first heartbeat comes when it is ready."""
-    if node.record is None:
-        instance = GroupInstance(
+def _listed(node: Node) -> GroupInstance:
+    """The node as its group lists it: a node boots in service. The same object while its scale-in
+    protection stays (nothing else listed changes), so the tick can reuse what it made of it."""
+    protected = node.busy > 0  # the agent protects its node while it runs an item
+    if node.listed is None or node.listed.protected != protected:
+        node.listed = GroupInstance(
             id=node.name,
             instance_type=node.itype.type,
             lifecycle_state="InService",
             spot=node.spot,
             launched_at=node.launched_at,
-            protected=node.busy > 0,  # the agent protects its node while it runs an item
+            protected=protected,
             weight=node.weight,
         )
-        heartbeat = None
-        if node.reported_at is not None:
-            heartbeat = Heartbeat(
-                node_id=node.name,
-                pool=pool,
-                at=node.reported_at,
-                slots=node.slots,
-                busy_slots=node.busy,
-                idle_since=node.idle_since,
-                draining=node.state == "draining",
-                instance_type=node.itype.type,
-                spot=node.spot,
-                intake={queues[q]: rate_at(r, node.intake_at, node.reported_at) for q, r in node.intake.items()},
-                cordoned=node.cordoned,
-            )
-        node.record = (instance, heartbeat)
+    return node.listed
+
+
+def _heartbeat(node: Node, pool: str, queues: list[str]) -> Heartbeat | None:
+    """The node's last heartbeat, cached until it changes (`Node.changed`, `Node.beat`); None
+    until its agent's first one, when it is ready."""
+    if node.record is None and node.reported_at is not None:
+        node.record = Heartbeat(
+            node_id=node.name,
+            pool=pool,
+            at=node.reported_at,
+            slots=node.slots,
+            busy_slots=node.busy,
+            idle_since=node.idle_since,
+            draining=node.state == "draining",
+            instance_type=node.itype.type,
+            spot=node.spot,
+            intake={queues[q]: rate_at(r, node.intake_at, node.reported_at) for q, r in node.intake.items()},
+            cordoned=node.cordoned,
+        )
     return node.record
