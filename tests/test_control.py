@@ -18,7 +18,7 @@ from tidefleet.config import parse_environment
 from tidefleet.policy.interruption import DrainNode, Ignore, LifecycleHold, action_for
 from tidefleet.policy.model import PoolDecision
 from tidefleet.ports import Backlog, GroupInstance, GroupState, Ports
-from tidefleet.records import Heartbeat, QueueStats
+from tidefleet.records import Heartbeat, QueueStats, cohorts_of
 
 EVENTS = Path(__file__).parent / "events"
 NOW = 1_800_000_000.0
@@ -240,14 +240,44 @@ def ages(p: Ports, now: float, dry_run: bool = False) -> dict[str, float | None]
     return {q.name: q.oldest_age_s for q in control.observe(ENV, p, now, ["cpu"]).fleet.queues}
 
 
+def cohorts(p: Ports, now: float) -> tuple:
+    control.tick(ENV, p, now, pools=["cpu"])
+    (queue,) = control.observe(ENV, p, now, ["cpu"]).fleet.queues
+    return queue.waiting_ages
+
+
 def test_a_backlog_is_aged_from_the_tick_that_first_saw_it_and_the_mark_goes_when_it_empties():
     marks = MemoryQueues()
     assert ages(waiting_ports(5, marks), NOW) == {"demo": 0.0}  # the submit's kick: first seen now
-    assert marks.waiting == {"demo": NOW}
+    assert marks.waiting == {"demo": ((NOW, 5),)}
     assert ages(waiting_ports(3, marks), NOW + 30) == {"demo": 30.0}  # still waiting: 30 s old
-    assert marks.waiting == {"demo": NOW}
+    assert marks.waiting == {"demo": ((NOW, 3),)}
     assert ages(waiting_ports(0, marks), NOW + 60) == {"demo": None} and marks.waiting == {}
-    assert ages(waiting_ports(2, marks), NOW + 90) == {"demo": 0.0} and marks.waiting == {"demo": NOW + 90}
+    assert ages(waiting_ports(2, marks), NOW + 90) == {"demo": 0.0} and marks.waiting == {"demo": ((NOW + 90, 2),)}
+
+
+def test_items_that_arrive_later_are_a_younger_cohort_and_leave_after_the_older_ones():
+    marks = MemoryQueues()
+    assert cohorts(waiting_ports(4, marks), NOW) == ((0.0, 4),)
+    assert cohorts(waiting_ports(10, marks), NOW + 20) == ((20.0, 4), (0.0, 6))  # 6 more came
+    assert cohorts(waiting_ports(7, marks), NOW + 30) == ((30.0, 1), (10.0, 6))  # 3 left: the oldest first
+    assert cohorts(waiting_ports(7, marks), NOW + 40) == ((40.0, 1), (20.0, 6))  # as many: as old as kept
+    assert cohorts(waiting_ports(5, marks), NOW + 50) == ((30.0, 5),)
+
+
+def test_cohorts_past_the_most_a_mark_keeps_merge_as_old_as_the_older():
+    marks = MemoryQueues()
+    for n in range(control.MAX_COHORTS + 3):
+        ages_now = cohorts(waiting_ports(n + 1, marks), NOW + 10 * n)
+    assert len(ages_now) == control.MAX_COHORTS and sum(c for _, c in ages_now) == control.MAX_COHORTS + 3
+    assert ages_now[0] == (10.0 * (control.MAX_COHORTS + 2), 4)  # the first four as one, the oldest's age
+    assert [age for age, _ in ages_now] == sorted((age for age, _ in ages_now), reverse=True)
+
+
+def test_a_mark_from_before_cohorts_counts_every_waiting_item_as_old_as_it():
+    marks = MemoryQueues()
+    marks.waiting["demo"] = cohorts_of({"since": NOW - 100})
+    assert cohorts(waiting_ports(6, marks), NOW) == ((100.0, 6),)
 
 
 def test_a_dry_run_writes_no_mark_and_a_cloud_given_age_wins():
@@ -260,7 +290,7 @@ def test_a_dry_run_writes_no_mark_and_a_cloud_given_age_wins():
 
 def test_a_mark_that_cannot_be_written_is_logged_and_the_tick_goes_on(caplog):
     class Refusing(MemoryQueues):
-        def mark_waiting(self, queue, since):
+        def mark_waiting(self, queue, cohorts):
             raise ConnectionError("store unreachable")
 
     p = waiting_ports(5, Refusing())

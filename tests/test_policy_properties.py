@@ -125,9 +125,16 @@ def fleets(draw, env: Environment) -> FleetView:
         visible, in_flight = draw(depth)
         # Items spot agents left to on-demand nodes: some of the queue's, visible or hidden.
         deferred = draw(st.just(0) | st.integers(0, visible + in_flight)) if q.on_demand_after_interruptions else 0
+        oldest = draw(st.none() | st.floats(0, 900))
+        # The tick's cohorts, when it knows them: younger ones after the oldest, holding about the
+        # waiting items (more or fewer: the policy reads the difference as young or gone).
+        younger = draw(st.lists(st.tuples(st.floats(0, 1), st.integers(1, 12)), max_size=4)) if oldest else []
+        ages = tuple((oldest * f, n) for f, n in [(1.0, draw(st.integers(1, 12))), *sorted(younger, reverse=True)]
+                     ) if oldest else ()  # fmt: skip
         queues.append(QueueView(name, q.pool, q.priority, q.slots_per_item, visible, in_flight, mean_item_s=draw(mean),
-                                oldest_age_s=draw(st.none() | st.floats(0, 900)), target_wait_s=q.target_wait_s,
-                                intake_per_s=draw(st.just(0.0) | st.floats(0, 2)), on_demand_wanted=deferred))  # fmt: skip
+                                oldest_age_s=oldest, target_wait_s=q.target_wait_s,
+                                intake_per_s=draw(st.just(0.0) | st.floats(0, 2)), on_demand_wanted=deferred,
+                                waiting_ages=ages if oldest and visible and draw(st.booleans()) else ()))  # fmt: skip
     return FleetView(tuple(pools), tuple(queues))
 
 
@@ -422,7 +429,8 @@ def test_once_the_oldest_item_would_miss_its_target_nodes_launch_as_without_a_ta
     late = []
     for q in fleet.queues:
         boot = env.pools[q.pool].boot_estimate_s
-        late.append(replace(q, oldest_age_s=max(q.oldest_age_s or 0.0, (q.target_wait_s or 0) - boot)))
+        # Every waiting item that old (no younger cohorts): each has only a boot left.
+        late.append(replace(q, oldest_age_s=max(q.oldest_age_s or 0.0, (q.target_wait_s or 0) - boot), waiting_ages=()))
     due = replace(fleet, queues=tuple(late))
     at_once = replace(due, queues=tuple(replace(q, target_wait_s=None) for q in due.queues))
     for waited, plain in zip(decide(env, due, NOW), decide(env, at_once, NOW), strict=True):

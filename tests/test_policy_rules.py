@@ -667,6 +667,17 @@ def test_nodes_launched_for_waiting_items_count_their_turnover_within_the_wait_t
     assert decide_pool(env, due).desired == 6  # a boot left: a slot per item, as without a target
 
 
+def test_younger_waiting_items_may_wait_longer_than_the_oldest():
+    env = environment(**BREAK_EVEN)  # boot 60 s, 2 slots a node
+    view = with_intake(fleet(env, [], render=(12, 0)), 0.0, mean=30.0)
+    all_old = replace(view, queues=tuple(replace(q, oldest_age_s=60.0) for q in view.queues))
+    assert decide_pool(env, all_old).desired == 6  # every item has only a boot left: a slot each
+    # 2 items 60 s old, 10 just in: 2 slots must start by 60 s, and 12 items by 120 s (3 a slot).
+    cohorts = replace(all_old, queues=tuple(replace(q, waiting_ages=((60.0, 2), (0.0, 10))) if q.name == "render"
+                                            else q for q in all_old.queues))  # fmt: skip
+    assert decide_pool(env, cohorts).desired == 2, decide_pool(env, cohorts).reasons
+
+
 def test_a_booting_node_nearly_ready_starts_more_of_the_waiting_items_than_one_just_launched():
     env = environment(**BREAK_EVEN)
     view = with_intake(fleet(env, [], render=(8, 0)), 0.0, mean=30.0)

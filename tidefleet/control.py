@@ -29,7 +29,7 @@ from tidefleet.policy.demand import gang_counts
 from tidefleet.policy.interruption import DrainNode, pool_of_group
 from tidefleet.policy.model import FleetView, NodeView, PoolDecision, PoolView, QueueView, RunView, rate_decay
 from tidefleet.ports import Backlog, GroupInstance, GroupState, Ports
-from tidefleet.records import Heartbeat
+from tidefleet.records import Cohorts, Heartbeat
 
 log = logging.getLogger("tidefleet.control")
 
@@ -40,6 +40,7 @@ HELD_FOR_DRAIN = frozenset({"Terminating:Wait"})  # the terminate hook holds it 
 GOING = frozenset({"Terminating", "Terminating:Proceed", "Terminated", "Detaching", "Detached"})
 CAPACITY = LAUNCHING | IN_SERVICE  # what holds desired capacity up
 # Anything else (Standby, warm pool states) is neither capacity nor ours to touch.
+MAX_COHORTS = 16  # waiting cohorts a queue's mark keeps (`waiting_ages`); past it the oldest two merge
 
 
 class TickError(RuntimeError):
@@ -152,7 +153,7 @@ class Observation:
     fleet: FleetView  # what the policy sees
     groups: dict[str, GroupState]  # the raw groups, which the act step checks against
     gone: dict[str, tuple[str, ...]]  # per pool: heartbeats of nodes long gone from the group
-    waiting_marks: dict[str, float | None] = field(default_factory=dict)  # per queue: mark (None: clear)
+    waiting_marks: dict[str, Cohorts | None] = field(default_factory=dict)  # per queue: mark (None: clear)
 
 
 def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) -> Observation:
@@ -199,19 +200,20 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
     # Mean item times feed the policy's boot-horizon rule; without a stats port they are unknown.
     stats = ports.stats.queue_stats(observed) if ports.stats is not None and observed else {}
     backlogs = dict(zip(observed, each(ports.queues.backlog, observed, ports.calls_in_flight), strict=True))
-    waiting = ports.stats.waiting_since(observed) if ports.stats is not None and observed else {}
+    waiting = ports.stats.waiting_cohorts(observed) if ports.stats is not None and observed else {}
     # Hold marks are the scaler's own (quota.py), read every tick: a removed [teams] table releases them.
     held = ports.stats.held_since(observed) if ports.stats is not None and observed else {}
     queue_views, marks = [], {}
     for qname in observed:
         queue, backlog = env.queues[qname], backlogs[qname]
-        age = backlog.oldest_age_s
+        ages: tuple[tuple[float, int], ...] = ()
         if ports.stats is not None:  # no marks without it: the age stays what the cloud said
-            age, mark = _oldest_age(backlog, waiting.get(qname), now)
+            ages, mark = waiting_ages(backlog, waiting.get(qname), now)
             if mark != waiting.get(qname):
                 marks[qname] = mark
         # A gang item is demand for every node of it, each node one item of the queue's slots.
         visible, in_flight = gang_counts(queue, backlog.visible, backlog.in_flight)
+        nodes_per_item = queue.gang[1]
         queue_views.append(
             QueueView(
                 name=qname,
@@ -221,7 +223,8 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
                 visible=visible,
                 in_flight=in_flight,
                 mean_item_s=stats[qname].mean_item_s if qname in stats else None,
-                oldest_age_s=age,
+                oldest_age_s=ages[0][0] if ages else backlog.oldest_age_s,
+                waiting_ages=tuple((age, n * nodes_per_item) for age, n in ages),
                 target_wait_s=queue.target_wait_s,
                 intake_per_s=intake.get(qname, 0.0),
                 team=env.team_of(qname),
@@ -233,15 +236,35 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
     return Observation(FleetView(pools=tuple(pool_views), queues=tuple(queue_views)), groups, gone, marks)
 
 
-def _oldest_age(backlog: Backlog, since: float | None, now: float) -> tuple[float | None, float | None]:
-    """(the oldest waiting item's age, the queue's waiting mark to keep). SQS and Pub/Sub give
-    counts only, so the tick marks when it first saw the backlog and counts from there: an upper
-    bound while the backlog never empties, and from the submit's kick, seconds after the items
-    went out."""
+def waiting_ages(backlog: Backlog, kept: Cohorts | None, now: float) -> tuple[tuple[tuple[float, int], ...], Cohorts | None]:
+    """(the waiting items' ages as (age s, items) oldest first, the queue's waiting mark to keep).
+    SQS and Pub/Sub give counts only, so the tick keeps when it first saw each part of the
+    backlog (a cohort): more waiting than the mark holds arrived since (seen now); fewer left
+    from the oldest (the queue is about first in, first out). A count that holds while items
+    come and go keeps the older time: ages err long (nodes launch sooner), never short, and
+    start from the submit's kick, seconds after the items went out. A cloud that gives the
+    oldest item's age caps them all."""
     if not backlog.visible:
-        return backlog.oldest_age_s, None
-    since = now if since is None else since
-    return (backlog.oldest_age_s if backlog.oldest_age_s is not None else now - since), since
+        return (), None
+    cohorts = [list(c) for c in kept or ()]
+    held = sum(n for _, n in cohorts)
+    if backlog.visible > held:
+        cohorts.append([now, backlog.visible - held])
+    drop = max(0, held - backlog.visible)
+    while drop:
+        taken = min(drop, cohorts[0][1])
+        cohorts[0][1] -= taken
+        drop -= taken
+        if not cohorts[0][1]:
+            cohorts.pop(0)
+    while len(cohorts) > MAX_COHORTS:  # the two oldest as one, as old as the older: ages err long
+        cohorts[1] = [cohorts[0][0], cohorts[0][1] + cohorts[1][1]]
+        cohorts.pop(0)
+    cap = backlog.oldest_age_s
+    ages = tuple((now - since if cap is None else min(cap, now - since), n) for since, n in cohorts)
+    if cap is not None:
+        ages = ((cap, ages[0][1]), *ages[1:])
+    return ages, tuple((since, n) for since, n in cohorts)
 
 
 def _live_capacity(env: Environment, pool: str, group: GroupState, leaving: Iterable[str]) -> int:
@@ -377,9 +400,9 @@ def tick(
     return decisions
 
 
-def _mark_waiting(ports: Ports, queue: str, since: float | None) -> None:
+def _mark_waiting(ports: Ports, queue: str, cohorts: Cohorts | None) -> None:
     try:
-        ports.stats.mark_waiting(queue, since)
+        ports.stats.mark_waiting(queue, cohorts)
     except Exception as err:  # noqa: BLE001 - a lost mark only makes the next tick see the backlog anew
         log.warning(json.dumps({"queue": queue, "action": "mark waiting", "error": f"{type(err).__name__}: {err}"}))
 

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from tidefleet.records import FINAL, AttemptOutcome, Fence, Heartbeat, Item, Job, QueueStats
+from tidefleet.records import FINAL, AttemptOutcome, Cohorts, Fence, Heartbeat, Item, Job, QueueStats
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -100,11 +100,11 @@ class QueueStatsPort(Protocol):
     def queue_stats(self, queues: list[str]) -> dict[str, QueueStats]:
         """Recorded statistics of these queues (mean item run time), by name; absent if none yet."""
 
-    def waiting_since(self, queues: list[str]) -> dict[str, float]:
-        """When the scaler first saw each queue's current backlog (`mark_waiting`); absent: none."""
+    def waiting_cohorts(self, queues: list[str]) -> dict[str, Cohorts]:
+        """Each queue's backlog as the scaler last marked it (`mark_waiting`); absent: none."""
 
-    def mark_waiting(self, queue: str, since: float | None) -> None:
-        """Record when the queue's backlog was first seen (None: it emptied; the mark goes)."""
+    def mark_waiting(self, queue: str, cohorts: Cohorts | None) -> None:
+        """Record the queue's backlog by when each part was first seen (None: it emptied; the mark goes)."""
 
     def held_since(self, queues: list[str]) -> dict[str, float]:
         """Since when the scaler holds each queue (`mark_held`); absent: not held. Agents read it too."""

@@ -78,6 +78,24 @@ def settled_moves(status: str | None, only_from: tuple[str, ...] | None, never_f
                      "give only_from / never_from that say whether the item was final, and in which status")
 
 
+# A queue's waiting items by when the scaler first saw them: (seen at, items), oldest first.
+Cohorts = tuple[tuple[float, int], ...]
+LEGACY_COHORT = 1 << 40  # a mark from before cohorts: every waiting item counts as old as it
+
+
+def cohorts_of(record: dict) -> Cohorts:
+    """A stored waiting mark's cohorts: `cohort_since` / `cohort_items` side by side (stores
+    without nested lists keep them so), or a lone `since` (an older scaler's mark)."""
+    if "cohort_since" in record:
+        return tuple((float(t), int(n)) for t, n in zip(record["cohort_since"], record["cohort_items"], strict=True))
+    return ((float(record["since"]), LEGACY_COHORT),)
+
+
+def cohort_fields(cohorts: Cohorts) -> dict:
+    return {"since": float(cohorts[0][0]), "cohort_since": [float(t) for t, _ in cohorts],
+            "cohort_items": [int(n) for _, n in cohorts]}  # fmt: skip
+
+
 @dataclass(frozen=True)
 class AttemptOutcome:
     """One finished attempt (succeeded / failed / cancelled), for the cloud's outcome metric."""

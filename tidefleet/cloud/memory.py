@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from tidefleet.ports import Backlog, GroupInstance, GroupState
-from tidefleet.records import Heartbeat, QueueStats
+from tidefleet.records import Cohorts, Heartbeat, QueueStats
 
 TERMINABLE = frozenset({"InService"})  # as AWS: Pending or already leaving instances are skipped
 
@@ -153,7 +153,7 @@ class MemoryQueues:
     def __init__(self, backlogs: dict[str, Backlog] | None = None, stats: dict[str, QueueStats] | None = None):
         self.backlogs = dict(backlogs or {})
         self.stats = dict(stats or {})
-        self.waiting: dict[str, float] = {}
+        self.waiting: dict[str, Cohorts] = {}
         self.held: dict[str, float] = {}
 
     def backlog(self, queue: str) -> Backlog:
@@ -162,11 +162,11 @@ class MemoryQueues:
     def queue_stats(self, queues: list[str]) -> dict[str, QueueStats]:
         return {q: self.stats[q] for q in queues if q in self.stats}
 
-    def waiting_since(self, queues: list[str]) -> dict[str, float]:
+    def waiting_cohorts(self, queues: list[str]) -> dict[str, Cohorts]:
         return {q: self.waiting[q] for q in queues if q in self.waiting}
 
-    def mark_waiting(self, queue: str, since: float | None) -> None:
-        _mark(self.waiting, queue, since)
+    def mark_waiting(self, queue: str, cohorts: Cohorts | None) -> None:
+        _mark(self.waiting, queue, cohorts or None)
 
     def held_since(self, queues: list[str]) -> dict[str, float]:
         return {q: self.held[q] for q in queues if q in self.held}
@@ -175,7 +175,7 @@ class MemoryQueues:
         _mark(self.held, queue, since)
 
 
-def _mark(marks: dict[str, float], queue: str, since: float | None) -> None:
+def _mark(marks: dict, queue: str, since) -> None:
     if since is None:
         marks.pop(queue, None)
     else:

@@ -63,11 +63,32 @@ class Horizon:
     means: tuple[float, ...]  # the mean run times that turned over
 
 
-def wait_horizon(queue: QueueView, boot_s: int) -> float:
-    """How long the queue's waiting items may wait for serving slots before a node must launch."""
-    if queue.target_wait_s is None or queue.oldest_age_s is None:
+def wait_horizon(queue: QueueView, boot_s: int, age_s: float | None = None) -> float:
+    """How long waiting items of this age (default: the oldest's) may wait for serving slots
+    before a node must launch for them."""
+    age_s = queue.oldest_age_s if age_s is None else age_s
+    if queue.target_wait_s is None or age_s is None:
         return boot_s
-    return max(boot_s, queue.target_wait_s - queue.oldest_age_s)
+    return max(boot_s, queue.target_wait_s - age_s)
+
+
+def cohorts(queue: QueueView) -> list[tuple[float, int]]:
+    """The queue's waiting items as (horizon-defining age, items) oldest first, `visible` in all:
+    the marks' cohorts (`QueueView.waiting_ages`), items beyond them the youngest (age 0), fewer
+    waiting than they hold taken from the oldest (the queue is about first in, first out).
+    Without cohorts, every item is as old as the oldest: the most a tick can know from counts."""
+    if not queue.waiting_ages:
+        return [(queue.oldest_age_s, queue.visible)] if queue.visible else []
+    out, extra = [], queue.visible - sum(n for _, n in queue.waiting_ages)
+    drop = max(0, -extra)
+    for age, n in queue.waiting_ages:
+        kept = n - min(n, drop)
+        drop -= n - kept
+        if kept:
+            out.append((age, kept))
+    if extra > 0:
+        out.append((0.0, extra))
+    return out
 
 
 def boot_horizon(queues: list[QueueView], warm_slots: int, booting: list[float], boot_s: int) -> Horizon:
@@ -75,20 +96,51 @@ def boot_horizon(queues: list[QueueView], warm_slots: int, booting: list[float],
     warm_left, boot_left = warm_slots, sorted(booting)
     uncovered, waiting, started, means = [], 0, 0, []
     for q in queues:
-        need = demand_slots(q)
-        horizon_s = wait_horizon(q, boot_s)
-        while need and boot_left:  # the soonest ready first; each turns over once ready
-            need -= min(need, 1 + turns(q.mean_item_s, max(0.0, horizon_s - boot_left.pop(0))))
-        per_slot = 1 + turns(q.mean_item_s, horizon_s)
-        used = min(warm_left, math.ceil(need / per_slot))
-        warm_left -= used
-        left = need - min(need, used * per_slot)
-        uncovered.append(math.ceil(left / (1 + turns(q.mean_item_s, horizon_s - boot_s))))  # new slots alike
-        if per_slot > 1 and q.visible:
+        mean, due = q.mean_item_s, _deadlines(q, boot_s)
+        nb = _least(len(boot_left), lambda b: not any(_unstarted(due, mean, boot_left[:b], 0)))  # noqa: B023 - called at once
+        used_boot, boot_left = boot_left[:nb], boot_left[nb:]  # the soonest ready first
+        nw = _least(warm_left, lambda w: not any(_unstarted(due, mean, used_boot, w)))  # noqa: B023 - called at once
+        warm_left -= nw
+        left = _unstarted(due, mean, used_boot, nw)
+        # New slots, a whole boot away, each turning over within what is left of its cohort's wait.
+        uncovered.append(max((math.ceil(n / (1 + turns(mean, h - boot_s))) for (h, _), n in zip(due, left, strict=True)),
+                             default=0))  # fmt: skip
+        if mean and q.visible and any(turns(mean, h) for h, _ in due):
             waiting += q.visible
-            started += max(0, q.visible - math.ceil(left / q.slots_per_item))
-            means.append(q.mean_item_s)
+            started += max(0, q.visible - math.ceil(max(left, default=0) / q.slots_per_item))
+            means.append(mean)
     return Horizon(tuple(uncovered), waiting, started, tuple(means))
+
+
+def _deadlines(q: QueueView, boot_s: int) -> list[tuple[float, int]]:
+    """(horizon, slots that must have started by it), one per cohort, oldest first: items in
+    flight run now; the waiting ones after them, first in, first out."""
+    out, due = [], q.in_flight * q.slots_per_item
+    if due:
+        out.append((wait_horizon(q, boot_s), due))
+    for age, n in cohorts(q):
+        due += n * q.slots_per_item
+        out.append((wait_horizon(q, boot_s, age), due))
+    return out
+
+
+def _unstarted(deadlines: list[tuple[float, int]], mean: float | None, booting: list[float], warm: int) -> list[int]:
+    """Per deadline, the slots that these booting slots (seconds to ready) and warm slots leave
+    unstarted by it: each starts one item once ready, then one per mean."""
+    return [max(0, due - sum(1 + turns(mean, max(0.0, h - ready)) for ready in booting) - warm * (1 + turns(mean, h)))
+            for h, due in deadlines]  # fmt: skip
+
+
+def _least(most: int, enough) -> int:
+    """The least n in 0..most for which enough(n) holds (it holds for all larger n); most if none."""
+    low, high = 0, most
+    while low < high:
+        middle = (low + high) // 2
+        if enough(middle):
+            high = middle
+        else:
+            low = middle + 1
+    return low
 
 
 def turns(mean_item_s: float | None, horizon_s: float) -> int:

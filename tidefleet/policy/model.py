@@ -65,6 +65,10 @@ class QueueView:
     # Of its items, those that only on-demand nodes take (interrupted `on_demand_after_interruptions`
     # times; spot agents leave them, scaling rule 13). Counted in visible + in_flight too.
     on_demand_wanted: int = 0
+    # The waiting items by when the scaler first saw them, as (age s, items) oldest first
+    # (`control`'s cohorts, from its waiting marks); () = only `oldest_age_s` is known, and
+    # every waiting item counts as that old.
+    waiting_ages: tuple[tuple[float, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from tidefleet.policy.model import rate_at
 from tidefleet.ports import Backlog, GroupInstance, GroupState
-from tidefleet.records import Heartbeat, QueueStats
+from tidefleet.records import Cohorts, Heartbeat, QueueStats
 from tidefleet.sim.engine import Node, Simulation
 
 HEARTBEAT_GRAIN = 0.25  # of the boot timeout: a live node's last beat is never older than this
@@ -25,23 +25,23 @@ class SimulationPorts:
         self.group_name = f"sim-{sim.pool_name}"
         self._queue = {name: q for q, (name, _) in enumerate(sim.queues)}
         self._names = [name for name, _ in sim.queues]
-        self._waiting: dict[str, float] = {}
+        self._waiting: dict[str, Cohorts] = {}
 
     # -- QueuePort, QueueStatsPort -------------------------------------------------------------
     def backlog(self, queue: str) -> Backlog:
         """As SQS and Pub/Sub answer it: counts, not the oldest item's age; the tick learns that
-        from its own waiting marks (`waiting_since`), as it does in the cloud."""
+        from its own waiting marks (`waiting_cohorts`), as it does in the cloud."""
         q = self._queue[queue]
         return Backlog(self.sim.visible[q], self.sim.in_flight[q])  # messages: the tick counts a gang's nodes
 
-    def waiting_since(self, queues: list[str]) -> dict[str, float]:
+    def waiting_cohorts(self, queues: list[str]) -> dict[str, Cohorts]:
         return {q: self._waiting[q] for q in queues if q in self._waiting}
 
-    def mark_waiting(self, queue: str, since: float | None) -> None:
-        if since is None:
+    def mark_waiting(self, queue: str, cohorts: Cohorts | None) -> None:
+        if cohorts is None:
             self._waiting.pop(queue, None)
         else:
-            self._waiting[queue] = since
+            self._waiting[queue] = cohorts
 
     def held_since(self, queues: list[str]) -> dict[str, float]:
         return {q: self.sim.held_at[i] for q in queues if (i := self._queue.get(q)) is not None and i in self.sim.held_at}

@@ -28,11 +28,14 @@ from tidefleet.records import (
     FINAL,
     SCALER_OWNED,
     STATS_RETRIES,
+    Cohorts,
     Fence,
     Heartbeat,
     Item,
     Job,
     QueueStats,
+    cohort_fields,
+    cohorts_of,
     settled_moves,
 )
 
@@ -190,20 +193,20 @@ class DynamoStore:
                 pending = page.get("UnprocessedKeys") or {}
         return out
 
-    def waiting_since(self, queues: list[str]) -> dict[str, float]:
-        return self._queue_marks("WAITING", queues)
+    def waiting_cohorts(self, queues: list[str]) -> dict[str, Cohorts]:
+        return {q: cohorts_of(raw) for q, raw in self._queue_marks("WAITING", queues).items()}
 
-    def mark_waiting(self, queue: str, since: float | None) -> None:
-        self._mark_queue("WAITING", queue, since)
+    def mark_waiting(self, queue: str, cohorts: Cohorts | None) -> None:
+        self._mark_queue("WAITING", queue, cohort_fields(cohorts) if cohorts else None)
 
     def held_since(self, queues: list[str]) -> dict[str, float]:
-        return self._queue_marks("HELD", queues)
+        return {q: float(raw["since"]) for q, raw in self._queue_marks("HELD", queues).items()}
 
     def mark_held(self, queue: str, since: float | None) -> None:
-        self._mark_queue("HELD", queue, since)
+        self._mark_queue("HELD", queue, None if since is None else {"since": float(since)})
 
-    def _queue_marks(self, mark: str, queues: list[str]) -> dict[str, float]:
-        out: dict[str, float] = {}
+    def _queue_marks(self, mark: str, queues: list[str]) -> dict[str, dict]:
+        out: dict[str, dict] = {}
         client = self.table.meta.client
         for at in range(0, len(queues), 100):  # BatchGetItem: 100 keys per call
             keys = [{"pk": f"QUEUE#{q}", "sk": mark} for q in queues[at : at + 100]]
@@ -211,18 +214,18 @@ class DynamoStore:
             while pending:
                 page = client.batch_get_item(RequestItems=pending)
                 for raw in page["Responses"].get(self.table.name, []):
-                    out[raw["pk"].removeprefix("QUEUE#")] = float(raw["since"])
+                    out[raw["pk"].removeprefix("QUEUE#")] = _from_dynamo(raw)
                 pending = page.get("UnprocessedKeys") or {}
         return out
 
-    def _mark_queue(self, mark: str, queue: str, since: float | None) -> None:
+    def _mark_queue(self, mark: str, queue: str, values: dict | None) -> None:
         key = {"pk": f"QUEUE#{queue}", "sk": mark}
-        if since is None:
+        if values is None:
             self.table.delete_item(Key=key)
         else:
             # UpdateItem, not PutItem: the scaler's role may update and delete, never put.
-            self.table.update_item(Key=key, UpdateExpression="SET since = :s",
-                                   ExpressionAttributeValues={":s": _to_dynamo(float(since))})  # fmt: skip
+            self.table.update_item(Key=key, UpdateExpression="SET " + ", ".join(f"{k} = :{k}" for k in values),
+                                   ExpressionAttributeValues={f":{k}": _to_dynamo(v) for k, v in values.items()})  # fmt: skip
 
     def heartbeat(self, pool: str, node_id: str) -> Heartbeat | None:
         raw = self.table.get_item(Key={"pk": f"POOL#{pool}", "sk": f"NODE#{node_id}"}, ConsistentRead=True).get("Item")

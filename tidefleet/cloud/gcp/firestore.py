@@ -41,11 +41,14 @@ from tidefleet.records import (
     FINAL,
     SCALER_OWNED,
     STATS_RETRIES,
+    Cohorts,
     Fence,
     Heartbeat,
     Item,
     Job,
     QueueStats,
+    cohort_fields,
+    cohorts_of,
     settled_moves,
 )
 
@@ -356,36 +359,36 @@ class FirestoreStore(FirestoreNodes):
                 out[queue] = QueueStats(mean_item_s=float(values["mean_item_s"]), items=int(values["items"]))
         return out
 
-    def waiting_since(self, queues: list[str]) -> dict[str, float]:
-        """As `DynamoStore.waiting_since`."""
-        return self._queue_marks("waiting", queues)
+    def waiting_cohorts(self, queues: list[str]) -> dict[str, Cohorts]:
+        """As `DynamoStore.waiting_cohorts`."""
+        return {q: cohorts_of(values) for q, values in self._queue_marks("waiting", queues).items()}
 
-    def mark_waiting(self, queue: str, since: float | None) -> None:
+    def mark_waiting(self, queue: str, cohorts: Cohorts | None) -> None:
         """As `DynamoStore.mark_waiting`."""
-        self._mark_queue("waiting", queue, since)
+        self._mark_queue("waiting", queue, cohort_fields(cohorts) if cohorts else None)
 
     def held_since(self, queues: list[str]) -> dict[str, float]:
         """As `DynamoStore.held_since`."""
-        return self._queue_marks("held", queues)
+        return {q: float(values["since"]) for q, values in self._queue_marks("held", queues).items()}
 
     def mark_held(self, queue: str, since: float | None) -> None:
         """As `DynamoStore.mark_held`."""
-        self._mark_queue("held", queue, since)
+        self._mark_queue("held", queue, None if since is None else {"since": float(since)})
 
-    def _queue_marks(self, mark: str, queues: list[str]) -> dict[str, float]:
+    def _queue_marks(self, mark: str, queues: list[str]) -> dict[str, dict]:
         out = {}
         for queue in queues:
             doc = self._get(f"{self.root}/{mark}/{queue}")
             if doc is not None:
-                out[queue] = float(self._values(doc)["since"])
+                out[queue] = self._values(doc)
         return out
 
-    def _mark_queue(self, mark: str, queue: str, since: float | None) -> None:
+    def _mark_queue(self, mark: str, queue: str, values: dict | None) -> None:
         name = f"{self.root}/{mark}/{queue}"
-        if since is None:
+        if values is None:
             self.client.delete_document(request={"name": name})
         else:
-            self.client.update_document(request={"document": Document(name=name, fields=_fields({"since": float(since)}))})
+            self.client.update_document(request={"document": Document(name=name, fields=_fields(values))})
 
     def update_item(
         self,
