@@ -17,7 +17,10 @@ waiting items never lower what is needed (each rule is monotone in demand).
     1 item per slot: plain slot counting. Booting slots are used first, as they serve every
     queue alike, the soonest ready first: each starts 1 + floor((horizon - its boot left) /
     mean). New slots alike, a whole boot away: within a wait target, a burst gets a node per
-    few items, not one per item (1 each once the oldest item has only a boot left).
+    few items, not one per item (1 each once the oldest item has only a boot left). Waiting
+    items come in cohorts by age (`cohorts`, from the tick's waiting marks), first in, first
+    out: each cohort's horizon is its own, and the slots started by it must cover it and every
+    older one (items in flight first): younger items may wait for slots older ones leave.
 1b. Packing. An item of k > 1 slots starts only on one node with k free slots. Waiting items
     of such queues are placed on the serving nodes' free slots (booting nodes are all free),
     biggest first within a priority, each on the node with the fewest free slots that fit it.
