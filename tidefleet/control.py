@@ -116,8 +116,8 @@ def _runs(heartbeat: Heartbeat | None) -> tuple[RunView, ...]:
     return tuple(out)
 
 
-# Per pool name: instance id -> (pool, instance, heartbeat, view) as the last observe saw them.
-_LAST_VIEWS: dict[str, dict[str, tuple[Pool, GroupInstance, Heartbeat | None, NodeView | None]]] = {}
+# Per pool name: (the pool's config, instance id -> (instance, heartbeat, view)) as the last observe saw them.
+_LAST_VIEWS: dict[str, tuple[Pool, dict[str, tuple[GroupInstance, Heartbeat | None, NodeView | None]]]] = {}
 
 
 def _node_views(
@@ -128,22 +128,19 @@ def _node_views(
     config, has the same view (its launch time known: `now` is not used), so it is reused. An
     adapter that keeps records between ticks (the simulator, ~10^7 views a replay) skips the
     rebuild; one that reads fresh records every tick only misses."""
-    last = _LAST_VIEWS.get(name, {})
-    seen: dict[str, tuple[Pool, GroupInstance, Heartbeat | None, NodeView | None]] = {}
+    cached = _LAST_VIEWS.get(name)
+    last = cached[1] if cached is not None and cached[0] is pool else {}
+    seen: dict[str, tuple[GroupInstance, Heartbeat | None, NodeView | None]] = {}
     views = []
     for instance in instances:
         heartbeat = beats.get(instance.id)
         hit = last.get(instance.id)
-        if (
-            hit is None or hit[1] is not instance or hit[2] is not heartbeat or hit[0] is not pool
-            or instance.launched_at is None
-        ):  # fmt: skip
-            hit = (pool, instance, heartbeat, node_view(pool, instance, heartbeat, now))
+        if hit is None or hit[0] is not instance or hit[1] is not heartbeat or instance.launched_at is None:
+            hit = (instance, heartbeat, node_view(pool, instance, heartbeat, now))
         seen[instance.id] = hit
-        view = hit[3]
-        if view is not None:
-            views.append(view)
-    _LAST_VIEWS[name] = seen  # only live nodes: the cache never outgrows the fleet
+        if hit[2] is not None:
+            views.append(hit[2])
+    _LAST_VIEWS[name] = (pool, seen)  # only live nodes: the cache never outgrows the fleet
     return tuple(views), seen
 
 
@@ -248,12 +245,12 @@ def _live_capacity(env: Environment, pool: str, group: GroupState, leaving: Iter
     """Units of the group's instances that stay: desired below this makes the group pick a victim."""
     leaving = set(leaving)
     types = _types(env.pools[pool])
-    return sum(
+    return sum([
         _weight(types.get(i.instance_type), i)
         for i in group.instances
         # A Terminating:Wait instance already left the group's capacity: not counted.
         if i.id not in leaving and i.lifecycle_state in CAPACITY
-    )
+    ])  # fmt: skip
 
 
 def act(ports: Ports, env: Environment, decision: PoolDecision, group: GroupState) -> dict:
