@@ -166,7 +166,8 @@ def _heartbeat(node: Node, pool: str, queues: list[str]) -> Heartbeat | None:
             draining=node.state == "draining",
             instance_type=node.itype.type,
             spot=node.spot,
-            intake={queues[q]: r * decay for q, r in node.intake.items()},
+            # A rate long decayed to exactly 0 adds nothing to the queue's sum: left out, as if never taken.
+            intake={queues[q]: r * decay for q, r in node.intake.items() if r},
             cordoned=node.cordoned,
         )
     return node.record
