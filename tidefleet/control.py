@@ -331,36 +331,20 @@ def tick(
     failures = []
     for decision in decisions:
         group = seen.groups[decision.pool]
-        line = {
-            "pool": decision.pool,
-            "at": round(now, 3),  # what the decision saw is as of this time
-            "desired_before": group.desired,
-            "desired": decision.desired,
-            "terminate": list(decision.terminate),
-            "on_demand_base_before": group.on_demand_base,
-            "on_demand_base": decision.on_demand_base,
-            "reasons": list(decision.reasons),
-            "starved_queues": list(decision.starved_queues),
-            "cordon": list(decision.cordon),
-            "uncordon": list(decision.uncordon),
-            "hold": list(decision.hold),
-            "release": list(decision.release),
-            "preempt": {node: list(keys) for node, keys in decision.preempt},
-            "dry_run": dry_run,
-        }
+        done: dict = {}  # what act did, for the log line
         if not dry_run:
             try:
-                line |= act(ports, env, decision, group)
-                failures += [f"{decision.pool}: {f}" for f in line.get("failed", ())]
+                done |= act(ports, env, decision, group)
+                failures += [f"{decision.pool}: {f}" for f in done.get("failed", ())]
                 for node_id in seen.gone.get(decision.pool, ()):
                     ports.nodes.forget_node(decision.pool, node_id)
                 if seen.gone.get(decision.pool):
-                    line["forgotten"] = list(seen.gone[decision.pool])
+                    done["forgotten"] = list(seen.gone[decision.pool])
             except Exception as err:  # noqa: BLE001 - one pool's failure must not stop the others; re-raised below
-                line["error"] = f"{type(err).__name__}: {err}"
-                failures.append(f"{decision.pool}: {line['error']}")
-        if log.isEnabledFor(logging.INFO):  # the simulator ticks ~10^5 times with the line unread
-            log.info(json.dumps(line))
+                done["error"] = f"{type(err).__name__}: {err}"
+                failures.append(f"{decision.pool}: {done['error']}")
+        if log.isEnabledFor(logging.INFO):  # the simulator ticks ~10^5 times with the line unread: not built
+            log.info(json.dumps(_decision_line(decision, group, now, dry_run) | done))
     if not dry_run and seen.waiting_marks:
         each(lambda qname: _mark_waiting(ports, qname, seen.waiting_marks[qname]), list(seen.waiting_marks),
              ports.calls_in_flight)  # fmt: skip
@@ -372,6 +356,27 @@ def tick(
     if failures:
         raise TickError(failures, decisions)
     return decisions
+
+
+def _decision_line(decision: PoolDecision, group: GroupState, now: float, dry_run: bool) -> dict:
+    """The log line of one pool's decision, before what acting on it did."""
+    return {
+        "pool": decision.pool,
+        "at": round(now, 3),  # what the decision saw is as of this time
+        "desired_before": group.desired,
+        "desired": decision.desired,
+        "terminate": list(decision.terminate),
+        "on_demand_base_before": group.on_demand_base,
+        "on_demand_base": decision.on_demand_base,
+        "reasons": list(decision.reasons),
+        "starved_queues": list(decision.starved_queues),
+        "cordon": list(decision.cordon),
+        "uncordon": list(decision.uncordon),
+        "hold": list(decision.hold),
+        "release": list(decision.release),
+        "preempt": {node: list(keys) for node, keys in decision.preempt},
+        "dry_run": dry_run,
+    }
 
 
 def _mark_waiting(ports: Ports, queue: str, since: float | None) -> None:

@@ -165,7 +165,7 @@ def _with_preemption(env: Environment, view: PoolView, fleet: FleetView, decisio
 
 
 def _with_quota(decision: PoolDecision, share: quota.PoolQuota | None) -> PoolDecision:
-    if share is None:
+    if share is None or not (share.hold or share.release or share.reasons):  # no [teams]: nearly every tick
         return decision
     return replace(decision, hold=share.hold, release=share.release, reasons=decision.reasons + share.reasons)
 
