@@ -117,8 +117,8 @@ def _runs(heartbeat: Heartbeat | None) -> tuple[RunView, ...]:
     return tuple(out)
 
 
-# Per pool name: instance id -> (pool, instance, heartbeat, view) as the last observe saw them.
-_LAST_VIEWS: dict[str, dict[str, tuple[Pool, GroupInstance, Heartbeat | None, NodeView | None]]] = {}
+# Per pool name: (the pool's config, instance id -> (instance, heartbeat, view)) as the last observe saw them.
+_LAST_VIEWS: dict[str, tuple[Pool, dict[str, tuple[GroupInstance, Heartbeat | None, NodeView | None]]]] = {}
 
 
 def _node_views(
@@ -129,22 +129,19 @@ def _node_views(
     config, has the same view (its launch time known: `now` is not used), so it is reused. An
     adapter that keeps records between ticks (the simulator, ~10^7 views a replay) skips the
     rebuild; one that reads fresh records every tick only misses."""
-    last = _LAST_VIEWS.get(name, {})
-    seen: dict[str, tuple[Pool, GroupInstance, Heartbeat | None, NodeView | None]] = {}
+    cached = _LAST_VIEWS.get(name)
+    last = cached[1] if cached is not None and cached[0] is pool else {}
+    seen: dict[str, tuple[GroupInstance, Heartbeat | None, NodeView | None]] = {}
     views = []
     for instance in instances:
         heartbeat = beats.get(instance.id)
         hit = last.get(instance.id)
-        if (
-            hit is None or hit[1] is not instance or hit[2] is not heartbeat or hit[0] is not pool
-            or instance.launched_at is None
-        ):  # fmt: skip
-            hit = (pool, instance, heartbeat, node_view(pool, instance, heartbeat, now))
+        if hit is None or hit[0] is not instance or hit[1] is not heartbeat or instance.launched_at is None:
+            hit = (instance, heartbeat, node_view(pool, instance, heartbeat, now))
         seen[instance.id] = hit
-        view = hit[3]
-        if view is not None:
-            views.append(view)
-    _LAST_VIEWS[name] = seen  # only live nodes: the cache never outgrows the fleet
+        if hit[2] is not None:
+            views.append(hit[2])
+    _LAST_VIEWS[name] = (pool, seen)  # only live nodes: the cache never outgrows the fleet
     return tuple(views), seen
 
 
@@ -271,12 +268,12 @@ def _live_capacity(env: Environment, pool: str, group: GroupState, leaving: Iter
     """Units of the group's instances that stay: desired below this makes the group pick a victim."""
     leaving = set(leaving)
     types = _types(env.pools[pool])
-    return sum(
+    return sum([
         _weight(types.get(i.instance_type), i)
         for i in group.instances
         # A Terminating:Wait instance already left the group's capacity: not counted.
         if i.id not in leaving and i.lifecycle_state in CAPACITY
-    )
+    ])  # fmt: skip
 
 
 def act(ports: Ports, env: Environment, decision: PoolDecision, group: GroupState) -> dict:
@@ -357,36 +354,20 @@ def tick(
     failures = []
     for decision in decisions:
         group = seen.groups[decision.pool]
-        line = {
-            "pool": decision.pool,
-            "at": round(now, 3),  # what the decision saw is as of this time
-            "desired_before": group.desired,
-            "desired": decision.desired,
-            "terminate": list(decision.terminate),
-            "on_demand_base_before": group.on_demand_base,
-            "on_demand_base": decision.on_demand_base,
-            "reasons": list(decision.reasons),
-            "starved_queues": list(decision.starved_queues),
-            "cordon": list(decision.cordon),
-            "uncordon": list(decision.uncordon),
-            "hold": list(decision.hold),
-            "release": list(decision.release),
-            "preempt": {node: list(keys) for node, keys in decision.preempt},
-            "dry_run": dry_run,
-        }
+        done: dict = {}  # what act did, for the log line
         if not dry_run:
             try:
-                line |= act(ports, env, decision, group)
-                failures += [f"{decision.pool}: {f}" for f in line.get("failed", ())]
+                done |= act(ports, env, decision, group)
+                failures += [f"{decision.pool}: {f}" for f in done.get("failed", ())]
                 for node_id in seen.gone.get(decision.pool, ()):
                     ports.nodes.forget_node(decision.pool, node_id)
                 if seen.gone.get(decision.pool):
-                    line["forgotten"] = list(seen.gone[decision.pool])
+                    done["forgotten"] = list(seen.gone[decision.pool])
             except Exception as err:  # noqa: BLE001 - one pool's failure must not stop the others; re-raised below
-                line["error"] = f"{type(err).__name__}: {err}"
-                failures.append(f"{decision.pool}: {line['error']}")
-        if log.isEnabledFor(logging.INFO):  # the simulator ticks ~10^5 times with the line unread
-            log.info(json.dumps(line))
+                done["error"] = f"{type(err).__name__}: {err}"
+                failures.append(f"{decision.pool}: {done['error']}")
+        if log.isEnabledFor(logging.INFO):  # the simulator ticks ~10^5 times with the line unread: not built
+            log.info(json.dumps(_decision_line(decision, group, now, dry_run) | done))
     if not dry_run and seen.waiting_marks:
         each(lambda qname: _mark_waiting(ports, qname, seen.waiting_marks[qname]), list(seen.waiting_marks),
              ports.calls_in_flight)  # fmt: skip
@@ -398,6 +379,27 @@ def tick(
     if failures:
         raise TickError(failures, decisions)
     return decisions
+
+
+def _decision_line(decision: PoolDecision, group: GroupState, now: float, dry_run: bool) -> dict:
+    """The log line of one pool's decision, before what acting on it did."""
+    return {
+        "pool": decision.pool,
+        "at": round(now, 3),  # what the decision saw is as of this time
+        "desired_before": group.desired,
+        "desired": decision.desired,
+        "terminate": list(decision.terminate),
+        "on_demand_base_before": group.on_demand_base,
+        "on_demand_base": decision.on_demand_base,
+        "reasons": list(decision.reasons),
+        "starved_queues": list(decision.starved_queues),
+        "cordon": list(decision.cordon),
+        "uncordon": list(decision.uncordon),
+        "hold": list(decision.hold),
+        "release": list(decision.release),
+        "preempt": {node: list(keys) for node, keys in decision.preempt},
+        "dry_run": dry_run,
+    }
 
 
 def _mark_waiting(ports: Ports, queue: str, cohorts: Cohorts | None) -> None:

@@ -67,6 +67,7 @@ happens only when there is none.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
 
@@ -164,7 +165,7 @@ def _with_preemption(env: Environment, view: PoolView, fleet: FleetView, decisio
 
 
 def _with_quota(decision: PoolDecision, share: quota.PoolQuota | None) -> PoolDecision:
-    if share is None:
+    if share is None or not (share.hold or share.release or share.reasons):  # no [teams]: nearly every tick
         return decision
     return replace(decision, hold=share.hold, release=share.release, reasons=decision.reasons + share.reasons)
 
@@ -232,7 +233,7 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
     terminated = nodes.replace + nodes.release + idle_out
     gone = {n.id for n in terminated}
     uncordon = [n for n in uncordon if n.id not in gone]  # a node leaving needs no mark
-    staying = [n for n in members if n.id not in gone]
+    staying = _without(members, gone)
 
     # Rule 11: with an item past its queue's max_wait_s, a spot node still booting after a typical
     # boot is already a shortage: its items are not kept waiting for the fallback delay too.
@@ -257,7 +258,7 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
         on_demand_base=pool.max if shortage else base,
         on_demand_percent=pool.on_demand_percent,
     )
-    existing_cost = sum([prices.node(n) for n in view.nodes if n.id not in gone])
+    existing_cost = sum(map(prices.node, _without(view.nodes, gone)))
     staying_serving_slots = serving_slots - _slots([n for n in idle_out if not n.cordoned])
     booting = [max(0.0, n.launched_at + pool.boot_estimate_s - now)
                for n in nodes.serving if n.state == "pending" for _ in range(n.slots)]  # fmt: skip
@@ -271,7 +272,7 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
         # less loaded one drain now (the next tick would cordon it anyway), never the uncordoned one.
         idle_ids = {n.id for n in idle_out}
         cordon, cordon_reasons = _consolidate(
-            [n for n in nodes.serving if n.id not in idle_ids],
+            _without(nodes.serving, idle_ids),
             demand=demand + _expected_slots(queues, relaunch_s),
             reserved=packed.reserved | for_on_demand.reserved | {n.id for n in uncordon},
         )
@@ -361,6 +362,11 @@ def _packing_reasons(queues: list[QueueView], packed: Packing, node_slots: int) 
         for q, unplaced, nodes in zip(queues, packed.unplaced, packed.new_nodes, strict=True)
         if unplaced
     ]
+
+
+def _without(nodes: Sequence[NodeView], ids: set[str]) -> Sequence[NodeView]:
+    """The nodes whose id is not in `ids`; most ticks terminate none: then `nodes` itself (read only)."""
+    return [n for n in nodes if n.id not in ids] if ids else nodes
 
 
 def _units(nodes: list[NodeView]) -> int:

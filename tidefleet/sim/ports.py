@@ -9,7 +9,7 @@ same decisions to both and compares the fleets.
 
 from __future__ import annotations
 
-from tidefleet.policy.model import rate_at
+from tidefleet.policy.model import rate_decay
 from tidefleet.ports import Backlog, GroupInstance, GroupState
 from tidefleet.records import Cohorts, Heartbeat, QueueStats
 from tidefleet.sim.engine import Node, Simulation
@@ -155,6 +155,7 @@ def _heartbeat(node: Node, pool: str, queues: list[str]) -> Heartbeat | None:
     """The node's last heartbeat, cached until it changes (`Node.changed`, `Node.beat`); None
     until its agent's first one, when it is ready."""
     if node.record is None and node.reported_at is not None:
+        decay = rate_decay(node.intake_at, node.reported_at)  # each rate `rate_at` its report, one exp()
         node.record = Heartbeat(
             node_id=node.name,
             pool=pool,
@@ -165,7 +166,8 @@ def _heartbeat(node: Node, pool: str, queues: list[str]) -> Heartbeat | None:
             draining=node.state == "draining",
             instance_type=node.itype.type,
             spot=node.spot,
-            intake={queues[q]: rate_at(r, node.intake_at, node.reported_at) for q, r in node.intake.items()},
+            # A rate long decayed to exactly 0 adds nothing to the queue's sum: left out, as if never taken.
+            intake={queues[q]: r * decay for q, r in node.intake.items() if r},
             cordoned=node.cordoned,
         )
     return node.record
