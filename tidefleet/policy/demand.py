@@ -100,17 +100,21 @@ def boot_horizon(queues: list[QueueView], warm_slots: int, booting: list[float],
     uncovered, waiting, started, means = [], 0, 0, []
     for q in queues:
         mean, due = q.mean_item_s, _deadlines(q, boot_s)
-        nb = _least(len(boot_left), lambda b: not any(_unstarted(due, mean, boot_left[:b], 0)))  # noqa: B023 - called at once
-        used_boot, boot_left = boot_left[:nb], boot_left[nb:]  # the soonest ready first
-        nw = _least(warm_left, lambda w: not any(_unstarted(due, mean, used_boot, w)))  # noqa: B023 - called at once
+        if not due:
+            uncovered.append(0)
+            continue
+        nb = _booting_used(due, mean, boot_left)
+        used, boot_left = boot_left[:nb], boot_left[nb:]
+        short = [(h, max(0, need - _starts(mean, used, h))) for h, need in due]
+        # Warm slots each start one item now and then one per mean.
+        nw = min(warm_left, max(math.ceil(n / (1 + turns(mean, h))) for h, n in short))
         warm_left -= nw
-        left = _unstarted(due, mean, used_boot, nw)
+        left = [(h, max(0, n - nw * (1 + turns(mean, h)))) for h, n in short]
         # New slots, a whole boot away, each turning over within what is left of its cohort's wait.
-        uncovered.append(max((math.ceil(n / (1 + turns(mean, h - boot_s))) for (h, _), n in zip(due, left, strict=True)),
-                             default=0))  # fmt: skip
+        uncovered.append(max(math.ceil(n / (1 + turns(mean, h - boot_s))) for h, n in left))
         if mean and q.visible and any(turns(mean, h) for h, _ in due):
             waiting += q.visible
-            started += max(0, q.visible - math.ceil(max(left, default=0) / q.slots_per_item))
+            started += max(0, q.visible - math.ceil(max(n for _, n in left) / q.slots_per_item))
             means.append(mean)
     return Horizon(tuple(uncovered), waiting, started, tuple(means))
 
@@ -127,19 +131,19 @@ def _deadlines(q: QueueView, boot_s: int) -> list[tuple[float, int]]:
     return out
 
 
-def _unstarted(deadlines: list[tuple[float, int]], mean: float | None, booting: list[float], warm: int) -> list[int]:
-    """Per deadline, the slots that these booting slots (seconds to ready) and warm slots leave
-    unstarted by it: each starts one item once ready, then one per mean."""
-    return [max(0, due - sum(1 + turns(mean, max(0.0, h - ready)) for ready in booting) - warm * (1 + turns(mean, h)))
-            for h, due in deadlines]  # fmt: skip
+def _starts(mean: float | None, booting: list[float], horizon_s: float) -> int:
+    """Items these booting slots (seconds to ready) start within the horizon: one once ready,
+    then one per mean."""
+    return sum(1 + turns(mean, max(0.0, horizon_s - ready)) for ready in booting)
 
 
-def _least(most: int, enough) -> int:
-    """The least n in 0..most for which enough(n) holds (it holds for all larger n); most if none."""
-    low, high = 0, most
+def _booting_used(deadlines: list[tuple[float, int]], mean: float | None, booting: list[float]) -> int:
+    """The fewest of the booting slots, the soonest ready first, that start every deadline's
+    slots in time (a bisection: more never start fewer); all of them if none suffice."""
+    low, high = 0, len(booting)
     while low < high:
         middle = (low + high) // 2
-        if enough(middle):
+        if all(need <= _starts(mean, booting[:middle], h) for h, need in deadlines):
             high = middle
         else:
             low = middle + 1
