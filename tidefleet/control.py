@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -160,7 +161,8 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
     groups = ports.fleet.groups(names, since=now - env.scaler.spot_failure_window_s)
     for missing in sorted(set(names) - set(groups)):
         log.warning(json.dumps({"pool": missing, "skipped": "no auto scaling group; deploy the environment"}))
-    pool_views, gone, intake = [], {}, {}
+    pool_views, gone = [], {}
+    intake: defaultdict[str, float] = defaultdict(float)  # per queue: 0.0 until an agent took from it
     # Items spot agents left to on-demand nodes, by queue: distinct, as several spot nodes see the same item.
     on_demand: dict[str, set[str]] = {}
     # One call per pool and per queue, `calls_in_flight` at once (1k queues: 1k calls).
@@ -174,7 +176,7 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
                 if decay is None:
                     decay = decays[hb.at] = rate_decay(hb.at, now)
                 for qname, rate in hb.intake.items():
-                    intake[qname] = intake.get(qname, 0.0) + rate * decay
+                    intake[qname] += rate * decay
             if hb.on_demand_wanted:
                 for qname, keys in hb.on_demand_wanted.items():
                     on_demand.setdefault(qname, set()).update(keys)
