@@ -225,7 +225,10 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
         idle_timeout_s=idle_timeout_s,
         break_even=None if idle_timeout_s is not None else BreakEven.of(queues, nodes.serving, relaunch_s),
         cooldown_s=scaler.scale_out_cooldown_s,
-        last_launch=max(map(_LAUNCHED_AT, view.nodes), default=None),
+        # The newest node that stays: a just-launched node this decision releases (a spot notice)
+        # is gone next tick, and deciding again must not find the cooldown over.
+        last_launch=max(map(_LAUNCHED_AT, _without(view.nodes, {n.id for n in nodes.release + nodes.replace})),
+                        default=None),
         now=now,
     )
     reasons += idle_reasons
