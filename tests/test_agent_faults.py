@@ -198,3 +198,20 @@ def test_an_attempt_whose_claim_another_node_took_is_killed_and_records_nothing(
     wait_until(lambda: not node.runs, 30, "the superseded attempt to end")
     item = h.items(job)["000000"]
     assert (item.status, item.node, item.attempts, item.history) == ("running", "node-b", 2, []), "nothing recorded"
+
+
+def test_a_store_that_fails_to_grant_a_leave_leaves_the_node_idle_and_asks_once_per_idle_period(h, monkeypatch, caplog):
+    node = agent(h)
+    calls = []
+
+    def take_leave(*args):
+        calls.append(args)
+        raise ConnectionError("store unreachable")
+
+    monkeypatch.setattr(node.store, "take_leave", take_leave)
+    node._leave_if_granted()
+    node._leave_if_granted()  # the same idle period: not asked again
+    assert len(calls) == 1 and not node.retiring and not node.stopping.is_set()
+    assert "could not leave the group (ConnectionError: store unreachable)" in caplog.text
+    sdk.submit(h.env, "after", "work", sdk.read_items([["steps=1"]]), kick=False)
+    run_one(node)  # it still takes items

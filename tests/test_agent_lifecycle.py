@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections import Counter
+
+import boto3
 
 import pytest
 from agent_harness import Harness, Imds, wait_until
 
+from tidefleet import naming
 from tidefleet.cloud.aws.dynamodb import DynamoStore
 from tidefleet.cloud.aws.imds import Metadata
 from tidefleet.jobs import sdk
@@ -163,6 +167,46 @@ def test_a_busy_agent_protects_its_instance_from_scale_in_and_an_idle_one_lifts_
     wait_until(lambda: h.events("start") and not h.events("done") and h.protected(instance), 20,
                "scale-in protection while the item runs")
     wait_until(lambda: h.events("done") and not h.protected(instance), 20, "the protection lifted once idle")
+
+
+def _in_group(h: Harness) -> list[str]:
+    group = boto3.client("autoscaling", region_name=h.env.region).describe_auto_scaling_groups(
+        AutoScalingGroupNames=[naming.group(h.env.name, h.pool)])["AutoScalingGroups"][0]
+    return [i["InstanceId"] for i in group["Instances"]] + [f"desired={group['DesiredCapacity']}"]
+
+
+def test_an_idle_agent_leaves_its_group_only_on_a_leave_grant_given_before_it_went_idle(harness):
+    """Rule 4 between ticks, on a member of the pool's group on the moto server: no grant, it
+    stays idle; a grant from a tick before it went idle, it terminates itself with a decrement
+    and takes nothing more."""
+    h = harness
+    instance = h.group_instance()
+    store = DynamoStore(h.env.name, h.env.region)
+    sdk.submit(h.env, "first", "work", sdk.read_items([["steps=1"]]), kick=False)
+    h.start_agent(instance)
+    wait_until(lambda: h.events("done"), 20, "the first item")
+    time.sleep(3)  # three empty long polls, no grant
+    assert _in_group(h) == [instance, "desired=1"]
+    store.grant_leave("cpu", 1, time.time(), time.time() + 60)
+    time.sleep(3)  # idle since before the grant: the tick that granted saw it idle and kept it
+    assert _in_group(h) == [instance, "desired=1"]
+    sdk.submit(h.env, "second", "work", sdk.read_items([["steps=1"]]), kick=False)
+    wait_until(lambda: _in_group(h) == ["desired=0"], 20, "the node out of its group after its item")
+    assert len(h.events("done")) == 2 and "leaving the group: idle since" in h.agent_log(instance)
+    sdk.submit(h.env, "third", "work", sdk.read_items([["steps=1"]]), kick=False)
+    time.sleep(3)
+    assert len(h.events("start")) == 2 and h.queue_depth("work") == 1  # left for the nodes that stay
+
+
+def test_an_agent_whose_group_refuses_to_let_it_go_stays_and_takes_items(harness):
+    h = harness
+    store = DynamoStore(h.env.name, h.env.region)
+    store.grant_leave("cpu", 1, time.time(), time.time() + 60)
+    h.start_agent("node-x")  # no such instance in the group: the terminate is refused (moto: a 500)
+    wait_until(lambda: "could not leave the group (" in h.agent_log("node-x"), 20, "the refusal logged")
+    sdk.submit(h.env, "after", "work", sdk.read_items([["steps=1"]]), kick=False)
+    wait_until(lambda: h.events("done"), 20, "an item run after the refusal")
+    assert "Traceback" not in h.agent_log("node-x")
 
 
 def test_metadata_reports_a_spot_notice_and_a_terminating_group():

@@ -81,7 +81,14 @@ def test_delivery_attempts_are_clamped_to_what_pubsub_accepts(retries, attempts)
 def test_node_service_accounts_are_scoped_to_their_own_resources(stack):
     project_roles = {(m["member"], m["role"]) for m in resources(stack, "google_project_iam_member").values()}
     cpu = "${google_service_account.pool-cpu_node.member}"
-    assert {r for m, r in project_roles if m == cpu} == {"roles/datastore.user", "roles/logging.logWriter"}
+    leave_role = "${google_project_iam_custom_role.pool-cpu_leave-role.name}"
+    assert {r for m, r in project_roles if m == cpu} == {"roles/datastore.user", "roles/logging.logWriter", leave_role}
+    (leave,) = [m for m in resources(stack, "google_project_iam_member").values() if m["role"] == leave_role]
+    group = "instanceGroupManagers/tidefleet-gcp-dev-cpu"
+    assert group in leave["condition"]["expression"] and '.startsWith("tidefleet-gcp-dev-cpu")' in leave["condition"]["expression"]
+    role = resources(stack, "google_project_iam_custom_role")["pool-cpu_leave-role"]
+    assert sorted(role["permissions"]) == ["compute.instanceGroupManagers.get", "compute.instanceGroupManagers.update",
+                                           "compute.instances.delete"]  # its own group, deleteInstances only
     assert not any(r in ("roles/editor", "roles/owner") for _, r in project_roles)
     datastore = [m for m in resources(stack, "google_project_iam_member").values() if m["role"] == "roles/datastore.user"]
     assert all('databases/tidefleet-gcp-dev")' in m["condition"]["expression"] for m in datastore)

@@ -646,6 +646,38 @@ def test_by_default_an_idle_node_stays_only_while_its_next_item_comes_sooner_tha
     assert reason in decision.reasons
 
 
+# fmt: off
+LEAVE_BETWEEN_TICKS = [
+    # (case, env changes, render intake items/s, mean item s, nodes, depth, units that may leave)
+    ("busy nodes whose next item would come later than a relaunch may leave when idle", {}, 0.0, 30.0,
+     [node("i-a", busy=2), node("i-b", busy=1, weight=2)], {"render": (0, 3)}, 3),
+    ("never below min", {"pools.cpu.min": 2}, 0.0, 30.0, [node("i-a", busy=2), node("i-b", busy=1, weight=2)],
+     {"render": (0, 3)}, 1),
+    ("an item every 20 s comes sooner than a relaunch: none", {}, 0.05, None, [node("i-a", busy=2)],
+     {"render": (0, 2)}, 0),
+    ("waiting items that launch a node: none", {}, 0.0, 30.0, [node("i-a", busy=2)], {"render": (9, 2)}, 0),
+    ("within the cooldown after a scale-out: none", {"scaler.scale_out_cooldown_s": 120}, 0.0, 30.0,
+     [node("i-a", busy=2, age=45)], {"render": (0, 2)}, 0),
+    ("a fixed idle delay is the scaler's alone: none", {"scaler.scale_in_delay_s": 300}, 0.0, 30.0,
+     [node("i-a", busy=2)], {"render": (0, 2)}, 0),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize(("case", "changes", "rate", "mean", "nodes", "depth", "units"), LEAVE_BETWEEN_TICKS,
+                         ids=[c[0] for c in LEAVE_BETWEEN_TICKS])  # fmt: skip
+def test_nodes_that_go_idle_between_ticks_may_leave_on_their_own_by_the_same_break_even(
+    case, changes, rate, mean, nodes, depth, units
+):
+    env = environment(**(BREAK_EVEN | changes))
+    decision = decide_pool(env, with_intake(fleet(env, nodes, **depth), rate, mean))
+    assert decision.leave == units, decision.reasons
+    said = [r for r in decision.reasons if r.startswith("idle nodes may leave on their own")]
+    assert said == ([f"idle nodes may leave on their own until the next tick, up to {units} unit(s): "
+                     "next item expected never (turnover keeps up) >= a relaunch's 60s (intake 0.000 slots/s)"]
+                    if units else []), decision.reasons  # fmt: skip
+
+
 def test_waiting_items_that_turnover_starts_within_the_wait_target_launch_no_node():
     env = environment(**BREAK_EVEN)
     busy = [node("i-a", busy=2)]

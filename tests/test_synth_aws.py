@@ -181,7 +181,8 @@ def test_each_node_role_touches_only_its_own_pools_queues_and_group(shipped):
         own = env.queues_of(pool_name)
         assert sorted(statements["WorkOwnQueues"]["resources"]) == sorted(
             f"${{aws_sqs_queue.queue-{q}_{kind}.arn}}" for q in own for kind in ("queue", "dead-letter"))  # fmt: skip
-        (group_arn,) = statements["OwnGroup"]["resources"]
+        (group_arn,) = statements["OwnGroup"]["resources"]  # terminating itself too: only a member of its group
+        assert "autoscaling:TerminateInstanceInAutoScalingGroup" in statements["OwnGroup"]["actions"]
         assert group_arn.endswith(f":autoScalingGroupName/{naming.group(env.name, pool_name)}")
         buckets = statements["ReadAgent"]["resources"] + statements["OwnCheckpoints"]["resources"]
         assert [re.sub(r"^\$\{[^}]+\}", "", b) for b in buckets] == [

@@ -41,6 +41,9 @@ HELD_FOR_DRAIN = frozenset({"Terminating:Wait"})  # the terminate hook holds it 
 GOING = frozenset({"Terminating", "Terminating:Proceed", "Terminated", "Detaching", "Detached"})
 CAPACITY = LAUNCHING | IN_SERVICE  # what holds desired capacity up
 # Anything else (Standby, warm pool states) is neither capacity nor ours to touch.
+# A leave grant outlives its tick by half a tick: the next tick replaces it, and one that never
+# comes (a failed or stopped scaler) lets it lapse.
+LEAVE_GRANT_TICKS = 1.5
 MAX_COHORTS = 16  # waiting cohorts a queue's mark keeps (`waiting_ages`); past it the oldest two merge
 
 
@@ -370,6 +373,9 @@ def tick(
                 failures.append(f"{decision.pool}: {done['error']}")
         if log.isEnabledFor(logging.INFO):  # the simulator ticks ~10^5 times with the line unread: not built
             log.info(json.dumps(_decision_line(decision, group, now, dry_run) | done))
+    if not dry_run:  # every pool's, so that a tick that grants nothing withdraws the last grant
+        until = now + LEAVE_GRANT_TICKS * env.scaler.tick_s
+        each(lambda d: _grant_leave(ports, d.pool, d.leave, now, until), list(decisions), ports.calls_in_flight)
     if not dry_run and seen.waiting_marks:
         each(lambda qname: _mark_waiting(ports, qname, seen.waiting_marks[qname]), list(seen.waiting_marks),
              ports.calls_in_flight)  # fmt: skip
@@ -402,6 +408,13 @@ def _decision_line(decision: PoolDecision, group: GroupState, now: float, dry_ru
         "preempt": {node: list(keys) for node, keys in decision.preempt},
         "dry_run": dry_run,
     }
+
+
+def _grant_leave(ports: Ports, pool: str, units: int, at: float, until: float) -> None:
+    try:
+        ports.nodes.grant_leave(pool, units, at, until)
+    except Exception as err:  # noqa: BLE001 - a lost grant only leaves idle nodes to the next tick (or the last grant to expire)
+        log.warning(json.dumps({"pool": pool, "action": "grant leave", "error": f"{type(err).__name__}: {err}"}))
 
 
 def _mark_waiting(ports: Ports, queue: str, cohorts: Cohorts | None) -> None:

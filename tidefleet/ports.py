@@ -95,6 +95,10 @@ class NodeStatePort(Protocol):
 
     def forget_node(self, pool: str, node_id: str) -> None: ...
 
+    def grant_leave(self, pool: str, units: int, at: float, until: float) -> None:
+        """Let nodes of the pool that go idle after `at` (the tick's time) leave on their own, up
+        to `units` units in all, until `until` (the next tick replaces the grant; 0 withdraws it)."""
+
 
 class QueueStatsPort(Protocol):
     def queue_stats(self, queues: list[str]) -> dict[str, QueueStats]:
@@ -188,6 +192,11 @@ class JobStore(NodeStatePort, QueueStatsPort, Protocol):
 
     def heartbeat(self, pool: str, node_id: str) -> Heartbeat | None: ...
 
+    def take_leave(self, pool: str, units: int, idle_since: float, now: float) -> bool:
+        """Take `units` from the pool's leave grant for a node idle since `idle_since`: if the
+        grant came before then, still holds them and has not lapsed at `now` (one conditional
+        write: two nodes never take the same units). False if not."""
+
     def record_item_seconds(self, queue: str, *seconds: float) -> None:
         """Fold succeeded items' run times, in order, into the queue's mean (one write for all)."""
 
@@ -279,6 +288,10 @@ class NodeHost(Protocol):
 
     def leave(self, pool: str, node_id: str) -> None:
         """Let the group's drain hook release this node now (a no-op where there is none)."""
+
+    def retire(self, pool: str, node_id: str) -> None:
+        """Take this node out of its group for good, the group's size lowered with it (the
+        agent's leave on the scaler's grant). Raises if the group refused."""
 
     def checkpoint_base(self) -> str:
         """The URI under which items' checkpoints live (the environment's artifacts bucket)."""

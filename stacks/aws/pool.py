@@ -97,8 +97,10 @@ class NodePool(Construct):
                 # CreateLogStream is authorized on the group only; writing, on the stream.
                 Statement("ItemLogStreams", ["logs:CreateLogStream"], [item_log_group_arn, *streams]),
                 Statement("ItemLogs", ["logs:PutLogEvents"], streams),
+                # Terminate: an idle node leaves on the scaler's leave grant (`NodeHost.retire`).
                 Statement("OwnGroup", ["autoscaling:SetInstanceProtection", "autoscaling:CompleteLifecycleAction",
-                                       "autoscaling:RecordLifecycleActionHeartbeat"], [group_arn]),
+                                       "autoscaling:RecordLifecycleActionHeartbeat",
+                                       "autoscaling:TerminateInstanceInAutoScalingGroup"], [group_arn]),
                 Statement("ReadAgent", ["s3:GetObject"], [f"{artifacts_bucket_arn}/agent/*"]),
                 Statement("OwnCheckpoints", ["s3:GetObject", "s3:PutObject", "s3:DeleteObject",
                                              "s3:AbortMultipartUpload"], checkpoints),

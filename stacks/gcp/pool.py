@@ -26,6 +26,8 @@ from cdktn_provider_google.compute_region_instance_group_manager import (
 from cdktn_provider_google.compute_region_instance_group_manager import (
     ComputeRegionInstanceGroupManagerInstanceFlexibilityPolicyInstanceSelections as Selection,
 )
+from cdktn_provider_google.project_iam_custom_role import ProjectIamCustomRole
+from cdktn_provider_google.project_iam_member import ProjectIamMember
 from cdktn_provider_google.service_account import ServiceAccount
 from constructs import Construct
 
@@ -46,6 +48,19 @@ def _scheduling(spot: bool, gpus: int) -> dict:
     # GPUs cannot live-migrate.
     return {"provisioning_model": "STANDARD", "preemptible": False, "automatic_restart": True,
             "on_host_maintenance": "TERMINATE" if gpus else "MIGRATE"}  # fmt: skip
+
+
+# What a node needs to delete itself from its group: read the group and its instances, then
+# deleteInstances (which acts on the instance too).
+LEAVE_PERMISSIONS = ["compute.instanceGroupManagers.get", "compute.instanceGroupManagers.update",
+                     "compute.instances.delete"]
+
+
+def own_group_condition(project: str, region: str, group: str) -> dict:
+    groups = f"projects/{project}/regions/{region}/instanceGroupManagers/{group}"
+    return {"title": f"only {group}", "description": "The pool's own groups and their VMs.",
+            "expression": f'resource.name.startsWith("{groups}") || (resource.type == "compute.googleapis.com/Instance"'
+                          f' && resource.name.extract("/instances/{{name}}").startsWith("{group}"))'}  # fmt: skip
 
 
 class NodePool(Construct):
@@ -108,3 +123,12 @@ class NodePool(Construct):
                 # Terraform never fights the scaler over the size.
                 lifecycle=TerraformResourceLifecycle(ignore_changes=["target_size"]),
             )  # fmt: skip
+        # Rule 4 between ticks: an idle node deletes itself from its group on the scaler's leave
+        # grant (`GceNode.retire`). GCE has no per-group IAM: a project role, held only on this
+        # pool's groups and their VMs (the on-demand group's name extends the Spot one's).
+        leave = ProjectIamCustomRole(
+            self, "leave-role", role_id=f"tidefleet_{env.name}_{pool_name}_leave".replace("-", "_"),
+            title=f"tidefleet {env.name} {pool_name} node leave", permissions=LEAVE_PERMISSIONS,
+        )  # fmt: skip
+        ProjectIamMember(self, "leave", project=env.project, role=leave.name, member=self.member,
+                         condition=own_group_condition(env.project, env.region, spec.group_name))  # fmt: skip

@@ -390,3 +390,21 @@ def test_a_waiting_job_keeps_its_dependency_and_a_timed_out_one_says_why(store):
     s.cancel_job("b", "timed out: past its deadline")
     assert s.job("b") == Job("b", "b", "work", 10.0, 1, after="a", after_finished=True, deadline=99.5,
                              cancelled=True, cancel_reason="timed out: past its deadline")  # fmt: skip
+
+
+def test_a_leave_grant_is_taken_in_units_by_one_node_at_a_time_until_it_runs_out_or_expires(store):
+    s, at = store.store, 1_800_000_000.0
+    idle, now = at + 5, at + 15  # went idle after the tick that granted
+    assert not s.take_leave("cpu", 1, idle, now)  # never granted
+    s.grant_leave("cpu", 3, at, at + 60)
+    assert not s.take_leave("cpu", 1, at - 1, now)  # idle before the grant: that tick kept it
+    assert s.take_leave("cpu", 2, idle, now)
+    assert not store.other().take_leave("cpu", 2, idle, now)  # 1 left: another client sees the take
+    assert store.other().take_leave("cpu", 1, idle, now)
+    assert not s.take_leave("cpu", 1, idle, now)
+    s.grant_leave("cpu", 5, at, at + 60)  # the next tick replaces the grant
+    assert not s.take_leave("cpu", 1, idle, at + 60)  # lapsed
+    assert s.take_leave("cpu", 1, idle, at + 59)
+    s.grant_leave("cpu", 0, at + 60, at + 150)  # withdrawn
+    assert not s.take_leave("cpu", 1, at + 70, at + 80)
+    assert s.heartbeats("cpu") == {}  # the grant is no heartbeat

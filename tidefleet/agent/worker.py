@@ -222,7 +222,7 @@ class Agent:
         if itype is None:
             itype = self.pool.instance_types[0]
             log.warning("instance type %r is not in pool %s; sizing as %s", settings.instance_type, pool, itype.type)
-        self.slots, self.gpus = self.pool.slots(itype), itype.gpus
+        self.slots, self.gpus, self.weight = self.pool.slots(itype), itype.gpus, itype.weight
         self.lock = threading.RLock()  # re-entrant: the SIGTERM handler may run while the main thread holds it
         self.changed = threading.Condition(self.lock)
         self.runs: list[Run] = []
@@ -231,6 +231,8 @@ class Agent:
         self.address = "127.0.0.1"  # where the nodes of a gang this node leads reach it (`_prepare`)
         self.stopping = threading.Event()
         self.cordoned = False  # the scaler's consolidation mark, read back with each heartbeat
+        self.retiring = False  # left the group on the scaler's leave grant: takes nothing more
+        self.asked_leave: float | None = None  # the idle period (its idle_since) that asked for the grant
         self.held: set[str] = set()  # queues the scaler holds (their team is at its quota), read likewise
         # (queue, job, item) left to on-demand nodes (`_defer`) -> when its message shows again
         self.deferred: dict[tuple[str, str, str], float] = {}
@@ -318,25 +320,52 @@ class Agent:
         self._step("read holds", self._read_holds)  # before the first receive, not a heartbeat later
         while not self.stopping.is_set():
             try:
-                free = 0 if self.cordoned else self._free_slots()  # cordoned: finish, take nothing new
+                # cordoned: finish, take nothing new; retiring: the group is letting it go
+                free = 0 if self.cordoned or self.retiring else self._free_slots()
                 fitting = [(n, q) for n, q in self.queues
                            if n not in self.held and q.slots_per_item <= free and self._gpus_fit(q.slots_per_item)
                            and not self._yielding(n)]
                 if not fitting:
+                    self._leave_if_granted()  # idle because cordoned or held: nothing to receive either
                     with self.changed:
                         self.changed.wait(timeout=1.0)
                     continue
                 if free == self.slots and self._join_gang([(n, q) for n, q in fitting if q.gang[1] > 1]):
                     continue  # a gang that forms goes before new items
                 got = sum(self._receive(n, q, wait_s=0) for n, q in fitting)  # highest priority first
-                if not got and not self.stopping.is_set():
-                    self._receive(*fitting[0], wait_s=self.s.wait_s)
+                if not got and not self.stopping.is_set() and not self._receive(*fitting[0], wait_s=self.s.wait_s):
+                    self._leave_if_granted()
             except self.cloud.errors as err:
                 log.warning("receive failed (%s); retrying", err)
                 self.stopping.wait(1.0)
             except Exception:  # the intake loop is the node's life: never let it end
                 log.exception("intake failed; retrying")
                 self.stopping.wait(1.0)
+
+    def _leave_if_granted(self) -> None:
+        """Idle, with nothing to receive for a whole long poll: leave the group (terminate with a
+        decrement) if the scaler's leave grant has units for a node idle since then (`policy`
+        rule 4 between ticks), once per idle period. The group's termination then reaches this
+        agent as any other does (the lifecycle hook, SIGTERM), and it takes nothing meanwhile.
+        Any failure leaves an idle node for the next tick to judge."""
+        with self.lock:
+            idle_since = self.idle_since
+            if (idle_since is None or idle_since == self.asked_leave or self.runs or self.members or self.beacon
+                    or self.retiring or self.stopping.is_set()):
+                return
+            self.asked_leave = idle_since
+        try:
+            if not self.store.take_leave(self.pool_name, self.weight, idle_since, time.time()):
+                return
+            self.retiring = True
+            self.node.retire(self.pool_name, self.s.node_id)
+        except Exception as err:  # noqa: BLE001 - an idle node that stays costs a tick; a dead intake would wedge it
+            self.retiring = False
+            log.warning("could not leave the group (%s: %s); the scaler removes this idle node at its next tick",
+                        type(err).__name__, next(iter(str(err).splitlines()), ""))
+            return
+        log.info("leaving the group: idle since %.0f s ago with nothing to receive, on the scaler's leave grant",
+                 time.time() - idle_since)
 
     def _gpus_fit(self, slots: int) -> bool:
         with self.lock:

@@ -113,6 +113,7 @@ class MemoryNodes:
     def __init__(self, heartbeats: Iterable[Heartbeat] = ()):
         self.beats: dict[str, dict[str, Heartbeat]] = {}
         self.cordons: dict[tuple[str, str], bool] = {}  # marks set before a node's first heartbeat
+        self.leave: dict[str, tuple[int, float, float]] = {}  # pool -> the leave grant (units, at, until)
         for heartbeat in heartbeats:  # the store's state as given, cordon marks included
             self.beats.setdefault(heartbeat.pool, {})[heartbeat.node_id] = heartbeat
 
@@ -145,6 +146,16 @@ class MemoryNodes:
     def forget_node(self, pool: str, node_id: str) -> None:
         self.beats.get(pool, {}).pop(node_id, None)
         self.cordons.pop((pool, node_id), None)
+
+    def grant_leave(self, pool: str, units: int, at: float, until: float) -> None:
+        self.leave[pool] = (units, at, until)
+
+    def take_leave(self, pool: str, units: int, idle_since: float, now: float) -> bool:
+        left, at, until = self.leave.get(pool, (0, 0.0, 0.0))
+        if left < units or at > idle_since or until <= now:
+            return False
+        self.leave[pool] = (left - units, at, until)
+        return True
 
 
 class MemoryQueues:

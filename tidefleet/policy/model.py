@@ -101,6 +101,9 @@ class PoolDecision:
     # Per node whose marks change: the attempts it must stop and hand back (preemption.py); an
     # empty tuple clears the node's marks.
     preempt: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # Units of this pool's nodes that may leave on their own (terminate with a decrement) once idle
+    # with nothing to receive, until the next tick: the agents take it from a grant in the job store.
+    leave: int = 0
 
     @property
     def changes(self) -> bool:

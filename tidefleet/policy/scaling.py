@@ -120,6 +120,7 @@ class _Plan:
     on_demand_needed: int  # rule 13: units of new on-demand nodes they need
     cordon: list[str] = field(default_factory=list)  # nodes whose intake stops (consolidation)
     uncordon: list[str] = field(default_factory=list)  # cordoned nodes taking items again
+    leave: int = 0  # units of nodes that may leave on their own when idle before the next tick
     granted: int = 0  # units to launch, after the environment budget
     env_limited: bool = False
 
@@ -213,6 +214,11 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
     serving_slots = _slots(takers)  # a drained, cordoned node is kept (for scale-in) but takes no items
     held_units = _units(nodes.draining_busy) + _units(nodes.cordoned)
     idle_timeout_s = env.idle_timeout_s(view.name)
+    break_even = None if idle_timeout_s is not None else BreakEven.of(queues, nodes.serving, relaunch_s)
+    # The newest node that stays: a just-launched node this decision releases (a spot notice)
+    # is gone next tick, and deciding again must not find the cooldown over.
+    last_launch = max(map(_LAUNCHED_AT, _without(view.nodes, {n.id for n in nodes.release + nodes.replace})),
+                      default=None)
     idle_out, idle_reasons = _choose_idle(
         nodes.serving,
         demand=demand,
@@ -223,12 +229,9 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
         on_demand_launch=any(for_on_demand.new_nodes),
         pool=pool,
         idle_timeout_s=idle_timeout_s,
-        break_even=None if idle_timeout_s is not None else BreakEven.of(queues, nodes.serving, relaunch_s),
+        break_even=break_even,
         cooldown_s=scaler.scale_out_cooldown_s,
-        # The newest node that stays: a just-launched node this decision releases (a spot notice)
-        # is gone next tick, and deciding again must not find the cooldown over.
-        last_launch=max(map(_LAUNCHED_AT, _without(view.nodes, {n.id for n in nodes.release + nodes.replace})),
-                        default=None),
+        last_launch=last_launch,
         now=now,
     )
     reasons += idle_reasons
@@ -280,6 +283,11 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
             reserved=packed.reserved | for_on_demand.reserved | {n.id for n in uncordon},
         )
         reasons += cordon_reasons
+    in_cooldown = last_launch is not None and now - last_launch < scaler.scale_out_cooldown_s
+    leave = 0
+    if break_even is not None and not (wanted or forced or in_cooldown or any(for_on_demand.new_nodes)):
+        leave, leave_reason = _leave_units(break_even, _without(nodes.serving, gone), group_units - pool.min)
+        reasons += leave_reason
     reasons += _horizon_reason(horizon, demand, staying_serving_slots, pool)
     reasons += _packing_reasons(queues, packed, smallest * pool.slots_per_unit)
     limit, limited_by = max(0, pool.max - group_units), "max"
@@ -311,6 +319,7 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
         on_demand_needed=on_demand_needed,
         cordon=[n.id for n in cordon],
         uncordon=[n.id for n in uncordon],
+        leave=leave,
     )
 
 
@@ -540,6 +549,22 @@ class BreakEven:
         return f"next item expected {when} >= a relaunch's {self.relaunch_s:.0f}s (intake {self.intake:.3f} slots/s)"
 
 
+def _leave_units(break_even: BreakEven, staying: Sequence[NodeView], above_min: int) -> tuple[int, list[str]]:
+    """Rule 4 between ticks: units of nodes that may leave on their own when they go idle before the
+    next tick (the agent finds nothing to receive), with the line that says so. A node that goes
+    idle a few seconds after this tick would otherwise stay billed until the next one (half a
+    tick on average, as long as a short item itself). The same break-even as for idle nodes now:
+    one more idle node, behind every node that stays, would wait past a relaunch for its next item."""
+    ahead = [n for n in staying if not n.cordoned]
+    free = sum(n.slots - (n.busy_slots if n.state == "running" else 0) for n in ahead)
+    busy = sum(n.busy_slots for n in ahead if n.state == "running")
+    gap = break_even.next_item_s(free, busy)
+    if gap < break_even.relaunch_s or above_min <= 0:
+        return 0, []
+    return above_min, [f"idle nodes may leave on their own until the next tick, up to {above_min} unit(s): "
+                       f"{break_even.line(gap)}"]  # fmt: skip
+
+
 def _choose_idle(
     serving: list[NodeView],
     *,
@@ -733,6 +758,7 @@ def _decision(plan: _Plan, env_cap: str) -> PoolDecision:
         starved_queues=starved,
         cordon=tuple(plan.cordon),
         uncordon=tuple(plan.uncordon),
+        leave=plan.leave,
     )
 
 

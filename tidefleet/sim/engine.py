@@ -26,7 +26,7 @@ from tidefleet.policy.model import item_seconds_mean, on_demand_units, rate_afte
 from tidefleet.sim.trace import SpotTrace, TraceItem
 
 # Event kinds, in the order they are handled when they fall on the same time and sequence.
-BOOTED, DONE, NOTICE, RECLAIM, SPOT_DROP, POLL, KICK, RETRY, SAMPLE, GANG_DONE, RENDEZVOUS = range(11)
+BOOTED, DONE, NOTICE, RECLAIM, SPOT_DROP, POLL, KICK, RETRY, SAMPLE, GANG_DONE, RENDEZVOUS, LEAVE = range(12)
 
 RETRY_LAUNCH_S = 60.0  # the group retries a failed launch on its own about once a minute
 DRAIN_HORIZON_S = 6 * 3600.0  # after the last item: how long a policy may take to reach min
@@ -47,6 +47,9 @@ class Timing:
     # The scaler's decision to terminate a node to the node stopping (billed until then): the
     # tick's own observe-and-act time and the shutdown. 0 for traces; the sandbox measures it.
     stop_s: float = 0.0
+    # An idle agent's long poll (`agent.worker.Settings.wait_s`): a node that went idle finds
+    # nothing to receive this long after, and then may leave on the scaler's grant.
+    idle_poll_s: float = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,6 +289,7 @@ class Simulation:
         self.on_demand_base = self.pool.on_demand_base
         self.spot_failures: deque[float] = deque()
         self.kick_pending = False
+        self.leave_grant = (0, 0.0, 0.0)  # the scaler's (units, granted at, until): see grant_leave
         self.retry_pending = False
         self.done = 0  # items finished or dead-lettered
         self.last_progress = self.now
@@ -330,6 +334,16 @@ class Simulation:
     def set_on_demand_base(self, units: int) -> None:
         self.on_demand_base = units
         self._reconcile()
+
+    def grant_leave(self, units: int, at: float, until: float) -> None:
+        """The scaler's leave grant (`JobStore.grant_leave`), as the agents take it: see LEAVE."""
+        self.leave_grant = (units, at, until)
+
+    def _idle_poll(self, node: Node) -> None:
+        """A wholly free node's agent finds nothing to receive one long poll later: then it asks
+        for the leave grant (`agent.worker.Agent._leave_if_granted`)."""
+        if node.busy == 0 and node.gang is None and node.state == "running":
+            self._push(self.now + self.timing.idle_poll_s, LEAVE, (node.id, node.idle_since))
 
     def terminate(self, node: Node, decrement: bool = True) -> None:
         """Terminate one exact node, like terminate-instance-in-auto-scaling-group; at min the
@@ -405,6 +419,16 @@ class Simulation:
         elif kind == POLL:
             self.policy.poll(self)
             self._push(self.now + self.policy.poll_s, POLL, None)
+        elif kind == LEAVE:
+            node_id, since = payload
+            node = self.nodes.get(node_id)
+            units, at, until = self.leave_grant
+            # Still idle since then (nothing came in the poll), gone idle after the tick that
+            # granted, and the grant still holds its units: it leaves, with a decrement.
+            if (node is not None and node.idle_since == since and node.busy == 0 and node.gang is None
+                    and node.state == "running" and at <= since and self.now < until and units >= node.weight):
+                self.leave_grant = (units - node.weight, at, until)
+                self.terminate(node)
         elif kind == KICK:
             self.kick_pending = False
             self.policy.poll(self)
@@ -416,6 +440,7 @@ class Simulation:
                 node.changed(self.now)
                 self._refile(node)
                 self._pull(node)
+                self._idle_poll(node)
         elif kind == NOTICE:
             node = self.nodes.get(payload)
             if node is not None and node.state != "draining":
@@ -606,6 +631,7 @@ class Simulation:
         self.last_progress = self.now
         for node in self._disband(gang):
             self._pull(node)
+            self._idle_poll(node)
 
     def _release_forming(self, gang: Gang) -> None:
         """Short of members (rendezvous timeout, or every member gone): the item goes back to the
@@ -661,6 +687,7 @@ class Simulation:
         self.done += 1
         self.last_progress = self.now
         self._pull(node)
+        self._idle_poll(node)
 
     def _requeue(self, node: Node, index: int) -> None:
         """The node went away under the item: its work is lost and it waits again, first in line,

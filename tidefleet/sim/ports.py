@@ -129,6 +129,10 @@ class SimulationPorts:
     def forget_node(self, pool: str, node_id: str) -> None:
         """Heartbeats are read off the live nodes: a node that left has none to forget."""
 
+    def grant_leave(self, pool: str, units: int, at: float, until: float) -> None:
+        if pool == self.sim.pool_name:
+            self.sim.grant_leave(units, at, until)
+
     def _check(self, pool: str) -> None:
         if pool != self.sim.pool_name:
             raise LookupError(f"pool {pool!r}: the simulation runs pool {self.sim.pool_name!r} only")

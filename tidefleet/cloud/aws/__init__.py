@@ -90,6 +90,9 @@ class AwsNode:
             InstanceId=node_id,
         )
 
+    def retire(self, pool: str, node_id: str) -> None:
+        self.autoscaling.terminate_instance_in_auto_scaling_group(InstanceId=node_id, ShouldDecrementDesiredCapacity=True)
+
     def checkpoint_base(self) -> str:
         return f"s3://{artifacts_bucket(self.env)}"
 

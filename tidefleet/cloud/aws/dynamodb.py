@@ -5,6 +5,7 @@ Keys (pk, sk), all strings:
   JOB#<job_id>   ITEM#<item_id>   an item: status, attempts, interruptions, exit_code, reason, ...
   JOB#<job_id>   SENT#<chunk>     a submit chunk recorded and sent: n (its item count)
   POOL#<pool>    NODE#<node_id>   a node's heartbeat: see `Heartbeat`
+  POOL#<pool>    LEAVE            the scaler's leave grant: units, at, until (`grant_leave`)
   WATCH          JOB#<job_id>     a job the minute watch looks after (tidefleet.schedules)
   QUEUE#<queue>  STATS            mean_item_s (EWMA of succeeded items' run time), items (count)
 
@@ -147,6 +148,27 @@ class DynamoStore:
 
     def forget_node(self, pool: str, node_id: str) -> None:
         self.table.delete_item(Key={"pk": f"POOL#{pool}", "sk": f"NODE#{node_id}"})
+
+    def grant_leave(self, pool: str, units: int, at: float, until: float) -> None:
+        self.table.update_item(Key={"pk": f"POOL#{pool}", "sk": "LEAVE"}, UpdateExpression="SET units = :u, #a = :a, #t = :t",
+                               ExpressionAttributeNames={"#a": "at", "#t": "until"},
+                               ExpressionAttributeValues={":u": int(units), ":a": _to_dynamo(float(at)),
+                                                          ":t": _to_dynamo(float(until))})  # fmt: skip
+
+    def take_leave(self, pool: str, units: int, idle_since: float, now: float) -> bool:
+        try:
+            self.table.update_item(
+                Key={"pk": f"POOL#{pool}", "sk": "LEAVE"}, UpdateExpression="SET units = units - :u",
+                ConditionExpression="units >= :u AND #a <= :idle AND #t > :now",
+                ExpressionAttributeNames={"#a": "at", "#t": "until"},
+                ExpressionAttributeValues={":u": int(units), ":idle": _to_dynamo(float(idle_since)),
+                                           ":now": _to_dynamo(float(now))},
+            )
+        except ClientError as err:
+            if err.response["Error"]["Code"] != "ConditionalCheckFailedException":
+                raise
+            return False  # none left, expired, or never granted
+        return True
 
     # -- queue statistics (the scaler's boot-horizon rule reads them) -------------------
     def record_item_seconds(self, queue: str, *seconds: float) -> None:

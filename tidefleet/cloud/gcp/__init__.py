@@ -76,6 +76,14 @@ class GceNode:
     def leave(self, pool: str, node_id: str) -> None:
         """Nothing to do: no hook holds the VM."""
 
+    def retire(self, pool: str, node_id: str) -> None:
+        """Delete this VM from its group, whose target size drops with it (the group stops it as
+        it stops any VM it deletes: the shutdown reaches the agent as SIGTERM)."""
+        from tidefleet.cloud.gcp.mig import MigFleet
+
+        if node_id not in MigFleet(self.env).terminate(pool, (node_id,)):
+            raise LookupError(f"{node_id} is not running in a group of pool {pool}")
+
     def checkpoint_base(self) -> str:
         return f"gs://{naming.artifacts_bucket(self.env.name, self.env.project)}"
 

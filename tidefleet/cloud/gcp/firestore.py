@@ -170,6 +170,34 @@ class FirestoreNodes:
     def forget_node(self, pool: str, node_id: str) -> None:
         self.client.delete_document(request={"name": self._doc(pool, node_id)})
 
+    def grant_leave(self, pool: str, units: int, at: float, until: float) -> None:
+        """As `DynamoStore.grant_leave`."""
+        fields = _fields({"units": int(units), "at": float(at), "until": float(until)})
+        self.client.update_document(request={"document": Document(name=f"{self.root}/leave/{pool}", fields=fields)})
+
+    def take_leave(self, pool: str, units: int, idle_since: float, now: float) -> bool:
+        """As `DynamoStore.take_leave`: the read's update time is the write's precondition."""
+        name = f"{self.root}/leave/{pool}"
+        for _ in range(STATS_RETRIES):
+            try:
+                doc = self.client.get_document(request={"name": name})
+            except gexc.NotFound:
+                return False
+            values = {k: from_value(v) for k, v in doc.fields.items()}
+            if values.get("units", 0) < units or values.get("at", idle_since) > idle_since or values.get("until", 0.0) <= now:
+                return False
+            try:
+                self.client.update_document(request={
+                    "document": Document(name=name, fields=_fields({"units": int(values["units"]) - units})),
+                    "update_mask": DocumentMask(field_paths=["units"]),
+                    "current_document": Precondition(update_time=doc.update_time),
+                })  # fmt: skip
+                return True
+            except gexc.GoogleAPICallError as err:
+                if not lost_race(err):
+                    raise
+        return False  # other nodes kept winning: this one stays idle, the next tick decides
+
 
 class FirestoreStore(FirestoreNodes):
     """The `JobStore` port: jobs, items with conditional transitions, heartbeats.
