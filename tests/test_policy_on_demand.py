@@ -91,3 +91,11 @@ def test_a_multi_slot_item_left_to_on_demand_nodes_is_placed_once_not_also_by_pa
     environment = env(**{"queues.render.slots_per_item": 2})
     decision = decide_pool(environment, view(environment, [node("i-s", busy=2)], render=(1, 0)))
     assert (decision.desired, decision.on_demand_base) == (2, 1), decision.reasons
+
+
+def test_a_drained_cordoned_on_demand_node_is_uncordoned_for_them_rather_than_one_launched():
+    environment = env()
+    drained = replace(node("i-o", spot=False, idle=30), cordoned=True)
+    decision = decide_pool(environment, view(environment, [drained, node("i-s", busy=2)], deferred=1))
+    assert (decision.desired, decision.uncordon) == (2, ("i-o",)), decision.reasons
+    assert "uncordon i-o: an item left to on-demand nodes fits no other on-demand node" in decision.reasons

@@ -308,3 +308,9 @@ def test_invoke_simulate_finds_a_bare_trace_name_in_the_projects_folder_from_ano
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
     assert "philly_2017_jobs.csv on bench/gpu8" in run.stdout and "| tidefleet |" in run.stdout
+
+
+def test_the_simulated_idle_poll_is_the_agents():
+    from tidefleet.agent.worker import LEAVE_POLL_S
+
+    assert Timing(boot_s=45, notice_s=120).idle_poll_s == LEAVE_POLL_S

@@ -90,6 +90,9 @@ OUTCOME_BATCH = 500  # finished attempts per outcome-metric write (CloudWatch ta
 SETTLE_S = 5.0  # after the grace: time for an exited workload's runner to record its result
 MIN_LEASE_S = 30.0  # an attempt's claim lasts this (or 6 heartbeats) past its last renewal
 CANCEL_GRACE_S = 10.0  # at most: a cancelled workload's time to leave before SIGKILL
+# A node that just went idle polls this long (at most) before it asks for the scaler's leave
+# grant: a long poll of 1 s or more asks every SQS server, so an empty answer means no item.
+LEAVE_POLL_S = 2
 YIELD_S = 5.0  # after an item left to on-demand nodes shows again: time for one of them to receive it
 
 
@@ -333,8 +336,12 @@ class Agent:
                 if free == self.slots and self._join_gang([(n, q) for n, q in fitting if q.gang[1] > 1]):
                     continue  # a gang that forms goes before new items
                 got = sum(self._receive(n, q, wait_s=0) for n, q in fitting)  # highest priority first
-                if not got and not self.stopping.is_set() and not self._receive(*fitting[0], wait_s=self.s.wait_s):
-                    self._leave_if_granted()
+                if not got and not self.stopping.is_set():
+                    with self.lock:
+                        asking = self.idle_since is not None and self.idle_since != self.asked_leave
+                    wait_s = min(self.s.wait_s, LEAVE_POLL_S) if asking else self.s.wait_s
+                    if not self._receive(*fitting[0], wait_s=wait_s):
+                        self._leave_if_granted()
             except self.cloud.errors as err:
                 log.warning("receive failed (%s); retrying", err)
                 self.stopping.wait(1.0)

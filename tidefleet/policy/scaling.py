@@ -192,15 +192,20 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
     # brings within a relaunch.
     uncordon, uncordon_reasons = _uncordon(nodes, demand)
     smallest = min(t.weight for t in pool.instance_types)
-    # Waiting multi-slot items are placed only on nodes that take items; a drained, cordoned node
-    # that would hold one is uncordoned rather than a node launched for it.
+    # Waiting multi-slot items (and items left to on-demand nodes) are placed only on nodes that
+    # take items; a drained, cordoned node that would hold one is uncordoned rather than a node
+    # launched for it.
     takers = [n for n in nodes.serving if not n.cordoned]
     for_on_demand, packed = _placements(queues, takers, smallest * pool.slots_per_unit)
     for n in sorted((n for n in nodes.serving if n.cordoned), key=lambda n: (-n.slots, n.id)):
-        if not any(packed.unplaced):
-            break
+        if any(packed.unplaced):
+            why = "a waiting multi-slot item fits no other node"
+        elif any(for_on_demand.new_nodes) and not n.spot:
+            why = "an item left to on-demand nodes fits no other on-demand node"
+        else:
+            continue
         uncordon.append(n)
-        uncordon_reasons.append(f"uncordon {n.id}: a waiting multi-slot item fits no other node")
+        uncordon_reasons.append(f"uncordon {n.id}: {why}")
         nodes.serving[nodes.serving.index(n)] = replace(n, cordoned=False)
         takers = [n for n in nodes.serving if not n.cordoned]
         for_on_demand, packed = _placements(queues, takers, smallest * pool.slots_per_unit)

@@ -129,11 +129,12 @@ def agent_timing(consoles: dict[str, Path], launched_at: dict[str, float], runs:
             starts.append(first - _at(up.group(1)))
         finishes += [_at(m.group(1)) - runs[m.group(2)]["end"] for m in _SUCCEEDED.finditer(text) if m.group(2) in runs]
     kick_s = min(launched_at.values(), default=first_submit) - first_submit
+    from tidefleet.agent.worker import LEAVE_POLL_S
     from tidefleet.sandbox.run import AGENT_CLOCK  # the sandbox agents' long poll: idle_poll_s
 
     return Timing(boot_s=_median(boots), notice_s=10.0, kick_s=kick_s, start_s=_median(starts),
                   finish_s=_median(finishes), stop_s=_median(stops),
-                  idle_poll_s=float(AGENT_CLOCK["TIDEFLEET_AGENT_WAIT_S"]))  # fmt: skip
+                  idle_poll_s=float(min(LEAVE_POLL_S, AGENT_CLOCK["TIDEFLEET_AGENT_WAIT_S"])))  # fmt: skip
 
 
 def in_sandbox(workdir: Path, time_limit_s: float = 240.0) -> dict[str, Measured]:

@@ -47,9 +47,9 @@ class Timing:
     # The scaler's decision to terminate a node to the node stopping (billed until then): the
     # tick's own observe-and-act time and the shutdown. 0 for traces; the sandbox measures it.
     stop_s: float = 0.0
-    # An idle agent's long poll (`agent.worker.Settings.wait_s`): a node that went idle finds
-    # nothing to receive this long after, and then may leave on the scaler's grant.
-    idle_poll_s: float = 10.0
+    # A node that went idle finds nothing to receive this long after, and then may leave on the
+    # scaler's grant: its agent's first long poll when idle (`agent.worker.LEAVE_POLL_S`).
+    idle_poll_s: float = 2.0
 
 
 @dataclass(frozen=True, slots=True)
