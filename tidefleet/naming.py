@@ -100,6 +100,11 @@ def service_account(env: str, role: str) -> str:
     return name if len(name) <= 30 else f"{PREFIX}-{hashlib.sha256(name.encode()).hexdigest()[:16]}"
 
 
+def custom_role(env: str, what: str) -> str:
+    """GCP: an IAM custom role's id (letters, digits, '_' and '.'): the scaler's, a pool's node leave."""
+    return f"{PREFIX}_{env}_{what}".replace("-", "_")
+
+
 def item_log(env: str) -> str:
     """GCP: the Cloud Logging log id that carries every item's output (labels job/item/attempt)."""
     return f"{PREFIX}-{env}-items"
@@ -235,14 +240,16 @@ NAME_RULES: tuple[NameRule, ...] = (
     NameRule("Pub/Sub topic", "gcp", "env", lambda env: kick_topic(env.name), *_PUBSUB, 3),
     *(NameRule("service account", "gcp", "env", _per_role(service_account, role), 30, _RFC1035, _RFC1035_RULE, 6)
       for role in ("scaler", "tick")),
-    NameRule("IAM custom role", "gcp", "env", lambda env: f"{PREFIX}_{env.name.replace('-', '_')}_scaler", 64,
-          r"[A-Za-z0-9_.]+", "a-z, A-Z, 0-9, '_' and '.'", 3),
+    NameRule("IAM custom role", "gcp", "env", _per_role(custom_role, "scaler"), 64, r"[A-Za-z0-9_.]+",
+             "a-z, A-Z, 0-9, '_' and '.'", 3),
     NameRule("Cloud Function", "gcp", "env", _per_role(function, "scaler"), *_GCE),
     NameRule("Cloud Scheduler job", "gcp", "env", _per_role(stack_resource, "tick"), 500, r"[A-Za-z0-9_-]+",
           "a-z, A-Z, 0-9, '_' and '-'"),
     # GCP, one per pool
     NameRule("service account", "gcp", "pool", lambda env, pool: service_account(env.name, f"{pool}-node"), 30, _RFC1035,
           _RFC1035_RULE, 6),
+    NameRule("IAM custom role", "gcp", "pool", lambda env, pool: custom_role(env.name, f"{pool}_leave"), 64,
+             r"[A-Za-z0-9_.]+", "a-z, A-Z, 0-9, '_' and '.'", 3),
     NameRule("managed instance group", "gcp", "pool", lambda env, pool: group(env.name, pool), *_GCE),
     NameRule("managed instance group", "gcp", "pool", lambda env, pool: on_demand_group(env.name, pool), *_GCE),
     # The group's base instance name: VM names add '-' and 4 characters to it.

@@ -72,7 +72,7 @@ class ScalerFunction(Construct):
         )  # fmt: skip
         member = self.service_account.member
         role = ProjectIamCustomRole(
-            self, "fleet-role", role_id=f"tidefleet_{env.name.replace('-', '_')}_scaler",
+            self, "fleet-role", role_id=naming.custom_role(env.name, "scaler"),
             title=f"tidefleet {env.name} scaler", permissions=FLEET_PERMISSIONS,
         )  # fmt: skip
         ProjectIamMember(self, "fleet", project=project, role=role.name, member=member)

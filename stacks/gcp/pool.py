@@ -127,7 +127,7 @@ class NodePool(Construct):
         # grant (`GceNode.retire`). GCE has no per-group IAM: a project role, held only on this
         # pool's groups and their VMs (the on-demand group's name extends the Spot one's).
         leave = ProjectIamCustomRole(
-            self, "leave-role", role_id=f"tidefleet_{env.name}_{pool_name}_leave".replace("-", "_"),
+            self, "leave-role", role_id=naming.custom_role(env.name, f"{pool_name}_leave"),
             title=f"tidefleet {env.name} {pool_name} node leave", permissions=LEAVE_PERMISSIONS,
         )  # fmt: skip
         ProjectIamMember(self, "leave", project=env.project, role=leave.name, member=self.member,
