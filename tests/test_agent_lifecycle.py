@@ -10,7 +10,6 @@ import time
 from collections import Counter
 
 import boto3
-
 import pytest
 from agent_harness import Harness, Imds, wait_until
 

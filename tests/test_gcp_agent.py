@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from tests.gcp_fake import FakeVm
 from tests.test_gcp_agent_metadata import metadata_server  # noqa: F401 - a fixture
 from tests.test_gcp_jobs import DLQ, ENV, SUB, calls, gcp  # noqa: F401 - gcp is a fixture
 from tidefleet.agent.worker import Agent, Settings
@@ -157,3 +158,18 @@ def test_an_item_over_its_queues_timeout_is_killed_and_recorded_failed(gcp, env,
     assert item.reason.startswith("timed out after 1s") and "gave up after 1 failed attempt" in item.reason
     assert gone(int((tmp_path / "release.pid").read_text())), "the workload was killed"
     assert gcp.bodies(SUB) == [] and len(gcp.bodies(DLQ)) == 1
+
+
+def test_an_idle_agent_deletes_itself_from_its_group_on_the_leave_grant(gcp, env, tmp_path, metadata_server):  # noqa: F811
+    """Rule 4 between ticks on GCP: the grant in Firestore, deleteInstances on the fake's group."""
+    url, _ = metadata_server
+    group, node = "tidefleet-gcp-dev-cpu", "tidefleet-gcp-dev-cpu-aaaa"
+    gcp.groups[group], gcp.vms[group] = 1, [FakeVm(node)]
+    (tmp_path / "release").touch()
+    store = for_env(env).store
+    store.grant_leave("cpu", 1, time.time(), time.time() + 60)
+    job = sdk.submit(env, "one", "default", sdk.read_items([["ok"]]), kick=False).job_id
+    agent = run_agent(env, tmp_path, node, url, lambda _: gcp.groups[group] == 0)
+    assert (gcp.groups[group], gcp.vms[group][0].action, agent.retiring) == (0, "DELETING", True)
+    assert store.item(job, "000000").status == "succeeded"
+    assert not store.take_leave("cpu", 1, time.time(), time.time())  # its unit taken

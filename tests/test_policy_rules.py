@@ -673,9 +673,9 @@ def test_nodes_that_go_idle_between_ticks_may_leave_on_their_own_by_the_same_bre
     decision = decide_pool(env, with_intake(fleet(env, nodes, **depth), rate, mean))
     assert decision.leave == units, decision.reasons
     said = [r for r in decision.reasons if r.startswith("idle nodes may leave on their own")]
-    assert said == ([f"idle nodes may leave on their own until the next tick, up to {units} unit(s): "
-                     "next item expected never (turnover keeps up) >= a relaunch's 60s (intake 0.000 slots/s)"]
-                    if units else []), decision.reasons  # fmt: skip
+    line = (f"idle nodes may leave on their own until the next tick, up to {units} unit(s): "
+            "next item expected never (turnover keeps up) >= a relaunch's 60s (intake 0.000 slots/s)")
+    assert said == ([line] if units else []), decision.reasons
 
 
 def test_waiting_items_that_turnover_starts_within_the_wait_target_launch_no_node():

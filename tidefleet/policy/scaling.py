@@ -566,8 +566,8 @@ def _leave_units(break_even: BreakEven, staying: Sequence[NodeView], above_min: 
     gap = break_even.next_item_s(free, busy)
     if gap < break_even.relaunch_s or above_min <= 0:
         return 0, []
-    return above_min, [f"idle nodes may leave on their own until the next tick, up to {above_min} unit(s): "
-                       f"{break_even.line(gap)}"]  # fmt: skip
+    line = f"idle nodes may leave on their own until the next tick, up to {above_min} unit(s): {break_even.line(gap)}"
+    return above_min, [line]
 
 
 def _choose_idle(
