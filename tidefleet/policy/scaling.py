@@ -67,7 +67,7 @@ happens only when there is none.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
 
@@ -538,9 +538,7 @@ class BreakEven:
         """For each idle node, in keep order (spot first, most recently idle first), the expected
         time to its next item, counting every node ahead of it; only those past a relaunch."""
         ids = {n.id for n in idle}
-        ahead = [n for n in serving if n.id not in ids and not n.cordoned]
-        free = sum(n.slots - (n.busy_slots if n.state == "running" else 0) for n in ahead)
-        busy = sum(n.busy_slots for n in ahead if n.state == "running")
+        free, busy = _free_and_busy(n for n in serving if n.id not in ids)
         out = {}
         for n in sorted(idle, key=lambda n: (n.cordoned, not n.spot, -n.idle_since, n.id)):
             gap = self.next_item_s(free, busy)
@@ -554,16 +552,23 @@ class BreakEven:
         return f"next item expected {when} >= a relaunch's {self.relaunch_s:.0f}s (intake {self.intake:.3f} slots/s)"
 
 
+def _free_and_busy(nodes: Iterable[NodeView]) -> tuple[int, int]:
+    """(free slots, busy slots) of the nodes that take items (a booting node's slots are all free)."""
+    free = busy = 0
+    for n in nodes:
+        if not n.cordoned:
+            taken = n.busy_slots if n.state == "running" else 0
+            free, busy = free + n.slots - taken, busy + taken
+    return free, busy
+
+
 def _leave_units(break_even: BreakEven, staying: Sequence[NodeView], above_min: int) -> tuple[int, list[str]]:
     """Rule 4 between ticks: units of nodes that may leave on their own when they go idle before the
     next tick (the agent finds nothing to receive), with the line that says so. A node that goes
     idle a few seconds after this tick would otherwise stay billed until the next one (half a
     tick on average, as long as a short item itself). The same break-even as for idle nodes now:
     one more idle node, behind every node that stays, would wait past a relaunch for its next item."""
-    ahead = [n for n in staying if not n.cordoned]
-    free = sum(n.slots - (n.busy_slots if n.state == "running" else 0) for n in ahead)
-    busy = sum(n.busy_slots for n in ahead if n.state == "running")
-    gap = break_even.next_item_s(free, busy)
+    gap = break_even.next_item_s(*_free_and_busy(staying))
     if gap < break_even.relaunch_s or above_min <= 0:
         return 0, []
     line = f"idle nodes may leave on their own until the next tick, up to {above_min} unit(s): {break_even.line(gap)}"
