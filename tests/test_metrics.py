@@ -38,7 +38,7 @@ FLEET = FleetView(
     queues=(QueueView("render", "cpu", 0, 1, visible=4, in_flight=3), QueueView("merge", "cpu", 0, 2, visible=1, in_flight=0)),
 )  # fmt: skip
 DECISION = PoolDecision("cpu", desired=8, terminate=("idle-spot",), on_demand_base=2, reasons=("x",),
-                        starved_queues=("merge",))  # fmt: skip
+                        starved_queues=("merge",), leave=3)  # fmt: skip
 
 
 def values(points) -> dict:
@@ -67,6 +67,7 @@ def emitted() -> dict:
     (("DemandSlots", "cpu"), 4 + 3 + 1 * 2),
     (("StarvedQueues", "cpu"), 1),
     (("TerminatedNodes", "cpu"), 1),
+    (("LeaveGrantUnits", "cpu"), 3),
     (("SpotLaunchFailures", "cpu"), 2),
     (("OnDemandFallbackUnits", "cpu"), 2),
     (("NodesStuckBooting", "cpu"), 1),

@@ -156,7 +156,8 @@ def dashboard(env: Environment) -> dict:
             ours("Nodes", Pool=p, Lifecycle=lc, Activity=a) for lc in metrics.LIFECYCLES for a in metrics.ACTIVITIES])
         add(f"{p}: demand (slots) and starved queues", [ours("DemandSlots", Pool=p), ours("StarvedQueues", Pool=p)])
         add(f"{p}: decisions and trouble", [ours(n, Pool=p) for n in (
-            "TerminatedNodes", "OnDemandFallbackUnits", "SpotLaunchFailures", "NodesStuckBooting", "NodesSilent")])
+            "TerminatedNodes", "LeaveGrantUnits", "OnDemandFallbackUnits", "SpotLaunchFailures", "NodesStuckBooting",
+            "NodesSilent")])
         row += 6
     caps = [{"label": "cap", "value": env.scaler.cost_cap_usd_per_hour}] if env.scaler.cost_cap_usd_per_hour else []
     add("$/hour (configured prices)", [ours("CostPerHour"), *[ours("PoolCostPerHour", Pool=p) for p in sorted(env.pools)]],

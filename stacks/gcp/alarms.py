@@ -169,7 +169,8 @@ def dashboard(env: Environment) -> dict:
             ours("Nodes", Pool=p, Lifecycle=lc, Activity=a) for lc in metrics.LIFECYCLES for a in metrics.ACTIVITIES])
         chart(f"{p}: demand (slots) and starved queues", [ours("DemandSlots", Pool=p), ours("StarvedQueues", Pool=p)])
         chart(f"{p}: decisions and trouble", [ours(n, Pool=p) for n in (
-            "TerminatedNodes", "OnDemandFallbackUnits", "SpotLaunchFailures", "NodesStuckBooting", "NodesSilent")])
+            "TerminatedNodes", "LeaveGrantUnits", "OnDemandFallbackUnits", "SpotLaunchFailures", "NodesStuckBooting",
+            "NodesSilent")])
     cap = [env.scaler.cost_cap_usd_per_hour] if env.scaler.cost_cap_usd_per_hour else []
     chart("$/hour (configured prices)", [ours("CostPerHour"), *[ours("PoolCostPerHour", Pool=p) for p in sorted(env.pools)]],
           thresholds=cap)
