@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from tidefleet import policy
 from tidefleet.config import Environment, InstanceType, Pool
 from tidefleet.fanout import each
-from tidefleet.policy.demand import gang_counts
+from tidefleet.policy.demand import drop_oldest, gang_counts
 from tidefleet.policy.interruption import DrainNode, pool_of_group
 from tidefleet.policy.model import FleetView, NodeView, PoolDecision, PoolView, QueueView, RunView, rate_decay
 from tidefleet.ports import Backlog, GroupInstance, GroupState, Ports
@@ -248,25 +248,17 @@ def waiting_ages(backlog: Backlog, kept: Cohorts | None, now: float) -> tuple[tu
     oldest item's age caps them all."""
     if not backlog.visible:
         return (), None
-    cohorts = [list(c) for c in kept or ()]
-    held = sum(n for _, n in cohorts)
+    held = sum(n for _, n in kept or ())
+    cohorts = drop_oldest(kept or (), max(0, held - backlog.visible))
     if backlog.visible > held:
-        cohorts.append([now, backlog.visible - held])
-    drop = max(0, held - backlog.visible)
-    while drop:
-        taken = min(drop, cohorts[0][1])
-        cohorts[0][1] -= taken
-        drop -= taken
-        if not cohorts[0][1]:
-            cohorts.pop(0)
+        cohorts.append((now, backlog.visible - held))
     while len(cohorts) > MAX_COHORTS:  # the two oldest as one, as old as the older: ages err long
-        cohorts[1] = [cohorts[0][0], cohorts[0][1] + cohorts[1][1]]
-        cohorts.pop(0)
+        cohorts[:2] = [(cohorts[0][0], cohorts[0][1] + cohorts[1][1])]
     cap = backlog.oldest_age_s
     ages = tuple((now - since if cap is None else min(cap, now - since), n) for since, n in cohorts)
     if cap is not None:
         ages = ((cap, ages[0][1]), *ages[1:])
-    return ages, tuple((since, n) for since, n in cohorts)
+    return ages, tuple(cohorts)
 
 
 def _live_capacity(env: Environment, pool: str, group: GroupState, leaving: Iterable[str]) -> int:

@@ -41,6 +41,8 @@ from typing import TYPE_CHECKING
 from tidefleet.policy.model import NodeView, QueueView
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from tidefleet.config import Queue
 
 
@@ -82,15 +84,22 @@ def cohorts(queue: QueueView) -> list[tuple[float, int]]:
     Without cohorts, every item is as old as the oldest: the most a tick can know from counts."""
     if not queue.waiting_ages:
         return [(queue.oldest_age_s, queue.visible)] if queue.visible else []
-    out, extra = [], queue.visible - sum(n for _, n in queue.waiting_ages)
-    drop = max(0, -extra)
-    for age, n in queue.waiting_ages:
-        kept = n - min(n, drop)
-        drop -= n - kept
-        if kept:
-            out.append((age, kept))
+    extra = queue.visible - sum(n for _, n in queue.waiting_ages)
+    out = drop_oldest(queue.waiting_ages, max(0, -extra))
     if extra > 0:
         out.append((0.0, extra))
+    return out
+
+
+def drop_oldest(cohorts: Iterable[tuple[float, int]], items: int) -> list[tuple[float, int]]:
+    """(when or age, items) cohorts, oldest first, less `items` taken from the oldest first (a
+    queue is about first in, first out); emptied cohorts are left out."""
+    out = []
+    for key, n in cohorts:
+        taken = min(n, items)
+        items -= taken
+        if n > taken:
+            out.append((key, n - taken))
     return out
 
 
