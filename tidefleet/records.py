@@ -96,6 +96,14 @@ def cohort_fields(cohorts: Cohorts) -> dict:
             "cohort_items": [int(n) for _, n in cohorts]}  # fmt: skip
 
 
+def leave_granted(left: int, at: float, until: float, units: int, idle_since: float, now: float) -> bool:
+    """Whether a leave grant of `left` units, written by the tick at `at` and good until `until`,
+    lets a node of `units` idle since `idle_since` leave at `now`. A node idle before the tick was
+    judged by it (kept, or terminated): the grant is for nodes that go idle after. DynamoDB's
+    `take_leave` states the same as a condition expression."""
+    return left >= units and at <= idle_since and now < until
+
+
 @dataclass(frozen=True)
 class AttemptOutcome:
     """One finished attempt (succeeded / failed / cancelled), for the cloud's outcome metric."""

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from tidefleet.ports import Backlog, GroupInstance, GroupState
-from tidefleet.records import Cohorts, Heartbeat, QueueStats
+from tidefleet.records import Cohorts, Heartbeat, QueueStats, leave_granted
 
 TERMINABLE = frozenset({"InService"})  # as AWS: Pending or already leaving instances are skipped
 
@@ -152,7 +152,7 @@ class MemoryNodes:
 
     def take_leave(self, pool: str, units: int, idle_since: float, now: float) -> bool:
         left, at, until = self.leave.get(pool, (0, 0.0, 0.0))
-        if left < units or at > idle_since or until <= now:
+        if not leave_granted(left, at, until, units, idle_since, now):
             return False
         self.leave[pool] = (left - units, at, until)
         return True

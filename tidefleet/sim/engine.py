@@ -23,6 +23,7 @@ from typing import Protocol
 
 from tidefleet.config import Environment, InstanceType, Queue
 from tidefleet.policy.model import item_seconds_mean, on_demand_units, rate_after, rate_at
+from tidefleet.records import leave_granted
 from tidefleet.sim.trace import SpotTrace, TraceItem
 
 # Event kinds, in the order they are handled when they fall on the same time and sequence.
@@ -426,7 +427,7 @@ class Simulation:
             # Still idle since then (nothing came in the poll), gone idle after the tick that
             # granted, and the grant still holds its units: it leaves, with a decrement.
             if (node is not None and node.idle_since == since and node.busy == 0 and node.gang is None
-                    and node.state == "running" and at <= since and self.now < until and units >= node.weight):
+                    and node.state == "running" and leave_granted(units, at, until, node.weight, since, self.now)):
                 self.leave_grant = (units - node.weight, at, until)
                 self.terminate(node)
         elif kind == KICK:

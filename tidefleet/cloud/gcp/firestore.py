@@ -49,6 +49,7 @@ from tidefleet.records import (
     QueueStats,
     cohort_fields,
     cohorts_of,
+    leave_granted,
     settled_moves,
 )
 
@@ -184,7 +185,7 @@ class FirestoreNodes:
             except gexc.NotFound:
                 return False
             values = {k: from_value(v) for k, v in doc.fields.items()}
-            if values.get("units", 0) < units or values.get("at", idle_since) > idle_since or values.get("until", 0.0) <= now:
+            if not leave_granted(values["units"], values["at"], values["until"], units, idle_since, now):
                 return False
             try:
                 self.client.update_document(request={
