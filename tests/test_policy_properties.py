@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from tidefleet.config import Environment, parse_environment
 from tidefleet.policy import decide
-from tidefleet.policy.model import FleetView, NodeView, PoolDecision, PoolView, QueueView
+from tidefleet.policy.model import FleetView, NodeView, PoolDecision, PoolView, QueueView, rate_decay
+from tidefleet.policy.quiet import actions, unchanged_until
 
 NOW = 50_000.0
 TYPES = ("c6i.large", "m6i.large", "c6i.xlarge")  # $0.085/0.034, $0.096/0.038, $0.17/0.068
@@ -173,6 +174,28 @@ def quiet_cases(draw):
         replace(q, visible=draw(st.integers(0, 3)), in_flight=draw(st.integers(0, 3))) for q in fleet.queues
     )
     return env, FleetView((pool,), shallow)
+
+
+@st.composite
+def steady_cases(draw):
+    """A busy pool with nothing waiting: every node running at least one item, its agent beating,
+    items in flight, intake rates of any size, launches and spot failures recent or not."""
+    env, fleet = draw(cases(max_pools=1))
+    if draw(st.booleans()):  # rule 4's break-even, where the intake rate and the cooldown count
+        env = env.model_copy(update={
+            "scaler": env.scaler.model_copy(update={"scale_in_delay_s": None, "scale_out_cooldown_s": 120}),
+            "pools": {k: p.model_copy(update={"idle_timeout_s": None}) for k, p in env.pools.items()},
+        })  # fmt: skip
+    (pool,) = fleet.pools
+    busy = [replace(n, state="running", last_heartbeat=NOW - draw(st.floats(0, 30)),
+                    busy_slots=draw(st.integers(1, n.slots)),
+                    launched_at=NOW - draw(st.floats(0, 150) | st.floats(0, 5000)))  # in a cooldown or not
+            for n in pool.nodes]  # fmt: skip
+    waiting_none = tuple(replace(q, visible=0, oldest_age_s=None, waiting_ages=(), on_demand_wanted=0,
+                                 intake_per_s=draw(st.just(0.0) | st.floats(0, 0.01) | st.floats(0, 2)))
+                         for q in fleet.queues)  # fmt: skip
+    failures = draw(st.just(()) | st.lists(st.floats(NOW - 600, NOW), max_size=3).map(tuple))  # some about to leave
+    return env, FleetView((replace(pool, nodes=tuple(busy), spot_failures=failures),), waiting_none)
 
 
 def by_pool(decisions: tuple[PoolDecision, ...]) -> dict[str, PoolDecision]:
@@ -452,3 +475,52 @@ def test_idle_nodes_may_leave_on_their_own_only_above_min_and_never_while_the_po
         assert 0 <= d.leave <= max(0, staying - floor), d.reasons
         if d.desired > staying:
             assert d.leave == 0, d.reasons
+
+
+@EXAMPLES
+@given(steady_cases() | cases(max_pools=1), st.floats(0, 1), st.sampled_from([60.0, 600.0, 7200.0]))
+def test_a_decision_promised_unchanged_is_what_deciding_again_gives_while_only_the_clock_moves(case, share, cap_s):
+    """`unchanged_until` (the simulator skips the ticks it covers): at any time before it, the same
+    fleet with only the clock moved on (intake decayed as no item is taken, heartbeats kept fresh
+    by agents that beat on) is decided as it was."""
+    env, fleet = case
+    decisions = decide(env, fleet, NOW)
+    until = unchanged_until(env, fleet, decisions, NOW)
+    assert until >= NOW
+    if until == NOW:  # nothing promised
+        return
+    later = NOW + share * (min(until, NOW + cap_s) - NOW)
+    decay = rate_decay(NOW, later)
+    moved = FleetView(
+        tuple(replace(p, nodes=tuple(replace(n, last_heartbeat=later) if n.last_heartbeat is not None else n
+                                     for n in p.nodes)) for p in fleet.pools),
+        tuple(replace(q, intake_per_s=q.intake_per_s * decay) for q in fleet.queues),
+    )  # fmt: skip
+    assert list(map(actions, decide(env, moved, later))) == list(map(actions, decisions)), (later - NOW, until - NOW)
+
+
+def test_a_promise_ends_where_the_cooldown_or_the_spot_failure_window_changes_the_decision():
+    """The two clock deadlines, each at its boundary: idle nodes may leave once the scale-out
+    cooldown is over; the on-demand base returns to the configured one once the last spot
+    failure leaves its window. Just before, the decision holds; just after, it changes."""
+    env = parse_environment({
+        "region": "us-east-1",
+        "scaler": {"scale_in_delay_s": None, "scale_out_cooldown_s": 120, "spot_failure_window_s": 600},
+        "pools": {"p": {"command": "work", "max": 4, "boot_estimate_s": 60, "instance_types": [{"type": "c6i.large"}]}},
+        "queues": {"q": {"pool": "p"}},
+    }, name="quiet")  # fmt: skip
+
+    def fleet(launched_at: float, failures: tuple[float, ...], at: float) -> FleetView:
+        nodes = tuple(NodeView(id=f"i{i}", instance_type="c6i.large", weight=1, slots=1, spot=True, state="running",
+                               launched_at=launched_at, busy_slots=1, last_heartbeat=at, idle_since=None,
+                               protected=True, cordoned=False) for i in range(2))  # fmt: skip
+        return FleetView((PoolView("p", nodes, desired=2, on_demand_base=4, spot_failures=failures),),
+                         (QueueView("q", "p", 0, 1, 0, 2, mean_item_s=100.0, oldest_age_s=None, target_wait_s=0,
+                                    intake_per_s=0.0),))  # fmt: skip
+
+    for launched_at, failures, deadline in [(NOW - 30, (), NOW + 90), (NOW - 5000, (NOW - 590,), NOW + 10)]:
+        decisions = decide(env, fleet(launched_at, failures, NOW), NOW)
+        assert deadline - 0.01 < unchanged_until(env, fleet(launched_at, failures, NOW), decisions, NOW) < deadline
+        before, after = (decide(env, fleet(launched_at, failures, t), t) for t in (deadline - 1, deadline + 1))
+        assert list(map(actions, before)) == list(map(actions, decisions))
+        assert list(map(actions, after)) != list(map(actions, decisions))

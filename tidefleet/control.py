@@ -365,9 +365,8 @@ def tick(
                 failures.append(f"{decision.pool}: {done['error']}")
         if log.isEnabledFor(logging.INFO):  # the simulator ticks ~10^5 times with the line unread: not built
             log.info(json.dumps(_decision_line(decision, group, now, dry_run) | done))
-    if not dry_run:  # every pool's, so that a tick that grants nothing withdraws the last grant
-        until = now + LEAVE_GRANT_TICKS * env.scaler.tick_s
-        each(lambda d: _grant_leave(ports, d.pool, d.leave, now, until), list(decisions), ports.calls_in_flight)
+    if not dry_run:
+        grant_leave(env, ports, decisions, now)
     if not dry_run and seen.waiting_marks:
         each(lambda qname: _mark_waiting(ports, qname, seen.waiting_marks[qname]), list(seen.waiting_marks),
              ports.calls_in_flight)  # fmt: skip
@@ -400,6 +399,13 @@ def _decision_line(decision: PoolDecision, group: GroupState, now: float, dry_ru
         "preempt": {node: list(keys) for node, keys in decision.preempt},
         "dry_run": dry_run,
     }
+
+
+def grant_leave(env: Environment, ports: Ports, decisions: Iterable[PoolDecision], now: float) -> None:
+    """Write each pool's leave grant, until the tick after next is due: every pool's, so that a
+    tick that grants nothing withdraws the last grant."""
+    until = now + LEAVE_GRANT_TICKS * env.scaler.tick_s
+    each(lambda d: _grant_leave(ports, d.pool, d.leave, now, until), list(decisions), ports.calls_in_flight)
 
 
 def _grant_leave(ports: Ports, pool: str, units: int, at: float, until: float) -> None:

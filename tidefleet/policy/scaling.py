@@ -110,7 +110,6 @@ class _Plan:
     terminate: list[str]
     reasons: list[str]  # rule lines, in the order the rules ran
     launch_cost: LaunchCost
-    existing_cost: float  # $/h of every node not terminated now
     wanted: int  # units demand still needs
     forced: int  # units pool min forces
     limit: int  # units allowed by max and the pool cost cap
@@ -123,6 +122,11 @@ class _Plan:
     leave: int = 0  # units of nodes that may leave on their own when idle before the next tick
     granted: int = 0  # units to launch, after the environment budget
     env_limited: bool = False
+
+    @property
+    def existing_cost(self) -> float:
+        """$/h of every node not terminated now (asked only where a cost cap or the pool min binds)."""
+        return _existing_cost(self.launch_cost.prices, self.view.nodes, set(self.terminate))
 
     def target(self, index: int) -> int:
         """Units to launch so queues[:index + 1] are covered, within this pool's limit."""
@@ -269,7 +273,6 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
         on_demand_base=pool.max if shortage else base,
         on_demand_percent=pool.on_demand_percent,
     )
-    existing_cost = sum(map(prices.node, _without(view.nodes, gone)))
     staying_serving_slots = serving_slots - _slots([n for n in idle_out if not n.cordoned])
     booting = [max(0.0, n.launched_at + pool.boot_estimate_s - now)
                for n in nodes.serving if n.state == "pending" for _ in range(n.slots)]  # fmt: skip
@@ -298,7 +301,8 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
     limit, limited_by = max(0, pool.max - group_units), "max"
     if pool.cost_cap_usd_per_hour is not None and min(limit, wanted) > 0:
         # Searching only up to what demand wants keeps the common, uncapped case one price call.
-        affordable = launch_cost.affordable(pool.cost_cap_usd_per_hour - existing_cost, min(limit, wanted))
+        budget = pool.cost_cap_usd_per_hour - _existing_cost(prices, view.nodes, gone)
+        affordable = launch_cost.affordable(budget, min(limit, wanted))
         if affordable < min(limit, wanted):
             limit, limited_by = affordable, "pool cost cap"
     return _Plan(
@@ -314,7 +318,6 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
         terminate=[n.id for n in terminated],
         reasons=reasons,
         launch_cost=launch_cost,
-        existing_cost=existing_cost,
         wanted=wanted,
         forced=forced,
         limit=limit,
@@ -384,6 +387,11 @@ def _packing_reasons(queues: list[QueueView], packed: Packing, node_slots: int) 
 def _without(nodes: Sequence[NodeView], ids: set[str]) -> Sequence[NodeView]:
     """The nodes whose id is not in `ids`; most ticks terminate none: then `nodes` itself (read only)."""
     return [n for n in nodes if n.id not in ids] if ids else nodes
+
+
+def _existing_cost(prices: PoolPrices, nodes: Sequence[NodeView], gone: set[str]) -> float:
+    """$/h of the nodes that stay."""
+    return sum(map(prices.node, _without(nodes, gone)))
 
 
 def _units(nodes: list[NodeView]) -> int:
@@ -537,6 +545,8 @@ class BreakEven:
     def surplus(self, serving: list[NodeView], idle: list[NodeView]) -> dict[str, float]:
         """For each idle node, in keep order (spot first, most recently idle first), the expected
         time to its next item, counting every node ahead of it; only those past a relaunch."""
+        if not idle:
+            return {}
         ids = {n.id for n in idle}
         free, busy = _free_and_busy(n for n in serving if n.id not in ids)
         out = {}

@@ -28,6 +28,7 @@ from tidefleet.sim.trace import SpotTrace, TraceItem
 
 # Event kinds, in the order they are handled when they fall on the same time and sequence.
 BOOTED, DONE, NOTICE, RECLAIM, SPOT_DROP, POLL, KICK, RETRY, SAMPLE, GANG_DONE, RENDEZVOUS, LEAVE = range(12)
+READS_ONLY = (POLL, KICK, SAMPLE)  # events that change nothing themselves (a tick's actions count apart)
 
 RETRY_LAUNCH_S = 60.0  # the group retries a failed launch on its own about once a minute
 DRAIN_HORIZON_S = 6 * 3600.0  # after the last item: how long a policy may take to reach min
@@ -292,6 +293,9 @@ class Simulation:
         self.kick_pending = False
         self.leave_grant = (0, 0.0, 0.0)  # the scaler's (units, granted at, until): see grant_leave
         self.retry_pending = False
+        # Events and actions so far: while it holds, nothing happened that a tick could see
+        # change (TidefleetPolicy skips the ticks the policy shows would change nothing).
+        self.changes = 0
         self.done = 0  # items finished or dead-lettered
         self.last_progress = self.now
         self.sample_s = sample_s
@@ -329,10 +333,12 @@ class Simulation:
 
     # ----------------------------------------------------------------- actions
     def set_desired(self, units: int) -> None:
+        self.changes += 1
         self.desired = max(self.pool.min, min(self.pool.max, units))
         self._reconcile()
 
     def set_on_demand_base(self, units: int) -> None:
+        self.changes += 1
         self.on_demand_base = units
         self._reconcile()
 
@@ -373,11 +379,14 @@ class Simulation:
                 if arrival_t == math.inf:
                     break
                 self.now = arrival_t
+                self.changes += 1
                 self._arrive(self.next_arrival)
                 self.next_arrival += 1
             else:
                 t, _, kind, payload = heapq.heappop(self.heap)
                 self.now = t
+                if kind not in READS_ONLY:
+                    self.changes += 1
                 self._handle(kind, payload)
             if self.done == n:
                 if done_at is None:
@@ -773,6 +782,7 @@ class Simulation:
 
     def set_cordon(self, node: Node, cordoned: bool) -> None:
         """The scaler's cordon mark, as the agent reads it: no new items while it is set."""
+        self.changes += 1
         node.cordoned = cordoned
         node.changed(self.now)
         self._refile(node)
@@ -781,6 +791,7 @@ class Simulation:
 
     def set_held(self, q: int, since: float | None) -> None:
         """The scaler's hold mark on queue q, as the agents read it: no new items from it while set."""
+        self.changes += 1
         if since is None:
             self.held_at.pop(q, None)
             self._dispatch()
@@ -794,6 +805,7 @@ class Simulation:
 
     def stop_intake(self, node: Node) -> None:
         """The node is draining: its agent takes no more items; those it runs may finish."""
+        self.changes += 1
         node.state = "draining"
         node.changed(self.now)
         self._refile(node)

@@ -12,6 +12,7 @@ from collections import deque
 
 from tidefleet.config import Environment
 from tidefleet.policy.demand import gang_counts
+from tidefleet.policy.model import FleetView, PoolDecision
 from tidefleet.ports import Ports
 from tidefleet.sim.engine import Simulation, is_gang
 from tidefleet.sim.ports import SimulationPorts
@@ -29,11 +30,18 @@ def queued(sim: Simulation, per_node: int) -> int:
 
 
 class TidefleetPolicy:
-    """The real control tick at the environment's tick, on every submit kick and on spot notices."""
+    """The real control tick at the environment's tick, on every submit kick and on spot notices.
+
+    A tick that would change nothing is skipped: when the last tick acted on nothing, nothing
+    has happened since (`Simulation.changes`), and the policy shows that deciding again gives
+    the same decision until now (`tidefleet.policy.quiet`), the skipped tick still does what
+    such a tick does: the agents' heartbeats are read and the leave grant renewed. The outcome
+    is the one ticking every time gives (a test compares them); `skip_unchanged` turns it off."""
 
     name = "tidefleet"
     kick_on_notice = True  # the interruption function ticks at once when the pool has backlog
     protects_busy = True  # the agent sets scale-in protection while it runs an item
+    skip_unchanged = True
 
     def __init__(self, env: Environment, kick_s: float):
         if env.scaler.dry_run:  # the simulation asks what the policy would do: let it act
@@ -42,14 +50,32 @@ class TidefleetPolicy:
         self.poll_s = float(env.scaler.tick_s)
         self.kick_s = kick_s
         self._ports: Ports | None = None
+        self._view: SimulationPorts | None = None
+        # The last tick computed: (sim.changes after it, or -1 if it acted; its fleet view; its
+        # decisions; its time; until when deciding again gives the same, once asked).
+        self._last: tuple[int, FleetView | None, tuple[PoolDecision, ...], float, float | None] = (-1, None, (), 0.0, None)
 
     def poll(self, sim: Simulation) -> None:
-        from tidefleet.control import tick
+        from tidefleet.control import grant_leave, tick
+        from tidefleet.policy.quiet import unchanged_until
 
         if self._ports is None or self._ports.fleet.sim is not sim:
-            view = SimulationPorts(sim)
+            self._view = view = SimulationPorts(sim)
             self._ports = Ports(queues=view, fleet=view, nodes=view, stats=view)
-        tick(self.env, self._ports, sim.now, pools=[sim.pool_name])
+            self._last = (-1, None, (), 0.0, None)
+        changes, fleet, decisions, then, until = self._last
+        if sim.changes == changes and fleet is not None and self.skip_unchanged:
+            if until is None:  # asked only now: most ticks are followed by an event before the next
+                until = unchanged_until(self.env, fleet, decisions, then)
+                self._last = (changes, fleet, decisions, then, until)
+            if sim.now < until:
+                self._view.agents_beat()  # their reports' times (and so the intake they carry) as ticking gives
+                grant_leave(self.env, self._ports, decisions, sim.now)
+                return
+        before, seen = sim.changes, []
+        decisions = tick(self.env, self._ports, sim.now, pools=[sim.pool_name], report=lambda fleet, _: seen.append(fleet))
+        acted = sim.changes != before
+        self._last = (-1 if acted else sim.changes, seen[0], decisions, sim.now, None)
 
 
 class TargetTracking:

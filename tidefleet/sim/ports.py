@@ -14,7 +14,7 @@ from tidefleet.ports import Backlog, GroupInstance, GroupState
 from tidefleet.records import Cohorts, Heartbeat, QueueStats
 from tidefleet.sim.engine import Node, Simulation
 
-HEARTBEAT_GRAIN = 0.25  # of the boot timeout: a live node's last beat is never older than this
+HEARTBEAT_GRAIN = 0.9  # of the boot timeout: at every tick a live node's last beat is younger than this
 
 
 class SimulationPorts:
@@ -38,6 +38,7 @@ class SimulationPorts:
         return {q: self._waiting[q] for q in queues if q in self._waiting}
 
     def mark_waiting(self, queue: str, cohorts: Cohorts | None) -> None:
+        self.sim.changes += 1  # the next tick reads it
         if cohorts is None:
             self._waiting.pop(queue, None)
         else:
@@ -103,14 +104,20 @@ class SimulationPorts:
         sim = self.sim
         if pool != sim.pool_name:
             return {}
-        now, every_s = sim.now, sim.pool.boot_timeout_s * HEARTBEAT_GRAIN
+        self.agents_beat()
         beats = {}
         for node in sim.nodes.values():
-            node.beat(now, every_s)
             heartbeat = node.record or _heartbeat(node, pool, self._names)
             if heartbeat is not None:
                 beats[node.name] = heartbeat
         return beats
+
+    def agents_beat(self) -> None:
+        """Every agent's periodic heartbeat, at the grain `Node.beat` explains; its record is made
+        when read."""
+        now, every_s = self.sim.now, self.sim.pool.boot_timeout_s * HEARTBEAT_GRAIN
+        for node in self.sim.nodes.values():
+            node.beat(now, every_s)
 
     def mark_draining(self, pool: str, node_id: str) -> None:
         node = self.sim.node_named(node_id) if pool == self.sim.pool_name else None
