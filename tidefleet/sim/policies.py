@@ -57,14 +57,15 @@ class TidefleetPolicy:
 
     def poll(self, sim: Simulation) -> None:
         from tidefleet.control import grant_leave, tick
-        from tidefleet.policy.quiet import unchanged_until
+        from tidefleet.policy.quiet import actions, unchanged_until
 
         if self._ports is None or self._ports.fleet.sim is not sim:
             self._view = view = SimulationPorts(sim)
             self._ports = Ports(queues=view, fleet=view, nodes=view, stats=view)
             self._last = (-1, None, (), 0.0, None)
         changes, fleet, decisions, then, until = self._last
-        if sim.changes == changes and fleet is not None and self.skip_unchanged:
+        quiet = sim.changes == changes and fleet is not None and self.skip_unchanged
+        if quiet:
             if until is None:  # asked only now: most ticks are followed by an event before the next
                 until = unchanged_until(self.env, fleet, decisions, then)
                 self._last = (changes, fleet, decisions, then, until)
@@ -73,9 +74,13 @@ class TidefleetPolicy:
                 grant_leave(self.env, self._ports, decisions, sim.now)
                 return
         before, seen = sim.changes, []
-        decisions = tick(self.env, self._ports, sim.now, pools=[sim.pool_name], report=lambda fleet, _: seen.append(fleet))
+        decided = tick(self.env, self._ports, sim.now, pools=[sim.pool_name], report=lambda fleet, _: seen.append(fleet))
         acted = sim.changes != before
-        self._last = (-1 if acted else sim.changes, seen[0], decisions, sim.now, None)
+        # No promise was possible for a quiet fleet and deciding again gives the same: most likely
+        # none is again (a decision at zero intake does not move with intake), so it is not asked
+        # until something happens or the decision moves. Only ever a tick more computed, never one less.
+        refused = quiet and until == then and list(map(actions, decided)) == list(map(actions, decisions))
+        self._last = (-1 if acted else sim.changes, seen[0], decided, sim.now, sim.now if refused else None)
 
 
 class TargetTracking:
