@@ -52,7 +52,8 @@ class TidefleetPolicy:
         self._ports: Ports | None = None
         self._view: SimulationPorts | None = None
         # The last tick computed: (sim.changes after it, or -1 if it acted; its fleet view; its
-        # decisions; its time; until when deciding again gives the same, once asked).
+        # decisions; its time; until when deciding again gives the same: None until asked, its
+        # own time when not to be asked).
         self._last: tuple[int, FleetView | None, tuple[PoolDecision, ...], float, float | None] = (-1, None, (), 0.0, None)
 
     def poll(self, sim: Simulation) -> None:
