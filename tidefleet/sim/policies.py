@@ -60,7 +60,7 @@ class TidefleetPolicy:
         from tidefleet.control import grant_leave, tick
         from tidefleet.policy.quiet import actions, unchanged_until
 
-        if self._ports is None or self._ports.fleet.sim is not sim:
+        if self._view is None or self._view.sim is not sim:
             self._view = view = SimulationPorts(sim)
             self._ports = Ports(queues=view, fleet=view, nodes=view, stats=view)
             self._last = (-1, None, (), 0.0, None)
