@@ -33,7 +33,7 @@ from tidefleet.cloud.aws.provision import provision
 from tidefleet.config import load_environment
 from tidefleet.emulator import start_moto
 from tidefleet.jobs import sdk
-from tidefleet.records import Fence
+from tidefleet.records import Fence, ItemWrite
 
 COUNTER = Path(__file__).resolve().parent / "callcount"
 ENV = """
@@ -83,7 +83,8 @@ def bare_loop(env, items: int) -> tuple[float, collections.Counter]:
 
 def records_loop(env, items: int) -> tuple[float, collections.Counter]:
     """The bare loop plus the two writes that "run once, record once" needs per item and no
-    more: the claim (a conditional UpdateItem) and the final record with its job counter (a
+    more: the claim (a conditional UpdateItem) and the final record with its job counter, the
+    records of one receive batched as the agent batches a flush's (`update_items`: one
     TransactWriteItems), through the same store the agent uses. The agent's floor on this server."""
     job = sdk.submit(env, "records", "records", sdk.read_items(["noop"] * items), kick=False).job_id
     sqs = boto3.client("sqs", region_name=env.region)
@@ -95,13 +96,15 @@ def records_loop(env, items: int) -> tuple[float, collections.Counter]:
     done, start = 0, time.perf_counter()
     while done < items:
         messages = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1).get("Messages", [])
+        finished = []
         for m in messages:
             msg = sdk.ItemMessage.parse(m["Body"])
             now = time.time()
             store.update_item(job, msg.item, status="running", node="bench", seq=msg.seq, lease_until=now + 60,
                               add={"attempts": 1}, fence=Fence(claim_at=now, seq=msg.seq))  # fmt: skip
-            store.update_item(job, msg.item, status="succeeded", exit_code=0, fence=Fence(attempt=1))
+            finished.append(ItemWrite(job, msg.item, {"status": "succeeded", "exit_code": 0}, fence=Fence(attempt=1)))
         if messages:
+            store.update_items(finished)
             sqs.delete_message_batch(
                 QueueUrl=url, Entries=[{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)]
             )

@@ -5,11 +5,13 @@ never be an item goes to the dead-letter queue once, with its reason, and create
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 import boto3
 import pytest
 from agent_harness import Harness, wait_until
+from botocore.exceptions import ClientError
 
 from tidefleet import naming
 from tidefleet.agent import runner
@@ -42,6 +44,7 @@ def run_one(node: Agent) -> None:
     assert node._receive("work", node.env.queues["work"], wait_s=1) == 1
     wait_until(lambda: not node.runs, 30, "the attempt to settle")
     assert node.idle_since is not None, "the node is idle again"
+    node.records.flush()  # what the agent's flush thread does within ACK_FLUSH_S
 
 
 def dead_letters(h: Harness) -> list[str]:
@@ -180,7 +183,9 @@ def test_a_retry_received_before_its_sender_recorded_the_failure_is_kept_not_dro
     assert not node.runs and h.queue_depth("work") == 1, "the retry stays in the queue"
     node.store.update_item(job, "000000", status="queued", seq=1, lease_until=None, fence=Fence(attempt=1))
     wait_until(lambda: node._receive("work", h.env.queues["work"], wait_s=1), 10, "the retry to come back")
-    wait_until(lambda: h.items(job)["000000"].status == "succeeded", 30, "the retry to run")
+    wait_until(lambda: not node.runs, 30, "the retry to run")
+    node.records.flush()  # what the agent's flush thread does within ACK_FLUSH_S
+    assert h.items(job)["000000"].status == "succeeded"
 
 
 def test_an_attempt_whose_claim_another_node_took_is_killed_and_records_nothing(h):
@@ -215,3 +220,45 @@ def test_a_store_that_fails_to_grant_a_leave_leaves_the_node_idle_and_asks_once_
     assert "could not leave the group (ConnectionError: store unreachable)" in caplog.text
     sdk.submit(h.env, "after", "work", sdk.read_items([["steps=1"]]), kick=False)
     run_one(node)  # it still takes items
+
+
+def test_a_failed_flush_of_success_records_deletes_nothing_and_the_agent_goes_on(h, caplog):
+    """Successes are recorded a flush at a time (`worker.Records`); a store failure there leaves
+    the messages in flight, to come back after their visibility timeout (at least once)."""
+    caplog.set_level(logging.WARNING, "tidefleet.agent")
+    job = sdk.submit(h.env, "flush fails", "work", sdk.read_items([["steps=1"]]), kick=False).job_id
+    node = agent(h)
+    real = node.store.update_items
+    node.store.update_items = lambda writes: (_ for _ in ()).throw(
+        ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"}}, "TransactWriteItems"))
+    run_one(node)
+    node.acks.flush()
+    assert h.items(job)["000000"].status == "running", "not recorded, not lost: its lease lapses, it runs again"
+    assert h.queue_depth("work") == 1, "its message is not deleted: it comes back"
+    assert any("could not record succeeded items" in r.getMessage() and "Rate exceeded" in r.getMessage()
+               for r in caplog.records)  # fmt: skip
+    node.store.update_items = real
+    later = sdk.submit(h.env, "flush works", "work", sdk.read_items([["steps=1"]]), kick=False).job_id
+    run_one(node)
+    node.acks.flush()
+    assert h.items(later)["000000"].status == "succeeded" and h.queue_depth("work") == 1
+
+
+def test_a_success_another_attempt_already_recorded_is_not_recorded_twice_and_its_message_goes(h, caplog):
+    caplog.set_level(logging.WARNING, "tidefleet.agent")
+    job = sdk.submit(h.env, "raced", "work", sdk.read_items([["steps=1"]]), kick=False).job_id
+    node = agent(h)
+    real = node.store.update_items
+
+    def other_node_first(writes):
+        node.store.update_item(job, "000000", status="succeeded", node="node-b")
+        return real(writes)
+
+    node.store.update_items = other_node_first
+    run_one(node)
+    node.acks.flush()
+    item = h.items(job)["000000"]
+    assert (item.status, item.node, len(item.history)) == ("succeeded", "node-b", 0)
+    assert sdk.status(h.env, job).counts["succeeded"] == 1, "counted once"
+    assert h.queue_depth("work") == 0
+    assert any("already final" in r.getMessage() for r in caplog.records)

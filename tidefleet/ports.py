@@ -14,11 +14,21 @@ Ports of the control tick: `QueuePort` (backlog), `FleetPort` (groups), `NodeSta
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from tidefleet.records import FINAL, AttemptOutcome, Cohorts, Fence, Heartbeat, Item, Job, QueueStats
+from tidefleet.records import (
+    FINAL,
+    AttemptOutcome,
+    Cohorts,
+    Fence,
+    Heartbeat,
+    Item,
+    ItemWrite,
+    Job,
+    QueueStats,
+)
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -256,6 +266,13 @@ class JobStore(NodeStatePort, QueueStatsPort, Protocol):
         """Set `values`, add `add` to counters and append one entry per `append` list, only if the
         item exists, its status is in `only_from` (when given) and not in `never_from`, and `fence`
         admits it. Returns the new item, or None when the condition failed."""
+
+    def update_items(self, writes: Sequence[ItemWrite]) -> list[bool]:
+        """`update_item` for each write, in as few calls as the store allows (the agent records
+        finished items a flush at a time): per write, whether it landed. A write whose condition
+        fails lands nowhere and keeps none of the others from landing; settling writes count on
+        their jobs exactly as `update_item`'s do. Raises only when the store itself failed; then
+        some writes may have landed (a settling write that did fails its condition if repeated)."""
 
 
 @dataclass(frozen=True)

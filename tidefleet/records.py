@@ -139,6 +139,26 @@ class Fence:
 
 
 @dataclass(frozen=True)
+class ItemWrite:
+    """One conditional write of `JobStore.update_item`, spelled out, for `JobStore.update_items`:
+    the same arguments, the same condition, the same count on its job."""
+
+    job_id: str
+    item_id: str
+    values: dict = field(default_factory=dict)
+    only_from: tuple[str, ...] | None = None
+    never_from: tuple[str, ...] = FINAL
+    fence: Fence | None = None
+    add: dict[str, int] | None = None
+    append: dict[str, dict] | None = None
+
+    def kwargs(self) -> dict:
+        """`update_item`'s keyword arguments: `store.update_item(w.job_id, w.item_id, **w.kwargs())`."""
+        return {"only_from": self.only_from, "never_from": self.never_from, "fence": self.fence, "add": self.add,
+                "append": self.append, **self.values}  # fmt: skip
+
+
+@dataclass(frozen=True)
 class Job:
     job_id: str
     name: str

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from tidefleet.records import Fence, Heartbeat, Item, Job, QueueStats
+from tidefleet.records import Fence, Heartbeat, Item, ItemWrite, Job, QueueStats
 
 NOW = 1000.0
 
@@ -150,6 +150,39 @@ def test_an_item_is_never_finished_twice_even_when_two_nodes_race(store):
     store.before_next_write(lambda: store.other().update_item("j", "000000", status="succeeded", node="other"))
     assert store.store.update_item("j", "000000", status="succeeded", node="me") is None
     assert store.store.item("j", "000000").node == "other"
+
+
+def test_several_writes_land_in_one_go_each_on_its_own_condition_and_count_once_on_their_jobs(store):
+    s = store.store
+    s.put_job(Job("k", "items", "elsewhere", NOW, 1, counted=True))
+    s.create_items([queued(item=f"00000{n}", status="running", attempts=1) for n in range(4)], unseen=True)
+    s.create_items([Item("k", "000000", args=["a"], status="running", attempts=1)], unseen=True)
+    s.update_item("j", "000003", status="succeeded")  # already final
+    landed = s.update_items([
+        ItemWrite("j", "000000", {"status": "succeeded", "exit_code": 0}, fence=Fence(attempt=1)),
+        ItemWrite("j", "000001", {"status": "succeeded"}, fence=Fence(attempt=2)),  # a stale attempt's
+        ItemWrite("j", "000002", {"status": "failed", "reason": "exit 1"}, append={"history": {"outcome": "failed"}}),
+        ItemWrite("j", "000003", {"status": "succeeded"}),  # final is final
+        ItemWrite("j", "000009", {"status": "succeeded"}),  # never submitted: never created
+        ItemWrite("k", "000000", {"status": "succeeded"}),  # another job, counted on its own
+        ItemWrite("j", "000001", {"node": "x"}, add={"attempts": 1}),  # conditions pass: lands
+        ItemWrite("j", "000001", {"node": "y"}, add={"attempts": 1}),  # the same item again: lands after
+    ])  # fmt: skip
+    assert landed == [True, False, True, False, False, True, True, True]
+    assert s.item("j", "000009") is None
+    assert [s.item("j", f"00000{n}").status for n in range(4)] == ["succeeded", "running", "failed", "succeeded"]
+    assert s.item("j", "000002").history == [{"outcome": "failed"}] and s.item("j", "000002").reason == "exit 1"
+    assert (s.item("j", "000001").attempts, s.item("j", "000001").node) == (3, "y"), "in order, none lost"
+    assert (s.job("j").n_succeeded, s.job("j").n_failed, s.job("k").n_succeeded) == (2, 1, 1)
+    assert s.update_items([ItemWrite("j", "000000", {"status": "succeeded"})]) == [False], "a repeat lands nowhere"
+    assert s.job("j").n_succeeded == 2 and s.update_items([]) == []
+
+
+def test_more_writes_than_one_store_call_holds_all_land_and_count(store):
+    s = store.store
+    s.create_items([queued(item=f"{n:06d}", status="running") for n in range(120)], unseen=True)
+    assert s.update_items([ItemWrite("j", f"{n:06d}", {"status": "succeeded"}) for n in range(120)]) == [True] * 120
+    assert s.job("j").n_succeeded == 120
 
 
 def test_an_item_is_put_only_if_new_and_an_existing_one_is_left_untouched(store):

@@ -24,7 +24,7 @@ How an item's attempts are counted, on SQS and Pub/Sub alike:
     (`NODE_LOSSES_TOLERATED`), so an item that kills its node every time still ends in the
     dead-letter queue instead of looping forever.
   * Order is always: send the new message, record, then delete the old one (batched with
-    others, `Acks`). A crash in between can duplicate a message, never lose one: the record
+    others, `Acks`; a success's record is batched too, `Records`, a flush's in one store call). A crash in between can duplicate a message, never lose one: the record
     is conditional, so a duplicate can never finish an item twice, and the old message, if
     redelivered, meets a final record or a newer seq and is dropped by its claim.
 
@@ -80,12 +80,13 @@ from tidefleet.jobs.sdk import ItemMessage, send_messages
 from tidefleet.jobs.spec import JobSpec, Resolved, resolve
 from tidefleet.policy.model import rate_after, rate_at
 from tidefleet.ports import Delivery, NodeMetadata
-from tidefleet.records import AttemptOutcome, Fence, Heartbeat, Job
+from tidefleet.records import AttemptOutcome, Fence, Heartbeat, ItemWrite, Job
 
 log = logging.getLogger("tidefleet.agent")
 RECEIVE_BATCH = 10  # SQS's most per receive; more than a node's free slots anyway
 ACK_BATCH = 10  # messages deleted per call (SQS DeleteMessageBatch's most)
 ACK_FLUSH_S = 0.5  # a recorded item's message is deleted within this, batched with others
+RECORD_BATCH = 50  # succeeded items recorded per store call at most; a flush sends fewer within ACK_FLUSH_S
 OUTCOME_BATCH = 500  # finished attempts per outcome-metric write (CloudWatch takes 10,000 events in one)
 SETTLE_S = 5.0  # after the grace: time for an exited workload's runner to record its result
 MIN_LEASE_S = 30.0  # an attempt's claim lasts this (or 6 heartbeats) past its last renewal
@@ -202,10 +203,38 @@ class Acks(Batches):
                          "agent drops them)")  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Succeeded:
+    """A succeeded attempt whose record waits for the next flush of `Records`."""
+
+    receipt: str
+    write: ItemWrite
+    attempt: int
+    seconds: float
+
+
+class Records(Batches):
+    """Succeeded attempts recorded a flush at a time (`JobStore.update_items`: one store call for
+    many), then their messages deleted: the delete still only ever follows the record. A flush
+    that fails deletes nothing, so the queue redelivers those messages and the items run again:
+    at least once, as when a node dies between an item's end and its record (ACK_FLUSH_S wider).
+    `recorded(queue, succeeded, landed)` is called per attempt once its write was sent."""
+
+    def __init__(self, store, recorded):
+        self.store, self.recorded = store, recorded
+        super().__init__(self._write, RECORD_BATCH, "record succeeded items (the queue redelivers them and they "
+                         "run again)")  # fmt: skip
+
+    def _write(self, queue: str, entries: list[Succeeded]) -> list[str]:
+        for entry, landed in zip(entries, self.store.update_items([e.write for e in entries])):
+            self.recorded(queue, entry, landed)
+        return []
+
+
 class Outcomes(Batches):
     """Finished attempts for the cloud's outcome metric (the alarms on failure rates): one write
-    per queue per flush, not a call per item. Sent after the item's record; a lost batch only
-    thins the metric."""
+    per queue per flush, not a call per item. Sent once the attempt ended (a success's record may
+    still wait for its flush); a lost batch only thins the metric."""
 
     def __init__(self, logs):
         super().__init__(logs.record_outcomes, OUTCOME_BATCH, "record the outcome metric of attempts")
@@ -254,6 +283,7 @@ class Agent:
         self.devices: Devices | None = None  # the node's GPUs by slot (`_prepare`); None: no GPUs
         self.gpu_usage: dict[int, Usage] = {}  # id(run) -> what its GPUs did so far
         self.acks = Acks(self.cloud.queues)
+        self.records = Records(self.store, self._recorded)
         self.outcomes = Outcomes(self.cloud.logs)
         self.item_seconds: dict[str, list[float]] = defaultdict(list)  # succeeded items' run times, per beat
 
@@ -362,6 +392,7 @@ class Agent:
                 return
             self.asked_leave = idle_since
         try:
+            self.records.flush()  # the last successes are recorded before the node may go
             if not self.store.take_leave(self.pool_name, self.weight, idle_since, time.time()):
                 return
             self.retiring = True
@@ -926,19 +957,21 @@ class Agent:
             self.changed.notify_all()
 
     def _succeeded(self, run: Run, usage: dict, entry: dict) -> None:
-        msg = run.message
-        # Not fenced on the attempt: a success stands even if another attempt took the item
-        # meanwhile (that one sees it final at its next heartbeat and stops).
-        item = self.store.update_item(
-            msg.job, msg.item, status="succeeded", exit_code=0, reason="", lease_until=None,
-            append={"history": {**entry, "outcome": "succeeded"}}, **usage,
-        )  # fmt: skip
-        if item is None:
-            log.warning("%s/%s was already final; not marking it succeeded twice", msg.job, msg.item)
-        self.acks.add(run.queue, run.receipt)
+        """Recorded at the next flush (`Records`), with the other successes meanwhile. Not fenced on
+        the attempt: a success stands even if another attempt took the item meanwhile (that one
+        sees it final at its next heartbeat and stops)."""
+        write = ItemWrite(run.message.job, run.message.item, append={"history": {**entry, "outcome": "succeeded"}},
+                          values={"status": "succeeded", "exit_code": 0, "reason": "", "lease_until": None, **usage})  # fmt: skip
+        self.records.add(run.queue, Succeeded(run.receipt, write, run.attempt, entry["seconds"]))
+
+    def _recorded(self, queue: str, done: Succeeded, landed: bool) -> None:
+        job, item = done.write.job_id, done.write.item_id
+        if not landed:
+            log.warning("%s/%s was already final; not marking it succeeded twice", job, item)
+        self.acks.add(queue, done.receipt)
         with self.lock:  # folded into the queue's mean at the next heartbeat
-            self.item_seconds[run.queue].append(entry["seconds"])
-        log.info("%s/%s succeeded (attempt %d)", msg.job, msg.item, run.attempt)
+            self.item_seconds[queue].append(done.seconds)
+        log.info("%s/%s succeeded (attempt %d)", job, item, done.attempt)
 
     def _settle_cancelled(self, held: Held, entry: dict | None = None) -> None:
         extra = {"append": {"history": {**entry, "outcome": "cancelled"}}} if entry else {}
@@ -1022,6 +1055,7 @@ class Agent:
         self._forget(left)
 
     def _leave(self) -> None:
+        self.records.flush()
         self.acks.flush()
         self.outcomes.flush()
         if self.lifecycle_terminating:
@@ -1081,6 +1115,7 @@ class Agent:
             stream.flush()
 
     def _flush_batches(self) -> None:
+        self.records.flush(due_only=True)
         self.acks.flush(due_only=True)
         self.outcomes.flush(due_only=True)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, fields
 from decimal import Decimal
 from functools import reduce
@@ -33,6 +34,7 @@ from tidefleet.records import (
     Fence,
     Heartbeat,
     Item,
+    ItemWrite,
     Job,
     QueueStats,
     cohort_fields,
@@ -44,6 +46,8 @@ WRITE_BATCH = 25  # BatchWriteItem's limit
 GET_BATCH = 100  # BatchGetItem's limit
 RETRIES = 8  # rounds of unprocessed items (throttling) before giving up; backoff doubles from BACKOFF_S
 BACKOFF_S = 0.05
+TRANSACT_WRITES = 50  # item writes per TransactWriteItems: its limit is 100 actions, job counters included
+TRANSACT_RETRIES = 4  # conflicts with other transactions (agents counting on one job) before giving up
 
 
 def backoff(attempt: int) -> None:
@@ -445,71 +449,64 @@ class DynamoStore:
         A write that settles the item (or takes it out of a final status) also counts it on its
         job (`settled_moves`): one TransactWriteItems of both, so only a write that lands counts.
         A transaction returns no values: that write returns the item as far as it wrote it."""
-        moves = settled_moves(values.get("status"), only_from, never_from)
-        values["updated_at"] = time.time()
-        names = {f"#{k}": k for k in [*values, *(add or {}), *(append or {})]}
-        sets = [f"#{k} = :{k}" for k, v in values.items() if v is not None]
-        removes = [f"#{k}" for k, v in values.items() if v is None]
-        sets += [f"#{k} = if_not_exists(#{k}, :zero) + :add_{k}" for k in add or {}]
-        expr_values = {f":{k}": _to_dynamo(v) for k, v in values.items() if v is not None}
-        expr_values |= {f":add_{k}": v for k, v in (add or {}).items()}
-        if add:
-            expr_values[":zero"] = 0
-        sets += [f"#{k} = list_append(if_not_exists(#{k}, :empty), :append_{k})" for k in append or {}]
-        expr_values |= {f":append_{k}": [_to_dynamo(v)] for k, v in (append or {}).items()}
-        if append:
-            expr_values[":empty"] = []
-        conditions = ["attribute_exists(pk)"]
-        if only_from:
-            conditions.append("#status IN (" + ", ".join(f":from{i}" for i in range(len(only_from))) + ")")
-            expr_values |= {f":from{i}": s for i, s in enumerate(only_from)}
-        if never_from:
-            conditions.append(
-                "(attribute_not_exists(#status) OR NOT #status IN ("
-                + ", ".join(f":never{i}" for i in range(len(never_from)))
-                + "))"
-            )
-            expr_values |= {f":never{i}": s for i, s in enumerate(never_from)}
-        if fence is not None and fence.attempt is not None:
-            conditions.append("#fence_attempts = :fence_attempt")
-            names["#fence_attempts"] = "attempts"
-            expr_values[":fence_attempt"] = fence.attempt
-        if fence is not None and fence.claim_at is not None:
-            conditions.append("(#status <> :running OR attribute_not_exists(#lease) OR #lease <= :claim_at)")
-            names["#lease"] = "lease_until"
-            expr_values |= {":running": "running", ":claim_at": _to_dynamo(float(fence.claim_at))}
-        if fence is not None and fence.seq is not None:
-            conditions.append("(attribute_not_exists(#fence_seq) OR #fence_seq <= :fence_seq)")
-            names["#fence_seq"] = "seq"
-            expr_values[":fence_seq"] = fence.seq
-        update = "SET " + ", ".join(sets) + (" REMOVE " + ", ".join(removes) if removes else "")
-        kwargs = {
-            "Key": {"pk": f"JOB#{job_id}", "sk": f"ITEM#{item_id}"},
-            "UpdateExpression": update,
-            "ExpressionAttributeNames": names,
-            "ExpressionAttributeValues": expr_values,
-            "ReturnValues": "ALL_NEW",
-        }
-        kwargs["ConditionExpression"] = " AND ".join(conditions)
-        names["#status"] = "status"
+        request, moves = _item_update(job_id, item_id, only_from, never_from, fence, add, append, values)
         if moves:
-            return self._counted_update(job_id, item_id, kwargs, moves, values)
+            return self._counted_update(job_id, item_id, request, moves, values)
         try:
-            return _record(Item, self.table.update_item(**kwargs)["Attributes"])
+            return _record(Item, self.table.update_item(**request, ReturnValues="ALL_NEW")["Attributes"])
         except ClientError as err:
             if err.response["Error"]["Code"] != "ConditionalCheckFailedException":
                 raise
             return None
 
-    def _counted_update(self, job_id: str, item_id: str, update: dict, moves: dict[str, int], values: dict) -> Item | None:
-        del update["ReturnValues"]
-        job = {"Key": {"pk": f"JOB#{job_id}", "sk": "JOB"}, "ConditionExpression": "attribute_exists(pk)",
-               "UpdateExpression": "ADD " + ", ".join(f"{k} :{k}" for k in moves),
-               "ExpressionAttributeValues": {f":{k}": n for k, n in moves.items()}}  # fmt: skip
+    def update_items(self, writes: Sequence[ItemWrite]) -> list[bool]:
+        """As `JobStore.update_items`: TransactWriteItems of up to `TRANSACT_WRITES` writes, with one
+        counter update per job for the writes that settle its items. A transaction is all or
+        nothing, so writes whose condition failed (`CancellationReasons`) are dropped and the rest
+        sent again; a conflict with another transaction on the same records (another agent
+        counting on the job) is retried after a short jittered pause."""
+        landed = [False] * len(writes)
+        for chunk in _transaction_chunks(writes):
+            left, conflicts = list(chunk), 0
+            while left:
+                requests = [(i, *_item_update(w.job_id, w.item_id, w.only_from, w.never_from, w.fence, w.add,
+                                              w.append, dict(w.values))) for i, w in ((i, writes[i]) for i in left)]  # fmt: skip
+                counts: dict[str, dict[str, int]] = {}
+                for i, _, moves in requests:
+                    job = counts.setdefault(writes[i].job_id, {})
+                    for k, n in moves.items():
+                        job[k] = job.get(k, 0) + n
+                jobs = [(job_id, moves) for job_id, moves in counts.items() if any(moves.values())]
+                actions = [{"Update": {"TableName": self.table.name, **r}} for _, r, _ in requests]
+                actions += [{"Update": {"TableName": self.table.name, **_job_count(job_id, moves)}} for job_id, moves in jobs]
+                try:
+                    self.table.meta.client.transact_write_items(TransactItems=actions)
+                except ClientError as err:
+                    if err.response["Error"]["Code"] != "TransactionCanceledException":
+                        raise
+                    reasons = [r.get("Code") or "None" for r in err.response.get("CancellationReasons", [])]
+                    failed = {i for (i, _, _), code in zip(requests, reasons) if code == "ConditionalCheckFailed"}
+                    for (job_id, _), code in zip(jobs, reasons[len(requests):]):
+                        if code == "ConditionalCheckFailed":  # the job is gone: none of its writes lands
+                            failed |= {i for i, _, _ in requests if writes[i].job_id == job_id}
+                    if failed:
+                        left = [i for i in left if i not in failed]
+                    elif "TransactionConflict" in reasons and conflicts < TRANSACT_RETRIES:
+                        conflicts += 1
+                        time.sleep(random.uniform(0.05, 0.2) * 2**conflicts)
+                    else:
+                        raise
+                    continue
+                for i in left:
+                    landed[i] = True
+                left = []
+        return landed
+
+    def _counted_update(self, job_id: str, item_id: str, request: dict, moves: dict[str, int], values: dict) -> Item | None:
         try:
             self.table.meta.client.transact_write_items(TransactItems=[
-                {"Update": {"TableName": self.table.name, **update}},
-                {"Update": {"TableName": self.table.name, **job}},
+                {"Update": {"TableName": self.table.name, **request}},
+                {"Update": {"TableName": self.table.name, **_job_count(job_id, moves)}},
             ])  # fmt: skip
         except ClientError as err:
             reasons = [r.get("Code") for r in err.response.get("CancellationReasons", [])]
@@ -518,6 +515,81 @@ class DynamoStore:
             raise
         written = {k: v for k, v in values.items() if k in Item.__dataclass_fields__ and v is not None}
         return Item(job_id=job_id, item_id=item_id, **written)
+
+
+def _item_update(job_id: str, item_id: str, only_from, never_from, fence: Fence | None, add: dict | None,
+                 append: dict | None, values: dict) -> tuple[dict, dict[str, int]]:
+    """The UpdateItem request (no ReturnValues) of one conditional item write, and what it moves
+    on its job's settled counters (`settled_moves`). `values` gains `updated_at`."""
+    moves = settled_moves(values.get("status"), only_from, never_from)
+    values["updated_at"] = time.time()
+    names = {f"#{k}": k for k in [*values, *(add or {}), *(append or {})]}
+    sets = [f"#{k} = :{k}" for k, v in values.items() if v is not None]
+    removes = [f"#{k}" for k, v in values.items() if v is None]
+    sets += [f"#{k} = if_not_exists(#{k}, :zero) + :add_{k}" for k in add or {}]
+    expr_values = {f":{k}": _to_dynamo(v) for k, v in values.items() if v is not None}
+    expr_values |= {f":add_{k}": v for k, v in (add or {}).items()}
+    if add:
+        expr_values[":zero"] = 0
+    sets += [f"#{k} = list_append(if_not_exists(#{k}, :empty), :append_{k})" for k in append or {}]
+    expr_values |= {f":append_{k}": [_to_dynamo(v)] for k, v in (append or {}).items()}
+    if append:
+        expr_values[":empty"] = []
+    conditions = ["attribute_exists(pk)"]
+    if only_from:
+        conditions.append("#status IN (" + ", ".join(f":from{i}" for i in range(len(only_from))) + ")")
+        expr_values |= {f":from{i}": s for i, s in enumerate(only_from)}
+    if never_from:
+        conditions.append(
+            "(attribute_not_exists(#status) OR NOT #status IN ("
+            + ", ".join(f":never{i}" for i in range(len(never_from)))
+            + "))"
+        )
+        expr_values |= {f":never{i}": s for i, s in enumerate(never_from)}
+    if fence is not None and fence.attempt is not None:
+        conditions.append("#fence_attempts = :fence_attempt")
+        names["#fence_attempts"] = "attempts"
+        expr_values[":fence_attempt"] = fence.attempt
+    if fence is not None and fence.claim_at is not None:
+        conditions.append("(#status <> :running OR attribute_not_exists(#lease) OR #lease <= :claim_at)")
+        names["#lease"] = "lease_until"
+        expr_values |= {":running": "running", ":claim_at": _to_dynamo(float(fence.claim_at))}
+    if fence is not None and fence.seq is not None:
+        conditions.append("(attribute_not_exists(#fence_seq) OR #fence_seq <= :fence_seq)")
+        names["#fence_seq"] = "seq"
+        expr_values[":fence_seq"] = fence.seq
+    update = "SET " + ", ".join(sets) + (" REMOVE " + ", ".join(removes) if removes else "")
+    request = {
+        "Key": {"pk": f"JOB#{job_id}", "sk": f"ITEM#{item_id}"},
+        "UpdateExpression": update,
+        "ExpressionAttributeNames": {**names, "#status": "status"},
+        "ExpressionAttributeValues": expr_values,
+        "ConditionExpression": " AND ".join(conditions),
+    }
+    return request, moves
+
+
+def _job_count(job_id: str, moves: dict[str, int]) -> dict:
+    """The job's part of a settling write: its counters moved, if the job exists."""
+    return {"Key": {"pk": f"JOB#{job_id}", "sk": "JOB"}, "ConditionExpression": "attribute_exists(pk)",
+            "UpdateExpression": "ADD " + ", ".join(f"{k} :{k}" for k in moves),
+            "ExpressionAttributeValues": {f":{k}": n for k, n in moves.items()}}  # fmt: skip
+
+
+def _transaction_chunks(writes: Sequence[ItemWrite]) -> list[list[int]]:
+    """Indices of `writes` in transactions of at most `TRANSACT_WRITES` (room left for the job
+    counters), a record written at most once per transaction (DynamoDB refuses two operations
+    on one item): a repeat goes to a later chunk, so writes of one item land in order."""
+    chunks: list[list[int]] = []
+    last: dict[tuple[str, str], int] = {}  # item -> the chunk of its latest write
+    for i, w in enumerate(writes):
+        key = (w.job_id, w.item_id)
+        at = next((c for c in range(last.get(key, -1) + 1, len(chunks)) if len(chunks[c]) < TRANSACT_WRITES), len(chunks))
+        if at == len(chunks):
+            chunks.append([])
+        chunks[at].append(i)
+        last[key] = at
+    return chunks
 
 
 def create_table(env_name: str, region: str | None = None) -> None:

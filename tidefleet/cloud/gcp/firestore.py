@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import asdict
 from functools import reduce
 
@@ -45,6 +46,7 @@ from tidefleet.records import (
     Fence,
     Heartbeat,
     Item,
+    ItemWrite,
     Job,
     QueueStats,
     cohort_fields,
@@ -476,3 +478,8 @@ class FirestoreStore(FirestoreNodes):
                 continue
             return self._item(job_id, item_id, new)
         raise RuntimeError(f"item {job_id}/{item_id}: still changing after {WRITE_RACES} attempts; try again")
+
+    def update_items(self, writes: Sequence[ItemWrite]) -> list[bool]:
+        """As `JobStore.update_items`, one write at a time (a read and a commit each, as
+        `update_item`). Not batched yet: that would be one batchGet and one commit per flush."""
+        return [self.update_item(w.job_id, w.item_id, **w.kwargs()) is not None for w in writes]
