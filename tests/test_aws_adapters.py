@@ -12,19 +12,22 @@ moto 5.2 gaps met here:
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 
 import boto3
 import pytest
+from botocore.awsrequest import AWSResponse
 from botocore.exceptions import ClientError
 from botocore.stub import Stubber
 
 from tidefleet import control, naming
-from tidefleet.cloud.aws import AutoScalingFleet, QueueMissing, SqsQueues, aws_ports
+from tidefleet.cloud.aws import AutoScalingFleet, QueueMissing, SqsQueues, aws_ports, dynamodb
 from tidefleet.cloud.aws.dynamodb import DynamoStore
 from tidefleet.cloud.aws.provision import provision
 from tidefleet.config import load_environment
 from tidefleet.ports import Backlog
+from tidefleet.records import Item, ItemWrite, Job
 
 ENV = load_environment("sandbox")
 GROUP = naming.group("sandbox", "cpu")
@@ -221,3 +224,65 @@ def test_the_queue_urls_come_from_one_listing_of_the_environments_queues(cloud):
     for _ in range(2):
         assert all(queues.backlog(q) == Backlog(0, 0) for q in ENV.queues)
     assert (len(listed), len(asked)) == (1, 0)
+
+
+def _cancelled(*codes: str):
+    """TransactWriteItems refused as DynamoDB refuses it, one cancellation reason per action."""
+    return AWSResponse("", 400, {}, None), {
+        "Error": {"Code": "TransactionCanceledException", "Message": "Transaction cancelled"},
+        "CancellationReasons": [{"Code": c} for c in codes],
+    }
+
+
+@pytest.fixture
+def settling(cloud, monkeypatch):
+    """A store with three running items of a counted job, whose TransactWriteItems calls answer
+    from `answers` first (each a canned refusal or None: to the moto server), without sleeping."""
+    store = DynamoStore(ENV.name, ENV.region)
+    store.put_job(Job("j", "items", "demo", 0.0, 3, counted=True))
+    store.create_items([Item("j", f"{n:06d}", args=[], status="running") for n in range(3)], unseen=True)
+    monkeypatch.setattr(dynamodb.time, "sleep", lambda s: None)
+    answers: list = []
+    calls: list[int] = []
+
+    def answer(params, **_):  # params: the serialized request
+        calls.append(len(json.loads(params["body"])["TransactItems"]))
+        return answers.pop(0) if answers else None
+
+    store.table.meta.client.meta.events.register("before-call.dynamodb.TransactWriteItems", answer)
+    writes = [ItemWrite("j", f"{n:06d}", {"status": "succeeded"}) for n in range(3)]
+    return store, writes, answers, calls
+
+
+def test_recording_items_retries_a_transaction_that_conflicted_with_another_writer(settling):
+    """Agents counting on one job's record at once: DynamoDB cancels one transaction with
+    TransactionConflict, and the write is only late."""
+    store, writes, answers, calls = settling
+    answers += [_cancelled("TransactionConflict", "None", "None", "None")] * 2
+    assert store.update_items(writes) == [True] * 3
+    assert calls == [4, 4, 4] and store.job("j").n_succeeded == 3
+
+
+def test_recording_items_gives_up_on_endless_conflicts_with_the_error_and_lands_nothing(settling):
+    store, writes, answers, calls = settling
+    answers += [_cancelled("None", "TransactionConflict", "None", "None")] * (dynamodb.TRANSACT_RETRIES + 1)
+    with pytest.raises(ClientError, match="TransactionCanceledException"):
+        store.update_items(writes)
+    assert len(calls) == dynamodb.TRANSACT_RETRIES + 1
+    assert store.job("j").n_succeeded == 0 and {i.status for i in store.items("j")} == {"running"}
+
+
+def test_recording_items_drops_the_writes_whose_condition_failed_and_lands_the_others(settling):
+    store, writes, answers, calls = settling
+    answers.append(_cancelled("None", "ConditionalCheckFailed", "None", "None"))
+    assert store.update_items(writes) == [True, False, True]
+    assert calls == [4, 3], "sent again without it: 2 writes and their job's count"
+    assert store.job("j").n_succeeded == 2 and store.item("j", "000001").status == "running"
+
+
+def test_recording_items_refused_for_another_reason_raises_it(settling):
+    store, writes, answers, _ = settling
+    answers.append(_cancelled("ValidationError", "None", "None", "None"))
+    with pytest.raises(ClientError):
+        store.update_items(writes)
+    assert store.job("j").n_succeeded == 0
