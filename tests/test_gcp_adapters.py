@@ -194,3 +194,17 @@ def test_once_spot_is_healthy_again_the_busy_on_demand_nodes_are_kept_in_a_full_
     assert (decision.desired, decision.on_demand_base) == (4, 0), "the policy restores the configured base"
     assert gcp.groups == {spot: 2, on_demand: 2}, "but no busy on-demand VM is deleted for it"
     assert all(vm.action == "NONE" for vm in gcp.vms[spot] + gcp.vms[on_demand])
+
+
+def test_recording_many_items_is_one_batch_read_and_one_commit_per_chunk(gcp):
+    from tidefleet.cloud.gcp.firestore import COMMIT_WRITES, FirestoreStore
+    from tidefleet.records import Item, ItemWrite, Job
+
+    store = FirestoreStore(ENV, credentials=AnonymousCredentials())
+    store.put_job(Job("j", "items", "default", 0.0, 3, counted=True))
+    n = COMMIT_WRITES + 5
+    store.create_items([Item("j", f"{i:06d}", args=[], status="running") for i in range(n)], unseen=True)
+    gcp.calls.clear()
+    assert store.update_items([ItemWrite("j", f"{i:06d}", {"status": "succeeded"}) for i in range(n)]) == [True] * n
+    assert [(m, p.rsplit(":", 1)[-1]) for m, p, _ in gcp.calls] == [("POST", "batchGet"), ("POST", "commit")] * 2
+    assert store.job("j").n_succeeded == n

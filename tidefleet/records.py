@@ -6,6 +6,7 @@ store them, the control tick and the agent read them, the SDK shows them. No SDK
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 STATS_RETRIES = 3  # a sample lost to this many concurrent writers is dropped: a statistic, not a record
@@ -156,6 +157,23 @@ class ItemWrite:
         """`update_item`'s keyword arguments: `store.update_item(w.job_id, w.item_id, **w.kwargs())`."""
         return {"only_from": self.only_from, "never_from": self.never_from, "fence": self.fence, "add": self.add,
                 "append": self.append, **self.values}  # fmt: skip
+
+
+def write_chunks(writes: Sequence[ItemWrite], size: int) -> list[list[int]]:
+    """Indices of `writes` in chunks of at most `size` (one store call each), an item written at
+    most once per chunk (DynamoDB refuses two operations on one item in a transaction, and a
+    Firestore commit checks each against one read): a repeat goes to a later chunk, so writes of
+    one item land in order."""
+    chunks: list[list[int]] = []
+    last: dict[tuple[str, str], int] = {}  # item -> the chunk of its latest write
+    for i, w in enumerate(writes):
+        key = (w.job_id, w.item_id)
+        at = next((c for c in range(last.get(key, -1) + 1, len(chunks)) if len(chunks[c]) < size), len(chunks))
+        if at == len(chunks):
+            chunks.append([])
+        chunks[at].append(i)
+        last[key] = at
+    return chunks
 
 
 @dataclass(frozen=True)

@@ -178,6 +178,16 @@ def test_several_writes_land_in_one_go_each_on_its_own_condition_and_count_once_
     assert s.job("j").n_succeeded == 2 and s.update_items([]) == []
 
 
+def test_several_writes_one_of_which_another_writer_settled_meanwhile_land_the_rest_and_count_once(store):
+    s = store.store
+    s.create_items([queued(item=f"00000{n}", status="running") for n in range(3)], unseen=True)
+    store.before_next_write(lambda: store.other().update_item("j", "000001", status="failed", node="other"))
+    writes = [ItemWrite("j", f"00000{n}", {"status": "succeeded", "node": "me"}) for n in range(3)]
+    assert s.update_items(writes) == [True, False, True]
+    assert [(i.status, i.node) for i in s.items("j")] == [("succeeded", "me"), ("failed", "other"), ("succeeded", "me")]
+    assert (s.job("j").n_succeeded, s.job("j").n_failed) == (2, 1)
+
+
 def test_more_writes_than_one_store_call_holds_all_land_and_count(store):
     s = store.store
     s.create_items([queued(item=f"{n:06d}", status="running") for n in range(120)], unseen=True)

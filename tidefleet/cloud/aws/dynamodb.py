@@ -40,6 +40,7 @@ from tidefleet.records import (
     cohort_fields,
     cohorts_of,
     settled_moves,
+    write_chunks,
 )
 
 WRITE_BATCH = 25  # BatchWriteItem's limit
@@ -466,7 +467,7 @@ class DynamoStore:
         sent again; a conflict with another transaction on the same records (another agent
         counting on the job) is retried after a short jittered pause."""
         landed = [False] * len(writes)
-        for chunk in _transaction_chunks(writes):
+        for chunk in write_chunks(writes, TRANSACT_WRITES):
             left, conflicts = list(chunk), 0
             while left:
                 requests = [(i, *_item_update(w.job_id, w.item_id, w.only_from, w.never_from, w.fence, w.add,
@@ -574,22 +575,6 @@ def _job_count(job_id: str, moves: dict[str, int]) -> dict:
     return {"Key": {"pk": f"JOB#{job_id}", "sk": "JOB"}, "ConditionExpression": "attribute_exists(pk)",
             "UpdateExpression": "ADD " + ", ".join(f"{k} :{k}" for k in moves),
             "ExpressionAttributeValues": {f":{k}": n for k, n in moves.items()}}  # fmt: skip
-
-
-def _transaction_chunks(writes: Sequence[ItemWrite]) -> list[list[int]]:
-    """Indices of `writes` in transactions of at most `TRANSACT_WRITES` (room left for the job
-    counters), a record written at most once per transaction (DynamoDB refuses two operations
-    on one item): a repeat goes to a later chunk, so writes of one item land in order."""
-    chunks: list[list[int]] = []
-    last: dict[tuple[str, str], int] = {}  # item -> the chunk of its latest write
-    for i, w in enumerate(writes):
-        key = (w.job_id, w.item_id)
-        at = next((c for c in range(last.get(key, -1) + 1, len(chunks)) if len(chunks[c]) < TRANSACT_WRITES), len(chunks))
-        if at == len(chunks):
-            chunks.append([])
-        chunks[at].append(i)
-        last[key] = at
-    return chunks
 
 
 def create_table(env_name: str, region: str | None = None) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict
 from functools import reduce
@@ -53,6 +54,7 @@ from tidefleet.records import (
     cohorts_of,
     leave_granted,
     settled_moves,
+    write_chunks,
 )
 
 PAGE = 300
@@ -63,7 +65,33 @@ BACKOFF_S = 0.05
 # google.rpc.Code of a write in a batchWrite: worth trying again, already there (a create's precondition).
 RETRYABLE = {4, 8, 10, 13, 14}  # DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, ABORTED, INTERNAL, UNAVAILABLE
 ALREADY_EXISTS = 6
+COMMIT_WRITES = 200  # item writes per commit (Firestore takes 500 writes in one, job counters included)
 WRITE_RACES = 20  # read-check-write rounds before giving up on a document others keep changing
+
+
+def _planned_write(doc: Document, current: dict, only_from: tuple[str, ...] | None, never_from: tuple[str, ...],
+                   fence: Fence | None, add: dict | None, append: dict | None, values: dict) -> tuple[Write, dict] | None:
+    """The commit write of one conditional item update (`update_item`'s arguments) against the
+    document as read, preconditioned on its update time, and the item as it will be; None when
+    the condition fails on what was read."""
+    status = current.get("status")
+    if (only_from and status not in only_from) or (status is not None and status in never_from):
+        return None
+    if fence is not None and not fence.admits(current):
+        return None
+    new = {**current, **{k: v for k, v in values.items() if v is not None}}
+    for k in (k for k, v in values.items() if v is None):
+        new.pop(k, None)
+    for k, n in (add or {}).items():
+        new[k] = (new.get(k) or 0) + n
+    for k, entry in (append or {}).items():
+        new[k] = [*(new.get(k) or []), entry]
+    # A path in the mask but not in the fields is deleted: what a None value asks for.
+    changed = [*values, *(add or {}), *(append or {})]
+    write = Write(update=Document(name=doc.name, fields=_fields({k: new.get(k) for k in changed})),
+                  update_mask=DocumentMask(field_paths=changed),
+                  current_document=Precondition(update_time=doc.update_time))  # fmt: skip
+    return write, new
 
 
 def lost_race(err: gexc.GoogleAPICallError) -> bool:
@@ -113,6 +141,7 @@ class FirestoreNodes:
     def __init__(self, env: Environment, *, client: FirestoreClient | None = None, credentials=None):
         self.client = client or FirestoreClient(transport="rest", credentials=credentials)
         self.root = f"projects/{env.project}/databases/{naming.table(env.name)}/documents"
+        self.database = self.root.removesuffix("/documents")
 
     def _doc(self, pool: str, node_id: str) -> str:
         return f"{self.root}/pools/{pool}/nodes/{node_id}"
@@ -295,7 +324,7 @@ class FirestoreStore(FirestoreNodes):
         conditional batch write DynamoDB lacks, so `unseen` changes nothing here. batchWrite is
         not atomic: each write has its own status; throttled ones are retried with backoff."""
         created: list[str] = []
-        database = self.root.removesuffix("/documents")
+        database = self.database
         for start in range(0, len(items), WRITE_BATCH):
             pending = items[start : start + WRITE_BATCH]
             for attempt in range(RETRIES + 1):
@@ -321,7 +350,7 @@ class FirestoreStore(FirestoreNodes):
 
     def items_by_id(self, job_id: str, item_ids: list[str]) -> dict[str, Item]:
         out: dict[str, Item] = {}
-        database = self.root.removesuffix("/documents")
+        database = self.database
         for start in range(0, len(item_ids), GET_BATCH):
             names = [self._item_doc(job_id, i) for i in item_ids[start : start + GET_BATCH]]
             for got in self.client.batch_get_documents(request={"database": database, "documents": names}):
@@ -441,34 +470,16 @@ class FirestoreStore(FirestoreNodes):
         moves = settled_moves(values.get("status"), only_from, never_from)
         name = self._item_doc(job_id, item_id)
         values["updated_at"] = time.time()
-        changed = [*values, *(add or {}), *(append or {})]
         for _ in range(WRITE_RACES):
             doc = self._get(name)
-            if doc is None:
+            planned = doc and _planned_write(doc, self._values(doc), only_from, never_from, fence, add, append, values)
+            if not planned:
                 return None
-            current = self._values(doc)
-            status = current.get("status")
-            if (only_from and status not in only_from) or (status is not None and status in never_from):
-                return None
-            if fence is not None and not fence.admits(current):
-                return None
-            new = {**current, **{k: v for k, v in values.items() if v is not None}}
-            for k in (k for k, v in values.items() if v is None):
-                new.pop(k, None)
-            for k, n in (add or {}).items():
-                new[k] = (new.get(k) or 0) + n
-            for k, entry in (append or {}).items():
-                new[k] = [*(new.get(k) or []), entry]
-            # A path in the mask but not in the fields is deleted: what a None value asks for.
-            write = Write(update=Document(name=name, fields=_fields({k: new.get(k) for k in changed})),
-                          update_mask=DocumentMask(field_paths=changed),
-                          current_document=Precondition(update_time=doc.update_time))  # fmt: skip
-            count = DocumentTransform(document=self._job_doc(job_id), field_transforms=[
-                DocumentTransform.FieldTransform(field_path=k, increment=Value(integer_value=n)) for k, n in moves.items()])
+            write, new = planned
             try:
                 if moves:
-                    self.client.commit(request={"database": self.root.removesuffix("/documents"), "writes": [
-                        write, Write(transform=count, current_document=Precondition(exists=True))]})  # fmt: skip
+                    self.client.commit(request={"database": self.database, "writes": [
+                        write, self._count_write(job_id, moves)]})  # fmt: skip
                 else:
                     self.client.update_document(request={"document": write.update, "update_mask": write.update_mask,
                                                          "current_document": write.current_document})  # fmt: skip
@@ -480,6 +491,42 @@ class FirestoreStore(FirestoreNodes):
         raise RuntimeError(f"item {job_id}/{item_id}: still changing after {WRITE_RACES} attempts; try again")
 
     def update_items(self, writes: Sequence[ItemWrite]) -> list[bool]:
-        """As `JobStore.update_items`, one write at a time (a read and a commit each, as
-        `update_item`). Not batched yet: that would be one batchGet and one commit per flush."""
-        return [self.update_item(w.job_id, w.item_id, **w.kwargs()) is not None for w in writes]
+        """As `JobStore.update_items`: per chunk one batchGet, each write's condition checked on
+        what it read, then one commit of the writes that pass (each preconditioned on its
+        document's update time) and their jobs' counts. A commit that lost a race (a document
+        changed since the read) is done again write by write (`update_item`)."""
+        landed = [False] * len(writes)
+        for chunk in write_chunks(writes, COMMIT_WRITES):
+            names = [self._item_doc(writes[i].job_id, writes[i].item_id) for i in chunk]
+            read = {got.found.name: got.found for got in self.client.batch_get_documents(
+                request={"database": self.database, "documents": names}) if got.found.name}  # fmt: skip
+            planned, counts = [], defaultdict(lambda: defaultdict(int))
+            for i, name in zip(chunk, names):
+                w, doc = writes[i], read.get(name)
+                values = {**w.values, "updated_at": time.time()}
+                write = doc and _planned_write(doc, self._values(doc), w.only_from, w.never_from, w.fence, w.add,
+                                               w.append, values)  # fmt: skip
+                if write:
+                    planned.append((i, write[0]))
+                    for k, n in settled_moves(values.get("status"), w.only_from, w.never_from).items():
+                        counts[w.job_id][k] += n
+            if not planned:
+                continue
+            jobs = [self._count_write(job_id, moves) for job_id, moves in counts.items() if any(moves.values())]
+            try:
+                self.client.commit(request={"database": self.database, "writes": [w for _, w in planned] + jobs})
+            except gexc.GoogleAPICallError as err:
+                if not lost_race(err):
+                    raise
+                for i, _ in planned:
+                    landed[i] = self.update_item(writes[i].job_id, writes[i].item_id, **writes[i].kwargs()) is not None
+                continue
+            for i, _ in planned:
+                landed[i] = True
+        return landed
+
+    def _count_write(self, job_id: str, moves: dict[str, int]) -> Write:
+        """The job's part of a settling commit: its counters moved, if the job exists."""
+        count = DocumentTransform(document=self._job_doc(job_id), field_transforms=[
+            DocumentTransform.FieldTransform(field_path=k, increment=Value(integer_value=n)) for k, n in moves.items()])
+        return Write(transform=count, current_document=Precondition(exists=True))
