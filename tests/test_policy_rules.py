@@ -741,3 +741,24 @@ def test_a_half_empty_node_is_cordoned_when_demand_fits_on_the_others_and_uncord
     drained = [replace(nodes[0], cordoned=True, busy_slots=0, idle_since=NOW - 5), nodes[1]]
     gone = decide_pool(env, fleet(env, drained, render=(0, 6)))
     assert gone.terminate == ("i-a",), gone.reasons
+
+
+def test_items_past_their_wait_target_get_a_node_when_turnover_does_not_reach_them():
+    """The mean comes from items that finished; the busy slots may run far longer ones (a heavy
+    tail): an item that waited past its target while its queue's agents took fewer items over
+    such a wait than are late is given a node, whatever turnover promises."""
+    env = environment(**BREAK_EVEN)  # boot 60 s, 2 slots a node
+    view = with_intake(fleet(env, [node("i-a", busy=2)], render=(1, 2)), 0.0, mean=30.0)
+
+    def aged(v, age):
+        return replace(v, queues=tuple(replace(q, oldest_age_s=age, target_wait_s=120) for q in v.queues))
+
+    assert decide_pool(env, aged(view, 100.0)).desired == 1, "within its target: turnover counted"
+    late = decide_pool(env, aged(view, 130.0))
+    assert late.desired == 2, late.reasons
+    assert any("1 item(s) waited past target_wait_s" in r for r in late.reasons), late.reasons
+    taking = with_intake(aged(view, 130.0), 0.02, mean=30.0)  # 0.02/s x 120 s = 2.4 items >= 1 late
+    assert decide_pool(env, taking).desired == 1, "its agents take items: turnover reaches it"
+    booting = replace(aged(view, 130.0), pools=tuple(
+        replace(p, nodes=(*p.nodes, node("i-b", booted=False, age=30)), desired=2) for p in view.pools))
+    assert decide_pool(env, booting).desired == 2, "a booting node's slots are its slots: no more launched"

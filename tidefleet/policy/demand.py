@@ -21,6 +21,11 @@ waiting items never lower what is needed (each rule is monotone in demand).
     items come in cohorts by age (`cohorts`, from the tick's waiting marks), first in, first
     out: each cohort's horizon is its own, and the slots started by it must cover it and every
     older one (items in flight first): younger items may wait for slots older ones leave.
+    Turnover is an estimate from the items that finished, and busy slots may run items far longer
+    (heavy tails: what finishes is short, what runs is long): items that waited past their
+    target while the queue's agents took fewer items over such a wait than are late (`overdue`)
+    get the slots free now or booting, else new ones, whatever turnover promises. Without this,
+    a Philly item waited 40 minutes on an uncapped pool behind 29 busy slots of a 24-minute mean.
 1b. Packing. An item of k > 1 slots starts only on one node with k free slots. Waiting items
     of such queues are placed on the serving nodes' free slots (booting nodes are all free),
     biggest first within a priority, each on the node with the fewest free slots that fit it.
@@ -66,6 +71,7 @@ class Horizon:
     waiting: int  # items waiting in queues whose serving slots turn over within the boot
     started: int  # of them, items serving slots start before a new node would be ready
     means: tuple[float, ...]  # the mean run times that turned over
+    stalled: tuple[tuple[str, int], ...] = ()  # (queue, items) past their target that launched nodes
 
 
 def wait_horizon(queue: QueueView, boot_s: int, age_s: float | None = None) -> float:
@@ -103,10 +109,13 @@ def drop_oldest(cohorts: Iterable[tuple[float, int]], items: int) -> list[tuple[
     return out
 
 
-def boot_horizon(queues: list[QueueView], warm_slots: int, booting: list[float], boot_s: int) -> Horizon:
-    """`booting`: per booting slot, the seconds until its node is expected ready."""
+def boot_horizon(queues: list[QueueView], warm_slots: int, booting: list[float], boot_s: int,
+                 free_slots: int = 0) -> Horizon:  # fmt: skip
+    """`booting`: per booting slot, the seconds until its node is expected ready; `free_slots`: of
+    the warm slots, those free now."""
     warm_left, boot_left = warm_slots, sorted(booting)
-    uncovered, waiting, started, means = [], 0, 0, []
+    room = free_slots + len(booting)  # what items past their target may have without turnover
+    uncovered, waiting, started, means, stalled = [], 0, 0, [], []
     for q in queues:
         mean, due = q.mean_item_s, _deadlines(q, boot_s)
         if not due:
@@ -120,12 +129,29 @@ def boot_horizon(queues: list[QueueView], warm_slots: int, booting: list[float],
         warm_left -= nw
         left = [(h, max(0, n - nw * (1 + turns(mean, h)))) for h, n in short]
         # New slots, a whole boot away, each turning over within what is left of its cohort's wait.
-        uncovered.append(max(math.ceil(n / (1 + turns(mean, h - boot_s))) for h, n in left))
+        new = max(math.ceil(n / (1 + turns(mean, h - boot_s))) for h, n in left)
+        # Items still waiting past their target were counted on turnover that did not come (busy
+        # slots run items far longer than the mean of those that finished): they get free slots
+        # or new ones, whatever turnover promises.
+        late = overdue(q)
+        uncovered.append(max(new, late * q.slots_per_item - room))
+        if late * q.slots_per_item - room > new:
+            stalled.append((q.name, late))
+        room = max(0, room - late * q.slots_per_item)
         if mean and q.visible and any(turns(mean, h) for h, _ in due):
             waiting += q.visible
             started += max(0, q.visible - math.ceil(max(n for _, n in left) / q.slots_per_item))
             means.append(mean)
-    return Horizon(tuple(uncovered), waiting, started, tuple(means))
+    return Horizon(tuple(uncovered), waiting, started, tuple(means), tuple(stalled))
+
+
+def overdue(q: QueueView) -> int:
+    """Waiting items of the queue that waited past its wait target while its agents took fewer
+    items over such a wait than are late (0 without a target): turnover is not reaching them."""
+    if q.target_wait_s is None:
+        return 0
+    late = sum(n for age, n in cohorts(q) if age is not None and age >= q.target_wait_s)
+    return late if q.intake_per_s * q.target_wait_s < late else 0
 
 
 def _deadlines(q: QueueView, boot_s: int) -> list[tuple[float, int]]:

@@ -8,7 +8,8 @@ Rules
    In-flight items count, so work that is running is never mistaken for surplus. What demand
    needs beyond the serving slots is refined by two rules (see `demand.py`):
    1a. boot horizon: waiting items that serving slots will start sooner than a new node could
-       boot (from the queue's observed mean item time) launch no node;
+       boot (from the queue's observed mean item time) launch no node, unless they waited past
+       their target with the queue's agents taking too few items to reach them;
    1b. packing: waiting items of several slots that fit no node's free slots need new nodes,
        even when the pool's free slots add up to enough.
 2. Capacity = slots of running and booting nodes + group units not yet materialised as
@@ -276,7 +277,8 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
     staying_serving_slots = serving_slots - _slots([n for n in idle_out if not n.cordoned])
     booting = [max(0.0, n.launched_at + pool.boot_estimate_s - now)
                for n in nodes.serving if n.state == "pending" for _ in range(n.slots)]  # fmt: skip
-    horizon = boot_horizon(queues, staying_serving_slots - len(booting), booting, pool.boot_estimate_s)
+    free_now = sum(n.slots - n.busy_slots for n in takers if n.state == "running" and n.id not in gone)
+    horizon = boot_horizon(queues, staying_serving_slots - len(booting), booting, pool.boot_estimate_s, free_now)
     needs = _needs(horizon, packed, for_on_demand, pool.slots_per_unit, smallest)
     wanted = needs[-1] if needs else 0
     cordon: list[NodeView] = []
@@ -297,6 +299,8 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
         leave, leave_reason = _leave_units(break_even, _without(nodes.serving, gone), group_units - pool.min)
         reasons += leave_reason
     reasons += _horizon_reason(horizon, demand, staying_serving_slots, pool)
+    reasons += [f"queue {name}: {n} item(s) waited past target_wait_s with its agents taking too few to reach them: "
+                "slots for them, turnover not counted" for name, n in horizon.stalled]
     reasons += _packing_reasons(queues, packed, smallest * pool.slots_per_unit)
     limit, limited_by = max(0, pool.max - group_units), "max"
     if pool.cost_cap_usd_per_hour is not None and min(limit, wanted) > 0:
