@@ -745,8 +745,8 @@ def test_a_half_empty_node_is_cordoned_when_demand_fits_on_the_others_and_uncord
 
 def test_items_past_their_wait_target_get_a_node_when_turnover_does_not_reach_them():
     """The mean comes from items that finished; the busy slots may run far longer ones (a heavy
-    tail): an item that waited past its target while its queue's agents took fewer items over
-    such a wait than are late is given a node, whatever turnover promises."""
+    tail): an item that waited past its target while its queue's agents took fewer items over the
+    last rate window (5 minutes) than are late is given a node, whatever turnover promises."""
     env = environment(**BREAK_EVEN)  # boot 60 s, 2 slots a node
     view = with_intake(fleet(env, [node("i-a", busy=2)], render=(1, 2)), 0.0, mean=30.0)
 
@@ -757,7 +757,7 @@ def test_items_past_their_wait_target_get_a_node_when_turnover_does_not_reach_th
     late = decide_pool(env, aged(view, 130.0))
     assert late.desired == 2, late.reasons
     assert any("1 item(s) waited past target_wait_s" in r for r in late.reasons), late.reasons
-    taking = with_intake(aged(view, 130.0), 0.02, mean=30.0)  # 0.02/s x 120 s = 2.4 items >= 1 late
+    taking = with_intake(aged(view, 130.0), 0.01, mean=30.0)  # 0.01/s x 300 s = 3 items >= 1 late
     assert decide_pool(env, taking).desired == 1, "its agents take items: turnover reaches it"
     booting = replace(aged(view, 130.0), pools=tuple(
         replace(p, nodes=(*p.nodes, node("i-b", booted=False, age=30)), desired=2) for p in view.pools))

@@ -23,7 +23,7 @@ waiting items never lower what is needed (each rule is monotone in demand).
     older one (items in flight first): younger items may wait for slots older ones leave.
     Turnover is an estimate from the items that finished, and busy slots may run items far longer
     (heavy tails: what finishes is short, what runs is long): items that waited past their
-    target while the queue's agents took fewer items over such a wait than are late (`overdue`)
+    target while the queue's agents took fewer items over the last rate window than are late (`overdue`)
     get the slots free now or booting, else new ones, whatever turnover promises. Without this,
     a Philly item waited 40 minutes on an uncapped pool behind 29 busy slots of a 24-minute mean.
 1b. Packing. An item of k > 1 slots starts only on one node with k free slots. Waiting items
@@ -43,7 +43,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from tidefleet.policy.model import NodeView, QueueView
+from tidefleet.policy.model import RATE_WINDOW_S, NodeView, QueueView
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -147,11 +147,12 @@ def boot_horizon(queues: list[QueueView], warm_slots: int, booting: list[float],
 
 def overdue(q: QueueView) -> int:
     """Waiting items of the queue that waited past its wait target while its agents took fewer
-    items over such a wait than are late (0 without a target): turnover is not reaching them."""
-    if q.target_wait_s is None:
-        return 0
+    items over the last rate window (their smoothed intake x `RATE_WINDOW_S`) than are late (0
+    without a target): turnover is not reaching them."""
+    if q.target_wait_s is None or not q.visible or (q.oldest_age_s is not None and q.oldest_age_s < q.target_wait_s):
+        return 0  # the oldest is younger than the target: none is late
     late = sum(n for age, n in cohorts(q) if age is not None and age >= q.target_wait_s)
-    return late if q.intake_per_s * q.target_wait_s < late else 0
+    return late if q.intake_per_s * RATE_WINDOW_S < late else 0
 
 
 def _deadlines(q: QueueView, boot_s: int) -> list[tuple[float, int]]:
