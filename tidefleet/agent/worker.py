@@ -24,9 +24,10 @@ How an item's attempts are counted, on SQS and Pub/Sub alike:
     (`NODE_LOSSES_TOLERATED`), so an item that kills its node every time still ends in the
     dead-letter queue instead of looping forever.
   * Order is always: send the new message, record, then delete the old one (batched with
-    others, `Acks`; a success's record is batched too, `Records`, a flush's in one store call). A crash in between can duplicate a message, never lose one: the record
-    is conditional, so a duplicate can never finish an item twice, and the old message, if
-    redelivered, meets a final record or a newer seq and is dropped by its claim.
+    others, `Acks`; a success's record is batched too, `Records`: a flush's in one store call).
+    A crash in between can duplicate a message, never lose one: the record is conditional, so
+    a duplicate can never finish an item twice, and the old message, if redelivered, meets a
+    final record or a newer seq and is dropped by its claim.
 
 One attempt at a time: an attempt starts only by a conditional write to the item's record (the
 claim, `claim.py`). The holder renews the lease every heartbeat; every record it writes is fenced

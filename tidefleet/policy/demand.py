@@ -21,11 +21,12 @@ waiting items never lower what is needed (each rule is monotone in demand).
     items come in cohorts by age (`cohorts`, from the tick's waiting marks), first in, first
     out: each cohort's horizon is its own, and the slots started by it must cover it and every
     older one (items in flight first): younger items may wait for slots older ones leave.
-    Turnover is an estimate from the items that finished, and busy slots may run items far longer
-    (heavy tails: what finishes is short, what runs is long): items that waited past their
-    target while the queue's agents took fewer items over the last rate window than are late (`overdue`)
-    get the slots free now or booting, else new ones, whatever turnover promises. Without this,
-    a Philly item waited 40 minutes on an uncapped pool behind 29 busy slots of a 24-minute mean.
+    Turnover is an estimate from the items that finished, and busy slots may run items far
+    longer (heavy tails: what finishes is short, what runs is long): items that waited past
+    their target while the queue's agents took fewer items over the last rate window than are
+    late (`overdue`) get the slots free now (kept from scale-in) or booting, else new ones,
+    whatever turnover promises. Without this, a Philly item waited 40 minutes on an uncapped
+    pool behind 29 busy slots of a 24-minute mean.
 1b. Packing. An item of k > 1 slots starts only on one node with k free slots. Waiting items
     of such queues are placed on the serving nodes' free slots (booting nodes are all free),
     biggest first within a priority, each on the node with the fewest free slots that fit it.

@@ -25,7 +25,8 @@ Rules
    not protected, idle longer than the pool's idle timeout; on-demand before spot, longest
    idle first; only while the remaining slots still cover demand and the group stays at or
    above min; never within the scale-out cooldown after the newest node's launch; never a
-   node whose free slots a waiting multi-slot item was placed on (rule 1b). Idle
+   node whose free slots a waiting multi-slot item was placed on (rule 1b) or items past their
+   wait target take (rule 1a). Idle
    draining nodes are released at once (they are leaving anyway). Busy, protected, booting
    and draining-with-work nodes are never scaled in (a silent one is replaced, rule 5).
 5. A node with no heartbeat `boot_timeout_s` after launch, or silent for `boot_timeout_s`
@@ -75,7 +76,7 @@ from operator import attrgetter
 from tidefleet.config import Environment, Pool
 from tidefleet.policy import preemption, quota
 from tidefleet.policy.cost import LaunchCost, PoolPrices
-from tidefleet.policy.demand import Horizon, Packing, boot_horizon, demand_slots, on_demand, packing
+from tidefleet.policy.demand import Horizon, Packing, boot_horizon, demand_slots, on_demand, overdue, packing
 from tidefleet.policy.model import FleetView, NodeView, PoolDecision, PoolView, QueueView
 
 QUEUES_NAMED = 3  # queues spelled out in a demand line; the rest are counted
@@ -229,12 +230,13 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
     # is gone next tick, and deciding again must not find the cooldown over.
     last_launch = max(map(_LAUNCHED_AT, _without(view.nodes, {n.id for n in nodes.release + nodes.replace})),
                       default=None)
+    for_late = _free_for_late(takers, queues)
     idle_out, idle_reasons = _choose_idle(
         nodes.serving,
         demand=demand,
         serving_slots=serving_slots,
         group_units=held_units + _units(nodes.serving),
-        reserved=packed.reserved,
+        reserved=packed.reserved | for_late,
         for_on_demand=for_on_demand.reserved,
         on_demand_launch=any(for_on_demand.new_nodes),
         pool=pool,
@@ -339,6 +341,21 @@ def _placements(queues: list[QueueView], takers: list[NodeView], node_slots: int
     """Rule 13's items on on-demand nodes first (only those take them), then rule 1b's on what is left."""
     for_on_demand = on_demand(queues, takers, node_slots)
     return for_on_demand, packing(queues, takers, node_slots, for_on_demand.taken)
+
+
+def _free_for_late(takers: list[NodeView], queues: list[QueueView]) -> set[str]:
+    """Nodes whose free slots items past their wait target take (rule 1a's late items, `overdue`):
+    kept from scale-in like a placed item's node, the busiest first, so that no decision releases
+    free slots and launches for late items at once."""
+    late = sum(overdue(q) * q.slots_per_item for q in queues)
+    kept: set[str] = set()
+    for n in sorted((n for n in takers if n.state == "running" and n.slots > n.busy_slots),
+                    key=lambda n: (n.busy_slots == 0, n.slots - n.busy_slots, n.id)):  # fmt: skip
+        if late <= 0:
+            break
+        kept.add(n.id)
+        late -= n.slots - n.busy_slots
+    return kept
 
 
 def _needs(horizon: Horizon, packed: Packing, for_on_demand: Packing, slots_per_unit: int,
