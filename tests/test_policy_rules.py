@@ -681,7 +681,7 @@ def test_nodes_that_go_idle_between_ticks_may_leave_on_their_own_by_the_same_bre
 def test_waiting_items_that_turnover_starts_within_the_wait_target_launch_no_node():
     env = environment(**BREAK_EVEN)
     busy = [node("i-a", busy=2)]
-    view = with_intake(fleet(env, busy, render=(4, 2)), 0.0, mean=30.0)
+    view = with_intake(fleet(env, busy, render=(4, 2)), 2 / 30.0, mean=30.0)  # its 2 slots take one each per 30 s
     young = replace(view, queues=tuple(replace(q, oldest_age_s=10.0, target_wait_s=120) for q in view.queues))
     due = replace(view, queues=tuple(replace(q, oldest_age_s=70.0, target_wait_s=120) for q in view.queues))
     # 110 s left: each of the 2 slots starts 1 + 110 // 30 = 4 items, covering the 4 waiting ones.
@@ -743,22 +743,25 @@ def test_a_half_empty_node_is_cordoned_when_demand_fits_on_the_others_and_uncord
     assert gone.terminate == ("i-a",), gone.reasons
 
 
-def test_items_past_their_wait_target_get_a_node_when_turnover_does_not_reach_them():
+def test_items_that_would_miss_their_wait_target_get_a_node_when_turnover_does_not_reach_them():
     """The mean comes from items that finished; the busy slots may run far longer ones (a heavy
-    tail): an item that waited past its target while its queue's agents took fewer items over the
-    last rate window (5 minutes) than are late is given a node, whatever turnover promises."""
+    tail): an item that waited a boot and would now miss its target, while its queue's agents
+    took fewer items over the last rate window (5 minutes) than are late, is given a node,
+    whatever turnover promises."""
     env = environment(**BREAK_EVEN)  # boot 60 s, 2 slots a node
     view = with_intake(fleet(env, [node("i-a", busy=2)], render=(1, 2)), 0.0, mean=30.0)
 
     def aged(v, age):
         return replace(v, queues=tuple(replace(q, oldest_age_s=age, target_wait_s=120) for q in v.queues))
 
-    assert decide_pool(env, aged(view, 100.0)).desired == 1, "within its target: turnover counted"
-    late = decide_pool(env, aged(view, 130.0))
+    assert decide_pool(env, aged(view, 50.0)).desired == 1, "it can still make its target: turnover counted"
+    late = decide_pool(env, aged(view, 70.0))
     assert late.desired == 2, late.reasons
-    assert any("1 item(s) waited past target_wait_s" in r for r in late.reasons), late.reasons
-    taking = with_intake(aged(view, 130.0), 0.01, mean=30.0)  # 0.01/s x 300 s = 3 items >= 1 late
+    assert any("1 item(s) waited a boot and would miss target_wait_s" in r for r in late.reasons), late.reasons
+    taking = with_intake(aged(view, 70.0), 0.01, mean=30.0)  # 0.01/s x 300 s = 3 items >= 1 late
     assert decide_pool(env, taking).desired == 1, "its agents take items: turnover reaches it"
-    booting = replace(aged(view, 130.0), pools=tuple(
+    booting = replace(aged(view, 70.0), pools=tuple(
         replace(p, nodes=(*p.nodes, node("i-b", booted=False, age=30)), desired=2) for p in view.pools))
     assert decide_pool(env, booting).desired == 2, "a booting node's slots are its slots: no more launched"
+    no_target = replace(view, queues=tuple(replace(q, oldest_age_s=70.0, target_wait_s=None) for q in view.queues))
+    assert decide_pool(env, no_target).desired == 2, "without a target: after a boot"

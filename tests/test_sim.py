@@ -82,16 +82,17 @@ def test_an_item_that_ends_within_the_notice_still_finishes():
     assert result.items_interrupted == 0 and result.items_finished == 1
 
 
-def test_an_item_behind_busy_slots_running_far_longer_than_the_mean_gets_a_node_soon_after_its_target():
+def test_an_item_behind_busy_slots_running_far_longer_than_the_mean_gets_a_node_in_time_for_its_target():
     """Ten 10 s items make the queue's mean 10 s; three slots then run 10,000 s items. An item
     arriving later is counted as started by their turnover (39 starts within 120 s) until it
-    waited past its target with no item taken: then it gets a node (a tick, then a boot, later)."""
+    waited a boot and would miss its target, with no item taken: then it gets a node (within a
+    tick, then a boot)."""
     env = make_env(idle_s=None)  # break-even: the short items' nodes leave once idle
     env = env.model_copy(update={"queues": {"q": env.queues["q"].model_copy(update={"target_wait_s": 120})}})
     items = [TraceItem(0.0, 10.0, 1)] * 10 + [TraceItem(0.0, 10_000.0, 1)] * 3 + [TraceItem(3000.0, 60.0, 1)]
     result = run(env, items)
     assert result.items_finished == 14
-    assert 120 < result.wait_s["max"] <= 120 + 60 + BOOT, result.wait_s
+    assert BOOT < result.wait_s["max"] <= (120 - BOOT) + 60 + BOOT, result.wait_s
 
 
 def test_oracle_is_the_work_at_the_cheapest_price_per_slot():

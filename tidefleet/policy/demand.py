@@ -22,10 +22,10 @@ waiting items never lower what is needed (each rule is monotone in demand).
     out: each cohort's horizon is its own, and the slots started by it must cover it and every
     older one (items in flight first): younger items may wait for slots older ones leave.
     Turnover is an estimate from the items that finished, and busy slots may run items far
-    longer (heavy tails: what finishes is short, what runs is long): items that waited past
-    their target while the queue's agents took fewer items over the last rate window than are
-    late (`overdue`) get the slots free now (kept from scale-in) or booting, else new ones,
-    whatever turnover promises. Without this, a Philly item waited 40 minutes on an uncapped
+    longer (heavy tails: what finishes is short, what runs is long): items that waited a boot and
+    would now miss their target, while the queue's agents took fewer items over the last rate
+    window than are late (`late_items`), get the slots free now (kept from scale-in; a drained,
+    cordoned node is uncordoned for them) or booting, else new ones, whatever turnover promises. Without this, a Philly item waited 40 minutes on an uncapped
     pool behind 29 busy slots of a 24-minute mean.
 1b. Packing. An item of k > 1 slots starts only on one node with k free slots. Waiting items
     of such queues are placed on the serving nodes' free slots (booting nodes are all free),
@@ -134,7 +134,7 @@ def boot_horizon(queues: list[QueueView], warm_slots: int, booting: list[float],
         # Items still waiting past their target were counted on turnover that did not come (busy
         # slots run items far longer than the mean of those that finished): they get free slots
         # or new ones, whatever turnover promises.
-        late = overdue(q)
+        late = late_items(q, boot_s)
         uncovered.append(max(new, late * q.slots_per_item - room))
         if late * q.slots_per_item - room > new:
             stalled.append((q.name, late))
@@ -146,13 +146,16 @@ def boot_horizon(queues: list[QueueView], warm_slots: int, booting: list[float],
     return Horizon(tuple(uncovered), waiting, started, tuple(means), tuple(stalled))
 
 
-def overdue(q: QueueView) -> int:
-    """Waiting items of the queue that waited past its wait target while its agents took fewer
-    items over the last rate window (their smoothed intake x `RATE_WINDOW_S`) than are late (0
-    without a target): turnover is not reaching them."""
-    if q.target_wait_s is None or not q.visible or (q.oldest_age_s is not None and q.oldest_age_s < q.target_wait_s):
-        return 0  # the oldest is younger than the target: none is late
-    late = sum(n for age, n in cohorts(q) if age is not None and age >= q.target_wait_s)
+def late_items(q: QueueView, boot_s: int) -> int:
+    """Waiting items of the queue that turnover is not reaching: each waited a boot and can no
+    longer make its wait target even if a node launched now (without a target: waited a boot),
+    while the queue's agents took fewer items over the last rate window (their smoothed intake x
+    `RATE_WINDOW_S`) than are late. As old as that, an item with a target is decided as one
+    without (the target only ever delays launches)."""
+    since = boot_s if q.target_wait_s is None else max(boot_s, q.target_wait_s - boot_s)
+    if not q.visible or (q.oldest_age_s is not None and q.oldest_age_s < since):
+        return 0  # the oldest is younger: none is late
+    late = sum(n for age, n in cohorts(q) if age is not None and age >= since)
     return late if q.intake_per_s * RATE_WINDOW_S < late else 0
 
 

@@ -8,8 +8,8 @@ Rules
    In-flight items count, so work that is running is never mistaken for surplus. What demand
    needs beyond the serving slots is refined by two rules (see `demand.py`):
    1a. boot horizon: waiting items that serving slots will start sooner than a new node could
-       boot (from the queue's observed mean item time) launch no node, unless they waited past
-       their target with the queue's agents taking too few items to reach them;
+       boot (from the queue's observed mean item time) launch no node, unless they waited a boot,
+       would now miss their target, and the queue's agents take too few items to reach them;
    1b. packing: waiting items of several slots that fit no node's free slots need new nodes,
        even when the pool's free slots add up to enough.
 2. Capacity = slots of running and booting nodes + group units not yet materialised as
@@ -76,7 +76,15 @@ from operator import attrgetter
 from tidefleet.config import Environment, Pool
 from tidefleet.policy import preemption, quota
 from tidefleet.policy.cost import LaunchCost, PoolPrices
-from tidefleet.policy.demand import Horizon, Packing, boot_horizon, demand_slots, on_demand, overdue, packing
+from tidefleet.policy.demand import (
+    Horizon,
+    Packing,
+    boot_horizon,
+    demand_slots,
+    late_items,
+    on_demand,
+    packing,
+)
 from tidefleet.policy.model import FleetView, NodeView, PoolDecision, PoolView, QueueView
 
 QUEUES_NAMED = 3  # queues spelled out in a demand line; the rest are counted
@@ -203,9 +211,12 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
     # launched for it.
     takers = [n for n in nodes.serving if not n.cordoned]
     for_on_demand, packed = _placements(queues, takers, smallest * pool.slots_per_unit)
+    late = sum(late_items(q, pool.boot_estimate_s) * q.slots_per_item for q in queues)
     for n in sorted((n for n in nodes.serving if n.cordoned), key=lambda n: (-n.slots, n.id)):
         if any(packed.unplaced):
             why = "a waiting multi-slot item fits no other node"
+        elif late > sum(t.slots - t.busy_slots for t in takers if t.state == "running"):
+            why = "items past their wait target find no free slot on the other nodes"
         elif any(for_on_demand.new_nodes) and not n.spot:
             why = "an item left to on-demand nodes fits no other on-demand node"
         else:
@@ -230,7 +241,7 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
     # is gone next tick, and deciding again must not find the cooldown over.
     last_launch = max(map(_LAUNCHED_AT, _without(view.nodes, {n.id for n in nodes.release + nodes.replace})),
                       default=None)
-    for_late = _free_for_late(takers, queues)
+    for_late = _free_for_late(takers, late)
     idle_out, idle_reasons = _choose_idle(
         nodes.serving,
         demand=demand,
@@ -301,8 +312,8 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
         leave, leave_reason = _leave_units(break_even, _without(nodes.serving, gone), group_units - pool.min)
         reasons += leave_reason
     reasons += _horizon_reason(horizon, demand, staying_serving_slots, pool)
-    reasons += [f"queue {name}: {n} item(s) waited past target_wait_s with its agents taking too few to reach them: "
-                "slots for them, turnover not counted" for name, n in horizon.stalled]
+    reasons += [f"queue {name}: {n} item(s) waited a boot and would miss target_wait_s, with its agents taking too few "
+                "to reach them: slots for them, turnover not counted" for name, n in horizon.stalled]
     reasons += _packing_reasons(queues, packed, smallest * pool.slots_per_unit)
     limit, limited_by = max(0, pool.max - group_units), "max"
     if pool.cost_cap_usd_per_hour is not None and min(limit, wanted) > 0:
@@ -343,11 +354,10 @@ def _placements(queues: list[QueueView], takers: list[NodeView], node_slots: int
     return for_on_demand, packing(queues, takers, node_slots, for_on_demand.taken)
 
 
-def _free_for_late(takers: list[NodeView], queues: list[QueueView]) -> set[str]:
-    """Nodes whose free slots items past their wait target take (rule 1a's late items, `overdue`):
-    kept from scale-in like a placed item's node, the busiest first, so that no decision releases
-    free slots and launches for late items at once."""
-    late = sum(overdue(q) * q.slots_per_item for q in queues)
+def _free_for_late(takers: list[NodeView], late: int) -> set[str]:
+    """Nodes whose free slots rule 1a's late items (`late_items`, `late` slots) take: kept from
+    scale-in like a placed item's node, the busiest first, so that no decision releases free
+    slots and launches for late items at once."""
     kept: set[str] = set()
     for n in sorted((n for n in takers if n.state == "running" and n.slots > n.busy_slots),
                     key=lambda n: (n.busy_slots == 0, n.slots - n.busy_slots, n.id)):  # fmt: skip
