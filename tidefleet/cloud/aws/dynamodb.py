@@ -450,9 +450,12 @@ class DynamoStore:
         A write that settles the item (or takes it out of a final status) also counts it on its
         job (`settled_moves`): one TransactWriteItems of both, so only a write that lands counts.
         A transaction returns no values: that write returns the item as far as it wrote it."""
-        request, moves = _item_update(job_id, item_id, only_from, never_from, fence, add, append, values)
-        if moves:
-            return self._counted_update(job_id, item_id, request, moves, values)
+        if settled_moves(values.get("status"), only_from, never_from):  # with its job's count: one transaction
+            if not self.update_items([ItemWrite(job_id, item_id, values, only_from, never_from, fence, add, append)])[0]:
+                return None
+            written = {k: v for k, v in values.items() if k in Item.__dataclass_fields__ and v is not None}
+            return Item(job_id=job_id, item_id=item_id, **written)
+        request, _ = _item_update(job_id, item_id, only_from, never_from, fence, add, append, values)
         try:
             return _record(Item, self.table.update_item(**request, ReturnValues="ALL_NEW")["Attributes"])
         except ClientError as err:
@@ -470,8 +473,9 @@ class DynamoStore:
         for chunk in write_chunks(writes, TRANSACT_WRITES):
             left, conflicts = list(chunk), 0
             while left:
-                requests = [(i, *_item_update(w.job_id, w.item_id, w.only_from, w.never_from, w.fence, w.add,
-                                              w.append, dict(w.values))) for i, w in ((i, writes[i]) for i in left)]  # fmt: skip
+                requests = [(i, *_item_update(writes[i].job_id, writes[i].item_id, writes[i].only_from, writes[i].never_from,
+                                              writes[i].fence, writes[i].add, writes[i].append, dict(writes[i].values)))
+                            for i in left]  # fmt: skip
                 counts: dict[str, dict[str, int]] = {}
                 for i, _, moves in requests:
                     job = counts.setdefault(writes[i].job_id, {})
@@ -502,20 +506,6 @@ class DynamoStore:
                     landed[i] = True
                 left = []
         return landed
-
-    def _counted_update(self, job_id: str, item_id: str, request: dict, moves: dict[str, int], values: dict) -> Item | None:
-        try:
-            self.table.meta.client.transact_write_items(TransactItems=[
-                {"Update": {"TableName": self.table.name, **request}},
-                {"Update": {"TableName": self.table.name, **_job_count(job_id, moves)}},
-            ])  # fmt: skip
-        except ClientError as err:
-            reasons = [r.get("Code") for r in err.response.get("CancellationReasons", [])]
-            if err.response["Error"]["Code"] == "TransactionCanceledException" and "ConditionalCheckFailed" in reasons:
-                return None
-            raise
-        written = {k: v for k, v in values.items() if k in Item.__dataclass_fields__ and v is not None}
-        return Item(job_id=job_id, item_id=item_id, **written)
 
 
 def _item_update(job_id: str, item_id: str, only_from, never_from, fence: Fence | None, add: dict | None,
