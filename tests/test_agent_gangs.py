@@ -91,6 +91,12 @@ max_retries = {max_retries}
 item_timeout_s = 120
 nodes_per_item = 2
 
+[queues.wide]
+pool = "cpu"
+max_retries = {max_retries}
+item_timeout_s = 120
+nodes_per_item = 3
+
 [queues.elastic]
 pool = "cpu"
 max_retries = {max_retries}
@@ -234,3 +240,25 @@ def test_a_member_that_cannot_read_its_gang_waits_and_then_leaves_without_failin
     wait_until(lambda: not member.members, 30, "the member to give up")
     item = store.item(job, "000000")
     assert item.gang_failure == "" and [m["node"] for m in item.left] == ["node-m"]
+
+
+def test_a_forming_leads_heartbeat_says_how_many_members_its_gang_still_waits_for(gang):
+    """The scaler places the missing members on wholly free nodes (or launches them) from this."""
+    h = gang
+    job = sdk.submit(h.env, "wide", "wide", sdk.read_items([["steps=5"]]), kick=False).job_id
+    store = DynamoStore(h.env.name, h.env.region)
+    lead = _agent(h, "node-lead")
+    lead.pool = lead.pool.model_copy(update={"boot_timeout_s": 6})
+
+    def beacon() -> Beacon | None:
+        beat = store.heartbeats("cpu").get("node-lead")
+        return Beacon.parse(beat.gang) if beat is not None and beat.gang else None
+
+    assert lead._receive("wide", h.env.queues["wide"], wait_s=1) == 1
+    first = wait_until(beacon, 10, "the lead's beacon")
+    assert (first.queue, first.forming, first.short) == ("wide", True, 2)
+    store.update_item(job, "000000", append={"members": {"node": "node-x", "addr": "127.0.0.1", "port": 1}})
+    wait_until(lambda: lead.beacon.get("short") == 1, 10, "the lead to count the member that joined")
+    lead._beat()
+    assert beacon().short == 1
+    wait_until(lambda: not lead.runs, 30, "the gang given back: it did not form within the boot timeout")

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tidefleet import control, policy
+from tidefleet.agent.gang import Beacon
 from tidefleet.cloud.memory import MemoryQueues
 from tidefleet.config import parse_environment
 from tidefleet.policy.interruption import DrainNode, Ignore, LifecycleHold, action_for
@@ -233,6 +234,27 @@ def test_a_gang_item_is_demand_for_every_node_of_it_an_elastic_one_for_its_max()
     p = ports(group("gpu", 0), backlogs={"fixed": Backlog(3, 1), "elastic": Backlog(1, 1)})
     seen = {q.name: (q.visible, q.in_flight) for q in control.observe(env, p, NOW, ["gpu"]).fleet.queues}
     assert seen == {"fixed": (6, 2), "elastic": (4, 4)}
+
+
+def test_forming_gangs_leads_in_the_group_tell_the_members_they_still_wait_for():
+    """A lead's beacon says how many members its forming gang lacks; a running elastic gang's, a
+    lead gone from the group's and a malformed beacon count none."""
+    env = parse_environment({"region": "us-east-1", "pools": {"gpu": {"max": 16, "command": "train",
+                             "capacity_unit": "gpus", "instance_types": [{"type": "g5.12xlarge", "weight": 4, "gpus": 4}]}},
+                             "queues": {"fixed": {"pool": "gpu", "slots_per_item": 4, "nodes_per_item": 3},
+                                        "elastic": {"pool": "gpu", "slots_per_item": 4, "nodes_per_item": {"min": 2, "max": 4}}}},
+                            name="t")  # fmt: skip
+
+    def lead(id_, queue, short, forming=True):
+        beacon = Beacon(queue, "j", id_, 1, NOW - 30, forming=forming, short=short).record()
+        return replace(beat(id_, pool="gpu", busy=4), slots=4, gang=beacon)
+
+    beats = {"i-1": lead("i-1", "fixed", 2), "i-2": lead("i-2", "fixed", 1), "i-3": lead("i-3", "elastic", 3, forming=False),
+             "i-gone": lead("i-gone", "elastic", 1), "i-4": replace(beat("i-4", pool="gpu"), gang={"queue": "elastic"})}  # fmt: skip
+    gpu = group("gpu", 16, *(instance(i, type_="g5.12xlarge") for i in ("i-1", "i-2", "i-3", "i-4")))
+    p = ports(gpu, backlogs={"fixed": Backlog(0, 2), "elastic": Backlog(0, 1)}, beats={"gpu": beats})
+    seen = {q.name: q.forming_short for q in control.observe(env, p, NOW, ["gpu"]).fleet.queues}
+    assert seen == {"fixed": 3, "elastic": 0}
 
 
 def waiting_ports(visible: int, marks: MemoryQueues) -> Ports:

@@ -135,6 +135,7 @@ def fleets(draw, env: Environment) -> FleetView:
         queues.append(QueueView(name, q.pool, q.priority, q.slots_per_item, visible, in_flight, mean_item_s=draw(mean),
                                 oldest_age_s=oldest, target_wait_s=q.target_wait_s,
                                 intake_per_s=draw(st.just(0.0) | st.floats(0, 2)), on_demand_wanted=deferred,
+                                forming_short=draw(st.just(0) | st.integers(0, in_flight)),
                                 waiting_ages=ages if oldest and visible and draw(st.booleans()) else ()))  # fmt: skip
     return FleetView(tuple(pools), tuple(queues))
 

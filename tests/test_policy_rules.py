@@ -275,6 +275,41 @@ def test_items_that_fit_free_slots_launch_nothing_and_keep_their_idle_node():
     assert_settled(env, view)
 
 
+def forming(view: FleetView, queue: str, short: int) -> FleetView:
+    """The view with `short` members the queue's forming gangs still wait for (their leads' beacons)."""
+    return replace(view, queues=tuple(replace(q, forming_short=short) if q.name == queue else q for q in view.queues))
+
+
+def test_a_forming_gangs_missing_member_launches_a_node_although_free_slots_add_up():
+    """A gang member takes a whole node: 12 slots free over three busy nodes hold none of it."""
+    env = environment(**PACKED, **{"queues.render.nodes_per_item": 2})
+    lead = node("i-lead", weight=4, busy=8, type="c6i.xlarge")
+    half_busy = [node(f"i-{i}", weight=4, busy=4, type="c6i.xlarge") for i in range(3)]
+    view = fleet(env, [lead, *half_busy], render=(0, 2), batch=(0, 12))  # the gang's 2 members in flight
+    assert decide_pool(env, view).desired == 16  # before the beacon: the free slots look like enough
+    decision = decide_pool(env, forming(view, "render", 1))
+    assert decision.desired == 16 + 4, decision.reasons
+    assert (
+        "packing: 1 item(s) of 8 slots (queue render) fit no node's free slots; 1 node(s) of 8 slots needed"
+        in decision.reasons
+    )
+    assert not decision.cordon
+    assert_settled(env, forming(view, "render", 1))
+
+
+def test_a_wholly_free_node_is_kept_for_a_forming_gangs_member_and_launches_nothing():
+    env = environment(**PACKED, **{"queues.render.nodes_per_item": 2})
+    nodes = [
+        node("i-lead", weight=4, busy=8, type="c6i.xlarge"),
+        node("i-a", weight=4, busy=4, type="c6i.xlarge"),
+        node("i-free", weight=4, idle=2000, type="c6i.xlarge"),
+    ]
+    view = forming(fleet(env, nodes, render=(0, 2), batch=(0, 4)), "render", 1)
+    decision = decide_pool(env, view)
+    assert (decision.desired, decision.terminate, decision.cordon) == (12, (), ()), decision.reasons
+    assert "keep i-free: idle but needed, a waiting multi-slot item fits its free slots" in decision.reasons
+
+
 def test_pool_min_is_kept_without_demand():
     env = environment(**{"pools.cpu.min": 2})
     decision = decide_pool(env, fleet(env))

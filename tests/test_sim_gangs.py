@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from tidefleet.agent.gang import Beacon
 from tidefleet.config import load_environment, parse_environment
 from tidefleet.sim import Timing, TraceItem, simulate
 from tidefleet.sim.engine import NOTICE, Simulation
+from tidefleet.sim.policies import TidefleetPolicy
 from tidefleet.sim.ports import SimulationPorts
 from tidefleet.sim.trace import load_trace
 
@@ -52,6 +54,18 @@ class FixedFleet:
         if self.look is not None:
             self.look(sim)
         sim.set_desired(self.nodes if sim.done < len(sim.items) else 0)
+
+
+class Watched(TidefleetPolicy):
+    """The real tick, calling `look(sim)` before each."""
+
+    def __init__(self, env, look):
+        super().__init__(env, TIMING.kick_s)
+        self.look = look
+
+    def poll(self, sim: Simulation) -> None:
+        self.look(sim)
+        super().poll(sim)
 
 
 def run_fleet(env, items, nodes, notices=(), look=None):
@@ -104,6 +118,32 @@ def test_a_forming_gang_holds_its_leads_slots_and_is_billed():
     busy_node_s = 500 + 2 * 500 + 100  # the forming wait is billed as idle node time
     assert outcome.node_hours == pytest.approx(2 * outcome.end_s / 3600)
     assert outcome.idle_node_hours == pytest.approx(outcome.node_hours - busy_node_s / 3600)
+
+
+def test_a_forming_gang_whose_member_fits_only_scattered_free_slots_gets_a_new_node():
+    """Four nodes each run a long 3-slot item (1 slot free on each: 4 in all, a member's worth) and
+    a fifth goes idle; the gang's lead takes that one. The lead's beacon says one member is missing,
+    and the scaler launches a node for it rather than count the scattered slots."""
+    env = parse_environment({"region": "us-east-1",
+                             "scaler": {"tick_s": 60, "scale_in_delay_s": 60, "scale_out_cooldown_s": 0},
+                             "pools": {"p": {"max": 8, "command": "run", "slots_per_unit": 4, "capacity_unit": "nodes",
+                                             "instance_types": [{"type": "c6i.2xlarge", "weight": 1, "spot_price": 1.0}]}},
+                             "queues": {"three": {"pool": "p", "slots_per_item": 3}, "four": {"pool": "p", "slots_per_item": 4},
+                                        "gang": {"pool": "p", "slots_per_item": 4, "nodes_per_item": 2}}}, name="t")  # fmt: skip
+    seen = {}
+
+    def beacon(sim):
+        lead = next((n for n in sim.nodes.values() if n.gang is not None and n.gang.members[0] is n), None)
+        if lead is not None:
+            raw = SimulationPorts(sim).heartbeats("p")[lead.name].gang
+            seen.setdefault(lead.gang.started_at is None, Beacon.parse(raw) if raw else None)
+
+    items = [*(TraceItem(0, 5000, 3) for _ in range(4)), TraceItem(0, 30, 4), GANG]
+    sim = Simulation(env, "p", items, Watched(env, beacon), TIMING)
+    outcome = sim.run()
+    assert outcome.first_start[-1] == GANG.submit_s + BOOT  # the member's node boots; 5,045 s without the beacon
+    assert (seen[True].queue, seen[True].forming, seen[True].short) == ("gang", True, 1)
+    assert seen.get(False) is None  # a started gang beacons nothing
 
 
 @pytest.mark.parametrize("noticed", [1, 2], ids=["the lead", "the joiner"])

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from tidefleet import policy
+from tidefleet.agent.gang import Beacon
 from tidefleet.config import Environment, InstanceType, Pool
 from tidefleet.fanout import each
 from tidefleet.policy.demand import drop_oldest, gang_counts
@@ -168,12 +169,16 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
     intake: defaultdict[str, float] = defaultdict(float)  # per queue: 0.0 until an agent took from it
     # Items spot agents left to on-demand nodes, by queue: distinct, as several spot nodes see the same item.
     on_demand: dict[str, set[str]] = {}
+    forming: defaultdict[str, int] = defaultdict(int)  # per queue: gang members its forming gangs wait for
     # One call per pool and per queue, `calls_in_flight` at once (1k queues: 1k calls).
     heartbeats = dict(zip(groups, each(ports.nodes.heartbeats, list(groups), ports.calls_in_flight), strict=True))
     for name, group in groups.items():
         beats = heartbeats[name]
         decays: dict[float, float] = {}  # many agents beat at the same time: one exp() for them
+        leads = []
         for hb in beats.values():  # each agent's smoothed rate, decayed to now: the queues' arrivals
+            if hb.gang and (beacon := Beacon.parse(hb.gang)) is not None and beacon.forming:
+                leads.append((hb.node_id, beacon))
             if hb.intake:
                 decay = decays.get(hb.at)
                 if decay is None:
@@ -184,6 +189,9 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
                 for qname, keys in hb.on_demand_wanted.items():
                     on_demand.setdefault(qname, set()).update(keys)
         nodes, members = _node_views(name, env.pools[name], group.instances, beats, now)
+        for node_id, beacon in leads:  # a forming gang's lead still in the group: the members it waits for
+            if node_id in members:
+                forming[beacon.queue] += beacon.short
         pool_views.append(
             PoolView(
                 name=name,
@@ -233,6 +241,7 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
                 held=qname in held,
                 max_wait_s=queue.max_wait_s,
                 on_demand_wanted=len(on_demand.get(qname, ())) if queue.on_demand_after_interruptions else 0,
+                forming_short=min(forming.get(qname, 0), in_flight),
             )
         )
     return Observation(FleetView(pools=tuple(pool_views), queues=tuple(queue_views)), groups, gone, marks)

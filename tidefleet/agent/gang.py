@@ -44,17 +44,20 @@ class Beacon:
     attempt: int
     since: float  # when the lead claimed it: the older forming gang goes first
     forming: bool  # False: running, and an elastic gang with room to grow
+    # Members a forming gang still waits for, each a wholly free node: the scaler places them like
+    # waiting multi-slot items (free slots scattered over busy nodes take no member).
+    short: int = 0
 
     def record(self) -> dict:
         return {"queue": self.queue, "job": self.job, "item": self.item, "attempt": self.attempt,
-                "since": self.since, "forming": self.forming}  # fmt: skip
+                "since": self.since, "forming": self.forming, "short": self.short}  # fmt: skip
 
     @classmethod
     def parse(cls, raw: dict) -> Beacon | None:
         try:
             return cls(str(raw["queue"]), str(raw["job"]), str(raw["item"]), int(raw["attempt"]),
-                       float(raw["since"]), bool(raw["forming"]))  # fmt: skip
-        except (KeyError, TypeError, ValueError):
+                       float(raw["since"]), bool(raw["forming"]), max(0, int(raw.get("short", 0))))  # fmt: skip
+        except (KeyError, TypeError, ValueError, AttributeError):
             return None  # a malformed beacon is nobody's gang
 
     def order(self) -> tuple:

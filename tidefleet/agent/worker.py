@@ -615,7 +615,8 @@ class Agent:
         """Wait for the gang's nodes, then start. The item goes back (no attempt spent) if an
         older gang is forming in the pool or this one does not form in time."""
         msg, (low, high) = run.message, run.gang
-        self.beacon = gang.Beacon(run.queue, msg.job, msg.item, run.attempt, time.time(), forming=True).record()
+        self.beacon = gang.Beacon(run.queue, msg.job, msg.item, run.attempt, time.time(), forming=True,
+                                  short=low - 1).record()
         self._step("heartbeat", self._beat)  # free nodes find the gang now, not a heartbeat later
         deadline = time.monotonic() + self.pool.boot_timeout_s  # the members may have to boot first
         why = ""
@@ -634,8 +635,10 @@ class Agent:
             if item is None or item.attempts != run.attempt or item.status != "running":
                 self._superseded(run)
                 continue
-            if len(gang.roster(item.members, item.left, high)) >= low:
+            joined = len(gang.roster(item.members, item.left, high))
+            if joined >= low:
                 break
+            self.beacon = {**self.beacon, "short": low - joined}  # what the scaler places, as members join
             own = gang.Beacon.parse(self.beacon)
             older = gang.yields_to(own, gang.beacons(pool, own_node=self.s.node_id, queues={run.queue}, now=time.time(),
                                                      heartbeat_s=self.s.heartbeat_s))  # fmt: skip

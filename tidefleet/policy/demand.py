@@ -28,7 +28,8 @@ waiting items never lower what is needed (each rule is monotone in demand).
     cordoned node is uncordoned for them) or booting, else new ones, whatever turnover promises. Without this, a Philly item waited 40 minutes on an uncapped
     pool behind 29 busy slots of a 24-minute mean.
 1b. Packing. An item of k > 1 slots starts only on one node with k free slots. Waiting items
-    of such queues are placed on the serving nodes' free slots (booting nodes are all free),
+    of such queues, and the members forming gangs still wait for (each a whole node: slots
+    scattered over busy nodes take none), are placed on the serving nodes' free slots (booting nodes are all free),
     biggest first within a priority, each on the node with the fewest free slots that fit it.
     Items that fit nowhere need new nodes of the pool's smallest type (every type fits the
     queue's items: a config rule). Nodes holding a placement are kept from scale-in.
@@ -214,10 +215,12 @@ def on_demand(queues: list[QueueView], serving: list[NodeView], node_slots: int)
 
 def packing(queues: list[QueueView], serving: list[NodeView], node_slots: int,
             taken: dict[str, int] | None = None) -> Packing:  # fmt: skip
-    """Place waiting items of multi-slot queues; `queues` in priority order (ties: biggest first).
+    """Place waiting items of multi-slot queues and the members forming gangs still wait for;
+    `queues` in priority order (ties: biggest first).
     Items left to on-demand nodes are `on_demand`'s, whose placements `taken` (slots per node) holds:
     a deferred item is often visible (no spot agent has room to receive it), and counted once."""
-    counts = [max(0, q.visible - q.on_demand_wanted) if q.slots_per_item > 1 else 0 for q in queues]
+    counts = [(max(0, q.visible - q.on_demand_wanted) if q.slots_per_item > 1 else 0) + q.forming_short
+              for q in queues]  # fmt: skip
     return _place(queues, counts, serving, node_slots, taken or {})
 
 

@@ -69,6 +69,10 @@ class QueueView:
     # (`control`'s cohorts, from its waiting marks); () = only `oldest_age_s` is known, and
     # every waiting item counts as that old.
     waiting_ages: tuple[tuple[float, int], ...] = ()
+    # Members its forming gangs still wait for (their leads' beacons), each one item of
+    # slots_per_item that only a wholly free node takes. Counted in in_flight too (a gang item in
+    # flight counts all its members).
+    forming_short: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,8 +10,8 @@ Rules
    1a. boot horizon: waiting items that serving slots will start sooner than a new node could
        boot (from the queue's observed mean item time) launch no node, unless they waited a boot,
        would now miss their target, and the queue's agents take too few items to reach them;
-   1b. packing: waiting items of several slots that fit no node's free slots need new nodes,
-       even when the pool's free slots add up to enough.
+   1b. packing: waiting items of several slots, and the members forming gangs still wait for,
+       that fit no node's free slots need new nodes, even when the pool's free slots add up to enough.
 2. Capacity = slots of running and booting nodes + group units not yet materialised as
    nodes (group desired > units of its nodes: launches in progress). Draining, terminating,
    and replaced (rule 5) nodes do not count. Desired is always set absolutely, so a

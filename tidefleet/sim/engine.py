@@ -599,6 +599,8 @@ class Simulation:
             node.busy_since = self.now
         elif len(gang.members) >= gang.lo:
             self._start_gang(gang)
+        else:
+            gang.members[0].changed(self.now)  # the lead's beacon says how many it still waits for
 
     def _start_gang(self, gang: Gang) -> None:
         index = gang.index
@@ -607,6 +609,7 @@ class Simulation:
         self.running_gangs[index] = gang
         for node in gang.members:
             node.busy_since = self.now
+        gang.members[0].changed(self.now)  # the lead's beacon comes down
         if self.outcome.first_start[index] is None:
             self.outcome.first_start[index] = self.now + self.timing.start_s
         self.last_progress = self.now

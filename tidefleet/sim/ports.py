@@ -9,6 +9,7 @@ same decisions to both and compares the fleets.
 
 from __future__ import annotations
 
+from tidefleet.agent.gang import Beacon
 from tidefleet.policy.model import rate_decay
 from tidefleet.ports import Backlog, GroupInstance, GroupState
 from tidefleet.records import Cohorts, Heartbeat, QueueStats
@@ -107,7 +108,7 @@ class SimulationPorts:
         self.agents_beat()
         beats = {}
         for node in sim.nodes.values():
-            heartbeat = node.record or _heartbeat(node, pool, self._names)
+            heartbeat = node.record or _heartbeat(node, pool, self._names, sim.queue_of)
             if heartbeat is not None:
                 beats[node.name] = heartbeat
         return beats
@@ -162,10 +163,16 @@ def _listed(node: Node) -> GroupInstance:
     return node.listed
 
 
-def _heartbeat(node: Node, pool: str, queues: list[str]) -> Heartbeat | None:
+def _heartbeat(node: Node, pool: str, queues: list[str], queue_of: list[int]) -> Heartbeat | None:
     """The node's last heartbeat, cached until it changes (`Node.changed`, `Node.beat`); None
-    until its agent's first one, when it is ready."""
+    until its agent's first one, when it is ready. A forming gang's lead beacons the members it
+    still waits for, as the agent's does."""
     if node.record is None and node.reported_at is not None:
+        gang = node.gang
+        beacon = {}
+        if gang is not None and gang.started_at is None and gang.members[0] is node:
+            beacon = Beacon(queues[queue_of[gang.index]], "sim", str(gang.index), 1, node.reported_at, forming=True,
+                            short=gang.lo - len(gang.members)).record()  # fmt: skip
         decay = rate_decay(node.intake_at, node.reported_at)  # each rate `rate_at` its report, one exp()
         node.record = Heartbeat(
             node_id=node.name,
@@ -180,5 +187,6 @@ def _heartbeat(node: Node, pool: str, queues: list[str]) -> Heartbeat | None:
             # A rate long decayed to exactly 0 adds nothing to the queue's sum: left out, as if never taken.
             intake={queues[q]: r * decay for q, r in node.intake.items() if r},
             cordoned=node.cordoned,
+            gang=beacon,
         )
     return node.record
