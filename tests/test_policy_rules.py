@@ -800,3 +800,21 @@ def test_items_that_would_miss_their_wait_target_get_a_node_when_turnover_does_n
     assert decide_pool(env, booting).desired == 2, "a booting node's slots are its slots: no more launched"
     no_target = replace(view, queues=tuple(replace(q, oldest_age_s=70.0, target_wait_s=None) for q in view.queues))
     assert decide_pool(env, no_target).desired == 2, "without a target: after a boot"
+
+
+def test_busy_slots_of_a_queue_whose_agents_turn_every_slot_over_pool_their_turnover():
+    """Twelve busy slots of 100-s items start none within a 60-s boot counted slot by slot. Once the
+    agents took at least as many items over the last rate window as are in flight, the slots finish
+    at spread-out times: together they start 12 x 60 / 100 = 7 more, at the mean the intake shows
+    if longer (12 in flight / 0.05 per s = 240 s: 3 more)."""
+    env = environment(**BREAK_EVEN, **{"pools.cpu.max": 20})  # boot 60 s, 2 slots a node
+    busy = [node(f"i-{i}", busy=2) for i in range(6)]
+
+    def desired(visible: int, intake: float) -> int:
+        return decide_pool(env, with_intake(fleet(env, busy, render=(visible, 12)), intake, mean=100.0)).desired
+
+    assert desired(3, 0.03) == 8, "9 taken in 5 min < 12 in flight: counted per slot, a slot per waiting item"
+    assert desired(7, 0.12) == 6, "36 taken: 19 starts cover 12 in flight and 7 waiting"
+    assert desired(8, 0.12) == 7
+    assert desired(3, 0.05) == 6, "15 taken: a 240-s mean, 15 starts"
+    assert desired(4, 0.05) == 7

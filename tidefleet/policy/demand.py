@@ -14,7 +14,8 @@ waiting items never lower what is needed (each rule is monotone in demand).
     the oldest item's remaining wait is below a boot, the horizon is the boot again: waiting
     work that turnover does not cover launches at once. The floor keeps the expected wait of a
     covered item within the horizon; an unknown mean (None) or one longer than the horizon gives
-    1 item per slot: plain slot counting. Booting slots are used first, as they serve every
+    1 item per slot: plain slot counting. Once every busy slot of the queue turned over within
+    the last rate window, the warm slots pool their turnover instead (`pooled_mean`). Booting slots are used first, as they serve every
     queue alike, the soonest ready first: each starts 1 + floor((horizon - its boot left) /
     mean). New slots alike, a whole boot away: within a wait target, a burst gets a node per
     few items, not one per item (1 each once the oldest item has only a boot left). Waiting
@@ -126,10 +127,11 @@ def boot_horizon(queues: list[QueueView], warm_slots: int, booting: list[float],
         nb = _booting_used(due, mean, boot_left)
         used, boot_left = boot_left[:nb], boot_left[nb:]
         short = [(h, max(0, need - _starts(mean, used, h))) for h, need in due]
-        # Warm slots each start one item now and then one per mean.
-        nw = min(warm_left, max(math.ceil(n / (1 + turns(mean, h))) for h, n in short))
+        # Warm slots each start one item now and then one per mean (pooled: see `pooled_mean`).
+        pooled = pooled_mean(q)
+        nw = min(warm_left, max(_warm_needed(n, mean, pooled, h) for h, n in short))
         warm_left -= nw
-        left = [(h, max(0, n - nw * (1 + turns(mean, h)))) for h, n in short]
+        left = [(h, max(0, n - _warm_starts(nw, mean, pooled, h))) for h, n in short]
         # New slots, a whole boot away, each turning over within what is left of its cohort's wait.
         new = max(math.ceil(n / (1 + turns(mean, h - boot_s))) for h, n in left)
         # Items still waiting past their target were counted on turnover that did not come (busy
@@ -140,7 +142,7 @@ def boot_horizon(queues: list[QueueView], warm_slots: int, booting: list[float],
         if late * q.slots_per_item - room > new:
             stalled.append((q.name, late))
         room = max(0, room - late * q.slots_per_item)
-        if mean and q.visible and any(turns(mean, h) for h, _ in due):
+        if mean and q.visible and (pooled or any(turns(mean, h) for h, _ in due)):
             waiting += q.visible
             started += max(0, q.visible - math.ceil(max(n for _, n in left) / q.slots_per_item))
             means.append(mean)
@@ -170,6 +172,41 @@ def _deadlines(q: QueueView, boot_s: int) -> list[tuple[float, int]]:
         due += n * q.slots_per_item
         out.append((wait_horizon(q, boot_s, age), due))
     return out
+
+
+def pooled_mean(q: QueueView) -> float | None:
+    """The mean item time to pool the queue's warm slots' turnover on, or None to count it per
+    slot. Per slot, each starts 1 + floor(h / mean) items within a horizon h: a slot's fraction of
+    a mean counts for nothing, right when the busy slots started together (a batch) or run far
+    longer items than those that finished. Once the queue's agents took at least as many items
+    over the last rate window as it has in flight, every busy slot turned over in it: they finish
+    at spread-out times, and s slots start s + floor(s x h / mean) items together, the mean no
+    shorter than the intake shows (in flight / intake). Without it a saturated stream of ~2-minute
+    items counted 13 busy slots as starting none within a boot, launched, and let the nodes go
+    again as turnover kept up: 2,854 launches for 6,001 items."""
+    mean, intake = q.mean_item_s, q.intake_per_s
+    if not mean or intake <= 0 or intake * RATE_WINDOW_S < q.in_flight:
+        return None
+    return max(mean, q.in_flight / intake)
+
+
+def _warm_starts(slots: int, mean: float | None, pooled: float | None, horizon_s: float) -> int:
+    """Items (slots) these warm slots start within the horizon: per slot, or pooled if larger."""
+    per_slot = slots * (1 + turns(mean, horizon_s))
+    return per_slot if pooled is None else max(per_slot, math.floor(slots * (1 + horizon_s / pooled)))
+
+
+def _warm_needed(items: int, mean: float | None, pooled: float | None, horizon_s: float) -> int:
+    """The fewest warm slots that start `items` within the horizon (`_warm_starts` >= items)."""
+    per_slot = math.ceil(items / (1 + turns(mean, horizon_s)))
+    if pooled is None:
+        return per_slot
+    together = math.ceil(items / (1 + horizon_s / pooled))
+    while math.floor(together * (1 + horizon_s / pooled)) < items:  # float rounding: a step at most
+        together += 1
+    while together > 1 and math.floor((together - 1) * (1 + horizon_s / pooled)) >= items:
+        together -= 1
+    return min(per_slot, together)
 
 
 def _starts(mean: float | None, booting: list[float], horizon_s: float) -> int:
