@@ -205,6 +205,7 @@ class Sandbox:
 
     def __exit__(self, *exc) -> None:
         self.stop.set()
+        self.kicked.set()  # the control loop waits on it between ticks: it sees the stop now
         if hasattr(self, "launcher"):
             self.launcher.shutdown()
         for server in self._servers:
@@ -213,8 +214,9 @@ class Sandbox:
             else:
                 server.shutdown()
                 server.server_close()
+        deadline = time.monotonic() + 10  # Ctrl-C answers within seconds: a stuck thread is a daemon, left behind
         for thread in self._threads:
-            thread.join(timeout=10)
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
         if self.moto is not None:
             self.moto.stop()
         for key, value in getattr(self, "_saved_environ", {}).items():
