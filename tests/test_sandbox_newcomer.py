@@ -60,9 +60,11 @@ def test_my_own_environment_file_and_workload_run_and_keep_prints_commands_that_
     mine, temp = tmp_path / "elsewhere", tmp_path / "tmp"
     mine.mkdir(), temp.mkdir()
     (mine / "my-env.toml").write_text(MY_ENV)
+    # Started with SIGINT ignored, as a background job of a shell without job control (a CI script)
+    # starts it: Ctrl-C must stop it all the same.
     sandbox = subprocess.Popen(
-        [sys.executable, "-m", "tidefleet.cli", "sandbox", "--env", str(mine / "my-env.toml"), "--items", "6",
-         "--time-limit", "150", "--keep"],
+        ["bash", "-c", 'trap "" INT; exec "$0" "$@"', sys.executable, "-m", "tidefleet.cli", "sandbox",
+         "--env", str(mine / "my-env.toml"), "--items", "6", "--time-limit", "150", "--keep"],
         cwd=mine, env=process_env(temp), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:

@@ -638,7 +638,8 @@ class Agent:
             joined = len(gang.roster(item.members, item.left, high))
             if joined >= low:
                 break
-            self.beacon = {**self.beacon, "short": low - joined}  # what the scaler places, as members join
+            if self.beacon:  # what the scaler places, as members join
+                self.beacon = {**self.beacon, "short": low - joined}
             own = gang.Beacon.parse(self.beacon)
             older = gang.yields_to(own, gang.beacons(pool, own_node=self.s.node_id, queues={run.queue}, now=time.time(),
                                                      heartbeat_s=self.s.heartbeat_s))  # fmt: skip

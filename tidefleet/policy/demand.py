@@ -7,31 +7,33 @@ waiting items never lower what is needed (each rule is monotone in demand).
 1a. Boot horizon. A new node is ready only `boot_estimate_s` after launch. A serving slot whose
     queue finishes items every `mean_item_s` seconds starts about 1 + floor(horizon / mean)
     items within a horizon (the one it runs or takes now, then one per mean). Only the items
-    beyond that need new slots. The horizon is the boot estimate (a covered item starts no
-    later than a new node could start it), or longer when the queue's wait target allows it:
-    the oldest item may still wait `target_wait_s - oldest_age_s`, and every waiting item is
+    beyond that need new slots. The horizon is the boot estimate (a covered item starts no later
+    than a new node could start it), or longer when the queue's wait target allows it: the
+    oldest item may still wait `target_wait_s - oldest_age_s`, and every waiting item is
     younger, so items the serving slots start within that need no node (`wait_horizon`). Once
     the oldest item's remaining wait is below a boot, the horizon is the boot again: waiting
     work that turnover does not cover launches at once. The floor keeps the expected wait of a
     covered item within the horizon; an unknown mean (None) or one longer than the horizon gives
     1 item per slot: plain slot counting. Once every busy slot of the queue turned over within
-    the last rate window, the warm slots pool their turnover instead (`pooled_mean`). Booting slots are used first, as they serve every
-    queue alike, the soonest ready first: each starts 1 + floor((horizon - its boot left) /
-    mean). New slots alike, a whole boot away: within a wait target, a burst gets a node per
-    few items, not one per item (1 each once the oldest item has only a boot left). Waiting
-    items come in cohorts by age (`cohorts`, from the tick's waiting marks), first in, first
-    out: each cohort's horizon is its own, and the slots started by it must cover it and every
-    older one (items in flight first): younger items may wait for slots older ones leave.
-    Turnover is an estimate from the items that finished, and busy slots may run items far
-    longer (heavy tails: what finishes is short, what runs is long): items that waited a boot and
-    would now miss their target, while the queue's agents took fewer items over the last rate
-    window than are late (`late_items`), get the slots free now (kept from scale-in; a drained,
-    cordoned node is uncordoned for them) or booting, else new ones, whatever turnover promises. Without this, a Philly item waited 40 minutes on an uncapped
+    the last rate window, the warm slots pool their turnover instead (`pooled_mean`). Booting
+    slots are used first, as they serve every queue alike, the soonest ready first: each starts
+    1 + floor((horizon - its boot left) / mean). New slots alike, a whole boot away: within a
+    wait target, a burst gets a node per few items, not one per item (1 each once the oldest
+    item has only a boot left). Waiting items come in cohorts by age (`cohorts`, from the tick's
+    waiting marks), first in, first out: each cohort's horizon is its own, and the slots started
+    by it must cover it and every older one (items in flight first): younger items may wait for
+    slots older ones leave. Turnover is an estimate from the items that finished, and busy slots
+    may run items far longer (heavy tails: what finishes is short, what runs is long): items
+    that waited a boot and would now miss their target, while the queue's agents took fewer
+    items over the last rate window than are late (`late_items`), get the slots free now (kept
+    from scale-in; a drained, cordoned node is uncordoned for them) or booting, else new ones,
+    whatever turnover promises. Without this, a Philly item waited 40 minutes on an uncapped
     pool behind 29 busy slots of a 24-minute mean.
 1b. Packing. An item of k > 1 slots starts only on one node with k free slots. Waiting items
     of such queues, and the members forming gangs still wait for (each a whole node: slots
-    scattered over busy nodes take none), are placed on the serving nodes' free slots (booting nodes are all free),
-    biggest first within a priority, each on the node with the fewest free slots that fit it.
+    scattered over busy nodes take none), are placed on the serving nodes' free slots (booting
+    nodes are all free), biggest first within a priority, each on the node with the fewest free
+    slots that fit it.
     Items that fit nowhere need new nodes of the pool's smallest type (every type fits the
     queue's items: a config rule). Nodes holding a placement are kept from scale-in.
 13. Items only on-demand nodes take (scaling rule 13) are placed the same way, first, on the free

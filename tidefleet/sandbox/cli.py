@@ -86,8 +86,11 @@ def sandbox(env_name, items, chaos, keep, train, time_limit, tick, boot_delay, s
     console = Console(stderr=as_json)
     temporary = workdir is None
     workdir = workdir or Path(tempfile.mkdtemp(prefix="tidefleet-sandbox-"))
-    # SIGTERM ends the run like Ctrl-C does, so every node process and the emulator go too.
+    # SIGTERM ends the run like Ctrl-C does, so every node process and the emulator go too. Ctrl-C
+    # itself stops it even where it was started with SIGINT ignored (a background job of a shell
+    # without job control, as in a CI script): Python then leaves it ignored, and `--keep` ran on.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     summary = None
     try:
         summary = _run(env, environment_path(env_name).resolve().parent, workdir, console, items=items, chaos=chaos,
