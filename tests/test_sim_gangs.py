@@ -143,7 +143,7 @@ def test_a_forming_gang_whose_member_fits_only_scattered_free_slots_gets_a_new_n
     outcome = sim.run()
     assert outcome.first_start[-1] == GANG.submit_s + BOOT  # the member's node boots; 5,045 s without the beacon
     assert (seen[True].queue, seen[True].forming, seen[True].short) == ("gang", True, 1)
-    assert seen.get(False) is None  # a started gang beacons nothing
+    assert seen[False] is None  # a started gang beacons nothing
 
 
 @pytest.mark.parametrize("noticed", [1, 2], ids=["the lead", "the joiner"])
