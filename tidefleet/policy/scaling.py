@@ -26,9 +26,9 @@ Rules
    idle first; only while the remaining slots still cover demand and the group stays at or
    above min; never within the scale-out cooldown after the newest node's launch; never a
    node whose free slots a waiting multi-slot item was placed on (rule 1b) or items past their
-   wait target take (rule 1a). Idle
-   draining nodes are released at once (they are leaving anyway). Busy, protected, booting
-   and draining-with-work nodes are never scaled in (a silent one is replaced, rule 5).
+   wait target take (rule 1a). Idle draining nodes are released at once (they are leaving
+   anyway). Busy, protected, booting and draining-with-work nodes are never scaled in (a silent
+   one is replaced, rule 5).
 5. A node with no heartbeat `boot_timeout_s` after launch, or silent for `boot_timeout_s`
    since its last heartbeat (agent dead or hung; busy or protected or not), is replaced:
    terminated, not capacity, and desired keeps covering demand so a new one is launched.
