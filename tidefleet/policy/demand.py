@@ -115,13 +115,14 @@ def drop_oldest(cohorts: Iterable[tuple[float, int]], items: int) -> list[tuple[
 
 
 def boot_horizon(queues: list[QueueView], warm_slots: int, booting: list[float], boot_s: int,
-                 free_slots: int = 0) -> Horizon:  # fmt: skip
+                 free_slots: int = 0, late: list[int] | None = None) -> Horizon:  # fmt: skip
     """`booting`: per booting slot, the seconds until its node is expected ready; `free_slots`: of
-    the warm slots, those free now."""
+    the warm slots, those free now; `late`: per queue, its `late_items` (when the caller has them)."""
+    late = [late_items(q, boot_s) for q in queues] if late is None else late
     warm_left, boot_left = warm_slots, sorted(booting)
     room = free_slots + len(booting)  # what items past their target may have without turnover
     uncovered, waiting, started, means, stalled = [], 0, 0, [], []
-    for q in queues:
+    for q, q_late in zip(queues, late, strict=True):
         mean, due = q.mean_item_s, _deadlines(q, boot_s)
         if not due:
             uncovered.append(0)
@@ -139,11 +140,10 @@ def boot_horizon(queues: list[QueueView], warm_slots: int, booting: list[float],
         # Items still waiting past their target were counted on turnover that did not come (busy
         # slots run items far longer than the mean of those that finished): they get free slots
         # or new ones, whatever turnover promises.
-        late = late_items(q, boot_s)
-        uncovered.append(max(new, late * q.slots_per_item - room))
-        if late * q.slots_per_item - room > new:
-            stalled.append((q.name, late))
-        room = max(0, room - late * q.slots_per_item)
+        uncovered.append(max(new, q_late * q.slots_per_item - room))
+        if q_late * q.slots_per_item - room > new:
+            stalled.append((q.name, q_late))
+        room = max(0, room - q_late * q.slots_per_item)
         if mean and q.visible and (pooled or any(turns(mean, h) for h, _ in due)):
             waiting += q.visible
             started += max(0, q.visible - math.ceil(max(n for _, n in left) / q.slots_per_item))

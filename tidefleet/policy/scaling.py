@@ -211,7 +211,8 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
     # launched for it.
     takers = [n for n in nodes.serving if not n.cordoned]
     for_on_demand, packed = _placements(queues, takers, smallest * pool.slots_per_unit)
-    late = sum(late_items(q, pool.boot_estimate_s) * q.slots_per_item for q in queues)
+    late_by_queue = [late_items(q, pool.boot_estimate_s) for q in queues]  # rule 1a's, decided once
+    late = sum(n * q.slots_per_item for n, q in zip(late_by_queue, queues, strict=True))
     for n in sorted((n for n in nodes.serving if n.cordoned), key=lambda n: (-n.slots, n.id)):
         if any(packed.unplaced):
             why = "a waiting multi-slot item fits no other node"
@@ -291,7 +292,8 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
     booting = [max(0.0, n.launched_at + pool.boot_estimate_s - now)
                for n in nodes.serving if n.state == "pending" for _ in range(n.slots)]  # fmt: skip
     free_now = sum(n.slots - n.busy_slots for n in takers if n.state == "running" and n.id not in gone)
-    horizon = boot_horizon(queues, staying_serving_slots - len(booting), booting, pool.boot_estimate_s, free_now)
+    horizon = boot_horizon(queues, staying_serving_slots - len(booting), booting, pool.boot_estimate_s, free_now,
+                           late_by_queue)  # fmt: skip
     needs = _needs(horizon, packed, for_on_demand, pool.slots_per_unit, smallest)
     wanted = needs[-1] if needs else 0
     cordon: list[NodeView] = []
