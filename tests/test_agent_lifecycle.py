@@ -176,8 +176,9 @@ def _in_group(h: Harness) -> list[str]:
 
 def test_an_idle_agent_leaves_its_group_only_on_a_leave_grant_given_before_it_went_idle(harness):
     """Rule 4 between ticks, on a member of the pool's group on the moto server: no grant, it
-    stays idle; a grant from a tick before it went idle, it terminates itself with a decrement
-    and takes nothing more."""
+    stays idle; a grant from a tick before it went idle whose first unit going idle stays, it
+    stays once; the next time it goes idle it terminates itself with a decrement and takes
+    nothing more."""
     h = harness
     instance = h.group_instance()
     store = DynamoStore(h.env.name, h.env.region)
@@ -186,15 +187,19 @@ def test_an_idle_agent_leaves_its_group_only_on_a_leave_grant_given_before_it_we
     wait_until(lambda: h.events("done"), 20, "the first item")
     time.sleep(3)  # three empty long polls, no grant
     assert _in_group(h) == [instance, "desired=1"]
-    store.grant_leave("cpu", 1, time.time(), time.time() + 60)
+    store.grant_leave("cpu", 1, time.time(), time.time() + 60, stay=1)
     time.sleep(3)  # idle since before the grant: the tick that granted saw it idle and kept it
     assert _in_group(h) == [instance, "desired=1"]
     sdk.submit(h.env, "second", "work", sdk.read_items([["steps=1"]]), kick=False)
-    wait_until(lambda: _in_group(h) == ["desired=0"], 20, "the node out of its group after its item")
-    assert len(h.events("done")) == 2 and "leaving the group: idle since" in h.agent_log(instance)
+    wait_until(lambda: len(h.events("done")) == 2, 20, "the second item")
+    time.sleep(3)  # idle after the grant, the first to: it stays, warm, for the next tick to judge
+    assert _in_group(h) == [instance, "desired=1"]
     sdk.submit(h.env, "third", "work", sdk.read_items([["steps=1"]]), kick=False)
+    wait_until(lambda: _in_group(h) == ["desired=0"], 20, "the node out of its group after its item")
+    assert len(h.events("done")) == 3 and "leaving the group: idle since" in h.agent_log(instance)
+    sdk.submit(h.env, "fourth", "work", sdk.read_items([["steps=1"]]), kick=False)
     time.sleep(3)
-    assert len(h.events("start")) == 2 and h.queue_depth("work") == 1  # left for the nodes that stay
+    assert len(h.events("start")) == 3 and h.queue_depth("work") == 1  # left for the nodes that stay
 
 
 def test_an_agent_whose_group_refuses_to_let_it_go_stays_and_takes_items(harness):

@@ -109,13 +109,13 @@ class FakeFleet:
 class FakeNodes:
     beats: dict[str, dict[str, Heartbeat]] = field(default_factory=dict)
     marked: list[tuple[str, str]] = field(default_factory=list)
-    grants: dict[str, tuple[int, float, float]] = field(default_factory=dict)
+    grants: dict[str, tuple[int, float, float, int]] = field(default_factory=dict)
 
     def heartbeats(self, pool):
         return self.beats.get(pool, {})
 
-    def grant_leave(self, pool, units, at, until):
-        self.grants[pool] = (units, at, until)
+    def grant_leave(self, pool, units, at, until, stay=0):
+        self.grants[pool] = (units, at, until, stay)
 
     def mark_draining(self, pool, node_id):
         self.marked.append((pool, node_id))
@@ -468,10 +468,10 @@ def test_dry_run_decides_and_logs_but_changes_nothing(decide, caplog, how):
 
 def test_every_tick_writes_each_pools_leave_grant_and_a_failed_write_only_logs(decide, caplog):
     p = ports(group("cpu", 2, instance("i-1"), instance("i-2")), group("gpu", 0))
-    decide(replace(decision("cpu", 2), leave=2), decision("gpu", 0))
+    decide(replace(decision("cpu", 2), leave=2, stay_first=1), decision("gpu", 0))
     control.tick(ENV, p, NOW)
     until = NOW + control.LEAVE_GRANT_TICKS * ENV.scaler.tick_s
-    assert p.nodes.grants == {"cpu": (2, NOW, until), "gpu": (0, NOW, until)}  # 0: the last grant withdrawn
+    assert p.nodes.grants == {"cpu": (2, NOW, until, 1), "gpu": (0, NOW, until, 0)}  # 0: the last grant withdrawn
     p.nodes.grants.clear()
     control.tick(ENV, p, NOW, dry_run=True)
     assert p.nodes.grants == {}

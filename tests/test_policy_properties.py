@@ -476,6 +476,9 @@ def test_idle_nodes_may_leave_on_their_own_only_above_min_and_never_while_the_po
         assert 0 <= d.leave <= max(0, staying - floor), d.reasons
         if d.desired > staying:
             assert d.leave == 0, d.reasons
+        # Only busy nodes going idle stay first, and only under a grant that lets later ones go.
+        busy = sum(n.weight for n in view.nodes if n.busy_slots and n.id not in d.terminate)
+        assert 0 <= d.stay_first <= (busy if d.leave else 0), d.reasons
 
 
 @EXAMPLES

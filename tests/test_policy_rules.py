@@ -688,8 +688,8 @@ LEAVE_BETWEEN_TICKS = [
      [node("i-a", busy=2), node("i-b", busy=1, weight=2)], {"render": (0, 3)}, 3),
     ("never below min", {"pools.cpu.min": 2}, 0.0, 30.0, [node("i-a", busy=2), node("i-b", busy=1, weight=2)],
      {"render": (0, 3)}, 1),
-    ("an item every 20 s comes sooner than a relaunch: none", {}, 0.05, None, [node("i-a", busy=2)],
-     {"render": (0, 2)}, 0),
+    ("an item every 10 s comes sooner than a relaunch, even behind the busy node gone idle: none", {}, 0.1, None,
+     [node("i-a", busy=2)], {"render": (0, 2)}, 0),
     ("waiting items that launch a node: none", {}, 0.0, 30.0, [node("i-a", busy=2)], {"render": (9, 2)}, 0),
     ("within the cooldown after a scale-out: none", {"scaler.scale_out_cooldown_s": 120}, 0.0, 30.0,
      [node("i-a", busy=2, age=45)], {"render": (0, 2)}, 0),
@@ -711,6 +711,33 @@ def test_nodes_that_go_idle_between_ticks_may_leave_on_their_own_by_the_same_bre
     line = (f"idle nodes may leave on their own until the next tick, up to {units} unit(s): "
             "next item expected never (turnover keeps up) >= a relaunch's 60s (intake 0.000 slots/s)")
     assert said == ([line] if units else []), decision.reasons
+
+
+# fmt: off
+STAY_FIRST = [
+    # (case, render intake items/s, units that may leave, units of the first going idle that stay, the line)
+    ("an item every 33 s: the first busy node to go idle stays, the next would wait 100 s", 0.03, 2, 1,
+     ("idle nodes may leave on their own until the next tick, up to 2 unit(s), once the first 1 unit(s) going "
+      "idle stayed: next item expected in ~100s >= a relaunch's 60s (intake 0.030 slots/s)")),
+    ("an item every 17 s: both stay first", 0.06, 2, 2,
+     ("idle nodes may leave on their own until the next tick, up to 2 unit(s), once the first 2 unit(s) going "
+      "idle stayed: next item expected in ~83s >= a relaunch's 60s (intake 0.060 slots/s)")),
+    ("an item every 10 s: every node going idle is needed, no grant", 0.1, 0, 0, None),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize(("case", "rate", "units", "stay", "line"), STAY_FIRST, ids=[c[0] for c in STAY_FIRST])
+def test_busy_nodes_going_idle_between_ticks_stay_first_while_the_next_item_comes_sooner_than_a_relaunch(
+    case, rate, units, stay, line
+):
+    """Two full 2-slot nodes, nothing waiting, no mean known (no turnover): one more idle node
+    would get an item in 1 / rate; each busy node that goes idle and stays adds 2 free slots ahead."""
+    env = environment(**BREAK_EVEN)
+    decision = decide_pool(env, with_intake(fleet(env, [node("i-a", busy=2), node("i-b", busy=2)]), rate))
+    assert (decision.leave, decision.stay_first) == (units, stay), decision.reasons
+    said = [r for r in decision.reasons if r.startswith("idle nodes may leave on their own")]
+    assert said == ([line] if line else []), decision.reasons
 
 
 def test_waiting_items_that_turnover_starts_within_the_wait_target_launch_no_node():

@@ -414,12 +414,12 @@ def grant_leave(env: Environment, ports: Ports, decisions: Iterable[PoolDecision
     """Write each pool's leave grant, until the tick after next is due: every pool's, so that a
     tick that grants nothing withdraws the last grant."""
     until = now + LEAVE_GRANT_TICKS * env.scaler.tick_s
-    each(lambda d: _grant_leave(ports, d.pool, d.leave, now, until), list(decisions), ports.calls_in_flight)
+    each(lambda d: _grant_leave(ports, d.pool, d.leave, now, until, d.stay_first), list(decisions), ports.calls_in_flight)
 
 
-def _grant_leave(ports: Ports, pool: str, units: int, at: float, until: float) -> None:
+def _grant_leave(ports: Ports, pool: str, units: int, at: float, until: float, stay: int) -> None:
     try:
-        ports.nodes.grant_leave(pool, units, at, until)
+        ports.nodes.grant_leave(pool, units, at, until, stay)
     except Exception as err:  # noqa: BLE001 - a lost grant only leaves idle nodes to the next tick (or the last grant to expire)
         log.warning(json.dumps({"pool": pool, "action": "grant leave", "error": f"{type(err).__name__}: {err}"}))
 

@@ -105,9 +105,10 @@ class NodeStatePort(Protocol):
 
     def forget_node(self, pool: str, node_id: str) -> None: ...
 
-    def grant_leave(self, pool: str, units: int, at: float, until: float) -> None:
+    def grant_leave(self, pool: str, units: int, at: float, until: float, stay: int = 0) -> None:
         """Let nodes of the pool that go idle after `at` (the tick's time) leave on their own, up
-        to `units` units in all, until `until` (the next tick replaces the grant; 0 withdraws it)."""
+        to `units` units in all, until `until` (the next tick replaces the grant; 0 withdraws it),
+        once the first `stay` units of them stayed (`records.leave_answer`)."""
 
 
 class QueueStatsPort(Protocol):
@@ -202,10 +203,11 @@ class JobStore(NodeStatePort, QueueStatsPort, Protocol):
 
     def heartbeat(self, pool: str, node_id: str) -> Heartbeat | None: ...
 
-    def take_leave(self, pool: str, units: int, idle_since: float, now: float) -> bool:
+    def take_leave(self, pool: str, units: int, idle_since: float, now: float, cordoned: bool = False) -> bool:
         """Take `units` from the pool's leave grant for a node idle since `idle_since`: if the
-        grant came before then, still holds them and has not lapsed at `now` (one conditional
-        write: two nodes never take the same units). False if not."""
+        grant came before then, has not lapsed at `now`, has no units left to stay (those are
+        taken first: the node stays, False) and still holds them (conditional writes: two nodes
+        never take the same units). False if not. See `records.leave_answer`."""
 
     def record_item_seconds(self, queue: str, *seconds: float) -> None:
         """Fold succeeded items' run times, in order, into the queue's mean (one write for all)."""

@@ -97,12 +97,19 @@ def cohort_fields(cohorts: Cohorts) -> dict:
             "cohort_items": [int(n) for _, n in cohorts]}  # fmt: skip
 
 
-def leave_granted(left: int, at: float, until: float, units: int, idle_since: float, now: float) -> bool:
-    """Whether a leave grant of `left` units, written by the tick at `at` and good until `until`,
-    lets a node of `units` idle since `idle_since` leave at `now`. A node idle before the tick was
-    judged by it (kept, or terminated): the grant is for nodes that go idle after. DynamoDB's
-    `take_leave` states the same as a condition expression."""
-    return left >= units and at <= idle_since and now < until
+def leave_answer(left: int, stay: int, at: float, until: float, units: int, idle_since: float, now: float,
+                 cordoned: bool = False) -> str | None:
+    """What a leave grant of `left` units whose first `stay` units stay, written by the tick at
+    `at` and good until `until`, says to a node of `units` idle since `idle_since` at `now`:
+    "stay" (it is one of the first to go idle: it stays, warm, for the next tick to judge; a
+    cordoned node takes no items and never stays), "leave", or None (the grant is not for it). A
+    node idle before the tick was judged by it (kept, or terminated): the grant is for nodes that
+    go idle after. DynamoDB's `take_leave` states the same as condition expressions."""
+    if not (at <= idle_since and now < until):
+        return None
+    if stay > 0 and not cordoned:
+        return "stay"
+    return "leave" if left >= units else None
 
 
 @dataclass(frozen=True)

@@ -451,3 +451,19 @@ def test_a_leave_grant_is_taken_in_units_by_one_node_at_a_time_until_it_runs_out
     s.grant_leave("cpu", 0, at + 60, at + 150)  # withdrawn
     assert not s.take_leave("cpu", 1, at + 70, at + 80)
     assert s.heartbeats("cpu") == {}  # the grant is no heartbeat
+
+
+def test_the_first_nodes_going_idle_stay_before_any_leaves_and_a_cordoned_one_never_stays(store):
+    s, at = store.store, 1_800_000_000.0
+    idle, now = at + 5, at + 15
+    s.grant_leave("cpu", 2, at, at + 60, stay=2)
+    assert not s.take_leave("cpu", 1, at - 1, now)  # idle before the grant: it takes no stay either
+    assert s.take_leave("cpu", 1, idle, now, cordoned=True)  # it takes no items: it leaves (1 unit left)
+    assert not s.take_leave("cpu", 1, idle, now)  # stays (1 stay left)
+    assert not store.other().take_leave("cpu", 1, idle, now)  # stays (none left): another client sees it
+    assert store.other().take_leave("cpu", 1, idle, now)  # the next one leaves: the last unit
+    assert not s.take_leave("cpu", 1, idle, now)
+    s.grant_leave("cpu", 1, at, at + 60, stay=1)
+    assert not s.take_leave("cpu", 1, idle, at + 60)  # lapsed: no stay taken
+    assert not s.take_leave("cpu", 1, idle, now) and s.take_leave("cpu", 1, idle, now)
+

@@ -383,7 +383,8 @@ class Agent:
     def _leave_if_granted(self) -> None:
         """Idle, with nothing to receive for a whole long poll: leave the group (terminate with a
         decrement) if the scaler's leave grant has units for a node idle since then (`policy`
-        rule 4 between ticks), once per idle period. The group's termination then reaches this
+        rule 4 between ticks), once per idle period; one of the first nodes to go idle that the
+        grant keeps warm stays instead, for the next tick to judge. The group's termination then reaches this
         agent as any other does (the lifecycle hook, SIGTERM), and it takes nothing meanwhile.
         Any failure leaves an idle node for the next tick to judge."""
         with self.lock:
@@ -394,7 +395,7 @@ class Agent:
             self.asked_leave = idle_since
         try:
             self.records.flush()  # the last successes are recorded before the node may go
-            if not self.store.take_leave(self.pool_name, self.weight, idle_since, time.time()):
+            if not self.store.take_leave(self.pool_name, self.weight, idle_since, time.time(), self.cordoned):
                 return
             self.retiring = True
             self.node.retire(self.pool_name, self.s.node_id)

@@ -108,6 +108,9 @@ class PoolDecision:
     # Units of this pool's nodes that may leave on their own (terminate with a decrement) once idle
     # with nothing to receive, until the next tick: the agents take it from a grant in the job store.
     leave: int = 0
+    # Of the nodes that go idle before the next tick, the first `stay_first` units stay (warm, for
+    # the next tick to judge) before any may leave: scaling rule 4 between ticks.
+    stay_first: int = 0
 
     @property
     def changes(self) -> bool:

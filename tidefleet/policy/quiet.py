@@ -53,7 +53,7 @@ def actions(decision: PoolDecision) -> tuple:
     """What applying a decision does (its reasons are words about it)."""
     d = decision
     return (d.pool, d.desired, d.terminate, d.on_demand_base, d.cordon, d.uncordon, d.hold, d.release,
-            d.preempt, d.leave)  # fmt: skip
+            d.preempt, d.leave, d.stay_first)  # fmt: skip
 
 
 def _clock_deadline(env: Environment, view: PoolView, now: float) -> float:

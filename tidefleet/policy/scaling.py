@@ -130,6 +130,7 @@ class _Plan:
     cordon: list[str] = field(default_factory=list)  # nodes whose intake stops (consolidation)
     uncordon: list[str] = field(default_factory=list)  # cordoned nodes taking items again
     leave: int = 0  # units of nodes that may leave on their own when idle before the next tick
+    stay_first: int = 0  # of the nodes going idle before the next tick, units that stay first
     granted: int = 0  # units to launch, after the environment budget
     env_limited: bool = False
 
@@ -309,9 +310,9 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
         )
         reasons += cordon_reasons
     in_cooldown = last_launch is not None and now - last_launch < scaler.scale_out_cooldown_s
-    leave = 0
+    leave = stay_first = 0
     if break_even is not None and not (wanted or forced or in_cooldown or any(for_on_demand.new_nodes)):
-        leave, leave_reason = _leave_units(break_even, _without(nodes.serving, gone), group_units - pool.min)
+        leave, stay_first, leave_reason = _leave_units(break_even, _without(nodes.serving, gone), group_units - pool.min)
         reasons += leave_reason
     reasons += _horizon_reason(horizon, demand, staying_serving_slots, pool)
     reasons += [f"queue {name}: {n} item(s) waited a boot and would miss target_wait_s, with its agents taking too few "
@@ -347,6 +348,7 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
         cordon=[n.id for n in cordon],
         uncordon=[n.id for n in uncordon],
         leave=leave,
+        stay_first=stay_first,
     )
 
 
@@ -605,17 +607,32 @@ def _free_and_busy(nodes: Iterable[NodeView]) -> tuple[int, int]:
     return free, busy
 
 
-def _leave_units(break_even: BreakEven, staying: Sequence[NodeView], above_min: int) -> tuple[int, list[str]]:
-    """Rule 4 between ticks: units of nodes that may leave on their own when they go idle before the
-    next tick (the agent finds nothing to receive), with the line that says so. A node that goes
-    idle a few seconds after this tick would otherwise stay billed until the next one (half a
-    tick on average, as long as a short item itself). The same break-even as for idle nodes now:
-    one more idle node, behind every node that stays, would wait past a relaunch for its next item."""
-    gap = break_even.next_item_s(*_free_and_busy(staying))
-    if gap < break_even.relaunch_s or above_min <= 0:
-        return 0, []
-    line = f"idle nodes may leave on their own until the next tick, up to {above_min} unit(s): {break_even.line(gap)}"
-    return above_min, [line]
+def _leave_units(break_even: BreakEven, staying: Sequence[NodeView], above_min: int) -> tuple[int, int, list[str]]:
+    """Rule 4 between ticks: (units of nodes that may leave on their own when they go idle before
+    the next tick (the agent finds nothing to receive), units of the first nodes going idle that
+    stay first, the line that says so). A node that goes idle a few seconds after this tick would
+    otherwise stay billed until the next one (half a tick on average, as long as a short item
+    itself). The same break-even as for idle nodes now, for each node as it goes idle: one more
+    idle node, behind every node that stays, would wait past a relaunch for its next item. When
+    the first would not, busy nodes going idle (least busy first) stay warm, each adding its slots
+    ahead of the next and taking its turnover away, until the next one would wait past a relaunch:
+    those after it may leave (a bursty pool's nodes otherwise all waited for the next tick)."""
+    if above_min <= 0:
+        return 0, 0, []
+    free, busy = _free_and_busy(staying)
+    going = sorted((n for n in staying if n.state == "running" and not n.cordoned and n.busy_slots),
+                   key=lambda n: (n.busy_slots, n.id))  # fmt: skip
+    stay = 0
+    for n in [None, *going]:
+        if n is not None:  # it went idle and stayed: free ahead of the next, no longer turning over
+            free, busy, stay = free + n.slots, busy - n.busy_slots, stay + n.weight
+        gap = break_even.next_item_s(free, busy)
+        if gap >= break_even.relaunch_s:
+            first = f", once the first {stay} unit(s) going idle stayed" if stay else ""
+            line = (f"idle nodes may leave on their own until the next tick, up to {above_min} unit(s){first}: "
+                    f"{break_even.line(gap)}")
+            return above_min, stay, [line]
+    return 0, 0, []
 
 
 def _choose_idle(
@@ -812,6 +829,7 @@ def _decision(plan: _Plan, env_cap: str) -> PoolDecision:
         cordon=tuple(plan.cordon),
         uncordon=tuple(plan.uncordon),
         leave=plan.leave,
+        stay_first=plan.stay_first,
     )
 
 

@@ -23,7 +23,7 @@ from typing import Protocol
 
 from tidefleet.config import Environment, InstanceType, Queue
 from tidefleet.policy.model import item_seconds_mean, on_demand_units, rate_after, rate_at
-from tidefleet.records import leave_granted
+from tidefleet.records import leave_answer
 from tidefleet.sim.trace import SpotTrace, TraceItem
 
 # Event kinds, in the order they are handled when they fall on the same time and sequence.
@@ -291,7 +291,7 @@ class Simulation:
         self.on_demand_base = self.pool.on_demand_base
         self.spot_failures: deque[float] = deque()
         self.kick_pending = False
-        self.leave_grant = (0, 0.0, 0.0)  # the scaler's (units, granted at, until): see grant_leave
+        self.leave_grant = (0, 0.0, 0.0, 0)  # the scaler's (units, granted at, until, stay): see grant_leave
         self.retry_pending = False
         # Events and actions so far: while it holds, nothing happened that a tick could see
         # change (TidefleetPolicy skips the ticks the policy shows would change nothing).
@@ -342,9 +342,9 @@ class Simulation:
         self.on_demand_base = units
         self._reconcile()
 
-    def grant_leave(self, units: int, at: float, until: float) -> None:
+    def grant_leave(self, units: int, at: float, until: float, stay: int = 0) -> None:
         """The scaler's leave grant (`JobStore.grant_leave`), as the agents take it: see LEAVE."""
-        self.leave_grant = (units, at, until)
+        self.leave_grant = (units, at, until, stay)
 
     def _idle_poll(self, node: Node) -> None:
         """A wholly free node's agent finds nothing to receive one long poll later: then it asks
@@ -432,13 +432,17 @@ class Simulation:
         elif kind == LEAVE:
             node_id, since = payload
             node = self.nodes.get(node_id)
-            units, at, until = self.leave_grant
+            units, at, until, stay = self.leave_grant
             # Still idle since then (nothing came in the poll), gone idle after the tick that
-            # granted, and the grant still holds its units: it leaves, with a decrement.
-            if (node is not None and node.idle_since == since and node.busy == 0 and node.gang is None
-                    and node.state == "running" and leave_granted(units, at, until, node.weight, since, self.now)):
-                self.leave_grant = (units - node.weight, at, until)
-                self.terminate(node)
+            # granted: it stays if it is one of the first to (for the next tick to judge), or
+            # leaves, with a decrement, while the grant holds its units.
+            if node is not None and node.idle_since == since and node.busy == 0 and node.gang is None and node.state == "running":
+                answer = leave_answer(units, stay, at, until, node.weight, since, self.now, node.cordoned)
+                if answer == "stay":
+                    self.leave_grant = (units, at, until, stay - node.weight)
+                elif answer == "leave":
+                    self.leave_grant = (units - node.weight, at, until, stay)
+                    self.terminate(node)
         elif kind == KICK:
             self.kick_pending = False
             self.policy.poll(self)

@@ -137,9 +137,9 @@ class SimulationPorts:
     def forget_node(self, pool: str, node_id: str) -> None:
         """Heartbeats are read off the live nodes: a node that left has none to forget."""
 
-    def grant_leave(self, pool: str, units: int, at: float, until: float) -> None:
+    def grant_leave(self, pool: str, units: int, at: float, until: float, stay: int = 0) -> None:
         if pool == self.sim.pool_name:
-            self.sim.grant_leave(units, at, until)
+            self.sim.grant_leave(units, at, until, stay)
 
     def _check(self, pool: str) -> None:
         if pool != self.sim.pool_name:

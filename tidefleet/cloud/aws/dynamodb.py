@@ -5,7 +5,7 @@ Keys (pk, sk), all strings:
   JOB#<job_id>   ITEM#<item_id>   an item: status, attempts, interruptions, exit_code, reason, ...
   JOB#<job_id>   SENT#<chunk>     a submit chunk recorded and sent: n (its item count)
   POOL#<pool>    NODE#<node_id>   a node's heartbeat: see `Heartbeat`
-  POOL#<pool>    LEAVE            the scaler's leave grant: units, at, until (`grant_leave`)
+  POOL#<pool>    LEAVE            the scaler's leave grant: units, at, until, stay (`grant_leave`)
   WATCH          JOB#<job_id>     a job the minute watch looks after (tidefleet.schedules)
   QUEUE#<queue>  STATS            mean_item_s (EWMA of succeeded items' run time), items (count)
 
@@ -154,26 +154,36 @@ class DynamoStore:
     def forget_node(self, pool: str, node_id: str) -> None:
         self.table.delete_item(Key={"pk": f"POOL#{pool}", "sk": f"NODE#{node_id}"})
 
-    def grant_leave(self, pool: str, units: int, at: float, until: float) -> None:
-        self.table.update_item(Key={"pk": f"POOL#{pool}", "sk": "LEAVE"}, UpdateExpression="SET units = :u, #a = :a, #t = :t",
+    def grant_leave(self, pool: str, units: int, at: float, until: float, stay: int = 0) -> None:
+        self.table.update_item(Key={"pk": f"POOL#{pool}", "sk": "LEAVE"}, UpdateExpression="SET units = :u, #a = :a, #t = :t, stay = :s",
                                ExpressionAttributeNames={"#a": "at", "#t": "until"},
                                ExpressionAttributeValues={":u": int(units), ":a": _to_dynamo(float(at)),
-                                                          ":t": _to_dynamo(float(until))})  # fmt: skip
+                                                          ":t": _to_dynamo(float(until)), ":s": int(stay)})  # fmt: skip
 
-    def take_leave(self, pool: str, units: int, idle_since: float, now: float) -> bool:
-        try:
-            self.table.update_item(
-                Key={"pk": f"POOL#{pool}", "sk": "LEAVE"}, UpdateExpression="SET units = units - :u",
-                ConditionExpression="units >= :u AND #a <= :idle AND #t > :now",
-                ExpressionAttributeNames={"#a": "at", "#t": "until"},
-                ExpressionAttributeValues={":u": int(units), ":idle": _to_dynamo(float(idle_since)),
-                                           ":now": _to_dynamo(float(now))},
-            )
-        except ClientError as err:
-            if err.response["Error"]["Code"] != "ConditionalCheckFailedException":
-                raise
-            return False  # none left, expired, or never granted
-        return True
+    def take_leave(self, pool: str, units: int, idle_since: float, now: float, cordoned: bool = False) -> bool:
+        """`records.leave_answer` as two conditional writes: the first takes a unit to stay (a
+        grant written before `stay` existed has none), the second one to leave."""
+        key = {"pk": f"POOL#{pool}", "sk": "LEAVE"}
+        applies = "#a <= :idle AND #t > :now"
+        names = {"#a": "at", "#t": "until"}
+        values = {":u": int(units), ":idle": _to_dynamo(float(idle_since)), ":now": _to_dynamo(float(now))}
+        leave = ("SET units = units - :u", f"units >= :u AND {applies}", {}, True)
+        if not cordoned:  # DynamoDB refuses values an expression does not use: :zero only here
+            zero, no_stay = {":zero": 0}, " AND (attribute_not_exists(stay) OR stay <= :zero)"
+            takes = [("SET stay = stay - :u", f"stay > :zero AND {applies}", zero, False),
+                     (leave[0], leave[1] + no_stay, zero, True)]  # fmt: skip
+        else:
+            takes = [leave]
+        for update, condition, extra, leaves in takes:
+            try:
+                self.table.update_item(Key=key, UpdateExpression=update, ConditionExpression=condition,
+                                       ExpressionAttributeNames=names, ExpressionAttributeValues=values | extra)  # fmt: skip
+            except ClientError as err:
+                if err.response["Error"]["Code"] != "ConditionalCheckFailedException":
+                    raise
+                continue  # none to stay: try to leave; none left, expired, or never granted: False
+            return leaves
+        return False
 
     # -- queue statistics (the scaler's boot-horizon rule reads them) -------------------
     def record_item_seconds(self, queue: str, *seconds: float) -> None:

@@ -52,7 +52,7 @@ from tidefleet.records import (
     QueueStats,
     cohort_fields,
     cohorts_of,
-    leave_granted,
+    leave_answer,
     settled_moves,
     write_chunks,
 )
@@ -202,12 +202,12 @@ class FirestoreNodes:
     def forget_node(self, pool: str, node_id: str) -> None:
         self.client.delete_document(request={"name": self._doc(pool, node_id)})
 
-    def grant_leave(self, pool: str, units: int, at: float, until: float) -> None:
+    def grant_leave(self, pool: str, units: int, at: float, until: float, stay: int = 0) -> None:
         """As `DynamoStore.grant_leave`."""
-        fields = _fields({"units": int(units), "at": float(at), "until": float(until)})
+        fields = _fields({"units": int(units), "at": float(at), "until": float(until), "stay": int(stay)})
         self.client.update_document(request={"document": Document(name=f"{self.root}/leave/{pool}", fields=fields)})
 
-    def take_leave(self, pool: str, units: int, idle_since: float, now: float) -> bool:
+    def take_leave(self, pool: str, units: int, idle_since: float, now: float, cordoned: bool = False) -> bool:
         """As `DynamoStore.take_leave`: the read's update time is the write's precondition."""
         name = f"{self.root}/leave/{pool}"
         for _ in range(STATS_RETRIES):
@@ -216,15 +216,18 @@ class FirestoreNodes:
             except gexc.NotFound:
                 return False
             values = {k: from_value(v) for k, v in doc.fields.items()}
-            if not leave_granted(values["units"], values["at"], values["until"], units, idle_since, now):
+            stay = int(values.get("stay", 0))
+            answer = leave_answer(values["units"], stay, values["at"], values["until"], units, idle_since, now, cordoned)
+            if answer is None:
                 return False
+            field, left = ("stay", stay) if answer == "stay" else ("units", int(values["units"]))
             try:
                 self.client.update_document(request={
-                    "document": Document(name=name, fields=_fields({"units": int(values["units"]) - units})),
-                    "update_mask": DocumentMask(field_paths=["units"]),
+                    "document": Document(name=name, fields=_fields({field: left - units})),
+                    "update_mask": DocumentMask(field_paths=[field]),
                     "current_document": Precondition(update_time=doc.update_time),
                 })  # fmt: skip
-                return True
+                return answer == "leave"
             except gexc.GoogleAPICallError as err:
                 if not lost_race(err):
                     raise
