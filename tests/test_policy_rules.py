@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import random
 from dataclasses import replace
 
 import pytest
@@ -738,6 +739,38 @@ def test_busy_nodes_going_idle_between_ticks_stay_first_while_the_next_item_come
     assert (decision.leave, decision.stay_first) == (units, stay), decision.reasons
     said = [r for r in decision.reasons if r.startswith("idle nodes may leave on their own")]
     assert said == ([line] if line else []), decision.reasons
+
+
+def test_the_stay_first_shortcuts_give_what_judging_each_node_going_idle_gives():
+    """`_leave_units` decides without the sort when it can; the reference judges one node after
+    another (least busy first), whatever the intake, turnover, waiting items and relaunch."""
+    from tidefleet.policy.scaling import BreakEven, _free_and_busy, _leave_units
+
+    def one_by_one(be, staying, above_min):
+        free, busy = _free_and_busy(staying)
+        going = sorted((n for n in staying if n.state == "running" and not n.cordoned and n.busy_slots),
+                       key=lambda n: (n.busy_slots, n.id))  # fmt: skip
+        stay = 0
+        for n in [None, *going]:
+            if n is not None:
+                free, busy, stay = free + n.busy_slots, busy - n.busy_slots, stay + n.weight
+            if be.next_item_s(free, busy) >= be.relaunch_s:
+                return above_min, stay
+        return 0, 0
+
+    rng, granted_with_stays = random.Random(1), 0
+    for _ in range(5000):
+        staying = []
+        for j in range(rng.randint(0, 6)):
+            slots = rng.choice([1, 2, 4, 8])
+            staying.append(replace(node(f"i-{j}", busy=rng.randint(0, slots)), slots=slots, weight=rng.choice([1, 2]),
+                                   cordoned=rng.random() < 0.1, state=rng.choice(["running"] * 5 + ["pending"])))  # fmt: skip
+        be = BreakEven(intake=rng.choice([0.0, rng.random() * 0.3]), mean_item_s=rng.choice([None, rng.uniform(5, 200)]),
+                       relaunch_s=rng.choice([45.0, 60.0, 90.0]), waiting=rng.randint(0, 6))  # fmt: skip
+        expected = one_by_one(be, staying, 3)
+        assert _leave_units(be, staying, 3)[:2] == expected, (be, staying)
+        granted_with_stays += expected[1] > 0
+    assert granted_with_stays > 500  # the cases reach the ladder, not only its ends
 
 
 def test_waiting_items_that_turnover_starts_within_the_wait_target_launch_no_node():

@@ -614,24 +614,37 @@ def _leave_units(break_even: BreakEven, staying: Sequence[NodeView], above_min: 
     otherwise stay billed until the next one (half a tick on average, as long as a short item
     itself). The same break-even as for idle nodes now, for each node as it goes idle: one more
     idle node, behind every node that stays, would wait past a relaunch for its next item. When
-    the first would not, busy nodes going idle (least busy first) stay warm, each adding its slots
-    ahead of the next and taking its turnover away, until the next one would wait past a relaunch:
+    the first would not, busy nodes going idle (least busy first) stay warm, each freeing its busy
+    slots ahead of the next and taking their turnover away, until the next one would wait past a relaunch:
     those after it may leave (a bursty pool's nodes otherwise all waited for the next tick)."""
     if above_min <= 0:
         return 0, 0, []
     free, busy = _free_and_busy(staying)
+    gap, relaunch = break_even.next_item_s(free, busy), break_even.relaunch_s
+
+    def granted(stay: int, gap: float) -> tuple[int, int, list[str]]:
+        first = f", once the first {stay} unit(s) going idle stayed" if stay else ""
+        return above_min, stay, [f"idle nodes may leave on their own until the next tick, up to {above_min} "
+                                 f"unit(s){first}: {break_even.line(gap)}"]  # fmt: skip
+
+    if gap >= relaunch:
+        return granted(0, gap)
+    # With x busy slots gone idle, the next one waits (a + x) / (c + x / mean): past a relaunch from
+    # some x on when the mean is longer than a relaunch (or unknown), so all idle decides; only up
+    # to some x when shorter, so none does unless waiting items took every free slot (x = 0 fails
+    # on arrivals). Both before any sort: ticks of a busy fleet ask this every time.
+    mean = break_even.mean_item_s
+    if (break_even.next_item_s(free + busy, 0) < relaunch if not mean or mean > relaunch
+            else free - break_even.waiting + 1 > 0):
+        return 0, 0, []
     going = sorted((n for n in staying if n.state == "running" and not n.cordoned and n.busy_slots),
                    key=lambda n: (n.busy_slots, n.id))  # fmt: skip
     stay = 0
-    for n in [None, *going]:
-        if n is not None:  # it went idle and stayed: free ahead of the next, no longer turning over
-            free, busy, stay = free + n.slots, busy - n.busy_slots, stay + n.weight
+    for n in going:  # it goes idle and stays: its busy slots free ahead of the next, no longer turning over
+        free, busy, stay = free + n.busy_slots, busy - n.busy_slots, stay + n.weight
         gap = break_even.next_item_s(free, busy)
-        if gap >= break_even.relaunch_s:
-            first = f", once the first {stay} unit(s) going idle stayed" if stay else ""
-            line = (f"idle nodes may leave on their own until the next tick, up to {above_min} unit(s){first}: "
-                    f"{break_even.line(gap)}")
-            return above_min, stay, [line]
+        if gap >= relaunch:
+            return granted(stay, gap)
     return 0, 0, []
 
 
