@@ -624,8 +624,8 @@ def _leave_units(break_even: BreakEven, staying: Sequence[NodeView], above_min: 
 
     def granted(stay: int, gap: float) -> tuple[int, int, list[str]]:
         first = f", once the first {stay} unit(s) going idle stayed" if stay else ""
-        return above_min, stay, [f"idle nodes may leave on their own until the next tick, up to {above_min} "
-                                 f"unit(s){first}: {break_even.line(gap)}"]  # fmt: skip
+        line = f"idle nodes may leave on their own until the next tick, up to {above_min} unit(s){first}: "
+        return above_min, stay, [line + break_even.line(gap)]
 
     if gap >= relaunch:
         return granted(0, gap)
