@@ -112,6 +112,22 @@ def leave_answer(left: int, stay: int, at: float, until: float, units: int, idle
     return "leave" if left >= units else None
 
 
+LeaveGrant = tuple[int, float, float, int]  # (units left, written at, good until, units left to stay)
+
+
+def take_from_grant(grant: LeaveGrant, units: int, idle_since: float, now: float,
+                    cordoned: bool = False) -> tuple[LeaveGrant, bool]:  # fmt: skip
+    """(the grant after a node of `units` idle since `idle_since` asked it at `now`, whether it
+    leaves): `leave_answer` applied to a grant held as a value (the memory store, the simulator)."""
+    left, at, until, stay = grant
+    answer = leave_answer(left, stay, at, until, units, idle_since, now, cordoned)
+    if answer == "stay":
+        return (left, at, until, stay - units), False
+    if answer == "leave":
+        return (left - units, at, until, stay), True
+    return grant, False
+
+
 @dataclass(frozen=True)
 class AttemptOutcome:
     """One finished attempt (succeeded / failed / cancelled), for the cloud's outcome metric."""

@@ -384,8 +384,9 @@ class Agent:
         """Idle, with nothing to receive for a whole long poll: leave the group (terminate with a
         decrement) if the scaler's leave grant has units for a node idle since then (`policy`
         rule 4 between ticks), once per idle period; one of the first nodes to go idle that the
-        grant keeps warm stays instead, for the next tick to judge. The group's termination then reaches this
-        agent as any other does (the lifecycle hook, SIGTERM), and it takes nothing meanwhile.
+        grant keeps warm stays instead, for the next tick to judge. The group's termination then
+        reaches this agent as any other does (the lifecycle hook, SIGTERM), and it takes nothing
+        meanwhile.
         Any failure leaves an idle node for the next tick to judge."""
         with self.lock:
             idle_since = self.idle_since

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from tidefleet.ports import Backlog, GroupInstance, GroupState
-from tidefleet.records import Cohorts, Heartbeat, QueueStats, leave_answer
+from tidefleet.records import Cohorts, Heartbeat, LeaveGrant, QueueStats, take_from_grant
 
 TERMINABLE = frozenset({"InService"})  # as AWS: Pending or already leaving instances are skipped
 
@@ -113,7 +113,7 @@ class MemoryNodes:
     def __init__(self, heartbeats: Iterable[Heartbeat] = ()):
         self.beats: dict[str, dict[str, Heartbeat]] = {}
         self.cordons: dict[tuple[str, str], bool] = {}  # marks set before a node's first heartbeat
-        self.leave: dict[str, tuple[int, float, float, int]] = {}  # pool -> the leave grant (units, at, until, stay)
+        self.leave: dict[str, LeaveGrant] = {}  # pool -> the leave grant
         for heartbeat in heartbeats:  # the store's state as given, cordon marks included
             self.beats.setdefault(heartbeat.pool, {})[heartbeat.node_id] = heartbeat
 
@@ -151,13 +151,8 @@ class MemoryNodes:
         self.leave[pool] = (units, at, until, stay)
 
     def take_leave(self, pool: str, units: int, idle_since: float, now: float, cordoned: bool = False) -> bool:
-        left, at, until, stay = self.leave.get(pool, (0, 0.0, 0.0, 0))
-        answer = leave_answer(left, stay, at, until, units, idle_since, now, cordoned)
-        if answer == "stay":
-            self.leave[pool] = (left, at, until, stay - units)
-        elif answer == "leave":
-            self.leave[pool] = (left - units, at, until, stay)
-        return answer == "leave"
+        self.leave[pool], leaves = take_from_grant(self.leave.get(pool, (0, 0.0, 0.0, 0)), units, idle_since, now, cordoned)
+        return leaves
 
 
 class MemoryQueues:

@@ -23,7 +23,7 @@ from typing import Protocol
 
 from tidefleet.config import Environment, InstanceType, Queue
 from tidefleet.policy.model import item_seconds_mean, on_demand_units, rate_after, rate_at
-from tidefleet.records import leave_answer
+from tidefleet.records import take_from_grant
 from tidefleet.sim.trace import SpotTrace, TraceItem
 
 # Event kinds, in the order they are handled when they fall on the same time and sequence.
@@ -432,16 +432,12 @@ class Simulation:
         elif kind == LEAVE:
             node_id, since = payload
             node = self.nodes.get(node_id)
-            units, at, until, stay = self.leave_grant
             # Still idle since then (nothing came in the poll), gone idle after the tick that
             # granted: it stays if it is one of the first to (for the next tick to judge), or
             # leaves, with a decrement, while the grant holds its units.
             if node is not None and node.idle_since == since and node.busy == 0 and node.gang is None and node.state == "running":
-                answer = leave_answer(units, stay, at, until, node.weight, since, self.now, node.cordoned)
-                if answer == "stay":
-                    self.leave_grant = (units, at, until, stay - node.weight)
-                elif answer == "leave":
-                    self.leave_grant = (units - node.weight, at, until, stay)
+                self.leave_grant, leaves = take_from_grant(self.leave_grant, node.weight, since, self.now, node.cordoned)
+                if leaves:
                     self.terminate(node)
         elif kind == KICK:
             self.kick_pending = False
