@@ -14,6 +14,8 @@ FAILURE_RATE_PERCENT = 20
 MIN_ATTEMPTS = 5
 # The scaler's tick is slow when it uses this share of its timeout.
 SLOW_TICK_SHARE = 0.8
+# Minutes in a row in which the scaler was throttled and no run of it started.
+UNSERVED_MINUTES = 15
 
 
 @dataclass(frozen=True)
@@ -40,11 +42,14 @@ RUNBOOKS = {
         "control ticks failed (the next tick retries; nothing scales while they fail)",
         "the scaler function's log: its last error line names the refused action"),
     "scaler-throttles": Runbook(
-        "scaler invocations were throttled for 15 minutes (one tick at a time; kicks wait)",
-        "check the scaler's duration: ticks that run long hold the one concurrent tick", ("aws",)),
+        f"for {UNSERVED_MINUTES} minutes the scaler was throttled and started no run: nothing ticks "
+        "(kicks throttled during a run are normal)",
+        "the scaler function's reserved concurrency (1; at 0 it never runs), then the account's "
+        "concurrent-executions limit", ("aws",)),
     "scaler-duration": Runbook(
-        f"a tick used more than {round(SLOW_TICK_SHARE * 100)} % of the function's timeout",
-        "the scaler's log line `ms`: a slow cloud API or a very large fleet; ticks past the timeout fail"),
+        f"a run of the scaler (ticks for up to a minute while items wait) used more than {round(SLOW_TICK_SHARE * 100)} % "
+        "of the function's timeout",
+        "the scaler's log line `ms` (its slowest tick): a slow cloud API or a very large fleet; runs past the timeout fail"),
     "interruption-errors": Runbook(
         "the interruption function failed on spot notices or lifecycle hooks",
         "its log; nodes then drain only when their own agent sees the notice", ("aws",)),

@@ -92,6 +92,23 @@ def test_prod_has_every_aws_alarm_with_its_runbook_and_each_notifies_the_encrypt
     assert found[naming.stack_resource("prod", "gpu-cost-over-cap")]["threshold"] == env.pools["gpu"].cost_cap_usd_per_hour
 
 
+def test_scaler_throttles_fire_only_after_15_minutes_of_throttles_that_started_no_run(synthesized):
+    found = alarms(synthesized, "prod")
+    alarm = found[naming.stack_resource("prod", "scaler-throttles")]
+    assert (alarm["threshold"], alarm["evaluation_periods"], alarm["datapoints_to_alarm"]) == (0, 15, 15)
+    assert "metric_name" not in alarm
+    queries = {q["id"]: q for q in alarm["metric_query"]}
+    for query_id, name in (("invocations", "Invocations"), ("throttles", "Throttles")):
+        metric = queries.pop(query_id)["metric"]
+        assert (metric["namespace"], metric["metric_name"], metric["stat"], metric["period"]) == (
+            "AWS/Lambda", name, "Sum", 60)  # fmt: skip
+        assert metric["dimensions"] == {"FunctionName": naming.function("prod", "scaler")}
+    (math,) = queries.values()
+    assert math["return_data"] and math["expression"] == "IF(FILL(invocations, 0) == 0, throttles, 0)"
+    # A run that loops stops by 60 s plus one tick: past 80 % of the 120-s timeout is a slow tick.
+    assert found[naming.stack_resource("prod", "scaler-duration")]["threshold"] == 0.8 * 120 * 1000
+
+
 def test_alerts_subscribe_the_configured_people_and_without_alerts_no_one(synthesized):
     env = load_environment("prod")
     subscriptions = resources(synthesized, "prod", "aws_sns_topic_subscription").values()

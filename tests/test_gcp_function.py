@@ -17,6 +17,7 @@ import responses
 from google.auth.credentials import AnonymousCredentials
 
 from lambdas.gcp_scaler import main
+from tests.clock import Clock
 from tests.gcp_fake import FakeGcp, FakeVm
 from tidefleet.cloud.gcp import function_runtime
 from tidefleet.cloud.gcp.firestore import FirestoreStore
@@ -124,3 +125,26 @@ def test_a_metrics_write_that_fails_does_not_fail_the_tick(gcp, monkeypatch, cap
         summary = main.on_kick(event({"tidefleet": "schedule"}))
     assert summary["desired"] == {"cpu": 2} and gcp.groups["tidefleet-gcp-dev-cpu"] == 2
     assert "metrics" in caplog.text and "timeSeries.create denied" in caplog.text
+
+
+@pytest.mark.parametrize("timeout,ticks", [("120", 6), ("20", 2), (None, 1), ("soon", 1)])
+def test_the_function_ticks_again_while_items_wait_within_the_timeout_its_stack_sets(
+    gcp, monkeypatch, tmp_path, timeout, ticks
+):
+    from tidefleet import triggers
+    from tidefleet.config import environments_dir
+
+    text = (environments_dir() / f"{ENV.name}.toml").read_text()
+    (tmp_path / f"{ENV.name}.toml").write_text(text.replace("tick_s = 60", "tick_s = 60\nwaiting_tick_s = 10", 1))
+    monkeypatch.setenv("TIDEFLEET_ENVIRONMENTS", str(tmp_path))
+    function_runtime.cache_clear()
+    clock = Clock()
+    monkeypatch.setattr(triggers, "time", clock)
+    monkeypatch.setattr(main, "time", clock)  # the request's start, which the timeout counts from
+    if timeout is None:
+        monkeypatch.delenv("TIDEFLEET_TIMEOUT_S", raising=False)
+    else:
+        monkeypatch.setenv("TIDEFLEET_TIMEOUT_S", timeout)
+    gcp.undelivered["tidefleet-gcp-dev-default"] = 3  # nothing receives them: they wait throughout
+    assert main.on_kick(event({"tidefleet": "schedule"}))["ticks"] == ticks
+    assert clock.slept == [10.0] * (ticks - 1)

@@ -113,6 +113,15 @@ def test_scaler_runs_on_a_schedule_and_kicks_with_one_instance_internal_only(sta
     assert "item-logs" in resources(stack, "google_logging_project_bucket_config")
 
 
+def test_the_scaler_may_tick_again_for_a_minute_and_is_told_its_timeout(stack):
+    (fn,) = resources(stack, "google_cloudfunctions2_function").values()
+    config = fn["service_config"]
+    assert config["timeout_seconds"] == 120
+    assert config["environment_variables"]["TIDEFLEET_TIMEOUT_S"] == str(config["timeout_seconds"])
+    (slow,) = resources(stack, "google_monitoring_alert_policy")["alerts_scaler-duration"]["conditions"]
+    assert slow["condition_threshold"]["threshold_value"] == 0.8 * 120 * 1000
+
+
 def test_gcp_dev_has_zero_unsuppressed_checkov_failures(stack, capsys):
     from stacks.scan import scan
 

@@ -18,12 +18,14 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import SimpleNamespace
 
 import boto3
 import pytest
 
 from lambdas.interruption import handler as interruption
 from lambdas.scaler import handler as scaler
+from tests.clock import Clock
 from tidefleet import naming
 from tidefleet.cloud.aws import AutoScalingFleet, SqsQueues, lambda_runtime
 from tidefleet.cloud.aws.dynamodb import DynamoStore
@@ -160,6 +162,48 @@ def test_dry_run_decides_and_logs_but_changes_nothing(deployed, caplog):
     assert g["DesiredCapacity"] == 2 and len(g["Instances"]) == 2  # ... and changed nothing
     line = json.loads(next(r.getMessage() for r in caplog.records if r.name == "tidefleet.control"))
     assert line["dry_run"] is True and line["reasons"]
+
+
+@pytest.fixture
+def looping(deployed, tmp_path, monkeypatch):
+    """A minute's schedule with re-ticks every 10 s; returns (the clock, a Lambda context whose
+    invocation has `timeout_s` in all)."""
+    from tidefleet import triggers
+
+    path = tmp_path / "sandbox.toml"
+    path.write_text(path.read_text().replace("tick_s = 2", "tick_s = 60\nwaiting_tick_s = 10", 1))
+    lambda_runtime.cache_clear()
+    clock = Clock()
+    monkeypatch.setattr(triggers, "time", clock)
+
+    def context(timeout_s: float) -> SimpleNamespace:
+        deadline = clock.now + timeout_s
+        return SimpleNamespace(get_remaining_time_in_millis=lambda: (deadline - clock.now) * 1000)
+
+    return clock, context
+
+
+def test_a_run_ticks_again_while_items_wait_for_up_to_a_minute(looping):
+    clock, context = looping
+    put_items(5)
+    summary = scaler.handler(event("kick"), context(120))
+    # Ticks at 0, 10, ... 50 s: one more would start within a wait of the next scheduled tick.
+    assert summary["ticks"] == 6 and clock.slept == [10.0] * 5
+    assert group()["DesiredCapacity"] == 3  # the same absolute target each time
+
+
+def test_a_run_stops_ticking_before_its_time_runs_out(looping):
+    _, context = looping
+    put_items(5)
+    assert scaler.handler(event("schedule"), context(20))["ticks"] == 2  # 10 s left: not a wait + 5 s
+
+
+def test_a_run_with_nothing_waiting_or_no_context_ticks_once(looping):
+    clock, context = looping
+    assert scaler.handler(event("schedule"), context(120))["ticks"] == 1
+    put_items(5)
+    assert scaler.handler(event("schedule"), None)["ticks"] == 1  # called directly: no time known
+    assert clock.slept == []
 
 
 BAD_SCALER_EVENTS = [

@@ -253,6 +253,31 @@ def test_the_policy_sees_the_mean_time_of_finished_items_only():
     assert {mean for t, mean in seen if t >= second_done} == {100.0 + 0.1 * (200.0 - 100.0)}
 
 
+@pytest.mark.parametrize("waiting_tick_s,ticks", [(10, [60, 70, 80, 90, 100, 110]), (0, [60, 77])])
+def test_while_items_wait_the_run_ticks_again_and_a_submit_meanwhile_sends_no_kick(waiting_tick_s, ticks):
+    """One node at most: the second item waits for the first. The run the 60 s schedule starts
+    ticks again every 10 s while it waits, for 50 s (the next would be within a wait of the
+    next scheduled tick); the item submitted at 75 s is throttled into that run rather than
+    kicking its own (2 s after it). Without re-ticks: the schedule and the kick."""
+    seen = []
+
+    class Watching(TidefleetPolicy):
+        def _tick_once(self, sim):
+            seen.append(sim.now)
+            super()._tick_once(sim)
+
+    env = make_env()
+    env = env.model_copy(update={
+        "pools": {"p": env.pools["p"].model_copy(update={"max": 1})},
+        "scaler": env.scaler.model_copy(update={"waiting_tick_s": waiting_tick_s}),
+    })  # fmt: skip
+    items = [TraceItem(0, 200, 1), TraceItem(0, 200, 1), TraceItem(75, 10, 1)]
+    timing = Timing(boot_s=BOOT, notice_s=120.0, kick_s=2.0)
+    outcome = Simulation(env, "p", items, Watching(env, kick_s=2.0), timing).run()
+    assert [t for t in seen if 60 <= t < 120] == ticks
+    assert all(start is not None for start in outcome.first_start)
+
+
 # --- Where the traces come from: the project's traces/, whatever the cwd; a missing one is one line.
 
 ROOT = Path(__file__).resolve().parent.parent

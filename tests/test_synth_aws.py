@@ -217,6 +217,14 @@ def test_functions_run_from_the_archive_pinned_by_its_hash(shipped):
     assert scaler["reserved_concurrent_executions"] == 1
 
 
+def test_a_scaler_run_may_tick_again_for_a_minute_and_a_kick_throttled_meanwhile_expires_within_one(shipped):
+    _env, stack = shipped
+    assert resources(stack, "aws_lambda_function")["control_scaler"]["timeout"] == 120
+    configs = resources(stack, "aws_lambda_function_event_invoke_config")
+    assert configs["control_scaler-async"]["maximum_event_age_in_seconds"] == 60
+    assert "maximum_event_age_in_seconds" not in configs["control_interruption-async"]
+
+
 def test_the_scaler_is_ticked_by_schedule_and_by_one_backlog_alarm_per_queue(shipped):
     env, stack = shipped
     rules = resources(stack, "aws_cloudwatch_event_rule")

@@ -246,6 +246,12 @@ class Queue(_Model):
 
 class Scaler(_Model):
     tick_s: int = Field(60, ge=1, le=3600, description="scheduled control tick")
+    # Launch decisions on bursts of short items are only as timely as the ticks: a tick that sees
+    # items waiting runs again this soon (within one invocation, for at most MAX_LOOP_S) rather
+    # than leaving them to the next scheduled tick. 0: only the schedule, kicks and alarms.
+    waiting_tick_s: int = Field(
+        5, ge=0, le=3600, description="while items wait, tick again this soon (for up to a minute a run); 0 = never"
+    )
     # 0 is meaningful for the delays below (no delay); a day or more is a typo.
     scale_in_delay_s: int | None = Field(
         None, ge=0, le=DAY_S,

@@ -389,6 +389,17 @@ def tick(
     return decisions
 
 
+def retick_in(env: Environment, fleet: FleetView) -> float | None:
+    """Seconds until the scaler should tick again within its run, or None (the schedule, kicks
+    and alarms are soon enough): while a queue it may serve has items waiting, every
+    `scaler.waiting_tick_s`, when that is sooner than `tick_s`. A held queue's items wait for
+    their team's share, not for capacity."""
+    wait = env.scaler.waiting_tick_s
+    if not wait or wait >= env.scaler.tick_s:
+        return None
+    return float(wait) if any(q.visible and not q.held for q in fleet.queues) else None
+
+
 def _decision_line(decision: PoolDecision, group: GroupState, now: float, dry_run: bool) -> dict:
     """The log line of one pool's decision, before what acting on it did."""
     return {

@@ -69,6 +69,7 @@ CLOUD_METRICS = {
     "aws": frozenset({
         ("AWS/SQS", "ApproximateNumberOfMessagesVisible"), ("AWS/SQS", "ApproximateAgeOfOldestMessage"),
         ("AWS/Lambda", "Errors"), ("AWS/Lambda", "Throttles"), ("AWS/Lambda", "Duration"),
+        ("AWS/Lambda", "Invocations"),
     }),
     "gcp": frozenset({
         "pubsub.googleapis.com/subscription/num_undelivered_messages",

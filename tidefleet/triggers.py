@@ -94,42 +94,74 @@ def run_jobs(trigger: Trigger, env, cloud, now: float) -> dict:
 
 
 Emit = Callable[[object, list], object]  # (env, tidefleet.metrics points): the cloud's metrics writer
+# A run ticks again while items wait for at most this long after its first tick: the stacks size
+# the function's timeout (120 s) and its slow-tick alarm (80 % of it) on one loop plus one tick.
+MAX_LOOP_S = 60.0
+# Seconds kept in hand past the next tick's expected end before the function's own timeout.
+LOOP_MARGIN_S = 5.0
 
 
-def run(trigger: Trigger | Ignored, runtime: Callable[[], tuple], emit: Emit | None = None) -> dict:
-    """One tick for a parsed trigger; `runtime()` gives (env, ports), loaded once per cold start.
+def run(
+    trigger: Trigger | Ignored,
+    runtime: Callable[[], tuple],
+    emit: Emit | None = None,
+    time_left: Callable[[], float] | None = None,
+) -> dict:
+    """A tick for a parsed trigger; `runtime()` gives (env, ports), loaded once per cold start.
     `emit(env, points)` writes what the tick saw and decided as metrics (`tidefleet.metrics`),
-    also when some action failed; a metrics write that fails is logged, never fails the tick."""
+    also when some action failed; a metrics write that fails is logged, never fails the tick.
+
+    With `time_left()` (seconds until the function's timeout), a tick that saw items waiting is
+    followed by another `scaler.waiting_tick_s` later (`control.retick_in`), within MAX_LOOP_S
+    of the first and the next scheduled tick, while the time left holds the wait and twice the
+    last tick. Without it there is one tick."""
     if isinstance(trigger, Ignored):
         log.warning(json.dumps({"ignored": trigger.reason}))
         return {"ignored": trigger.reason}
     # The tick, the policy, the metric set and the settings (pydantic) load on the first trigger, not on import.
     from tidefleet import metrics
-    from tidefleet.control import tick
+    from tidefleet.control import retick_in, tick
 
     env, ports = runtime()
     if trigger.env is not None and trigger.env != env.name:
         reason = f"kick for environment {trigger.env!r} reached the function of {env.name!r}"
         log.warning(json.dumps({"ignored": reason}))
         return {"ignored": reason}
-    started = time.time()
-    points: list[metrics.Point] = []
+    first = started = time.time()
+    seen: list = []  # the last tick's fleet view
 
     def report(fleet, decided) -> None:
+        seen[:] = [fleet]
+        if emit is None:
+            return
         try:
-            points.extend(metrics.tick_points(env, fleet, decided, started))
-            emit(env, points)
+            emit(env, metrics.tick_points(env, fleet, decided, started))
         except Exception as err:  # noqa: BLE001 - metrics are for people; the tick's work is done
             log.warning(json.dumps({"metrics": f"not written: {type(err).__name__}: {err}"}))
 
-    decisions = tick(env, ports, started, report=report if emit else None)
+    ticks, terminated, slowest = 1, 0, 0.0
+    while True:
+        decisions = tick(env, ports, started, report=report)
+        terminated += sum(len(d.terminate) for d in decisions)
+        took = time.time() - started
+        slowest = max(slowest, took)
+        wait = retick_in(env, seen[0]) if time_left is not None and seen else None
+        if (
+            wait is None
+            or time.time() + wait > first + min(MAX_LOOP_S, env.scaler.tick_s) - wait  # the next run is near
+            or time_left() < wait + 2 * took + LOOP_MARGIN_S
+        ):
+            break
+        time.sleep(wait)
+        started, ticks = time.time(), ticks + 1
     summary = {
         "trigger": trigger.kind,
         "detail": trigger.detail,
         "env": env.name,
         "desired": {d.pool: d.desired for d in decisions},
-        "terminated": sum(len(d.terminate) for d in decisions),
-        "ms": round((time.time() - started) * 1000),
+        "terminated": terminated,
+        "ms": round(slowest * 1000),  # the slowest tick's
+        "ticks": ticks,
     }
     log.info(json.dumps(summary))
     return summary

@@ -18,6 +18,7 @@ import base64
 import binascii
 import json
 import logging
+import os
 import time
 
 from tidefleet.cloud import for_env
@@ -40,6 +41,16 @@ def message_of(cloud_event) -> Trigger | Ignored:
         return Ignored(f"message data is not base64 JSON ({encoded[:60]!r})")
 
 
+def _time_left(started: float):
+    """Seconds until this request's timeout, from the `TIDEFLEET_TIMEOUT_S` the stack sets (a
+    Cloud Function cannot ask its runtime); None without it: one tick, no re-ticks."""
+    try:
+        timeout = float(os.environ["TIDEFLEET_TIMEOUT_S"])
+    except (KeyError, ValueError):
+        return None
+    return lambda: started + timeout - time.time()
+
+
 def on_kick(cloud_event) -> dict:
     """The entry point (an event-triggered 2nd-gen function gets a CloudEvent). A schedule's fire
     and the minute watch (Cloud Scheduler messages) go to the scheduled-job code, the rest to a tick."""
@@ -48,7 +59,7 @@ def on_kick(cloud_event) -> dict:
         if isinstance(trigger, Trigger) and trigger.kind in ("fire", "watch"):
             env, _ = function_runtime()
             return run_jobs(trigger, env, for_env(env), time.time())
-        return run(trigger, function_runtime, emit=function_metrics)
+        return run(trigger, function_runtime, emit=function_metrics, time_left=_time_left(time.time()))
     except Exception as err:  # noqa: BLE001 - any failure of the tick: one line, then the next tick
         failed = {"severity": "ERROR", "trigger": getattr(trigger, "kind", None),
                   "failed": f"{type(err).__name__}: {err}"}  # fmt: skip

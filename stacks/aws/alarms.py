@@ -24,15 +24,16 @@ from cdktn_provider_aws.sns_topic_policy import SnsTopicPolicy
 from cdktn_provider_aws.sns_topic_subscription import SnsTopicSubscription
 from constructs import Construct
 
-from stacks.alarms import FAILURE_RATE_PERCENT, MIN_ATTEMPTS, RUNBOOKS, SLOW_TICK_SHARE
+from stacks.alarms import FAILURE_RATE_PERCENT, MIN_ATTEMPTS, RUNBOOKS, SLOW_TICK_SHARE, UNSERVED_MINUTES
 from stacks.aws.functions import TIMEOUT_S
 from stacks.aws.iam import AwsContext, policy_document
 from tidefleet import metrics, naming
 from tidefleet.config import Environment
 
-# Standard SQS queues publish to CloudWatch every 5 minutes; the scaler every tick.
+# Standard SQS queues publish to CloudWatch every 5 minutes; the scaler every tick; Lambda every minute.
 SQS_PERIOD_S = 300
 TICK_PERIOD_S = 60
+LAMBDA_PERIOD_S = 60
 
 
 def _attempts(env_name: str, queue: str, name: str, id: str) -> CloudwatchMetricAlarmMetricQuery:
@@ -40,6 +41,13 @@ def _attempts(env_name: str, queue: str, name: str, id: str) -> CloudwatchMetric
     return CloudwatchMetricAlarmMetricQuery(id=id, metric=CloudwatchMetricAlarmMetricQueryMetric(
         namespace=metrics.NAMESPACE, metric_name=name, period=900, stat="Sum",
         dimensions={"Environment": env_name, "Queue": queue}))  # fmt: skip
+
+
+def _lambda_sum(function: str, name: str, id: str) -> CloudwatchMetricAlarmMetricQuery:
+    """One query of the throttles math: the function's count of one kind of request per minute."""
+    return CloudwatchMetricAlarmMetricQuery(id=id, metric=CloudwatchMetricAlarmMetricQueryMetric(
+        namespace="AWS/Lambda", metric_name=name, period=LAMBDA_PERIOD_S, stat="Sum",
+        dimensions={"FunctionName": function}))  # fmt: skip
 
 
 def alerts_topic_name(env_name: str) -> str:
@@ -86,12 +94,20 @@ class Alarms(Construct):
         scaler, interruption = naming.function(e, "scaler"), naming.function(e, "interruption")
         for key, function, metric_name, statistic, threshold, periods in (
             ("scaler-errors", scaler, "Errors", "Sum", 0, 2),
-            ("scaler-throttles", scaler, "Throttles", "Sum", 0, 3),
             ("scaler-duration", scaler, "Duration", "Maximum", SLOW_TICK_SHARE * TIMEOUT_S["scaler"] * 1000, 2),
             ("interruption-errors", interruption, "Errors", "Sum", 0, 1),
         ):
             self._alarm(key, None, namespace="AWS/Lambda", metric_name=metric_name, dimensions={"FunctionName": function},
                         statistic=statistic, period=300, threshold=threshold, evaluation_periods=periods)  # fmt: skip
+        # Kicks sent while a run loops are throttled routinely (one run at a time); throttles in a
+        # minute that started no run are not. Lambda publishes Invocations only when non-zero: FILL.
+        self._alarm("scaler-throttles", None, threshold=0, evaluation_periods=UNSERVED_MINUTES,
+                    datapoints_to_alarm=UNSERVED_MINUTES, metric_query=[
+            _lambda_sum(scaler, "Invocations", "invocations"), _lambda_sum(scaler, "Throttles", "throttles"),
+            CloudwatchMetricAlarmMetricQuery(
+                id="unserved", return_data=True, label="throttles in a minute that started no run",
+                expression="IF(FILL(invocations, 0) == 0, throttles, 0)"),
+        ])  # fmt: skip
         for p in sorted(env.pools):
             for key, name, periods in (("spot-launch-failures", "SpotLaunchFailures", 3),
                                        ("on-demand-fallback", "OnDemandFallbackUnits", 5),

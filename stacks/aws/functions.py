@@ -33,9 +33,13 @@ HANDLERS = {"scaler": "lambdas.scaler.handler.handler", "interruption": "lambdas
 # Scaler: one tick at a time (its actions are idempotent, but two would race each other).
 # Interruption: notices come in bursts when a zone loses spot capacity.
 RESERVED_CONCURRENCY = {"scaler": 1, "interruption": 10}
-TIMEOUT_S = {"scaler": 60, "interruption": 30}
+# Scaler: a run ticks again while items wait, for up to 60 s after its first tick, plus one tick.
+TIMEOUT_S = {"scaler": 120, "interruption": 30}
 # A failed tick is superseded by the next one; retrying it only adds load.
 ASYNC_RETRIES = 1
+# A kick throttled while a run loops (one at a time) is retried by Lambda for a minute (the least
+# it accepts), not up to 6 hours: the running loop already ticks for the waiting items.
+MAX_EVENT_AGE_S = {"scaler": 60}
 INTERRUPTION_EVENTS = {
     "spot-warning": {"source": ["aws.ec2"], "detail-type": ["EC2 Spot Instance Interruption Warning"]},
     "rebalance": {"source": ["aws.ec2"], "detail-type": ["EC2 Instance Rebalance Recommendation"]},
@@ -206,6 +210,7 @@ class ControlFunctions(Construct):
         )  # fmt: skip
         LambdaFunctionEventInvokeConfig(
             self, f"{role}-async", function_name=function.function_name, maximum_retry_attempts=ASYNC_RETRIES,
+            maximum_event_age_in_seconds=MAX_EVENT_AGE_S.get(role),
             destination_config={"on_failure": {"destination": self.failures.arn}},
         )  # fmt: skip
         return function

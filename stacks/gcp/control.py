@@ -32,7 +32,8 @@ RUNTIME = "python312"
 ENTRY_POINT = "on_kick"  # in the archive's main.py, the buildpack's default source (stacks/package.py)
 PUBLISHED = "google.cloud.pubsub.topic.v1.messagePublished"
 SCHEDULE_MESSAGE = {"tidefleet": "schedule"}
-TIMEOUT_S = 60
+# A run ticks again while items wait, for up to 60 s after its first tick, plus one tick.
+TIMEOUT_S = 120
 # What one tick does to the fleet, and nothing else: read the groups and their instances,
 # resize, delete chosen instances. GCE has no per-group IAM, so this is a project role.
 FLEET_PERMISSIONS = [
@@ -101,7 +102,9 @@ class ScalerFunction(Construct):
                 "available_memory": "512Mi", "timeout_seconds": TIMEOUT_S,
                 "service_account_email": self.service_account.email,
                 "ingress_settings": "ALLOW_INTERNAL_ONLY", "all_traffic_on_latest_revision": True,
-                "environment_variables": {"TIDEFLEET_ENV": env.name, "LOG_EXECUTION_ID": "true"},
+                # The function cannot ask its runtime how long it has left; the loop stops in time by this.
+                "environment_variables": {"TIDEFLEET_ENV": env.name, "LOG_EXECUTION_ID": "true",
+                                          "TIDEFLEET_TIMEOUT_S": str(TIMEOUT_S)},
             },
             event_trigger={
                 "trigger_region": env.region, "event_type": PUBLISHED, "pubsub_topic": self.kick_topic.id,

@@ -72,6 +72,9 @@ class Policy(Protocol):
 
     def poll(self, sim: Simulation) -> None: ...
 
+    def poll_again(self, sim: Simulation, first: float) -> None:
+        """A run that first polled at `first` polls again (`Simulation.tick_again`)."""
+
 
 class Node:
     __slots__ = (
@@ -346,6 +349,14 @@ class Simulation:
         """The scaler's leave grant (`JobStore.grant_leave`), as the agents take it: see LEAVE."""
         self.leave_grant = (units, at, until, stay)
 
+    def tick_again(self, at: float, first: float) -> None:
+        """The scaler's run that started at `first` ticks again at `at` (`tidefleet.triggers.run`
+        while items wait). Submits meanwhile send no kick of their own: the function runs one
+        invocation at a time, so theirs would be throttled while this one sleeps."""
+        if not self.kick_pending:
+            self.kick_pending = True
+            self._push(at, KICK, first)
+
     def _idle_poll(self, node: Node) -> None:
         """A wholly free node's agent finds nothing to receive one long poll later: then it asks
         for the leave grant (`agent.worker.Agent._leave_if_granted`)."""
@@ -441,7 +452,10 @@ class Simulation:
                     self.terminate(node)
         elif kind == KICK:
             self.kick_pending = False
-            self.policy.poll(self)
+            if payload is None:
+                self.policy.poll(self)
+            else:
+                self.policy.poll_again(self, payload)
         elif kind == BOOTED:
             node = self.nodes.get(payload)
             if node is not None and node.state == "pending":

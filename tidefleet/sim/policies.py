@@ -11,11 +11,13 @@ import math
 from collections import deque
 
 from tidefleet.config import Environment
+from tidefleet.control import retick_in
 from tidefleet.policy.demand import gang_counts
 from tidefleet.policy.model import FleetView, PoolDecision
 from tidefleet.ports import Ports
 from tidefleet.sim.engine import Simulation, is_gang
 from tidefleet.sim.ports import SimulationPorts
+from tidefleet.triggers import MAX_LOOP_S
 
 
 def queued(sim: Simulation, per_node: int) -> int:
@@ -57,6 +59,20 @@ class TidefleetPolicy:
         self._last: tuple[int, FleetView | None, tuple[PoolDecision, ...], float, float | None] = (-1, None, (), 0.0, None)
 
     def poll(self, sim: Simulation) -> None:
+        self._tick(sim, sim.now)
+
+    def poll_again(self, sim: Simulation, first: float) -> None:
+        self._tick(sim, first)
+
+    def _tick(self, sim: Simulation, first: float) -> None:
+        """One tick of a run that started at `first`, and the run's next one while items wait
+        (`tidefleet.triggers.run`: within MAX_LOOP_S of the first and `tick_s`, less the wait)."""
+        self._tick_once(sim)
+        wait = retick_in(self.env, self._last[1])
+        if wait is not None and sim.now + wait <= first + min(MAX_LOOP_S, self.poll_s) - wait:
+            sim.tick_again(sim.now + wait, first)
+
+    def _tick_once(self, sim: Simulation) -> None:
         from tidefleet.control import grant_leave, tick
         from tidefleet.policy.quiet import actions, unchanged_until
 
