@@ -250,7 +250,7 @@ class Scaler(_Model):
     # items waiting runs again this soon (within one invocation, for at most MAX_LOOP_S) rather
     # than leaving them to the next scheduled tick. 0: only the schedule, kicks and alarms.
     waiting_tick_s: int = Field(
-        5, ge=0, le=3600, description="while items wait, tick again this soon (for up to a minute a run); 0 = never"
+        10, ge=0, le=3600, description="while items wait, tick again this soon (for up to a minute a run); 0 = never"
     )
     # 0 is meaningful for the delays below (no delay); a day or more is a typo.
     scale_in_delay_s: int | None = Field(

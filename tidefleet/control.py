@@ -138,9 +138,10 @@ def _node_views(
     last = cached[1] if cached is not None and cached[0] is pool else {}
     seen: dict[str, tuple[GroupInstance, Heartbeat | None, NodeView | None]] = {}
     views = []
+    beat_of, last_of = beats.get, last.get
     for instance in instances:
-        heartbeat = beats.get(instance.id)
-        hit = last.get(instance.id)
+        heartbeat = beat_of(instance.id)
+        hit = last_of(instance.id)
         if hit is None or hit[0] is not instance or hit[1] is not heartbeat or instance.launched_at is None:
             hit = (instance, heartbeat, node_view(pool, instance, heartbeat, now))
         seen[instance.id] = hit
@@ -179,12 +180,12 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
         for hb in beats.values():  # each agent's smoothed rate, decayed to now: the queues' arrivals
             if hb.gang and (beacon := Beacon.parse(hb.gang)) is not None and beacon.forming:
                 leads.append((hb.node_id, beacon))
-            if hb.intake:
+            if rates := hb.intake:
                 decay = decays.get(hb.at)
                 if decay is None:
                     decay = decays[hb.at] = rate_decay(hb.at, now)
-                for qname, rate in hb.intake.items():
-                    intake[qname] += rate * decay
+                for qname in rates:  # ~10^7 rates a simulator replay
+                    intake[qname] += rates[qname] * decay
             if hb.on_demand_wanted:
                 for qname, keys in hb.on_demand_wanted.items():
                     on_demand.setdefault(qname, set()).update(keys)
@@ -273,9 +274,9 @@ def waiting_ages(backlog: Backlog, kept: Cohorts | None, now: float) -> tuple[tu
 def _live_capacity(env: Environment, pool: str, group: GroupState, leaving: Iterable[str]) -> int:
     """Units of the group's instances that stay: desired below this makes the group pick a victim."""
     leaving = set(leaving)
-    types = _types(env.pools[pool])
+    weights = {name: itype.weight for name, itype in _types(env.pools[pool]).items()}  # as `_weight` gives
     return sum([
-        _weight(types.get(i.instance_type), i)
+        weights.get(i.instance_type) or i.weight or 1
         for i in group.instances
         # A Terminating:Wait instance already left the group's capacity: not counted.
         if i.id not in leaving and i.lifecycle_state in CAPACITY

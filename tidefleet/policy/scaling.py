@@ -439,10 +439,12 @@ def _slots(nodes: list[NodeView]) -> int:
 
 def _sort_nodes(nodes: tuple[NodeView, ...], pool: Pool, now: float) -> _Nodes:
     out = _Nodes()
+    timeout_s = pool.boot_timeout_s
     for node in nodes:
         if node.state == "terminating":
             out.leaving.append(node)
-        elif _boot_timed_out(node, pool, now):
+        # `_boot_timed_out`, its common case inline (the simulator sorts ~10^7 nodes a replay)
+        elif now - node.last_heartbeat > timeout_s if node.last_heartbeat is not None else _boot_timed_out(node, pool, now):
             out.replace.append(node)
         elif node.state == "draining":
             idle = node.busy_slots == 0 and node.idle_since is not None and not node.protected

@@ -123,7 +123,7 @@ class Node:
         self.running: dict[int, float] = {}  # item index -> start of this attempt
         self.busy_since = 0.0
         self.busy_s = 0.0
-        self.reported_at: float | None = None  # the agent's last heartbeat: at boot, every change, see beat()
+        self.reported_at: float | None = None  # the agent's last heartbeat: at boot, every change, see ports.agents_beat
         self.listed = None  # the ports' cached group instance (see sim.ports._listed)
         self.record = None  # the ports' cached heartbeat, dropped on every change
         self.intake: dict[int, float] = {}  # queue index -> items taken per second (policy.model.rate_after)
@@ -133,15 +133,6 @@ class Node:
         self.record = None
         if self.ready_at is not None:
             self.reported_at = now
-
-    def beat(self, now: float, every_s: float) -> None:
-        """The agent's periodic heartbeat, at a coarse grain: the real agent beats every few
-        seconds, but the policy only asks whether the last beat is older than the boot timeout,
-        so refreshing the record once it is `every_s` old (a fraction of that timeout) gives the
-        same decisions and keeps cached records between refreshes."""
-        if self.reported_at is not None and now - self.reported_at >= every_s:
-            self.reported_at = now
-            self.record = None
 
 
 class Gang:
