@@ -106,6 +106,32 @@ def test_oracle_is_the_work_at_the_cheapest_price_per_slot():
     assert oracle.wait_s["max"] == 0 and oracle.idle_node_hours == 0
 
 
+@pytest.mark.parametrize("slots_per_unit,items,node_s", [
+    (1, [(0, 100)], 45 + 100),  # a boot, then the item
+    (1, [(0, 100), (120, 100)], 45 + 100 + 20 + 100),  # a gap shorter than a boot: kept idle
+    (1, [(0, 100), (200, 100)], 45 + 100 + 45 + 100),  # longer: let go, and a boot again
+    (1, [(0, 100), (100, 100)], 45 + 200),  # one ends as the next starts: the same node
+    (1, [(0, 100), (50, 100)], 45 + 100 + 45 + 100),  # at once: two nodes, each booted
+    (2, [(0, 100), (50, 100)], 45 + 150),  # on two-slot nodes: one
+])  # fmt: skip
+def test_the_zero_wait_bound_pays_each_node_a_boot_or_the_idle_gap_before_it_serves(slots_per_unit, items, node_s):
+    from tidefleet.sim.run import zero_wait_bound
+
+    env = make_env(slots_per_unit=slots_per_unit)  # $1 a node-hour on spot
+    bound = zero_wait_bound(env, "p", [TraceItem(t, d, 1) for t, d in items], [1] * len(items), BOOT)
+    assert bound == pytest.approx(node_s / 3600)
+
+
+def test_the_zero_wait_bound_is_above_the_work_and_every_report_carries_it():
+    rng = __import__("random").Random(7)
+    items = sorted((TraceItem(rng.uniform(0, 5000), rng.uniform(5, 600), rng.choice([1, 2])) for _ in range(300)),
+                   key=lambda i: i.submit_s)  # fmt: skip
+    report = simulate(make_env(slots_per_unit=4), "p", items, ["tidefleet", "oracle"], timing=NO_KICK)
+    assert report.lower_bound_usd < report.zero_wait_usd
+    for r in report.results:
+        assert r.cost_vs_zero_wait == pytest.approx(r.cost_usd / report.zero_wait_usd)
+
+
 def test_an_item_bigger_than_every_node_is_reported_not_replayed():
     report = simulate(
         make_env(), "p", [TraceItem(0, 100, 1), TraceItem(5, 100, 4)], ["tidefleet"], timing=NO_KICK

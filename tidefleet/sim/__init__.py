@@ -83,7 +83,10 @@ Policies
   follow replicas; no maxReplicaCount cap beyond the pool's max. The HPA's victims are any
   pods, so scale-in kills running items (ScaledJob would not, but is not the default).
 - `oracle`: the lower bound: the work itself (duration x slots, x a gang's min members) at the pool's cheapest
-  spot $/slot-hour, no boot, no idle, no wait.
+  spot $/slot-hour, no boot, no idle, no wait. Beside it, the zero-wait bound
+  (`run.zero_wait_bound`): less than any clairvoyant schedule pays that starts every item at its
+  submit, with whole nodes (of the pool's smallest size) and a billed boot or idle bridge for every
+  node it adds. A policy that lets items wait can pay less than it; one that does not, cannot.
 
 Metrics and the `--json` schema (`"schema": "tidefleet.sim/1"`, stable; fields are only added)
     trace, env, pool: the inputs; window: [start, end|null] or null; seed; boot_s; notice_s;
@@ -91,14 +94,14 @@ Metrics and the `--json` schema (`"schema": "tidefleet.sim/1"`, stable; fields a
     items: rows read (after the window); unfittable: {count, largest_node_slots, most_nodes
       (an item may span: > 1 only with a gang queue), by_slots: {"<slots>": count}, work_s};
     gangs: the items replayed as gangs: {count, by_nodes: {"<nodes spanned>": count}, work_s};
-    lower_bound_usd: the oracle's cost;
+    lower_bound_usd: the oracle's cost; zero_wait_usd: the zero-wait bound (see `oracle` above);
     results: one per policy, in the order asked:
       policy, cost_usd, node_hours, idle_node_hours (node time with no item running,
       boot included), wait_s: {p50, p95, p99, max} (submit to first start, nearest-rank;
       an item never started counts until the run's end), makespan_s (first submit to last
       finish), items_finished, items_unfinished, items_interrupted (attempts lost),
       items_dead_lettered, work_redone_s, busy_items_killed_by_scale_in, spot_launch_failures, peak_nodes,
-      lower_bound_usd, cost_vs_lower_bound.
+      lower_bound_usd, cost_vs_lower_bound, cost_vs_zero_wait.
     teams (with by_team; per policy but the oracle): one per team, most work first: team, quota
       (the binding limit in words, "-" without one), quota_slots, weight, items, slot_hours,
       wait_p50_s, wait_p95_s, cost_usd (its items' share of node bills while they ran).

@@ -19,14 +19,14 @@ from tidefleet.sim.trace import TraceError, load_spot_trace, load_trace, parse_w
 def format_table(report: Report) -> str:
     """A markdown table, one row per policy."""
     head = (
-        "| policy | cost $ | ÷ lower bound | node-h | idle node-h | wait p50/p95/p99/max s | makespan h "
+        "| policy | cost $ | ÷ lower bound | ÷ zero-wait bound | node-h | idle node-h | wait p50/p95/p99/max s | makespan h "
         "| interrupted (by scale-in) | redone h | unfinished (dead-lettered) |"
     )
     rows = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in report.results:
         w = r.wait_s
         rows.append(
-            f"| {r.policy} | {r.cost_usd:,.2f} | {r.cost_vs_lower_bound:.2f} | {r.node_hours:,.1f} | "
+            f"| {r.policy} | {r.cost_usd:,.2f} | {r.cost_vs_lower_bound:.2f} | {r.cost_vs_zero_wait:.2f} | {r.node_hours:,.1f} | "
             f"{r.idle_node_hours:,.1f} | {w['p50']:.0f}/{w['p95']:.0f}/{w['p99']:.0f}/{w['max']:.0f} | "
             f"{r.makespan_s / 3600:,.1f} | {r.items_interrupted} ({r.busy_items_killed_by_scale_in}) | "
             f"{r.work_redone_s / 3600:,.1f} | {r.items_unfinished} ({r.items_dead_lettered}) |"
@@ -101,7 +101,7 @@ def simulate(
     else:
         unfit = report.unfittable
         click.echo(f"{report.trace} on {report.env}/{report.pool}: {report.items} items, "
-                   f"lower bound ${report.lower_bound_usd:,.2f}")  # fmt: skip
+                   f"lower bound ${report.lower_bound_usd:,.2f}, zero-wait bound ${report.zero_wait_usd:,.2f}")  # fmt: skip
         if report.gangs["count"]:
             click.echo(f"gangs: {report.gangs['count']} item(s) replayed on whole nodes at once "
                        f"(by nodes: {report.gangs['by_nodes']})")  # fmt: skip
