@@ -73,7 +73,8 @@ class Policy(Protocol):
     def poll(self, sim: Simulation) -> None: ...
 
     def poll_again(self, sim: Simulation, first: float) -> None:
-        """A run that first polled at `first` polls again (`Simulation.tick_again`)."""
+        """A run that first polled at `first` polls again: only a policy that calls
+        `Simulation.tick_again` is asked (the baselines never are)."""
 
 
 class Node:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 
 from tidefleet.config import Environment, Queue
 from tidefleet.sim.engine import (
@@ -191,7 +191,7 @@ def percentile(sorted_values: list[float], p: float) -> float:
     return sorted_values[max(0, math.ceil(p / 100 * len(sorted_values)) - 1)]
 
 
-def summarise(items: list[TraceItem], outcome: Outcome, lb_usd: float) -> PolicyResult:
+def summarise(items: list[TraceItem], outcome: Outcome, lb_usd: float, zero_wait_usd: float) -> PolicyResult:
     """Waits count every item: one never started waits until the run ended (a lower bound)."""
     waits = sorted(
         (start if start is not None else outcome.end_s) - item.submit_s
@@ -216,6 +216,7 @@ def summarise(items: list[TraceItem], outcome: Outcome, lb_usd: float) -> Policy
         peak_nodes=outcome.peak_nodes,
         lower_bound_usd=lb_usd,
         cost_vs_lower_bound=_ratio(outcome.cost_usd, lb_usd),
+        cost_vs_zero_wait=_ratio(outcome.cost_usd, zero_wait_usd),
     )
 
 
@@ -265,9 +266,10 @@ def simulate(
     queues = pool_queues(env, pool)
     queue_of, need = placement(queues, fits)
     # A gang item's slots on every member of the smallest gang it runs as.
-    lb = lower_bound(env, pool, fits, [n * queues[q][1].gang[0] for q, n in zip(queue_of, need)])
+    slots = [n * queues[q][1].gang[0] for q, n in zip(queue_of, need)]
+    lb = lower_bound(env, pool, fits, slots)
+    zero_wait = zero_wait_bound(env, pool, fits, slots, timing.boot_s)
     gangs = gang_report(queues, fits, queue_of)
-    zero_wait = zero_wait_bound(env, pool, fits, [n * queues[q][1].gang[0] for q, n in zip(queue_of, need)], timing.boot_s)
     results, timelines, teams = [], {}, {}
     for name in policies:
         if name == "oracle":
@@ -275,7 +277,7 @@ def simulate(
         else:
             policy = make_policy(name, env, pool, timing)
             outcome = Simulation(env, pool, fits, policy, timing, interruptions, seed, sample_s).run()
-        results.append(replace(summarise(fits, outcome, lb[0]), cost_vs_zero_wait=_ratio(outcome.cost_usd, zero_wait)))
+        results.append(summarise(fits, outcome, lb[0], zero_wait))
         timelines[name] = outcome.samples
         if by_team and name != "oracle":
             teams[name] = by_team_rows(env, pool, fits, outcome)
