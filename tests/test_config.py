@@ -112,6 +112,8 @@ BAD = [
     ("zero tick", {"scaler.tick_s": 0}, "scaler.tick_s: Input should be greater than or equal to 1 (got 0)"),
     ("negative tick", {"scaler.tick_s": -60}, "scaler.tick_s: Input should be greater than or equal to 1 (got -60)"),
     ("negative scale-in delay", {"scaler.scale_in_delay_s": -1}, "scaler.scale_in_delay_s: Input should be greater than or equal to 0 (got -1)"),
+    ("negative re-tick", {"scaler.waiting_tick_s": -5}, "scaler.waiting_tick_s: Input should be greater than or equal to 0 (got -5)"),
+    ("re-tick as text", {"scaler.waiting_tick_s": "soon"}, "scaler.waiting_tick_s: Input should be a valid integer"),
     ("negative cooldown", {"scaler.scale_out_cooldown_s": -30}, "scaler.scale_out_cooldown_s: Input should be greater than or equal to 0 (got -30)"),
     ("negative spot fallback", {"scaler.spot_fallback_after_s": -1}, "scaler.spot_fallback_after_s: Input should be greater than or equal to 0 (got -1)"),
     ("negative spot failure window", {"scaler.spot_failure_window_s": -1}, "scaler.spot_failure_window_s: Input should be greater than or equal to 0 (got -1)"),
