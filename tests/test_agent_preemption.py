@@ -8,10 +8,11 @@ from __future__ import annotations
 import time
 from collections import Counter
 
+import boto3
 import pytest
 from agent_harness import Harness, wait_until
 
-from tidefleet import control
+from tidefleet import control, naming
 from tidefleet.cloud import for_env
 from tidefleet.jobs import sdk
 from tidefleet.records import FINAL
@@ -76,3 +77,59 @@ def test_a_high_priority_item_preempts_a_running_preemptible_one_which_resumes_a
     # The mark goes once the attempt has: the next tick clears it.
     control.tick(h.env, ports, time.time())
     assert for_env(h.env).store.heartbeat("cpu", node).preempt == []
+
+
+MOVE_ENV = """
+region = "us-east-1"
+
+[pools.cpu]
+max = 2
+slots_per_unit = 2
+checkpoint_and_move = true
+command = "{python} {workload}"
+env = {{ LEDGER = "{ledger}" }}
+instance_types = [{{ type = "c6i.large", weight = 1 }}]
+
+[queues.batch]
+pool = "cpu"
+preemptible = true
+min_runtime_s = 0
+max_retries = {max_retries}
+item_timeout_s = 120
+"""
+
+
+def test_a_cordoned_nodes_attempt_moves_to_a_node_with_room_and_resumes_there_from_its_checkpoint(tmp_path, aws):
+    """Checkpoint-and-move on real agents: node A runs the only item and is cordoned (a past
+    tick's consolidation); node B is idle. The real tick marks A's attempt; A's agent asks it to
+    checkpoint and hands it back; B resumes it from its checkpoint; A is left idle."""
+    h = Harness(tmp_path, aws, env_toml=MOVE_ENV, max_retries=1)
+    try:
+        group = naming.group(h.env.name, "cpu")
+        autoscaling = boto3.client("autoscaling", region_name=h.env.region)
+        autoscaling.set_desired_capacity(AutoScalingGroupName=group, DesiredCapacity=2)
+        a, b = sorted(i["InstanceId"] for i in autoscaling.describe_auto_scaling_groups(
+            AutoScalingGroupNames=[group])["AutoScalingGroups"][0]["Instances"])  # fmt: skip
+        job = sdk.submit(h.env, "batch", "batch", sdk.read_items([["steps=150"]]), kick=False).job_id
+        h.start_agent(a)
+        wait_until(lambda: h.events("start"), 30, "the item to start on node A")
+        ports = for_env(h.env).control_ports()
+        ports.nodes.set_cordon("cpu", a, True)
+        h.start_agent(b)
+        store = for_env(h.env).store
+        wait_until(lambda: store.heartbeat("cpu", b) is not None and store.heartbeat("cpu", a).runs, 30,
+                   "both agents to report, A with its attempt")  # fmt: skip
+        key = f"{job}/000000/1"
+        (decision,) = wait_until(lambda: (d := control.tick(h.env, ports, time.time())) and d[0].preempt and d, 30,
+                                 "the tick to move the cordoned node's attempt")  # fmt: skip
+        assert decision.preempt == ((a, (key,)),)
+        assert any(r.startswith(f"move {key} off {a}: cordoned") for r in decision.reasons), decision.reasons
+        item = wait_until(lambda: _final(h, job), 90, "the moved item to resume and finish")
+        assert (item.status, item.interruptions, item.failures) == ("succeeded", 1, 0)
+        assert item.history[0]["outcome"] == "interrupted" and "moved off a cordoned node" in item.history[0]["reason"]
+        assert item.history[-1]["node"] == b
+        assert [e["resumed_from"] > 0 for e in h.events("start") if e["attempt"] == 2] == [True]
+        assert len(h.events("done")) == 1
+        assert store.heartbeat("cpu", a).busy_slots == 0
+    finally:
+        h.stop_agents()

@@ -114,6 +114,7 @@ BAD = [
     ("negative scale-in delay", {"scaler.scale_in_delay_s": -1}, "scaler.scale_in_delay_s: Input should be greater than or equal to 0 (got -1)"),
     ("negative re-tick", {"scaler.waiting_tick_s": -5}, "scaler.waiting_tick_s: Input should be greater than or equal to 0 (got -5)"),
     ("re-tick as text", {"scaler.waiting_tick_s": "soon"}, "scaler.waiting_tick_s: Input should be a valid integer"),
+    ("checkpoint-and-move with nothing preemptible", {"pools.cpu.checkpoint_and_move": True}, "pools.cpu.checkpoint_and_move: no queue of pool 'cpu' is preemptible, so nothing can move (got true); set preemptible = true on the queues whose items checkpoint, or remove it"),
     ("negative cooldown", {"scaler.scale_out_cooldown_s": -30}, "scaler.scale_out_cooldown_s: Input should be greater than or equal to 0 (got -30)"),
     ("negative spot fallback", {"scaler.spot_fallback_after_s": -1}, "scaler.spot_fallback_after_s: Input should be greater than or equal to 0 (got -1)"),
     ("negative spot failure window", {"scaler.spot_failure_window_s": -1}, "scaler.spot_failure_window_s: Input should be greater than or equal to 0 (got -1)"),

@@ -13,16 +13,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tidefleet.config import parse_environment
-from tidefleet.policy import decide
+from tidefleet.policy import decide, preemption
 from tidefleet.policy.model import FleetView, NodeView, PoolView, QueueView, RunView
 
 NOW = 100_000.0
 
 
-def env(*, preemptible=True, min_runtime_s=600, max_nodes=2):
+def env(*, preemptible=True, min_runtime_s=600, max_nodes=2, move=False):
     return parse_environment({
         "region": "us-east-1",
-        "pools": {"cpu": {"max": max_nodes, "slots_per_unit": 2, "command": "work", "instance_types": [{"type": "c6i.large"}]}},
+        "pools": {"cpu": {"max": max_nodes, "slots_per_unit": 2, "command": "work", "instance_types": [{"type": "c6i.large"}],
+                          "checkpoint_and_move": move}},
         "queues": {
             "urgent": {"pool": "cpu", "priority": 50, "slots_per_item": 2},
             "batch": {"pool": "cpu", "priority": 5, "preemptible": preemptible, "min_runtime_s": min_runtime_s},
@@ -155,4 +156,92 @@ def test_the_readme_preemption_line_is_what_the_policy_says_for_that_fleet():
                       QueueView(queue, "cpu", int(priority), 1, visible=0, in_flight=1)))  # fmt: skip
     (decision,) = decide(environment, view, NOW)
     assert decision.preempt == ((node_id, (key,)),)
+    assert line in decision.reasons
+
+
+# Checkpoint-and-move (scaling rule 9b): the pool grows freely (max 10) and nothing waits, so any
+# mark is a move off a cordoned node, never a preemption for waiting work.
+def moved(*nodes, move=True, min_runtime_s=600, waiting=0, held=False):
+    busy = sum(n.busy_slots for n in nodes)
+    view = FleetView((PoolView("cpu", tuple(nodes), desired=len(nodes), on_demand_base=0),),
+                     (QueueView("batch", "cpu", 5, 1, visible=waiting, in_flight=busy, held=held),))  # fmt: skip
+    return preempted(env(max_nodes=10, move=move, min_runtime_s=min_runtime_s), view)
+
+
+ROOM = full("n2", run("b/1/1"), busy=1)  # takes items, one slot free
+MOVE_CASES = [  # (case, nodes, other arguments of `moved`, marks)
+    ("a cordoned node whose every busy slot may move, with room elsewhere, moves them all",
+     (full("n1", run("a/1/1"), busy=1, cordoned=True), ROOM), {}, {"n1": {"a/1/1"}}),
+    ("a pool that did not opt in never moves anything",
+     (full("n1", run("a/1/1"), busy=1, cordoned=True), ROOM), {"move": False}, {}),
+    ("an attempt younger than min_runtime_s keeps the node where it is",
+     (full("n1", run("a/1/1", ran=599), busy=1, cordoned=True), ROOM), {}, {}),
+    ("a busy slot that is no preemptible attempt (another queue's item) keeps the node: nothing moves",
+     (full("n1", run("a/1/1"), busy=2, cordoned=True), full("n2"), full("n3", busy=0)), {}, {}),
+    ("items waiting for the free slots: the cordoned node takes items again instead, nothing moves",
+     (full("n1", run("a/1/1"), busy=1, cordoned=True), ROOM), {"waiting": 1}, {}),
+    ("a two-slot attempt needs two free slots on one node, not one here and one there",
+     (full("n1", run("a/1/1", slots=2), cordoned=True), ROOM, full("n3", run("b/2/1"), busy=1)), {}, {}),
+    ("an attempt of a held queue (its team at its share) stays: back in its queue, nothing would take it",
+     (full("n1", run("a/1/1"), busy=1, cordoned=True), ROOM), {"held": True}, {}),
+    ("a node not cordoned is not moved",
+     (full("n1", run("a/1/1"), busy=1), full("n2", busy=0)), {}, {}),
+    ("least busy first, while the room lasts (one free slot on each of three nodes)",
+     (full("n1", run("a/1/1", slots=2), cordoned=True), full("n3", run("a/3/1"), busy=1, cordoned=True),
+      ROOM, full("n5", run("b/2/1"), busy=1), full("n6", run("b/3/1"), busy=1)), {}, {"n3": {"a/3/1"}}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "nodes", "kw", "expected"), MOVE_CASES, ids=[c[0] for c in MOVE_CASES])
+def test_checkpoint_and_move(case, nodes, kw, expected):
+    marks, _ = moved(*nodes, **kw)
+    assert marks == expected
+
+
+def test_a_node_already_moving_counts_as_waiting_so_the_next_one_does_not_take_the_same_room():
+    """(The pure rule: in a whole decision the uncordon rule already keeps room for every cordoned
+    node's busy slots by count, so this guards what it does not: the time between ticks.)"""
+    moving = full("n1", run("a/1/1"), busy=1, cordoned=True, preempting=("a/1/1",))
+    cordoned = full("n3", run("a/3/1"), busy=1, cordoned=True)
+    assert preemption.moves(env(move=True).queues, [moving, cordoned], [1], 0, NOW).marks == {}
+    assert preemption.moves(env(move=True).queues, [moving, cordoned], [1, 1], 0, NOW).marks == {"n3": ("a/3/1",)}
+    assert preemption.moves(env(move=True).queues, [cordoned], [1], 1, NOW).marks == {}  # a waiting item first
+
+
+def test_a_move_says_what_moves_where_from_and_why():
+    _, reasons = moved(full("n1", run("a/1/1"), busy=1, cordoned=True), ROOM)
+    assert ("move a/1/1 off n1: cordoned, every busy slot an attempt of a preemptible queue past its min_runtime_s, "
+            "with room on the other nodes; they checkpoint and resume there, and n1 is idle now, not when its longest "
+            "item ends") in reasons  # fmt: skip
+
+
+def test_a_moving_node_keeps_its_marks_until_its_attempts_are_gone():
+    """The next tick sees the marked attempt still listed (it is checkpointing): no change, no second move."""
+    marks, _ = moved(full("n1", run("a/1/1"), busy=1, cordoned=True, preempting=("a/1/1",)), ROOM)
+    assert marks == {}
+
+
+def test_the_readme_move_line_is_what_the_policy_says_for_that_fleet():
+    section = (Path(__file__).resolve().parent.parent / "README.md").read_text().split("\n### Checkpoint-and-move\n", 1)[1]
+    line = re.search(r"```text\n(.*?)\n```", section, re.DOTALL).group(1)
+    keys, node_id = re.fullmatch(r"move (.+) off (\S+): cordoned, .*", line).groups()
+    keys = keys.split(", ")
+    queue = keys[0].split("-")[0]
+    environment = parse_environment({
+        "region": "us-east-1",
+        "pools": {"gpu8": {"max": 16, "command": "work", "checkpoint_and_move": True,
+                           "instance_types": [{"type": "g5.48xlarge", "weight": 8, "gpus": 8}], "capacity_unit": "gpus"}},
+        "queues": {queue: {"pool": "gpu8", "preemptible": True}},
+    }, name="t")  # fmt: skip
+
+    def node(id_, runs, **kw):
+        return NodeView(id=id_, instance_type="g5.48xlarge", weight=8, slots=8, spot=True, state="running",
+                        launched_at=NOW - 7200, busy_slots=len(runs), last_heartbeat=NOW - 2, runs=runs, **kw)  # fmt: skip
+
+    cordoned = node(node_id, tuple(RunView(k, queue, NOW - 3600, 1) for k in keys), cordoned=True)
+    other = node("i-0a1b", (RunView(f"{queue}-x/000001/1", queue, NOW - 60, 1),))
+    view = FleetView((PoolView("gpu8", (cordoned, other), desired=16, on_demand_base=0),),
+                     (QueueView(queue, "gpu8", 0, 1, visible=0, in_flight=len(keys) + 1),))  # fmt: skip
+    (decision,) = decide(environment, view, NOW)
+    assert decision.preempt == ((node_id, tuple(keys)),)
     assert line in decision.reasons

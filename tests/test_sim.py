@@ -378,3 +378,26 @@ def test_the_simulated_idle_poll_is_the_agents():
     from tidefleet.agent.worker import LEAVE_POLL_S
 
     assert Timing(boot_s=45, notice_s=120).idle_poll_s == LEAVE_POLL_S
+
+
+def test_checkpoint_and_move_frees_a_cordoned_node_and_the_moved_item_resumes_with_its_work():
+    """Two 4-slot nodes each end up with one 10,000-s item once the short ones are done: one is
+    cordoned (demand fits on the other); with checkpoint_and_move, its item moves once it ran
+    min_runtime_s, resumes on the other node with its work kept plus `Timing.resume_s`, and the
+    cordoned node leaves ~9,000 s early. Without it, both run to the end."""
+
+    def moving(move: bool):
+        env = make_env(slots_per_unit=4)
+        queue = env.queues["q"].model_copy(update={"preemptible": True, "min_runtime_s": 600})
+        pool = env.pools["p"].model_copy(update={"checkpoint_and_move": move})
+        return env.model_copy(update={"queues": {"q": queue}, "pools": {"p": pool}})
+
+    items = ([TraceItem(0, 10_000, 1)] + [TraceItem(0, 100, 1)] * 3) * 2
+    stay, move = run(moving(False), items), run(moving(True), items)
+    assert (stay.items_interrupted, stay.work_redone_s, stay.makespan_s) == (0, 0.0, BOOT + 10_000)
+    assert stay.node_hours * 3600 > 2 * 10_000
+    resume_s = NO_KICK.resume_s
+    assert (move.items_finished, move.items_interrupted, move.work_redone_s) == (8, 1, resume_s)
+    assert move.makespan_s == BOOT + 10_000 + resume_s  # resumed at once: the other node had free slots
+    assert move.node_hours * 3600 < stay.node_hours * 3600 - 9_000
+    assert move.busy_items_killed_by_scale_in == 0

@@ -13,14 +13,14 @@ import pytest
 from tidefleet.config import parse_environment
 from tidefleet.sim import Timing, TraceItem, simulate
 from tidefleet.sim.bench import (
-    POLICY_NAMES,
+    MOVED,
     README_BEGIN,
     README_END,
     README_HEAD,
-    TUNED,
     WORKLOADS,
     best_setting,
     halves,
+    row_names,
 )
 from tidefleet.sim.engine import BOOTED, Simulation, intake_order
 from tidefleet.sim.policies import TidefleetPolicy
@@ -192,8 +192,8 @@ def test_the_readme_table_is_the_generated_block_with_a_row_per_workload_and_pol
         return
     assert lines[0] == README_HEAD
     rows = {tuple(c.strip() for c in line.strip("|").split("|")[:2]) for line in lines[2:]}
-    policies = ["tidefleet", TUNED, *POLICY_NAMES[1:]]
-    assert rows == {(f"{w.label} ({w.pool})", p) for w in WORKLOADS for p in policies}
+    assert rows == {(f"{w.label} ({w.pool})", p) for w in WORKLOADS for p in row_names(w)}
+    assert {w.label for w in WORKLOADS if MOVED in row_names(w)} >= {"Philly"}  # the 8-GPU nodes
 
 
 def test_invoke_bench_readme_writes_a_block_the_readme_test_accepts(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 from tidefleet import control
 from tidefleet.config import load_environment
 from tidefleet.sim import Interruptions, load_trace, simulate
-from tidefleet.sim.bench import TRACES_DIR
+from tidefleet.sim.bench import TRACES_DIR, with_moves
 from tidefleet.sim.policies import TidefleetPolicy
 from tidefleet.sim.shapes import SHAPES
 from tidefleet.sim.trace import load_spot_trace
@@ -48,12 +48,20 @@ WORKLOADS = {  # name: (environment, pool, items, interruptions, by team)
         False,
     ),
     "philly teams": ("philly-teams", "gpu8", lambda: philly(5_000, 250), Interruptions(), True),
+    # Nodes that list preemptible attempts are never skipped; the quiet ticks between still are.
+    "rare-large, checkpoint-and-move": (
+        lambda: with_moves(load_environment("bench"), "gpu8"),
+        "gpu8",
+        lambda: SHAPES["rare-large"].items(2)[:300],
+        Interruptions(),
+        False,
+    ),
 }
 
 
 def replay(monkeypatch, workload: str, skip: bool):
     env_name, pool, items, interruptions, by_team = WORKLOADS[workload]
-    env = load_environment(env_name)
+    env = load_environment(env_name) if isinstance(env_name, str) else env_name()
     computed = 0
     real_tick = control.tick
 

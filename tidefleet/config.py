@@ -179,6 +179,12 @@ class Pool(_Model):
         "spread", description="cluster: nodes close together for multi-node training (one zone, AWS placement group)"
     )
     efa: bool = Field(False, description="AWS: Elastic Fabric Adapter on every node (needs placement 'cluster')")
+    checkpoint_and_move: bool = Field(
+        False,
+        description="consolidation may stop a cordoned node's attempts of preemptible queues (checkpoint, back to "
+        "the queue) once they ran min_runtime_s and the other nodes have room: the node leaves now, not when its "
+        "longest item ends",
+    )
 
     def slots(self, itype: InstanceType) -> int:
         return itype.weight * self.slots_per_unit
@@ -630,6 +636,9 @@ def _pool_problems(env: Environment, name: str, pool: Pool) -> list[str]:
     if pool.boot_estimate_s > pool.boot_timeout_s:
         out.append(f"{where}.boot_estimate_s: must be <= boot_timeout_s (got {pool.boot_estimate_s} > "
                    f"{pool.boot_timeout_s}); a typical boot cannot take longer than the timeout")  # fmt: skip
+    if pool.checkpoint_and_move and not any(q.preemptible and q.pool == name for q in env.queues.values()):
+        out.append(f"{where}.checkpoint_and_move: no queue of pool {name!r} is preemptible, so nothing can move "
+                   "(got true); set preemptible = true on the queues whose items checkpoint, or remove it")  # fmt: skip
     if not re.fullmatch(NAME, pool.team):
         out.append(f"{where}.team: bad team name (got {pool.team!r}); {NAME_RULE}")
     out += _workload_problems(where, pool)

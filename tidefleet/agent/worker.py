@@ -826,11 +826,12 @@ class Agent:
                 part.workload.signal(Signal.KILL)
 
     def _preempt(self, keys: set[str]) -> None:
-        """The scaler preempts these attempts: each checkpoints and goes back to its queue."""
+        """The scaler preempts these attempts (for a higher-priority queue's items, or to move them off
+        a cordoned node): each checkpoints and goes back to its queue."""
         with self.lock:
             runs = [r for r in self.runs if self._run_key(r) in keys and r.state.stop is None]
         for run in runs:
-            run.stop_note = "preempted by the scaler for a higher-priority queue's items"
+            run.stop_note = "preempted by the scaler (a higher-priority queue's items, or moved off a cordoned node)"
             run.stop_at = time.monotonic()
             log.info("%s/%s: %s", run.message.job, run.message.item, run.stop_note)
             self._feed(run, StopAsked(Stop.INTERRUPT, run.stop_at))

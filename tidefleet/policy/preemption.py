@@ -29,6 +29,9 @@ class Preemption:
     reasons: tuple[str, ...]
 
 
+NO_MOVES = Preemption({}, ())
+
+
 def choose(queues: dict[str, Queue], starved: list[QueueView], nodes: list[NodeView], now: float) -> Preemption:
     """The attempts to preempt on these nodes for the starved queues' waiting items."""
     takers = [n for n in nodes if n.state == "running" and not n.cordoned]
@@ -87,3 +90,53 @@ def _reason(run: RunView, node: NodeView, queue: QueueView, queues: dict[str, Qu
     return (f"preempt {run.key} on {node.id} (queue {run.queue}, priority {own.priority}, ran {now - run.since:.0f}s "
             f">= min_runtime_s {own.min_runtime_s}): queue {queue.name} (priority {queue.priority}) has items waiting "
             "and the pool cannot grow; it checkpoints and goes back to its queue, not a failed attempt")  # fmt: skip
+
+
+def moves(queues: dict[str, Queue], cordoned: list[NodeView], room: list[int], waiting_slots: int,
+          now: float, held: frozenset[str] = frozenset()) -> Preemption:  # fmt: skip
+    """Checkpoint-and-move (scaling rule 9b, pools with `checkpoint_and_move`): a cordoned node
+    whose every busy slot is an attempt of a preemptible, single-node queue that ran its
+    `min_runtime_s` has them all stopped (checkpoint, back to the queue) when the free slots of
+    the nodes that take items (`room`, one entry per node) hold them after the `waiting_slots`
+    already waiting: the node is idle now rather than when its longest item ends. Least busy
+    first; a node already moving counts as waiting, so two ticks never send two nodes' attempts
+    to the same slots. An attempt of a `held` queue (its team at its share) stays: back in its
+    queue, no agent would take it until the hold ends."""
+    room = sorted(room)
+    waiting_slots += sum(n.busy_slots for n in cordoned if n.preempting)
+    marks, reasons = {}, []
+    for node in sorted((n for n in cordoned if not n.preempting and n.busy_slots),
+                       key=lambda n: (n.busy_slots, n.id)):  # fmt: skip
+        runs = node.runs
+        if sum(r.slots for r in runs) != node.busy_slots or not all(_movable(r, queues, held, now) for r in runs):
+            continue
+        left = _fit(room, sorted((r.slots for r in runs), reverse=True))
+        if left is None or sum(left) < waiting_slots:
+            continue
+        room = left
+        marks[node.id] = tuple(sorted(r.key for r in runs))
+        reasons.append(
+            f"move {', '.join(marks[node.id])} off {node.id}: cordoned, every busy slot an attempt of a preemptible "
+            f"queue past its min_runtime_s, with room on the other nodes; they checkpoint and resume there, and "
+            f"{node.id} is idle now, not when its longest item ends"
+        )
+    return Preemption(marks, tuple(reasons))
+
+
+def _movable(run: RunView, queues: dict[str, Queue], held: frozenset[str], now: float) -> bool:
+    own = queues.get(run.queue)
+    return bool(own and own.preemptible and own.gang == (1, 1) and run.queue not in held
+                and now - run.since >= own.min_runtime_s)  # fmt: skip
+
+
+def _fit(room: list[int], sizes: list[int]) -> list[int] | None:
+    """`room` (sorted free slots per node) after placing `sizes` best fit, largest first; None if
+    one does not fit."""
+    room = list(room)
+    for size in sizes:
+        at = next((i for i, free in enumerate(room) if free >= size), None)
+        if at is None:
+            return None
+        room[at] -= size
+        room.sort()
+    return room

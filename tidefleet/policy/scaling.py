@@ -44,6 +44,11 @@ Rules
 8. When capacity is capped (max or a cost cap), queues are served by priority: the
    environment budget goes to pools in the order of their queues' priority, and the reason
    names the queues left waiting (also in `PoolDecision.starved_queues`).
+9. Consolidation (`_consolidate`): while nothing launches, the least-loaded multi-slot nodes are
+   cordoned while demand (and what intake brings within a relaunch) fits on the others; they
+   drain and leave idle. 9b, pools with `checkpoint_and_move`: a cordoned node whose every busy
+   slot is an attempt of a preemptible queue past its `min_runtime_s` has them preempted when the
+   free slots of the other nodes hold them (`preemption.moves`), so it is idle at once.
 10. Team quotas and fair share (`quota.py`, with `[teams]`): before rule 1, waiting items beyond
    their team's share of the pool are left out of demand, and queues of a team at its share are
    held (`PoolDecision.hold` / `release`): its agents take no new items from them.
@@ -131,6 +136,7 @@ class _Plan:
     uncordon: list[str] = field(default_factory=list)  # cordoned nodes taking items again
     leave: int = 0  # units of nodes that may leave on their own when idle before the next tick
     stay_first: int = 0  # of the nodes going idle before the next tick, units that stay first
+    moves: dict[str, tuple[str, ...]] = field(default_factory=dict)  # rule 9b: cordoned node -> attempts to move
     granted: int = 0  # units to launch, after the environment budget
     env_limited: bool = False
 
@@ -161,7 +167,8 @@ def decide(env: Environment, fleet: FleetView, now: float) -> tuple[PoolDecision
         env_cost = sum(p.existing_cost + p.launch_cost(p.granted) for p in plans.values())
         env_cap = f"environment cap ({_usd(env_cost)} of {_usd(env.scaler.cost_cap_usd_per_hour)})"
     return tuple(
-        _with_preemption(env, view, fleet, _with_quota(_decision(plans[view.name], env_cap), quotas.get(view.name)), now)
+        _with_preemption(env, view, fleet, _with_quota(_decision(plans[view.name], env_cap), quotas.get(view.name)),
+                         plans[view.name].moves, now)
         if view.name in plans
         else _unknown_pool(env, view)
         for view in fleet.pools
@@ -169,14 +176,17 @@ def decide(env: Environment, fleet: FleetView, now: float) -> tuple[PoolDecision
 
 
 def _with_preemption(env: Environment, view: PoolView, fleet: FleetView, decision: PoolDecision,
-                     now: float) -> PoolDecision:  # fmt: skip
-    """Rule 12: the marks of attempts to preempt, where they change."""
+                     moves: dict[str, tuple[str, ...]], now: float) -> PoolDecision:  # fmt: skip
+    """Rule 12: the marks of attempts to preempt, where they change; a cordoned node keeps its
+    marks and gains rule 9b's moves."""
     if not any(n.runs or n.preempting for n in view.nodes):
         return decision
     starved = [q for q in fleet.queues if q.name in decision.starved_queues and q.visible and not q.held]
     chosen = preemption.choose(env.queues, starved, list(view.nodes), now)
-    changed = tuple((n.id, chosen.marks.get(n.id, ())) for n in view.nodes
-                    if n.state == "running" and not n.cordoned and set(chosen.marks.get(n.id, ())) != set(n.preempting))  # fmt: skip
+    marks = chosen.marks | {n.id: tuple(sorted({*n.preempting, *moves.get(n.id, ())}))
+                            for n in view.nodes if n.cordoned and (n.preempting or n.id in moves)}  # fmt: skip
+    changed = tuple((n.id, marks.get(n.id, ())) for n in view.nodes
+                    if n.state == "running" and set(marks.get(n.id, ())) != set(n.preempting))  # fmt: skip
     return replace(decision, preempt=changed, reasons=decision.reasons + chosen.reasons)
 
 
@@ -298,6 +308,7 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
     needs = _needs(horizon, packed, for_on_demand, pool.slots_per_unit, smallest)
     wanted = needs[-1] if needs else 0
     cordon: list[NodeView] = []
+    moves = preemption.NO_MOVES
     forced = max(0, min(pool.min, pool.max) - group_units)  # launched to keep the pool at min
     if wanted == 0 and forced == 0:  # never cordons while launching
         # With an uncordon in the same decision it is a swap: the uncordoned node's slots may let a
@@ -309,6 +320,14 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
             reserved=packed.reserved | for_on_demand.reserved | {n.id for n in uncordon},
         )
         reasons += cordon_reasons
+        if pool.checkpoint_and_move and nodes.cordoned:
+            # Free slots after the waiting multi-slot items and those left to on-demand nodes are placed.
+            room = [n.slots - n.busy_slots - packed.taken.get(n.id, 0) - for_on_demand.taken.get(n.id, 0)
+                    for n in takers if n.state == "running" and n.id not in gone]  # fmt: skip
+            waiting = sum(max(0, q.visible - q.on_demand_wanted) for q in queues if q.slots_per_item == 1 and not q.held)
+            moves = preemption.moves(env.queues, nodes.cordoned, room, waiting + _expected_slots(queues, relaunch_s), now,
+                                     held=frozenset(q.name for q in queues if q.held))
+            reasons += moves.reasons
     in_cooldown = last_launch is not None and now - last_launch < scaler.scale_out_cooldown_s
     leave = stay_first = 0
     if break_even is not None and not (wanted or forced or in_cooldown or any(for_on_demand.new_nodes)):
@@ -349,6 +368,7 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
         uncordon=[n.id for n in uncordon],
         leave=leave,
         stay_first=stay_first,
+        moves=moves.marks,
     )
 
 

@@ -41,6 +41,9 @@ BENCH = (  # trace file, pool of environments/bench.toml, short name
 SHAPE_SEED = 1  # the synthetic shapes' seed; any other is another held-out draw
 TIMELINE_POLICY = "tidefleet"  # the one whose queue depth and capacity are plotted over time
 TUNED = "tidefleet tuned"
+# The defaults with the pool's single-node queues `preemptible` and the pool `checkpoint_and_move`:
+# what a user whose workloads checkpoint would set. A row for pools whose nodes hold several items.
+MOVED = "tidefleet, checkpoint-and-move"
 # Scaler settings the tuned row may pick from; None is the shipped defaults, always a candidate.
 # Small on purpose: every setting is one more replay of each first half (Philly's costs a minute).
 TUNING_GRID = (None,) + tuple(
@@ -83,6 +86,23 @@ def with_scaler(env: Environment, overrides: dict | None) -> Environment:
     return env.model_copy(update={"scaler": env.scaler.model_copy(update=overrides)})
 
 
+def with_moves(env: Environment, pool: str) -> Environment:
+    """`env` with `pool` set to checkpoint-and-move and its single-node queues preemptible (at their
+    own `min_runtime_s`)."""
+    queues = {name: q.model_copy(update={"preemptible": True}) if q.pool == pool and q.gang == (1, 1) else q
+              for name, q in env.queues.items()}  # fmt: skip
+    pools = env.pools | {pool: env.pools[pool].model_copy(update={"checkpoint_and_move": True})}
+    return env.model_copy(update={"queues": queues, "pools": pools})
+
+
+def row_names(workload: Workload) -> list[str]:
+    """The policies a workload's table shows, in order: the moved row where a node holds several items."""
+    env = load_environment(ENV)
+    pool = env.pools[workload.pool]
+    several = max(pool.slots(t) for t in pool.instance_types) > 1
+    return ["tidefleet", TUNED, *([MOVED] if several else []), *POLICY_NAMES[1:]]
+
+
 def describe(overrides: dict | None) -> str:
     return ", ".join(f"{k} {v}" for k, v in overrides.items()) if overrides else "the defaults"
 
@@ -94,7 +114,7 @@ def goal_line(report: Report) -> str:
     again, or never started) did less of the work: its lower cost is named, not counted as a win.
     """
     ours = next(r for r in report.results if r.policy == "tidefleet")
-    baselines = [r for r in report.results if r.policy not in ("tidefleet", TUNED, "oracle")]
+    baselines = [r for r in report.results if r.policy not in ("tidefleet", TUNED, MOVED, "oracle")]
     misses, not_counted = [], []
     for r in baselines:
         if r.wait_s["p95"] < ours.wait_s["p95"]:
@@ -120,10 +140,13 @@ class Run:
     policy: str
     overrides: dict | None = None  # scaler settings for a tidefleet run; None: the defaults
     tuned: bool = False  # the tuned row (its overrides may be None: the defaults won the tuning)
+    moved: bool = False  # the MOVED row
 
 
 def _run_one(run: Run, traces_dir: Path) -> tuple[Report, float]:
     env = with_scaler(load_environment(ENV), run.overrides)
+    if run.moved:
+        env = with_moves(env, run.workload.pool)
     items = halves(run.workload.items(traces_dir))[run.half]
     started = time.perf_counter()
     report = simulate(
@@ -180,9 +203,9 @@ def _execute(runs: list[Run], traces_dir: Path, workers: int) -> dict[Run, tuple
 
 def _combine(workload: Workload, done: dict[Run, tuple[Report, float]]) -> tuple[Report, dict]:
     """One report per workload: its held-out runs in POLICY_NAMES order, the tuned row after tidefleet."""
-    scored = {TUNED if r.tuned else r.policy: (r, done[r][0]) for r in done if r.workload == workload and r.half == 1}
-    names = ["tidefleet", TUNED, *POLICY_NAMES[1:]]
-    results = [replace(scored[n][1].results[0], policy=n) for n in names]
+    scored = {TUNED if r.tuned else MOVED if r.moved else r.policy: (r, done[r][0])
+              for r in done if r.workload == workload and r.half == 1}  # fmt: skip
+    results = [replace(scored[n][1].results[0], policy=n) for n in row_names(workload)]
     first = scored["tidefleet"][1]
     return replace(first, results=results, timelines={TIMELINE_POLICY: first.timelines[TIMELINE_POLICY]}), scored[TUNED][0].overrides
 
@@ -232,6 +255,7 @@ def run_bench(out: Path, traces_dir: Path | None = None, workers: int | None = N
     out.mkdir(parents=True, exist_ok=True)
     runs = [Run(w, 1, name) for w in WORKLOADS for name in POLICY_NAMES]
     runs += [Run(w, 0, "tidefleet", o) for w in WORKLOADS for o in TUNING_GRID]
+    runs += [Run(w, 1, "tidefleet", moved=True) for w in WORKLOADS if MOVED in row_names(w)]
     workers = workers or min(len(runs), os.cpu_count() or 1)
     started = time.perf_counter()
     done = _execute(runs, traces_dir, workers)

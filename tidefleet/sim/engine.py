@@ -52,6 +52,10 @@ class Timing:
     # A node that went idle finds nothing to receive this long after, and then may leave on the
     # scaler's grant: its agent's first long poll when idle (`agent.worker.LEAVE_POLL_S`).
     idle_poll_s: float = 2.0
+    # Work a preempted attempt repeats when it resumes: the checkpoint written at the stop and read
+    # back at the restart, and whatever the workload does again (a model load). An assumption: the
+    # sandbox's workloads checkpoint in well under a second, real training in tens of seconds.
+    resume_s: float = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +97,7 @@ class Node:
         "launched_at",
         "listed",
         "name",
+        "preempting",
         "price",
         "ready_at",
         "record",
@@ -122,6 +127,7 @@ class Node:
         self.gang: Gang | None = None  # the gang it is a member of (it then holds all its slots)
         self.idle_since: float | None = None
         self.running: dict[int, float] = {}  # item index -> start of this attempt
+        self.preempting: tuple[str, ...] = ()  # the scaler's preempt mark: attempt keys to stop
         self.busy_since = 0.0
         self.busy_s = 0.0
         self.reported_at: float | None = None  # the agent's last heartbeat: at boot, every change, see ports.agents_beat
@@ -146,7 +152,7 @@ class Gang:
     how many members it has. A forming gang short of `lo` after the pool's boot_timeout_s lets its item go back (as the agent's lead does)
     to the queue (not an attempt). A stopped gang (a member lost from a fixed gang, or an elastic one
     below `lo`) goes back whole as one interruption and resumes from its checkpoint: the work it did
-    is kept (`Simulation.gang_left_s`).
+    is kept (`Simulation.left_s`).
     """
 
     __slots__ = ("hi", "index", "lo", "members", "started_at")
@@ -261,7 +267,10 @@ class Simulation:
         self.gang_size = [queue.gang if is_gang(queue) else None for _, queue in self.queues]
         self.forming: Gang | None = None  # the pool's one gang waiting for members
         self.running_gangs: dict[int, Gang] = {}  # item index -> its gang, in start order
-        self.gang_left_s: dict[int, float] = {}  # work a stopped gang item has left (its checkpoint)
+        # Work an item stopped with a checkpoint has left: a gang gone back whole, a preempted attempt.
+        self.left_s: dict[int, float] = {}
+        # Queues whose agents list their attempts for the scaler to preempt (`Queue.preemptible`).
+        self.preemptible = {q for q, (_, queue) in enumerate(self.queues) if queue.preemptible and not is_gang(queue)}
         self.attempt = [0] * len(items)
         self.outcome = Outcome(policy.name, [None] * len(items), [None] * len(items))
 
@@ -552,7 +561,7 @@ class Simulation:
         if self.outcome.first_start[index] is None:
             self.outcome.first_start[index] = self.now + self.timing.start_s
         self.last_progress = self.now
-        held_s = self.timing.start_s + self.items[index].duration_s + self.timing.finish_s
+        held_s = self.timing.start_s + self.left_s.get(index, self.items[index].duration_s) + self.timing.finish_s
         self._push(self.now + held_s, DONE, (node.id, index, self.attempt[index]))
 
     def _received(self, node: Node, index: int) -> None:
@@ -619,7 +628,7 @@ class Simulation:
         if self.outcome.first_start[index] is None:
             self.outcome.first_start[index] = self.now + self.timing.start_s
         self.last_progress = self.now
-        left = self.gang_left_s.get(index, self.items[index].duration_s)
+        left = self.left_s.get(index, self.items[index].duration_s)
         held_s = self.timing.start_s + left + self.timing.finish_s
         self._push(self.now + held_s, GANG_DONE, (index, self.attempt[index]))
 
@@ -669,8 +678,8 @@ class Simulation:
         if gang.stops_without(node):
             index, q = gang.index, self.queue_of[gang.index]
             ran = max(0.0, self.now - gang.started_at - self.timing.start_s)
-            left = self.gang_left_s.get(index, self.items[index].duration_s)
-            self.gang_left_s[index] = max(0.0, left - ran)
+            left = self.left_s.get(index, self.items[index].duration_s)
+            self.left_s[index] = max(0.0, left - ran)
             self.outcome.interruptions += 1
             del self.running_gangs[index]
             self._disband(gang)
@@ -716,6 +725,32 @@ class Simulation:
         self.outcome.redone_s += self.now - node.running[index]
         self._release_slots(node, index)
         self._receive_again(index)
+
+    def preempt(self, node: Node, keys: tuple[str, ...]) -> None:
+        """The scaler's preempt mark, as the agent reads it (`agent.worker.Agent._preempt`): each
+        marked attempt still running checkpoints and goes back to its queue, an interruption, and
+        resumes with the work it had left and `Timing.resume_s` more. Its slots are free at once
+        and its agent re-sends its message, so it waits behind the items already waiting, as a new
+        message does."""
+        self.changes += 1
+        node.preempting = keys
+        node.changed(self.now)
+        for key in keys:
+            _, index, attempt = key.split("/")
+            index = int(index)
+            if index in node.running and self.attempt[index] == int(attempt):
+                ran = max(0.0, self.now - node.running[index] - self.timing.start_s)
+                left = self.left_s.get(index, self.items[index].duration_s)
+                self.left_s[index] = max(0.0, left - ran) + self.timing.resume_s
+                self.outcome.interruptions += 1
+                self.outcome.redone_s += self.timing.resume_s
+                self._release_slots(node, index)
+                self.attempt[index] += 1
+                q = self.queue_of[index]
+                self.waiting[q].append(index)
+                self.visible[q] += 1
+        self._idle_poll(node)
+        self._dispatch()
 
     def _receive_again(self, index: int) -> None:
         """The attempt was a receive: the item waits again, first in line, or is dead-lettered."""

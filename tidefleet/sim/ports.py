@@ -110,7 +110,7 @@ class SimulationPorts:
         self.agents_beat()
         beats = {}
         for node in sim.nodes.values():
-            heartbeat = node.record or _heartbeat(node, pool, self._names, sim.queue_of)
+            heartbeat = node.record or _heartbeat(node, pool, self._names, sim)
             if heartbeat is not None:
                 beats[node.name] = heartbeat
         return beats
@@ -137,8 +137,9 @@ class SimulationPorts:
             self.sim.set_cordon(node, cordoned)
 
     def set_preempt(self, pool: str, node_id: str, keys: list[str]) -> None:
-        """Never called: the simulated nodes list no preemptible attempts (preemption is not
-        modeled in the simulator), so the policy has nothing to preempt there."""
+        node = self.sim.node_named(node_id) if pool == self.sim.pool_name else None
+        if node is not None:
+            self.sim.preempt(node, tuple(keys))
 
     def forget_node(self, pool: str, node_id: str) -> None:
         """Heartbeats are read off the live nodes: a node that left has none to forget."""
@@ -169,11 +170,13 @@ def _listed(node: Node) -> GroupInstance:
     return node.listed
 
 
-def _heartbeat(node: Node, pool: str, queues: list[str], queue_of: list[int]) -> Heartbeat | None:
+def _heartbeat(node: Node, pool: str, queues: list[str], sim: Simulation) -> Heartbeat | None:
     """The node's last heartbeat, cached until it changes (`Node.changed`, `SimulationPorts.agents_beat`); None
     until its agent's first one, when it is ready. A forming gang's lead beacons the members it
-    still waits for, as the agent's does."""
+    still waits for, as the agent's does; its attempts of preemptible queues are listed (keyed
+    sim/item/attempt) with the scaler's preempt mark, as the agent's are."""
     if node.record is None and node.reported_at is not None:
+        queue_of = sim.queue_of
         gang = node.gang
         beacon = {}
         if gang is not None and gang.started_at is None and gang.members[0] is node:
@@ -194,5 +197,8 @@ def _heartbeat(node: Node, pool: str, queues: list[str], queue_of: list[int]) ->
             intake={queues[q]: r * decay for q, r in node.intake.items() if r},
             cordoned=node.cordoned,
             gang=beacon,
+            runs=[{"key": f"sim/{i}/{sim.attempt[i]}", "queue": queues[queue_of[i]], "since": since, "slots": sim.need[i]}
+                  for i, since in node.running.items() if queue_of[i] in sim.preemptible] if sim.preemptible else [],
+            preempt=list(node.preempting),
         )
     return node.record
