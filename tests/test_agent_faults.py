@@ -263,3 +263,21 @@ def test_a_success_another_attempt_already_recorded_is_not_recorded_twice_and_it
     assert sdk.status(h.env, job).counts["succeeded"] == 1, "counted once"
     assert h.queue_depth("work") == 0
     assert any("already final" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("stopped", ["cordoned", "retiring", "held"])
+def test_a_message_received_after_the_node_stopped_taking_items_goes_back_unstarted(h, stopped):
+    """The long poll began while the node took items; the scaler's cordon (or a hold, or the
+    group letting it go) arrived with a heartbeat meanwhile: the message goes back to the queue
+    for another node, not counted as an interruption, and nothing starts here."""
+    node = agent(h)
+    job = sdk.submit(h.env, "j", "work", sdk.read_items([["x"]]), kick=False).job_id
+    if stopped == "held":
+        node.held = {"work"}
+    else:
+        setattr(node, stopped, True)
+    assert node._receive("work", node.env.queues["work"], wait_s=1) == 1
+    assert not node.runs and not h.events("start")
+    assert h.queue_depth("work") == 1
+    item = h.items(job)["000000"]
+    assert (item.status, item.interruptions, item.attempts) == ("queued", 0, 0)

@@ -21,6 +21,7 @@ SMOKE = [
     ("bench_tick.py", ["--queues", "3", "--pools", "2", "--nodes", "2", "--rounds", "1"], "ratio tick/bare"),
     ("bench_target_wait.py", ["--waits", "120"], "| tidefleet | 120 (default) |"),
     ("bench_teams.py", ["--window", "2592000:2599200"], "| all | 544 GPUs (pool max) |"),
+    ("bench_moves.py", ["--shapes", "1", "--max-items", "200", "--workers", "1"], "checkpoint-and-move against the defaults"),
 ]
 
 

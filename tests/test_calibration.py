@@ -1,7 +1,7 @@
 """The simulator against the sandbox on the calibration scenarios (`tidefleet.sim.calibration`):
-a burst, a steady stream and a long-tail mix with two-slot items, run side by side in one sandbox
-(real agents on a moto server) and replayed by the simulator with the same environment and the
-sandbox's measured boot, tick and agent times. About 100 s on a loaded 2-core machine."""
+a burst, a steady stream, a long-tail mix with two-slot items and a checkpoint-and-move, run side
+by side in one sandbox (real agents on a moto server) and replayed by the simulator with the same
+environment and the sandbox's measured boot, tick and agent times. About 40-100 s on a 2-core machine."""
 
 from __future__ import annotations
 
@@ -22,6 +22,14 @@ def test_every_scenario_ran_every_item_in_the_sandbox_and_in_the_simulator(rows)
     for r in rows:
         assert len(r.sandbox_waits) == len(r.sim_waits) == len(SCENARIOS[r.scenario])
         assert r.sandbox_node_s > 0 and r.sim_node_s > 0
+
+
+def test_the_moves_scenario_moves_an_item_in_the_sandbox_and_in_the_simulator_and_no_other_does(rows):
+    """Checkpoint-and-move on both sides: a cordoned node's long item stopped and resumed elsewhere
+    (sleep_work keeps how long it slept), not merely a pool that drained on its own."""
+    resumed = {r.scenario: (r.sandbox_resumed, r.sim_resumed) for r in rows}
+    assert resumed.pop("moves") == (1, 1)
+    assert set(resumed.values()) == {(0, 0)}
 
 
 def test_over_the_scenarios_the_simulator_is_within_15_percent_of_the_sandbox(rows, tmp_path_factory):

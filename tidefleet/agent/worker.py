@@ -441,7 +441,10 @@ class Agent:
             self._poison(name, delivery, str(err))
             return
         held = Held(name, delivery.handle, msg)
-        if self.stopping.is_set():  # received during the last long poll: not ours to start
+        # Received during a long poll that began before this node stopped taking items (stopping,
+        # cordoned, its group letting it go, the queue held): not ours to start. A cordoned node
+        # would otherwise take back the very item the scaler just moved off it.
+        if self.stopping.is_set() or self.cordoned or self.retiring or name in self.held:
             self._requeue([held], interrupted=False)
             return
         job = self._job(msg.job)

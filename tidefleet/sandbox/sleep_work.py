@@ -2,25 +2,57 @@
 
     python -m tidefleet.sandbox.sleep_work SECONDS EVENTS_FILE
 
-Appends {"item", "node", "start", "end"} to EVENTS_FILE (one JSON line, written at the end):
-the sandbox's own record of when each item started, to compare with the simulator's
-(`tidefleet.sim.calibration`). Standard library only: it starts once per item.
+Appends {"item", "node", "start", "began", "end"} to EVENTS_FILE (one JSON line, written when the
+item is done): the sandbox's own record of when each item first started (`start`), when its last
+attempt started (`began`) and when it ended, to compare with the simulator's
+(`tidefleet.sim.calibration`). Asked to stop (the agent's stop file or SIGTERM: a spot notice, a
+preemption, a move), it saves how long it has slept in its checkpoint location and exits
+interrupted; the next attempt sleeps only the rest. The agent's checkpoint contract
+(`tidefleet.agent.checkpoint`) in the standard library only: it starts once per item.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import threading
 import time
+import urllib.parse
+from pathlib import Path
+
+EXIT_INTERRUPTED = 75  # tidefleet.agent.checkpoint.EXIT_INTERRUPTED
+STEP_S = 0.1  # how often it looks for a stop request
+
+
+def _progress_file() -> Path | None:
+    """Where this item's progress is kept: its file:// checkpoint location (the sandbox's)."""
+    uri = urllib.parse.urlparse(os.environ.get("TIDEFLEET_CHECKPOINT_URI", ""))
+    return Path(urllib.parse.unquote(uri.path)) / "sleep_work.json" if uri.scheme == "file" else None
 
 
 def main(argv: list[str]) -> int:
-    start = time.time()
+    began = time.time()
     seconds, events = float(argv[0]), argv[1]
-    time.sleep(seconds)
+    progress = _progress_file()
+    state = json.loads(progress.read_text()) if progress and progress.exists() else {"start": began, "slept_s": 0.0}
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop_file = os.environ.get("TIDEFLEET_STOP_FILE")
+    until = began + max(0.0, seconds - state["slept_s"])
+    while (now := time.time()) < until:
+        if stop.wait(min(STEP_S, until - now)) or (stop_file and os.path.exists(stop_file)):
+            if progress is None:
+                return EXIT_INTERRUPTED  # nowhere to keep it: the next attempt sleeps it all again
+            state["slept_s"] += time.time() - began
+            progress.parent.mkdir(parents=True, exist_ok=True)
+            progress.write_text(json.dumps(state))
+            return EXIT_INTERRUPTED
+    if done_file := os.environ.get("TIDEFLEET_DONE_FILE"):  # done, even if a stop comes now
+        Path(done_file).touch()
     line = {"item": os.environ.get("TIDEFLEET_ITEM_ID", ""), "node": os.environ.get("TIDEFLEET_NODE_ID", ""),
-            "start": start, "end": time.time()}  # fmt: skip
+            "start": state["start"], "began": began, "end": time.time()}  # fmt: skip
     with open(events, "a") as fh:  # one short append per line: whole lines even from parallel items
         fh.write(json.dumps(line) + "\n")
     return 0

@@ -56,7 +56,14 @@ def _mix() -> list[TraceItem]:
     return items
 
 
-SCENARIOS = {"burst": _burst(), "steady": _steady(), "mix": _mix()}  # scenario = its pool
+def _moves() -> list[TraceItem]:
+    """Checkpoint-and-move: a node fills with a 20-s item and three short ones, a second node with
+    the same a second later; once the short ones are done, one node is cordoned (demand fits on
+    the other), its long item moves after `min_runtime_s`, resumes there, and the node leaves."""
+    return [TraceItem(at, 20.0, 1) for at in (0.0, 1.0)] + [TraceItem(at, 2.0, 1) for at in (0.0, 1.0) for _ in range(3)]
+
+
+SCENARIOS = {"burst": _burst(), "steady": _steady(), "mix": _mix(), "moves": _moves()}  # scenario = its pool
 
 
 def queue_for(pool: str, slots: int) -> str:
@@ -70,6 +77,7 @@ class Measured:
     timing: Timing  # what the sandbox's nodes and agents took: the model's inputs, not its output
     tick_s: float  # the sandbox's control loop period: tick_s plus a tick's own run time, on this machine
     items: list[TraceItem]  # the scenario as submitted (at the times it actually went out)
+    resumed: int  # items whose last attempt began after their first: stopped and resumed
 
 
 _STAMP = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) tidefleet\.agent INFO "
@@ -124,7 +132,7 @@ def agent_timing(consoles: dict[str, Path], launched_at: dict[str, float], runs:
         if up is None:
             continue
         boots.append(_at(up.group(1)) - launched_at[node])
-        first = min((r["start"] for r in runs.values() if r.get("node") == node), default=None)
+        first = min((r["began"] for r in runs.values() if r.get("node") == node), default=None)
         if first is not None:
             starts.append(first - _at(up.group(1)))
         finishes += [_at(m.group(1)) - runs[m.group(2)]["end"] for m in _SUCCEEDED.finditer(text) if m.group(2) in runs]
@@ -132,9 +140,10 @@ def agent_timing(consoles: dict[str, Path], launched_at: dict[str, float], runs:
     from tidefleet.agent.worker import LEAVE_POLL_S
     from tidefleet.sandbox.run import AGENT_CLOCK  # the sandbox agents' long poll: idle_poll_s
 
+    # resume_s 0: sleep_work resumes where it stopped, its checkpoint is a line in a local file.
     return Timing(boot_s=_median(boots), notice_s=10.0, kick_s=kick_s, start_s=_median(starts),
                   finish_s=_median(finishes), stop_s=_median(stops),
-                  idle_poll_s=float(min(LEAVE_POLL_S, AGENT_CLOCK["TIDEFLEET_AGENT_WAIT_S"])))  # fmt: skip
+                  idle_poll_s=float(min(LEAVE_POLL_S, AGENT_CLOCK["TIDEFLEET_AGENT_WAIT_S"])), resume_s=0.0)  # fmt: skip
 
 
 def in_sandbox(workdir: Path, time_limit_s: float = 240.0) -> dict[str, Measured]:
@@ -206,14 +215,17 @@ def _run(env, workdir, events, schedule, submitted, ticks, time_limit_s) -> dict
                                  if n.leaving_at and n.instance_id in ticks.terminated_at]),
             tick_s=ticks.period(pool, float(env.scaler.tick_s)),
             items=sorted((TraceItem(sent - t0, d, s) for _, sent, d, s in mine.values()), key=lambda i: i.submit_s),
+            resumed=sum(runs[k]["began"] > runs[k]["start"] for k in mine),
         )  # fmt: skip
     return out
 
 
-def in_simulator(env: Environment, pool: str, items: list[TraceItem], timing: Timing) -> tuple[float, list[float]]:
-    """(node-seconds, per-item waits) of the simulator's replay of `items` on `pool` under `control.tick`."""
+def in_simulator(env: Environment, pool: str, items: list[TraceItem], timing: Timing) -> tuple[float, list[float], int]:
+    """(node-seconds, per-item waits, interruptions) of the simulator's replay of `items` on `pool`
+    under `control.tick`."""
     outcome = Simulation(env, pool, items, TidefleetPolicy(env, timing.kick_s), timing).run()
-    return outcome.node_hours * 3600, [start - i.submit_s for i, start in zip(items, outcome.first_start, strict=True)]
+    waits = [start - i.submit_s for i, start in zip(items, outcome.first_start, strict=True)]
+    return outcome.node_hours * 3600, waits, outcome.interruptions
 
 
 @dataclass(frozen=True)
@@ -225,6 +237,8 @@ class Row:
     sim_waits: list[float]
     timing: Timing
     tick_s: float
+    sandbox_resumed: int = 0  # items stopped and resumed (moved) in the sandbox
+    sim_resumed: int = 0  # and in the simulator
 
     @property
     def sandbox_p95_s(self) -> float:
@@ -250,7 +264,7 @@ def pooled(rows: list[Row]) -> Row:
     """Every scenario as one: node-seconds summed, waits pooled."""
     return Row("all scenarios", sum(r.sandbox_node_s for r in rows), sum(r.sim_node_s for r in rows),
                [w for r in rows for w in r.sandbox_waits], [w for r in rows for w in r.sim_waits],
-               rows[0].timing, rows[0].tick_s)  # fmt: skip
+               rows[0].timing, rows[0].tick_s, sum(r.sandbox_resumed for r in rows), sum(r.sim_resumed for r in rows))  # fmt: skip
 
 
 def calibrate(workdir: Path) -> list[Row]:
@@ -258,15 +272,15 @@ def calibrate(workdir: Path) -> list[Row]:
     rows = []
     for pool, m in in_sandbox(workdir).items():
         ticking = env.model_copy(update={"scaler": env.scaler.model_copy(update={"tick_s": m.tick_s})})
-        sim_node_s, sim_waits = in_simulator(ticking, pool, m.items, m.timing)
-        rows.append(Row(pool, m.node_s, sim_node_s, m.waits, sim_waits, m.timing, m.tick_s))
+        sim_node_s, sim_waits, sim_resumed = in_simulator(ticking, pool, m.items, m.timing)
+        rows.append(Row(pool, m.node_s, sim_node_s, m.waits, sim_waits, m.timing, m.tick_s, m.resumed, sim_resumed))
     return rows
 
 
 def format_rows(rows: list[Row]) -> str:
     head = ("| scenario | measured tick / kick / boot / start / finish / stop s | node-s sandbox / sim (ratio) "
-            "| p95 wait s sandbox / sim (ratio) | within 15 % |")  # fmt: skip
-    lines = [head, "|---|---|---|---|---|"]
+            "| p95 wait s sandbox / sim (ratio) | items moved sandbox / sim | within 15 % |")  # fmt: skip
+    lines = [head, "|---|---|---|---|---|---|"]
     for r in [*rows, pooled(rows)]:
         t = r.timing
         measured = "" if r.scenario == "all scenarios" else (
@@ -274,7 +288,8 @@ def format_rows(rows: list[Row]) -> str:
         )  # fmt: skip
         lines.append(
             f"| {r.scenario} | {measured} | {r.sandbox_node_s:.1f} / {r.sim_node_s:.1f} ({r.node_s_ratio:.2f}) | "
-            f"{r.sandbox_p95_s:.1f} / {r.sim_p95_s:.1f} ({r.p95_ratio:.2f}) | {'yes' if r.agrees() else 'NO'} |"
+            f"{r.sandbox_p95_s:.1f} / {r.sim_p95_s:.1f} ({r.p95_ratio:.2f}) | {r.sandbox_resumed} / {r.sim_resumed} | "
+            f"{'yes' if r.agrees() else 'NO'} |"
         )
     return "\n".join(lines)
 
