@@ -5,8 +5,10 @@ Workloads: the three traces in traces/ and the synthetic shapes of `tidefleet.si
 data tuning may see, the second half is what every row reports. The `tidefleet` row is the
 shipped defaults (environments/bench.toml sets pools and queues only, no scaler values);
 the `tidefleet tuned` row uses the scaler setting of `TUNING_GRID` that was cheapest on the
-first half at no worse p95 wait than the defaults there. The baselines run at their
-documented defaults; `oracle` is the clairvoyant lower bound.
+first half at no worse p95 wait than the defaults there. Where a pool's nodes hold several items,
+`tidefleet, checkpoint-and-move` is the defaults with the pool's single-node queues preemptible and
+`checkpoint_and_move` on (opt-in, so it never counts as the shipped defaults). The baselines run at
+their documented defaults; `oracle` is the clairvoyant lower bound.
 
 Each run is independent, so runs are spread over worker processes, longest first; a
 workload's tuned run starts as soon as its tuning runs are done.
@@ -202,7 +204,7 @@ def _execute(runs: list[Run], traces_dir: Path, workers: int) -> dict[Run, tuple
 
 
 def _combine(workload: Workload, done: dict[Run, tuple[Report, float]]) -> tuple[Report, dict]:
-    """One report per workload: its held-out runs in POLICY_NAMES order, the tuned row after tidefleet."""
+    """One report per workload: its held-out runs in `row_names` order (tidefleet, tuned, moved, baselines)."""
     scored = {TUNED if r.tuned else MOVED if r.moved else r.policy: (r, done[r][0])
               for r in done if r.workload == workload and r.half == 1}  # fmt: skip
     results = [replace(scored[n][1].results[0], policy=n) for n in row_names(workload)]
