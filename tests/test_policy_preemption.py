@@ -245,3 +245,43 @@ def test_the_readme_move_line_is_what_the_policy_says_for_that_fleet():
     (decision,) = decide(environment, view, NOW)
     assert decision.preempt == ((node_id, tuple(keys)),)
     assert line in decision.reasons
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    nodes=st.lists(st.tuples(st.lists(st.tuples(st.sampled_from(QUEUES), st.sampled_from([100.0, 700.0, 5000.0]),
+                                                st.integers(1, 3)), max_size=2),
+                             st.sampled_from([0, 0, 1]), st.booleans()), min_size=1, max_size=4),
+    room=st.lists(st.integers(0, 3), max_size=4),
+    waiting=st.integers(0, 2),
+)  # fmt: skip
+def test_moves_take_whole_nodes_of_movable_attempts_and_never_more_than_the_room(nodes, room, waiting):
+    environment = env(move=True)
+    views = []
+    for i, (runs, other, moving) in enumerate(nodes):
+        listed = [run(f"j/{i}-{j}/1", queue=queue, ran=ran, slots=slots) for j, (queue, ran, slots) in enumerate(runs)]
+        busy = sum(r.slots for r in listed) + other  # `other`: busy slots no listed attempt explains
+        views.append(full(f"n{i}", *listed, busy=busy, cordoned=True, preempting=(listed[0].key,) if moving and listed else ()))
+    chosen = preemption.moves(environment.queues, views, room, waiting, NOW)
+    moved = []
+    for node in views:
+        keys = chosen.marks.get(node.id)
+        if keys is None:
+            continue
+        assert not node.preempting and keys == tuple(sorted(r.key for r in node.runs))
+        assert sum(r.slots for r in node.runs) == node.busy_slots > 0
+        for r in node.runs:
+            own = environment.queues[r.queue]
+            assert own.preemptible and NOW - r.since >= own.min_runtime_s
+        moved += [r.slots for r in node.runs]
+    already = sum(n.busy_slots for n in views if n.preempting)
+    assert sum(moved) + waiting + already <= sum(room) or not moved
+    assert packs(moved, room)
+
+
+def packs(sizes: list[int], bins: list[int]) -> bool:
+    """Whether every size fits some bin (each bin holding at most its room), by trying them all."""
+    if not sizes:
+        return True
+    first, rest = sizes[0], sizes[1:]
+    return any(free >= first and packs(rest, [*bins[:i], free - first, *bins[i + 1:]]) for i, free in enumerate(bins))
