@@ -71,7 +71,7 @@ def test_a_high_priority_item_preempts_a_running_preemptible_one_which_resumes_a
     assert _final(h, urgent).status == "succeeded"
     item = wait_until(lambda: _final(h, batch), 90, "the preempted item to resume and finish")
     assert (item.status, item.interruptions, item.failures) == ("succeeded", 1, 0)
-    assert item.history[0]["outcome"] == "interrupted" and "preempted by the scaler" in item.history[0]["reason"]
+    assert item.history[0]["outcome"] == "interrupted" and "preempted by the scaler for a higher-priority" in item.history[0]["reason"]
     assert [e["resumed_from"] > 0 for e in h.events("start") if e["item"] == "000000" and e["attempt"] == 2] == [True]
     assert Counter(e["item"] for e in h.events("done")) == {"000000": 2}  # each job's one item, once
     # The mark goes once the attempt has: the next tick clears it.
@@ -126,7 +126,7 @@ def test_a_cordoned_nodes_attempt_moves_to_a_node_with_room_and_resumes_there_fr
         assert any(r.startswith(f"move {key} off {a}: cordoned") for r in decision.reasons), decision.reasons
         item = wait_until(lambda: _final(h, job), 90, "the moved item to resume and finish")
         assert (item.status, item.interruptions, item.failures) == ("succeeded", 1, 0)
-        assert item.history[0]["outcome"] == "interrupted" and "moved off a cordoned node" in item.history[0]["reason"]
+        assert item.history[0]["outcome"] == "interrupted" and "moved off this cordoned node" in item.history[0]["reason"]
         assert item.history[-1]["node"] == b
         assert [e["resumed_from"] > 0 for e in h.events("start") if e["attempt"] == 2] == [True]
         assert len(h.events("done")) == 1

@@ -828,13 +828,14 @@ class Agent:
             if part.stop_at is not None and clock - part.stop_at > self.s.grace_s:
                 part.workload.signal(Signal.KILL)
 
-    def _preempt(self, keys: set[str]) -> None:
-        """The scaler preempts these attempts (for a higher-priority queue's items, or to move them off
-        a cordoned node): each checkpoints and goes back to its queue."""
+    def _preempt(self, keys: set[str], moved: bool) -> None:
+        """The scaler preempts these attempts: each checkpoints and goes back to its queue. On a
+        cordoned node that is checkpoint-and-move (priority preemption never marks one)."""
         with self.lock:
             runs = [r for r in self.runs if self._run_key(r) in keys and r.state.stop is None]
         for run in runs:
-            run.stop_note = "preempted by the scaler (a higher-priority queue's items, or moved off a cordoned node)"
+            run.stop_note = ("moved off this cordoned node by the scaler (checkpoint-and-move)" if moved
+                             else "preempted by the scaler for a higher-priority queue's items")  # fmt: skip
             run.stop_at = time.monotonic()
             log.info("%s/%s: %s", run.message.job, run.message.item, run.stop_note)
             self._feed(run, StopAsked(Stop.INTERRUPT, run.stop_at))
@@ -1158,7 +1159,7 @@ class Agent:
         if own is not None and own.draining:
             self.request_stop("node marked draining in the job store")
         if own is not None and own.preempt:
-            self._preempt(set(own.preempt))
+            self._preempt(set(own.preempt), moved=own.cordoned)
         cordoned = own is not None and own.cordoned
         if cordoned != self.cordoned:
             log.info("intake %s: %s by the scaler", "stopped" if cordoned else "resumed",
