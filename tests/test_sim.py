@@ -401,3 +401,37 @@ def test_checkpoint_and_move_frees_a_cordoned_node_and_the_moved_item_resumes_wi
     assert move.makespan_s == BOOT + 10_000 + resume_s  # resumed at once: the other node had free slots
     assert move.node_hours * 3600 < stay.node_hours * 3600 - 9_000
     assert move.busy_items_killed_by_scale_in == 0
+
+
+def test_resume_s_is_the_work_a_moved_item_does_again_and_the_json_says_which_was_used(tmp_path):
+    env = tmp_path / "moving.toml"
+    env.write_text("""
+region = "us-east-1"
+[scaler]
+tick_s = 60
+scale_in_delay_s = 60
+scale_out_cooldown_s = 0
+[pools.p]
+max = 10
+command = "run"
+slots_per_unit = 4
+checkpoint_and_move = true
+instance_types = [{ type = "c6i.large", weight = 1, on_demand_price = 2.0, spot_price = 1.0 }]
+[queues.q]
+pool = "p"
+preemptible = true
+""")
+    trace = write(tmp_path, "submit_s,duration_s,gpus\n" + "".join(f"0,{d},1\n" for d in [10_000, 100, 100, 100] * 2))
+
+    def redone(*extra: str) -> tuple[float, float]:
+        out = CliRunner().invoke(simulate_command, [str(trace), "--env", str(env), "--pool", "p", "--json", *extra])
+        assert out.exit_code == 0, out.output
+        data = json.loads(out.output)
+        (result,) = data["results"]
+        assert result["items_interrupted"] == 1  # the one move
+        return data["resume_s"], result["work_redone_s"]
+
+    assert redone() == (60.0, 60.0)
+    assert redone("--resume-s", "300") == (300.0, 300.0)
+    refused = CliRunner().invoke(simulate_command, [str(trace), "--env", str(env), "--pool", "p", "--resume-s", "-1"])
+    assert refused.exit_code == 2 and "--resume-s: must be >= 0 (got -1.0)" in refused.output

@@ -56,6 +56,8 @@ def format_table(report: Report) -> str:
 @click.option("--interruption-rate", type=float, help="spot notices per spot node-hour (Poisson)")
 @click.option("--boot-s", type=float, help="launch to first heartbeat, s (default: AWS 45, GCP 35)")
 @click.option("--notice-s", type=float, help="spot notice to reclaim, s (default: AWS 120, GCP 30)")
+@click.option("--resume-s", type=float,
+              help="work a preempted or moved attempt does again when it resumes: checkpoint save and load, s (default 60)")
 @click.option("--by-team", is_flag=True, help="also a table per policy: each team's quota, wait and cost")
 def simulate(
     trace,
@@ -70,6 +72,7 @@ def simulate(
     interruption_rate,
     boot_s,
     notice_s,
+    resume_s,
     by_team,
 ):
     """Replay TRACE (CSV: submit_s, duration_s, gpus, group) through scaling policies on one pool."""
@@ -79,6 +82,7 @@ def simulate(
         ("--interruption-rate", interruption_rate),
         ("--boot-s", boot_s),
         ("--notice-s", notice_s),
+        ("--resume-s", resume_s),
     ):
         if value is not None and value < 0:
             raise click.UsageError(f"{flag}: must be >= 0 (got {value})")
@@ -90,7 +94,7 @@ def simulate(
             rate_per_hour=interruption_rate or 0.0, spot=load_spot_trace(spot_trace) if spot_trace else None
         )
         report = run_simulation(
-            env, pool, items, list(policies), trace_name=Path(trace).name, timing=default_timing(env, boot_s, notice_s),
+            env, pool, items, list(policies), trace_name=Path(trace).name, timing=default_timing(env, boot_s, notice_s, resume_s),
             interruptions=interruptions, spot_trace_name=Path(spot_trace).name if spot_trace else None,
             seed=seed, window=bounds, by_team=by_team,
         )  # fmt: skip

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from tidefleet.config import Environment, Queue
 from tidefleet.sim.engine import (
@@ -31,9 +31,11 @@ PLOT_POINTS = 1500  # timeline samples per run, whatever the trace length
 DEFAULT_TIMING = {"aws": (45.0, 120.0), "gcp": (35.0, 30.0)}
 
 
-def default_timing(env: Environment, boot_s: float | None = None, notice_s: float | None = None) -> Timing:
+def default_timing(env: Environment, boot_s: float | None = None, notice_s: float | None = None,
+                   resume_s: float | None = None) -> Timing:  # fmt: skip
     boot, notice = DEFAULT_TIMING[env.cloud]
-    return Timing(boot if boot_s is None else boot_s, notice if notice_s is None else notice_s)
+    timing = Timing(boot if boot_s is None else boot_s, notice if notice_s is None else notice_s)
+    return timing if resume_s is None else replace(timing, resume_s=resume_s)
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,7 @@ class Report:
     lower_bound_usd: float
     results: list[PolicyResult]
     zero_wait_usd: float = math.nan  # `zero_wait_bound`
+    resume_s: float = math.nan  # `Timing.resume_s`: work a preempted (or moved) attempt repeats
     timelines: dict[str, list[Sample]] = field(default_factory=dict)
     teams: dict[str, list[TeamRow]] = field(default_factory=dict)  # per policy, with by_team
 
@@ -297,6 +300,7 @@ def simulate(
         lower_bound_usd=lb[0],
         results=results,
         zero_wait_usd=zero_wait,
+        resume_s=timing.resume_s,
         timelines=timelines,
         teams=teams,
     )
