@@ -285,3 +285,18 @@ def packs(sizes: list[int], bins: list[int]) -> bool:
         return True
     first, rest = sizes[0], sizes[1:]
     return any(free >= first and packs(rest, [*bins[:i], free - first, *bins[i + 1:]]) for i, free in enumerate(bins))
+
+
+def test_a_node_cordoned_in_the_same_decision_is_no_room_for_a_move():
+    """n2, the least loaded, is cordoned now: its three free slots take nothing, so the two-slot
+    attempt on n1 does not move (the one free slot on each other node does not hold it)."""
+
+    def node(id_, busy, *runs, cordoned=False):
+        return NodeView(id=id_, instance_type="c6i.large", weight=1, slots=4, spot=True, state="running",
+                        launched_at=NOW - 7200, busy_slots=busy, last_heartbeat=NOW - 2, runs=runs, cordoned=cordoned)  # fmt: skip
+
+    nodes = (node("n1", 2, run("a/1/1", slots=2), cordoned=True), node("n2", 1), node("n3", 3), node("n4", 3), node("n5", 3))
+    view = FleetView((PoolView("cpu", nodes, desired=5, on_demand_base=0),), (QueueView("batch", "cpu", 5, 1, visible=0, in_flight=12),))
+    (decision,) = decide(env(max_nodes=10, move=True), view, NOW)
+    assert decision.cordon == ("n2",)
+    assert decision.preempt == ()

@@ -321,9 +321,11 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
         )
         reasons += cordon_reasons
         if pool.checkpoint_and_move and nodes.cordoned:
-            # Free slots after the waiting multi-slot items and those left to on-demand nodes are placed.
+            # Free slots after the waiting multi-slot items and those left to on-demand nodes are
+            # placed, on nodes that stay and take items (not those cordoned now).
+            closed = gone | {n.id for n in cordon}
             room = [n.slots - n.busy_slots - packed.taken.get(n.id, 0) - for_on_demand.taken.get(n.id, 0)
-                    for n in takers if n.state == "running" and n.id not in gone]  # fmt: skip
+                    for n in takers if n.state == "running" and n.id not in closed]  # fmt: skip
             waiting = sum(max(0, q.visible - q.on_demand_wanted) for q in queues if q.slots_per_item == 1 and not q.held)
             moves = preemption.moves(env.queues, nodes.cordoned, room, waiting + _expected_slots(queues, relaunch_s), now,
                                      held=frozenset(q.name for q in queues if q.held))
