@@ -435,3 +435,23 @@ preemptible = true
     assert redone("--resume-s", "300") == (300.0, 300.0)
     refused = CliRunner().invoke(simulate_command, [str(trace), "--env", str(env), "--pool", "p", "--resume-s", "-1"])
     assert refused.exit_code == 2 and "--resume-s: must be >= 0 (got -1.0)" in refused.output
+
+
+@pytest.mark.parametrize("preemptible", [False, True])
+def test_a_higher_priority_item_preempts_preemptible_work_on_a_pool_at_its_max(preemptible):
+    """One 2-slot node (the pool's max) runs two 10,000-s batch items; a 2-slot urgent item comes at
+    t=1000. With batch preemptible both attempts checkpoint at the kicked tick and resume after the
+    urgent item, with the work they had left plus resume_s; without, the urgent item waits them out."""
+    env = make_env(slots_per_unit=2)
+    pool = env.pools["p"].model_copy(update={"max": 1})
+    queues = {"urgent": env.queues["q"].model_copy(update={"priority": 50, "slots_per_item": 2}),
+              "batch": env.queues["q"].model_copy(update={"priority": 1, "preemptible": preemptible})}  # fmt: skip
+    env = env.model_copy(update={"pools": {"p": pool}, "queues": queues})
+    outcome = Simulation(env, "p", [TraceItem(0, 10_000, 1), TraceItem(0, 10_000, 1), TraceItem(1000, 100, 2)],
+                         TidefleetPolicy(env, 0.0), NO_KICK).run()  # fmt: skip
+    if not preemptible:
+        assert (outcome.first_start[2], outcome.interruptions) == (BOOT + 10_000, 0)
+        return
+    resumed = 1100 + (10_000 - (1000 - BOOT)) + NO_KICK.resume_s
+    assert (outcome.first_start[2], outcome.finished[2]) == (1000, 1100)
+    assert (outcome.finished[:2], outcome.interruptions, outcome.redone_s) == ([resumed, resumed], 2, 2 * NO_KICK.resume_s)
