@@ -5,6 +5,7 @@ such attempt checkpoints and goes back to its queue. One table of cases, then a 
 from __future__ import annotations
 
 import re
+import tomllib
 from dataclasses import replace
 from pathlib import Path
 
@@ -221,18 +222,15 @@ def test_a_moving_node_keeps_its_marks_until_its_attempts_are_gone():
     assert marks == {}
 
 
-def test_the_readme_move_line_is_what_the_policy_says_for_that_fleet():
+def test_the_readme_move_line_is_what_the_policy_says_for_the_readme_configuration():
     section = (Path(__file__).resolve().parent.parent / "README.md").read_text().split("\n### Checkpoint-and-move\n", 1)[1]
+    config = tomllib.loads(re.search(r"```toml\n(.*?)\n```", section, re.DOTALL).group(1))
+    environment = parse_environment({"region": "us-east-1", **config}, name="t")
     line = re.search(r"```text\n(.*?)\n```", section, re.DOTALL).group(1)
     keys, node_id = re.fullmatch(r"move (.+) off (\S+): cordoned, .*", line).groups()
     keys = keys.split(", ")
     queue = keys[0].split("-")[0]
-    environment = parse_environment({
-        "region": "us-east-1",
-        "pools": {"gpu8": {"max": 16, "command": "work", "checkpoint_and_move": True,
-                           "instance_types": [{"type": "g5.48xlarge", "weight": 8, "gpus": 8}], "capacity_unit": "gpus"}},
-        "queues": {queue: {"pool": "gpu8", "preemptible": True}},
-    }, name="t")  # fmt: skip
+    assert environment.pools["gpu8"].checkpoint_and_move and environment.queues[queue].preemptible
 
     def node(id_, runs, **kw):
         return NodeView(id=id_, instance_type="g5.48xlarge", weight=8, slots=8, spot=True, state="running",
