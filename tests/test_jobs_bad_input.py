@@ -17,6 +17,7 @@ from tidefleet.cli import main
 from tidefleet.cloud import for_env
 from tidefleet.cloud.aws.dynamodb import DynamoStore
 from tidefleet.jobs import sdk
+from tidefleet.jobs.spec import JobSpec
 from tidefleet.records import Item, Job
 
 MB = sdk.MAX_LINE_BYTES
@@ -241,3 +242,15 @@ def test_status_warns_on_stderr_and_never_crashes_on_a_dead_letter_queue(h):
     out = run(h, "status", job_id)
     assert out.exit_code == 0 and "warning: could not read the dead-letter queue of 'work'" in out.output
     assert "queued 1" in out.output
+
+
+def test_a_dead_letter_the_agent_sent_on_the_jobs_own_retry_budget_is_left_to_the_agents_record(h):
+    """A job whose spec allows no retry: the agent dead-letters its item after one failure (fewer
+    than the queue's budget of 2), then records why. A status call in between must not take that
+    message for the queue's redrive and write its own reason over the agent's."""
+    store, cloud = DynamoStore(h.env.name, h.env.region), for_env(h.env)
+    job = sdk.submit(h.env, "strict", "work", sdk.read_items(["a"]), kick=False, spec=JobSpec(max_retries=0)).job_id
+    store.update_item(job, "000000", status="running", node="i-1")
+    sdk.send_messages(cloud, "work", [sdk.ItemMessage(job, "000000", ["a"], failures=1)], dead_letter=True)
+    assert sdk.reconcile_dead_letters(h.env, job).failed == []
+    assert store.item(job, "000000").status == "running", "the agent's record comes next"

@@ -706,6 +706,7 @@ def _reconcile(cloud: Cloud, env: Environment, queues: list[str], job_id: str | 
     for name in queues:
         queue = env.queues[name]
         reason = f"moved to the dead-letter queue by the queue's redrive after {redrive_receives(env.cloud, queue)} receives"
+        budgets: dict[str, int] = {}  # per job: its max_retries (a job's spec may set its own)
         held: list[str] = []
         unreadable = 0
         try:
@@ -717,7 +718,7 @@ def _reconcile(cloud: Cloud, env: Environment, queues: list[str], job_id: str | 
                 messages = [_dead_letter(d.body) for d in got]
                 unreadable += messages.count(None)
                 for msg in messages:
-                    if msg is None or (job_id is not None and msg.job != job_id) or _agent_gave_up(msg, queue):
+                    if msg is None or (job_id is not None and msg.job != job_id) or _agent_gave_up(msg, _max_retries(cloud, queue, msg.job, budgets)):
                         continue
                     # Only a waiting record changes: a missing item is never created, a final one stays.
                     if cloud.store.update_item(msg.job, msg.item, only_from=WAITING, status="failed", reason=reason):
@@ -740,10 +741,20 @@ def _dead_letter(body: str) -> ItemMessage | None:
         return None
 
 
-def _agent_gave_up(msg: ItemMessage, queue: Queue) -> bool:
+def _max_retries(cloud: Cloud, queue: Queue, job_id: str, budgets: dict[str, int]) -> int:
+    """The job's `max_retries` (its spec's, else its queue's), read once per job into `budgets`."""
+    if job_id not in budgets:
+        record = cloud.store.job(job_id)
+        spec = JobSpec.from_record(record.spec if record else None)
+        budgets[job_id] = queue.max_retries if spec.max_retries is None else spec.max_retries
+    return budgets[job_id]
+
+
+def _agent_gave_up(msg: ItemMessage, max_retries: int) -> bool:
     """The agent sends an item's last message to the dead-letter queue itself, with the counts
-    that exhausted its budget (agent.worker `_failed`), and records the failure with its reason."""
-    return msg.failures > queue.max_retries or msg.lost > NODE_LOSSES_TOLERATED
+    that exhausted its budget (agent.worker `_failed`: the job's `max_retries`, else its queue's),
+    and then records the failure with its reason."""
+    return msg.failures > max_retries or msg.lost > NODE_LOSSES_TOLERATED
 
 
 def cancel(env: Environment, job_id: str, *, reason: str = "cancelled", cloud: Cloud | None = None) -> int:
