@@ -745,8 +745,7 @@ def _max_retries(cloud: Cloud, queue: Queue, job_id: str, budgets: dict[str, int
     """The job's `max_retries` (its spec's, else its queue's), read once per job into `budgets`."""
     if job_id not in budgets:
         record = cloud.store.job(job_id)
-        spec = JobSpec.from_record(record.spec if record else None)
-        budgets[job_id] = queue.max_retries if spec.max_retries is None else spec.max_retries
+        budgets[job_id] = JobSpec.from_record(record.spec if record else None).retries_on(queue)
     return budgets[job_id]
 
 

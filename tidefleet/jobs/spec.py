@@ -36,6 +36,10 @@ class JobSpec:
     def from_record(cls, record: dict | None) -> JobSpec:
         return cls(**{k: v for k, v in (record or {}).items() if k in cls.__dataclass_fields__})
 
+    def retries_on(self, queue: Queue) -> int:
+        """Failed attempts retried before the dead-letter queue: the job's own, else its queue's."""
+        return queue.max_retries if self.max_retries is None else self.max_retries
+
 
 @dataclass(frozen=True)
 class Resolved:
@@ -113,5 +117,5 @@ def resolve(spec: JobSpec, queue: Queue, pool: Pool) -> Resolved:
         env={**pool.env, **spec.env},
         slots=spec.slots or queue.slots_per_item,
         timeout_s=spec.timeout_s or queue.item_timeout_s,
-        max_retries=queue.max_retries if spec.max_retries is None else spec.max_retries,
+        max_retries=spec.retries_on(queue),
     )
