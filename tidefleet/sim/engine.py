@@ -561,7 +561,7 @@ class Simulation:
         if self.outcome.first_start[index] is None:
             self.outcome.first_start[index] = self.now + self.timing.start_s
         self.last_progress = self.now
-        held_s = self.timing.start_s + self.left_s.get(index, self.items[index].duration_s) + self.timing.finish_s
+        held_s = self.timing.start_s + self._work_left(index) + self.timing.finish_s
         self._push(self.now + held_s, DONE, (node.id, index, self.attempt[index]))
 
     def _received(self, node: Node, index: int) -> None:
@@ -628,8 +628,7 @@ class Simulation:
         if self.outcome.first_start[index] is None:
             self.outcome.first_start[index] = self.now + self.timing.start_s
         self.last_progress = self.now
-        left = self.left_s.get(index, self.items[index].duration_s)
-        held_s = self.timing.start_s + left + self.timing.finish_s
+        held_s = self.timing.start_s + self._work_left(index) + self.timing.finish_s
         self._push(self.now + held_s, GANG_DONE, (index, self.attempt[index]))
 
     def _leave(self, gang: Gang, node: Node) -> None:
@@ -677,9 +676,7 @@ class Simulation:
         gang = node.gang
         if gang.stops_without(node):
             index, q = gang.index, self.queue_of[gang.index]
-            ran = max(0.0, self.now - gang.started_at - self.timing.start_s)
-            left = self.left_s.get(index, self.items[index].duration_s)
-            self.left_s[index] = max(0.0, left - ran)
+            self._checkpoint(index, self.now - gang.started_at)
             self.outcome.interruptions += 1
             del self.running_gangs[index]
             self._disband(gang)
@@ -726,6 +723,15 @@ class Simulation:
         self._release_slots(node, index)
         self._receive_again(index)
 
+    def _work_left(self, index: int) -> float:
+        """The item's work still to do: all of it, or what its last checkpoint left."""
+        return self.left_s.get(index, self.items[index].duration_s)
+
+    def _checkpoint(self, index: int, held_s: float, redo_s: float = 0.0) -> None:
+        """The item stopped after holding its slots `held_s` (the agent's start time first) and
+        keeps its work: what is left, and `redo_s` to do again when it resumes."""
+        self.left_s[index] = max(0.0, self._work_left(index) - max(0.0, held_s - self.timing.start_s)) + redo_s
+
     def preempt(self, node: Node, keys: tuple[str, ...]) -> None:
         """The scaler's preempt mark, as the agent reads it (`agent.worker.Agent._preempt`): each
         marked attempt still running checkpoints and goes back to its queue, an interruption, and
@@ -739,9 +745,7 @@ class Simulation:
             _, index, attempt = key.split("/")
             index = int(index)
             if index in node.running and self.attempt[index] == int(attempt):
-                ran = max(0.0, self.now - node.running[index] - self.timing.start_s)
-                left = self.left_s.get(index, self.items[index].duration_s)
-                self.left_s[index] = max(0.0, left - ran) + self.timing.resume_s
+                self._checkpoint(index, self.now - node.running[index], redo_s=self.timing.resume_s)
                 self.outcome.interruptions += 1
                 self.outcome.redone_s += self.timing.resume_s
                 self._release_slots(node, index)
