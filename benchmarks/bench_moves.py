@@ -71,6 +71,9 @@ def main() -> None:
     parser.add_argument("--max-items", type=int, default=6000, help="items per shape at most (default 6000)")
     parser.add_argument("--workers", type=int, default=2, help="processes (default 2)")
     args = parser.parse_args()
+    for flag, value in (("--shapes", args.shapes), ("--max-items", args.max_items), ("--workers", args.workers)):
+        if value < 1:
+            parser.error(f"{flag}: must be at least 1 (got {value})")
     seeds = range(args.first, args.first + args.shapes)
     print("| seed | shape | defaults ÷ bound (p95 s) | checkpoint-and-move ÷ bound (p95 s, moves) | change "
           "| cheapest baseline ÷ bound (p95 s) |")

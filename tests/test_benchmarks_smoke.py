@@ -31,3 +31,10 @@ def test_the_benchmark_runs_at_a_tiny_size(script, args, expect):
                           text=True, timeout=300, check=False)  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert expect in done.stdout and "Traceback" not in done.stderr
+
+
+def test_bench_moves_refuses_zero_shapes_with_one_line():
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_moves.py"), "--shapes", "0"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 2 and "--shapes: must be at least 1 (got 0)" in done.stderr
+    assert "Traceback" not in done.stderr

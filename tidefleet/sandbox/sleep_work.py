@@ -47,7 +47,9 @@ def main(argv: list[str]) -> int:
                 return EXIT_INTERRUPTED  # nowhere to keep it: the next attempt sleeps it all again
             state["slept_s"] += time.time() - began
             progress.parent.mkdir(parents=True, exist_ok=True)
-            progress.write_text(json.dumps(state))
+            partial = progress.with_name(progress.name + ".partial")  # a kill mid-write leaves the old one whole
+            partial.write_text(json.dumps(state))
+            partial.replace(progress)
             return EXIT_INTERRUPTED
     if done_file := os.environ.get("TIDEFLEET_DONE_FILE"):  # done, even if a stop comes now
         Path(done_file).touch()
