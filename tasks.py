@@ -215,6 +215,9 @@ def bench(c, out=None, readme=False, calibration=False):
                   calibration=calibration)
     except TraceError as err:
         raise Exit(str(err), 1) from None
+    except OSError as err:  # --out names a file, or a place that cannot be written
+        raise Exit(f"bench: cannot write {err.filename or out} ({err.strerror or err}); "
+                   "give --out a folder that can be written", 1) from None
 
 
 @task(

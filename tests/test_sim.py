@@ -141,6 +141,13 @@ def test_an_item_bigger_than_every_node_is_reported_not_replayed():
 
 
 @pytest.mark.parametrize("policy", ["tidefleet", "target-tracking", "clearml", "keda"])
+def test_an_item_after_a_quiet_month_is_replayed_not_given_up_as_stalled(policy):
+    # A stall (waiting work, nothing started or finished for a week) counts from the item's arrival.
+    result = run(make_env(), [TraceItem(0, 100, 1), TraceItem(30 * 86400, 100, 1)], policy=policy)
+    assert (result.items_finished, result.items_unfinished) == (2, 0)
+
+
+@pytest.mark.parametrize("policy", ["tidefleet", "target-tracking", "clearml", "keda"])
 def test_every_policy_finishes_a_burst(policy):
     items = [TraceItem(i * 7.0, 300 + 50 * (i % 5), 1) for i in range(40)]
     result = run(make_env(), items, policy=policy)
@@ -199,6 +206,9 @@ def test_window_keeps_only_items_submitted_inside_it(tmp_path):
         ),
         ("submit_s,duration_s,gpus\n0,5,1.5\n", "line 2: column 'gpus' must be a whole number (got '1.5')"),
         ("submit_s,duration_s\n0,\n", "line 2: column 'duration_s' is not a number (got '')"),
+        # Milliseconds taken for seconds: refused, not replayed for hours a minute at a time.
+        ("submit_s,duration_s\n0,5\n400000000,5\n", "submit_s spans 400,000,000 s (13 years, more than 10)"),
+        ("submit_s,duration_s\n0,400000000\n", "longest duration_s is 400,000,000 s (13 years, more than 10)"),
     ],
 )
 def test_a_bad_trace_names_the_line_and_column(tmp_path, csv_text, message):
@@ -364,6 +374,17 @@ def test_invoke_bench_without_its_traces_says_which_folder_and_what_to_do(tmp_pa
     assert str(folder) in line and named in line and "TIDEFLEET_TRACES" in line
 
 
+def test_invoke_bench_into_a_file_says_so_in_one_line(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    run = subprocess.run(
+        [sys.executable, "-m", "invoke", "--search-root", str(ROOT), "bench", "--out", str(tmp_path / "a-file")],
+        check=False, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 1
+    line = _no_traceback_one_line(run.stdout + run.stderr)
+    assert line == f"bench: cannot write {tmp_path / 'a-file'} (File exists); give --out a folder that can be written"
+
+
 def test_invoke_simulate_finds_a_bare_trace_name_in_the_projects_folder_from_another_cwd(tmp_path):
     run = subprocess.run(
         [sys.executable, "-m", "invoke", "--search-root", str(ROOT), "simulate", "--trace", "philly_2017_jobs.csv",
@@ -434,7 +455,42 @@ preemptible = true
     assert redone() == (60.0, 60.0)
     assert redone("--resume-s", "300") == (300.0, 300.0)
     refused = CliRunner().invoke(simulate_command, [str(trace), "--env", str(env), "--pool", "p", "--resume-s", "-1"])
-    assert refused.exit_code == 2 and "--resume-s: must be >= 0 (got -1.0)" in refused.output
+    assert refused.exit_code == 2 and "--resume-s: must be a finite number >= 0 (got -1.0)" in refused.output
+
+
+def test_a_plot_that_cannot_be_written_is_one_line_not_a_traceback(tmp_path, monkeypatch):
+    trace = write(tmp_path, "submit_s,duration_s,gpus\n0,10,1\n")
+    (tmp_path / "a-file").write_text("")
+
+    def plot(path: str) -> str:
+        out = CliRunner().invoke(simulate_command, [str(trace), "--env", "bench", "--pool", "gpu", "--plot", path])
+        assert out.exit_code != 0 and isinstance(out.exception, SystemExit), out.output
+        return out.output
+
+    assert f"--plot: cannot write {tmp_path}/a-file/x.png (" in plot(str(tmp_path / "a-file" / "x.png"))
+    # matplotlib would write tmp_path.png and the line would name tmp_path
+    assert f"--plot: give a file name ending .png, .svg, .pdf (got '{tmp_path}')" in plot(str(tmp_path))
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # the base install, without the dev extra
+    assert "--plot needs matplotlib, which the base install leaves out: pip install matplotlib" in plot(
+        str(tmp_path / "x.png")
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["--boot-s", "nan"], 2, "--boot-s: must be a finite number >= 0 (got nan)"),  # the replay never ended
+        (["--boot-s", "inf"], 2, "--boot-s: must be a finite number >= 0 (got inf)"),
+        (["--notice-s", "nan"], 2, "--notice-s: must be a finite number >= 0 (got nan)"),
+        (["--resume-s", "inf"], 2, "--resume-s: must be a finite number >= 0 (got inf)"),
+        (["--interruption-rate", "nan"], 2, "--interruption-rate: must be a finite number >= 0 (got nan)"),
+        (["--window", "nan:5"], 1, "--window: START and END must be numbers of seconds, e.g. 0:86400 (got 'nan:5')"),
+    ],
+)
+def test_a_number_the_replay_cannot_use_is_refused_with_one_line(tmp_path, args, code, message):
+    trace = write(tmp_path, "submit_s,duration_s,gpus\n0,10,1\n")
+    out = CliRunner().invoke(simulate_command, [str(trace), "--env", "bench", "--pool", "gpu", *args])
+    assert (out.exit_code, out.exception.__class__) == (code, SystemExit) and message in out.output
 
 
 @pytest.mark.parametrize("preemptible", [False, True])

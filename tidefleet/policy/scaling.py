@@ -385,6 +385,8 @@ def _free_for_late(takers: list[NodeView], late: int) -> set[str]:
     scale-in like a placed item's node, the busiest first, so that no decision releases free
     slots and launches for late items at once."""
     kept: set[str] = set()
+    if late <= 0:  # nearly every tick: no sort
+        return kept
     for n in sorted((n for n in takers if n.state == "running" and n.slots > n.busy_slots),
                     key=lambda n: (n.busy_slots == 0, n.slots - n.busy_slots, n.id)):  # fmt: skip
         if late <= 0:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import math
 from pathlib import Path
 
 import click
@@ -14,6 +16,8 @@ from tidefleet.sim.run import Report, default_timing
 from tidefleet.sim.run import simulate as run_simulation
 from tidefleet.sim.teams import format_team_table
 from tidefleet.sim.trace import TraceError, load_spot_trace, load_trace, parse_window
+
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")  # formats matplotlib writes by the name's suffix
 
 
 def format_table(report: Report) -> str:
@@ -76,6 +80,10 @@ def simulate(
     by_team,
 ):
     """Replay TRACE (CSV: submit_s, duration_s, gpus, group) through scaling policies on one pool."""
+    if plot is not None and plot.suffix.lower() not in PLOT_SUFFIXES:
+        raise click.UsageError(f"--plot: give a file name ending {', '.join(PLOT_SUFFIXES)} (got '{plot}')")
+    if plot is not None and importlib.util.find_spec("matplotlib") is None:  # before the replay, not after it
+        raise click.UsageError("--plot needs matplotlib, which the base install leaves out: pip install matplotlib")
     if spot_trace and interruption_rate is not None:
         raise click.UsageError("use either --spot-trace or --interruption-rate, not both")
     for flag, value in (
@@ -84,8 +92,8 @@ def simulate(
         ("--notice-s", notice_s),
         ("--resume-s", resume_s),
     ):
-        if value is not None and value < 0:
-            raise click.UsageError(f"{flag}: must be >= 0 (got {value})")
+        if value is not None and not (math.isfinite(value) and value >= 0):  # nan and inf too: a replay never ends
+            raise click.UsageError(f"{flag}: must be a finite number >= 0 (got {value})")
     try:
         env = load_environment(env_name)
         bounds = parse_window(window) if window else None
@@ -123,6 +131,9 @@ def simulate(
     if plot:
         from tidefleet.sim.plot import plot_report
 
-        plot_report(report, plot)
+        try:
+            plot_report(report, plot)
+        except OSError as err:  # a folder that cannot be made, a read-only place
+            raise click.ClickException(f"--plot: cannot write {plot} ({err.strerror or err}); give a writable path") from None
         if not as_json:
             click.echo(f"plot: {plot}")

@@ -32,7 +32,7 @@ READS_ONLY = (POLL, KICK, SAMPLE)  # events that change nothing themselves (a ti
 
 RETRY_LAUNCH_S = 60.0  # the group retries a failed launch on its own about once a minute
 DRAIN_HORIZON_S = 6 * 3600.0  # after the last item: how long a policy may take to reach min
-STALL_S = 7 * 86400.0  # waiting work but nothing started or finished this long: give up
+STALL_S = 7 * 86400.0  # waiting work but nothing arrived, started or finished this long: give up
 
 
 @dataclass(frozen=True, slots=True)
@@ -392,6 +392,7 @@ class Simulation:
                     break
                 self.now = arrival_t
                 self.changes += 1
+                self.last_progress = arrival_t  # a stall counts from here: a quiet week before it is no stall
                 self._arrive(self.next_arrival)
                 self.next_arrival += 1
             else:

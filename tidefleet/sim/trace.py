@@ -15,6 +15,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 REQUIRED_COLUMNS = ("submit_s", "duration_s")
+# Longer than any workload replays in useful time (the scaler ticks every minute of it): a trace
+# that spans more, or an item that runs longer, has its times in other units than seconds.
+MAX_SPAN_S = 10 * 365 * 86400.0
 
 
 class TraceError(ValueError):
@@ -78,6 +81,15 @@ def load_trace(path: Path, window: tuple[float, float] | None = None) -> list[Tr
             cpus = _number(row.get("cpus") or "", where=where, column="cpus", allow_empty=True)
             items.append(TraceItem(submit, duration, max(1, int(gpus)), row.get("group") or "", cpus))
     items.sort(key=lambda i: i.submit_s)  # stable: equal submit times keep file order
+    span = items[-1].submit_s - items[0].submit_s if items else 0.0
+    longest = max((i.duration_s for i in items), default=0.0)
+    for what, seconds, fix in (("submit_s spans", span, ", or replay a part with --window START:END"),
+                               ("longest duration_s is", longest, "")):  # fmt: skip
+        if seconds > MAX_SPAN_S:
+            raise TraceError(
+                f"{path}: {what} {seconds:,.0f} s ({seconds / (365 * 86400):,.0f} years, more than 10); "
+                f"times must be in seconds (milliseconds? divide by 1000){fix}"
+            )
     return items
 
 
@@ -99,6 +111,8 @@ def parse_window(text: str) -> tuple[float, float]:
         hi = float(end) if end.strip() else math.inf
     except ValueError:
         raise TraceError(f"--window: expected START:END in seconds, e.g. 0:86400 (got {text!r})") from None
+    if math.isnan(lo) or math.isnan(hi):
+        raise TraceError(f"--window: START and END must be numbers of seconds, e.g. 0:86400 (got {text!r})")
     if hi <= lo:
         raise TraceError(f"--window: END must be after START (got {text!r})")
     return lo, hi
