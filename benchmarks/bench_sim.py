@@ -9,11 +9,12 @@ jobs/s and decide() calls, plus the ratio to the clearml baseline run in the sam
 
 from __future__ import annotations
 
-import sys
+import argparse
 import time
 
 from tidefleet.config import load_environment
 from tidefleet.sim.bench import TRACES_DIR
+from tidefleet.sim.policies import POLICY_NAMES
 from tidefleet.sim.run import simulate
 from tidefleet.sim.trace import load_trace
 
@@ -40,4 +41,10 @@ def main(policies: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["tidefleet", "clearml"])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("policies", nargs="*", metavar="POLICY",
+                        help=f"policies to replay ({', '.join(POLICY_NAMES)}; default: tidefleet clearml)")  # fmt: skip
+    policies = parser.parse_args().policies or ["tidefleet", "clearml"]
+    if unknown := [p for p in policies if p not in POLICY_NAMES]:  # not choices=: Python 3.11 refuses none given
+        parser.error(f"unknown policy {', '.join(unknown)}; choose from {', '.join(POLICY_NAMES)}")
+    main(policies)

@@ -4,6 +4,7 @@ this one run; prints each time and the ratio of the medians."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import subprocess
@@ -39,4 +40,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + f" Runs each {RUNS} times (BENCH_RUNS).").parse_args()
     main()

@@ -38,3 +38,10 @@ def test_bench_moves_refuses_zero_shapes_with_one_line():
                           capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert done.returncode == 2 and "--shapes: must be at least 1 (got 0)" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in (ROOT / "benchmarks").glob("bench_*.py")))
+def test_every_benchmark_explains_itself_on_help_rather_than_running(script):
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--help"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 0 and done.stdout.startswith("usage:"), done.stdout[-2000:] + done.stderr[-2000:]

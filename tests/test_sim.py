@@ -511,3 +511,11 @@ def test_a_higher_priority_item_preempts_preemptible_work_on_a_pool_at_its_max(p
     resumed = 1100 + (10_000 - (1000 - BOOT)) + NO_KICK.resume_s
     assert (outcome.first_start[2], outcome.finished[2]) == (1000, 1100)
     assert (outcome.finished[:2], outcome.interruptions, outcome.redone_s) == ([resumed, resumed], 2, 2 * NO_KICK.resume_s)
+
+
+def test_the_calibration_command_explains_itself_rather_than_running_a_sandbox(capsys):
+    from tidefleet.sim import calibration
+
+    with pytest.raises(SystemExit) as done:
+        calibration.main(["--help"])
+    assert done.value.code == 0 and "through the sandbox (real agents on a moto" in capsys.readouterr().out.replace("\n", " ")

@@ -294,7 +294,15 @@ def format_rows(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    argparse.ArgumentParser(
+        prog="python -m tidefleet.sim.calibration",
+        description="Run the calibration scenarios through the sandbox (real agents on a moto server) and the "
+        "simulator, and print how far apart they are (about 40-100 s). Exit 1 if a scenario differs by more "
+        f"than {TOLERANCE:.0%} in node-seconds or p95 wait.",
+    ).parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="tidefleet-calibration-") as tmp:
         started = time.perf_counter()
         rows = calibrate(Path(tmp))
