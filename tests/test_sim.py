@@ -237,6 +237,9 @@ def test_the_command_prints_the_documented_json(tmp_path):
     data = json.loads(out.output)
     assert data["schema"] == "tidefleet.sim/1" and data["items"] == 2
     assert [r["policy"] for r in data["results"]] == ["tidefleet", "oracle"]
+    twice = CliRunner().invoke(simulate_command, [str(path), "--env", "bench", "--pool", "gpu", "--policy", "oracle",
+                                                  "--policy", "keda", "--policy", "oracle", "--json"])  # fmt: skip
+    assert [r["policy"] for r in json.loads(twice.output)["results"]] == ["oracle", "keda"]  # a policy named twice: once
     assert set(data["results"][0]["wait_s"]) == {"p50", "p95", "p99", "max"}
 
 

@@ -102,7 +102,7 @@ def simulate(
             rate_per_hour=interruption_rate or 0.0, spot=load_spot_trace(spot_trace) if spot_trace else None
         )
         report = run_simulation(
-            env, pool, items, list(policies), trace_name=Path(trace).name, timing=default_timing(env, boot_s, notice_s, resume_s),
+            env, pool, items, list(dict.fromkeys(policies)), trace_name=Path(trace).name, timing=default_timing(env, boot_s, notice_s, resume_s),
             interruptions=interruptions, spot_trace_name=Path(spot_trace).name if spot_trace else None,
             seed=seed, window=bounds, by_team=by_team,
         )  # fmt: skip
