@@ -19,7 +19,7 @@ SMOKE = [
     ("bench_cold_import.py", ["--runs", "1"], "ms"),
     ("bench_sim.py", ["clearml"], "clearml"),  # the whole Philly trace, shipped in traces/
     ("bench_tick.py", ["--queues", "3", "--pools", "2", "--nodes", "2", "--rounds", "1"], "ratio tick/bare"),
-    ("bench_target_wait.py", ["--waits", "120"], "| tidefleet | 120 (default) |"),
+    ("bench_target_wait.py", ["--waits", "120", "--workloads", "genai"], "| tidefleet | 120 (default) |"),
     ("bench_teams.py", ["--window", "2592000:2599200"], "| all | 544 GPUs (pool max) |"),
     ("bench_moves.py", ["--shapes", "1", "--max-items", "200", "--workers", "1"], "checkpoint-and-move against the defaults"),
 ]
@@ -45,3 +45,14 @@ def test_every_benchmark_explains_itself_on_help_rather_than_running(script):
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--help"], cwd=ROOT, capture_output=True,
                           text=True, timeout=60, check=False)  # fmt: skip
     assert done.returncode == 0 and done.stdout.startswith("usage:"), done.stdout[-2000:] + done.stderr[-2000:]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--waits", "abc"], "argument --waits: expected seconds, comma-separated, e.g. 60,120,300 (got 'abc')"),
+    (["--waits", "-5"], "argument --waits: a wait target is 0 or more seconds (got '-5')"),
+    (["--workloads", "nope"], "argument --workloads: unknown workload nope; choose from genai, openb, philly"),
+])  # fmt: skip
+def test_bench_target_wait_refuses_bad_arguments_with_one_line(args, message):
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_target_wait.py"), *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
