@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,15 @@ def make_env(*, slots_per_unit=1, types=None, idle_s=60):
 def run(env, items, policy="tidefleet", **kw):
     report = simulate(env, "p", items, [policy], timing=kw.pop("timing", NO_KICK), **kw)
     return report.results[0]
+
+
+def test_measured_boots_go_to_the_nodes_in_launch_order():
+    # Two items at once on one-slot nodes: two nodes launch together; with the calibration's
+    # per-node boots they are ready 10 s and 50 s after launch, in turn, not both at boot_s.
+    timing = replace(NO_KICK, boots_s=(10.0, 50.0))
+    result = run(make_env(), [TraceItem(0, 100, 1), TraceItem(0, 100, 1)], timing=timing)
+    assert (result.wait_s["p50"], result.wait_s["max"]) == (10.0, 50.0)
+    assert run(make_env(), [TraceItem(0, 100, 1), TraceItem(0, 100, 1)]).wait_s["max"] == BOOT
 
 
 def test_one_item_waits_exactly_the_boot_time():

@@ -56,6 +56,10 @@ class Timing:
     # back at the restart, and whatever the workload does again (a model load). An assumption: the
     # sandbox's workloads checkpoint in well under a second, real training in tens of seconds.
     resume_s: float = 60.0
+    # Boots measured node by node (the calibration's sandbox), given to the nodes in launch order,
+    # in turn: nodes launched together are then ready at different times, as real ones are, rather
+    # than all at `boot_s`. () for traces: every node boots in `boot_s`.
+    boots_s: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -784,7 +788,8 @@ class Simulation:
         self.nodes[node.id] = node
         self.units += node.weight
         self.outcome.peak_nodes = max(self.outcome.peak_nodes, len(self.nodes))
-        self._push(self.now + self.timing.boot_s, BOOTED, node.id)
+        boots = self.timing.boots_s
+        self._push(self.now + (boots[(node.id - 1) % len(boots)] if boots else self.timing.boot_s), BOOTED, node.id)
         if spot and self.interruptions.rate_per_hour > 0:
             life = self.rng.expovariate(self.interruptions.rate_per_hour / 3600.0)
             self._push(self.now + life, NOTICE, node.id)
