@@ -311,6 +311,33 @@ def test_a_wholly_free_node_is_kept_for_a_forming_gangs_member_and_launches_noth
     assert "keep i-free: idle but needed, a waiting multi-slot item fits its free slots" in decision.reasons
 
 
+def test_multi_slot_items_within_their_wait_target_wait_for_the_slots_items_in_flight_free():
+    """Three 8-slot items run on three full nodes, done every ~600 s. Two more may wait an hour:
+    turnover serves them (the three in flight free their slots 6 times each in it), no node
+    launches. Once their wait is down to a boot, or when turnover is slower than their wait, or
+    no item of the queue is in flight, they launch at once, as without a target."""
+    env = environment(**PACKED)
+    boot = env.pools["cpu"].boot_estimate_s
+    full = [node(f"i-{i}", weight=4, busy=8, type="c6i.xlarge") for i in range(3)]
+
+    def view(*, mean=600.0, age=0.0, in_flight=3, target=3600):
+        v = fleet(env, full, render=(2, in_flight), batch=(0, 3 * 8 - in_flight * 8))
+        return replace(v, queues=tuple(
+            replace(q, mean_item_s=mean, oldest_age_s=age, target_wait_s=target) for q in v.queues))
+
+    waiting = decide_pool(env, view())
+    assert waiting.desired == 12, waiting.reasons
+    assert ("packing: 2 item(s) of 8 slots (queue render) fit no node's free slots; 0 node(s) of 8 slots needed "
+            "(2 wait within target_wait_s for the slots its 3 item(s) in flight free)") in waiting.reasons
+    assert_settled(env, view())
+    for case, launching in [("due", view(age=3600 - boot)), ("turnover slower than the wait", view(mean=7200.0)),
+                            ("none in flight", view(in_flight=0)), ("no target", view(target=None))]:
+        decision = decide_pool(env, launching)
+        assert decision.desired == 12 + 8, (case, decision.reasons)
+        assert ("packing: 2 item(s) of 8 slots (queue render) fit no node's free slots; 2 node(s) of 8 slots "
+                "needed") in decision.reasons, case
+
+
 def test_pool_min_is_kept_without_demand():
     env = environment(**{"pools.cpu.min": 2})
     decision = decide_pool(env, fleet(env))

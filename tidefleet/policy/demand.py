@@ -35,7 +35,10 @@ waiting items never lower what is needed (each rule is monotone in demand).
     nodes are all free), biggest first within a priority, each on the node with the fewest free
     slots that fit it.
     Items that fit nowhere need new nodes of the pool's smallest type (every type fits the
-    queue's items: a config rule). Nodes holding a placement are kept from scale-in.
+    queue's items: a config rule), unless their wait target lets them wait for the slots the
+    queue's items in flight free (`deferred`: each in-flight item's slots take 1 item per mean
+    within a horizon, as in 1a; the youngest unplaced items wait, the oldest launch once due).
+    Nodes holding a placement are kept from scale-in.
 13. Items only on-demand nodes take (scaling rule 13) are placed the same way, first, on the free
     slots of the on-demand nodes that take items, items of one slot included; packing then sees
     what they leave.
@@ -243,6 +246,7 @@ class Packing:
 
     unplaced: list[int] = field(default_factory=list)  # per queue, in the given order
     new_nodes: list[int] = field(default_factory=list)
+    deferred: list[int] = field(default_factory=list)  # of the unplaced, those waiting for turnover
     reserved: set[str] = field(default_factory=set)  # nodes a waiting item was placed on
     taken: dict[str, int] = field(default_factory=dict)  # slots placed, per node
 
@@ -252,7 +256,7 @@ def on_demand(queues: list[QueueView], serving: list[NodeView], node_slots: int)
     return _place(queues, [q.on_demand_wanted for q in queues], [n for n in serving if not n.spot], node_slots, {})
 
 
-def packing(queues: list[QueueView], serving: list[NodeView], node_slots: int,
+def packing(queues: list[QueueView], serving: list[NodeView], node_slots: int, boot_s: int,
             taken: dict[str, int] | None = None) -> Packing:  # fmt: skip
     """Place waiting items of multi-slot queues and the members forming gangs still wait for;
     `queues` in priority order (ties: biggest first).
@@ -260,14 +264,33 @@ def packing(queues: list[QueueView], serving: list[NodeView], node_slots: int,
     a deferred item is often visible (no spot agent has room to receive it), and counted once."""
     counts = [(max(0, q.visible - q.on_demand_wanted) if q.slots_per_item > 1 else 0) + q.forming_short
               for q in queues]  # fmt: skip
-    return _place(queues, counts, serving, node_slots, taken or {})
+    return _place(queues, counts, serving, node_slots, taken or {}, boot_s)
+
+
+def deferred(q: QueueView, unplaced: int, boot_s: int) -> int:
+    """Of `unplaced` waiting items of the queue that fit no free slots (the youngest: the oldest
+    are placed first), those that wait for the slots its items in flight free instead of a new
+    node: within an item's wait horizon (`wait_horizon`, longer than a boot), each item in flight
+    frees its slots for 1 item per mean (`turns`), shared first in, first out. Without a target, a
+    known mean, or items in flight, none wait. Members of forming gangs never do (they are not
+    among the visible items: a forming gang holds its other members' nodes)."""
+    mean = q.mean_item_s
+    if not unplaced or not q.in_flight or not mean or q.target_wait_s is None:
+        return 0
+    out = 0
+    for age, n in drop_oldest(cohorts(q), q.visible - unplaced):
+        horizon = wait_horizon(q, boot_s, age)
+        if horizon > boot_s:
+            out += min(n, max(0, q.in_flight * turns(mean, horizon) - out))
+    return out
 
 
 def _place(queues: list[QueueView], counts: list[int], serving: list[NodeView], node_slots: int,
-           taken: dict[str, int]) -> Packing:  # fmt: skip
+           taken: dict[str, int], boot_s: int | None = None) -> Packing:  # fmt: skip
+    """`boot_s` given: unplaced items may wait for turnover (`deferred`); None: all launch."""
     out = Packing()
     if not any(counts):
-        out.unplaced = out.new_nodes = [0] * len(queues)
+        out.unplaced = out.new_nodes = out.deferred = [0] * len(queues)
         return out
     by_free: dict[int, list[str]] = {}
     for n in sorted(serving, key=lambda n: n.id):  # a fixed order: the same view, the same placement
@@ -276,7 +299,7 @@ def _place(queues: list[QueueView], counts: list[int], serving: list[NodeView], 
             by_free.setdefault(free, []).append(n.id)
     sizes = sorted(by_free)
     for q, left in zip(queues, counts, strict=True):
-        k = q.slots_per_item
+        k, visible = q.slots_per_item, left - q.forming_short  # forming members are placed first
         while left:
             at = bisect.bisect_left(sizes, k)
             if at == len(sizes):
@@ -293,5 +316,7 @@ def _place(queues: list[QueueView], counts: list[int], serving: list[NodeView], 
                 by_free.setdefault(free - k, []).append(node)
             left -= 1
         out.unplaced.append(left)
-        out.new_nodes.append(math.ceil(left / (node_slots // k)))
+        waits = 0 if boot_s is None else deferred(q, min(left, visible), boot_s)
+        out.deferred.append(waits)
+        out.new_nodes.append(math.ceil((left - waits) / (node_slots // k)))
     return out

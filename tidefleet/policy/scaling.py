@@ -11,7 +11,8 @@ Rules
        boot (from the queue's observed mean item time) launch no node, unless they waited a boot,
        would now miss their target, and the queue's agents take too few items to reach them;
    1b. packing: waiting items of several slots, and the members forming gangs still wait for,
-       that fit no node's free slots need new nodes, even when the pool's free slots add up to enough.
+       that fit no node's free slots need new nodes, even when the pool's free slots add up to enough,
+       unless their wait target lets them wait for the slots the queue's items in flight free;
 2. Capacity = slots of running and booting nodes + group units not yet materialised as
    nodes (group desired > units of its nodes: launches in progress). Draining, terminating,
    and replaced (rule 5) nodes do not count. Desired is always set absolutely, so a
@@ -221,7 +222,7 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
     # take items; a drained, cordoned node that would hold one is uncordoned rather than a node
     # launched for it.
     takers = [n for n in nodes.serving if not n.cordoned]
-    for_on_demand, packed = _placements(queues, takers, smallest * pool.slots_per_unit)
+    for_on_demand, packed = _placements(queues, takers, smallest * pool.slots_per_unit, pool.boot_estimate_s)
     late_by_queue = [late_items(q, pool.boot_estimate_s) for q in queues]  # rule 1a's, decided once
     late = sum(n * q.slots_per_item for n, q in zip(late_by_queue, queues, strict=True))
     for n in sorted((n for n in nodes.serving if n.cordoned), key=lambda n: (-n.slots, n.id)):
@@ -237,7 +238,7 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
         uncordon_reasons.append(f"uncordon {n.id}: {why}")
         nodes.serving[nodes.serving.index(n)] = replace(n, cordoned=False)
         takers = [n for n in nodes.serving if not n.cordoned]
-        for_on_demand, packed = _placements(queues, takers, smallest * pool.slots_per_unit)
+        for_on_demand, packed = _placements(queues, takers, smallest * pool.slots_per_unit, pool.boot_estimate_s)
     reasons = [_replace_reason(n, pool, now) for n in nodes.replace]
     reasons += [f"terminate {n.id}: draining and idle" for n in nodes.release]
     reasons += [_draining_kept_reason(n) for n in nodes.draining_busy]
@@ -374,10 +375,11 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
     )
 
 
-def _placements(queues: list[QueueView], takers: list[NodeView], node_slots: int) -> tuple[Packing, Packing]:
+def _placements(queues: list[QueueView], takers: list[NodeView], node_slots: int,
+                boot_s: int) -> tuple[Packing, Packing]:  # fmt: skip
     """Rule 13's items on on-demand nodes first (only those take them), then rule 1b's on what is left."""
     for_on_demand = on_demand(queues, takers, node_slots)
-    return for_on_demand, packing(queues, takers, node_slots, for_on_demand.taken)
+    return for_on_demand, packing(queues, takers, node_slots, boot_s, for_on_demand.taken)
 
 
 def _free_for_late(takers: list[NodeView], late: int) -> set[str]:
@@ -438,7 +440,9 @@ def _packing_reasons(queues: list[QueueView], packed: Packing, node_slots: int) 
     return [
         f"packing: {unplaced} item(s) of {q.slots_per_item} slots (queue {q.name}) fit no node's free slots; "
         f"{nodes} node(s) of {node_slots} slots needed"
-        for q, unplaced, nodes in zip(queues, packed.unplaced, packed.new_nodes, strict=True)
+        + (f" ({waits} wait within target_wait_s for the slots its {q.in_flight} item(s) in flight free)"
+           if waits else "")
+        for q, unplaced, nodes, waits in zip(queues, packed.unplaced, packed.new_nodes, packed.deferred, strict=True)
         if unplaced
     ]
 
