@@ -905,3 +905,28 @@ def test_busy_slots_of_a_queue_whose_agents_turn_every_slot_over_pool_their_turn
     assert desired(8, 0.12) == 7
     assert desired(3, 0.05) == 6, "15 taken: a 240-s mean, 15 starts"
     assert desired(4, 0.05) == 7
+
+
+def test_while_a_multi_slot_item_waits_for_turnover_the_least_loaded_node_drains_and_then_takes_it():
+    """An 8-slot item waits (within its target) for the slots of the render item in flight; the
+    free slots add up to more than it needs, spread over nodes. The least-loaded node is cordoned
+    (not uncordoned the next tick: it is busy), drains, and is then uncordoned for the item, which
+    fits it whole: no node launched at any step."""
+    env = environment(**PACKED)
+
+    def view(last_busy: int, cordoned: bool) -> FleetView:
+        nodes = [node("i-r", weight=4, busy=8, type="c6i.xlarge")]
+        nodes += [node(f"i-{i}", weight=4, busy=b, type="c6i.xlarge") for i, b in enumerate([5, 5, 2])]
+        nodes.append(replace(node("i-3", weight=4, busy=last_busy, idle=None if last_busy else 30, type="c6i.xlarge"),
+                             cordoned=cordoned))
+        v = fleet(env, nodes, render=(1, 1), batch=(0, 12 + last_busy))
+        return replace(v, queues=tuple(
+            replace(q, mean_item_s=600.0, oldest_age_s=0.0, target_wait_s=3600) for q in v.queues))
+
+    first = decide_pool(env, view(1, cordoned=False))
+    assert (first.desired, first.cordon) == (20, ("i-3",)), first.reasons
+    busy = decide_pool(env, view(1, cordoned=True))
+    assert (busy.desired, busy.uncordon) == (20, ()), busy.reasons
+    drained = decide_pool(env, view(0, cordoned=True))
+    assert (drained.desired, drained.terminate, drained.uncordon) == (20, (), ("i-3",)), drained.reasons
+    assert "uncordon i-3: a waiting multi-slot item fits no other node" in drained.reasons
