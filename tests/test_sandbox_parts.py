@@ -94,10 +94,11 @@ def _wait_for(condition, launcher: Launcher, timeout_s: float = 15.0):
 
 
 def test_launcher_runs_each_instances_user_data_and_gives_leavers_the_termination_path(aws, imds, tmp_path):
-    # A stand-in boot script that records what a node sees, then waits like an agent would.
+    # A stand-in boot script that records what a node sees, then waits like an agent would. The
+    # record appears whole (a rename): `> seen` creates the file before echo writes to it.
     script = (
-        '#!/bin/bash\necho "$TIDEFLEET_NODE_ID $TIDEFLEET_IMDS_URL" > seen\ntrap "echo term > stopped; exit 0" TERM\n'
-        "while true; do sleep 0.1; done\n"
+        '#!/bin/bash\necho "$TIDEFLEET_NODE_ID $TIDEFLEET_IMDS_URL" > seen.part && mv seen.part seen\n'
+        'trap "echo term > stopped; exit 0" TERM\nwhile true; do sleep 0.1; done\n'
     )
     done = provision(SANDBOX, user_data={"cpu": script})
     launcher = Launcher(
