@@ -56,6 +56,21 @@ def test_measured_boots_go_to_the_nodes_in_launch_order():
     assert run(make_env(), [TraceItem(0, 100, 1), TraceItem(0, 100, 1)]).wait_s["max"] == BOOT
 
 
+def test_a_finished_items_message_stays_in_flight_until_deleted_while_its_slot_takes_the_next():
+    """The agent frees a slot as it queues the success, and deletes the message with the next
+    batch (`Timing.ack_s` after the exit): the scaler counts the item in flight until then, while
+    the slot already runs the next item. One one-slot node: the first item runs 45..145, the
+    second (sent at 100) starts at 145, the first's message is deleted at 165."""
+    env = make_env(slots_per_unit=1).model_copy(update={"pools": {"p": make_env().pools["p"].model_copy(update={"max": 1})}})
+    items = [TraceItem(0, 100, 1), TraceItem(100, 100, 1)]
+    outcome = Simulation(env, "p", items, TidefleetPolicy(env, 0.0), replace(NO_KICK, ack_s=20.0), sample_s=5.0).run()
+    assert outcome.first_start == [BOOT, BOOT + 100]
+    in_flight = {s.t: s.running_items for s in outcome.samples}
+    assert (in_flight[140], in_flight[150], in_flight[160], in_flight[170]) == (1, 2, 2, 1)
+    plain = Simulation(env, "p", items, TidefleetPolicy(env, 0.0), NO_KICK, sample_s=5.0).run()
+    assert {s.t: s.running_items for s in plain.samples}[150] == 1
+
+
 def test_one_item_waits_exactly_the_boot_time():
     result = run(make_env(), [TraceItem(0, 100, 1)])
     assert result.wait_s == {"p50": BOOT, "p95": BOOT, "p99": BOOT, "max": BOOT}
@@ -532,3 +547,19 @@ def test_the_calibration_command_explains_itself_rather_than_running_a_sandbox(c
     with pytest.raises(SystemExit) as done:
         calibration.main(["--help"])
     assert done.value.code == 0 and "through the sandbox (real agents on a moto" in capsys.readouterr().out.replace("\n", " ")
+
+
+def test_calibration_turnaround_is_an_end_to_the_next_waiting_items_start_on_that_node():
+    """First come, first served per node; an item sent after the end was not waiting for that
+    slot, and a moved item (resumed: its last attempt began after its first) was not waiting at all."""
+    from tidefleet.sim.calibration import turnarounds
+
+    runs = {
+        "a": {"node": "n1", "start": 1.0, "began": 1.0, "end": 4.0},
+        "b": {"node": "n1", "start": 4.2, "began": 4.2, "end": 7.0},  # waited: sent at 0
+        "c": {"node": "n1", "start": 9.0, "began": 9.0, "end": 10.0},  # sent at 8, after b's end
+        "d": {"node": "n2", "start": 1.0, "began": 1.5, "end": 3.0},  # moved here
+        "e": {"node": "n2", "start": 3.1, "began": 3.1, "end": 5.0},  # waited for d's slot
+    }
+    sent = {"a": 0.0, "b": 0.0, "c": 8.0, "d": 0.0, "e": 0.0}
+    assert turnarounds(runs, sent) == pytest.approx([0.2, 0.1])

@@ -27,7 +27,7 @@ from tidefleet.records import take_from_grant
 from tidefleet.sim.trace import SpotTrace, TraceItem
 
 # Event kinds, in the order they are handled when they fall on the same time and sequence.
-BOOTED, DONE, NOTICE, RECLAIM, SPOT_DROP, POLL, KICK, RETRY, SAMPLE, GANG_DONE, RENDEZVOUS, LEAVE = range(12)
+BOOTED, DONE, NOTICE, RECLAIM, SPOT_DROP, POLL, KICK, RETRY, SAMPLE, GANG_DONE, RENDEZVOUS, LEAVE, ACKED = range(13)
 READS_ONLY = (POLL, KICK, SAMPLE)  # events that change nothing themselves (a tick's actions count apart)
 
 RETRY_LAUNCH_S = 60.0  # the group retries a failed launch on its own about once a minute
@@ -46,6 +46,10 @@ class Timing:
     # (tidefleet.sim.calibration).
     start_s: float = 0.0
     finish_s: float = 0.0
+    # A finished item's exit to its message being deleted, when later than its slots are free: it
+    # stays in flight to the scaler until then (the agent records successes and deletes their
+    # messages in batches, `agent.worker.ACK_FLUSH_S`). 0 for traces; the sandbox measures it.
+    ack_s: float = 0.0
     # The scaler's decision to terminate a node to the node stopping (billed until then): the
     # tick's own observe-and-act time and the shutdown. 0 for traces; the sandbox measures it.
     stop_s: float = 0.0
@@ -439,6 +443,9 @@ class Simulation:
             index, attempt = payload
             if self.attempt[index] == attempt and index in self.running_gangs:
                 self._finish_gang(self.running_gangs[index])
+        elif kind == ACKED:
+            self.in_flight[payload] -= 1
+            self.changes += 1
         elif kind == RENDEZVOUS:
             if self.forming is payload:
                 self._release_forming(payload)
@@ -657,7 +664,7 @@ class Simulation:
         self.mean_item_s[q] = item_seconds_mean(self.mean_item_s[q], self.now - gang.started_at)
         self.finished_items[q] += 1
         del self.running_gangs[index]
-        self.in_flight[q] -= 1
+        self._ack(q)
         self.outcome.finished[index] = self.now
         self.done += 1
         self.last_progress = self.now
@@ -696,7 +703,8 @@ class Simulation:
         """Items that terminating this node kills: those it runs, and a gang that stops without it."""
         return len(node.running) + (node.gang is not None and node.gang.stops_without(node))
 
-    def _release_slots(self, node: Node, index: int) -> None:
+    def _release_slots(self, node: Node, index: int, *, finished: bool = False) -> None:
+        """The item's slots are free; its message leaves flight now, or (`finished`) once deleted."""
         share = self.need[index] / node.slots * node.price * (self.now - node.running[index]) / 3600.0
         self.outcome.item_cost_usd[index] = self.outcome.item_cost_usd.get(index, 0.0) + share
         del node.running[index]
@@ -706,13 +714,25 @@ class Simulation:
         if node.busy == 0:
             node.busy_s += self.now - node.busy_since
             node.idle_since = self.now
-        self.in_flight[self.queue_of[index]] -= 1
+        if finished:
+            self._ack(self.queue_of[index])
+        else:
+            self.in_flight[self.queue_of[index]] -= 1
+
+    def _ack(self, q: int) -> None:
+        """A finished item's message is deleted `Timing.ack_s` after its exit: now, if its slots
+        were held that long."""
+        lag = self.timing.ack_s - self.timing.finish_s
+        if lag > 0:
+            self._push(self.now + lag, ACKED, q)
+        else:
+            self.in_flight[q] -= 1
 
     def _finish(self, node: Node, index: int) -> None:
         q = self.queue_of[index]
         self.mean_item_s[q] = item_seconds_mean(self.mean_item_s[q], self.now - node.running[index])
         self.finished_items[q] += 1
-        self._release_slots(node, index)
+        self._release_slots(node, index, finished=True)
         self.outcome.finished[index] = self.now
         self.done += 1
         self.last_progress = self.now
