@@ -443,9 +443,8 @@ class Simulation:
             index, attempt = payload
             if self.attempt[index] == attempt and index in self.running_gangs:
                 self._finish_gang(self.running_gangs[index])
-        elif kind == ACKED:
+        elif kind == ACKED:  # counted as a change by run(), as every event that is not READS_ONLY
             self.in_flight[payload] -= 1
-            self.changes += 1
         elif kind == RENDEZVOUS:
             if self.forming is payload:
                 self._release_forming(payload)
