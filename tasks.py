@@ -28,6 +28,18 @@ def _env(name: str | None):
         raise Exit(str(err)) from None
 
 
+def _number(flag: str, value, kind: type = int):
+    """An option's value as a number, or a one-line error naming the flag and the value (invoke
+    itself would end a non-number given to an int option in a traceback: hence string defaults)."""
+    try:
+        number = kind(value)
+    except (TypeError, ValueError):
+        raise Exit(f"--{flag}: must be {'a whole number' if kind is int else 'a number'} (got {value!r})") from None
+    if not number >= 0:  # negative, or NaN
+        raise Exit(f"--{flag}: must not be negative (got {value!r})")
+    return number
+
+
 def _synth(name: str):
     env = _env(name)  # before importing the stacks: a bad config fails in a second, not ten
     from stacks.app import synth as synth_stack
@@ -70,17 +82,20 @@ def build(c, cloud=None, out=None):
             path, digest = build_archive(name, Path(out) if out else OUT)
         except RuntimeError as err:  # the Lambda wheels could not be downloaded
             raise Exit(str(err)) from None
+        except OSError as err:  # --out names a file, or a place that cannot be written
+            raise Exit(f"build: cannot write {err.filename or out} ({err.strerror or err}); "
+                       "give --out a folder that can be written") from None
         print(f"{path} sha256={digest}")
 
 
 def _terraform(c, env: str | None, *args: str) -> None:
     from stacks.terraform import TerraformMissing, terraform_binary
 
+    cloud = _env(env).cloud  # a bad config stops here, before anything else is asked of the user
     try:
         binary = terraform_binary()
     except TerraformMissing as err:
         raise Exit(str(err)) from None
-    cloud = _env(env).cloud  # a bad config stops here, before the (slow) function build
     build(c, cloud=cloud)
     _, out = _synth(env)
     c.run(f"{binary} -chdir={shlex.quote(str(out))} init -input=false", pty=sys.stdout.isatty())
@@ -164,13 +179,15 @@ def lint(c):
         "tick": "control tick in seconds (default: the environment's scaler.tick_s)",
     }
 )
-def sandbox(c, env=None, items=200, chaos=False, keep=False, train=False, time_limit=600, tick=None):
+def sandbox(c, env=None, items="200", chaos=False, keep=False, train=False, time_limit="600", tick=None):
     """The whole system on this machine against a moto server: a job in, nodes up, work done, fleet at zero."""
     from tidefleet.cli import main
 
     # In this process, not a child: the live view gets this terminal as it is (or plain lines without one).
-    args = ["sandbox", *(["--env", env] if env else []), "--items", str(int(items)), "--time-limit", str(int(time_limit))]
-    args += ["--chaos"] * chaos + ["--keep"] * keep + ["--train"] * train + (["--tick", str(float(tick))] if tick else [])
+    args = ["sandbox", *(["--env", env] if env else []), "--items", str(_number("items", items)),
+            "--time-limit", str(_number("time-limit", time_limit))]
+    args += ["--chaos"] * chaos + ["--keep"] * keep + ["--train"] * train
+    args += ["--tick", str(_number("tick", tick, float))] if tick is not None else []
     try:
         main(args, prog_name="tidefleet")
     except SystemExit as done:  # click ends every run with one
@@ -192,10 +209,14 @@ def simulate(c, trace, env="prod", pool="gpu", policy=None, extra=""):
     """Replay a workload trace through scaling policies; print cost and wait per policy."""
     from tidefleet.sim.trace import traces_dir
 
+    if trace in ("-h", "--help"):  # invoke hands a required positional the next word, even --help
+        c.run(f"{sys.executable} -m invoke -r {shlex.quote(str(ROOT))} --help simulate")
+        return
     # A bare name such as philly_2017_jobs.csv means the project's copy, whatever the cwd.
     found = next((p for p in (Path(trace), ROOT / trace, traces_dir() / trace) if p.is_file()), Path(trace))
     policies = " ".join(f"--policy {shlex.quote(p)}" for p in (policy or ["tidefleet"]))
-    result = c.run(f"{sys.executable} -m tidefleet.cli simulate {shlex.quote(str(found))} --env {env} --pool {pool} "
+    result = c.run(f"{sys.executable} -m tidefleet.cli simulate {shlex.quote(str(found))} --env {shlex.quote(env)} "
+                   f"--pool {shlex.quote(pool)} "
                    f"{policies} {extra}", warn=True)  # fmt: skip
     if result.exited:  # the command has said why
         raise Exit(code=result.exited)
@@ -229,14 +250,15 @@ def bench(c, out=None, readme=False, calibration=False):
         "tick_nodes": "instances over all pools (default 10000; moto launches them once, minutes)",
     }
 )
-def bench_io(c, submit_items=2000, agent_items=300, tick_queues=1000, tick_pools=100, tick_nodes=10000):
+def bench_io(c, submit_items="2000", agent_items="300", tick_queues="1000", tick_pools="100", tick_nodes="10000"):
     """Throughput against the cloud on a moto server: submit, agent and scaler tick, each against a
     bare boto3 loop of the same calls measured in the same run; ends with their three ratio lines
     (1.00: as fast as the bare calls; the goals are >= 0.80 for submit and agent)."""
     runs = {
-        "bench_submit.py": f"--items {int(submit_items)}",
-        "bench_agent.py": f"--items {int(agent_items)}",
-        "bench_tick.py": f"--queues {int(tick_queues)} --pools {int(tick_pools)} --nodes {int(tick_nodes)}",
+        "bench_submit.py": f"--items {_number('submit-items', submit_items)}",
+        "bench_agent.py": f"--items {_number('agent-items', agent_items)}",
+        "bench_tick.py": f"--queues {_number('tick-queues', tick_queues)} --pools {_number('tick-pools', tick_pools)} "
+                         f"--nodes {_number('tick-nodes', tick_nodes)}",
     }
     ratios = []
     for script, args in runs.items():
@@ -256,7 +278,7 @@ def bench_io(c, submit_items=2000, agent_items=300, tick_queues=1000, tick_pools
     },
     iterable=["only"],
 )
-def mutate(c, only=None, jobs=2):
+def mutate(c, only=None, jobs="2"):
     """Mutation testing of the pure policy with mutmut; prints the mutants no test killed.
 
     On demand only (minutes per file; `invoke test` never runs it). Files and tests are set in
@@ -264,7 +286,7 @@ def mutate(c, only=None, jobs=2):
     changed. docs/mutation.md explains the known survivors; `mutmut show NAME` prints one's diff.
     """
     names = " ".join(shlex.quote(glob) for glob in only or [])
-    result = c.run(f"{sys.executable} -m mutmut run --max-children {int(jobs)} {names}", warn=True,
+    result = c.run(f"{sys.executable} -m mutmut run --max-children {_number('jobs', jobs)} {names}", warn=True,
                    pty=sys.stdout.isatty())
     if result.exited:
         raise Exit("mutmut run failed; see its output above", result.exited)

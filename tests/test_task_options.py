@@ -1,0 +1,70 @@
+"""invoke tasks given a bad value end in one line naming the option and the value, never a
+traceback; run as a user runs them (a real `invoke` process)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from invoke import Collection
+
+import tasks
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_invoke(*args: str, path: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, **({"PATH": path} if path is not None else {})}
+    return subprocess.run([sys.executable, "-m", "invoke", *args], check=False, cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, env=env)  # fmt: skip
+
+
+def test_no_task_option_is_typed_as_a_number_for_invoke_to_convert():
+    """invoke converts an option with an int default itself and ends a non-number in its own
+    traceback; numbers are taken as text and converted by the task (`tasks._number`)."""
+    collection = Collection.from_module(tasks)
+    typed = [f"{name} --{arg.name}" for name in collection.task_names
+             for arg in collection[name].get_arguments() if arg.kind in (int, float)]  # fmt: skip
+    assert not typed, typed
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("sandbox", "--items", "abc"), "--items: must be a whole number (got 'abc')"),
+        (("sandbox", "--tick", "abc"), "--tick: must be a number (got 'abc')"),
+        (("sandbox", "--time-limit", "-5"), "--time-limit: must not be negative (got '-5')"),
+        (("bench-io", "--submit-items", "x"), "--submit-items: must be a whole number (got 'x')"),
+        (("mutate", "--jobs", "x"), "--jobs: must be a whole number (got 'x')"),
+        (("build", "--cloud", "gcp", "--out", "/dev/null/x"), "build: cannot write /dev/null/x (Not a directory)"),
+    ],
+)
+def test_a_bad_option_value_is_one_line_naming_it(args, message):
+    result = run_invoke(*args)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert message in output and "Traceback" not in output, output
+
+
+def test_simulate_help_is_the_tasks_own():
+    """invoke hands a required positional the next word, --help included: the task shows its help."""
+    result = run_invoke("simulate", "--help")
+    assert result.returncode == 0, result.stderr
+    assert "Usage: inv[oke] [--core-opts] simulate" in result.stdout and "--extra=STRING" in result.stdout
+
+
+def test_simulate_passes_env_and_pool_as_one_word_each():
+    result = run_invoke("simulate", "philly_2017_jobs.csv", "--env", "nope;echo INJECTED", "--pool", "cpu")
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "unknown environment (got 'nope;echo INJECTED')" in output and "\nINJECTED" not in output, output
+
+
+def test_an_unknown_environment_is_named_before_the_missing_terraform(tmp_path):
+    result = run_invoke("plan", "--env", "nope", path=str(tmp_path))
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "unknown environment (got 'nope')" in output and "Traceback" not in output, output
