@@ -38,10 +38,16 @@ def expression(cron: str | None, rate: str | None) -> str:
         return f"rate({count} {unit.rstrip('s')}{'s' if int(count) > 1 else ''})"  # AWS wants "1 hour", "2 hours"
     # AWS writes a step from the field's first value ("0/15"), not "*/15".
     minute, hour, dom, month, dow = (f.replace("*/", f"{low}/") for f, (_, low, _) in zip(cron.split(), CRON_FIELDS))
-    # AWS numbers days of the week 1-7 from Sunday; cron 0-6 (7 is Sunday too).
-    dow = "?" if dow == "*" else re.sub(r"\d+", lambda n: str(int(n.group()) % 7 + 1), dow)
+    dow = "?" if dow == "*" else ",".join(_aws_weekdays(part) for part in dow.split(","))
     dom = "?" if dow != "?" and dom == "*" else dom
     return f"cron({minute} {hour} {dom} {month} {dow} *)"
+
+
+def _aws_weekdays(part: str) -> str:
+    """AWS numbers days of the week 1-7 from Sunday; cron 0-6 (7 is Sunday too). Only the days
+    move: a step after '/' is a count of days ("1-5/2" is "2-6/2", not "2-6/3")."""
+    days, slash, step = part.partition("/")
+    return re.sub(r"\d+", lambda n: str(int(n.group()) % 7 + 1), days) + slash + step
 
 
 class ScheduledJobs(Construct):
