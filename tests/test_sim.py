@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from tidefleet import control
-from tidefleet.config import parse_environment
+from tidefleet.config import load_environment, parse_environment
 from tidefleet.ports import Ports
 from tidefleet.sim import Interruptions, Timing, TraceError, TraceItem, load_trace, simulate
 from tidefleet.sim.bench import check_traces
@@ -138,6 +138,8 @@ def test_oracle_is_the_work_at_the_cheapest_price_per_slot():
     (1, [(0, 100), (100, 100)], 45 + 200),  # one ends as the next starts: the same node
     (1, [(0, 100), (50, 100)], 45 + 100 + 45 + 100),  # at once: two nodes, each booted
     (2, [(0, 100), (50, 100)], 45 + 150),  # on two-slot nodes: one
+    (1, [(0, 100), (1000, 0)], 45 + 100),  # an item of 0 s holds no slot
+    (1, [(0, 0), (5, 10)], 45 + 10),  # first, too
 ])  # fmt: skip
 def test_the_zero_wait_bound_pays_each_node_a_boot_or_the_idle_gap_before_it_serves(slots_per_unit, items, node_s):
     from tidefleet.sim.run import zero_wait_bound
@@ -266,6 +268,31 @@ def test_the_command_prints_the_documented_json(tmp_path):
                                                   "--policy", "keda", "--policy", "oracle", "--json"])  # fmt: skip
     assert [r["policy"] for r in json.loads(twice.output)["results"]] == ["oracle", "keda"]  # a policy named twice: once
     assert set(data["results"][0]["wait_s"]) == {"p50", "p95", "p99", "max"}
+
+
+def test_items_still_running_when_a_replay_gives_up_are_unfinished_not_interrupted():
+    """keda leaves OpenB's first pods (~145 days each) waiting behind each other until the replay
+    gives up: the ones running then are cut off by the end, not by a spot notice or a scale-in."""
+    items = load_trace(traces_dir() / "alibaba_openb_2023_pods.csv")[:10]
+    keda = simulate(load_environment("bench"), "gpu", items, ["keda"]).results[0]
+    assert keda.items_unfinished > 0
+    assert (keda.items_interrupted, keda.work_redone_s, keda.items_dead_lettered) == (0, 0.0, 0)
+
+
+def test_a_trace_with_nothing_to_replay_is_an_error_naming_the_file(tmp_path):
+    for text in ("submit_s,duration_s,gpus\n", "submit_s,duration_s,gpus\n0,100,64\n"):
+        path = write(tmp_path, text)
+        out = CliRunner().invoke(simulate_command, [str(path), "--env", "bench", "--pool", "gpu"])
+        assert out.exit_code == 1 and f"{path.name}: no items to replay" in out.output, out.output
+
+
+def test_the_json_is_strict_json_when_a_bound_is_zero(tmp_path):
+    path = write(tmp_path, "submit_s,duration_s,gpus\n0,0,1\n5,0,1\n")  # every item 0 s: both bounds $0
+    out = CliRunner().invoke(simulate_command, [str(path), "--env", "bench", "--pool", "gpu", "--json",
+                                                "--window=-inf:100"])  # fmt: skip
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.output, parse_constant=lambda token: pytest.fail(f"not JSON: {token}"))
+    assert data["results"][0]["cost_vs_lower_bound"] is None and data["window"] == [None, 100.0]
 
 
 def test_the_command_explains_a_bad_trace(tmp_path):

@@ -426,8 +426,13 @@ class Simulation:
         return self._close()
 
     def _close(self) -> Outcome:
+        """The run ends: the nodes still up are billed to now. Items they were running are cut off
+        by the end, not interrupted: reported unfinished, no work redone, none dead-lettered."""
+        o = self.outcome
+        counts = o.interruptions, o.redone_s, o.dead_lettered
         for node in list(self.nodes.values()):
             self._remove(node)
+        o.interruptions, o.redone_s, o.dead_lettered = counts
         self.outcome.end_s = self.now
         return self.outcome
 

@@ -83,12 +83,16 @@ class Report:
     def to_json(self) -> dict:
         data = asdict(self)
         del data["timelines"]
-        data["window"] = None if self.window is None else [self.window[0], _finite(self.window[1])]
+        data["window"] = None if self.window is None else [_finite(end) for end in self.window]
+        for result in data["results"]:  # a ratio to a bound of 0 (every item 0 s long): null, as JSON has no inf
+            for key, value in result.items():
+                if isinstance(value, float):
+                    result[key] = _finite(value)
         return {"schema": SCHEMA, **data}
 
 
 def _finite(x: float) -> float | None:
-    return None if math.isinf(x) else x
+    return x if math.isfinite(x) else None
 
 
 def split_unfittable(env: Environment, pool: str, items: list[TraceItem]) -> tuple[list[TraceItem], dict]:
@@ -157,9 +161,10 @@ def zero_wait_bound(env: Environment, pool: str, items: list[TraceItem], need: l
     p = env.pools[pool]
     price, _ = cheapest_slot_hour(env, pool)
     node_slots = min(p.slots(t) for t in p.instance_types)
-    # Ends before starts at one time: a node freed then serves the next item.
-    events = sorted([(i.submit_s + i.duration_s, -n) for i, n in zip(items, need)]
-                    + [(i.submit_s, n) for i, n in zip(items, need)])  # fmt: skip
+    # Ends before starts at one time: a node freed then serves the next item. An item of 0 s
+    # holds no slot (its end would come before its own start).
+    timed = [(i, n) for i, n in zip(items, need) if i.duration_s > 0]
+    events = sorted([(i.submit_s + i.duration_s, -n) for i, n in timed] + [(i.submit_s, n) for i, n in timed])
     busy = nodes = 0
     up_since: list[float] = []  # per level, the k-th node: when it last started serving
     down_since: list[float] = []  # per level: when it last stopped (a gap to bridge)
@@ -264,6 +269,10 @@ def simulate(
     timing = timing or default_timing(env)
     fits, unfittable = split_unfittable(env, pool, for_pool(items, env.pools[pool].capacity_unit))
     fits = route(env, pool, fits)
+    if not fits:
+        too_big = f", {unfittable['count']} too big for pool {pool}" if unfittable["count"] else ""
+        raise ValueError(f"{trace_name}: no items to replay ({len(items)} read{too_big}); "
+                         "check the file, or widen --window")
     span = (fits[-1].submit_s - fits[0].submit_s) if fits else 0.0
     sample_s = max(float(env.scaler.tick_s), span / PLOT_POINTS)
     queues = pool_queues(env, pool)
