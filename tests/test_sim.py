@@ -236,11 +236,45 @@ def test_window_keeps_only_items_submitted_inside_it(tmp_path):
         # Milliseconds taken for seconds: refused, not replayed for hours a minute at a time.
         ("submit_s,duration_s\n0,5\n400000000,5\n", "submit_s spans 400,000,000 s (13 years, more than 10)"),
         ("submit_s,duration_s\n0,400000000\n", "longest duration_s is 400,000,000 s (13 years, more than 10)"),
+        ("submit_s,duration_s,gpus\n0,5,1,a\n", "line 2: 4 fields, the header names 3; quote fields that hold commas"),
+        ("submit_s,duration_s,submit_s\n0,5,7\n", "column(s) submit_s named twice in the header"),
     ],
 )
 def test_a_bad_trace_names_the_line_and_column(tmp_path, csv_text, message):
     with pytest.raises(TraceError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_trace(write(tmp_path, csv_text))
+
+
+def test_a_trace_from_a_spreadsheet_reads_and_a_compressed_one_is_named(tmp_path):
+    path = tmp_path / "excel.csv"
+    path.write_bytes(b"\xef\xbb\xbfsubmit_s, duration_s\r\n0,5\r\n")  # byte-order mark, a space, CRLF
+    assert load_trace(path) == [TraceItem(0.0, 5.0, 1)]
+    path = tmp_path / "trace.csv.gz"
+    path.write_bytes(__import__("gzip").compress(b"submit_s,duration_s\n0,5\n"))
+    with pytest.raises(TraceError, match="trace.csv.gz: not a UTF-8 CSV text file"):
+        load_trace(path)
+
+
+def test_a_spot_trace_whose_level_never_falls_interrupts_nothing_and_ends(tmp_path):
+    from tidefleet.sim.trace import load_spot_trace
+
+    flat = tmp_path / "flat.json"
+    flat.write_text('{"metadata": {"gap_seconds": 600}, "data": [4, 4, 4]}')
+    market = load_spot_trace(flat)
+    assert list(market.drops(0, __import__("math").inf)) == []
+    result = run(make_env(), [TraceItem(0, 200, 1)], interruptions=Interruptions(spot=market))
+    assert result.items_finished == 1 and result.items_interrupted == 0
+
+
+@pytest.mark.parametrize("metadata,data", [('{"gap_seconds": 1e-300}', "[1, 0]"), ('{"gap_seconds": "nan"}', "[1, 0]"),
+                                           ('{"gap_seconds": 60}', '[1, "inf"]'), ('{"gap_seconds": 60}', "[1, -1]")])  # fmt: skip
+def test_a_spot_trace_with_times_or_levels_out_of_range_is_refused(tmp_path, metadata, data):
+    from tidefleet.sim.trace import load_spot_trace
+
+    path = tmp_path / "spot.json"
+    path.write_text(f'{{"metadata": {metadata}, "data": {data}}}')
+    with pytest.raises(TraceError, match="spot.json: a spot trace needs gap_seconds >= 1 and data of finite numbers"):
+        load_spot_trace(path)
 
 
 def test_the_command_prints_the_documented_json(tmp_path):

@@ -48,9 +48,9 @@ def format_table(report: Report) -> str:
               show_default=True, help="policy to replay; repeat for several")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON (schema in tidefleet.sim)")
 @click.option(
-    "--plot", type=click.Path(path_type=Path), help="write cost vs p95 wait and a timeline to this PNG"
+    "--plot", type=click.Path(path_type=Path), help="write cost vs p95 wait and a timeline to this file (.png, .svg or .pdf)"
 )
-@click.option("--window", help="START:END seconds into the trace; only items submitted in it")
+@click.option("--window", help="START:END: only items with START <= submit_s < END (either side may be left out)")
 @click.option("--seed", default=0, show_default=True, help="seed for every random pick")
 @click.option(
     "--spot-trace",
@@ -79,7 +79,7 @@ def simulate(
     resume_s,
     by_team,
 ):
-    """Replay TRACE (CSV: submit_s, duration_s, gpus, group) through scaling policies on one pool."""
+    """Replay TRACE (CSV: submit_s, duration_s; optional gpus, cpus, group) through scaling policies on one pool."""
     if plot is not None and plot.suffix.lower() not in PLOT_SUFFIXES:
         raise click.UsageError(f"--plot: give a file name ending {', '.join(PLOT_SUFFIXES)} (got '{plot}')")
     if plot is not None and importlib.util.find_spec("matplotlib") is None:  # before the replay, not after it

@@ -59,9 +59,19 @@ def load_trace(path: Path, window: tuple[float, float] | None = None) -> list[Tr
         raise TraceError(
             f"{path}: no such trace file; give the path of a CSV trace (the project's are in {traces_dir()})"
         )
-    with path.open(newline="") as fh:
+    try:
+        return _read_trace(path, window)
+    except UnicodeDecodeError:
+        raise TraceError(f"{path}: not a UTF-8 CSV text file (compressed, or another encoding?); "
+                         "decompress it or save it as UTF-8 CSV") from None
+
+
+def _read_trace(path: Path, window: tuple[float, float] | None) -> list[TraceItem]:
+    with path.open(newline="", encoding="utf-8-sig") as fh:  # -sig: a spreadsheet's byte-order mark
         reader = csv.DictReader(fh)
-        columns = reader.fieldnames or []
+        columns = reader.fieldnames = [c.strip() for c in reader.fieldnames or []]
+        if repeated := sorted({c for c in columns if columns.count(c) > 1}):
+            raise TraceError(f"{path}: column(s) {', '.join(repeated)} named twice in the header; keep one of each")
         missing = [c for c in REQUIRED_COLUMNS if c not in columns]
         if missing:
             raise TraceError(
@@ -71,6 +81,9 @@ def load_trace(path: Path, window: tuple[float, float] | None = None) -> list[Tr
         items = []
         for line, row in enumerate(reader, start=2):
             where = f"{path.name} line {line}"
+            if None in row:  # more fields than the header names
+                raise TraceError(f"{where}: {len(columns) + len(row[None])} fields, the header names {len(columns)}; "
+                                 "quote fields that hold commas")
             submit = _number(row["submit_s"] or "", where=where, column="submit_s")
             if window and not window[0] <= submit < window[1]:
                 continue
@@ -136,6 +149,8 @@ class SpotTrace:
 
     def drops(self, start: float, end: float):
         """(time, share of spot nodes lost) for every fall of the level in [start, end)."""
+        if not any(self.levels[i] < self.levels[i - 1] for i in range(len(self.levels))):
+            return  # the level never falls (the series repeats: it falls at the wrap if anywhere)
         step = int(start // self.gap_s) + 1
         while step * self.gap_s < end:
             before = self.levels[(step - 1) % len(self.levels)]
@@ -161,8 +176,9 @@ def load_spot_trace(path: Path) -> SpotTrace:
             f"{path}: not a spot trace ({err!r}); expected JSON {{'metadata': {{'gap_seconds': N}}, 'data': [...]}}"
         ) from None
     top = max(data, default=0.0)
-    if gap <= 0 or top <= 0:
+    if not (math.isfinite(gap) and gap >= 1) or not all(math.isfinite(x) and x >= 0 for x in data) or top <= 0:
         raise TraceError(
-            f"{path}: a spot trace needs gap_seconds > 0 and some data > 0 (got {gap}, max {top})"
+            f"{path}: a spot trace needs gap_seconds >= 1 and data of finite numbers >= 0, some > 0 "
+            f"(got gap_seconds {gap}, data from {min(data, default=0.0)} to {top})"
         )
     return SpotTrace(gap, tuple(x / top for x in data))
