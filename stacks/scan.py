@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,12 +64,23 @@ def _addresses(stack_json: dict) -> dict[str, str]:
     return out
 
 
+def _without_terraform_settings(stack: dict) -> dict:
+    """The stack less the `terraform` block's plain settings (`required_version`): checkov's
+    terraform_json parser takes every key there for a nested block and fails on a string. It
+    has no check on them; the backend and required_providers stay."""
+    settings = {k: v for k, v in stack.get("terraform", {}).items() if isinstance(v, dict)}
+    return stack | ({"terraform": settings} if "terraform" in stack else {})
+
+
 def run_checkov(stack_file: Path) -> list[Finding]:
-    result = subprocess.run(
-        [dev_tool("checkov", "checkov"), "-f", str(stack_file), "--framework", "terraform_json", "-o", "json", "--skip-download"],
-        check=False,
-        capture_output=True, text=True, env={**os.environ, **OFFLINE_ENV},
-    )  # fmt: skip
+    with tempfile.TemporaryDirectory() as scratch:
+        scanned = Path(scratch) / stack_file.name
+        scanned.write_text(json.dumps(_without_terraform_settings(json.loads(stack_file.read_text()))))
+        result = subprocess.run(
+            [dev_tool("checkov", "checkov"), "-f", str(scanned), "--framework", "terraform_json", "-o", "json",
+             "--skip-download"],
+            check=False, capture_output=True, text=True, env={**os.environ, **OFFLINE_ENV},
+        )  # fmt: skip
     try:
         reports = json.loads(result.stdout)
     except json.JSONDecodeError:

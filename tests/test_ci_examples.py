@@ -127,3 +127,8 @@ def test_the_bootstrap_stack_binds_each_role_to_the_repository_through_oidc(boot
 def test_the_bootstrap_stack_scans_clean(bootstrap):
     out, _ = bootstrap
     assert scan(out, "ci-bootstrap") == 0
+
+
+def test_the_bootstrap_stack_requires_the_terraform_the_readme_names(bootstrap):
+    _, stack = bootstrap
+    assert stack["terraform"]["required_version"] == ">= 1.10"

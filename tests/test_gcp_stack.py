@@ -113,6 +113,10 @@ def test_scaler_runs_on_a_schedule_and_kicks_with_one_instance_internal_only(sta
     assert "item-logs" in resources(stack, "google_logging_project_bucket_config")
 
 
+def test_the_stack_requires_the_terraform_the_readme_names(stack):
+    assert stack[1]["terraform"]["required_version"] == ">= 1.10"
+
+
 def test_the_scaler_may_tick_again_for_a_minute_and_is_told_its_timeout(stack):
     (fn,) = resources(stack, "google_cloudfunctions2_function").values()
     config = fn["service_config"]

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import re
+import tomllib
 
 import pytest
 from conftest import SHIPPED_ENVS
 
 from stacks.aws.stack import terraform_literal
 from tidefleet import naming
-from tidefleet.config import load_environment
+from tidefleet.config import environment_path, load_environment, parse_environment
 from tidefleet.userdata import SHARED_FS_PLACEHOLDER, render_user_data
 
 pytestmark = pytest.mark.synth
@@ -31,6 +32,17 @@ def resources(stack: dict, rtype: str) -> dict:
 
 def policy_documents(stack: dict) -> dict:
     return stack["data"]["aws_iam_policy_document"]
+
+
+@pytest.fixture(scope="module")
+def prod_variant(tmp_path_factory):
+    """prod with its state locked by S3's lock file."""
+    from stacks.app import synth
+
+    data = tomllib.loads(environment_path("prod").read_text())
+    del data["state"]["lock_table"]
+    env = parse_environment(data, name="prod")
+    return env, json.loads((synth(env, tmp_path_factory.mktemp("synth-prod-variant")) / "cdk.tf.json").read_text())
 
 
 @pytest.fixture(params=SHIPPED_ENVS)
@@ -265,3 +277,11 @@ def test_each_schedule_and_the_minute_watch_invoke_the_schedule_function_through
     (only,) = documents.values()
     assert [(s["actions"], s["resources"]) for s in only["statement"]] == [
         (["lambda:InvokeFunction"], ["${aws_lambda_function.schedules_function.arn}"])]
+
+
+def test_every_stack_requires_the_terraform_that_reads_its_state_lock(shipped, prod_variant):
+    _env, stack = shipped
+    assert stack["terraform"]["required_version"] == ">= 1.10"
+    _env, variant = prod_variant
+    assert variant["terraform"]["backend"]["s3"]["use_lockfile"] is True  # new in Terraform and OpenTofu 1.10
+    assert variant["terraform"]["required_version"] == ">= 1.10"

@@ -19,7 +19,7 @@ def test_missing_binary_names_both_tools_and_where_to_get_them(monkeypatch, tmp_
     with pytest.raises(TerraformMissing) as err:
         terraform_binary()
     message = str(err.value)
-    for hint in ("terraform", "OpenTofu", ">= 1.6", "https://developer.hashicorp.com/terraform/install",
+    for hint in ("terraform", "OpenTofu", ">= 1.10", "https://developer.hashicorp.com/terraform/install",
                  "https://opentofu.org/docs/intro/install/"):  # fmt: skip
         assert hint in message
 
@@ -40,4 +40,4 @@ def test_invoke_deploy_without_terraform_ends_with_the_message_and_a_nonzero_exi
     )  # fmt: skip
     output = result.stdout + result.stderr
     assert result.returncode != 0
-    assert "Install Terraform >= 1.6" in output and "Traceback" not in output, output
+    assert "Install Terraform >= 1.10" in output and "Traceback" not in output, output

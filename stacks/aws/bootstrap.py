@@ -27,6 +27,7 @@ from cdktn_provider_aws.provider import AwsProvider
 from constructs import Construct
 
 from stacks.aws.iam import AwsContext, Statement, policy_document
+from stacks.terraform import require_terraform
 from tidefleet import naming
 from tidefleet.config import State
 
@@ -80,6 +81,7 @@ class CiBootstrapStack(TerraformStack):
         local_state_path: str,
     ) -> None:
         super().__init__(scope, id)
+        require_terraform(self)
         LocalBackend(self, path=local_state_path)  # applied once, by hand; keep its state file safe
         AwsProvider(self, "aws", region=region)
         ctx = AwsContext(self, "account", region=region)

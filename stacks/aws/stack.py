@@ -17,6 +17,7 @@ from stacks.aws.network import NodeNetwork
 from stacks.aws.pool import NodePool
 from stacks.aws.schedules import ScheduledJobs
 from stacks.aws.storage import ArtifactsBucket, EnvironmentKey, JobTable, WorkQueue, log_group
+from stacks.terraform import require_terraform
 from tidefleet import naming
 from tidefleet.config import Environment
 from tidefleet.resources import resources
@@ -47,6 +48,7 @@ class AwsFleetStack(TerraformStack):
         local_state_path: state file for the local backend, likewise relative.
         user_data(pool_name, artifacts_bucket): the pool's boot script."""
         super().__init__(scope, id)
+        require_terraform(self)
         self._backend(env, local_state_path)
         ctx = AwsContext(self, "account", region=env.region)
         spec = resources(env, account=ctx.account_id)

@@ -31,6 +31,7 @@ from stacks.gcp.control import ScalerFunction, database_condition
 from stacks.gcp.data import gang_firewall, grant_data, shared_filestore
 from stacks.gcp.messaging import WorkTopic
 from stacks.gcp.pool import NodePool
+from stacks.terraform import require_terraform
 from tidefleet import naming
 from tidefleet.config import Environment
 from tidefleet.resources import EnvResources, resources
@@ -65,6 +66,7 @@ class GcpFleetStack(TerraformStack):
         """archive_path: the scaler's zip (build/gcp-scaler.zip), relative to the synthesized stack directory.
         user_data(pool_name, artifacts_bucket): the pool's startup script."""
         super().__init__(scope, id)
+        require_terraform(self)
         project, region = env.project, env.region
         tags = labels(env)
         spec = resources(env, account=project)
