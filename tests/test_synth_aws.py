@@ -36,10 +36,11 @@ def policy_documents(stack: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def prod_variant(tmp_path_factory):
-    """prod with its state locked by S3's lock file."""
+    """prod with a schedule named like the built-in minute watch, its state locked by S3's lock file."""
     from stacks.app import synth
 
     data = tomllib.loads(environment_path("prod").read_text())
+    data["schedules"]["watch"] = data["schedules"]["nightly-eval"] | {"cron": "0 4 * * *"}
     del data["state"]["lock_table"]
     env = parse_environment(data, name="prod")
     return env, json.loads((synth(env, tmp_path_factory.mktemp("synth-prod-variant")) / "cdk.tf.json").read_text())
@@ -277,6 +278,16 @@ def test_each_schedule_and_the_minute_watch_invoke_the_schedule_function_through
     (only,) = documents.values()
     assert [(s["actions"], s["resources"]) for s in only["statement"]] == [
         (["lambda:InvokeFunction"], ["${aws_lambda_function.schedules_function.arn}"])]
+
+
+def test_a_schedule_named_watch_fires_beside_the_minute_watch_instead_of_replacing_it(prod_variant):
+    env, stack = prod_variant
+    fired = {s["name"]: (s["schedule_expression"], json.loads(s["target"]["input"]))
+             for s in resources(stack, "aws_scheduler_schedule").values()}  # fmt: skip
+    assert len(fired) == len(env.schedules) + 1
+    assert fired["tidefleet-prod-watch"] == ("rate(1 minute)", {"tidefleet": "watch"})
+    assert fired["tidefleet-prod-schedule-watch"] == (
+        "cron(0 4 * * ? *)", {"tidefleet": "fire", "schedule": "watch", "at": "<aws.scheduler.scheduled-time>"})
 
 
 def test_every_stack_requires_the_terraform_that_reads_its_state_lock(shipped, prod_variant):

@@ -81,6 +81,17 @@ def stack_resource(env: str, what: str) -> str:
     return f"{PREFIX}-{env}-{what}"
 
 
+def schedule(env: str, schedule_name: str, part: int = 1) -> str:
+    """A `[schedules.NAME]`'s EventBridge Scheduler schedule (AWS) or Cloud Scheduler job (GCP).
+    `part` > 1: GCP's further jobs for a rate one cron cannot write ('_' is in no schedule name)."""
+    return stack_resource(env, f"schedule-{schedule_name}") + (f"_{part}" if part > 1 else "")
+
+
+def watch_schedule(env: str) -> str:
+    """The one-minute watch's schedule: outside schedule()'s names, since a schedule may be named 'watch'."""
+    return stack_resource(env, "watch")
+
+
 # -- GCP only -------------------------------------------------------------------------------
 # Pub/Sub topics and subscriptions use queue() / dead_letter_queue() (separate namespaces);
 # the Firestore database uses table(); the spot managed instance group uses group().
@@ -194,7 +205,7 @@ NAME_RULES: tuple[NameRule, ...] = (
       for role in FUNCTION_ROLES),
     *(NameRule("IAM role", "aws", "env", _per_role(function, role), *_IAM_ROLE) for role in FUNCTION_ROLES),
     NameRule("IAM role", "aws", "env", lambda env: f"{function(env.name, 'schedule')}-invoke", *_IAM_ROLE),
-    NameRule("EventBridge Scheduler schedule", "aws", "env", _per_role(stack_resource, "schedule-watch"), *_EVENT_RULE),
+    NameRule("EventBridge Scheduler schedule", "aws", "env", lambda env: watch_schedule(env.name), *_EVENT_RULE),
     NameRule("SNS topic", "aws", "env", _per_role(stack_resource, "alerts"), 256, r"[A-Za-z0-9_-]+",
              "a-z, A-Z, 0-9, '_' and '-'"),
     *(NameRule("CloudWatch alarm", "aws", "env", _per_role(stack_resource, key), *_ALARM) for key in ENV_ALARMS),
@@ -223,8 +234,7 @@ NAME_RULES: tuple[NameRule, ...] = (
     NameRule("SQS queue", "aws", "queue", lambda env, q: dead_letter_queue(env.name, q), *_SQS),
     *(NameRule("CloudWatch alarm", "aws", "queue", lambda env, q, key=key: stack_resource(env.name, f"{q}-{key}"), *_ALARM)
       for key in QUEUE_ALARMS),
-    NameRule("EventBridge Scheduler schedule", "aws", "schedule", lambda env, name: stack_resource(env.name, f"schedule-{name}"),
-             *_EVENT_RULE),
+    NameRule("EventBridge Scheduler schedule", "aws", "schedule", lambda env, name: schedule(env.name, name), *_EVENT_RULE),
     # GCP, one per environment
     *(NameRule("KMS " + what, "gcp", "env", _per_role(stack_resource, part), 63, r"[A-Za-z0-9_-]+", "a-z, A-Z, 0-9, '_' and '-'")
       for what, part in (("key ring", "keys"), ("key", "data"))),

@@ -70,6 +70,15 @@ def parse(event: object) -> Trigger | Ignored:
     return Ignored(f"unknown event (source {str(event.get('source'))[:100]!r}, keys {sorted(event)[:8]})")
 
 
+WATCH_EVENT = {"tidefleet": "watch"}
+
+
+def fire_event(schedule: str, at: str | None = None) -> dict:
+    """What a scheduler sends when `schedule` fires. `at`: its fire time where the scheduler can
+    fill one in (EventBridge Scheduler's placeholder); without it the fire's time is when it runs."""
+    return {"tidefleet": "fire", "schedule": schedule} | ({"at": at} if at else {})
+
+
 def _iso_time(value: object) -> float | None:
     try:
         return datetime.fromisoformat(str(value)).timestamp() if value else None

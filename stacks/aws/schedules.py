@@ -24,11 +24,13 @@ from tidefleet import naming
 from tidefleet.config import Environment
 from tidefleet.resources import EnvResources
 from tidefleet.schedules import CRON_FIELDS
+from tidefleet.triggers import WATCH_EVENT, fire_event
 
 ROLE = "schedule"
 HANDLER = "lambdas.schedule.handler.handler"
 TIMEOUT_S = 300  # a fire submits its items: a few thousand in seconds, and a re-run continues a cut one
 WATCH_EVERY = "rate(1 minute)"
+AWS_FIRE_TIME = "<aws.scheduler.scheduled-time>"  # EventBridge Scheduler puts the fire time here
 
 
 def expression(cron: str | None, rate: str | None) -> str:
@@ -51,7 +53,7 @@ def _aws_weekdays(part: str) -> str:
 
 
 class ScheduledJobs(Construct):
-    """Exposes `function` and `schedules` (name -> aws_scheduler_schedule, the watch included)."""
+    """Exposes `function`, `schedules` (name -> aws_scheduler_schedule) and `watch` (the minute watch's)."""
 
     def __init__(
         self, scope: Construct, id: str, *, env: Environment, spec: EnvResources, ctx: AwsContext, archive_path: str,
@@ -94,18 +96,15 @@ class ScheduledJobs(Construct):
         invoker = ServiceRole(self, "scheduler-role", name=f"{name}-invoke", service="scheduler.amazonaws.com",
                               statements=[Statement("InvokeScheduleFunction", ["lambda:InvokeFunction"],
                                                     [self.function.arn])])  # fmt: skip
-        fires = {"watch": (WATCH_EVERY, {"tidefleet": "watch"})} | {
-            schedule_name: (expression(s.cron, s.rate),
-                            {"tidefleet": "fire", "schedule": schedule_name, "at": "<aws.scheduler.scheduled-time>"})
+        schedule = lambda id, name, when, payload: SchedulerSchedule(
+            self, id, name=name, schedule_expression=when, schedule_expression_timezone="UTC",
+            flexible_time_window={"mode": "OFF"}, kms_key_arn=key_arn,
+            target={"arn": self.function.arn, "role_arn": invoker.arn, "input": json.dumps(payload),
+                    "retry_policy": {"maximum_retry_attempts": 2}},
+        )  # fmt: skip
+        self.watch = schedule("watch", naming.watch_schedule(env.name), WATCH_EVERY, WATCH_EVENT)
+        self.schedules = {
+            schedule_name: schedule(f"fire-{schedule_name}", naming.schedule(env.name, schedule_name),
+                                    expression(s.cron, s.rate), fire_event(schedule_name, AWS_FIRE_TIME))
             for schedule_name, s in sorted(env.schedules.items())
         }  # fmt: skip
-        self.schedules = {
-            key: SchedulerSchedule(
-                self, f"fire-{key}", name=naming.stack_resource(env.name, f"schedule-{key}"),
-                schedule_expression=when, schedule_expression_timezone="UTC",
-                flexible_time_window={"mode": "OFF"}, kms_key_arn=key_arn,
-                target={"arn": self.function.arn, "role_arn": invoker.arn, "input": json.dumps(payload),
-                        "retry_policy": {"maximum_retry_attempts": 2}},
-            )
-            for key, (when, payload) in fires.items()
-        }
