@@ -2,17 +2,34 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import re
+import tomllib
+from types import SimpleNamespace
 
 import pytest
 
 from tidefleet import naming
-from tidefleet.config import Queue, load_environment
+from tidefleet.config import Queue, environment_path, parse_environment
 from tidefleet.resources import redrive_receives
 
 pytestmark = pytest.mark.synth
-ENV = load_environment("gcp-dev")
+# gcp-dev with schedules: one named like the built-in minute watch, one rate no single cron writes.
+SCHEDULES = """
+[schedules.watch]
+cron = "0 3 * * 1-5"
+queue = "default"
+items = ["gs://acme-ml/eval/suite-a"]
+
+[schedules.merge]
+rate = "45 minutes"
+queue = "default"
+items = [["--merge", "gs://acme-ml/checkpoints/latest"]]
+admission = "queue"
+"""
+ENV_TEXT = environment_path("gcp-dev").read_text() + SCHEDULES
+ENV = parse_environment(tomllib.loads(ENV_TEXT), name="gcp-dev")
 
 
 @pytest.fixture(scope="module")
@@ -104,13 +121,67 @@ def test_scaler_runs_on_a_schedule_and_kicks_with_one_instance_internal_only(sta
     assert fn["service_config"]["max_instance_count"] == 1
     assert fn["service_config"]["ingress_settings"] == "ALLOW_INTERNAL_ONLY"
     assert fn["build_config"]["entry_point"] == "on_kick"
-    (job,) = resources(stack, "google_cloud_scheduler_job").values()
+    job = resources(stack, "google_cloud_scheduler_job")["control_schedule"]
     assert job["schedule"] == "* * * * *"
     assert job["pubsub_target"]["topic_name"] == fn["event_trigger"]["pubsub_topic"]
     dead_letters = resources(stack, "google_monitoring_alert_policy")["alerts_dead-letters"]
     assert all("num_undelivered_messages" in c["condition_threshold"]["filter"] for c in dead_letters["conditions"])
     assert resources(stack, "google_firestore_database")["jobs"]["type"] == "FIRESTORE_NATIVE"
     assert "item-logs" in resources(stack, "google_logging_project_bucket_config")
+
+
+def scheduled_jobs(stack) -> dict[str, dict]:
+    """The Cloud Scheduler jobs by name, the scaler's tick aside."""
+    return {job["name"]: job for key, job in resources(stack, "google_cloud_scheduler_job").items()
+            if key != "control_schedule"}  # fmt: skip
+
+
+def test_each_schedule_fires_and_the_watch_runs_every_minute_through_the_scalers_topic(stack):
+    (fn,) = resources(stack, "google_cloudfunctions2_function").values()
+    topic = fn["event_trigger"]["pubsub_topic"]
+    fire = lambda name: {"tidefleet": "fire", "schedule": name}
+    published = {name: (job["schedule"], json.loads(base64.b64decode(job["pubsub_target"]["data"])),
+                        job["pubsub_target"]["topic_name"]) for name, job in scheduled_jobs(stack).items()}  # fmt: skip
+    assert published == {
+        "tidefleet-gcp-dev-watch": ("* * * * *", {"tidefleet": "watch"}, topic),
+        "tidefleet-gcp-dev-schedule-watch": ("0 3 * * 1-5", fire("watch"), topic),
+        # every 45 minutes from midnight: 00:00 00:45 01:30 02:15 03:00 ...
+        "tidefleet-gcp-dev-schedule-merge": ("0,45 */3 * * *", fire("merge"), topic),
+        "tidefleet-gcp-dev-schedule-merge_2": ("30 1-22/3 * * *", fire("merge"), topic),
+        "tidefleet-gcp-dev-schedule-merge_3": ("15 2-23/3 * * *", fire("merge"), topic),
+    }
+    jobs = resources(stack, "google_cloud_scheduler_job").values()
+    assert {(j["region"], j["time_zone"]) for j in jobs} == {(ENV.region, "Etc/UTC")}
+
+
+def test_the_scheduled_messages_reach_the_scheduled_job_code_as_the_function_parses_them(stack, tmp_path, monkeypatch):
+    import google.auth
+    import responses
+    from google.auth.credentials import AnonymousCredentials
+
+    from lambdas.gcp_scaler import main
+    from tests.gcp_fake import FakeGcp
+    from tidefleet.cloud.gcp import function_runtime
+
+    env_file = tmp_path / "gcp-dev.toml"
+    env_file.write_text(ENV_TEXT)
+    monkeypatch.setenv("TIDEFLEET_ENV", str(env_file))
+    monkeypatch.setattr(google.auth, "default", lambda *a, **k: (AnonymousCredentials(), ENV.project))
+    function_runtime.cache_clear()
+    with responses.RequestsMock(assert_all_requests_are_fired=False) as mock:
+        fake = FakeGcp(ENV.project, ENV.region)
+        fake.add_queue(naming.queue(ENV.name, "default"))
+        fake.add_topic(naming.kick_topic(ENV.name))
+        fake.install(mock)
+        # As Eventarc delivers the published data: inside the CloudEvent's Pub/Sub message.
+        ran = {name: main.on_kick(SimpleNamespace(data={"message": {"data": job["pubsub_target"]["data"], "messageId": "1"},
+                                                        "subscription": "x"}))
+               for name, job in scheduled_jobs(stack).items()}  # fmt: skip
+    function_runtime.cache_clear()
+    assert (ran["tidefleet-gcp-dev-watch"]["trigger"], ran["tidefleet-gcp-dev-watch"]["env"]) == ("watch", "gcp-dev")
+    for name, schedule in (("tidefleet-gcp-dev-schedule-watch", "watch"), ("tidefleet-gcp-dev-schedule-merge", "merge")):
+        assert (ran[name]["trigger"], ran[name]["schedule"]) == ("fire", schedule), ran[name]
+        assert ran[name]["decision"].startswith(f"submit {schedule}-"), ran[name]
 
 
 def test_the_stack_requires_the_terraform_the_readme_names(stack):

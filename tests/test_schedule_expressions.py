@@ -8,7 +8,8 @@ import re
 import pytest
 
 from stacks.aws.schedules import expression
-from tidefleet.schedules import Cron
+from stacks.gcp.schedules import unix_crons
+from tidefleet.schedules import Cron, rate_seconds
 
 pytestmark = pytest.mark.synth
 
@@ -31,3 +32,26 @@ def test_aws_fires_on_the_days_of_the_week_tidefleets_cron_computes(dow):
     translated = re.fullmatch(r"cron\(0 3 \? \* (\S+) \*\)", expression(cron, None))
     assert translated, expression(cron, None)
     assert aws_weekdays(translated.group(1)) == set(Cron.parse(cron).weekdays), translated.group(1)
+
+
+WEEK = [1_750_000_000 - 1_750_000_000 % 86400 + 60 * m for m in range(8 * 24 * 60)]  # eight days, by the minute
+
+
+def fires(crons: list[str]) -> set[float]:
+    """The minutes of WEEK that any of these 5-field crons matches."""
+    parsed = [Cron.parse(c) for c in crons]
+    return {t for t in WEEK if any(c.latest(t) == t for c in parsed)}
+
+
+@pytest.mark.parametrize("cron", ["0 3 * * 1-5", "*/15 * * * *", "5/20 1-3 * * *", "0 3 * * */2", "0 3 * * 7",
+                                  "0 0 1,15 * 1", "30 6 */1 * 0-6/3", "0 12 * 1-12/2 *"])  # fmt: skip
+def test_gcp_fires_a_cron_when_tidefleets_cron_does(cron):
+    (translated,) = unix_crons(cron, None)
+    assert fires([translated]) == fires([cron]), translated
+
+
+@pytest.mark.parametrize("rate", ["10 minutes", "45 minutes", "96 minutes", "1 hour", "8 hours", "1 day",
+                                  "288 minutes", "1440 minutes"])  # fmt: skip
+def test_gcp_fires_a_rate_at_each_multiple_of_its_period_from_midnight(rate):
+    period = rate_seconds(rate)
+    assert fires(unix_crons(None, rate)) == {t for t in WEEK if t % period == 0}

@@ -182,6 +182,7 @@ ENV_ALARMS = ("scaler-errors", "scaler-throttles", "scaler-duration", "interrupt
 POOL_ALARMS = ("stuck-booting", "silent-nodes", "spot-launch-failures", "on-demand-fallback", "cost-over-cap")
 QUEUE_ALARMS = ("backlog", "dead-letters", "failure-rate", "oldest-item")
 _PUBSUB = (255, r"(?!goog)[A-Za-z][A-Za-z0-9\-_.~+%]*", "a letter then a-z, A-Z, 0-9 and '-_.~+%', not starting 'goog'")
+_CLOUD_SCHEDULER = (500, r"[A-Za-z0-9_-]+", "a-z, A-Z, 0-9, '_' and '-'")
 _GCS_LOGGING = (100, r"[A-Za-z0-9_.-]+", "a-z, A-Z, 0-9 and '_-.'")
 _S3_BUCKET = r"(?!.*\.\.)[a-z0-9][a-z0-9.-]*[a-z0-9]"
 _GCS_BUCKET = r"(?!goog)(?!.*(google|g00gle))[a-z0-9][a-z0-9_.-]*[a-z0-9]"
@@ -253,8 +254,8 @@ NAME_RULES: tuple[NameRule, ...] = (
     NameRule("IAM custom role", "gcp", "env", _per_role(custom_role, "scaler"), 64, r"[A-Za-z0-9_.]+",
              "a-z, A-Z, 0-9, '_' and '.'", 3),
     NameRule("Cloud Function", "gcp", "env", _per_role(function, "scaler"), *_GCE),
-    NameRule("Cloud Scheduler job", "gcp", "env", _per_role(stack_resource, "tick"), 500, r"[A-Za-z0-9_-]+",
-          "a-z, A-Z, 0-9, '_' and '-'"),
+    *(NameRule("Cloud Scheduler job", "gcp", "env", derive, *_CLOUD_SCHEDULER)
+      for derive in (_per_role(stack_resource, "tick"), lambda env: watch_schedule(env.name))),
     # GCP, one per pool
     NameRule("service account", "gcp", "pool", lambda env, pool: service_account(env.name, f"{pool}-node"), 30, _RFC1035,
           _RFC1035_RULE, 6),
@@ -266,6 +267,8 @@ NAME_RULES: tuple[NameRule, ...] = (
     NameRule("MIG base instance", "gcp", "pool", lambda env, pool: on_demand_group(env.name, pool), 58, _RFC1035, _RFC1035_RULE),
     *(NameRule("instance template prefix", "gcp", "pool", lambda env, pool, kind=kind: instance_template_prefix(env.name, pool, kind),
             37, r"[a-z][-a-z0-9]*", "lowercase a-z, 0-9 and '-', starting with a letter") for kind in ("spot", "on-demand")),
+    # GCP, one per schedule (a rate one cron cannot write adds jobs named `_2`, `_3`, ...)
+    NameRule("Cloud Scheduler job", "gcp", "schedule", lambda env, name: schedule(env.name, name), *_CLOUD_SCHEDULER),
     # GCP, one per queue: topic and subscription share the name
     NameRule("Pub/Sub topic and subscription", "gcp", "queue", lambda env, q: queue(env.name, q), *_PUBSUB, 3),
     NameRule("Pub/Sub topic and subscription", "gcp", "queue", lambda env, q: dead_letter_queue(env.name, q), *_PUBSUB, 3),

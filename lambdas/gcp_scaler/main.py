@@ -5,7 +5,9 @@ and `environments/`: the Python buildpack's default source, whose directory the 
 Framework puts on sys.path. It imports nothing of AWS.
 
 Messages: Cloud Scheduler's {"tidefleet": "schedule"} every minute, and the job SDK's kick
-after a submit, {"tidefleet": "kick", "env": "<env>", "reason": "<why>"}. Parsing, the tick and
+after a submit, {"tidefleet": "kick", "env": "<env>", "reason": "<why>"}; and for scheduled jobs
+(stacks/gcp/schedules.py), Cloud Scheduler's {"tidefleet": "fire", "schedule": "<name>"} and the
+minute's {"tidefleet": "watch"}. Parsing, the tick and
 the policy are the core's (`tidefleet.triggers`), as on AWS; only the ports differ. What a tick saw
 and decided is written as Cloud Monitoring custom metrics (`tidefleet.metrics`). Anything
 else is logged and ignored. A tick that fails is logged as one error line and the function

@@ -2,21 +2,19 @@
 and policy as the AWS function) and its least-privilege service account.
 
 It is triggered by messages on the environment's "kick" topic: Cloud Scheduler publishes one
-every minute, and the job SDK publishes one after a submit (the counterpart of the AWS
-asynchronous invoke), so scale-out starts in seconds (a producer needs roles/pubsub.publisher on that topic,
-granted outside this stack). Eventarc delivers them with an OIDC
-identity that may only invoke this function, and the function accepts internal traffic only.
+every minute (and the scheduled jobs' fires and watch, stacks/gcp/schedules.py), and the job
+SDK publishes one after a submit (the counterpart of the AWS asynchronous invoke), so scale-out
+starts in seconds (a producer needs roles/pubsub.publisher on that topic, granted outside this
+stack). Eventarc delivers them with an OIDC identity that may only invoke this function, and the
+function accepts internal traffic only.
 """
 
 from __future__ import annotations
 
-import base64
-import json
 import math
 
 from cdktn import Fn
 from cdktn_provider_google.cloud_run_service_iam_member import CloudRunServiceIamMember
-from cdktn_provider_google.cloud_scheduler_job import CloudSchedulerJob
 from cdktn_provider_google.cloudfunctions2_function import Cloudfunctions2Function
 from cdktn_provider_google.project_iam_custom_role import ProjectIamCustomRole
 from cdktn_provider_google.project_iam_member import ProjectIamMember
@@ -25,6 +23,7 @@ from cdktn_provider_google.service_account import ServiceAccount
 from cdktn_provider_google.storage_bucket_object import StorageBucketObject
 from constructs import Construct
 
+from stacks.gcp.schedules import publish_on_schedule
 from tidefleet import naming
 from tidefleet.config import Environment
 
@@ -115,10 +114,6 @@ class ScalerFunction(Construct):
         )  # fmt: skip
         CloudRunServiceIamMember(self, "trigger-invokes", location=env.region, service=self.function.name,
                                  role="roles/run.invoker", member=invoker.member)  # fmt: skip
-        CloudSchedulerJob(
-            self, "schedule", name=naming.stack_resource(env.name, "tick"), region=env.region,
-            schedule=schedule(env.scaler.tick_s), time_zone="Etc/UTC",
-            retry_config={"retry_count": 0},
-            pubsub_target={"topic_name": self.kick_topic.id,
-                           "data": base64.b64encode(json.dumps(SCHEDULE_MESSAGE).encode()).decode()},
-        )  # fmt: skip
+        publish_on_schedule(self, "schedule", name=naming.stack_resource(env.name, "tick"), region=env.region,
+                            schedule=schedule(env.scaler.tick_s), topic_id=self.kick_topic.id,
+                            message=SCHEDULE_MESSAGE, retries=0)  # fmt: skip

@@ -1,5 +1,5 @@
 """One environment's GCP stack: state, KMS key, network, queues, job store, artifacts bucket,
-item logs, node pools, the scaler function, alert policies and the dashboard."""
+item logs, node pools, the scaler function, scheduled jobs, alert policies and the dashboard."""
 
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ from stacks.gcp.control import ScalerFunction, database_condition
 from stacks.gcp.data import gang_firewall, grant_data, shared_filestore
 from stacks.gcp.messaging import WorkTopic
 from stacks.gcp.pool import NodePool
+from stacks.gcp.schedules import ScheduledJobs
 from stacks.terraform import require_terraform
 from tidefleet import naming
 from tidefleet.config import Environment
@@ -123,6 +124,7 @@ class GcpFleetStack(TerraformStack):
 
         self.scaler = ScalerFunction(self, "control", env=env, archive_path=archive_path, bucket=self.artifacts.name,
                                      kms_key_id=self.key.id, labels=tags)  # fmt: skip
+        self.schedules = ScheduledJobs(self, "schedules", env=env, topic_id=self.scaler.kick_topic.id)
         self.alerts = Alerts(self, "alerts", env=env, labels=tags)
 
     def _grant_node(self, env: Environment, pool_name: str, member: str) -> None:
