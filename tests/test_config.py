@@ -201,6 +201,7 @@ BAD = [
     ("state path on s3", {"state": {"backend": "s3", "bucket": "acme-state", "path": "x.tfstate"}}, "state.path: not read by backend 's3' (got 'x.tfstate'); remove it, or use backend 'local'"),
     ("queue named like the functions' failure queue", {"queues.function-failures": {"pool": "cpu"}}, "queues.function-failures: the SQS queue name 'tidefleet-dev-function-failures' is also the stack's own; rename 'function-failures'"),
     ("pool cost cap below its cheapest node", {"pools.cpu.cost_cap_usd_per_hour": 0.001}, "pools.cpu.cost_cap_usd_per_hour: below the pool's cheapest node (got 0.001, the cheapest is 0.034 USD/hour); the pool would never launch"),
+    ("more GPUs than the type has", {"pools.cpu.instance_types": [{"type": "c6i.large", "gpus": 4, "weight": 4}], "pools.cpu.slots_per_unit": 1}, "pools.cpu.instance_types[0].gpus: c6i.large has 0 GPUs (got 4); its nodes would take no items; set gpus = 0 or pick a type with 4"),
     ("environment cost cap below every node", {"scaler.cost_cap_usd_per_hour": 0.0001}, "scaler.cost_cap_usd_per_hour: below the cheapest node of any pool (got 0.0001, the cheapest is 0.034 USD/hour); nothing would ever launch"),
 ]
 

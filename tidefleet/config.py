@@ -691,6 +691,12 @@ def _pool_problems(env: Environment, name: str, pool: Pool) -> list[str]:
         if missing:
             out.append(f"{at}.{missing[0]}: no built-in price for {itype.type!r}; set {' and '.join(missing)} in USD/hour")
         out += _gpu_slot_problems(at, pool, itype)
+        # A node that shows fewer GPUs than declared takes no items (agent/gpus.py): never runs anything.
+        # (GCP attaches accelerators to N1 types: only their built-in GPUs are known here.)
+        built_in = prices.SPECS[itype.type][2] if itype.type in prices.SPECS else None
+        if built_in is not None and itype.gpus > built_in and (env.cloud == "aws" or built_in):
+            out.append(f"{at}.gpus: {itype.type} has {built_in} GPU{'s' * (built_in != 1)} (got {itype.gpus}); its "
+                       f"nodes would take no items; set gpus = {built_in} or pick a type with {itype.gpus}")  # fmt: skip
         if env.cloud == "aws" and itype.accelerator:
             out.append(f"{at}.accelerator: only for cloud 'gcp' (got {itype.accelerator!r})")
     if env.cloud == "gcp":
