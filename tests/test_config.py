@@ -201,6 +201,8 @@ BAD = [
     ("state path on s3", {"state": {"backend": "s3", "bucket": "acme-state", "path": "x.tfstate"}}, "state.path: not read by backend 's3' (got 'x.tfstate'); remove it, or use backend 'local'"),
     ("queue named like the functions' failure queue", {"queues.function-failures": {"pool": "cpu"}}, "queues.function-failures: the SQS queue name 'tidefleet-dev-function-failures' is also the stack's own; rename 'function-failures'"),
     ("pool cost cap below its cheapest node", {"pools.cpu.cost_cap_usd_per_hour": 0.001}, "pools.cpu.cost_cap_usd_per_hour: below the pool's cheapest node (got 0.001, the cheapest is 0.034 USD/hour); the pool would never launch"),
+    ("misspelt scaler key", {"scaler.scale_in_dealy_s": 300}, "scaler.scale_in_dealy_s: unknown key; did you mean 'scale_in_delay_s'? (got 300)"),
+    ("gang size as text", {"queues.default.nodes_per_item": "2"}, "queues.default.nodes_per_item: Input should be a valid integer, or a valid dictionary (got '2')"),
     ("more GPUs than the type has", {"pools.cpu.instance_types": [{"type": "c6i.large", "gpus": 4, "weight": 4}], "pools.cpu.slots_per_unit": 1}, "pools.cpu.instance_types[0].gpus: c6i.large has 0 GPUs (got 4); its nodes would take no items; set gpus = 0 or pick a type with 4"),
     ("environment cost cap below every node", {"scaler.cost_cap_usd_per_hour": 0.0001}, "scaler.cost_cap_usd_per_hour: below the cheapest node of any pool (got 0.0001, the cheapest is 0.034 USD/hour); nothing would ever launch"),
 ]
@@ -271,6 +273,17 @@ def test_duplicate_table_in_toml_is_a_clear_error(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_environment("dup", tmp_path)
     assert "duplicate names are not allowed" in err.value.problems[0]
+
+
+def test_a_field_of_several_types_is_named_as_the_file_spells_it():
+    """nodes_per_item is a number or a {min, max} table: a table's mistakes are its keys', not
+    a line saying it is not a number, and no pydantic branch name (`.int`, `.NodesRange`) shows."""
+    with pytest.raises(ConfigError) as err:
+        parse_environment(_with(**{"queues.default.nodes_per_item": {"min": 1, "maxx": 2}}), name="dev")
+    assert err.value.problems == [
+        "queues.default.nodes_per_item.max: required field is missing",
+        "queues.default.nodes_per_item.maxx: unknown key; did you mean 'max'? (got 2)",
+    ]
 
 
 def test_a_toml_mistake_gets_the_duplicate_hint_only_when_a_name_is_declared_twice(tmp_path):

@@ -7,11 +7,14 @@ field, the value and the rule: ``pools.gpu.max: must be >= min (got 0 < 2)``.
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import os
 import re
 import shlex
 import tomllib
+import types
+import typing
 from pathlib import Path
 from typing import Literal
 
@@ -852,17 +855,75 @@ def _gcp_pool_problems(where: str, pool: Pool) -> list[str]:
     return out
 
 
-def _pydantic_problems(err: ValidationError) -> list[str]:
-    out = []
+def _field_path(data: object, loc: tuple, missing: bool) -> tuple[tuple, bool]:
+    """(the error's location as the file spells it, whether it went through a union). A field
+    that takes several types (an int or a {min, max} table) adds the branch's type name to the
+    location (`nodes_per_item.int`): not a key of the file, so it is left out."""
+    path, node, branched = [], data, False
+    for i, part in enumerate(loc):
+        if isinstance(node, dict) and (part in node or (missing and i == len(loc) - 1)):
+            node = node.get(part)
+        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+            node = node[part]
+        else:
+            branched = True
+            continue
+        path.append(part)
+    return tuple(path), branched
+
+
+def _model_at(path: tuple) -> type[BaseModel] | None:
+    """The config model a table at this path is read as (None where the path leaves the models):
+    through `dict[str, X]` tables, `list[X]` entries and `X | None` fields."""
+    model: object = Environment
+    keyed = False  # the part is a table's own name (`pools.<name>`), not a field
+    for part in path:
+        if isinstance(part, int) or keyed:
+            keyed = False
+            continue
+        if not (isinstance(model, type) and issubclass(model, BaseModel)) or part not in model.model_fields:
+            return None
+        model = model.model_fields[part].annotation
+        keyed = typing.get_origin(model) is dict
+        while typing.get_origin(model) in (dict, list, typing.Union, types.UnionType):
+            args = [a for a in typing.get_args(model) if isinstance(a, type) and issubclass(a, BaseModel)]
+            model = args[-1] if args else None
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
+def _did_you_mean(path: tuple) -> str:
+    """For an unknown key: the field of that table it most resembles, if one does."""
+    model = _model_at(path[:-1])
+    close = difflib.get_close_matches(str(path[-1]), list(model.model_fields) if model else [], n=1, cutoff=0.75)
+    return f"did you mean {close[0]!r}?" if close else "check the spelling against the config reference in README.md"
+
+
+def _pydantic_problems(err: ValidationError, data: dict) -> list[str]:
+    found: dict[tuple, list[str]] = {}  # path -> messages, in order
+    got: dict[tuple, str] = {}
+    branched_paths = set()
     for e in err.errors():
-        path = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in e["loc"]).replace(".[", "[")
+        path, branched = _field_path(data, e["loc"], e["type"] == "missing")
+        if branched:
+            branched_paths.add(path)
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
-            msg = "unknown key; check the spelling against the config reference in README.md"
+            msg = f"unknown key; {_did_you_mean(path)}"
         elif e["type"] == "missing":
             msg = "required field is missing"
-        got = "" if e["type"] == "missing" else f" (got {e['input']!r})"
-        out.append(f"{path}: {msg}{got}")
+        msg = re.sub(r" or instance of \w+", "", msg)  # pydantic's class names mean nothing in a TOML file
+        if found.get(path):  # a union's other branch: "Input should be a valid integer, or a valid dictionary"
+            msg = msg.removeprefix("Input should be ")
+        if msg not in found.setdefault(path, []):
+            found[path].append(msg)
+        got.setdefault(path, "" if e["type"] == "missing" else f" (got {e['input']!r})")
+    out = []
+    for path, messages in found.items():
+        # A union's branch whose type did not match, where another branch got further: its own lines say more.
+        if path in branched_paths and any(other[: len(path)] == path and other != path for other in found):
+            continue
+        where = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in path).replace(".[", "[")
+        out.append(f"{where}: {', or '.join(messages)}{got[path]}")
     return out
 
 
@@ -874,7 +935,7 @@ def parse_environment(data: dict, *, name: str, source: str = "<dict>") -> Envir
     try:
         env = Environment.model_validate({**data, "name": name})
     except ValidationError as err:
-        raise ConfigError(source, _pydantic_problems(err)) from None
+        raise ConfigError(source, _pydantic_problems(err, {**data, "name": name})) from None
     problems = _semantic_problems(env)
     if problems:
         raise ConfigError(source, problems)
