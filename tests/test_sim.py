@@ -17,6 +17,7 @@ from tidefleet.config import load_environment, parse_environment
 from tidefleet.ports import Ports
 from tidefleet.sim import Interruptions, Timing, TraceError, TraceItem, load_trace, simulate
 from tidefleet.sim.bench import check_traces
+from tidefleet.sim.cli import format_table
 from tidefleet.sim.cli import simulate as simulate_command
 from tidefleet.sim.engine import Simulation
 from tidefleet.sim.policies import TidefleetPolicy
@@ -157,6 +158,19 @@ def test_the_zero_wait_bound_is_above_the_work_and_every_report_carries_it():
     assert report.lower_bound_usd < report.zero_wait_usd
     for r in report.results:
         assert r.cost_vs_zero_wait == pytest.approx(r.cost_usd / report.zero_wait_usd)
+
+
+def test_the_oracles_peak_nodes_are_its_busiest_slots_on_nodes_of_the_type_it_bills():
+    """Five 1-slot items overlap at t=50 (the 0-s item holds no slot): 5 slots. The oracle bills the
+    cheapest $/slot-hour, the 2-unit type (8 slots, $0.1875 a slot-hour against $0.25): 1 node;
+    on the 1-unit type alone, 2 nodes of 4."""
+    cheap_big = [{"type": "c6i.large", "weight": 1, "on_demand_price": 2.0, "spot_price": 1.0},
+                 {"type": "c6i.xlarge", "weight": 2, "on_demand_price": 3.0, "spot_price": 1.5}]  # fmt: skip
+    items = [TraceItem(0, 100, 1)] * 3 + [TraceItem(50, 100, 1)] * 2 + [TraceItem(50, 0, 1), TraceItem(500, 10, 1)]
+    (oracle,) = simulate(make_env(slots_per_unit=4), "p", items, ["oracle"], timing=NO_KICK).results
+    assert (oracle.peak_nodes, oracle.node_hours) == (2, pytest.approx(510 / 3600 / 4))
+    (oracle,) = simulate(make_env(slots_per_unit=4, types=cheap_big), "p", items, ["oracle"], timing=NO_KICK).results
+    assert (oracle.peak_nodes, oracle.node_hours) == (1, pytest.approx(510 / 3600 / 8))
 
 
 def test_an_item_bigger_than_every_node_is_reported_not_replayed():
@@ -547,6 +561,54 @@ preemptible = true
     assert refused.exit_code == 2 and "--resume-s: must be a finite number >= 0 (got -1.0)" in refused.output
 
 
+ONE_NODE_TOML = """
+region = "us-east-1"
+[scaler]
+tick_s = 60
+scale_in_delay_s = 60
+scale_out_cooldown_s = 0
+[pools.p]
+max = 1
+command = "run"
+instance_types = [{ type = "c6i.large", weight = 1, on_demand_price = 2.0, spot_price = 1.0 }]
+[queues.q]
+pool = "p"
+"""
+
+
+@pytest.mark.parametrize("too_big", [1, 2])
+def test_the_table_prints_cents_under_a_dollar_to_4_digits_waits_with_separators_and_counts_in_words(tmp_path, too_big):
+    """Three 1,000-s items queue for one 1-slot node at $1 an hour: waits 45, 1,045 and 2,045 s, and
+    costs under $1, printed so that 0.8667 / 0.8333 can be checked against the printed 1.04."""
+    env = tmp_path / "one.toml"
+    env.write_text(ONE_NODE_TOML)
+    trace = write(tmp_path, "submit_s,duration_s,gpus\n" + "0,1000,1\n" * 3 + "0,10,2\n" * too_big)
+    out = CliRunner().invoke(simulate_command, [str(trace), "--env", str(env), "--pool", "p", "--policy", "tidefleet",
+                                                "--policy", "oracle", "--boot-s", "45"])  # fmt: skip
+    assert out.exit_code == 0, out.output
+    head, unfit, _, _, tidefleet, oracle = out.output.splitlines()
+    assert head.endswith("lower bound $0.8333, zero-wait bound $0.8708")
+    items = "1 item needs" if too_big == 1 else "2 items need"
+    assert unfit.startswith(f"not replayed: {items} more than the 1 slot of the pool's biggest node (")
+    assert tidefleet.startswith("| tidefleet | 0.8667 | 1.04 | 1.00 | 0.9 | 0.0 | 1,045/2,045/2,045/2,045 |")
+    assert oracle.startswith("| oracle | 0.8333 | 1.00 |")
+    big = simulate(make_env(), "p", [TraceItem(0, 4_128_696, 1)], ["oracle"], timing=NO_KICK)
+    assert format_table(big).splitlines()[2].startswith("| oracle | 1,146.86 |")  # cents from $1 up, as ever
+
+
+def test_a_plot_of_a_replay_that_cost_nothing_draws_cost_on_a_linear_axis_without_a_warning(tmp_path):
+    """The oracle of 0-s items costs $0: a log axis has nothing to show and matplotlib warns."""
+    import warnings
+
+    from tidefleet.sim.plot import plot_report
+
+    report = simulate(make_env(), "p", [TraceItem(0, 0, 1)], ["oracle"], timing=NO_KICK)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plot_report(report, tmp_path / "free.png")
+    assert (tmp_path / "free.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_a_plot_that_cannot_be_written_is_one_line_not_a_traceback(tmp_path, monkeypatch):
     trace = write(tmp_path, "submit_s,duration_s,gpus\n0,10,1\n")
     (tmp_path / "a-file").write_text("")
@@ -557,6 +619,14 @@ def test_a_plot_that_cannot_be_written_is_one_line_not_a_traceback(tmp_path, mon
         return out.output
 
     assert f"--plot: cannot write {tmp_path}/a-file/x.png (" in plot(str(tmp_path / "a-file" / "x.png"))
+    # before the replay (hours on a long trace), not after its table
+    assert plot(str(tmp_path / "a-file" / "x.png")).splitlines() == [
+        f"Error: --plot: cannot write {tmp_path}/a-file/x.png ({tmp_path}/a-file is a file, not a folder); give a writable path"
+    ]
+    (tmp_path / "a-folder.png").mkdir()
+    assert plot(str(tmp_path / "a-folder.png")).splitlines() == [
+        f"Error: --plot: cannot write {tmp_path}/a-folder.png (a folder of that name exists); give a writable path"
+    ]
     # matplotlib would write tmp_path.png and the line would name tmp_path
     assert f"--plot: give a file name ending .png, .svg, .pdf (got '{tmp_path}')" in plot(str(tmp_path))
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # the base install, without the dev extra

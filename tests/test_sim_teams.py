@@ -9,7 +9,7 @@ from tidefleet.config import parse_environment
 from tidefleet.sim import Timing, TraceItem, simulate
 from tidefleet.sim.engine import BOOTED, Simulation, placement, pool_queues
 from tidefleet.sim.policies import TidefleetPolicy
-from tidefleet.sim.teams import route
+from tidefleet.sim.teams import TeamRow, format_team_table, route
 
 TIMING = Timing(boot_s=45.0, notice_s=120.0, kick_s=0.0)
 HOUR = 3600.0
@@ -76,3 +76,16 @@ def test_fair_share_bounds_an_owners_wait_by_one_borrowed_item(case, teams, smal
     # The teams' shares of the bills never exceed the bills (idle time is no team's).
     assert sum(r.cost_usd for r in rows.values()) <= report.results[0].cost_usd + 1e-9
     assert rows["big"].cost_usd == pytest.approx(12 * HOUR / HOUR * 1.0, rel=0.01)
+
+
+def test_the_team_table_shows_waits_in_seconds_and_work_to_a_tenth_of_a_slot_hour():
+    """As the policies' table: 13 s and 4,500 s waits, not 0.00 and 1.25 h; 0.46 slot-h is 0.5, not 0."""
+    rows = [TeamRow("small", "2 nodes", 2, 1, 50, 0.46, 13.0, 4500.0, 0.4567),
+            TeamRow("big", "-", None, 1, 3, 1234.5, 0.0, 45.0, 1234.5)]  # fmt: skip
+    assert format_team_table("tidefleet", rows).splitlines() == [
+        "tidefleet, by team:",
+        "| team | quota | weight | items | slot-h of work | wait p50 s | wait p95 s | cost $ |",
+        "|---|---|---|---|---|---|---|---|",
+        "| small | 2 nodes | 1 | 50 | 0.5 | 13 | 4,500 | 0.4567 |",
+        "| big | - | 1 | 3 | 1,234.5 | 0 | 45 | 1,234.50 |",
+    ]

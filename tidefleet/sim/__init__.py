@@ -100,7 +100,8 @@ Metrics and the `--json` schema (`"schema": "tidefleet.sim/1"`, stable; fields a
       boot included), wait_s: {p50, p95, p99, max} (submit to first start, nearest-rank;
       an item never started counts until the run's end), makespan_s (first submit to last
       finish), items_finished, items_unfinished, items_interrupted (attempts lost),
-      items_dead_lettered, work_redone_s, busy_items_killed_by_scale_in, spot_launch_failures, peak_nodes,
+      items_dead_lettered, work_redone_s, busy_items_killed_by_scale_in, spot_launch_failures, peak_nodes
+      (the oracle's: its most slots running at once over the slots of a node of the type it bills, rounded up),
       lower_bound_usd, cost_vs_lower_bound, cost_vs_zero_wait.
     teams (with by_team; per policy but the oracle): one per team, most work first: team, quota
       (the binding limit in words, "-" without one), quota_slots, weight, items, slot_hours,

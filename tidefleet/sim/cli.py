@@ -5,12 +5,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import tempfile
 from pathlib import Path
 
 import click
 
 from tidefleet.config import ConfigError, load_environment
 from tidefleet.sim.engine import Interruptions
+from tidefleet.sim.money import usd
 from tidefleet.sim.policies import POLICY_NAMES
 from tidefleet.sim.run import Report, default_timing
 from tidefleet.sim.run import simulate as run_simulation
@@ -30,12 +32,35 @@ def format_table(report: Report) -> str:
     for r in report.results:
         w = r.wait_s
         rows.append(
-            f"| {r.policy} | {r.cost_usd:,.2f} | {r.cost_vs_lower_bound:.2f} | {r.cost_vs_zero_wait:.2f} | {r.node_hours:,.1f} | "
-            f"{r.idle_node_hours:,.1f} | {w['p50']:.0f}/{w['p95']:.0f}/{w['p99']:.0f}/{w['max']:.0f} | "
+            f"| {r.policy} | {usd(r.cost_usd)} | {r.cost_vs_lower_bound:.2f} | {r.cost_vs_zero_wait:.2f} | {r.node_hours:,.1f} | "
+            f"{r.idle_node_hours:,.1f} | {w['p50']:,.0f}/{w['p95']:,.0f}/{w['p99']:,.0f}/{w['max']:,.0f} | "
             f"{r.makespan_s / 3600:,.1f} | {r.items_interrupted} ({r.busy_items_killed_by_scale_in}) | "
             f"{r.work_redone_s / 3600:,.1f} | {r.items_unfinished} ({r.items_dead_lettered}) |"
         )
     return "\n".join(rows)
+
+
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def unwritable(path: Path) -> str | None:
+    """Why a file cannot be written at path (its folder made, a temp file opened there), else None."""
+    if path.is_dir():
+        return "a folder of that name exists"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path.parent):
+            pass
+    except FileExistsError as err:  # mkdir's word for a file where a folder goes
+        return f"{err.filename} is a file, not a folder"
+    except OSError as err:
+        return err.strerror or str(err)
+    return None
+
+
+def cannot_write_plot(plot: Path, why: str) -> click.ClickException:
+    return click.ClickException(f"--plot: cannot write {plot} ({why}); give a writable path")
 
 
 @click.command()
@@ -84,6 +109,8 @@ def simulate(
         raise click.UsageError(f"--plot: give a file name ending {', '.join(PLOT_SUFFIXES)} (got '{plot}')")
     if plot is not None and importlib.util.find_spec("matplotlib") is None:  # before the replay, not after it
         raise click.UsageError("--plot needs matplotlib, which the base install leaves out: pip install matplotlib")
+    if plot is not None and (why := unwritable(plot)):  # not after a replay of hours
+        raise cannot_write_plot(plot, why)
     if spot_trace and interruption_rate is not None:
         raise click.UsageError("use either --spot-trace or --interruption-rate, not both")
     for flag, value in (
@@ -113,17 +140,18 @@ def simulate(
     else:
         unfit = report.unfittable
         click.echo(f"{report.trace} on {report.env}/{report.pool}: {report.items} items, "
-                   f"lower bound ${report.lower_bound_usd:,.2f}, zero-wait bound ${report.zero_wait_usd:,.2f}")  # fmt: skip
+                   f"lower bound ${usd(report.lower_bound_usd)}, zero-wait bound ${usd(report.zero_wait_usd)}")  # fmt: skip
         if report.gangs["count"]:
-            click.echo(f"gangs: {report.gangs['count']} item(s) replayed on whole nodes at once "
+            click.echo(f"gangs: {plural(report.gangs['count'], 'item')} replayed on whole nodes at once "
                        f"(by nodes: {report.gangs['by_nodes']})")  # fmt: skip
         if unfit["count"]:
             room = (
-                f"{unfit['most_nodes']} nodes of {unfit['largest_node_slots']} slots (the pool's gangs)"
+                f"{unfit['most_nodes']} nodes of {plural(unfit['largest_node_slots'], 'slot')} (the pool's gangs)"
                 if unfit["most_nodes"] > 1
-                else f"the {unfit['largest_node_slots']} slots of the pool's biggest node"
+                else f"the {plural(unfit['largest_node_slots'], 'slot')} of the pool's biggest node"
             )
-            click.echo(f"not replayed: {unfit['count']} item(s) need more than {room} "
+            need = "needs" if unfit["count"] == 1 else "need"
+            click.echo(f"not replayed: {plural(unfit['count'], 'item')} {need} more than {room} "
                        f"(by slots: {unfit['by_slots']})")  # fmt: skip
         click.echo(format_table(report))
         for policy, rows in report.teams.items():
@@ -133,7 +161,7 @@ def simulate(
 
         try:
             plot_report(report, plot)
-        except OSError as err:  # a folder that cannot be made, a read-only place
-            raise click.ClickException(f"--plot: cannot write {plot} ({err.strerror or err}); give a writable path") from None
+        except OSError as err:  # the place changed during the replay, a read-only file
+            raise cannot_write_plot(plot, err.strerror or str(err)) from None
         if not as_json:
             click.echo(f"plot: {plot}")

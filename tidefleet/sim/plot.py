@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tidefleet.sim.money import usd
 from tidefleet.sim.run import Report
 
 
@@ -19,11 +20,13 @@ def plot_report(report: Report, out: Path) -> None:
         # Log axes: the oracle waits 0 s and a baseline may wait days; 1 s stands for "no wait".
         p95 = max(1.0, r.wait_s["p95"])
         label = r.policy + (f" ({r.items_unfinished} unfinished)" if r.items_unfinished else "")
-        costs.scatter(p95, r.cost_usd, s=40, label=f"{label}: ${r.cost_usd:,.0f}, {r.cost_vs_lower_bound:.2f}x")
+        costs.scatter(p95, r.cost_usd, s=40, label=f"{label}: ${usd(r.cost_usd)}, {r.cost_vs_lower_bound:.2f}x")
     costs.set_xscale("log")
-    costs.set_yscale("log")
+    # A log axis leaves out a cost of $0 (an oracle of 0-s items), and warns when all are.
+    log_cost = all(r.cost_usd > 0 for r in report.results)
+    costs.set_yscale("log" if log_cost else "linear")
     costs.set_xlabel("p95 wait, submit to start (s, log)")
-    costs.set_ylabel("cost (USD, log)")
+    costs.set_ylabel("cost (USD, log)" if log_cost else "cost (USD)")
     costs.set_title(f"{report.trace} on {report.env}/{report.pool}")
     costs.grid(alpha=0.3)
     costs.legend(title="policy: cost, x lower bound", fontsize=8)

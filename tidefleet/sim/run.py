@@ -228,11 +228,26 @@ def summarise(items: list[TraceItem], outcome: Outcome, lb_usd: float, zero_wait
     )
 
 
-def oracle_outcome(items: list[TraceItem], lb: tuple[float, float]) -> Outcome:
+def oracle_peak_nodes(env: Environment, pool: str, items: list[TraceItem], need: list[int]) -> int:
+    """The oracle's nodes at its busiest: the most slots running at once (every item from its
+    submit), over the slots of a node of the type `cheapest_slot_hour` bills, rounded up."""
+    _, node_slots = cheapest_slot_hour(env, pool)
+    # Ends before starts at one time, and an item of 0 s holds no slot, as in `zero_wait_bound`.
+    timed = [(i, n) for i, n in zip(items, need) if i.duration_s > 0]
+    events = sorted([(i.submit_s + i.duration_s, -n) for i, n in timed] + [(i.submit_s, n) for i, n in timed])
+    busy = peak = 0
+    for _, delta in events:
+        busy += delta
+        peak = max(peak, busy)
+    return -(-peak // node_slots)
+
+
+def oracle_outcome(items: list[TraceItem], lb: tuple[float, float], peak_nodes: int) -> Outcome:
     starts = [i.submit_s for i in items]
     out = Outcome(
-        "oracle", starts, [i.submit_s + i.duration_s for i in items], cost_usd=lb[0], node_hours=lb[1]
-    )
+        "oracle", starts, [i.submit_s + i.duration_s for i in items], cost_usd=lb[0], node_hours=lb[1],
+        peak_nodes=peak_nodes,
+    )  # fmt: skip
     out.end_s = max(out.finished, default=0.0)
     return out
 
@@ -285,7 +300,7 @@ def simulate(
     results, timelines, teams = [], {}, {}
     for name in policies:
         if name == "oracle":
-            outcome = oracle_outcome(fits, lb)
+            outcome = oracle_outcome(fits, lb, oracle_peak_nodes(env, pool, fits, slots))
         else:
             policy = make_policy(name, env, pool, timing)
             outcome = Simulation(env, pool, fits, policy, timing, interruptions, seed, sample_s).run()

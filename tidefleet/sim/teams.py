@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from tidefleet.config import Environment
 from tidefleet.policy.quota import per_slot, quota_slots
 from tidefleet.sim.engine import Outcome, placement, pool_queues
+from tidefleet.sim.money import usd
 from tidefleet.sim.trace import TraceItem
 
 GROUP_PREFIX = "vc-"
@@ -67,9 +68,9 @@ def by_team(env: Environment, pool: str, items: list[TraceItem], outcome: Outcom
 
 
 def format_team_table(policy: str, rows: list[TeamRow]) -> str:
-    head = "| team | quota | weight | items | slot-h of work | wait p50 h | wait p95 h | cost $ |"
+    head = "| team | quota | weight | items | slot-h of work | wait p50 s | wait p95 s | cost $ |"
     out = [f"{policy}, by team:", head, "|" + "---|" * (head.count("|") - 1)]
-    for r in rows:
-        out.append(f"| {r.team} | {r.quota} | {r.weight} | {r.items} | {r.slot_hours:,.0f} | "
-                   f"{r.wait_p50_s / 3600:,.2f} | {r.wait_p95_s / 3600:,.2f} | {r.cost_usd:,.2f} |")  # fmt: skip
+    for r in rows:  # waits in seconds, as in the policies' table and the JSON
+        out.append(f"| {r.team} | {r.quota} | {r.weight} | {r.items} | {r.slot_hours:,.1f} | "
+                   f"{r.wait_p50_s:,.0f} | {r.wait_p95_s:,.0f} | {usd(r.cost_usd)} |")  # fmt: skip
     return "\n".join(out)
