@@ -14,14 +14,15 @@ from invoke import Exit, task
 
 ROOT = Path(__file__).resolve().parent
 OUT = ROOT / "build"
-ENV_HELP = "environment name: a file environments/<name>.toml"
+ENV_HELP = "environment: a name from environments/ (or $TIDEFLEET_ENVIRONMENTS), or a .toml file's path"
 
 
 def _env(name: str | None):
-    from tidefleet.config import ConfigError, known_environments, load_environment
+    from tidefleet.config import ConfigError, environments_dir, known_environments, load_environment
 
     if not name:
-        raise Exit(f"--env is required; known environments: {', '.join(known_environments())}")
+        known = ", ".join(known_environments()) or f"none (no .toml files in {environments_dir()})"
+        raise Exit(f"--env is required; known environments: {known}")
     try:
         return load_environment(name)
     except ConfigError as err:

@@ -69,7 +69,7 @@ BAD = [
     ("both command and container", {"pools.cpu.container": "busybox"}, "pools.cpu: set exactly one of 'command' or 'container' (got both)"),
     ("neither command nor container", {"pools.cpu.command": None}, "pools.cpu: set exactly one of 'command' or 'container' (got neither)"),
     ("duplicate instance type", {"pools.cpu.instance_types": [{"type": "c6i.large"}, {"type": "c6i.large"}]}, "pools.cpu.instance_types[1].type: duplicate instance type (got 'c6i.large')"),
-    ("bad instance type", {"pools.cpu.instance_types": [{"type": "large"}]}, "pools.cpu.instance_types[0].type: not a aws instance type (got 'large')"),
+    ("bad instance type", {"pools.cpu.instance_types": [{"type": "large"}]}, "pools.cpu.instance_types[0].type: not an AWS instance type (got 'large')"),
     ("unknown price", {"pools.cpu.instance_types": [{"type": "x9z.huge"}]}, "pools.cpu.instance_types[0].on_demand_price: no built-in price for 'x9z.huge'"),
     ("bad image", {"pools.cpu.image": "ubuntu"}, "pools.cpu.image: not an AMI id or ssm:/ parameter (got 'ubuntu')"),
     ("queue name collides with a dead-letter queue", {"queues.default-dlq": {"pool": "cpu"}}, "queues.default: the SQS queue name 'tidefleet-dev-default-dlq' is also queues.default-dlq's; rename one of them"),
@@ -148,15 +148,15 @@ BAD = [
     ("queue name with a trailing newline", {"queues.q\n": {"pool": "cpu"}}, "queues.q\n: bad name (got 'q\\n')"),
     ("team with a trailing newline", {"pools.cpu.team": "ml\n"}, "pools.cpu.team: bad team name (got 'ml\\n')"),
     ("queue team with a space", {"queues.default.team": "ml ops"}, "queues.default.team: bad team name (got 'ml ops')"),
-    ("instance type with a trailing newline", {"pools.cpu.instance_types": [{"type": "c6i.large\n"}]}, "pools.cpu.instance_types[0].type: not a aws instance type (got 'c6i.large\\n')"),
+    ("instance type with a trailing newline", {"pools.cpu.instance_types": [{"type": "c6i.large\n"}]}, "pools.cpu.instance_types[0].type: not an AWS instance type (got 'c6i.large\\n')"),
     ("AMI id with a trailing newline", {"pools.cpu.image": "ami-0123456789abcdef0\n"}, "pools.cpu.image: not an AMI id or ssm:/ parameter (got 'ami-0123456789abcdef0\\n')"),
     # networks
     ("cidr with host bits set", {"network.vpc_cidr": "10.80.0.1/16"}, "network.vpc_cidr: not a network (got '10.80.0.1/16')"),
     ("cidr prefix 33", {"network.vpc_cidr": "10.80.0.0/33"}, "network.vpc_cidr: not a network (got '10.80.0.0/33')"),
     ("cidr octet 300", {"network.vpc_cidr": "10.300.0.0/16"}, "network.vpc_cidr: not a network (got '10.300.0.0/16')"),
     ("ipv6 cidr", {"network.vpc_cidr": "fd00::/48"}, "network.vpc_cidr: must be an IPv4 network from /16 to /24 (got 'fd00::/48')"),
-    ("subnet that is not a subnet id", {"network.subnet_ids": ["subnet-xyz"]}, "network.subnet_ids[0]: not a aws subnet (got 'subnet-xyz')"),
-    ("gs:// data on aws", {"pools.cpu.data": {"read": ["gs://team/data/"]}}, "pools.cpu.data.read[0]: not a s3:// location (got 'gs://team/data/')"),
+    ("subnet that is not a subnet id", {"network.subnet_ids": ["subnet-xyz"]}, "network.subnet_ids[0]: not an AWS subnet (got 'subnet-xyz')"),
+    ("gs:// data on aws", {"pools.cpu.data": {"read": ["gs://team/data/"]}}, "pools.cpu.data.read[0]: not an s3:// location (got 'gs://team/data/')"),
     ("data bucket in uppercase", {"pools.cpu.data": {"write": ["s3://Team-Data/x/"]}}, "pools.cpu.data.write[0]: not a bucket name (got 's3://Team-Data/x/')"),
     ("data prefix not a folder", {"pools.cpu.data": {"read": ["s3://team-data/imagenet"]}}, "pools.cpu.data.read[0]: a prefix must be a folder ending in '/'"),
     ("data prefix with a wildcard", {"pools.cpu.data": {"read": ["s3://team-data/*/"]}}, "pools.cpu.data.read[0]: a prefix must be a folder ending in '/' without '*'"),
@@ -170,7 +170,7 @@ BAD = [
     ("efa without cluster placement", {"pools.cpu.efa": True}, "pools.cpu.efa: needs cloud 'aws' and placement 'cluster' (got cloud 'aws', placement 'spread')"),
     ("cluster placement with burstable types", {"pools.cpu.placement": "cluster", "pools.cpu.instance_types": [{"type": "t3.large"}]}, "pools.cpu.placement: a cluster placement group cannot hold burstable types (got t3.large)"),
     ("gpu slots that do not divide", {"pools.cpu.instance_types": [{"type": "g5.12xlarge", "weight": 1, "gpus": 4}], "pools.cpu.slots_per_unit": 3}, "pools.cpu.instance_types[0]: 3 slots cannot split 4 GPUs evenly"),
-    ("shared gpus without saying so", {"pools.cpu.instance_types": [{"type": "g5.xlarge", "weight": 1, "gpus": 1}], "pools.cpu.slots_per_unit": 4}, "pools.cpu.instance_types[0]: 4 slots on 1 GPUs would put several items on one GPU (got slots_per_unit 4); set gpu_sharing = true"),
+    ("shared gpus without saying so", {"pools.cpu.instance_types": [{"type": "g5.xlarge", "weight": 1, "gpus": 1}], "pools.cpu.slots_per_unit": 4}, "pools.cpu.instance_types[0]: 4 slots on 1 GPU would put several items on one GPU (got slots_per_unit 4); set gpu_sharing = true"),
     ("unknown placement", {"pools.cpu.placement": "pack"}, "pools.cpu.placement: Input should be 'spread' or 'cluster' (got 'pack')"),
     # alerts
     ("alert email without a domain", {"alerts.email": ["oncall"]}, "alerts.email[0]: not an email address (got 'oncall'); use an address like oncall@example.com"),
@@ -203,6 +203,7 @@ BAD = [
     ("pool cost cap below its cheapest node", {"pools.cpu.cost_cap_usd_per_hour": 0.001}, "pools.cpu.cost_cap_usd_per_hour: below the pool's cheapest node (got 0.001, the cheapest is 0.034 USD/hour); the pool would never launch"),
     ("misspelt scaler key", {"scaler.scale_in_dealy_s": 300}, "scaler.scale_in_dealy_s: unknown key; did you mean 'scale_in_delay_s'? (got 300)"),
     ("gang size as text", {"queues.default.nodes_per_item": "2"}, "queues.default.nodes_per_item: Input should be a valid integer, or a valid dictionary (got '2')"),
+    ("tick of a minute and a half", {"scaler.tick_s": 90}, "scaler.tick_s: above 60 it must be a whole number of minutes, as the scheduler fires on minutes (got 90); use e.g. 60"),
     ("more GPUs than the type has", {"pools.cpu.instance_types": [{"type": "c6i.large", "gpus": 4, "weight": 4}], "pools.cpu.slots_per_unit": 1}, "pools.cpu.instance_types[0].gpus: c6i.large has 0 GPUs (got 4); its nodes would take no items; set gpus = 0 or pick a type with 4"),
     ("environment cost cap below every node", {"scaler.cost_cap_usd_per_hour": 0.0001}, "scaler.cost_cap_usd_per_hour: below the cheapest node of any pool (got 0.0001, the cheapest is 0.034 USD/hour); nothing would ever launch"),
 ]
@@ -237,6 +238,8 @@ GCP_BAD = [
     ("negative gpu quota", {"teams.ml": {"quota": {"gpus": -1}}}, "teams.ml.quota.gpus: Input should be greater than or equal to 0 (got -1)"),
     ("misspelt quota key", {"teams.ml": {"quota": {"gpu": 4}}}, "teams.ml.quota.gpu: unknown key"),
     ("team weight of zero", {"teams.ml": {"weight": 0}}, "teams.ml.weight: Input should be greater than or equal to 1 (got 0)"),
+    ("tick that does not divide an hour", {"scaler.tick_s": 2040}, "scaler.tick_s: above 60 it must be a whole number of minutes that divides an hour, as the scheduler fires on minutes (got 2040); use e.g. 300"),
+    ("pool without an image", {"pools.cpu.image": None}, "pools.cpu.image: required on gcp (got nothing); set a GCE image such as projects/debian-cloud/global/images/family/debian-12"),
     ("s3 state on gcp", {"state": {"backend": "s3", "bucket": "acme-state"}}, "state.backend: not available on gcp (got 's3'); use 'local' or 'gcs'"),
     ("a region for gcs state", {"state": {"backend": "gcs", "bucket": "acme-state", "region": "us-central1"}}, "state.region: not read by backend 'gcs' (got 'us-central1'); remove it, or use backend 's3'"),
     ("queue named like the kick topic", {"queues.kick": {"pool": "cpu"}}, "queues.kick: the Pub/Sub topic name 'tidefleet-gcp-dev-kick' is also the stack's own; rename 'kick'"),
@@ -299,6 +302,12 @@ def test_a_byte_order_mark_is_read_and_a_missing_path_is_named(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_environment(str(tmp_path / "nope.toml"))
     assert err.value.problems == [f"env: no such file (got '{tmp_path / 'nope.toml'}'); give the path of an environment .toml file"]
+
+
+def test_a_team_name_follows_the_name_rule():
+    with pytest.raises(ConfigError) as err:
+        parse_environment(_with(**{"teams.Bad Team": {"weight": 2}}), name="dev")
+    assert "teams.Bad Team: bad name (got 'Bad Team'); must start with a letter" in err.value.problems[0]
 
 
 def test_unknown_environment_lists_known_ones():

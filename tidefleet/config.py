@@ -401,6 +401,11 @@ def _semantic_problems(env: Environment) -> list[str]:
         out += _schedule_problems(env, name, schedule)
     for name, team in env.teams.items():
         out += _team_problems(env, name, team)
+    tick = env.scaler.tick_s  # the schedulers fire on whole minutes (stacks: schedule_expression, schedule)
+    if tick > 60 and (tick % 60 or (env.cloud == "gcp" and 60 % (tick // 60))):
+        whole = "a whole number of minutes that divides an hour" if env.cloud == "gcp" else "a whole number of minutes"
+        out.append(f"scaler.tick_s: above 60 it must be {whole}, as the scheduler fires on minutes (got {tick}); "
+                   f"use e.g. {max(60, tick // 60 * 60) if env.cloud == 'aws' else 300}")  # fmt: skip
     cap, cheapest = env.scaler.cost_cap_usd_per_hour, min(filter(None, map(_cheapest_node, env.pools.values())), default=None)
     if cap is not None and cheapest is not None and cap < cheapest:
         out.append(f"scaler.cost_cap_usd_per_hour: below the cheapest node of any pool (got {cap}, the cheapest is "
@@ -525,11 +530,15 @@ def _region_problems(env: Environment) -> list[str]:
     return [f"region: not a known {env.cloud} region (got {env.region!r}); use one like {example!r}"]
 
 
+def _a(cloud: str) -> str:
+    return {"aws": "an AWS", "gcp": "a GCP"}[cloud]
+
+
 def _name_problems(env: Environment) -> list[str]:
     out = []
     if not re.fullmatch(NAME, env.name):
         out.append(f"name: bad environment name (got {env.name!r}); {NAME_RULE}; rename the file")
-    for kind, names in (("pools", env.pools), ("queues", env.queues), ("schedules", env.schedules)):
+    for kind, names in (("pools", env.pools), ("queues", env.queues), ("schedules", env.schedules), ("teams", env.teams)):
         out += [f"{kind}.{name}: bad name (got {name!r}); {NAME_RULE}" for name in names if not re.fullmatch(NAME, name)]
     if env.cloud == "gcp" and not env.project:
         out.append("project: required when cloud = 'gcp' (got nothing); set your GCP project id")
@@ -596,7 +605,7 @@ def _network_problems(env: Environment) -> list[str]:
     subnet_rule, example = (AWS_SUBNET, "subnet-0123456789abcdef0") if env.cloud == "aws" else (GCP_SUBNET, "nodes")
     for i, subnet in enumerate(env.network.subnet_ids):
         if not re.fullmatch(subnet_rule, subnet):
-            out.append(f"network.subnet_ids[{i}]: not a {env.cloud} subnet (got {subnet!r}); use one like {example!r}")
+            out.append(f"network.subnet_ids[{i}]: not {_a(env.cloud)} subnet (got {subnet!r}); use one like {example!r}")
     return out
 
 
@@ -683,7 +692,7 @@ def _pool_problems(env: Environment, name: str, pool: Pool) -> list[str]:
             out.append(f"{at}.type: duplicate instance type (got {itype.type!r}); list each type once")
         seen.add(itype.type)
         if not re.fullmatch(type_rule, itype.type):
-            out.append(f"{at}.type: not a {env.cloud} instance type (got {itype.type!r})")
+            out.append(f"{at}.type: not {_a(env.cloud)} instance type (got {itype.type!r})")
             continue
         if pool.capacity_unit == "gpus" and itype.weight != itype.gpus:
             out.append(
@@ -732,7 +741,7 @@ def _gpu_slot_problems(at: str, pool: Pool, itype: InstanceType) -> list[str]:
         return [(f"{at}: {slots} slots cannot split {gpus} GPUs evenly (got weight {itype.weight} x slots_per_unit "
                 f"{pool.slots_per_unit}); make one a multiple of the other")]  # fmt: skip
     if slots > gpus and not pool.gpu_sharing:
-        return [(f"{at}: {slots} slots on {gpus} GPUs would put several items on one GPU (got slots_per_unit "
+        return [(f"{at}: {slots} slots on {gpus} GPU{'s' * (gpus != 1)} would put several items on one GPU (got slots_per_unit "
                 f"{pool.slots_per_unit}); set gpu_sharing = true on the pool (items then share GPU memory) "
                 "or lower slots_per_unit")]  # fmt: skip
     return []
@@ -747,7 +756,7 @@ def _data_problems(env: Environment, where: str, pool: Pool) -> list[str]:
             at, got = f"{where}.data.{field}[{i}]", f"(got {uri!r})"
             bucket, _, prefix = uri.partition("://")[2].partition("/")
             if not uri.startswith(f"{scheme}://"):
-                out.append(f"{at}: not a {scheme}:// location {got}; write one like '{scheme}://team-data/datasets/'")
+                out.append(f"{at}: not {'an' if scheme == 's3' else 'a'} {scheme}:// location {got}; write one like '{scheme}://team-data/datasets/'")
             elif not re.fullmatch(bucket_rule, bucket):
                 out.append(f"{at}: not a bucket name {got}; 3-63 lowercase letters, digits, '-' and '.'")
             elif (prefix and not prefix.endswith("/")) or any(c in prefix for c in "*?") or ".." in prefix.split("/"):
@@ -843,7 +852,10 @@ def _gcp_pool_problems(where: str, pool: Pool) -> list[str]:
     if pool.on_demand_percent:
         out.append(f"{where}.on_demand_percent: not supported on gcp (got {pool.on_demand_percent}); "
                    "use on_demand_base (the pool's on-demand group) instead")
-    if not re.fullmatch(GCP_IMAGE, pool.image):
+    if "image" not in pool.model_fields_set:  # the default is an AWS image
+        out.append(f"{where}.image: required on gcp (got nothing); set a GCE image such as "
+                   "projects/debian-cloud/global/images/family/debian-12")
+    elif not re.fullmatch(GCP_IMAGE, pool.image):
         out.append(f"{where}.image: not a GCE image (got {pool.image!r}); "
                    "use projects/<project>/global/images/[family/]<name>")
     for i, itype in enumerate(pool.instance_types):
@@ -968,8 +980,10 @@ def load_environment(name: str, root: Path | None = None) -> Environment:
         if not path.is_file() and name.endswith(".toml"):
             raise ConfigError(str(path), [f"env: no such file (got {name!r}); give the path of an environment .toml file"])
         if not path.is_file():
-            known = ", ".join(known_environments(path.parent)) or f"none (no .toml files in {path.parent})"
-            raise ConfigError(str(path), [f"env: unknown environment (got {name!r}); known: {known}"])
+            folder = root or environments_dir()
+            known = ", ".join(known_environments(folder)) or f"none (no .toml files in {folder})"
+            problem = f"env: unknown environment (got {name!r}); known: {known} (in {folder}; or give a .toml file's path)"
+            raise ConfigError(str(path), [problem])
         text = path.read_bytes().decode("utf-8-sig")  # -sig: an editor's byte-order mark
     except UnicodeDecodeError as err:
         raise ConfigError(str(path), [f"{path.name}: not UTF-8 text ({err}); save the file as UTF-8"]) from None
