@@ -542,7 +542,9 @@ def _name_problems(env: Environment) -> list[str]:
         out += [f"{kind}.{name}: bad name (got {name!r}); {NAME_RULE}" for name in names if not re.fullmatch(NAME, name)]
     if env.cloud == "gcp" and not env.project:
         out.append("project: required when cloud = 'gcp' (got nothing); set your GCP project id")
-    if env.project is not None and not re.fullmatch(GCP_PROJECT, env.project):
+    if env.cloud == "aws" and env.project is not None:
+        out.append(f"project: only for cloud 'gcp' (got {env.project!r}); remove it")
+    elif env.project is not None and not re.fullmatch(GCP_PROJECT, env.project):
         out.append(f"project: not a GCP project id (got {env.project!r}); "
                    "use 6-30 lowercase letters, digits and '-', starting with a letter")  # fmt: skip
     return out
@@ -602,6 +604,15 @@ def _network_problems(env: Environment) -> list[str]:
         # The stack carves /(prefix+4) subnets out of it: AWS subnets are /28 at the smallest.
         if network.version != 4 or not 16 <= network.prefixlen <= 24:
             out.append(f"network.vpc_cidr: must be an IPv4 network from /16 to /24 (got {cidr!r}); e.g. '10.80.0.0/16'")
+    given = env.network.model_fields_set
+    if env.cloud == "gcp" and "az_count" in given:
+        out.append(f"network.az_count: not read on gcp (got {env.network.az_count}); a regional managed instance "
+                   "group spreads over the region's zones itself; remove it")  # fmt: skip
+    if env.network.subnet_ids:  # the stack creates no network: its shape is not read
+        out += [f"network.{field}: not read with subnet_ids, as the stack creates no network "
+                f"(got {getattr(env.network, field)!r}); remove it" for field in ("vpc_cidr", "az_count") if field in given]
+    if repeated := sorted({s for s in env.network.subnet_ids if env.network.subnet_ids.count(s) > 1}):
+        out.append(f"network.subnet_ids: {', '.join(repeated)} listed twice; list each subnet once")
     subnet_rule, example = (AWS_SUBNET, "subnet-0123456789abcdef0") if env.cloud == "aws" else (GCP_SUBNET, "nodes")
     for i, subnet in enumerate(env.network.subnet_ids):
         if not re.fullmatch(subnet_rule, subnet):
@@ -770,6 +781,9 @@ def _data_problems(env: Environment, where: str, pool: Pool) -> list[str]:
         if not re.fullmatch(r"/[A-Za-z0-9._/-]+", mount) or mount.rstrip("/") in SYSTEM_DIRS or ".." in mount.split("/"):
             out.append(f"{where}.data.shared_fs_mount: must be an absolute path of its own, not a system folder "
                        f"(got {mount!r}); e.g. '/mnt/shared'")  # fmt: skip
+    if pool.gpu_sharing and not any(t.gpus for t in pool.instance_types):
+        out.append(f"{where}.gpu_sharing: no instance type of the pool has GPUs to share (got true); remove it, "
+                   "or set gpus on the types")  # fmt: skip
     if pool.efa and (env.cloud != "aws" or pool.placement != "cluster"):
         out.append(f"{where}.efa: needs cloud 'aws' and placement 'cluster' (got cloud {env.cloud!r}, placement "
                    f"{pool.placement!r}); set placement = 'cluster' or drop efa")  # fmt: skip
@@ -844,7 +858,9 @@ def _workload_problems(where: str, pool: Pool) -> list[str]:
 
 def _gcp_pool_problems(where: str, pool: Pool) -> list[str]:
     """A managed instance group sizes in VMs and a template is either Spot or standard."""
-    out = []
+    out = [f"{where}.{field}: not read on gcp, where a Spot VM has no price cap or allocation strategy "
+           f"(got {getattr(pool, field)!r}); remove it"
+           for field in ("spot_max_price", "spot_allocation_strategy") if field in pool.model_fields_set]
     weights = sorted({t.weight for t in pool.instance_types})
     if len(weights) > 1:
         out.append(f"{where}.instance_types: on gcp every type of a pool needs the same weight (got {weights}); "
