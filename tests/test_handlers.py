@@ -360,3 +360,7 @@ def test_the_tick_command_prints_each_decision_with_its_reasons_and_dry_run_chan
 
     result = CliRunner().invoke(main, ["tick", "--env", "sandbox", "--pool", "gpu"])
     assert result.exit_code == 2 and "unknown pool(s) gpu; known: cpu" in result.output
+
+    # The environment from $TIDEFLEET_ENV, as every job command takes it (the sandbox's exports set it).
+    result = CliRunner().invoke(main, ["tick", "--dry-run"], env={"TIDEFLEET_ENV": "sandbox"})
+    assert result.exit_code == 0 and result.output.startswith("cpu: desired 3 (dry run"), result.output
