@@ -227,8 +227,9 @@ def simulate(c, trace, env="prod", pool="gpu", policy=None, extra=""):
             "readme": "also rewrite the README's generated benchmark table",
             "calibration": "also run the calibration scenarios through the sandbox and the simulator (about 2 min)"})
 def bench(c, out=None, readme=False, calibration=False):
-    """Every policy over every workload's held-out half (traces/ or $TIDEFLEET_TRACES, and the synthetic
-    shapes): a table and plots of cost against p95 wait."""
+    """Every policy over every workload's held-out half: a table and plots of cost against p95 wait.
+
+    The workloads: the traces in traces/ (or $TIDEFLEET_TRACES) and the synthetic shapes."""
     from tidefleet.sim.bench import run_bench
     from tidefleet.sim.trace import TraceError
 
@@ -252,8 +253,9 @@ def bench(c, out=None, readme=False, calibration=False):
     }
 )
 def bench_io(c, submit_items="2000", agent_items="300", tick_queues="1000", tick_pools="100", tick_nodes="10000"):
-    """Throughput against the cloud on a moto server: submit, agent and scaler tick, each against a
-    bare boto3 loop of the same calls measured in the same run; ends with their three ratio lines
+    """Throughput of submit, agent and scaler tick on a moto server, each against a bare boto3 loop.
+
+    Each bare loop makes the same calls, measured in the same run; ends with the three ratio lines
     (1.00: as fast as the bare calls; the goals are >= 0.80 for submit and agent)."""
     runs = {
         "bench_submit.py": f"--items {_number('submit-items', submit_items)}",

@@ -114,6 +114,6 @@ def scan(synth_dir: Path, env_name: str, *, suppressions_file: Path = SUPPRESSIO
     for s in suppressions:
         if (s.check, s.resource) not in found:
             print(f"stale suppression (matched nothing in {env_name}): {s.check} {s.resource}")
-    print(f"checkov {env_name}: {len(findings)} failed, {len(findings) - len(failures)} suppressed with a reason, "
-          f"{len(failures)} unsuppressed")  # fmt: skip
+    print(f"checkov {env_name}: {len(failures)} failed check(s); {len(findings) - len(failures)} more suppressed, "
+          "each with its reason in stacks/checkov_suppressions.toml")  # fmt: skip
     return len(failures)
