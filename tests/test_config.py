@@ -208,6 +208,8 @@ BAD = [
     ("a network shape beside existing subnets", {"network.subnet_ids": ["subnet-0123456789abcdef0"], "network.vpc_cidr": "10.9.0.0/16"}, "network.vpc_cidr: not read with subnet_ids, as the stack creates no network (got '10.9.0.0/16'); remove it"),
     ("a subnet listed twice", {"network.subnet_ids": ["subnet-0123456789abcdef0"] * 2}, "network.subnet_ids: subnet-0123456789abcdef0 listed twice; list each subnet once"),
     ("gpu sharing without GPUs", {"pools.cpu.gpu_sharing": True}, "pools.cpu.gpu_sharing: no instance type of the pool has GPUs to share (got true); remove it, or set gpus on the types"),
+    ("an empty image pattern", {"queues.default.accept_images": ["ghcr.io/acme/*", " "]}, "queues.default.accept_images[1]: an empty pattern matches no image (got ''); remove it"),
+    ("an empty scheduled item", {"schedules.merge": {"rate": "10 hours", "queue": "default", "items": [""]}}, "schedules.merge.items[0]: an item is a URI or a non-empty list of args without NUL (got '')"),
     ("more GPUs than the type has", {"pools.cpu.instance_types": [{"type": "c6i.large", "gpus": 4, "weight": 4}], "pools.cpu.slots_per_unit": 1}, "pools.cpu.instance_types[0].gpus: c6i.large has 0 GPUs (got 4); its nodes would take no items; set gpus = 0 or pick a type with 4"),
     ("environment cost cap below every node", {"scaler.cost_cap_usd_per_hour": 0.0001}, "scaler.cost_cap_usd_per_hour: below the cheapest node of any pool (got 0.0001, the cheapest is 0.034 USD/hour); nothing would ever launch"),
 ]

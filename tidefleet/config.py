@@ -375,6 +375,9 @@ def _semantic_problems(env: Environment) -> list[str]:
         out += _pool_problems(env, name, pool)
     for name, queue in env.queues.items():
         where = f"queues.{name}"
+        if blank := [i for i, pattern in enumerate(queue.accept_images) if not pattern.strip()]:
+            out.append(f"{where}.accept_images[{blank[0]}]: an empty pattern matches no image (got ''); "
+                       "remove it, or write one like 'ghcr.io/acme/*'")  # fmt: skip
         if queue.team is not None and not re.fullmatch(NAME, queue.team):
             out.append(f"{where}.team: bad team name (got {queue.team!r}); {NAME_RULE}")
         if queue.pool not in env.pools:
@@ -489,7 +492,7 @@ def _schedule_problems(env: Environment, name: str, schedule: Schedule) -> list[
         out.append(f"{where}.queue: unknown queue (got {schedule.queue!r}); known queues: {', '.join(sorted(env.queues))}")
     for i, item in enumerate(schedule.items):
         args = [item] if isinstance(item, str) else item
-        if not args or any("\0" in a for a in args):
+        if not args or any("\0" in a for a in args) or (isinstance(item, str) and not item.strip()):
             out.append(f"{where}.items[{i}]: an item is a URI or a non-empty list of args without NUL (got {item!r})")
     return out
 
