@@ -124,6 +124,9 @@ def test_scaler_runs_on_a_schedule_and_kicks_with_one_instance_internal_only(sta
     job = resources(stack, "google_cloud_scheduler_job")["control_schedule"]
     assert job["schedule"] == "* * * * *"
     assert job["pubsub_target"]["topic_name"] == fn["event_trigger"]["pubsub_topic"]
+    # A delivery turned away while a run ticks (one request at a time) is retried, not dropped:
+    # it may be a schedule's fire, and every message is idempotent.
+    assert fn["event_trigger"]["retry_policy"] == "RETRY_POLICY_RETRY"
     dead_letters = resources(stack, "google_monitoring_alert_policy")["alerts_dead-letters"]
     assert all("num_undelivered_messages" in c["condition_threshold"]["filter"] for c in dead_letters["conditions"])
     assert resources(stack, "google_firestore_database")["jobs"]["type"] == "FIRESTORE_NATIVE"

@@ -108,8 +108,11 @@ class ScalerFunction(Construct):
             event_trigger={
                 "trigger_region": env.region, "event_type": PUBLISHED, "pubsub_topic": self.kick_topic.id,
                 "service_account_email": invoker.email,
-                # A failed tick is superseded by the next one; retrying it only adds load.
-                "retry_policy": "RETRY_POLICY_DO_NOT_RETRY",
+                # The function answers every event it ran, failed ticks included (on_kick logs them):
+                # a failed delivery is the platform's (busy: one request at a time, a timeout), and
+                # without a retry it is dropped, a schedule's fire with it. Every message is
+                # idempotent (a fire's job id is its fire time; ticks set desired absolutely).
+                "retry_policy": "RETRY_POLICY_RETRY",
             },
         )  # fmt: skip
         CloudRunServiceIamMember(self, "trigger-invokes", location=env.region, service=self.function.name,
