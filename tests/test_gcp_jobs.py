@@ -279,3 +279,12 @@ def test_an_item_pubsub_dead_lettered_after_its_delivery_attempts_is_failed_and_
     hold, release = calls(gcp, "POST", f"/subscriptions/{DLQ}:modifyAckDeadline")
     assert hold["body"]["ackDeadlineSeconds"] == sdk.REDRIVE_HOLD_S and "ackDeadlineSeconds" not in release["body"]
     assert sdk.retry_failed(ENV, job) == 1 and for_env(ENV).store.item(job, "000000").status == "queued"
+
+
+def test_a_queue_whose_subscription_is_not_deployed_is_named_and_leaves_no_job(gcp):
+    del gcp.subscriptions[SUB]
+    with pytest.raises(sdk.JobError) as err:
+        sdk.submit(ENV, "no queue", "default", sdk.read_items(["a"]), kick=False)
+    assert str(err.value).startswith(f"queues.default: Pub/Sub subscription '{SUB}' does not exist in project "
+                                     f"{ENV.project}; it was added after the last deploy")  # fmt: skip
+    assert for_env(ENV).store.job(sdk.job_id_for("no queue")) is None

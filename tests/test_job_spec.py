@@ -112,9 +112,19 @@ def test_a_bad_spec_is_refused_before_anything_is_written(h):
     result = CliRunner().invoke(main, ["submit", "--env", str(h.env_path), "--name", "n", "--queue", "short",
                                        "--items", "-", "--command", "rm -rf /", "--slots", "9"], input="a\n")  # fmt: skip
     assert result.exit_code == 1 and "Traceback" not in result.output
-    assert "spec.command: queue 'short' does not accept this command (got 'rm -rf /')" in result.output
-    assert "spec.slots: must be a whole number from 1 to 1" in result.output
+    # The CLI names its own flags, not the record's fields.
+    assert "--command: queue 'short' does not accept this command (got 'rm -rf /')" in result.output
+    assert "--slots: must be a whole number from 1 to 1, the queue's slots_per_item (got 9); ask for less" in result.output
+    assert "spec." not in result.output
     assert sdk.jobs(h.env) == []
+    for flags, expected in ((["--slots", "0"], ("--slots: must be a whole number from 1 to 1, the queue's slots_per_item "
+                                                "(got 0); give 1 to 1, or leave it out for the queue's 1")),
+                            (["--timeout", "0"], "--timeout: must be a whole number from 1 to 2"),
+                            (["--max-retries", "-1"], "--max-retries: must be a whole number from 0 to 0"),
+                            (["--item-env", "1X=a"], "--item-env 1X: not a usable variable name")):  # fmt: skip
+        out = CliRunner().invoke(main, ["submit", "--env", str(h.env_path), "--name", "n", "--queue", "short",
+                                        "--items", "-", *flags], input="a\n")  # fmt: skip
+        assert out.exit_code == 1 and expected in out.output and "ask for less" not in out.output, out.output
     bad_env = CliRunner().invoke(main, ["submit", "--env", str(h.env_path), "--name", "n", "--queue", "work",
                                         "--items", "-", "--item-env", "LR"], input="a\n")  # fmt: skip
     assert bad_env.exit_code == 2 and "--item-env" in bad_env.output and "KEY=VALUE" in bad_env.output

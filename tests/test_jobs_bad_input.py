@@ -6,6 +6,8 @@ redrive moved to the dead-letter queue as failed."""
 from __future__ import annotations
 
 import io
+import json
+import os
 
 import boto3
 import pytest
@@ -71,6 +73,7 @@ def queued(h: Harness) -> int:
         (b"# only a comment\n\n", "items.txt: no items given; a job needs at least one item"),
         (GOOD_25 + b'{"id": "x/y", "args": []}\n', "items.txt:26: item id 'x/y' contains '/'"),  # after 3 batches
     ],
+    ids=lambda value: repr(value)[:60],  # a 1 MiB id would reach PYTEST_CURRENT_TEST: too long for a child's environment
 )  # fmt: skip
 def test_a_bad_items_file_is_refused_with_its_line_and_leaves_no_job(h, tmp_path, content, message):
     items = tmp_path / "items.txt"
@@ -88,9 +91,57 @@ def test_stdin_that_is_not_utf8_is_refused_with_its_line(h):
     assert "stdin:2: not UTF-8 (byte 0xe9 at column 6)" in out.output
 
 
-def test_a_line_of_exactly_one_mebibyte_is_accepted():
-    (spec,) = sdk.read_items(io.BytesIO(b"x" * MB + b"\n"))
-    assert len(spec.args[0]) == MB
+def test_an_item_of_exactly_the_item_bound_is_accepted_and_one_byte_more_is_refused():
+    fill = sdk.MAX_ITEM_BYTES - len('["000000",[""]]')
+    (spec,) = sdk.read_items(io.BytesIO(b"x" * fill + b"\n"))
+    assert len(spec.args[0]) == fill
+    with pytest.raises(sdk.JobError, match=r"stdin:1: item '000000' is 65537 bytes as stored .* over the 64 KiB"):
+        sdk.read_items(io.BytesIO(b"x" * (fill + 1) + b"\n"))
+
+
+# -- items the store could never hold ----------------------------------------------------------
+@pytest.mark.parametrize(
+    "line, size",
+    [
+        (b"x" * (MB - 1), MB - 1 + 15),  # passes the line check; a DynamoDB item holds 400 KB
+        (json.dumps([f"--arg{n}={'v' * 1000}" for n in range(300)]).encode(), None),  # ~300 KB: never claimable
+        (json.dumps(["\u00e9" * 20000]).encode(), 20000 * 6 + 15),  # measured as sent: JSON escapes non-ASCII
+    ],
+    ids=["near-1MiB-line", "300-args-of-1000", "escaped-non-ascii"],
+)  # fmt: skip
+def test_an_item_over_the_item_bound_is_refused_with_its_line_before_the_job_is_written(h, tmp_path, line, size):
+    items = tmp_path / "items.txt"
+    items.write_bytes(b"s3://fine\n" + line + b"\n")
+    out = run(h, "submit", "--name", "big", "--queue", "work", "--items", str(items))
+    refused_cleanly(out)
+    assert f"{items}:2: item '000001' is " in out.output
+    assert "over the 64 KiB an item may hold; pass large data by URI, not inline; nothing submitted" in out.output
+    if size:
+        assert f"is {size} bytes as stored" in out.output
+    assert DynamoStore(h.env.name, h.env.region).job(sdk.job_id_for("big")) is None and queued(h) == 0
+
+
+def test_an_item_at_the_bound_is_recorded_sent_and_claimable_with_a_long_history(h):
+    """The bound leaves room: an agent's claim and many attempts' history entries still fit."""
+    fill = sdk.MAX_ITEM_BYTES - len('["000000",[""]]')
+    job_id = sdk.submit(h.env, "at bound", "work", sdk.read_items(["y" * fill]), kick=False).job_id
+    store = DynamoStore(h.env.name, h.env.region)
+    entry = {"attempt": 1, "node": "i-0123456789abcdef0", "outcome": "failed", "reason": "exit code 1; last output: " + "z" * 300}
+    for n in range(100):
+        assert store.update_item(job_id, "000000", status="running", node="i-0123456789abcdef0", lease_until=1e12,
+                                 message_id="m" * 100, append={"history": {**entry, "attempt": n}}) is not None
+    assert len(store.item(job_id, "000000").history) == 100
+
+
+def test_an_item_environment_over_the_bound_is_refused_naming_the_flag(h, tmp_path):
+    items = tmp_path / "items.txt"
+    items.write_text("a\n")
+    big = [f"--item-env=V{n}={'x' * 120_000}" for n in range(4)]
+    out = run(h, "submit", "--name", "env", "--queue", "work", "--items", str(items), *big)
+    refused_cleanly(out)
+    assert "--item-env: 4 variable(s) of 480008 bytes in all, over the 64 KiB a job's environment may hold; " \
+           "pass large data by URI" in out.output  # fmt: skip
+    assert DynamoStore(h.env.name, h.env.region).job(sdk.job_id_for("env")) is None and queued(h) == 0
 
 
 def test_every_problem_is_listed_up_to_ten_then_counted(tmp_path):
@@ -254,3 +305,86 @@ def test_a_dead_letter_the_agent_sent_on_the_jobs_own_retry_budget_is_left_to_th
     sdk.send_messages(cloud, "work", [sdk.ItemMessage(job, "000000", ["a"], failures=1)], dead_letter=True)
     assert sdk.reconcile_dead_letters(h.env, job).failed == []
     assert store.item(job, "000000").status == "running", "the agent's record comes next"
+
+
+# -- names, ids and paths ------------------------------------------------------------------------
+def test_an_empty_name_or_job_id_is_refused_naming_the_option(h, tmp_path):
+    items = tmp_path / "items.txt"
+    items.write_text("a\n")
+    out = run(h, "submit", "--name", "", "--queue", "work", "--items", str(items))
+    refused_cleanly(out)
+    assert "name: a job needs a name (got ''); give --name a few words" in out.output
+    out = run(h, "submit", "--name", "n", "--job-id", "", "--queue", "work", "--items", str(items))
+    refused_cleanly(out)
+    assert "job id: '' is empty; use 1-128 letters" in out.output
+    assert sdk.jobs(h.env) == [] and queued(h) == 0
+
+
+def test_a_job_id_given_again_with_another_name_is_refused(h, tmp_path):
+    items = tmp_path / "items.txt"
+    items.write_text("a\n")
+    assert run(h, "submit", "--name", "x", "--job-id", "x-1", "--queue", "work", "--items", str(items)).exit_code == 0
+    out = run(h, "submit", "--name", "somethingelse", "--job-id", "x-1", "--queue", "work", "--items", str(items))
+    refused_cleanly(out)
+    assert "job 'x-1' already exists under the name 'x' (got 'somethingelse'); re-submit it with --name 'x', " \
+           "or use another --job-id" in out.output  # fmt: skip
+    assert queued(h) == 1
+
+
+def test_items_from_a_pipe_are_read_and_a_directory_is_named_as_one(h, tmp_path):
+    read, write = os.pipe()
+    os.write(write, b"s3://b/1\ns3://b/2\n")
+    os.close(write)
+    try:
+        assert [s.args for s in sdk.read_items(f"/dev/fd/{read}")] == [["s3://b/1"], ["s3://b/2"]]
+    finally:
+        os.close(read)
+    out = run(h, "submit", "--name", "d", "--queue", "work", "--items", str(tmp_path))
+    refused_cleanly(out)
+    assert f"items: '{tmp_path}' is a directory; give a file of URIs or JSON lines, or '-' for stdin" in out.output
+    assert "no such file" in run(h, "submit", "--name", "d", "--queue", "work", "--items", str(tmp_path / "nope")).output
+
+
+def test_logs_of_an_item_the_job_does_not_have_is_an_error(h):
+    job_id = sdk.submit(h.env, "logged", "work", sdk.read_items(["a"]), kick=False).job_id
+    out = run(h, "logs", job_id, "000000")
+    assert out.exit_code == 0 and f"no logs yet for {job_id}/000000" in out.output
+    for item, message in (("nosuch-item", f"item 'nosuch-item' not found in job '{job_id}'; check the id"),
+                          ("../../x", "item id '../../x' contains '..'")):  # fmt: skip
+        out = run(h, "logs", job_id, item)
+        refused_cleanly(out)
+        assert message in out.output and "no logs yet" not in out.output
+
+
+# -- what submit says it does --------------------------------------------------------------------
+def test_submit_says_held_for_an_after_job_and_already_submitted_for_a_no_op(h, tmp_path):
+    items = tmp_path / "items.txt"
+    items.write_text("a\nb\n")
+    first = run(h, "submit", "--name", "first", "--queue", "work", "--items", str(items))
+    assert first.exit_code == 0 and "sending 2 item(s) to work" in first.output
+    assert "2 item(s), 2 new, 2 sent" in first.output
+    again = run(h, "submit", "--name", "first", "--queue", "work", "--items", str(items))
+    assert again.exit_code == 0 and "sending" not in again.output, again.output
+    job = sdk.job_id_for("first")
+    assert f"job {job}: already submitted (2 item(s)); nothing recorded or sent again" in again.output
+    held = run(h, "submit", "--name", "then", "--queue", "work", "--items", str(items), "--after", job)
+    assert held.exit_code == 0 and "sending" not in held.output and "2 sent" not in held.output, held.output
+    assert f"recording 2 item(s) on work, held until {job} has succeeded" in held.output
+    assert "2 item(s), 2 new, held: sent once job" in held.output and queued(h) == 2
+
+
+# -- a queue the environment file has and the cloud does not -------------------------------------
+def test_a_queue_not_deployed_is_named_and_leaves_no_job(h, tmp_path):
+    (tmp_path / "more").mkdir()
+    grown = tmp_path / "more" / h.env_path.name  # the same environment, a queue added since its deploy
+    grown.write_text(h.env_path.read_text() + '\n[queues.extra]\npool = "cpu"\n')
+    items = tmp_path / "items.txt"
+    items.write_text("a\n")
+    out = CliRunner().invoke(main, ["submit", "--env", str(grown), "--name", "newq", "--queue", "extra",
+                                    "--items", str(items)], env={"TIDEFLEET_KICK_URL": "http://127.0.0.1:9/"})  # fmt: skip
+    refused_cleanly(out)
+    name = naming.queue(h.env.name, "extra")
+    assert f"queues.extra: SQS queue '{name}' does not exist in region us-east-1; it was added after the last " \
+           f"deploy: deploy it (invoke deploy --env {h.env.name})" in out.output  # fmt: skip
+    assert "is not deployed" not in out.output
+    assert DynamoStore(h.env.name, h.env.region).job(sdk.job_id_for("newq")) is None

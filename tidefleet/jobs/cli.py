@@ -92,8 +92,13 @@ def submit(env_name, name, queue, items_from, job_id, image, command, job_env, s
     def recorded(job) -> None:  # the id at once: a long submit can be followed (and resumed) by it
         nonlocal started
         started = job
-        bar.console.print(f"job {job.job_id}: sending {job.total} item(s) to {job.queue}; "
-                          "if stopped, the same command continues it", markup=False, highlight=False)
+        if job.chunk and not job.submitting:  # submitted before: the last line says so
+            return
+        doing = (f"recording {len(items)} item(s) on {job.queue}, held until {job.after} has "
+                 f"{'finished' if job.after_finished else 'succeeded'}" if job.waiting
+                 else f"sending {len(items)} item(s) to {job.queue}")  # fmt: skip
+        bar.console.print(f"job {job.job_id}: {doing}; if stopped, the same command continues it",
+                          markup=False, highlight=False, soft_wrap=True)  # one line: the id is copied from it
 
     with _explained(env):
         items = sdk.read_items(items_from)
@@ -102,12 +107,19 @@ def submit(env_name, name, queue, items_from, job_id, image, command, job_env, s
             task = bar.add_task("", total=len(items))
             try:
                 result = sdk.submit(env, name, queue, items, job_id=job_id, progress=told, on_job=recorded, spec=spec,
-                                    after=after, after_finished=after_finished)  # fmt: skip
+                                    after=after, after_finished=after_finished, flags=True)  # fmt: skip
             except KeyboardInterrupt:
                 where = f"job {started.job_id}: {done} of {started.total} item(s) sent" if started else "nothing sent"
                 click.echo(f"interrupted: {where}; run the same command again to continue", err=True)
                 raise SystemExit(130) from None
-    click.echo(f"job {result.job_id}: {result.total} item(s), {result.new_items} new, {result.sent} sent; {result.kick}")
+    if result.already:
+        click.echo(f"job {result.job_id}: already submitted ({result.total} item(s)); nothing recorded or sent again; "
+                   f"`tidefleet status {result.job_id}` shows its progress")  # fmt: skip
+    elif result.held:
+        click.echo(f"job {result.job_id}: {result.total} item(s), {result.new_items} new, held: sent once job "
+                   f"{after} has {'finished' if after_finished else 'succeeded'}")  # fmt: skip
+    else:
+        click.echo(f"job {result.job_id}: {result.total} item(s), {result.new_items} new, {result.sent} sent; {result.kick}")
 
 
 def _console(**kwargs) -> Console:

@@ -56,6 +56,7 @@ from dataclasses import asdict, dataclass, replace
 from itertools import islice
 from pathlib import Path
 
+from tidefleet import naming
 from tidefleet.cloud import for_env
 from tidefleet.config import NODE_LOSSES_TOLERATED, Environment, Queue
 from tidefleet.jobs.identity import identify
@@ -122,7 +123,16 @@ class ItemSpec:
 MAX_ID = 128
 ID_RULE = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_ID - 1}}}")
 ID_HELP = f"use 1-{MAX_ID} letters, digits, '.', '_' or '-', starting with a letter or digit, without '..'"
-MAX_LINE_BYTES = 1 << 20  # 1 MiB: an item is a few arguments, not its data
+MAX_LINE_BYTES = 1 << 20  # 1 MiB: a line is read whole only up to this (memory); the item bound below is tighter
+# An item is a few arguments, not its data. Its record holds the args and, over its life, the
+# claim (node, lease, message id), one history entry per attempt (a few hundred bytes each, the
+# reason capped at ~300 characters of output), the gang's members and the last reason; its message
+# carries the args too. The tightest limits: a DynamoDB item is at most 400 KB (attribute names
+# included) and an SQS message 256 KiB; a Firestore document 1 MiB and a Pub/Sub message 10 MB.
+# 64 KiB of id and args (JSON, non-ASCII escaped: never smaller than what is stored or sent)
+# leaves over 300 KB for the rest on DynamoDB and fits a message with room to spare: one bound
+# for both clouds.
+MAX_ITEM_BYTES = 64 << 10
 MAX_PROBLEMS = 10  # problems listed before the rest are only counted
 
 
@@ -246,9 +256,12 @@ class _Reader:
             used = f"on line {first}" if self.lines else f"by {self.where(first)}"
             self.problem(at, f"item id {spec.item_id[:80]!r} already used {used}; give each item its own id")
         self.count += 1
+        line = _canonical(spec)
+        if len(line) - 1 > MAX_ITEM_BYTES:  # ASCII (json.dumps escapes the rest): characters are bytes
+            self.problem(at, f"item {spec.item_id[:80]!r} is {len(line) - 1} bytes as stored (its id and args as JSON), "
+                             f"over the {MAX_ITEM_BYTES // 1024} KiB an item may hold; pass large data by URI, not inline")
         if self.problems:  # refused anyway: keep counting problems, stop keeping items
             return
-        line = _canonical(spec)
         self.hash.update(line.encode())
         if self.spool is not None:
             self.spool.write(line)
@@ -291,7 +304,9 @@ def read_items(source: Iterable | str | Path | io.IOBase) -> ItemList:
         if str(source) == "-":  # bytes, so a line that is not UTF-8 is reported, not a crash
             return _lines(getattr(sys.stdin, "buffer", sys.stdin), "stdin")
         path = Path(source)
-        if not path.is_file():
+        if path.is_dir():
+            raise JobError(f"items: {str(path)!r} is a directory; give a file of URIs or JSON lines, or '-' for stdin")
+        if not path.exists():  # a pipe (<(cmd), /dev/stdin) or a device is read like a file
             raise JobError(f"items: no such file {str(path)!r}; give a file of URIs or JSON lines, or '-' for stdin")
         try:
             with path.open("rb") as stream:
@@ -402,6 +417,8 @@ class Submitted:
     sent: int  # sent by this call (new ones plus any a stopped earlier submit left unsent)
     total: int
     kick: str  # how the scaler was told, or why it was not
+    already: bool = False  # its submit had finished before: this call did nothing
+    held: bool = False  # its items wait for another job (`after`): recorded, not sent
 
 
 @dataclass(frozen=True)
@@ -420,7 +437,7 @@ def submit(
     env: Environment, name: str, queue: str, items: Iterable[ItemSpec], *, job_id: str | None = None,
     kick: bool = True, progress: Callable[[int], None] | None = None, on_job: Callable[[Job], None] | None = None,
     threads: int = THREADS, spec: JobSpec | None = None, after: str | None = None,
-    after_finished: bool = False, schedule: str = "", deadline: float = 0.0,
+    after_finished: bool = False, schedule: str = "", deadline: float = 0.0, flags: bool = False,
 ) -> Submitted:
     """Record the job and its items, send them, kick the scaler once the first chunk is out.
     Idempotent, and a submit that stopped midway is continued: submitting the same job and items
@@ -428,48 +445,51 @@ def submit(
     `progress(n)` as items go out (first with those an earlier submit already sent).
     `after`: record the items `pending` and send nothing; the minute watch sends them once that
     job has succeeded (or finished, `after_finished`); see tidefleet.jobs.scheduled. `schedule`
-    and `deadline` mark a scheduled run, which the watch cancels as timed out past its deadline."""
+    and `deadline` mark a scheduled run, which the watch cancels as timed out past its deadline.
+    `flags`: name the spec's problems by the CLI's options (--slots) rather than its fields (spec.slots)."""
     if queue not in env.queues:
         known = ", ".join(sorted(env.queues))
         raise JobError(f"queue: unknown queue {queue!r} in environment {env.name!r}; known queues: {known}")
-    job_id = job_id or job_id_for(name)
+    if not isinstance(name, str) or not name.strip():
+        raise JobError(f"name: a job needs a name (got {name!r}); give --name a few words, e.g. --name nightly-eval")
+    job_id = job_id_for(name) if job_id is None else job_id
     if (why := id_problem(job_id)) is not None:
         raise JobError(f"job id: {job_id[:80]!r} {why}; {ID_HELP}")
     spec = spec or JobSpec()
     q = env.queues[queue]
-    if wrong := spec_problems(spec, queue, q, env.pools[q.pool]):
+    if wrong := spec_problems(spec, queue, q, env.pools[q.pool], flags=flags):
         raise JobError("; ".join(wrong))
     items = check_items(items)  # everything is checked before the first write
     cloud = for_env(env)
     if after is not None and cloud.store.job(after) is None:
         raise JobError(f"after: job {after!r} not found in environment {env.name!r}; give the id its submit printed")
-    who, unknown_why = identify(cloud)  # said only once the store answered: else its error is the one line
-    ours = Job(job_id, name, queue, time.time(), len(items), items_digest=items.digest, chunk=CHUNK, window=threads,
-               submitting=True, spec=spec.record(), submitter=who, after=after or "",
-               after_finished=after_finished, waiting=after is not None, schedule=schedule, deadline=deadline,
-               counted=True)  # fmt: skip
-    stored = cloud.store.put_job(ours)
-    if unknown_why:
-        log.warning("%s", unknown_why)
+    # The store answers first (an error there means the environment is not deployed); a job that
+    # exists is checked, and reused, without a write; a new one is recorded only once its queue is
+    # known to exist, so a missing queue never leaves a job stuck submitting.
+    stored = existing = cloud.store.job(job_id)
+    if existing is not None:
+        _same_job(cloud, existing, name, queue, spec, items)
+        if existing.submitting or not existing.chunk:  # it has items to send: its queue must be there
+            _resolve_queue(cloud, env, queue)
+    else:
+        _resolve_queue(cloud, env, queue)
+        who, unknown_why = identify(cloud)  # said only once the store answered: else its error is the one line
+        ours = Job(job_id, name, queue, time.time(), len(items), items_digest=items.digest, chunk=CHUNK, window=threads,
+                   submitting=True, spec=spec.record(), submitter=who, after=after or "",
+                   after_finished=after_finished, waiting=after is not None, schedule=schedule, deadline=deadline,
+                   counted=True)  # fmt: skip
+        stored = cloud.store.put_job(ours)
+        if unknown_why:
+            log.warning("%s", unknown_why)
+        if stored != ours:  # another submit created it since it was read
+            _same_job(cloud, stored, name, queue, spec, items)
     if stored.waiting or stored.schedule:  # again on a re-run: a submit stopped before this line
         cloud.store.watch(job_id)
-    if stored.queue != queue:
-        raise JobError(f"job {job_id!r} already exists on queue {stored.queue!r}; use another name or --job-id")
-    if stored.spec != ours.spec:
-        raise JobError(f"job {job_id!r} already exists with another spec ({stored.spec or 'the queue defaults'}); "
-                       "re-submit with the same options, or use another --name or --job-id")  # fmt: skip
-    if stored.cancelled:
-        raise JobError(f"job {job_id!r} was cancelled; submit under another name or --job-id")
-    if not _same_items(cloud, stored, items):
-        raise JobError(
-            f"job {job_id!r} already exists with different items ({stored.total} item(s) recorded, "
-            f"{len(items)} given); re-submit the same items in the same order, or use another --name or --job-id"
-        )
     if on_job:
         on_job(stored)
     if stored.chunk and not stored.submitting:  # finished before: nothing to read, nothing to do
-        return Submitted(job_id, 0, 0, stored.total, "not needed")
-    plan = _plan(cloud, stored, fresh=stored == ours, threads=threads)
+        return Submitted(job_id, 0, 0, stored.total, "not needed", already=True, held=stored.waiting)
+    plan = _plan(cloud, stored, fresh=existing is None and stored == ours, threads=threads)
     if progress and plan.done:
         progress(sum(plan.done.values()))
     new, sent, how = 0, 0, "not needed"
@@ -501,7 +521,52 @@ def submit(
         pool.shutdown(wait=True, cancel_futures=True)
     if stored.submitting or stored.total != len(items):
         cloud.store.end_submit(job_id, len(items))
-    return Submitted(job_id, new, sent, len(items), how)
+    return Submitted(job_id, new, sent, len(items), how, held=stored.waiting)
+
+
+def _same_job(cloud: Cloud, stored: Job, name: str, queue: str, spec: JobSpec, items: ItemList) -> None:
+    """A submit of an existing job continues it only with the same name, queue, spec and items."""
+    job_id = stored.job_id
+    if stored.name != name:
+        raise JobError(f"job {job_id!r} already exists under the name {stored.name!r} (got {name!r}); "
+                       f"re-submit it with --name {stored.name!r}, or use another --job-id")  # fmt: skip
+    if stored.queue != queue:
+        raise JobError(f"job {job_id!r} already exists on queue {stored.queue!r}; use another name or --job-id")
+    if stored.spec != spec.record():
+        raise JobError(f"job {job_id!r} already exists with another spec ({stored.spec or 'the queue defaults'}); "
+                       "re-submit with the same options, or use another --name or --job-id")  # fmt: skip
+    if stored.cancelled:
+        raise JobError(f"job {job_id!r} was cancelled; submit under another name or --job-id")
+    if not _same_items(cloud, stored, items):
+        raise JobError(
+            f"job {job_id!r} already exists with different items ({stored.total} item(s) recorded, "
+            f"{len(items)} given); re-submit the same items in the same order, or use another --name or --job-id"
+        )
+
+
+QUEUE_KINDS = {"aws": ("SQS queue", "region"), "gcp": ("Pub/Sub subscription", "project")}
+
+
+def _resolve_queue(cloud: Cloud, env: Environment, queue: str) -> None:
+    """The queue exists (its URL / subscription is looked up), or JobError naming it: a queue added
+    to the environment file after its last deploy. Other errors are the cloud's to explain."""
+    try:
+        cloud.queues.lease_s(queue)
+    except cloud.errors as err:
+        if not _not_found(err):
+            raise
+        kind, where = QUEUE_KINDS.get(cloud.name, ("queue", "region"))
+        place = env.project if where == "project" else env.region
+        raise JobError(f"queues.{queue}: {kind} {naming.queue(env.name, queue)!r} does not exist in {where} {place}; "
+                       f"it was added after the last deploy: deploy it (invoke deploy --env {env.name})") from None
+
+
+def _not_found(err: BaseException) -> bool:
+    """A cloud's "no such resource": an AWS error code naming a missing thing, or HTTP 404 (Google).
+    (The ports have no error type of their own for a missing queue yet.)"""
+    response = getattr(err, "response", None)
+    code = response.get("Error", {}).get("Code", "") if isinstance(response, dict) else ""
+    return any(word in code for word in ("NonExistent", "NotFound", "DoesNotExist")) or getattr(err, "code", None) == 404
 
 
 def _plan(cloud: Cloud, job: Job, *, fresh: bool, threads: int) -> _Plan:
@@ -811,7 +876,14 @@ def retry_failed(env: Environment, job_id: str) -> int:
 def log_lines(env: Environment, job_id: str, item_id: str | None = None) -> Iterator[tuple[str, str]]:
     """(stream, line) for every attempt of the job's items (or one item), oldest first per stream."""
     cloud = for_env(env)
-    return cloud.logs.lines(_job(cloud, env, job_id).queue, job_id, item_id)
+    job = _job(cloud, env, job_id)
+    if item_id is not None:
+        if (why := id_problem(item_id)) is not None:
+            raise JobError(f"item id {item_id[:80]!r} {why}; give an item id of job {job_id} (`tidefleet status {job_id} --failed` lists failed ones)")
+        if cloud.store.item(job_id, item_id) is None:
+            raise JobError(f"item {item_id!r} not found in job {job_id!r}; check the id "
+                           f"(`tidefleet status {job_id} --failed` lists the failed items)")  # fmt: skip
+    return cloud.logs.lines(job.queue, job_id, item_id)
 
 
 # -- nodes --------------------------------------------------------------------------------

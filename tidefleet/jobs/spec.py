@@ -60,43 +60,60 @@ def _image(spec: JobSpec, pool: Pool) -> str | None:
     return f"{repository}{spec.image}"
 
 
-def problems(spec: JobSpec, queue_name: str, queue: Queue, pool: Pool) -> list[str]:
-    """One line per problem: field, value, what to do."""
+# The job's env rides on its record (DynamoDB: 400 KB an item) and into every attempt's process
+# environment: a few settings, not data. 64 KiB in all (names and values, UTF-8) leaves the
+# record room and stays under Linux's 128 KiB per variable.
+MAX_ENV_BYTES = 64 << 10
+FIELDS = {"image": "spec.image", "command": "spec.command", "env": "spec.env.", "slots": "spec.slots",
+          "timeout_s": "spec.timeout_s", "max_retries": "spec.max_retries"}
+FLAGS = {"image": "--image", "command": "--command", "env": "--item-env ", "slots": "--slots",
+         "timeout_s": "--timeout", "max_retries": "--max-retries"}
+
+
+def problems(spec: JobSpec, queue_name: str, queue: Queue, pool: Pool, *, flags: bool = False) -> list[str]:
+    """One line per problem: field (or, with `flags`, the CLI option), value, what to do."""
     out = []
     q = f"queues.{queue_name}"
+    at = FLAGS if flags else FIELDS
     if spec.image is not None:
         image = _image(spec, pool)
         if pool.container is None:
-            out.append(f"spec.image: queue {queue_name!r} runs a command, not a container (got {spec.image!r}); "
+            out.append(f"{at['image']}: queue {queue_name!r} runs a command, not a container (got {spec.image!r}); "
                        "drop --image or use a queue of a container pool")  # fmt: skip
         elif not re.fullmatch(IMAGE_REFERENCE, image):
-            out.append(f"spec.image: not an image reference (got {spec.image!r}); e.g. 'ghcr.io/acme/train:v2' or ':v2'")
+            out.append(f"{at['image']}: not an image reference (got {spec.image!r}); e.g. 'ghcr.io/acme/train:v2' or ':v2'")
         elif not _same_repository(image, pool.container) and not _accepted(image, queue.accept_images):
-            out.append(f"spec.image: queue {queue_name!r} does not accept this image (got {image!r}); "
+            out.append(f"{at['image']}: queue {queue_name!r} does not accept this image (got {image!r}); "
                        f"add a pattern to {q}.accept_images or use a tag of {pool.container!r}")  # fmt: skip
     if spec.command is not None:
         try:
             words = shlex.split(spec.command)
         except ValueError as err:
             words = None
-            out.append(f"spec.command: not shell words ({err}) (got {spec.command!r}); close the quote or escape it")
+            out.append(f"{at['command']}: not shell words ({err}) (got {spec.command!r}); close the quote or escape it")
         if words == []:
-            out.append("spec.command: empty (got ''); give a command or leave it out")
+            out.append(f"{at['command']}: empty (got ''); give a command or leave it out")
         elif words and not _accepted(spec.command, queue.accept_commands):
-            out.append(f"spec.command: queue {queue_name!r} does not accept this command (got {spec.command!r}); "
+            out.append(f"{at['command']}: queue {queue_name!r} does not accept this command (got {spec.command!r}); "
                        f"add a pattern to {q}.accept_commands")  # fmt: skip
     for key, value in spec.env.items():
         if not isinstance(key, str) or not re.fullmatch(ENV_VAR, key) or key.startswith("TIDEFLEET_"):
-            out.append(f"spec.env.{key}: not a usable variable name (got {key!r}); letters, digits, '_'; TIDEFLEET_* is reserved")
+            out.append(f"{at['env']}{key}: not a usable variable name (got {key!r}); letters, digits, '_'; TIDEFLEET_* is reserved")
         elif not isinstance(value, str) or "\0" in value:
-            out.append(f"spec.env.{key}: a value must be a string without NUL (got {value!r})")
+            out.append(f"{at['env']}{key}: a value must be a string without NUL (got {value!r})")
+    sizes = [len(str(k).encode("utf-8", "surrogatepass")) + len(v.encode("utf-8", "surrogatepass")) for k, v in spec.env.items() if isinstance(v, str)]
+    if sum(sizes) > MAX_ENV_BYTES:
+        out.append(f"{at['env'].strip(' .')}: {len(sizes)} variable(s) of {sum(sizes)} bytes in all, over the "
+                   f"{MAX_ENV_BYTES // 1024} KiB a job's environment may hold; pass large data by URI, not inline")  # fmt: skip
     for name, value, most in (("slots", spec.slots, queue.slots_per_item), ("timeout_s", spec.timeout_s, queue.item_timeout_s),
                               ("max_retries", spec.max_retries, queue.max_retries)):  # fmt: skip
         least = 0 if name == "max_retries" else 1
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not least <= value <= most):
             config = {"slots": "slots_per_item", "timeout_s": "item_timeout_s"}.get(name, name)
-            out.append(f"spec.{name}: must be a whole number from {least} to {most}, the queue's {config} "
-                       f"(got {value!r}); ask for less, or raise {q}.{config}")  # fmt: skip
+            fix = (f"ask for less, or raise {q}.{config}" if isinstance(value, int) and not isinstance(value, bool)
+                   and value > most else f"give {least} to {most}, or leave it out for the queue's {most}")  # fmt: skip
+            out.append(f"{at[name]}: must be a whole number from {least} to {most}, the queue's {config} "
+                       f"(got {value!r}); {fix}")  # fmt: skip
     return out
 
 
