@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import threading
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import boto3
@@ -16,6 +17,7 @@ from click.testing import CliRunner
 from tidefleet import naming
 from tidefleet.agent.runner import workload_command
 from tidefleet.cli import main
+from tidefleet.cloud import for_env
 from tidefleet.cloud.aws.dynamodb import DynamoStore
 from tidefleet.config import Pool
 from tidefleet.jobs import sdk
@@ -195,4 +197,58 @@ def test_status_counts_from_the_jobs_counters_and_heartbeats_without_reading_an_
     assert not status.done and status.items == []
     store.update_item(job_id, "000002", status="succeeded")
     store.update_item(job_id, "000003", status="succeeded")
+    assert sdk.status(h.env, job_id).done
+
+
+def test_retry_failed_sends_each_item_back_once_per_call_even_if_it_fails_again_meanwhile(h, monkeypatch):
+    sqs = boto3.client("sqs", region_name=h.env.region)
+    dlq = sqs.get_queue_url(QueueName=naming.dead_letter_queue(h.env.name, "work"))["QueueUrl"]
+    job = sdk.submit(h.env, "flaky", "work", sdk.read_items(["a", "b"]), kick=False).job_id
+    for_env(h.env).queues.delete("work", [d.handle for d in for_env(h.env).queues.receive("work", 10, 0)])
+    for item in ("000000", "000001", "000000"):  # item 0 dead-lettered twice (a duplicate)
+        sqs.send_message(QueueUrl=dlq, MessageBody=sdk.ItemMessage(job, item, ["a"], failures=3).body())
+    sent = sdk.send_messages
+    refails = []
+
+    def fails_again_at_once(cloud, queue, messages, **kwargs):  # an agent that fails them again meanwhile
+        sent(cloud, queue, messages, **kwargs)
+        if not kwargs.get("dead_letter") and len(refails) < 3:
+            refails.append(messages)
+            sent(cloud, queue, [replace(m, failures=3) for m in messages], dead_letter=True)
+
+    monkeypatch.setattr(sdk, "send_messages", fails_again_at_once)
+    assert sdk.retry_failed(h.env, job) == 2, "two distinct items, each sent back once"
+    assert h.queue_depth("work") == 2
+    assert h.queue_depth("work", dead_letter=True) == 3, "the duplicate and the new failures wait for the next call"
+
+
+def test_cancel_leaves_a_finished_job_alone_and_says_so(h):
+    job_id = sdk.submit(h.env, "finished", "work", sdk.read_items(["a", "b", "c"]), kick=False).job_id
+    store = DynamoStore(h.env.name, h.env.region)
+    for item, status in (("000000", "succeeded"), ("000001", "succeeded"), ("000002", "failed")):
+        store.update_item(job_id, item, status=status)
+    runner, env = CliRunner(), {"TIDEFLEET_ENV": str(h.env_path)}
+    out = runner.invoke(main, ["cancel", job_id], env=env)
+    assert out.exit_code == 0 and out.output.strip() == \
+        f"job {job_id} already finished (succeeded 2, failed 1); nothing to cancel"  # fmt: skip
+    assert not store.job(job_id).cancelled
+    again = sdk.submit(h.env, "finished", "work", sdk.read_items(["a", "b", "c"]), kick=False)
+    assert again.already and again.sent == 0, "the idempotent re-submit still works"
+
+
+def test_cancelling_twice_says_already_cancelled(h):
+    job_id = sdk.submit(h.env, "twice-cancelled", "work", sdk.read_items(["a", "b"]), kick=False).job_id
+    runner, env = CliRunner(), {"TIDEFLEET_ENV": str(h.env_path)}
+    first = runner.invoke(main, ["cancel", job_id], env=env)
+    assert first.exit_code == 0 and f"job {job_id} cancelled: 2 waiting item(s) cancelled" in first.output
+    second = runner.invoke(main, ["cancel", job_id], env=env)
+    assert second.exit_code == 0 and second.output.strip() == f"job {job_id} already cancelled; nothing to cancel"
+    assert sdk.cancel_job(h.env, job_id).already
+
+
+def test_a_cancel_that_stopped_midway_is_finished_by_the_next(h):
+    job_id = sdk.submit(h.env, "half-cancelled", "work", sdk.read_items(["a", "b"]), kick=False).job_id
+    DynamoStore(h.env.name, h.env.region).cancel_job(job_id, "cancelled")  # flagged, items not reached yet
+    done = sdk.cancel_job(h.env, job_id)
+    assert done.cancelled == 2 and done.already.startswith(f"job {job_id} already cancelled")
     assert sdk.status(h.env, job_id).done

@@ -295,8 +295,14 @@ def cancel(env_name, job_id) -> None:
     """Cancel a job: queued items are skipped, running ones are stopped by their agents."""
     env = _load(env_name)
     with _explained(env):
-        n = sdk.cancel(env, job_id)
-    click.echo(f"job {job_id} cancelled: {n} waiting item(s) cancelled; running items stop within a heartbeat")
+        done = sdk.cancel_job(env, job_id)
+    if not done.already:
+        click.echo(f"job {job_id} cancelled: {done.cancelled} waiting item(s) cancelled; running items stop within a heartbeat")
+    elif done.cancelled:  # an earlier cancel stopped midway
+        click.echo(f"job {job_id} already cancelled; {done.cancelled} waiting item(s) it left cancelled now; "
+                   "running items stop within a heartbeat")  # fmt: skip
+    else:
+        click.echo(done.already)
 
 
 @click.command()

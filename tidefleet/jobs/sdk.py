@@ -821,31 +821,61 @@ def _agent_gave_up(msg: ItemMessage, max_retries: int) -> bool:
     return msg.failures > max_retries or msg.lost > NODE_LOSSES_TOLERATED
 
 
+@dataclass(frozen=True)
+class Cancelled:
+    cancelled: int  # waiting items this call cancelled
+    already: str = ""  # why the job needed no cancelling (finished, or cancelled before), to print
+
+
 def cancel(env: Environment, job_id: str, *, reason: str = "cancelled", cloud: Cloud | None = None) -> int:
-    """Flag the job (agents stop its running items) and cancel its waiting items; returns how many."""
-    store = (cloud or for_env(env)).store
-    if store.job(job_id) is None:
+    """Flag the job (agents stop its running items) and cancel its waiting items; returns how many.
+    A finished job is left as it is (0); see `cancel_job`."""
+    return cancel_job(env, job_id, reason=reason, cloud=cloud).cancelled
+
+
+def cancel_job(env: Environment, job_id: str, *, reason: str = "cancelled", cloud: Cloud | None = None) -> Cancelled:
+    """`cancel`, saying when there was nothing to do: a job whose every item is final keeps its
+    record (a finished job is not marked cancelled, so its idempotent re-submit still works); a
+    job cancelled before has its waiting items cancelled again (a cancel that stopped midway)."""
+    cloud = cloud or for_env(env)
+    store = cloud.store
+    job = store.job(job_id)
+    if job is None:
         raise JobError(f"job {job_id!r} not found in environment {env.name!r}; nothing to cancel")
-    store.cancel_job(job_id, reason)
+    current = _status(cloud, env, job)
+    if current.done:
+        c = current.counts
+        if job.cancelled:
+            return Cancelled(0, f"job {job_id} already cancelled; nothing to cancel")
+        counts = f"succeeded {c['succeeded']}, failed {c['failed']}" + (f", cancelled {c['cancelled']}" if c["cancelled"] else "")
+        return Cancelled(0, f"job {job_id} already finished ({counts}); nothing to cancel")
+    already = job.cancelled
+    if not already:
+        store.cancel_job(job_id, reason)
     waiting = [i for i in store.items(job_id) if i.status in ("pending", "queued")]
-    return sum(
+    n = sum(
         store.update_item(job_id, i.item_id, only_from=("pending", "queued"), status="cancelled", reason=reason)
         is not None
         for i in waiting
     )
+    return Cancelled(n, f"job {job_id} already cancelled; its running items stop within a heartbeat" if already else "")
 
 
 def retry_failed(env: Environment, job_id: str) -> int:
-    """Move this job's messages from the dead-letter queue back to its queue with a fresh retry budget."""
+    """Move this job's messages from the dead-letter queue back to its queue with a fresh retry
+    budget; returns how many distinct items went back. Each item goes back at most once per call:
+    one that fails again while the call still scans (the agent dead-letters it anew) is left in
+    the dead-letter queue for the next call, as is a second message of the same item, instead of
+    being sent back again with yet another fresh budget."""
     cloud = for_env(env)
     job = _job(cloud, env, job_id)
-    others: list[str] = []  # other jobs' messages: hidden while we scan, released at the end
-    moved = 0
+    others: list[str] = []  # other jobs' messages, and items moved already: hidden while we scan, released at the end
+    moved: set[str] = set()
     try:
         while True:
             got = cloud.queues.receive(job.queue, SEND_BATCH, 0, dead_letter=True, hold_s=120)
             if not got:
-                return moved
+                return len(moved)
             mine = []
             for m in got:
                 try:
@@ -853,7 +883,8 @@ def retry_failed(env: Environment, job_id: str) -> int:
                 except ValueError:
                     others.append(m.handle)
                     continue
-                if msg.job == job_id:
+                if msg.job == job_id and msg.item not in moved:
+                    moved.add(msg.item)
                     mine.append((msg, m.handle))
                 else:
                     others.append(m.handle)
@@ -867,7 +898,6 @@ def retry_failed(env: Environment, job_id: str) -> int:
                         cloud.store.update_item(job_id, msg.item, status="queued", failures=0, reason="")
                 send_messages(cloud, job.queue, [replace(msg, failures=0) for msg, _ in mine])
                 cloud.queues.delete(job.queue, [r for _, r in mine], dead_letter=True)
-                moved += len(mine)
     finally:
         if others:
             cloud.queues.release(job.queue, others, dead_letter=True)
