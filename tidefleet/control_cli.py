@@ -17,7 +17,7 @@ from tidefleet.control import tick as run_tick
 
 @click.command()
 @click.option("--env", "env_name", envvar="TIDEFLEET_ENV", required=True, show_envvar=True,
-              help="environment name or .toml path (default: $TIDEFLEET_ENV)")
+              help="environment name or .toml path")
 @click.option("--dry-run", is_flag=True, help="decide and print, change nothing")
 @click.option("--pool", "pools", multiple=True, help="only this pool (repeatable); default: every pool")
 @click.option("--log-json", is_flag=True, help="also print the JSON decision lines the function logs")

@@ -29,8 +29,8 @@ from tidefleet.jobs.spec import JobSpec
 json_option = click.option("--json", "as_json", is_flag=True,
                             help="print JSON (schema in the README) instead of text")
 env_option = click.option(
-    "--env", "env_name", envvar="TIDEFLEET_ENV", required=True,
-    help="environment name or .toml path (default: $TIDEFLEET_ENV)",
+    "--env", "env_name", envvar="TIDEFLEET_ENV", required=True, show_envvar=True,
+    help="environment name or .toml path",
 )
 
 
