@@ -75,6 +75,17 @@ def test_watch_redraws_until_done_then_exits_like_status(h, monkeypatch):
     out = run(h, "status", job_id, "--watch")
     assert out.exit_code == 1 and not pending
     assert "failed 2" in out.output and "failed 000001: boom" in out.output
+    # Piped (CliRunner is no terminal): a view each time the counts changed, one after the other.
+    assert out.output.index("failed 1") < out.output.index("failed 2")
+
+
+def test_piped_tables_keep_long_ids_whole_and_a_heartbeat_ahead_of_the_clock_is_0s_ago(h):
+    node_id = "i-" + "0123456789abcdef" * 6  # wider than the 80 columns rich assumes without a terminal
+    DynamoStore(h.env.name, h.env.region).put_heartbeat(
+        Heartbeat(node_id, "cpu", at=4e9, slots=2, busy_slots=1, idle_since=None, instance_type="c6i.large", spot=True))
+    out = run(h, "nodes")
+    assert out.exit_code == 0 and node_id in out.output, out.output
+    assert "0s ago" in out.output and "-0s" not in out.output and "-" not in out.output.split(node_id)[1].split("ago")[0]
 
 
 def test_status_summarises_failures_and_lists_them_all_with_failed(h):

@@ -124,7 +124,15 @@ def submit(env_name, name, queue, items_from, job_id, image, command, job_env, s
 
 def _console(**kwargs) -> Console:
     # User text (ids, reasons, output) goes through escape(); emoji codes like :x: stay as typed.
-    return Console(emoji=False, **kwargs)
+    # Piped (CI logs, grep), lines and tables are as wide as their text: rich would fold them at 80
+    # columns and cut node ids short.
+    console = Console(emoji=False, **kwargs)
+    if not console.is_terminal:
+        console.width = PIPED_WIDTH
+    return console
+
+
+PIPED_WIDTH = 10_000
 
 
 FAILED_SHOWN = 10  # failed items listed by `status` before --failed is needed
@@ -224,6 +232,15 @@ def status(env_name, job_id, watch, time_limit, all_failed, as_json) -> None:
         elif not watch or current.done:
             _print(console, _view(current, all_failed=all_failed))
             _warn(current)
+        elif not console.is_terminal:  # piped: a view whenever it changed, not one redrawn in place
+            deadline, shown = _deadline(time_limit), _counts(current)
+            _print(console, _view(current, all_failed=all_failed))
+            while not current.done and _wait(deadline):
+                current = sdk.status(env, job_id)
+                if _counts(current) != shown:
+                    shown = _counts(current)
+                    _print(console, _view(current, all_failed=all_failed))
+            _warn(current)
         else:
             deadline = _deadline(time_limit)
             with Live(Group(*_view(current, all_failed=all_failed)), console=console, auto_refresh=False) as live:
@@ -233,6 +250,10 @@ def status(env_name, job_id, watch, time_limit, all_failed, as_json) -> None:
             _warn(current)
     _gave_up(current, watch, time_limit)
     _finish(current)
+
+
+def _counts(status: sdk.JobStatus) -> tuple:
+    return tuple(sorted(status.counts.items())), status.done
 
 
 def _deadline(time_limit: float | None) -> float | None:
@@ -337,7 +358,7 @@ def nodes(env_name, as_json) -> None:
         for n in pool.nodes:
             state = "draining" if n.draining else ("busy" if n.busy_slots else "idle")
             table.add_row(escape(n.node_id), escape(n.instance_type), "spot" if n.spot else "on-demand", f"{n.busy_slots}/{n.slots}",
-                          state, str(n.gpus), f"{n.heartbeat_age_s:.0f}s ago")
+                          state, str(n.gpus), f"{max(0.0, n.heartbeat_age_s):.0f}s ago")
         console.print(table)
 
 
