@@ -174,12 +174,15 @@ def test_rightsize_reads_the_known_usage_and_flags_the_oom_kill_and_the_timeout(
         (("rightsize", "--queue", "nope"), "queue: unknown queue 'nope'"),
         (("rightsize", "--job", "nope"), "job 'nope' not found"),
         (("rightsize", "--queue", "work", "--job", "x"), "give --queue or --job, not both"),
+        (("cost", "--json", "--csv"), "--json and --csv: choose one"),
     ],
 )
 def test_bad_input_is_one_line_naming_the_option_and_the_fix(run, args, message):
     h, _ = run
     out = cli(h, *args)
     assert out.exit_code != 0 and message in out.output
+    if args[0] == "cost":  # each a usage error: exit 2, as for every command's bad option
+        assert out.exit_code == 2, out.output
 
 
 def test_an_unreachable_cloud_is_one_line_not_a_traceback(tmp_path, monkeypatch):

@@ -72,8 +72,8 @@ def _explained(env: Environment):
 def submit(env_name, name, queue, items_from, job_id, image, command, job_env, slots, timeout_s, max_retries,
            after, after_finished) -> None:
     """Submit a job: record it and its items, send them to the queue, kick the scaler.
-    The job runs its queue's pool command or container unless --image/--command/--item-env/--slots/
-    --timeout/--max-retries say otherwise, within what the queue allows."""
+    The job runs its queue's pool command or container unless --image, --command, --item-env,
+    --slots, --timeout or --max-retries say otherwise, within what the queue allows."""
     if after_finished and after is None:
         raise click.UsageError("--after-finished needs --after JOB: the job to wait for")
     env = _load(env_name)

@@ -43,8 +43,8 @@ def collect(env: Environment, *, since: float = 0.0, queue: str | None = None,
 def _since(text: str) -> float:
     try:
         return costs.parse_since(text, time.time())
-    except ValueError as err:
-        raise click.ClickException(str(err)) from None
+    except ValueError as err:  # a usage error (exit 2), as `jobs --since` gives
+        raise click.UsageError(str(err)) from None
 
 
 @click.command()
@@ -59,6 +59,8 @@ def _since(text: str) -> float:
 def cost(env_name, by, since_text, monthly, as_json, as_csv) -> None:
     """What the recorded attempts cost: node-seconds × the item's share of the node × the node's
     spot or on-demand price, summed by team, job, queue, submitter or pool. Busy time only."""
+    if as_json and as_csv:
+        raise click.UsageError("--json and --csv: choose one")
     env = _load(env_name)
     since = _since(since_text)
     with _explained(env):
@@ -98,7 +100,7 @@ def cost(env_name, by, since_text, monthly, as_json, as_csv) -> None:
 @env_option
 @click.option("--queue", default=None, help="only this queue's items")
 @click.option("--job", "job_id", default=None, help="only this job's items")
-@click.option("--since", "since_text", default="30d", show_default=True, help="attempts ended this long ago or later")
+@click.option("--since", "since_text", default="30d", show_default=True, help="attempts ended this long ago or later: 7d, 12h, a date 2026-01-31, or all")
 @json_option
 def rightsize_command(env_name, queue, job_id, since_text, as_json) -> None:
     """Recommend items per node, instance types and memory from measured use (cores = cpu_s /
