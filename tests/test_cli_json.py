@@ -97,6 +97,9 @@ def test_status_summarises_failures_and_lists_them_all_with_failed(h):
     assert "... and 2 more failed item(s): --failed lists them all" in out.output
     out = run(h, "status", job_id, "--failed")
     assert "failed 000011: out of memory" in out.output and "more failed item(s)" not in out.output
+    # Every reason different (each names its item): no summary repeating the list below it.
+    out = run(h, "status", job_with(h, "all-different", "failed:item 0 broke", "failed:item 1 broke"))
+    assert "top failure reasons" not in out.output and "failed 000001: item 1 broke" in out.output
 
 
 def test_time_limit_without_watch_is_refused(h):

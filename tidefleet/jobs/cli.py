@@ -163,7 +163,7 @@ def _view(status: sdk.JobStatus, *, all_failed: bool) -> list:
         lines.append(Text(f"  {status.unrecorded} item(s) not recorded yet: run the same submit again"))
     failed = [i for i in status.items if i.status == "failed"]
     reasons = Counter(i.reason for i in failed).most_common()
-    if len(reasons) > 1:
+    if len(reasons) > 1 and reasons[0][1] > 1:  # all different (a reason naming its item): the list below says it
         lines.append(Text("  top failure reasons:"))
         lines += [Text(f"    {n} x {reason}") for reason, n in reasons[:REASONS_SHOWN]]
         if len(reasons) > REASONS_SHOWN:
