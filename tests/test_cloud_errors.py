@@ -4,17 +4,27 @@ the CLIs catch it instead of showing a traceback."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import bad_endpoints
 import pytest
 import requests
 from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
+from botocore.parsers import ResponseParserError
 from google.api_core import exceptions as gexc
 from google.auth.exceptions import DefaultCredentialsError
 
 from tidefleet.cloud import for_env
-from tidefleet.cloud.aws.sqs import QueueMissing
+from tidefleet.cloud.aws import EndpointInvalid
+from tidefleet.cloud.aws.endpoint import NotAws
+from tidefleet.cloud.aws.provision import provision
+from tidefleet.cloud.aws.sqs import QueueMissing, SqsWorkQueues
 from tidefleet.config import load_environment
+from tidefleet.emulator import FAKE_CREDENTIALS
 
 AWS, GCP = load_environment("dev"), load_environment("gcp-dev")
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = "<!DOCTYPE HTML>\n<html lang=\"en\">\n<head>\n<title>Error response</title>\n</head>\n<body>\n" + "x" * 400
 
 
 def client_error(code: str) -> ClientError:
@@ -29,6 +39,11 @@ def client_error(code: str) -> ClientError:
         (AWS, client_error("AccessDenied"), "AccessDenied: AccessDenied happened (region us-east-1)"),
         (AWS, EndpointConnectionError(endpoint_url="http://127.0.0.1:9"), "cannot reach AWS for 'dev'"),
         (AWS, QueueMissing("queues.default: SQS queue 'x' does not exist"), "queues.default: SQS queue 'x' does not exist"),
+        (AWS, EndpointInvalid(endpoint="not a url"), "'not a url' is not a URL; write a URL like http://localhost:4566"),
+        (AWS, NotAws(endpoint="http://127.0.0.1:9", status=501),
+         "the endpoint http://127.0.0.1:9 did not answer like the AWS API (HTTP 501); check AWS_ENDPOINT_URL"),
+        (AWS, ClientError({"Error": {"Code": "501", "Message": PAGE}}, "GetItem"), "501: <!DOCTYPE HTML> <html"),
+        (AWS, ResponseParserError(f"Unable to parse response, invalid XML received:\n{PAGE}"), "does not parse"),
         (GCP, DefaultCredentialsError("none found"), "no Google credentials: run `gcloud auth application-default login`"),
         (GCP, gexc.NotFound("subscription gone"), "is not deployed in project acme-ml-dev; deploy it with"),
         (GCP, gexc.PermissionDenied("no role"), "permission denied in project acme-ml-dev (no role)"),
@@ -42,3 +57,60 @@ def test_a_cloud_error_is_caught_and_explained_in_one_line(env, err, says):
     assert isinstance(err, cloud.errors)
     line = cloud.explain(err)
     assert says in line and "\n" not in line
+
+
+def test_a_page_or_garbled_answer_is_not_printed_whole():
+    cloud = for_env(AWS)
+    for err in (ClientError({"Error": {"Code": "501", "Message": PAGE}}, "GetItem"),
+                ResponseParserError(f"Unable to parse response, invalid XML received:\n{PAGE}")):  # fmt: skip
+        assert len(cloud.explain(err)) < 400
+
+
+def test_an_endpoint_without_a_scheme_names_the_variable_and_the_fix(monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "localhost:4566")
+    assert for_env(AWS).explain(EndpointInvalid(endpoint="localhost:4566")) == (
+        "AWS_ENDPOINT_URL 'localhost:4566' is not a URL; write http://localhost:4566"
+    )
+
+
+def test_building_a_client_on_an_endpoint_without_a_scheme_fails_in_the_clouds_errors(monkeypatch):
+    """Clients are built lazily, inside whatever command first needs one: botocore's ValueError
+    must come out as one of `errors`, wherever that is."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "localhost:4566")
+    cloud = for_env(AWS)
+    with pytest.raises(cloud.errors) as caught:
+        cloud.store.job("x-1")
+    assert cloud.explain(caught.value) == "AWS_ENDPOINT_URL 'localhost:4566' is not a URL; write http://localhost:4566"
+
+
+@pytest.fixture
+def sandbox_aws(aws):
+    env = load_environment("sandbox")
+    provision(env, user_data={"cpu": "#!/bin/sh\n"})
+    return env
+
+
+def test_a_job_that_is_not_there_is_not_found_but_an_empty_answer_is_not_aws(sandbox_aws, monkeypatch):
+    """GetItem of a missing key is a well-formed `{}` (no Item): "not found". An empty 202 from a
+    web server parses the same way, and must not be taken for it."""
+    assert for_env(sandbox_aws).store.job("nope-1") is None  # moto: the real answer, no Item
+    with bad_endpoints.empty_answers() as url:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", url)
+        cloud = for_env(sandbox_aws)
+        with pytest.raises(NotAws) as caught:
+            cloud.store.job("nope-1")
+        assert cloud.explain(caught.value) == (
+            f"the endpoint {url} did not answer like the AWS API (HTTP 202); check AWS_ENDPOINT_URL"
+        )
+
+
+def test_a_queue_url_missing_from_a_well_formed_answer_is_not_a_key_error(monkeypatch):
+    for_env(AWS)  # the process's clients check answers
+    with bad_endpoints.empty_objects() as url:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", url)
+        monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        for key, value in FAKE_CREDENTIALS.items():
+            monkeypatch.setenv(key, value)
+        with pytest.raises(NotAws, match="did not answer like the AWS API"):
+            SqsWorkQueues(AWS).url("default")
+

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import bad_endpoints
 import click
 import pytest
 from invoke import Collection
@@ -111,13 +112,24 @@ def empty_aws(moto_server):
     return moto_server
 
 
-def situation(name: str, tmp_path: Path, server) -> tuple[str, dict[str, str]]:
+@pytest.fixture(scope="module")
+def wrong_endpoints():
+    """Servers that are not AWS, as a user may point AWS_ENDPOINT_URL at them by mistake."""
+    with bad_endpoints.empty_answers() as empty, bad_endpoints.html_pages() as html:
+        yield {"aws endpoint answers empty": empty, "aws endpoint serves web pages": html}
+
+
+def situation(name: str, tmp_path: Path, server, wrong: dict[str, str] | None = None) -> tuple[str, dict[str, str]]:
     """(environment, process environment) of one of the situations a user meets."""
     base = _clean_env(tmp_path)
     if name == "aws without credentials":
         return AWS_ENV, base
     if name == "aws endpoint unreachable":
         return AWS_ENV, {**base, **FAKE_CREDENTIALS, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}"}
+    if name == "aws endpoint without a scheme":  # http:// forgotten: botocore refuses it when a client is built
+        return AWS_ENV, {**base, **FAKE_CREDENTIALS, "AWS_ENDPOINT_URL": f"127.0.0.1:{free_port()}"}
+    if wrong and name in wrong:
+        return AWS_ENV, {**base, **FAKE_CREDENTIALS, "AWS_ENDPOINT_URL": wrong[name]}
     if name == "aws not deployed":
         return AWS_ENV, {**base, **server.env()}
     assert name == "gcp without credentials"
@@ -125,6 +137,13 @@ def situation(name: str, tmp_path: Path, server) -> tuple[str, dict[str, str]]:
 
 
 SITUATIONS = ["aws without credentials", "aws endpoint unreachable", "aws not deployed", "gcp without credentials"]
+# What a user types wrong in AWS_ENDPOINT_URL: each must say so in one line, whatever the command.
+ENDPOINT_MISTAKES = ["aws endpoint without a scheme", "aws endpoint answers empty", "aws endpoint serves web pages"]
+SAYS = {
+    "aws endpoint without a scheme": "is not a URL; write http://127.0.0.1:",
+    "aws endpoint answers empty": "did not answer like the AWS API (HTTP 202); check AWS_ENDPOINT_URL",
+    "aws endpoint serves web pages": "did not answer like the AWS API (HTTP 501); check AWS_ENDPOINT_URL",
+}
 
 
 def assert_one_clear_line(result: subprocess.CompletedProcess, what: str) -> None:
@@ -135,15 +154,18 @@ def assert_one_clear_line(result: subprocess.CompletedProcess, what: str) -> Non
     assert len(lines) == 1, f"{what}: expected one line on stderr, got\n{result.stderr}"
 
 
-@pytest.mark.parametrize("situation_name", SITUATIONS)
+@pytest.mark.parametrize("situation_name", SITUATIONS + ENDPOINT_MISTAKES)
 @pytest.mark.parametrize(("path", "command"), cloud_commands(), ids=lambda v: " ".join(v) if isinstance(v, tuple) else "")
-def test_every_cloud_command_fails_in_one_clear_line(path, command, situation_name, tmp_path, empty_aws):
-    env, process_env = situation(situation_name, tmp_path, empty_aws)
+def test_every_cloud_command_fails_in_one_clear_line(path, command, situation_name, tmp_path, empty_aws,
+                                                     wrong_endpoints):  # fmt: skip
+    env, process_env = situation(situation_name, tmp_path, empty_aws, wrong_endpoints)
     items = tmp_path / "items.txt"
     items.write_text("s3://bucket/a\ns3://bucket/b\n")
     result = subprocess.run(command_line(path, command, env, items), cwd=ROOT, env=process_env,
                             capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert_one_clear_line(result, f"tidefleet {' '.join(path)} ({situation_name})")
+    if situation_name in SAYS:  # not "job not found", not the page, not a KeyError
+        assert SAYS[situation_name] in result.stderr, f"{' '.join(path)} ({situation_name}): {result.stderr}"
 
 
 @pytest.mark.parametrize("situation_name", SITUATIONS)

@@ -8,7 +8,8 @@ is the functions' cold start.
 from __future__ import annotations
 
 import os
-from functools import cache, cached_property
+import re
+from functools import cache, cached_property, partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,6 +22,7 @@ from botocore.parsers import ResponseParserError
 from tidefleet import naming
 from tidefleet.cloud.aws.autoscaling import CALLS_IN_FLIGHT, AutoScalingFleet
 from tidefleet.cloud.aws.dynamodb import DynamoStore
+from tidefleet.cloud.aws.endpoint import NotAws, looks_like_aws
 from tidefleet.cloud.aws.imds import Metadata
 from tidefleet.cloud.aws.logs import CloudWatchItemLogs
 from tidefleet.cloud.aws.sqs import QueueMissing, SqsQueues, SqsWorkQueues
@@ -31,7 +33,7 @@ if TYPE_CHECKING:
 
 # What a call may raise: API errors, transport errors, a garbled answer (a 500 page);
 # QueueMissing is the backlog port's "not deployed".
-ERRORS: tuple[type[BaseException], ...] = (BotoCoreError, ClientError, ResponseParserError, QueueMissing)
+ERRORS: tuple[type[BaseException], ...] = (BotoCoreError, ClientError, ResponseParserError, QueueMissing, NotAws)
 MISSING = {"ResourceNotFoundException", "AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist", "NoSuchBucket",
            "404"}  # a HeadBucket of a missing bucket answers a bare 404
 # From a spot notice to the reclaim AWS gives 2 minutes, of which the notice may be seen up to
@@ -43,12 +45,58 @@ GRACE_S = 90.0
 CLIENT_CONFIG = Config(connect_timeout=5, retries={"mode": "standard", "max_attempts": 3})
 
 
+class EndpointInvalid(BotoCoreError):
+    """The endpoint URL (AWS_ENDPOINT_URL) is not a URL: botocore's ValueError at client creation."""
+
+    fmt = "invalid endpoint: {endpoint}"
+
+
+class _Session(botocore.session.Session):
+    """Clients that fail in the cloud's errors: a bad endpoint URL is an `EndpointInvalid` (not a
+    ValueError, raised wherever a client is first built), an answer that is not AWS's a `NotAws`."""
+
+    def create_client(self, *args, **kwargs):
+        try:
+            client = super().create_client(*args, **kwargs)
+        except ValueError as err:
+            endpoint = str(err).removeprefix("Invalid endpoint: ")
+            if endpoint == str(err):
+                raise
+            raise EndpointInvalid(endpoint=endpoint) from None
+        client.meta.events.register("before-parse", partial(_check_answer, client.meta.endpoint_url))
+        return client
+
+
+def _check_answer(endpoint: str, operation_model, response_dict, **_) -> None:
+    """Before botocore parses it: an empty answer (a web server's 202) or a web page is not AWS's,
+    which would otherwise parse as an empty result ("job not found") or print the page."""
+    body, status = response_dict.get("body"), response_dict["status_code"]
+    output = operation_model.output_shape
+    if isinstance(body, bytes) and not looks_like_aws(operation_model.metadata["protocol"], status, body,
+                                                      response_dict.get("headers", {}),
+                                                      has_output=bool(output and output.members)):  # fmt: skip
+        raise NotAws(endpoint=endpoint, status=status)
+
+
 @cache
 def _fail_fast() -> None:
-    """Every boto3 client of this process (`boto3.client(...)`) gets CLIENT_CONFIG."""
-    session = botocore.session.get_session()
+    """Every boto3 client of this process (`boto3.client(...)`) gets CLIENT_CONFIG, and fails in ERRORS."""
+    session = _Session()
     session.set_default_client_config(CLIENT_CONFIG)
     boto3.setup_default_session(botocore_session=session)
+
+
+def _endpoint_hint(endpoint: str) -> str:
+    """'AWS_ENDPOINT_URL 'x' is not a URL; write http://x', naming the variable that set it."""
+    variable = next((k for k, v in sorted(os.environ.items()) if k.startswith("AWS_ENDPOINT_URL") and v == endpoint),
+                    "the AWS endpoint URL")  # fmt: skip
+    fix = f"http://{endpoint}" if re.fullmatch(r"[\w.-]+(:\d+)?(/\S*)?", endpoint) else "a URL like http://localhost:4566"
+    return f"{variable} {endpoint!r} is not a URL; write {fix}"
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else f"{line[: limit - 3]}..."
 
 
 def aws_ports(env: Environment) -> Ports:
@@ -75,7 +123,11 @@ class AwsNode:
     def __init__(self, env: Environment, metadata: Metadata | None = None):
         self.env = env
         self.metadata = metadata or Metadata()
-        self.autoscaling = boto3.client("autoscaling", region_name=env.region)
+
+    @cached_property
+    def autoscaling(self):
+        """Built when first used, where its errors are caught (not when the agent starts)."""
+        return boto3.client("autoscaling", region_name=self.env.region)
 
     def protect(self, pool: str, node_id: str, busy: bool) -> None:
         self.autoscaling.set_instance_protection(
@@ -161,12 +213,16 @@ class AwsCloud:
         deploy = f"deploy it with `invoke deploy --env {env}` or start `tidefleet sandbox --keep`"
         if isinstance(err, NoCredentialsError):
             return "no AWS credentials: set AWS_PROFILE or AWS_ACCESS_KEY_ID (the sandbox prints them)"
-        if isinstance(err, QueueMissing):
+        if isinstance(err, (QueueMissing, NotAws)):
             return str(err)
+        if isinstance(err, EndpointInvalid):
+            return _endpoint_hint(err.kwargs["endpoint"])
         if isinstance(err, ClientError):
             code = err.response["Error"]["Code"]
-            message = err.response["Error"].get("Message") or code
+            message = _one_line(err.response["Error"].get("Message") or code)
             if code in MISSING:
                 return f"{message}: environment {env!r} is not deployed in {self.env.region}; {deploy}"
             return f"{code}: {message} (region {self.env.region})"
-        return f"cannot reach AWS for {env!r} ({err}); check AWS_ENDPOINT_URL, credentials and network, or {deploy}"
+        if isinstance(err, ResponseParserError):  # a garbled answer: its first words, not its bytes
+            return f"AWS for {env!r} sent an answer that does not parse ({_one_line(str(err), 80)}); check AWS_ENDPOINT_URL"
+        return f"cannot reach AWS for {env!r} ({_one_line(str(err))}); check AWS_ENDPOINT_URL, credentials and network, or {deploy}"

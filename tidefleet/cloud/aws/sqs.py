@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import boto3
 
 from tidefleet import naming
+from tidefleet.cloud.aws.endpoint import NotAws
 from tidefleet.ports import Backlog, Delivery
 
 if TYPE_CHECKING:  # settings are loaded (pydantic) by the runtime, not on import
@@ -73,7 +74,10 @@ class SqsWorkQueues:
     def url(self, queue: str, *, dead_letter: bool = False) -> str:
         name = naming.dead_letter_queue(self.env.name, queue) if dead_letter else naming.queue(self.env.name, queue)
         if name not in self._urls:
-            self._urls[name] = self.sqs.get_queue_url(QueueName=name)["QueueUrl"]
+            url = self.sqs.get_queue_url(QueueName=name).get("QueueUrl")
+            if not url:  # a well-formed answer without it: not SQS
+                raise NotAws(endpoint=self.sqs.meta.endpoint_url, status=200)
+            self._urls[name] = url
         return self._urls[name]
 
     def lease_s(self, queue: str) -> int:
