@@ -4,19 +4,23 @@ the CLIs catch it instead of showing a traceback."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import bad_endpoints
 import pytest
 import requests
-from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
+from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError, ReadTimeoutError
 from botocore.parsers import ResponseParserError
 from google.api_core import exceptions as gexc
 from google.auth.exceptions import DefaultCredentialsError
 
 from tidefleet.cloud import for_env
 from tidefleet.cloud.aws import EndpointInvalid
-from tidefleet.cloud.aws.endpoint import NotAws
+from tidefleet.cloud.aws.endpoint import READ_TIMEOUT_S, NotAws
 from tidefleet.cloud.aws.provision import provision
 from tidefleet.cloud.aws.sqs import QueueMissing, SqsWorkQueues
 from tidefleet.config import load_environment
@@ -42,6 +46,8 @@ def client_error(code: str) -> ClientError:
         (AWS, EndpointInvalid(endpoint="not a url"), "'not a url' is not a URL; write a URL like http://localhost:4566"),
         (AWS, NotAws(endpoint="http://127.0.0.1:9", status=501),
          "the endpoint http://127.0.0.1:9 did not answer like the AWS API (HTTP 501); check AWS_ENDPOINT_URL"),
+        (AWS, ReadTimeoutError(endpoint_url="http://127.0.0.1:9"),
+         f"the endpoint http://127.0.0.1:9 took the connection but did not answer within {READ_TIMEOUT_S} s"),
         (AWS, ClientError({"Error": {"Code": "501", "Message": PAGE}}, "GetItem"), "501: <!DOCTYPE HTML> <html"),
         (AWS, ResponseParserError(f"Unable to parse response, invalid XML received:\n{PAGE}"), "does not parse"),
         (GCP, DefaultCredentialsError("none found"), "no Google credentials: run `gcloud auth application-default login`"),
@@ -114,3 +120,34 @@ def test_a_queue_url_missing_from_a_well_formed_answer_is_not_a_key_error(monkey
         with pytest.raises(NotAws, match="did not answer like the AWS API"):
             SqsWorkQueues(AWS).url("default")
 
+
+def test_a_long_poll_waits_longer_than_the_read_timeout(sandbox_aws):
+    """Every other call gives up after READ_TIMEOUT_S of silence; an agent's long poll on an
+    empty queue is silent for its whole wait, and must come back empty, not time out."""
+    queues = for_env(sandbox_aws).queues
+    queue = next(iter(sandbox_aws.queues))
+    started = time.monotonic()
+    assert queues.receive(queue, 1, READ_TIMEOUT_S + 2) == []
+    assert time.monotonic() - started >= READ_TIMEOUT_S
+
+
+def test_an_endpoint_that_never_answers_is_reported_within_half_a_minute(tmp_path):
+    """A port that takes the connection and says nothing (a paused emulator): botocore's 60 s read
+    timeout times its retries made this four minutes."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "TIDEFLEET_"))}
+    items = tmp_path / "items.txt"
+    items.write_text("s3://bucket/a\n")
+    commands = [["status", "x-1"], ["submit", "--queue", "default", "--name", "t", "--items", str(items)], ["nodes"]]
+    with bad_endpoints.silent() as url:
+        env |= {**FAKE_CREDENTIALS, "AWS_ENDPOINT_URL": url, "AWS_DEFAULT_REGION": "us-east-1",
+                "HOME": str(tmp_path), "AWS_CONFIG_FILE": str(tmp_path / "none")}  # fmt: skip
+        started = time.monotonic()
+        runs = [subprocess.Popen([sys.executable, "-m", "tidefleet.cli", *c, "--env", "dev"], cwd=ROOT, env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for c in commands]  # fmt: skip
+        outputs = [run.communicate(timeout=90) for run in runs]
+        took = time.monotonic() - started
+    for command, run, (out, err) in zip(commands, runs, outputs, strict=True):
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert run.returncode == 1 and len(lines) == 1 and "Traceback" not in out + err, (command, err)
+        assert f"{url}/ took the connection but did not answer within {READ_TIMEOUT_S} s" in lines[0], (command, err)
+    assert took < 45, f"took {took:.0f}s"

@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING
 import boto3
 import botocore.session
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, ReadTimeoutError
 from botocore.parsers import ResponseParserError
 
 from tidefleet import naming
 from tidefleet.cloud.aws.autoscaling import CALLS_IN_FLIGHT, AutoScalingFleet
 from tidefleet.cloud.aws.dynamodb import DynamoStore
-from tidefleet.cloud.aws.endpoint import NotAws, looks_like_aws
+from tidefleet.cloud.aws.endpoint import READ_TIMEOUT_S, NotAws, looks_like_aws
 from tidefleet.cloud.aws.imds import Metadata
 from tidefleet.cloud.aws.logs import CloudWatchItemLogs
 from tidefleet.cloud.aws.sqs import QueueMissing, SqsQueues, SqsWorkQueues
@@ -40,9 +40,14 @@ MISSING = {"ResourceNotFoundException", "AWS.SimpleQueueService.NonExistentQueue
 # imds_poll_s late and SETTLE_S may follow the grace: 90 s leaves time to hand items back.
 GRACE_S = 90.0
 # Someone waits on every call the CLI and the agent make: a refused or silent endpoint ends in
-# seconds, not after botocore's legacy retries (ten attempts on DynamoDB: ~26 s). Standard mode
-# still backs off on throttling, and the SDK retries throttled batch writes itself.
-CLIENT_CONFIG = Config(connect_timeout=5, retries={"mode": "standard", "max_attempts": 3})
+# seconds, not after botocore's legacy retries (ten attempts on DynamoDB: ~26 s) nor after its
+# 60 s read timeout per attempt (an endpoint that accepts and never answers: 4 minutes). Three
+# attempts of READ_TIMEOUT_S, with standard backoff, report a silent endpoint within ~30 s;
+# standard mode still backs off on throttling, and the SDK retries throttled batch writes itself.
+# SQS long polls wait longer than READ_TIMEOUT_S: their client has its own (`sqs.LONG_POLL`).
+ATTEMPTS = 3
+CLIENT_CONFIG = Config(connect_timeout=5, read_timeout=READ_TIMEOUT_S,
+                       retries={"mode": "standard", "total_max_attempts": ATTEMPTS})  # fmt: skip
 
 
 class EndpointInvalid(BotoCoreError):
@@ -223,6 +228,9 @@ class AwsCloud:
             if code in MISSING:
                 return f"{message}: environment {env!r} is not deployed in {self.env.region}; {deploy}"
             return f"{code}: {message} (region {self.env.region})"
+        if isinstance(err, ReadTimeoutError):  # a paused emulator, a port that is not an HTTP server
+            return (f"the endpoint {err.kwargs.get('endpoint_url')} took the connection but did not answer within "
+                    f"{READ_TIMEOUT_S} s ({ATTEMPTS} tries); check AWS_ENDPOINT_URL, or whether the emulator is stuck")
         if isinstance(err, ResponseParserError):  # a garbled answer: its first words, not its bytes
             return f"AWS for {env!r} sent an answer that does not parse ({_one_line(str(err), 80)}); check AWS_ENDPOINT_URL"
         return f"cannot reach AWS for {env!r} ({_one_line(str(err))}); check AWS_ENDPOINT_URL, credentials and network, or {deploy}"

@@ -8,6 +8,11 @@ from xml.etree import ElementTree
 
 from botocore.exceptions import BotoCoreError
 
+# Silence on a connected socket before an attempt gives up (botocore's default: 60 s). AWS answers
+# every call tidefleet makes in well under a second; an SQS long poll waits up to
+# SQS_MAX_WAIT_S, so its client reads for longer (`sqs.LONG_POLL`).
+READ_TIMEOUT_S = 8
+SQS_MAX_WAIT_S = 20  # ReceiveMessage's WaitTimeSeconds limit
 REQUEST_ID_HEADERS = {"x-amzn-requestid", "x-amz-request-id"}  # every AWS answer has one (moto's too)
 
 

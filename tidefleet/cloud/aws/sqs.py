@@ -8,18 +8,23 @@ against AWS and the moto server.
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import boto3
+from botocore.config import Config
 
 from tidefleet import naming
-from tidefleet.cloud.aws.endpoint import NotAws
+from tidefleet.cloud.aws.endpoint import READ_TIMEOUT_S, SQS_MAX_WAIT_S, NotAws
 from tidefleet.ports import Backlog, Delivery
 
 if TYPE_CHECKING:  # settings are loaded (pydantic) by the runtime, not on import
     from tidefleet.config import Environment
 
 SQS_BATCH = 10
+# A long poll is silent for up to its wait: its client reads for longer than any wait, where
+# every other call gives up after READ_TIMEOUT_S (CLIENT_CONFIG, merged with this).
+LONG_POLL = Config(read_timeout=SQS_MAX_WAIT_S + READ_TIMEOUT_S)
 
 
 class QueueMissing(LookupError):
@@ -69,7 +74,13 @@ class SqsWorkQueues:
     def __init__(self, env: Environment, *, client=None):
         self.env = env
         self.sqs = client or boto3.client("sqs", region_name=env.region)
+        self._given = client is not None
         self._urls: dict[str, str] = {}
+
+    @cached_property
+    def _poll(self):
+        """The client of long polls (`LONG_POLL`): built by the first receive that waits."""
+        return self.sqs if self._given else boto3.client("sqs", region_name=self.env.region, config=LONG_POLL)
 
     def url(self, queue: str, *, dead_letter: bool = False) -> str:
         name = naming.dead_letter_queue(self.env.name, queue) if dead_letter else naming.queue(self.env.name, queue)
@@ -86,7 +97,7 @@ class SqsWorkQueues:
 
     def receive(self, queue, max_messages, wait_s, *, dead_letter=False, hold_s=None) -> list[Delivery]:
         kwargs = {"VisibilityTimeout": hold_s} if hold_s is not None else {}
-        messages = self.sqs.receive_message(
+        messages = (self._poll if wait_s else self.sqs).receive_message(
             QueueUrl=self.url(queue, dead_letter=dead_letter), MaxNumberOfMessages=max_messages, WaitTimeSeconds=wait_s,
             MessageSystemAttributeNames=["ApproximateReceiveCount"], **kwargs,
         ).get("Messages", [])  # fmt: skip
