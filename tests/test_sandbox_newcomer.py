@@ -108,3 +108,32 @@ def test_the_live_view_redraws_under_invoke_on_a_terminal(tmp_path):
     text = out.decode(errors="replace")
     assert "\x1b[2K" in text or "\x1b[1A" in text  # redrawn in place
     assert "tidefleet sandbox · env sandbox" in text and re.search(r"succeeded\s+\S*4", text)
+
+
+def test_the_sandbox_ends_in_one_line_when_its_emulator_dies(tmp_path):
+    """The moto server killed under a kept sandbox (the kernel's OOM killer did it): the sandbox
+    ends with exit 1 and one line that says so and where moto's log is, instead of staying "up"
+    with no backend; no thread dies with a traceback meanwhile."""
+    import psutil
+
+    work, temp = tmp_path / "work", tmp_path / "tmp"
+    temp.mkdir()
+    sandbox = subprocess.Popen(
+        [sys.executable, "-m", "tidefleet.cli", "sandbox", "--items", "0", "--keep", "--workdir", str(work)],
+        cwd=ROOT, env=process_env(temp), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        read_until(sandbox.stdout, "Ctrl-C stops everything", sandbox, 120)
+        (moto,) = [p for p in psutil.Process(sandbox.pid).children() if "moto.server" in " ".join(p.cmdline())]
+        time.sleep(2)  # the launcher and the control loop are running rounds against it
+        moto.kill()
+        out, err = sandbox.communicate(timeout=30)
+    finally:
+        if sandbox.poll() is None:
+            sandbox.kill()
+            sandbox.wait()
+    assert sandbox.returncode == 1, out + err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in out + err and "Exception in thread" not in out + err, out + err
+    assert "emulator (moto server) was killed by SIGKILL" in lines[0] and f"{work / 'moto.log'}" in lines[0], lines
+    assert (work / "moto.log").exists()

@@ -230,3 +230,43 @@ def _success(item: str, node: str, at: float) -> dict:
 def test_accounting(items, events, killed, expect):
     got = account(_status(*items), doomed={"b"}, events=events, killed_nodes=killed)
     assert {k: got[k] for k in expect} == expect
+
+
+def test_the_launcher_survives_a_failed_round_and_says_so_once(tmp_path, imds):
+    """The emulator slow, restarting or gone: a round's cloud error is one log line, the next
+    round retries (as the control loop does), and the thread lives on."""
+    import logging
+    import threading
+
+    from botocore.exceptions import EndpointConnectionError
+
+    class Flaky:
+        rounds = 0
+
+        def in_service(self):
+            self.rounds += 1
+            if self.rounds <= 3:
+                raise EndpointConnectionError(endpoint_url="http://127.0.0.1:9")
+            return {}
+
+    launcher = Launcher(SANDBOX, imds, workdir=tmp_path, node_env={}, boot_delay_s=0, grace_s=1, reclaim_after_s=1)
+    launcher.machines = Flaky()
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    log = logging.getLogger("tidefleet.sandbox.launcher")  # the sandbox writes it to launcher.log
+    log.addHandler(handler)
+    stop = threading.Event()
+    thread = threading.Thread(target=launcher.run, args=(stop, 0.01), daemon=True)
+    try:
+        thread.start()
+        deadline = time.time() + 10
+        while launcher.machines.rounds < 6 and time.time() < deadline:
+            time.sleep(0.01)
+        assert thread.is_alive() and launcher.machines.rounds >= 6 and launcher.error == ""
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        log.removeHandler(handler)
+    refused = 'EndpointConnectionError: Could not connect to the endpoint URL: "http://127.0.0.1:9"'
+    assert lines == [f"launcher round failed, retrying: {refused}", "launcher rounds go through again"]

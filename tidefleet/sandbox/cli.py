@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -109,33 +111,50 @@ def sandbox(env_name, items, chaos, keep, train, time_limit, tick, boot_delay, s
 
 def _run(env, environments: Path, workdir: Path, console, *, items, chaos, keep, train, deadline, timing, seed, as_json):
     """Bring the sandbox up, run the demo job (unless items is 0), stay up under --keep; the summary."""
-    from tidefleet.sandbox.run import Chaos, Sandbox, run_demo
+    from tidefleet.sandbox.run import Sandbox
 
     started = time.time()
     with Sandbox(env, workdir, timing, environments) as box:
-        if not as_json:
-            console.print(f"[bold]tidefleet sandbox[/bold]: moto on {box.moto.url}, work in {workdir}", highlight=False)
-        summary = None
-        if train:
-            from tidefleet.sandbox.training import run_training
+        try:
+            return _up(box, env, workdir, console, started=started, items=items, chaos=chaos, keep=keep, train=train,
+                       deadline=deadline, seed=seed, as_json=as_json)  # fmt: skip
+        except Exception:
+            # The emulator died under it: every call fails now, and that is the one thing to say.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                box.moto.process.wait(timeout=2)  # a refused call may beat the exit's reaping
+            if (gone := box.emulator_gone()) is not None:
+                raise click.ClickException(gone) from None
+            raise
 
-            summary = _watched(box, console, started=started, as_json=as_json,
-                               run=lambda draw: run_training(box, deadline=deadline, on_progress=draw))  # fmt: skip
-        elif items:
-            strike = Chaos(random.Random(seed)) if chaos else None
-            summary = _watched(box, console, started=started, as_json=as_json,
-                               run=lambda draw: run_demo(box, items=items, deadline=deadline, chaos=strike,
-                                                         on_progress=draw, seed=seed))  # fmt: skip
-        if keep:
-            lines = [*box.export_lines(), *box.try_lines(workdir / "my-items.txt")]
-            console.print("\n[bold]The sandbox stays up.[/bold] In another shell, paste:\n")
-            console.print("\n".join(lines), highlight=False, markup=False, soft_wrap=True)
-            console.print("\nCtrl-C stops everything.")
-            try:
-                while True:
-                    time.sleep(1)
-            except KeyboardInterrupt:
-                pass
+
+def _up(box, env, workdir: Path, console, *, started, items, chaos, keep, train, deadline, seed, as_json):
+    """The demo job (unless items is 0), then up under --keep until Ctrl-C or the emulator's end."""
+    from tidefleet.sandbox.run import Chaos, run_demo
+
+    if not as_json:
+        console.print(f"[bold]tidefleet sandbox[/bold]: moto on {box.moto.url}, work in {workdir}", highlight=False)
+    summary = None
+    if train:
+        from tidefleet.sandbox.training import run_training
+
+        summary = _watched(box, console, started=started, as_json=as_json,
+                           run=lambda draw: run_training(box, deadline=deadline, on_progress=draw))  # fmt: skip
+    elif items:
+        strike = Chaos(random.Random(seed)) if chaos else None
+        summary = _watched(box, console, started=started, as_json=as_json,
+                           run=lambda draw: run_demo(box, items=items, deadline=deadline, chaos=strike,
+                                                     on_progress=draw, seed=seed))  # fmt: skip
+    if keep:
+        lines = [*box.export_lines(), *box.try_lines(workdir / "my-items.txt")]
+        console.print("\n[bold]The sandbox stays up.[/bold] In another shell, paste:\n")
+        console.print("\n".join(lines), highlight=False, markup=False, soft_wrap=True)
+        console.print("\nCtrl-C stops everything.")
+        try:
+            while (gone := box.emulator_gone()) is None:
+                time.sleep(1)
+            raise click.ClickException(gone)
+        except KeyboardInterrupt:
+            pass
     return summary
 
 
@@ -156,7 +175,8 @@ def _watched(box, console, *, started: float, as_json: bool, run):
             busy = {hb.node_id: hb.busy_slots for pool in env.pools for hb in store.heartbeats(pool).values()}
             screen.show(env_name=env.name, started=started, status=progress["status"], queues=progress["queues"],
                         nodes=box.launcher.snapshot(), busy=busy,
-                        reasons=[r for d in box.last_decisions for r in d.reasons], tick_error=box.tick_error)  # fmt: skip
+                        reasons=[r for d in box.last_decisions for r in d.reasons],
+                        tick_error=box.tick_error or (box.launcher.error and f"launcher: {box.launcher.error}"))  # fmt: skip
 
     try:
         summary = run(draw)

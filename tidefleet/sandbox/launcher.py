@@ -11,6 +11,7 @@ node's whole process tree is killed.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -24,6 +25,8 @@ import psutil
 from tidefleet.cloud.aws.machines import EmulatedMachines
 from tidefleet.config import Environment
 from tidefleet.sandbox.imds import MetadataServer
+
+log = logging.getLogger("tidefleet.sandbox.launcher")  # the sandbox writes it to launcher.log
 
 
 @dataclass
@@ -92,6 +95,7 @@ class Launcher:
         self._reclaims: dict[str, float] = {}  # instance id -> when EC2 takes it back
         self._lock = threading.Lock()
         self.machines = EmulatedMachines(env)
+        self.error = ""  # the last round's failure, "" once a round goes through (shown in the view)
 
     # -- the loop -------------------------------------------------------------------------
     def step(self, now: float) -> None:
@@ -166,8 +170,20 @@ class Launcher:
             self.imds.remove(node.instance_id)
 
     def run(self, stop: threading.Event, interval_s: float = 0.5) -> None:
+        """Rounds until `stop`. A failed round (the emulator slow, restarting or gone) is one log
+        line, and the next round tries again, as the control loop does: the thread never dies."""
         while not stop.is_set():
-            self.step(time.time())
+            try:
+                self.step(time.time())
+            except Exception as err:  # noqa: BLE001 - the next round retries; the view shows it
+                error = " ".join(f"{type(err).__name__}: {err}".split())
+                if error != self.error:  # once while it lasts, not twice a second
+                    log.warning("launcher round failed, retrying: %s", error)
+                self.error = error
+            else:
+                if self.error:
+                    log.warning("launcher rounds go through again")
+                self.error = ""
             stop.wait(interval_s)
 
     # -- chaos ----------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from tidefleet.jobs import sdk
 from tidefleet.sandbox.demo_work import EVENTS
 from tidefleet.sandbox.imds import MetadataServer
 from tidefleet.sandbox.launcher import Launcher
+from tidefleet.sandbox.launcher import log as launcher_log
 from tidefleet.userdata import LOCAL_PYTHON, render_user_data
 
 DEMO_JOB = "sandbox-demo"
@@ -117,7 +118,7 @@ class Sandbox:
 
     def _start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.moto = start_moto()
+        self.moto = start_moto(log=self.workdir / "moto.log")
         # This process talks to the emulator while the sandbox runs; __exit__ puts the environment back.
         self._saved_environ = {k: os.environ.get(k) for k in [*self.moto.env(self.env.region), "TIDEFLEET_KICK_URL"]}
         os.environ.update(self.moto.env(self.env.region))
@@ -166,6 +167,10 @@ class Sandbox:
         control.log.addHandler(scaler_log)
         control.log.setLevel(logging.INFO)
         control.log.propagate = False  # the live view owns the terminal
+        self._launcher_log = logging.FileHandler(self.workdir / "launcher.log")
+        self._launcher_log.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+        launcher_log.addHandler(self._launcher_log)
+        launcher_log.propagate = False
         self._spawn("kick", kick_server.serve_forever)
         self._spawn("control", self._control_loop)
         self._spawn("launcher", lambda: self.launcher.run(self.stop))
@@ -219,11 +224,22 @@ class Sandbox:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
         if self.moto is not None:
             self.moto.stop()
+        if hasattr(self, "_launcher_log"):
+            launcher_log.removeHandler(self._launcher_log)
+            self._launcher_log.close()
         for key, value in getattr(self, "_saved_environ", {}).items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+    def emulator_gone(self) -> str | None:
+        """None while the moto server runs; else the one line that ends the sandbox: without it
+        nothing works, and nothing else would notice (every loop retries)."""
+        how = self.moto.exited() if self.moto is not None else None
+        if how is None:
+            return None
+        return f"the sandbox's emulator (moto server) {how}; its log is {self.moto.log}; start the sandbox again"
 
     # -- what the view and the summary read ------------------------------------------------
     def queue_depths(self) -> dict[str, tuple[int, int, int]]:
