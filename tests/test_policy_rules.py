@@ -588,9 +588,10 @@ CAPS = [
     ("nodes already costing more than the cap launch nothing", {"pools.cpu.cost_cap_usd_per_hour": 0.2},
      [node(f"i-{i}", spot=False, type="m6i.large", busy=2) for i in range(3)], {"render": (20, 0)}, 3, ("render",),
      "cost cap: pool cpu capped at 3 units ($0.29/h of $0.20/h), demand needs 10 units; waiting: render (priority 20)"),
-    ("a cap below one unit's price launches nothing", {"pools.cpu.cost_cap_usd_per_hour": 0.03}, [],
-     {"render": (20, 0)}, 0, ("render",),
-     "cost cap: pool cpu capped at 0 units ($0.00/h of $0.03/h), demand needs 10 units; waiting: render (priority 20)"),
+    # (A cap below every node's price is refused at validation; on demand only, the spot price is no help.)
+    ("a cap below one unit's price launches nothing", {"pools.cpu.cost_cap_usd_per_hour": 0.05,
+     "pools.cpu.on_demand_percent": 100}, [], {"render": (20, 0)}, 0, ("render",),
+     "cost cap: pool cpu capped at 0 units ($0.00/h of $0.05/h), demand needs 10 units; waiting: render (priority 20)"),
     # 2 units: 1 of them on demand ($0.096) + 1 spot ($0.038). A 3rd would make it 2 of 3 on demand (50 %
     # rounded up) = $0.23; rounded down it would look like $0.17 and fit, and the group would overspend.
     ("the on-demand share above the base is rounded up",
