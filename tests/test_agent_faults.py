@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 
 import boto3
 import pytest
@@ -14,7 +15,7 @@ from agent_harness import Harness, wait_until
 from botocore.exceptions import ClientError
 
 from tidefleet import naming
-from tidefleet.agent import runner
+from tidefleet.agent import runner, worker
 from tidefleet.agent.worker import Agent, Settings
 from tidefleet.cloud.aws.imds import Metadata
 from tidefleet.jobs import sdk
@@ -223,26 +224,54 @@ def test_a_store_that_fails_to_grant_a_leave_leaves_the_node_idle_and_asks_once_
     run_one(node)  # it still takes items
 
 
-def test_a_failed_flush_of_success_records_deletes_nothing_and_the_agent_goes_on(h, caplog):
-    """Successes are recorded a flush at a time (`worker.Records`); a store failure there leaves
-    the messages in flight, to come back after their visibility timeout (at least once)."""
+def test_a_store_outage_at_a_success_record_keeps_it_and_its_message_until_it_lands_never_running_it_again(
+        h, monkeypatch, caplog):  # fmt: skip
+    """Successes are recorded a flush at a time (`worker.Records`); a store failure there keeps
+    them for the next flush, their messages hidden meanwhile: one line, and the item runs once."""
+    caplog.set_level(logging.INFO, "tidefleet.agent")
+    job = sdk.submit(h.env, "flush fails", "work", sdk.read_items([["steps=1"]]), kick=False).job_id
+    node = agent(h)
+    real, down = node.store.update_items, [2]
+
+    def update_items(writes):
+        if down[0]:
+            down[0] -= 1
+            raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"}},
+                              "TransactWriteItems")  # fmt: skip
+        return real(writes)
+
+    node.store.update_items = update_items
+    extended, protected = [], []
+    real_extend = node.cloud.queues.extend
+    monkeypatch.setattr(node.cloud.queues, "extend", lambda q, handles, s: extended.append(list(handles))
+                        or real_extend(q, handles, s))  # fmt: skip
+    monkeypatch.setattr(node, "_protect", protected.append)
+    run_one(node)  # its flush fails
+    receipt = node.records.waiting()["work"][0]
+    node._beat()
+    assert [receipt] in extended, "its message is kept hidden while the record waits"
+    assert protected == [True], "a node with an unrecorded success is not idle"
+    node.records.flush()  # fails again: no second line
+    node.records.flush()
+    node.acks.flush()
+    assert h.items(job)["000000"].status == "succeeded" and node.records.waiting() == {}
+    assert h.queue_depth("work") == 0 and len(h.events("start")) == 1
+    lines = [r.getMessage() for r in caplog.records if "succeeded item" in r.getMessage()]
+    assert len(lines) == 2 and "Rate exceeded" in lines[0] and "retrying" in lines[0], lines
+    assert "Traceback" not in caplog.text
+
+
+def test_a_success_whose_record_cannot_land_for_long_is_given_up_and_its_message_comes_back(h, monkeypatch, caplog):
     caplog.set_level(logging.WARNING, "tidefleet.agent")
     job = sdk.submit(h.env, "flush fails", "work", sdk.read_items([["steps=1"]]), kick=False).job_id
     node = agent(h)
-    real = node.store.update_items
-    node.store.update_items = lambda writes: (_ for _ in ()).throw(
-        ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"}}, "TransactWriteItems"))
+    node.store.update_items = lambda writes: (_ for _ in ()).throw(ConnectionError("store unreachable"))
+    monkeypatch.setattr(worker, "RECORD_KEEP_S", 0.0)
     run_one(node)
-    node.acks.flush()
+    assert node.records.waiting() == {}
     assert h.items(job)["000000"].status == "running", "not recorded, not lost: its lease lapses, it runs again"
     assert h.queue_depth("work") == 1, "its message is not deleted: it comes back"
-    assert any("could not record succeeded items" in r.getMessage() and "Rate exceeded" in r.getMessage()
-               for r in caplog.records)  # fmt: skip
-    node.store.update_items = real
-    later = sdk.submit(h.env, "flush works", "work", sdk.read_items([["steps=1"]]), kick=False).job_id
-    run_one(node)
-    node.acks.flush()
-    assert h.items(later)["000000"].status == "succeeded" and h.queue_depth("work") == 1
+    assert "giving up" in caplog.text and "store unreachable" in caplog.text
 
 
 def test_a_success_another_attempt_already_recorded_is_not_recorded_twice_and_its_message_goes(h, caplog):
@@ -281,3 +310,54 @@ def test_a_message_received_after_the_node_stopped_taking_items_goes_back_unstar
     assert h.queue_depth("work") == 1
     item = h.items(job)["000000"]
     assert (item.status, item.interruptions, item.attempts) == ("queued", 0, 0)
+
+
+# A workload that starts a child in its own session holding its stdout (out of reach of its
+# process group's signals), then exits ("exit") or hangs in its own group ("hang").
+LEAVES_A_DAEMON = """
+setsid sh -c 'echo $$ > "$0"; exec sleep 600' "$1" &
+echo started
+[ "$2" = hang ] && exec sleep 600
+printf 'last words'
+"""
+
+
+@pytest.fixture
+def daemon(h):
+    """The workload script and the pid file its daemon writes; the daemon is killed by its pid."""
+    script, pid_file = h.tmp / "daemon.sh", h.tmp / "daemon.pid"
+    script.write_text(LEAVES_A_DAEMON)
+    yield f"sh {script} {pid_file}", pid_file
+    if pid_file.exists() and pid_file.read_text().strip():
+        try:
+            os.kill(int(pid_file.read_text()), 9)
+        except ProcessLookupError:
+            pass
+
+
+def _run_until_settled(node: Agent, queue: str, within_s: float) -> float:
+    began = time.monotonic()
+    assert node._receive(queue, node.env.queues[queue], wait_s=1) == 1
+    wait_until(lambda: not node.runs, within_s, "the attempt to settle")
+    seconds = time.monotonic() - began
+    node.records.flush()  # what the agent's flush thread does within ACK_FLUSH_S
+    return seconds
+
+
+def test_a_workload_that_exits_while_its_daemon_holds_its_output_open_settles_with_its_exit_code(h, daemon):
+    command, pid_file = daemon
+    job = sdk.submit(h.env, "daemon", "work", sdk.read_items([["exit"]]), kick=False).job_id
+    seconds = _run_until_settled(agent(h, command=command), "work", 10)
+    assert pid_file.exists() and os.path.exists(f"/proc/{pid_file.read_text().strip()}"), "the daemon still runs"
+    assert seconds < 6, seconds
+    item = h.items(job)["000000"]
+    assert (item.status, item.exit_code, item.attempts) == ("succeeded", 0, 1)
+    assert [line for _, line in sdk.log_lines(h.env, job)] == ["started", "last words"]
+
+
+def test_a_hung_workload_whose_daemon_holds_its_output_open_times_out(h, daemon):
+    command, _ = daemon
+    job = sdk.submit(h.env, "daemon", "short", sdk.read_items([["hang"]]), kick=False).job_id
+    _run_until_settled(agent(h, command=command), "short", 10)  # item_timeout_s = 2
+    item = h.items(job)["000000"]
+    assert item.status == "failed" and item.reason.startswith("timed out after 2s") and item.exit_code == -9

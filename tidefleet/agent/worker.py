@@ -88,6 +88,11 @@ RECEIVE_BATCH = 10  # SQS's most per receive; more than a node's free slots anyw
 ACK_BATCH = 10  # messages deleted per call (SQS DeleteMessageBatch's most)
 ACK_FLUSH_S = 0.5  # a recorded item's message is deleted within this, batched with others
 RECORD_BATCH = 50  # succeeded items recorded per store call at most; a flush sends fewer within ACK_FLUSH_S
+RECORD_RETRY_S = 1.0  # a success whose record failed is tried again this long after
+# A success whose record cannot land for this long is given up: its message is no longer kept
+# hidden, so it comes back and the item runs again (at least once). Until then a store outage
+# re-runs nothing.
+RECORD_KEEP_S = 900.0
 OUTCOME_BATCH = 500  # finished attempts per outcome-metric write (CloudWatch takes 10,000 events in one)
 SETTLE_S = 5.0  # after the grace: time for an exited workload's runner to record its result
 MIN_LEASE_S = 30.0  # an attempt's claim lasts this (or 6 heartbeats) past its last renewal
@@ -163,13 +168,15 @@ class Member:
 class Batches:
     """What the agent sends per queue in batches (`add`): a call per `size` entries of a queue,
     none waiting longer than `ACK_FLUSH_S`. `send(queue, entries)` returns the entries' errors
-    (or raises); either is logged, never retried: see `Acks` and `Outcomes`."""
+    (or raises); `_failed` decides what of a failed send is sent again (here nothing: logged, see
+    `Acks` and `Outcomes`; `Records` keeps its entries)."""
 
     def __init__(self, send, size: int, what: str):
         self.send, self.size, self.what = send, size, what
         self.lock = threading.Lock()
         self.pending: dict[str, list] = defaultdict(list)
         self.since: float | None = None  # when the oldest pending one was added
+        self.sending: dict[int, tuple[str, list]] = {}  # taken by a flush whose send has not returned yet
 
     def add(self, queue: str, entry) -> None:
         with self.lock:
@@ -184,13 +191,24 @@ class Batches:
             if self.since is None or (due_only and time.monotonic() - self.since < ACK_FLUSH_S):
                 return
             pending, self.pending, self.since = self.pending, defaultdict(list), None
+            self.sending |= {id(entries): (queue, entries) for queue, entries in pending.items()}
         for queue, entries in pending.items():
             try:
                 errors = self.send(queue, entries)
             except Exception as err:  # noqa: BLE001 - see the callers: nothing is lost by it
                 errors = [str(err).splitlines()[0][:300]] * len(entries)
-            if errors:
-                log.warning("could not %s: %d of %s (%s)", self.what, len(errors), queue, errors[0])
+            kept = self._failed(queue, entries, errors) if errors else []
+            with self.lock:
+                del self.sending[id(entries)]
+                if kept:
+                    self.pending[queue][:0] = kept
+                    retry_at = time.monotonic() + RECORD_RETRY_S - ACK_FLUSH_S  # due again in RECORD_RETRY_S
+                    self.since = retry_at if self.since is None else min(self.since, retry_at)
+
+    def _failed(self, queue: str, entries: list, errors: list[str]) -> list:
+        """Log a failed send; return the entries to send again at a later flush."""
+        log.warning("could not %s: %d of %s (%s)", self.what, len(errors), queue, errors[0])
+        return []
 
 
 class Acks(Batches):
@@ -212,24 +230,52 @@ class Succeeded:
     write: ItemWrite
     attempt: int
     seconds: float
+    since: float = field(default_factory=time.monotonic)  # when it succeeded: kept RECORD_KEEP_S at most
 
 
 class Records(Batches):
     """Succeeded attempts recorded a flush at a time (`JobStore.update_items`: one store call for
-    many), then their messages deleted: the delete still only ever follows the record. A flush
-    that fails deletes nothing, so the queue redelivers those messages and the items run again:
-    at least once, as when a node dies between an item's end and its record (ACK_FLUSH_S wider).
+    many), then their messages deleted: the delete only ever follows the record. A flush that
+    fails keeps its successes for the next (every `RECORD_RETRY_S`), and the heartbeat keeps their
+    messages hidden meanwhile (`waiting`), so a store outage runs nothing again; only a success
+    kept `RECORD_KEEP_S` in vain is given up, and its message comes back (at least once, as when a
+    node dies between an item's end and its record).
     `recorded(queue, succeeded, landed)` is called per attempt once its write was sent."""
 
     def __init__(self, store, recorded):
         self.store, self.recorded = store, recorded
-        super().__init__(self._write, RECORD_BATCH, "record succeeded items (the queue redelivers them and they "
-                         "run again)")  # fmt: skip
+        self.failing = False  # one line per outage, not one per retry
+        super().__init__(self._write, RECORD_BATCH, "record succeeded items")
 
     def _write(self, queue: str, entries: list[Succeeded]) -> list[str]:
-        for entry, landed in zip(entries, self.store.update_items([e.write for e in entries])):
-            self.recorded(queue, entry, landed)
+        landed = self.store.update_items([e.write for e in entries])
+        if self.failing:
+            self.failing = False
+            log.info("recorded %d succeeded item(s) of %s that waited for the job store", len(entries), queue)
+        for entry, ok in zip(entries, landed):
+            self.recorded(queue, entry, ok)
         return []
+
+    def _failed(self, queue: str, entries: list[Succeeded], errors: list[str]) -> list[Succeeded]:
+        now = time.monotonic()
+        kept = [e for e in entries if now - e.since < RECORD_KEEP_S]
+        if len(kept) < len(entries):
+            log.warning("could not record %d succeeded item(s) of %s for %.0fs (%s); giving up: the queue redelivers "
+                        "them and they run again", len(entries) - len(kept), queue, RECORD_KEEP_S, errors[0])  # fmt: skip
+        elif not self.failing:
+            log.warning("could not record %d succeeded item(s) of %s (%s); retrying, their messages kept hidden",
+                        len(entries), queue, errors[0])  # fmt: skip
+        self.failing = self.failing or bool(kept)
+        return kept
+
+    def waiting(self) -> dict[str, list[str]]:
+        """Per queue, the receipts of successes not recorded yet (a slow store call's included): their
+        messages must stay hidden."""
+        out: dict[str, list[str]] = defaultdict(list)
+        with self.lock:
+            for queue, entries in [*self.pending.items(), *self.sending.values()]:
+                out[queue] += [e.receipt for e in entries]
+        return {q: receipts for q, receipts in out.items() if receipts}
 
 
 class Outcomes(Batches):
@@ -396,6 +442,10 @@ class Agent:
             self.asked_leave = idle_since
         try:
             self.records.flush()  # the last successes are recorded before the node may go
+            if self.records.waiting():  # not recorded yet: stay to retry, and ask again once they are
+                with self.lock:
+                    self.asked_leave = None
+                return
             if not self.store.take_leave(self.pool_name, self.weight, idle_since, time.time(), self.cordoned):
                 return
             self.retiring = True
@@ -1068,6 +1118,13 @@ class Agent:
 
     def _leave(self) -> None:
         self.records.flush()
+        give_up = time.monotonic() + SETTLE_S  # a store blip as the agent stops must not run items again
+        while self.records.waiting() and time.monotonic() < give_up:
+            time.sleep(RECORD_RETRY_S)
+            self.records.flush()
+        if self.records.waiting():
+            log.warning("leaving with %d success(es) unrecorded; the queue redelivers them",
+                        sum(map(len, self.records.waiting().values())))
         self.acks.flush()
         self.outcomes.flush()
         if self.lifecycle_terminating:
@@ -1109,18 +1166,21 @@ class Agent:
             idle_since = self.idle_since
             streams = list(self.streams)
             running = Counter([*(r.message.job for r in self.runs), *(m.job for m in members)])
+        unrecorded = self.records.waiting()
         self._step("on-demand items", self._forget_placed)
         self._step("heartbeat", self._write_heartbeat, busy, idle_since, dict(running))
         self._step("gangs", self._watch_gangs, [r for r in runs if r.gang], members)
         self._step("stop deadlines", self._kill_overdue, [*runs, *members])
         self._step("visibility", self._extend_visibility, runs)
+        self._step("visibility of unrecorded successes", self._keep_hidden, unrecorded)
         self._step("lease", self._renew_leases, runs)
         self._step("cancel check", self._stop_cancelled, runs)
         self._step("queue stats", self._record_item_seconds)
         # Idle for less than a beat counts as busy: a node taking items back to back keeps its
         # protection instead of flipping it (a call each way) whenever a beat falls between two.
         recently = idle_since is not None and time.time() - idle_since < self.s.heartbeat_s
-        self._step("scale-in protection", self._protect, (busy > 0 or recently) and not self.finished.is_set())
+        self._step("scale-in protection", self._protect,
+                   (busy > 0 or recently or bool(unrecorded)) and not self.finished.is_set())
         if self.devices is not None and runs:
             self._step("GPU usage", self._sample_gpus, runs)
         for stream in streams:
@@ -1223,6 +1283,15 @@ class Agent:
             for run in group:
                 if run.receipt in failed:
                     log.warning("could not extend %s: %s", run.message.item, failed[run.receipt])
+
+    def _keep_hidden(self, receipts: dict[str, list[str]]) -> None:
+        """Successes whose record waits (the store failed): their messages must not come back
+        meanwhile, or the items would run again."""
+        for queue, handles in receipts.items():
+            failed = self.cloud.queues.extend(queue, handles, self.visibility[queue])
+            if failed:
+                log.warning("could not keep %d unrecorded success(es) of %s hidden: %s", len(failed), queue,
+                            next(iter(failed.values())))  # fmt: skip
 
     def _renew_leases(self, runs: list[Run]) -> None:
         """Extend each running attempt's claim; an attempt whose claim another took, or whose
