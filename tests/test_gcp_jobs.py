@@ -133,6 +133,17 @@ def test_item_output_goes_to_the_stacks_log_with_labels_and_reads_back_per_attem
     ]
 
 
+def test_long_non_ascii_output_goes_in_entries_write_requests_under_10_mb(gcp):
+    stream = for_env(ENV).logs.stream("default", "job-1", "item-a", 1)
+    lines = [f"{n:03d}" + "\U0001F600" * 16_000 for n in range(100)]  # JSON-escaped: ~192 KB a line
+    for line in lines:
+        stream.write(line)
+    stream.close()
+    writes = calls(gcp, "POST", "/entries:write")
+    assert max(len(json.dumps(w["body"])) for w in writes) <= 10_000_000  # the API's request limit
+    assert [e["textPayload"] for w in writes for e in w["body"]["entries"]] == [line[:16_000] for line in lines]
+
+
 def test_a_receive_is_a_pull_whose_client_timeout_is_the_wait_and_a_held_empty_pull_is_nothing(gcp):
     queues = for_env(ENV).queues
     gcp.pull_hold_s = 30  # an empty subscription holds the pull longer than the caller waits

@@ -8,6 +8,7 @@ log bucket and sink select it), with labels job / item / attempt; a "stream" is
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from functools import cached_property
@@ -20,6 +21,11 @@ from tidefleet.logstream import BufferedStream, stream_name, stream_order
 from tidefleet.records import AttemptOutcome
 
 LOGGING = "https://logging.googleapis.com/v2"
+# entries.write takes up to 10 MB a request. A line counts as its JSON text (requests escapes
+# non-ASCII as \uXXXX: up to 12 bytes a character) plus its entry's keys and timestamp; the
+# margin covers the request's logName, resource and labels.
+WRITE_BATCH_BYTES = 9_000_000
+ENTRY_OVERHEAD_BYTES = 100
 SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
 
 
@@ -45,7 +51,8 @@ class CloudLoggingItemLogs:
         def send(batch: list[tuple[float, str]]) -> None:
             self._write(job, item, attempt, [{"textPayload": line, "timestamp": _stamp(at)} for at, line in batch])
 
-        return BufferedStream(stream_name(job, item, attempt), send)
+        return BufferedStream(stream_name(job, item, attempt), send, batch_bytes=WRITE_BATCH_BYTES,
+                              event_bytes=_entry_bytes)
 
     def record_outcomes(self, queue: str, outcomes: list[AttemptOutcome]) -> None:
         entries = [{"jsonPayload": {"outcome": o.outcome, "queue": queue, "job": o.job, "item": o.item,
@@ -77,6 +84,10 @@ class CloudLoggingItemLogs:
         for name in sorted(by_stream, key=stream_order):
             for line in by_stream[name]:
                 yield name, line
+
+
+def _entry_bytes(line: str) -> int:
+    return len(json.dumps(line)) + ENTRY_OVERHEAD_BYTES
 
 
 def _stamp(at: float) -> str:
