@@ -178,9 +178,10 @@ def lint(c):
                  "(environment sandbox-train unless --env names another)",
         "time_limit": "give up after this many seconds",
         "tick": "control tick in seconds (default: the environment's scaler.tick_s)",
+        "workdir": "keep the work folder (inputs, node and scaler logs) here; default: a temp folder, removed after a run that passed",
     }
 )
-def sandbox(c, env=None, items="200", chaos=False, keep=False, train=False, time_limit="600", tick=None):
+def sandbox(c, env=None, items="200", chaos=False, keep=False, train=False, time_limit="600", tick=None, workdir=None):
     """The whole system on this machine against a moto server: a job in, nodes up, work done, fleet at zero."""
     from tidefleet.cli import main
 
@@ -189,6 +190,7 @@ def sandbox(c, env=None, items="200", chaos=False, keep=False, train=False, time
             "--time-limit", str(_number("time-limit", time_limit))]
     args += ["--chaos"] * chaos + ["--keep"] * keep + ["--train"] * train
     args += ["--tick", str(_number("tick", tick, float))] if tick is not None else []
+    args += ["--workdir", workdir] if workdir else []
     try:
         main(args, prog_name="tidefleet")
     except SystemExit as done:  # click ends every run with one

@@ -66,7 +66,8 @@ def cannot_write_plot(plot: Path, why: str) -> click.ClickException:
 @click.command()
 @click.argument("trace", type=click.Path(path_type=Path))
 @click.option(
-    "--env", "env_name", required=True, help="environment name (environments/<name>.toml) or a .toml path"
+    "--env", "env_name", envvar="TIDEFLEET_ENV", show_envvar=True, required=True,
+    help="environment name (environments/<name>.toml) or a .toml path"
 )
 @click.option("--pool", required=True, help="pool whose instance types, slots and prices are simulated")
 @click.option("--policy", "policies", multiple=True, type=click.Choice(POLICY_NAMES), default=("tidefleet",),
@@ -139,7 +140,7 @@ def simulate(
         click.echo(json.dumps(report.to_json(), indent=2))
     else:
         unfit = report.unfittable
-        click.echo(f"{report.trace} on {report.env}/{report.pool}: {report.items} items, "
+        click.echo(f"{report.trace} on {report.env}/{report.pool}: {report.items} item{'s' * (report.items != 1)}, "
                    f"lower bound ${usd(report.lower_bound_usd)}, zero-wait bound ${usd(report.zero_wait_usd)}")  # fmt: skip
         if report.gangs["count"]:
             click.echo(f"gangs: {plural(report.gangs['count'], 'item')} replayed on whole nodes at once "
