@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import os
 import pwd
+import select
 import shlex
 import shutil
 import signal
 import socket
 import subprocess
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -65,6 +67,12 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("", 0))
         return s.getsockname()[1]
+
+
+# After the workload's process exits: how long to keep reading what is already in its pipe
+# (a child left holding the pipe must not hold the attempt), and how often to look for its exit.
+DRAIN_S = 1.5
+POLL_S = 0.25
 
 
 class CannotStart(Exception):
@@ -126,14 +134,43 @@ class Workload:
             raise CannotStart(f"could not start {argv[0]!r}: {err}") from err
 
     def wait(self, stream: LogStream) -> tuple[int, dict, str]:
-        """Copy its output to `stream` until it exits: (exit code, usage, last line of output)."""
+        """Copy its output to `stream`, line by line, until it exits: (exit code, usage, last line
+        of output). Once the process itself has exited, its output is read for up to `DRAIN_S`
+        more, not to EOF: a child it left behind in another session (`setsid cmd &`), out of
+        reach of its process group's signals, may hold the pipe open for ever, which would keep
+        the attempt, its slot and its lease running. Such a child gets EPIPE/SIGPIPE on its next
+        write. A container's `docker run` client is the process here: when it ends (or is
+        killed), the attempt ends, but the container itself may go on under dockerd."""
         assert self.proc is not None, "started"
-        last_line = ""
+        fd = self.proc.stdout.fileno()
+        os.set_blocking(fd, False)
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        pending, last_line, drain_until = b"", "", None
         try:
-            for raw in self.proc.stdout:
-                last_line = raw.decode(errors="replace").rstrip("\n")
+            while True:
+                if drain_until is None and self.has_exited():
+                    drain_until = time.monotonic() + DRAIN_S
+                wait_s = POLL_S if drain_until is None else max(0.0, drain_until - time.monotonic())
+                if poller.poll(wait_s * 1000):
+                    try:
+                        chunk = os.read(fd, 65536)
+                    except BlockingIOError:
+                        chunk = None
+                    if chunk == b"":  # EOF: every holder of the pipe has closed it
+                        break
+                    if chunk:
+                        *lines, pending = (pending + chunk).split(b"\n")
+                        for raw in lines:
+                            last_line = raw.decode(errors="replace")
+                            stream.write(last_line)
+                if drain_until is not None and time.monotonic() >= drain_until:
+                    break
+            if pending:  # a last line with no newline
+                last_line = pending.decode(errors="replace")
                 stream.write(last_line)
         finally:
+            self.proc.stdout.close()
             # wait4 gives this child's own CPU time and peak memory, even with siblings running.
             _, status, rusage = os.wait4(self.proc.pid, 0)
             self.proc.returncode = os.waitstatus_to_exitcode(status)
