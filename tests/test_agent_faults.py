@@ -361,3 +361,22 @@ def test_a_hung_workload_whose_daemon_holds_its_output_open_times_out(h, daemon)
     _run_until_settled(agent(h, command=command), "short", 10)  # item_timeout_s = 2
     item = h.items(job)["000000"]
     assert item.status == "failed" and item.reason.startswith("timed out after 2s") and item.exit_code == -9
+
+
+def test_a_node_that_cannot_make_its_work_folder_hands_the_item_back_unspent_and_stops_taking_items(h, caplog):
+    """A full or read-only disk (here: a file where the work folder goes) is the node's fault:
+    failing each item it receives would dead-letter them all within a second."""
+    caplog.set_level(logging.INFO, "tidefleet.agent")
+    job = sdk.submit(h.env, "no disk", "work", sdk.read_items([["steps=1"]]), kick=False).job_id
+    (h.tmp / "work").write_text("not a folder")
+    node = agent(h)
+    assert node._receive("work", node.env.queues["work"], wait_s=1) == 1
+    wait_until(lambda: not node.runs, 30, "the attempt to settle")
+    item = h.items(job)["000000"]
+    assert (item.status, item.failures, item.interruptions) == ("queued", 0, 1), "no retry spent"
+    assert [e["outcome"] for e in item.history] == ["interrupted"]
+    assert h.queue_depth("work") == 1 and not h.events("start")
+    assert node.stopping.is_set(), "it takes no more items; its heartbeat says draining"
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(errors) == 1 and "cannot prepare" in errors[0] and "NotADirectoryError" in errors[0], errors
+    assert "Traceback" not in caplog.text

@@ -928,7 +928,7 @@ class Agent:
         """The runner thread of one attempt: whatever raises, the attempt settles once and the
         slot is freed."""
         msg = run.message
-        stream, usage = None, {}
+        stream, usage, unfit = None, {}, None
         try:
             stream = self.cloud.logs.stream(run.queue, msg.job, msg.item, run.attempt)
             with self.lock:
@@ -949,16 +949,26 @@ class Agent:
             usage |= gpu.record() if gpu else {}
             ended: Exited | Crashed = Exited(code, run.workload.completed(), last_line)
         except Exception as err:  # a bad item fails that item, never the node
-            if not isinstance(err, CannotStart):
-                log.exception("%s/%s attempt %d could not run", msg.job, msg.item, run.attempt)
-            why = f"tidefleet: {err}" if isinstance(err, CannotStart) else \
-                f"tidefleet: could not run the item: {type(err).__name__}: {err}"  # fmt: skip
-            if stream is not None:
-                stream.write(why)
-            ended = Crashed(why, run.workload.completed())
+            if isinstance(err, OSError) and not run.state.started:
+                # Before the process exists, an OSError is making this node's own folders (the
+                # attempt's, a local checkpoint's: disk full, read-only, a file in the way): the
+                # node's fault, which every item would meet here. Failing them would dead-letter
+                # them all within a second.
+                unfit = err
+            else:
+                if not isinstance(err, CannotStart):
+                    log.exception("%s/%s attempt %d could not run", msg.job, msg.item, run.attempt)
+                why = f"tidefleet: {err}" if isinstance(err, CannotStart) else \
+                    f"tidefleet: could not run the item: {type(err).__name__}: {err}"  # fmt: skip
+                if stream is not None:
+                    stream.write(why)
+                ended = Crashed(why, run.workload.completed())
         try:
-            self._settle(run, queue, ended, usage)
-            self._after_exit(run, queue, usage)
+            if unfit is not None:
+                self._unfit(run, unfit)
+            else:
+                self._settle(run, queue, ended, usage)
+                self._after_exit(run, queue, usage)
         except Exception:  # unrecorded, the message comes back after its visibility timeout
             log.exception("could not record %s/%s; the queue redelivers it", msg.job, msg.item)
             self._forget([run])
@@ -968,6 +978,22 @@ class Agent:
                 with self.lock:
                     self.streams.discard(stream)
             run.workload.remove()
+
+    def _unfit(self, run: Run, err: OSError) -> None:
+        """This node cannot prepare an attempt's folder: hand the item back unstarted (an
+        interruption, never a failure) and stop taking items; its heartbeat says draining, so
+        the scaler replaces the node."""
+        msg = run.message
+        log.error("%s/%s: this node cannot prepare the attempt's folder (%s: %s); handing the item back",
+                  msg.job, msg.item, type(err).__name__, err)  # fmt: skip
+        self.request_stop("this node cannot prepare its work folders; it takes no more items and is marked "
+                          "draining, so the scaler replaces it")  # fmt: skip
+        self._feed(run, StopAsked(Stop.INTERRUPT, time.monotonic()))
+        self._feed(run, Exited(-signal.SIGTERM, False))
+        # Whoever ends the grace hands it back: this thread, or a drain that began meanwhile.
+        if Record(Outcome.HANDED_BACK) in self._feed(run, GraceOver()):
+            self._requeue([run], interrupted=True, reason="this node cannot prepare its work folders")
+            self._forget([run])
 
     def _settle(self, run: Run, queue: Queue, ended: Exited | Crashed, usage: dict) -> None:
         """Carry out what the attempt decides once its workload has ended."""
