@@ -380,3 +380,19 @@ def test_a_node_that_cannot_make_its_work_folder_hands_the_item_back_unspent_and
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(errors) == 1 and "cannot prepare" in errors[0] and "NotADirectoryError" in errors[0], errors
     assert "Traceback" not in caplog.text
+
+
+def test_an_agent_that_stops_lifts_its_scale_in_protection_as_it_leaves(h, monkeypatch):
+    """Stopped by SIGTERM or the store's draining flag, the instance lives on: it must not stay
+    protected from scale-in with no agent on it (an idle node counts as busy for a beat)."""
+    sdk.submit(h.env, "then stop", "work", sdk.read_items([["steps=1"]]), kick=False)
+    node = agent(h)
+    calls = []
+    monkeypatch.setattr(node.node, "protect", lambda pool, node_id, on: calls.append(on))
+    run_one(node)
+    node._beat()
+    assert calls == [True], "just idle: still protected"
+    node.request_stop("SIGTERM to the agent")
+    node._drain()
+    node._leave()
+    assert calls == [True, False]

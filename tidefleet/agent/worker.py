@@ -1158,8 +1158,11 @@ class Agent:
                 self.node.leave(self.pool_name, self.s.node_id)
             except Exception as err:  # noqa: BLE001 - leaving must not fail on a cloud error
                 log.warning("complete_lifecycle_action failed (%s); the hook's timeout lets the node go", err)
-        self._beat()
+        # Finished first: the last beat lifts scale-in protection (a node that just went idle
+        # counts as busy), or a node left running (a SIGTERM, the store's draining flag) would
+        # stay protected with no agent.
         self.finished.set()
+        self._beat()
         log.info("agent %s done: %s", self.s.node_id, self.stop_reason or "stopped")
 
     # -- background steps ---------------------------------------------------------------
