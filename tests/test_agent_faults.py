@@ -396,3 +396,47 @@ def test_an_agent_that_stops_lifts_its_scale_in_protection_as_it_leaves(h, monke
     node._drain()
     node._leave()
     assert calls == [True, False]
+
+
+def refusing_oversize(node: Agent, refuse_all: bool = False):
+    """SQS refuses a message over 262,144 bytes (moto does not)."""
+    real = node.cloud.queues.send
+
+    def send(queue, bodies, dead_letter=False):
+        if refuse_all or any(len(b.encode()) > 262_144 for b in bodies):
+            raise RuntimeError("SQS refused 1 message(s): Message must be shorter than 262144 bytes.")
+        return real(queue, bodies, dead_letter=dead_letter)
+
+    node.cloud.queues.send = send
+
+
+@pytest.mark.parametrize("refuse_all", [False, True], ids=["envelope cut to fit", "dead-letter queue refuses"])
+def test_a_poison_body_too_big_to_wrap_is_cut_to_fit_and_never_stops_the_rest_of_its_batch(h, caplog, refuse_all):
+    """200,000 quotes fit SQS, but JSON-escaped in the envelope they would not."""
+    caplog.set_level(logging.INFO, "tidefleet.agent")
+    job = sdk.submit(h.env, "with poison", "work", sdk.read_items([["steps=1"]]), kick=False).job_id
+    sqs = boto3.client("sqs", region_name="us-east-1")
+    url = sqs.get_queue_url(QueueName=naming.queue(h.env.name, "work"))["QueueUrl"]
+    sqs.purge_queue(QueueUrl=url)
+    sqs.send_message(QueueUrl=url, MessageBody='"' * 200_000)
+    sqs.send_message(QueueUrl=url, MessageBody=sdk.ItemMessage(job, "000000", ["steps=1"]).body())
+    node = agent(h)
+    refusing_oversize(node, refuse_all)
+    assert node._receive("work", h.env.queues["work"], wait_s=1) == 2
+    wait_until(lambda: h.events("done"), 30, "the valid item of the batch to run")
+    assert "Traceback" not in caplog.text
+    if refuse_all:
+        assert "could not move a poison message of work to the dead-letter queue" in caplog.text
+        return
+    (dead,) = dead_letters(h)
+    envelope = json.loads(dead)
+    assert "not JSON" in envelope["tidefleet_poison"] and "of 200000 characters" in envelope["body_truncated"]
+    assert '"' * 1000 in envelope["body"] and len(dead.encode()) <= 262_144
+
+
+def test_a_poison_envelope_of_any_body_fits_sqs():
+    for body in ('"' * 300_000, "\U0001f600" * 70_000, "\x01" * 250_000, "short"):
+        text = worker.poison_envelope("why" * 1000, body)
+        envelope = json.loads(text)
+        assert len(text.encode()) <= worker.POISON_ENVELOPE_MAX and body.startswith(envelope["body"])
+        assert ("body_truncated" in envelope) == (envelope["body"] != body)

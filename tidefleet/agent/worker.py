@@ -100,7 +100,25 @@ CANCEL_GRACE_S = 10.0  # at most: a cancelled workload's time to leave before SI
 # A node that just went idle polls this long (at most) before it asks for the scaler's leave
 # grant: a long poll of 1 s or more asks every SQS server, so an empty answer means no item.
 LEAVE_POLL_S = 2
+# A poison message's dead-letter envelope at most (SQS takes 262,144 bytes): JSON escaping may
+# double a body (quotes) or make it six times longer (\uXXXX), so a long body is cut to fit.
+POISON_ENVELOPE_MAX = 200_000
 YIELD_S = 5.0  # after an item left to on-demand nodes shows again: time for one of them to receive it
+
+
+def poison_envelope(reason: str, body: str) -> str:
+    """The dead-letter message of a poison body: its reason and the body, cut (and said so) to fit
+    `POISON_ENVELOPE_MAX`."""
+    kept = body
+    while True:
+        envelope = {"tidefleet_poison": reason[:1000], "body": kept}
+        if len(kept) < len(body):
+            envelope["body_truncated"] = f"the first {len(kept)} of {len(body)} characters"
+        text = json.dumps(envelope)
+        size = len(text.encode())
+        if size <= POISON_ENVELOPE_MAX:
+            return text
+        kept = kept[: int(len(kept) * POISON_ENVELOPE_MAX / size * 0.95)]
 
 
 @dataclass(frozen=True)
@@ -478,11 +496,15 @@ class Agent:
         return len(deliveries)
 
     def _poison(self, name: str, delivery: Delivery, reason: str) -> None:
-        """A message that can never run: to the dead-letter queue once, wrapped with its reason."""
-        log.error("poison message on %s: %s; moving it to the dead-letter queue", name, reason)
-        envelope = json.dumps({"tidefleet_poison": reason, "body": delivery.body})
-        self.cloud.queues.send(name, [envelope], dead_letter=True)
-        self.cloud.queues.delete(name, [delivery.handle])
+        """A message that can never run: to the dead-letter queue once, wrapped with its reason.
+        Never raises: the other messages of its receive batch are taken all the same."""
+        log.error("poison message on %s: %s; moving it to the dead-letter queue", name, reason[:1000])
+        try:
+            self.cloud.queues.send(name, [poison_envelope(reason, delivery.body)], dead_letter=True)
+            self.cloud.queues.delete(name, [delivery.handle])
+        except Exception as err:  # noqa: BLE001 - it comes back; the queue's redrive policy dead-letters it in the end
+            log.warning("could not move a poison message of %s to the dead-letter queue (%s); the queue redelivers "
+                        "it", name, str(err).splitlines()[0][:300] if str(err) else type(err).__name__)  # fmt: skip
 
     def _accept(self, name: str, queue: Queue, delivery: Delivery) -> None:
         try:
