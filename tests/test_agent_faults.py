@@ -100,6 +100,8 @@ POISON = [
      "failures"),
     ("a counter that is a string", lambda job: json.dumps({"job": job, "item": "000000", "args": [], "seq": "1"}),
      "seq"),
+    ("a counter too big for the store", lambda job: json.dumps({"job": job, "item": "000000", "args": [],
+                                                                "seq": 2**200}), "seq: must be a whole number from 0"),
     ("a job that was never submitted", lambda job: json.dumps({"job": "nope-1", "item": "000000", "args": []}),
      "job 'nope-1' is not in the job store"),
     ("an item the job does not have", lambda job: json.dumps({"job": job, "item": "999999", "args": []}),

@@ -76,6 +76,9 @@ class JobError(Exception):
     """A user mistake or a missing resource; the message says what to do."""
 
 
+MAX_COUNTER = 2**53 - 1  # an item message's counters (seq, failures, ...); exact in any JSON reader too
+
+
 @dataclass(frozen=True)
 class ItemMessage:
     job: str
@@ -106,8 +109,10 @@ class ItemMessage:
             raise ValueError(f"args: must be a list of strings without NUL bytes (got {str(args)[:200]})")
         counters = {k: data[k] for k in ("failures", "interruptions", "lost", "seq") if k in data}
         for key, value in counters.items():
-            if type(value) is not int or value < 0:
-                raise ValueError(f"{key}: must be a whole number >= 0 (got {value!r})")
+            # Bounded: the store keeps them as numbers (DynamoDB: 38 digits; Firestore: 64 bits),
+            # so a huge one would fail every write of the item instead of being one poison line.
+            if type(value) is not int or not 0 <= value <= MAX_COUNTER:
+                raise ValueError(f"{key}: must be a whole number from 0 to {MAX_COUNTER} (got {str(value)[:40]})")
         return cls(data["job"], data["item"], list(args), **counters)
 
 
