@@ -36,8 +36,8 @@ def _number(flag: str, value, kind: type = int):
         number = kind(value)
     except (TypeError, ValueError):
         raise Exit(f"--{flag}: must be {'a whole number' if kind is int else 'a number'} (got {value!r})") from None
-    if not number >= 0:  # negative, or NaN
-        raise Exit(f"--{flag}: must not be negative (got {value!r})")
+    if not 0 <= number < float("inf"):  # negative, infinite or NaN
+        raise Exit(f"--{flag}: must be a finite number, not negative (got {value!r})")
     return number
 
 

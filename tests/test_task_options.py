@@ -36,7 +36,8 @@ def test_no_task_option_is_typed_as_a_number_for_invoke_to_convert():
     [
         (("sandbox", "--items", "abc"), "--items: must be a whole number (got 'abc')"),
         (("sandbox", "--tick", "abc"), "--tick: must be a number (got 'abc')"),
-        (("sandbox", "--time-limit", "-5"), "--time-limit: must not be negative (got '-5')"),
+        (("sandbox", "--time-limit", "-5"), "--time-limit: must be a finite number, not negative (got '-5')"),
+        (("sandbox", "--tick", "inf"), "--tick: must be a finite number, not negative (got 'inf')"),
         (("bench-io", "--submit-items", "x"), "--submit-items: must be a whole number (got 'x')"),
         (("mutate", "--jobs", "x"), "--jobs: must be a whole number (got 'x')"),
         (("build", "--cloud", "gcp", "--out", "/dev/null/x"), "build: cannot write /dev/null/x (Not a directory)"),
