@@ -150,6 +150,14 @@ def lower_bound(env: Environment, pool: str, items: list[TraceItem], need: list[
     return slot_hours * price, slot_hours / slots
 
 
+def _slot_events(items: list[TraceItem], need: list[int]) -> list[tuple[float, int]]:
+    """(time, +slots at an item's submit / -slots at its end), in time order, every item started
+    at its submit. Ends before starts at one time: a node freed then serves the next item. An
+    item of 0 s holds no slot (its end would come before its own start)."""
+    timed = [(i, n) for i, n in zip(items, need) if i.duration_s > 0]
+    return sorted([(i.submit_s + i.duration_s, -n) for i, n in timed] + [(i.submit_s, n) for i, n in timed])
+
+
 def zero_wait_bound(env: Environment, pool: str, items: list[TraceItem], need: list[int], boot_s: float) -> float:
     """USD: less than any schedule pays that starts every item at its submit, knowing the future.
     At each moment it needs the running slots' worth of nodes, ceil(slots / the pool's smallest
@@ -161,10 +169,7 @@ def zero_wait_bound(env: Environment, pool: str, items: list[TraceItem], need: l
     p = env.pools[pool]
     price, _ = cheapest_slot_hour(env, pool)
     node_slots = min(p.slots(t) for t in p.instance_types)
-    # Ends before starts at one time: a node freed then serves the next item. An item of 0 s
-    # holds no slot (its end would come before its own start).
-    timed = [(i, n) for i, n in zip(items, need) if i.duration_s > 0]
-    events = sorted([(i.submit_s + i.duration_s, -n) for i, n in timed] + [(i.submit_s, n) for i, n in timed])
+    events = _slot_events(items, need)
     busy = nodes = 0
     up_since: list[float] = []  # per level, the k-th node: when it last started serving
     down_since: list[float] = []  # per level: when it last stopped (a gap to bridge)
@@ -232,11 +237,8 @@ def oracle_peak_nodes(env: Environment, pool: str, items: list[TraceItem], need:
     """The oracle's nodes at its busiest: the most slots running at once (every item from its
     submit), over the slots of a node of the type `cheapest_slot_hour` bills, rounded up."""
     _, node_slots = cheapest_slot_hour(env, pool)
-    # Ends before starts at one time, and an item of 0 s holds no slot, as in `zero_wait_bound`.
-    timed = [(i, n) for i, n in zip(items, need) if i.duration_s > 0]
-    events = sorted([(i.submit_s + i.duration_s, -n) for i, n in timed] + [(i.submit_s, n) for i, n in timed])
     busy = peak = 0
-    for _, delta in events:
+    for _, delta in _slot_events(items, need):
         busy += delta
         peak = max(peak, busy)
     return -(-peak // node_slots)
