@@ -258,9 +258,41 @@ def test_a_store_outage_at_a_success_record_keeps_it_and_its_message_until_it_la
     node.acks.flush()
     assert h.items(job)["000000"].status == "succeeded" and node.records.waiting() == {}
     assert h.queue_depth("work") == 0 and len(h.events("start")) == 1
-    lines = [r.getMessage() for r in caplog.records if "succeeded item" in r.getMessage()]
+    lines = [r.getMessage() for r in caplog.records if "ended item" in r.getMessage()]
     assert len(lines) == 2 and "Rate exceeded" in lines[0] and "retrying" in lines[0], lines
     assert "Traceback" not in caplog.text
+
+
+def test_a_store_outage_at_a_cancelled_record_keeps_it_until_it_lands_instead_of_leaving_the_item_running(h, caplog):
+    """A cancelled attempt's record goes through `worker.Records` too: before, one failed write
+    left the item shown running, its message held until its visibility timeout."""
+    caplog.set_level(logging.INFO, "tidefleet.agent")
+    job = sdk.submit(h.env, "cancel, store down", "work", sdk.read_items([["steps=600"]]), kick=False).job_id
+    node = agent(h)
+    assert node._receive("work", node.env.queues["work"], wait_s=1) == 1
+    wait_until(lambda: h.events("start"), 30, "the item to start")
+    sdk.cancel(h.env, job)
+    real, down = node.store.update_items, [2]
+
+    def update_items(writes):
+        if down[0]:
+            down[0] -= 1
+            raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"}},
+                              "TransactWriteItems")  # fmt: skip
+        return real(writes)
+
+    node.store.update_items = update_items
+    # Its heartbeat's cancel check (the job is read once a beat) stops the workload.
+    wait_until(lambda: node._beat() or not node.runs, 30, "the cancelled attempt to settle")
+    node.records.flush()  # fails
+    assert list(node.records.waiting()) == ["work"], "kept, its message hidden"
+    node.records.flush()  # fails again
+    node.records.flush()
+    node.acks.flush()
+    item = h.items(job)["000000"]
+    assert (item.status, item.history[-1]["outcome"]) == ("cancelled", "cancelled")
+    assert node.records.waiting() == {} and h.queue_depth("work") == 0
+    assert not h.events("done") and "Traceback" not in caplog.text
 
 
 def test_a_success_whose_record_cannot_land_for_long_is_given_up_and_its_message_comes_back(h, monkeypatch, caplog):

@@ -87,11 +87,11 @@ log = logging.getLogger("tidefleet.agent")
 RECEIVE_BATCH = 10  # SQS's most per receive; more than a node's free slots anyway
 ACK_BATCH = 10  # messages deleted per call (SQS DeleteMessageBatch's most)
 ACK_FLUSH_S = 0.5  # a recorded item's message is deleted within this, batched with others
-RECORD_BATCH = 50  # succeeded items recorded per store call at most; a flush sends fewer within ACK_FLUSH_S
-RECORD_RETRY_S = 1.0  # a success whose record failed is tried again this long after
-# A success whose record cannot land for this long is given up: its message is no longer kept
-# hidden, so it comes back and the item runs again (at least once). Until then a store outage
-# re-runs nothing.
+RECORD_BATCH = 50  # ended items recorded per store call at most; a flush sends fewer within ACK_FLUSH_S
+RECORD_RETRY_S = 1.0  # an end whose record failed is tried again this long after
+# An end whose record cannot land for this long is given up: its message is no longer kept hidden,
+# so it comes back (a succeeded item runs again, at least once; a cancelled one is cancelled at its
+# receipt). Until then a store outage re-runs nothing.
 RECORD_KEEP_S = 900.0
 OUTCOME_BATCH = 500  # finished attempts per outcome-metric write (CloudWatch takes 10,000 events in one)
 SETTLE_S = 5.0  # after the grace: time for an exited workload's runner to record its result
@@ -241,53 +241,60 @@ class Acks(Batches):
 
 
 @dataclass(frozen=True)
-class Succeeded:
-    """A succeeded attempt whose record waits for the next flush of `Records`."""
+class Ended:
+    """An item's final record (succeeded, or cancelled: its job was) waiting for the next flush of
+    `Records`. `attempt` 0: cancelled at its receipt, never started."""
 
     receipt: str
     write: ItemWrite
     attempt: int
     seconds: float
-    since: float = field(default_factory=time.monotonic)  # when it succeeded: kept RECORD_KEEP_S at most
+    since: float = field(default_factory=time.monotonic)  # when it ended: kept RECORD_KEEP_S at most
+
+    @property
+    def status(self) -> str:
+        return self.write.values["status"]
 
 
 class Records(Batches):
-    """Succeeded attempts recorded a flush at a time (`JobStore.update_items`: one store call for
-    many), then their messages deleted: the delete only ever follows the record. A flush that
-    fails keeps its successes for the next (every `RECORD_RETRY_S`), and the heartbeat keeps their
-    messages hidden meanwhile (`waiting`), so a store outage runs nothing again; only a success
+    """Final records (succeeded and cancelled items) written a flush at a time
+    (`JobStore.update_items`: one store call for many), then their messages deleted: the delete
+    only ever follows the record. A flush that fails keeps its records for the next (every
+    `RECORD_RETRY_S`), and the heartbeat keeps their messages hidden meanwhile (`waiting`), so a
+    store outage runs nothing again and leaves no cancelled item shown running; only a record
     kept `RECORD_KEEP_S` in vain is given up, and its message comes back (at least once, as when a
     node dies between an item's end and its record).
-    `recorded(queue, succeeded, landed)` is called per attempt once its write was sent."""
+    `recorded(queue, ended, landed)` is called per item once its write was sent."""
 
     def __init__(self, store, recorded):
         self.store, self.recorded = store, recorded
         self.failing = False  # one line per outage, not one per retry
-        super().__init__(self._write, RECORD_BATCH, "record succeeded items")
+        super().__init__(self._write, RECORD_BATCH, "record ended items")
 
-    def _write(self, queue: str, entries: list[Succeeded]) -> list[str]:
+    def _write(self, queue: str, entries: list[Ended]) -> list[str]:
         landed = self.store.update_items([e.write for e in entries])
         if self.failing:
             self.failing = False
-            log.info("recorded %d succeeded item(s) of %s that waited for the job store", len(entries), queue)
+            log.info("recorded %d ended item(s) of %s that waited for the job store", len(entries), queue)
         for entry, ok in zip(entries, landed):
             self.recorded(queue, entry, ok)
         return []
 
-    def _failed(self, queue: str, entries: list[Succeeded], errors: list[str]) -> list[Succeeded]:
+    def _failed(self, queue: str, entries: list[Ended], errors: list[str]) -> list[Ended]:
         now = time.monotonic()
         kept = [e for e in entries if now - e.since < RECORD_KEEP_S]
         if len(kept) < len(entries):
-            log.warning("could not record %d succeeded item(s) of %s for %.0fs (%s); giving up: the queue redelivers "
-                        "them and they run again", len(entries) - len(kept), queue, RECORD_KEEP_S, errors[0])  # fmt: skip
+            log.warning("could not record %d ended item(s) of %s for %.0fs (%s); giving up: the queue redelivers "
+                        "them (a succeeded one runs again)", len(entries) - len(kept), queue, RECORD_KEEP_S,
+                        errors[0])  # fmt: skip
         elif not self.failing:
-            log.warning("could not record %d succeeded item(s) of %s (%s); retrying, their messages kept hidden",
+            log.warning("could not record %d ended item(s) of %s (%s); retrying, their messages kept hidden",
                         len(entries), queue, errors[0])  # fmt: skip
         self.failing = self.failing or bool(kept)
         return kept
 
     def waiting(self) -> dict[str, list[str]]:
-        """Per queue, the receipts of successes not recorded yet (a slow store call's included): their
+        """Per queue, the receipts of ends not recorded yet (a slow store call's included): their
         messages must stay hidden."""
         out: dict[str, list[str]] = defaultdict(list)
         with self.lock:
@@ -459,7 +466,7 @@ class Agent:
                 return
             self.asked_leave = idle_since
         try:
-            self.records.flush()  # the last successes are recorded before the node may go
+            self.records.flush()  # the last ends are recorded before the node may go
             if self.records.waiting():  # not recorded yet: stay to retry, and ask again once they are
                 with self.lock:
                     self.asked_leave = None
@@ -1072,23 +1079,27 @@ class Agent:
         sees it final at its next heartbeat and stops)."""
         write = ItemWrite(run.message.job, run.message.item, append={"history": {**entry, "outcome": "succeeded"}},
                           values={"status": "succeeded", "exit_code": 0, "reason": "", "lease_until": None, **usage})  # fmt: skip
-        self.records.add(run.queue, Succeeded(run.receipt, write, run.attempt, entry["seconds"]))
+        self.records.add(run.queue, Ended(run.receipt, write, run.attempt, entry["seconds"]))
 
-    def _recorded(self, queue: str, done: Succeeded, landed: bool) -> None:
+    def _recorded(self, queue: str, done: Ended, landed: bool) -> None:
         job, item = done.write.job_id, done.write.item_id
         if not landed:
-            log.warning("%s/%s was already final; not marking it succeeded twice", job, item)
+            log.warning("%s/%s was already final; not marking it %s", job, item, done.status)
         self.acks.add(queue, done.receipt)
+        if done.status != "succeeded":
+            log.info("%s/%s cancelled", job, item)
+            return
         with self.lock:  # folded into the queue's mean at the next heartbeat
             self.item_seconds[queue].append(done.seconds)
         log.info("%s/%s succeeded (attempt %d)", job, item, done.attempt)
 
     def _settle_cancelled(self, held: Held, entry: dict | None = None) -> None:
+        """Recorded like a success (`Records`): a store outage keeps it and its message hidden, not
+        the item shown running until its message comes back."""
         extra = {"append": {"history": {**entry, "outcome": "cancelled"}}} if entry else {}
-        self.store.update_item(held.message.job, held.message.item, status="cancelled", reason="job cancelled",
-                               lease_until=None, **extra)  # fmt: skip
-        self.acks.add(held.queue, held.receipt)
-        log.info("%s/%s cancelled", held.message.job, held.message.item)
+        write = ItemWrite(held.message.job, held.message.item, **extra,
+                          values={"status": "cancelled", "reason": "job cancelled", "lease_until": None})  # fmt: skip
+        self.records.add(held.queue, Ended(held.receipt, write, held.attempt, entry["seconds"] if entry else 0.0))
 
     def _failed(self, held: Held, queue: Queue, code: int | None, reason: str, usage: dict,
                 entry: dict | None = None, *, lost: bool = False) -> None:
@@ -1171,7 +1182,7 @@ class Agent:
             time.sleep(RECORD_RETRY_S)
             self.records.flush()
         if self.records.waiting():
-            log.warning("leaving with %d success(es) unrecorded; the queue redelivers them",
+            log.warning("leaving with %d ended item(s) unrecorded; the queue redelivers them",
                         sum(map(len, self.records.waiting().values())))
         self.acks.flush()
         self.outcomes.flush()
@@ -1223,7 +1234,7 @@ class Agent:
         self._step("gangs", self._watch_gangs, [r for r in runs if r.gang], members)
         self._step("stop deadlines", self._kill_overdue, [*runs, *members])
         self._step("visibility", self._extend_visibility, runs)
-        self._step("visibility of unrecorded successes", self._keep_hidden, unrecorded)
+        self._step("visibility of unrecorded ends", self._keep_hidden, unrecorded)
         self._step("lease", self._renew_leases, runs)
         self._step("cancel check", self._stop_cancelled, runs)
         self._step("queue stats", self._record_item_seconds)
@@ -1336,12 +1347,12 @@ class Agent:
                     log.warning("could not extend %s: %s", run.message.item, failed[run.receipt])
 
     def _keep_hidden(self, receipts: dict[str, list[str]]) -> None:
-        """Successes whose record waits (the store failed): their messages must not come back
-        meanwhile, or the items would run again."""
+        """Ends whose record waits (the store failed): their messages must not come back meanwhile,
+        or the items would run again."""
         for queue, handles in receipts.items():
             failed = self.cloud.queues.extend(queue, handles, self.visibility[queue])
             if failed:
-                log.warning("could not keep %d unrecorded success(es) of %s hidden: %s", len(failed), queue,
+                log.warning("could not keep %d unrecorded end(s) of %s hidden: %s", len(failed), queue,
                             next(iter(failed.values())))  # fmt: skip
 
     def _renew_leases(self, runs: list[Run]) -> None:
