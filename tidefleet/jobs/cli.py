@@ -109,7 +109,8 @@ def submit(env_name, name, queue, items_from, job_id, image, command, job_env, s
                 result = sdk.submit(env, name, queue, items, job_id=job_id, progress=told, on_job=recorded, spec=spec,
                                     after=after, after_finished=after_finished, flags=True)  # fmt: skip
             except KeyboardInterrupt:
-                where = f"job {started.job_id}: {done} of {started.total} item(s) sent" if started else "nothing sent"
+                # Chunks cut short may have sent part of their items: counted once marked, so "at least".
+                where = f"job {started.job_id}: at least {done} of {started.total} item(s) sent" if started else "nothing sent"
                 click.echo(f"interrupted: {where}; run the same command again to continue", err=True)
                 raise SystemExit(130) from None
     if result.already:
