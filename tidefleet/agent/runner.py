@@ -3,6 +3,7 @@ No decisions here: what to signal and when is `tidefleet.agent.attempt`."""
 
 from __future__ import annotations
 
+import logging
 import os
 import pwd
 import select
@@ -11,6 +12,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,19 +27,66 @@ if TYPE_CHECKING:
     from tidefleet.jobs.spec import Resolved
     from tidefleet.ports import LogStream
 
+log = logging.getLogger("tidefleet.agent")
+
+# A container runs under dockerd, out of reach of the signals that end its `docker run` client:
+# the client writes the container's id into the attempt's folder, and the label (that folder) lets
+# a later agent find what one that died left running.
+CID_FILE = "container.id"
+LABEL = "tidefleet.workdir"
+DOCKER_S = 30  # at most, per docker command: a hung dockerd must not hold an attempt for ever
+GONE = ("No such container", "is already in progress")  # docker: its --rm removed it, or is removing it
+
 
 def workload_command(what: Pool | Resolved, args: list[str], env_names: list[str], mounts: list[Path],
-                     user: pwd.struct_passwd | None = None, gpu_indices: list[int] = ()) -> list[str]:  # fmt: skip
+                     user: pwd.struct_passwd | None = None, gpu_indices: list[int] = (),
+                     workdir: Path | None = None) -> list[str]:  # fmt: skip
     """The argv for one item: the command with the args appended, or docker run of the container
-    (with the job's command, if it set one, before the args) on the item's own GPUs."""
+    (with the job's command, if it set one, before the args) on the item's own GPUs; `workdir`, the
+    attempt's folder, gets the container's id (`CID_FILE`) and is its `LABEL`."""
     if what.container is None:
         return [*shlex.split(what.command), *args]
     passthrough = [a for name in env_names for a in ("-e", name)]  # values come from our env
     volumes = [a for m in mounts for a in ("-v", f"{m}:{m}")]  # stop file and local checkpoints
     as_user = ["--user", f"{user.pw_uid}:{user.pw_gid}"] if user else []
     command = shlex.split(what.command) if what.command else []
-    return ["docker", "run", "--rm", *as_user, *docker_gpu_args(list(gpu_indices)), *passthrough, *volumes,
-            what.container, *command, *args]  # fmt: skip
+    folder = workdir.absolute() if workdir else None  # absolute: the client runs in that folder
+    found_by = ["--cidfile", str(folder / CID_FILE), "--label", f"{LABEL}={folder}"] if folder else []
+    return ["docker", "run", "--rm", *found_by, *as_user, *docker_gpu_args(list(gpu_indices)), *passthrough,
+            *volumes, what.container, *command, *args]  # fmt: skip
+
+
+def _docker(*args: str) -> tuple[str, str]:
+    """One docker command: (its output, "") or ("", why it failed). A container already gone is
+    no failure; it never raises."""
+    try:
+        done = subprocess.run(["docker", *args], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              timeout=DOCKER_S, check=False)  # fmt: skip
+    except (OSError, subprocess.SubprocessError) as err:  # no docker on this node; a hung dockerd
+        return "", str(err)
+    why = [line for line in done.stderr.splitlines() if line.strip() and not any(g in line for g in GONE)]
+    if done.returncode != 0 and (why or not done.stderr.strip()):
+        return "", f"docker {args[0]} exited {done.returncode}: {why[0][:300] if why else 'without a word'}"
+    return done.stdout, ""
+
+
+def remove_leftover_containers(pool: Pool, work_dir: Path) -> None:
+    """At the agent's start: remove the containers of attempts under `work_dir` that an agent before
+    it on this node left running (killed -9, restarted), which hold the GPUs and memory its items
+    need. Another agent sharing this docker (the sandbox's nodes) has another work_dir."""
+    if pool.container is None:
+        return
+    each = '{{.ID}} {{.Label "' + LABEL + '"}}'  # a container's id and its attempt's folder
+    listed, why = _docker("ps", "-a", "--filter", f"label={LABEL}", "--format", each)
+    ids = [cid for cid, _, folder in (line.partition(" ") for line in listed.splitlines())
+           if folder and Path(folder).is_relative_to(work_dir.absolute())]  # fmt: skip
+    if ids and not why:
+        _, why = _docker("rm", "-f", *ids)
+    if why:
+        log.warning("could not remove the containers a previous agent on this node left: %s", why)
+    elif ids:
+        log.info("removed %d container(s) a previous agent on this node left running: %s",
+                 len(ids), " ".join(ids))  # fmt: skip
 
 
 def item_user(name: str | None) -> pwd.struct_passwd | None:
@@ -80,7 +129,7 @@ class CannotStart(Exception):
 
 
 class Workload:
-    """One attempt's process and its folder (stop file, done file)."""
+    """One attempt's process and its folder (stop file, done file, a container's id)."""
 
     def __init__(self, workdir: Path):
         self.workdir = workdir
@@ -94,6 +143,10 @@ class Workload:
     def done_file(self) -> Path:
         return self.workdir / "DONE"
 
+    @property
+    def cid_file(self) -> Path:
+        return self.workdir / CID_FILE
+
     def completed(self) -> bool:
         return self.done_file.exists()
 
@@ -106,6 +159,8 @@ class Workload:
         Raises CannotStart when the program cannot be started; anything else it raises (a command
         that does not parse, a missing item user) is as much the item's failure."""
         self.workdir.mkdir(parents=True, exist_ok=True)
+        if what.container is not None:  # docker run refuses an old id file (an agent died in this folder)
+            self.cid_file.unlink(missing_ok=True)
         item_env = {
             **what.env,
             **(visible_env(list(gpu_indices)) if gpu_indices else {}),
@@ -124,7 +179,7 @@ class Workload:
             os.chown(self.workdir, user.pw_uid, user.pw_gid)
             as_user = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
             item_env |= {"HOME": user.pw_dir, "USER": user.pw_name, "LOGNAME": user.pw_name}
-        argv = workload_command(what, msg.args, list(item_env), mounts, user, gpu_indices)
+        argv = workload_command(what, msg.args, list(item_env), mounts, user, gpu_indices, self.workdir)
         try:
             self.proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -139,8 +194,8 @@ class Workload:
         more, not to EOF: a child it left behind in another session (`setsid cmd &`), out of
         reach of its process group's signals, may hold the pipe open for ever, which would keep
         the attempt, its slot and its lease running. Such a child gets EPIPE/SIGPIPE on its next
-        write. A container's `docker run` client is the process here: when it ends (or is
-        killed), the attempt ends, but the container itself may go on under dockerd."""
+        write. A container's `docker run` client is the process here: as it ends (or is killed),
+        its container, which runs on under dockerd without it, is removed too."""
         assert self.proc is not None, "started"
         fd = self.proc.stdout.fileno()
         os.set_blocking(fd, False)
@@ -174,10 +229,13 @@ class Workload:
             # wait4 gives this child's own CPU time and peak memory, even with siblings running.
             _, status, rusage = os.wait4(self.proc.pid, 0)
             self.proc.returncode = os.waitstatus_to_exitcode(status)
+            self._remove_container()  # before the slot is free for the next item
         usage = {"cpu_s": round(rusage.ru_utime + rusage.ru_stime, 3), "peak_rss_mb": round(rusage.ru_maxrss / 1024, 1)}
         return self.proc.returncode, usage, last_line
 
     def signal(self, what: Signal) -> None:
+        """STOP: the stop file and SIGTERM, which docker run passes on to its container (its
+        --sig-proxy, on by default). KILL: SIGKILL, and `docker kill` for the container."""
         if what is Signal.STOP:
             try:
                 self.stop_file.touch()
@@ -188,6 +246,10 @@ class Workload:
                 os.killpg(self.proc.pid, signal.SIGTERM if what is Signal.STOP else signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+        if what is Signal.KILL and (cid := self._container_id()):
+            # In the background: signals are sent under the agent's lock, which a hung dockerd must
+            # not hold. The rm -f as `wait` ends is the one whose failure is told.
+            threading.Thread(target=_docker, args=("kill", cid), daemon=True).start()
 
     def has_exited(self) -> bool:
         """Whether the process has ended, without reaping it (`wait` does)."""
@@ -199,4 +261,19 @@ class Workload:
             return True
 
     def remove(self) -> None:
+        self._remove_container()  # an attempt that ended before `wait` did
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _container_id(self) -> str:
+        try:
+            return self.cid_file.read_text().strip()
+        except OSError:  # not a container, or not created yet, or already removed
+            return ""
+
+    def _remove_container(self) -> None:
+        """docker rm -f, once. After --rm, the usual answer is that it is gone; any other is one line."""
+        if cid := self._container_id():
+            _, why = _docker("rm", "-f", cid)
+            if why:
+                log.warning("could not remove container %s: %s", cid[:12], why)
+            self.cid_file.unlink(missing_ok=True)
