@@ -74,7 +74,13 @@ from tidefleet.agent.attempt import (
     handed_back,
 )
 from tidefleet.agent.gpus import Devices, GpuProblem, Usage, account, query, sample
-from tidefleet.agent.runner import CannotStart, Workload, checkpoint_uri, free_port
+from tidefleet.agent.runner import (
+    CannotStart,
+    Workload,
+    checkpoint_uri,
+    free_port,
+    remove_leftover_containers,
+)
 from tidefleet.cloud import for_env
 from tidefleet.config import NODE_LOSSES_TOLERATED, Environment, Queue
 from tidefleet.jobs.sdk import ItemMessage, send_messages
@@ -387,6 +393,7 @@ class Agent:
             self.changed.notify_all()
 
     def _prepare(self) -> None:
+        remove_leftover_containers(self.pool, self.s.work_dir)  # before any item: ones a killed agent left hold GPUs
         for name, _ in self.queues:
             # Extend by what the queue itself uses: the deployed queue is the truth.
             self.visibility[name] = self.cloud.queues.lease_s(name)
