@@ -178,11 +178,23 @@ class GcpCloud:
         return account
 
     def explain(self, err: BaseException) -> str:
+        from urllib.parse import urlsplit
+
         from google.api_core import exceptions as gexc
         from google.auth.exceptions import DefaultCredentialsError
+        from requests import Timeout
+
+        from tidefleet.cloud.gcp.calls import TRY_S
 
         env, project = self.env.name, self.env.project
         deploy = f"deploy it with `invoke deploy --env {env}`"
+        if isinstance(err, gexc.RetryError) and err.cause is not None:
+            err = err.cause  # tried until calls.RETRY_FOR_S: the last try says what is wrong
+        silent = err if isinstance(err, Timeout) else err.__cause__  # a token refresh wraps its own
+        if isinstance(silent, Timeout):  # a black-holed network, a stuck proxy
+            url = getattr(silent.request, "url", None) or ""
+            return (f"Google Cloud ({urlsplit(url).netloc or 'its API'}) did not answer {env!r} within {TRY_S:g} s; "
+                    "check the network and any HTTPS_PROXY, then try again")  # fmt: skip
         if isinstance(err, DefaultCredentialsError):
             return "no Google credentials: run `gcloud auth application-default login` or set GOOGLE_APPLICATION_CREDENTIALS"
         if isinstance(err, gexc.NotFound):

@@ -37,6 +37,7 @@ from google.cloud.firestore_v1.types import (
 )
 
 from tidefleet import naming
+from tidefleet.cloud.gcp.calls import RETRY, RETRY_REFUSED, TRY_S
 from tidefleet.config import Environment
 from tidefleet.policy.model import item_seconds_mean
 from tidefleet.records import (
@@ -146,6 +147,14 @@ class FirestoreNodes:
     def _doc(self, pool: str, node_id: str) -> str:
         return f"{self.root}/pools/{pool}/nodes/{node_id}"
 
+    def _get_document(self, name: str) -> Document:
+        return self.client.get_document(request={"name": name}, retry=RETRY, timeout=TRY_S)
+
+    def _list(self, parent: str, collection: str):
+        """The collection's documents, in pages (each page a call of its own)."""
+        return self.client.list_documents(request={"parent": parent, "collection_id": collection, "page_size": PAGE},
+                                          retry=RETRY, timeout=TRY_S)  # fmt: skip
+
     def put_heartbeat(self, hb: Heartbeat) -> None:
         skip = ("node_id", "pool", *SCALER_OWNED)
         fields = {k: v for k, v in asdict(hb).items() if k not in skip and v is not None}
@@ -156,7 +165,7 @@ class FirestoreNodes:
         # idle_since in the mask but not in the fields: Firestore deletes it (busy again).
         self.client.update_document(
             document=Document(name=self._doc(hb.pool, hb.node_id), fields={k: to_value(v) for k, v in fields.items()}),
-            update_mask=DocumentMask(field_paths=mask),
+            update_mask=DocumentMask(field_paths=mask), retry=RETRY, timeout=TRY_S,
         )
 
     def _heartbeat(self, pool: str, doc: Document) -> Heartbeat | None:
@@ -167,15 +176,13 @@ class FirestoreNodes:
         return Heartbeat(node_id=doc.name.rsplit("/", 1)[-1], pool=pool, **values)
 
     def heartbeats(self, pool: str) -> dict[str, Heartbeat]:
-        pages = self.client.list_documents(
-            request={"parent": f"{self.root}/pools/{pool}", "collection_id": "nodes", "page_size": PAGE}
-        )
+        pages = self._list(f"{self.root}/pools/{pool}", "nodes")
         beats = (self._heartbeat(pool, doc) for doc in pages)
         return {hb.node_id: hb for hb in beats if hb is not None}
 
     def heartbeat(self, pool: str, node_id: str) -> Heartbeat | None:
         try:
-            return self._heartbeat(pool, self.client.get_document(request={"name": self._doc(pool, node_id)}))
+            return self._heartbeat(pool, self._get_document(self._doc(pool, node_id)))
         except gexc.NotFound:
             return None
 
@@ -183,36 +190,37 @@ class FirestoreNodes:
         """Idempotent: the node takes no new items; the scaler stops counting it as capacity."""
         self.client.update_document(
             document=Document(name=self._doc(pool, node_id), fields={"draining": to_value(True)}),
-            update_mask=DocumentMask(field_paths=["draining"]),
+            update_mask=DocumentMask(field_paths=["draining"]), retry=RETRY, timeout=TRY_S,
         )
 
     def set_cordon(self, pool: str, node_id: str, cordoned: bool) -> None:
         """As `DynamoStore.set_cordon`: one field, so the agent's heartbeats never touch it."""
         self.client.update_document(
             document=Document(name=self._doc(pool, node_id), fields={"cordoned": to_value(cordoned)}),
-            update_mask=DocumentMask(field_paths=["cordoned"]),
+            update_mask=DocumentMask(field_paths=["cordoned"]), retry=RETRY, timeout=TRY_S,
         )
 
     def set_preempt(self, pool: str, node_id: str, keys: list[str]) -> None:
         self.client.update_document(
             document=Document(name=self._doc(pool, node_id), fields={"preempt": to_value(list(keys))}),
-            update_mask=DocumentMask(field_paths=["preempt"]),
+            update_mask=DocumentMask(field_paths=["preempt"]), retry=RETRY, timeout=TRY_S,
         )
 
     def forget_node(self, pool: str, node_id: str) -> None:
-        self.client.delete_document(request={"name": self._doc(pool, node_id)})
+        self.client.delete_document(request={"name": self._doc(pool, node_id)}, retry=RETRY, timeout=TRY_S)
 
     def grant_leave(self, pool: str, units: int, at: float, until: float, stay: int = 0) -> None:
         """As `DynamoStore.grant_leave`."""
         fields = _fields({"units": int(units), "at": float(at), "until": float(until), "stay": int(stay)})
-        self.client.update_document(request={"document": Document(name=f"{self.root}/leave/{pool}", fields=fields)})
+        self.client.update_document(request={"document": Document(name=f"{self.root}/leave/{pool}", fields=fields)},
+                                    retry=RETRY, timeout=TRY_S)  # fmt: skip
 
     def take_leave(self, pool: str, units: int, idle_since: float, now: float, cordoned: bool = False) -> bool:
         """As `DynamoStore.take_leave`: the read's update time is the write's precondition."""
         name = f"{self.root}/leave/{pool}"
         for _ in range(STATS_RETRIES):
             try:
-                doc = self.client.get_document(request={"name": name})
+                doc = self._get_document(name)
             except gexc.NotFound:
                 return False
             values = {k: from_value(v) for k, v in doc.fields.items()}
@@ -226,7 +234,7 @@ class FirestoreNodes:
                     "document": Document(name=name, fields=_fields({field: left - units})),
                     "update_mask": DocumentMask(field_paths=[field]),
                     "current_document": Precondition(update_time=doc.update_time),
-                })  # fmt: skip
+                }, retry=RETRY_REFUSED, timeout=TRY_S)  # fmt: skip
                 return answer == "leave"
             except gexc.GoogleAPICallError as err:
                 if not lost_race(err):
@@ -249,7 +257,7 @@ class FirestoreStore(FirestoreNodes):
 
     def _get(self, name: str) -> Document | None:
         try:
-            return self.client.get_document(request={"name": name})
+            return self._get_document(name)
         except gexc.NotFound:
             return None
 
@@ -257,7 +265,8 @@ class FirestoreStore(FirestoreNodes):
         """False if the document already exists (left untouched)."""
         try:
             self.client.update_document(request={"document": Document(name=name, fields=_fields(record)),
-                                                 "current_document": Precondition(exists=False)})  # fmt: skip
+                                                 "current_document": Precondition(exists=False)},
+                                        retry=RETRY_REFUSED, timeout=TRY_S)  # fmt: skip
             return True
         except gexc.GoogleAPICallError as err:
             if not lost_race(err):
@@ -268,7 +277,8 @@ class FirestoreStore(FirestoreNodes):
         """Set fields of an existing document; NotFound if there is none (as DynamoDB's condition)."""
         self.client.update_document(request={"document": Document(name=name, fields=_fields(values)),
                                              "update_mask": DocumentMask(field_paths=list(values)),
-                                             "current_document": Precondition(exists=True)})  # fmt: skip
+                                             "current_document": Precondition(exists=True)},
+                                    retry=RETRY, timeout=TRY_S)  # fmt: skip
 
     @staticmethod
     def _values(doc: Document) -> dict:
@@ -288,7 +298,7 @@ class FirestoreStore(FirestoreNodes):
 
     def jobs(self, queue: str | None = None) -> list[Job]:
         """Every job (of one queue), oldest first: the jobs collection, listed in pages."""
-        pages = self.client.list_documents(request={"parent": self.root, "collection_id": "jobs", "page_size": PAGE})
+        pages = self._list(self.root, "jobs")
         jobs = [self._job(doc) for doc in pages]
         return sorted((j for j in jobs if queue is None or j.queue == queue), key=lambda j: (j.created_at, j.job_id))
 
@@ -303,13 +313,14 @@ class FirestoreStore(FirestoreNodes):
 
     def watch(self, job_id: str) -> None:
         self.client.update_document(request={"document": Document(name=f"{self.root}/watched/{job_id}",
-                                                                  fields=_fields({"job_id": job_id}))})  # fmt: skip
+                                                                  fields=_fields({"job_id": job_id}))},
+                                    retry=RETRY, timeout=TRY_S)  # fmt: skip
 
     def unwatch(self, job_id: str) -> None:
-        self.client.delete_document(request={"name": f"{self.root}/watched/{job_id}"})
+        self.client.delete_document(request={"name": f"{self.root}/watched/{job_id}"}, retry=RETRY, timeout=TRY_S)
 
     def watched(self) -> list[str]:
-        pages = self.client.list_documents(request={"parent": self.root, "collection_id": "watched", "page_size": PAGE})
+        pages = self._list(self.root, "watched")
         return [doc.name.rsplit("/", 1)[-1] for doc in pages]
 
     # -- items ------------------------------------------------------------------------------
@@ -333,7 +344,8 @@ class FirestoreStore(FirestoreNodes):
             for attempt in range(RETRIES + 1):
                 writes = [Write(update=Document(name=self._item_doc(i.job_id, i.item_id), fields=_fields(asdict(i))),
                                 current_document=Precondition(exists=False)) for i in pending]  # fmt: skip
-                statuses = self.client.batch_write(request={"database": database, "writes": writes}).status
+                statuses = self.client.batch_write(request={"database": database, "writes": writes},
+                                                   retry=RETRY_REFUSED, timeout=TRY_S).status  # fmt: skip
                 retry = []
                 for item, status in zip(pending, statuses, strict=True):
                     if status.code == 0:
@@ -356,7 +368,8 @@ class FirestoreStore(FirestoreNodes):
         database = self.database
         for start in range(0, len(item_ids), GET_BATCH):
             names = [self._item_doc(job_id, i) for i in item_ids[start : start + GET_BATCH]]
-            for got in self.client.batch_get_documents(request={"database": database, "documents": names}):
+            for got in self.client.batch_get_documents(request={"database": database, "documents": names},
+                                                       retry=RETRY, timeout=TRY_S):  # fmt: skip
                 if got.found.name:
                     item_id = got.found.name.rsplit("/", 1)[-1]
                     out[item_id] = self._item(job_id, item_id, self._values(got.found))
@@ -364,12 +377,11 @@ class FirestoreStore(FirestoreNodes):
 
     def mark_sent(self, job_id: str, chunk: int, count: int) -> None:
         name = f"{self._job_doc(job_id)}/sent/{chunk:08d}"
-        self.client.update_document(request={"document": Document(name=name, fields=_fields({"n": count}))})
+        self.client.update_document(request={"document": Document(name=name, fields=_fields({"n": count}))},
+                                    retry=RETRY, timeout=TRY_S)  # fmt: skip
 
     def sent_chunks(self, job_id: str) -> dict[int, int]:
-        pages = self.client.list_documents(
-            request={"parent": self._job_doc(job_id), "collection_id": "sent", "page_size": PAGE}
-        )
+        pages = self._list(self._job_doc(job_id), "sent")
         return {int(doc.name.rsplit("/", 1)[-1]): self._values(doc)["n"] for doc in pages}
 
     def end_submit(self, job_id: str, total: int) -> None:
@@ -381,9 +393,7 @@ class FirestoreStore(FirestoreNodes):
 
     def items(self, job_id: str) -> list[Item]:
         """Every item of a job, in item-id order (paginated listing)."""
-        pages = self.client.list_documents(
-            request={"parent": self._job_doc(job_id), "collection_id": "items", "page_size": PAGE}
-        )
+        pages = self._list(self._job_doc(job_id), "items")
         items = [self._item(job_id, doc.name.rsplit("/", 1)[-1], self._values(doc)) for doc in pages]
         return sorted(items, key=lambda i: i.item_id)
 
@@ -406,7 +416,7 @@ class FirestoreStore(FirestoreNodes):
                 self.client.update_document(request={
                     "document": Document(name=name, fields=_fields(new)),
                     "update_mask": DocumentMask(field_paths=list(new)), "current_document": precondition,
-                })  # fmt: skip
+                }, retry=RETRY_REFUSED, timeout=TRY_S)  # fmt: skip
                 return
             except gexc.GoogleAPICallError as err:
                 if not lost_race(err):
@@ -449,9 +459,10 @@ class FirestoreStore(FirestoreNodes):
     def _mark_queue(self, mark: str, queue: str, values: dict | None) -> None:
         name = f"{self.root}/{mark}/{queue}"
         if values is None:
-            self.client.delete_document(request={"name": name})
+            self.client.delete_document(request={"name": name}, retry=RETRY, timeout=TRY_S)
         else:
-            self.client.update_document(request={"document": Document(name=name, fields=_fields(values))})
+            self.client.update_document(request={"document": Document(name=name, fields=_fields(values))},
+                                        retry=RETRY, timeout=TRY_S)  # fmt: skip
 
     def update_item(
         self,
@@ -482,10 +493,11 @@ class FirestoreStore(FirestoreNodes):
             try:
                 if moves:
                     self.client.commit(request={"database": self.database, "writes": [
-                        write, self._count_write(job_id, moves)]})  # fmt: skip
+                        write, self._count_write(job_id, moves)]}, retry=RETRY_REFUSED, timeout=TRY_S)  # fmt: skip
                 else:
                     self.client.update_document(request={"document": write.update, "update_mask": write.update_mask,
-                                                         "current_document": write.current_document})  # fmt: skip
+                                                         "current_document": write.current_document},
+                                                retry=RETRY_REFUSED, timeout=TRY_S)  # fmt: skip
             except gexc.GoogleAPICallError as err:
                 if not lost_race(err):
                     raise
@@ -502,7 +514,8 @@ class FirestoreStore(FirestoreNodes):
         for chunk in write_chunks(writes, COMMIT_WRITES):
             names = [self._item_doc(writes[i].job_id, writes[i].item_id) for i in chunk]
             read = {got.found.name: got.found for got in self.client.batch_get_documents(
-                request={"database": self.database, "documents": names}) if got.found.name}  # fmt: skip
+                request={"database": self.database, "documents": names}, retry=RETRY, timeout=TRY_S)
+                if got.found.name}  # fmt: skip
             planned, counts = [], defaultdict(lambda: defaultdict(int))
             for i, name in zip(chunk, names):
                 w, doc = writes[i], read.get(name)
@@ -517,7 +530,8 @@ class FirestoreStore(FirestoreNodes):
                 continue
             jobs = [self._count_write(job_id, moves) for job_id, moves in counts.items() if any(moves.values())]
             try:
-                self.client.commit(request={"database": self.database, "writes": [w for _, w in planned] + jobs})
+                self.client.commit(request={"database": self.database, "writes": [w for _, w in planned] + jobs},
+                                   retry=RETRY_REFUSED, timeout=TRY_S)  # fmt: skip
             except gexc.GoogleAPICallError as err:
                 if not lost_race(err):
                     raise

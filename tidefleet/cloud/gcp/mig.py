@@ -32,6 +32,7 @@ from google.auth.transport.requests import AuthorizedSession
 from google.cloud import compute_v1
 
 from tidefleet import naming
+from tidefleet.cloud.gcp.calls import RETRY, RETRY_REFUSED, TRY_S
 from tidefleet.config import Environment
 from tidefleet.ports import Backlog, GroupInstance, GroupState
 
@@ -117,12 +118,12 @@ class MigFleet:
 
     def _get(self, group: str) -> compute_v1.InstanceGroupManager | None:
         try:
-            return self.migs.get(**self._where(group))
+            return self.migs.get(**self._where(group), retry=RETRY, timeout=TRY_S)
         except gexc.NotFound:
             return None
 
     def _managed(self, group: str) -> list[compute_v1.ManagedInstance]:
-        return list(self.migs.list_managed_instances(**self._where(group)))
+        return list(self.migs.list_managed_instances(**self._where(group), retry=RETRY, timeout=TRY_S))
 
     def _facts(self) -> dict[str, compute_v1.Instance]:
         """Creation time and machine type of the environment's instances, by self link: one
@@ -130,11 +131,12 @@ class MigFleet:
         request = compute_v1.AggregatedListInstancesRequest(
             project=self.project, filter=f'labels.tidefleet-env = "{self.env.name}"'
         )
-        return {i.self_link: i for _, scoped in self.instances.aggregated_list(request=request) for i in scoped.instances}
+        pages = self.instances.aggregated_list(request=request, retry=RETRY, timeout=TRY_S)
+        return {i.self_link: i for _, scoped in pages for i in scoped.instances}
 
     def _spot_failures(self, group: str, since: float) -> tuple[float, ...]:
         return tuple(sorted(
-            _epoch(e.timestamp) for e in self.migs.list_errors(**self._where(group))
+            _epoch(e.timestamp) for e in self.migs.list_errors(**self._where(group), retry=RETRY, timeout=TRY_S)
             if any(code in e.error.code for code in SPOT_SHORTAGE) and _epoch(e.timestamp) >= since
         ))  # fmt: skip
 
@@ -170,7 +172,8 @@ class MigFleet:
         spot, on_demand = self._names(pool)
         od_group = self._get(on_demand)
         nodes = math.ceil(desired / self._weight(pool))
-        self.migs.resize(**self._where(spot), size=max(0, nodes - (od_group.target_size if od_group else 0)))
+        size = max(0, nodes - (od_group.target_size if od_group else 0))
+        self.migs.resize(**self._where(spot), size=size, retry=RETRY, timeout=TRY_S)
 
     def set_on_demand_base(self, pool: str, units: int) -> None:
         """Size the on-demand group to the base; the tick's set_desired that follows sizes the Spot
@@ -184,7 +187,7 @@ class MigFleet:
             size = max(size, sum(1 for m in self._managed(on_demand) if lifecycle_state(m) in ("InService", "Pending")))
             if size == group.target_size:
                 return
-        self.migs.resize(**self._where(on_demand), size=size)
+        self.migs.resize(**self._where(on_demand), size=size, retry=RETRY, timeout=TRY_S)
 
     def terminate(self, pool: str, instance_ids: tuple[str, ...]) -> tuple[str, ...]:
         if not instance_ids:
@@ -204,6 +207,7 @@ class MigFleet:
                         compute_v1.RegionInstanceGroupManagersDeleteInstancesRequest(
                             instances=urls, skip_instances_on_validation_error=True)
                     ),
+                    retry=RETRY_REFUSED, timeout=TRY_S,
                 )  # fmt: skip
                 done += [_last(u) for u in urls]
         return tuple(done)

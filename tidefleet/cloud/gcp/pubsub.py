@@ -24,6 +24,7 @@ from google.pubsub_v1.services.subscriber import SubscriberClient
 from google.pubsub_v1.types import PubsubMessage
 
 from tidefleet import naming
+from tidefleet.cloud.gcp.calls import RETRY, RETRY_REFUSED, TRY_S
 from tidefleet.config import Environment
 from tidefleet.ports import Delivery
 
@@ -37,7 +38,8 @@ def publish(env: Environment, topic: str, bodies: list[bytes], *, client: Publis
     path = client.topic_path(env.project, topic)
     for start in range(0, len(bodies), PUBLISH_BATCH):
         batch = bodies[start : start + PUBLISH_BATCH]
-        ids = client.publish(topic=path, messages=[PubsubMessage(data=b) for b in batch]).message_ids
+        ids = client.publish(topic=path, messages=[PubsubMessage(data=b) for b in batch], retry=RETRY,
+                             timeout=TRY_S).message_ids
         if len(ids) != len(batch):
             raise RuntimeError(f"Pub/Sub accepted {len(ids)} of {len(batch)} message(s) on {topic}")
 
@@ -58,7 +60,8 @@ class PubSubWorkQueues:
 
     def lease_s(self, queue: str) -> int:
         if queue not in self._leases:
-            self._leases[queue] = self.subscriber.get_subscription(subscription=self._subscription(queue)).ack_deadline_seconds
+            found = self.subscriber.get_subscription(subscription=self._subscription(queue), retry=RETRY, timeout=TRY_S)
+            self._leases[queue] = found.ack_deadline_seconds
         return self._leases[queue]
 
     def receive(self, queue, max_messages, wait_s, *, dead_letter=False, hold_s=None) -> list[Delivery]:
@@ -67,7 +70,7 @@ class PubSubWorkQueues:
             # Pull has no wait parameter: the server holds it until messages are there or its own
             # wait ends, so the client's timeout is the wait (return_immediately is deprecated).
             got = self.subscriber.pull(subscription=subscription, max_messages=max_messages,
-                                       timeout=max(wait_s, SHORT_PULL_S))  # fmt: skip
+                                       timeout=max(wait_s, SHORT_PULL_S), retry=RETRY_REFUSED)  # fmt: skip
         except (gexc.DeadlineExceeded, requests.exceptions.Timeout):  # the REST transport's timeout
             return []
         received = list(got.received_messages)
@@ -78,7 +81,8 @@ class PubSubWorkQueues:
                          r.message.message_id) for r in received]
 
     def extend_on(self, subscription: str, ack_ids: list[str], seconds: int) -> None:
-        self.subscriber.modify_ack_deadline(subscription=subscription, ack_ids=ack_ids, ack_deadline_seconds=seconds)
+        self.subscriber.modify_ack_deadline(subscription=subscription, ack_ids=ack_ids, ack_deadline_seconds=seconds,
+                                            retry=RETRY, timeout=TRY_S)  # fmt: skip
 
     def extend(self, queue, handles, seconds) -> dict[str, str]:
         # All or nothing: an error raises (the agent logs it and tries again next heartbeat).
@@ -87,7 +91,8 @@ class PubSubWorkQueues:
 
     def delete(self, queue, handles, *, dead_letter=False) -> list[str]:
         try:
-            self.subscriber.acknowledge(subscription=self._subscription(queue, dead_letter), ack_ids=handles)
+            self.subscriber.acknowledge(subscription=self._subscription(queue, dead_letter), ack_ids=handles,
+                                        retry=RETRY, timeout=TRY_S)  # fmt: skip
         except gexc.GoogleAPICallError as err:  # as SQS: report, the message just comes back
             return [str(err)] * len(handles)
         return []
