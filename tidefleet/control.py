@@ -159,6 +159,12 @@ class Observation:
     waiting_marks: dict[str, Cohorts | None] = field(default_factory=dict)  # per queue: mark (None: clear)
 
 
+def _silent(pool: Pool, heartbeat: Heartbeat, now: float) -> bool:
+    """Rule 5's test (`policy.scaling`): no heartbeat for longer than the pool's boot timeout, so
+    its agent is dead or hung (the tick replaces such a node)."""
+    return now - heartbeat.at > pool.boot_timeout_s
+
+
 def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) -> Observation:
     """The policy's view of these pools. A pool whose group does not exist (not deployed yet)
     is left out and logged."""
@@ -455,6 +461,21 @@ def _mark_held(ports: Ports, queue: str, since: float | None) -> str | None:
     return None
 
 
+def _release(pool: Pool, heartbeat: Heartbeat | None, now: float) -> str | None:
+    """Why the interruption function lets a node held by the terminate hook go now, or None:
+    busy, its agent does it once its items are handed back."""
+    if heartbeat is None:
+        return "never reported"
+    if heartbeat.busy_slots == 0:
+        return "idle"
+    if _silent(pool, heartbeat, now):  # no agent left to complete it
+        return (
+            f"agent silent: last heartbeat {now - heartbeat.at:.0f}s ago > boot timeout {pool.boot_timeout_s}s; "
+            f"its {heartbeat.busy_slots} busy slot(s) come back through the queue"
+        )
+    return None
+
+
 def drain(
     env: Environment,
     ports: Ports,
@@ -474,9 +495,12 @@ def drain(
 
     A busy node held by the hook is NOT released here: its agent hands its items back and
     then completes the lifecycle action itself (by its own instance id, with the hook name
-    from `naming.lifecycle_hook`). Completing it now would kill the node mid-item. An item an
-    idle node received after its last heartbeat is not lost: it returns to the queue when its
-    visibility timeout ends. Returns the log line."""
+    from `naming.lifecycle_hook`). Completing it now would kill the node mid-item. A busy node
+    whose agent is silent past the boot timeout (rule 5: dead or hung) has no agent to do it,
+    and is released. An item an idle or silent node received after its last heartbeat is not
+    lost: it returns to the queue when its visibility timeout ends. Completing an action that
+    is no longer active (an event delivered twice, an agent that completed it first) is done
+    already. Returns the log line."""
     dry_run = dry_run or env.scaler.dry_run
     pool = action.pool or pool_of_group(env, ports.fleet.group_of(action.instance_id) or "")
     line: dict = {"instance": action.instance_id, "pool": pool, "reason": action.reason, "dry_run": dry_run}
@@ -488,15 +512,15 @@ def drain(
         ports.nodes.mark_draining(pool, action.instance_id)
         if action.hold is not None:
             heartbeat = ports.nodes.heartbeats(pool).get(action.instance_id)
-            if heartbeat is None or heartbeat.busy_slots == 0:
-                ports.fleet.complete_lifecycle_action(
+            why = _release(env.pools[pool], heartbeat, now)
+            if why is None:
+                line["held"] = f"busy ({heartbeat.busy_slots} slots): its agent completes the lifecycle action"
+            else:
+                # False: no action was active any more; adapters without hooks return None
+                released = ports.fleet.complete_lifecycle_action(
                     pool, action.instance_id, action.hold.hook, action.hold.token
                 )
-                line["released"] = "never reported" if heartbeat is None else "idle"
-            else:
-                line["held"] = (
-                    f"busy ({heartbeat.busy_slots} slots): its agent completes the lifecycle action"
-                )
+                line["released"] = "already completed" if released is False else why
         backlog = sum(b.visible + b.in_flight for b in map(ports.queues.backlog, env.queues_of(pool)))
         line["backlog"] = backlog
         if backlog:

@@ -41,6 +41,14 @@ def _already_leaving(err: ClientError) -> bool:
     )
 
 
+def _no_active_action(err: ClientError) -> bool:
+    """AWS's answer to CompleteLifecycleAction once the action was completed (by the node's own
+    agent, or for an earlier delivery of the same event) or its instance is gone."""
+    return err.response["Error"]["Code"] == "ValidationError" and "No active Lifecycle Action found" in (
+        err.response["Error"].get("Message", "")
+    )
+
+
 class AutoScalingFleet:
     def __init__(self, env: Environment, *, autoscaling=None, ec2=None):
         self.env = env
@@ -192,11 +200,19 @@ class AutoScalingFleet:
         found = self.asg.describe_auto_scaling_instances(InstanceIds=[instance_id])["AutoScalingInstances"]
         return found[0]["AutoScalingGroupName"] if found else None
 
-    def complete_lifecycle_action(self, pool: str, instance_id: str, hook: str, token: str | None) -> None:
+    def complete_lifecycle_action(self, pool: str, instance_id: str, hook: str, token: str | None) -> bool:
+        """True: released now; False: nothing held it any more (already completed, or gone), which
+        is the goal too: an event delivered twice, or an agent that completed it first."""
         ident = {"LifecycleActionToken": token} if token else {"InstanceId": instance_id}
-        self.asg.complete_lifecycle_action(
-            AutoScalingGroupName=self._group_name(pool),
-            LifecycleHookName=hook,
-            LifecycleActionResult="CONTINUE",
-            **ident,
-        )
+        try:
+            self.asg.complete_lifecycle_action(
+                AutoScalingGroupName=self._group_name(pool),
+                LifecycleHookName=hook,
+                LifecycleActionResult="CONTINUE",
+                **ident,
+            )
+        except ClientError as err:
+            if not _no_active_action(err):
+                raise
+            return False
+        return True
