@@ -143,3 +143,25 @@ def test_a_busy_node_is_held_for_its_agent_unless_the_agent_is_silent_past_the_b
     else:
         assert line["released"].startswith(f"agent silent: last heartbeat {silent_s}s ago > boot timeout {ENV.pools['cpu'].boot_timeout_s}s")
         assert "held" not in line and hooks.completed == {node}
+
+
+def node_rows() -> set[str]:
+    """The nodes the job store holds a row of, heartbeat or mark."""
+    query = DynamoStore(ENV.name, ENV.region).table.query(
+        KeyConditionExpression="pk = :pk AND begins_with(sk, :node)",
+        ExpressionAttributeValues={":pk": "POOL#cpu", ":node": "NODE#"},
+    )
+    return {raw["sk"].removeprefix("NODE#") for raw in query["Items"]}
+
+
+def test_the_draining_mark_of_a_node_that_never_reported_goes_once_the_node_left_the_group(cloud):
+    ports, _ = cloud
+    staying, leaving = grow(2)
+    for node in (staying, leaving):  # spot notices while both still boot: a mark, no heartbeat
+        drain(ports, event("spot_warning", node))
+    assert node_rows() == {staying, leaving} and DynamoStore(ENV.name, ENV.region).heartbeats("cpu") == {}
+    boto3.client("autoscaling", region_name=ENV.region).terminate_instance_in_auto_scaling_group(
+        InstanceId=leaving, ShouldDecrementDesiredCapacity=True
+    )  # EC2 reclaims it: the group forgets it
+    control.tick(ENV, ports, time.time(), pools=["cpu"])
+    assert node_rows() == {staying}  # the node still in the group keeps its mark

@@ -30,7 +30,7 @@ from tidefleet.fanout import each
 from tidefleet.policy.demand import drop_oldest, gang_counts
 from tidefleet.policy.interruption import DrainNode, pool_of_group
 from tidefleet.policy.model import FleetView, NodeView, PoolDecision, PoolView, QueueView, RunView, rate_decay
-from tidefleet.ports import Backlog, GroupInstance, GroupState, Ports
+from tidefleet.ports import Backlog, GroupInstance, GroupState, NodeStatePort, Ports
 from tidefleet.records import Cohorts, Heartbeat
 
 log = logging.getLogger("tidefleet.control")
@@ -155,7 +155,9 @@ def _node_views(
 class Observation:
     fleet: FleetView  # what the policy sees
     groups: dict[str, GroupState]  # the raw groups, which the act step checks against
-    gone: dict[str, tuple[str, ...]]  # per pool: heartbeats of nodes long gone from the group
+    # Per pool: the rows of nodes gone from the group: heartbeats silent longer than a boot, and
+    # the marks of nodes that never reported.
+    gone: dict[str, tuple[str, ...]]
     waiting_marks: dict[str, Cohorts | None] = field(default_factory=dict)  # per queue: mark (None: clear)
 
 
@@ -163,6 +165,15 @@ def _silent(pool: Pool, heartbeat: Heartbeat, now: float) -> bool:
     """Rule 5's test (`policy.scaling`): no heartbeat for longer than the pool's boot timeout, so
     its agent is dead or hung (the tick replaces such a node)."""
     return now - heartbeat.at > pool.boot_timeout_s
+
+
+def _node_rows(nodes: NodeStatePort, pool: str) -> tuple[dict[str, Heartbeat], frozenset[str]]:
+    """(the pool's heartbeats, the nodes the store holds only a mark of: never reported). A store
+    that keeps a mark set before a node's first heartbeat lists those rows with `node_rows`, in
+    the same read, so the tick forgets them too once the node left the group; the others list
+    heartbeats only."""
+    rows = getattr(nodes, "node_rows", None)
+    return rows(pool) if rows is not None else (nodes.heartbeats(pool), frozenset())
 
 
 def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) -> Observation:
@@ -178,9 +189,9 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
     on_demand: dict[str, set[str]] = {}
     forming: defaultdict[str, int] = defaultdict(int)  # per queue: gang members its forming gangs wait for
     # One call per pool and per queue, `calls_in_flight` at once (1k queues: 1k calls).
-    heartbeats = dict(zip(groups, each(ports.nodes.heartbeats, list(groups), ports.calls_in_flight), strict=True))
+    rows = dict(zip(groups, each(lambda p: _node_rows(ports.nodes, p), list(groups), ports.calls_in_flight), strict=True))
     for name, group in groups.items():
-        beats = heartbeats[name]
+        beats, marked = rows[name]
         decays: dict[float, float] = {}  # many agents beat at the same time: one exp() for them
         leads = []
         for hb in beats.values():  # each agent's smoothed rate, decayed to now: the queues' arrivals
@@ -209,10 +220,13 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
             )
         )
         # A node the group no longer lists and that has been silent longer than a boot: its
-        # record would otherwise stay forever (a reclaimed spot node never says goodbye).
-        silent_since = now - env.pools[name].boot_timeout_s
+        # record would otherwise stay forever (a reclaimed spot node never says goodbye). A node
+        # that never reported has only a mark (a spot notice's draining) and no heartbeat to age.
         strays = beats.keys() - members.keys()  # usually none: a set difference, not a scan
-        gone[name] = tuple(n for n, hb in beats.items() if n in strays and hb.at < silent_since) if strays else ()
+        pool = env.pools[name]
+        gone[name] = tuple(n for n, hb in beats.items() if n in strays and _silent(pool, hb, now)) if strays else ()
+        if marked:
+            gone[name] += tuple(sorted(marked - members.keys()))
     observed = [qname for qname, queue in env.queues.items() if queue.pool in groups]
     # Mean item times feed the policy's boot-horizon rule; without a stats port they are unknown.
     stats = ports.stats.queue_stats(observed) if ports.stats is not None and observed else {}

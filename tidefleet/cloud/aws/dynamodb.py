@@ -107,7 +107,16 @@ class DynamoStore:
 
     def heartbeats(self, pool: str) -> dict[str, Heartbeat]:
         """Every heartbeat of a pool, by node id (paginated query)."""
+        return self.node_rows(pool)[0]
+
+    def node_rows(self, pool: str) -> tuple[dict[str, Heartbeat], frozenset[str]]:
+        """(every heartbeat of a pool by node id, the nodes with only a mark), in one paginated
+        query. A mark-only row (draining, cordon or preempt, set before the agent's first
+        heartbeat) is not a heartbeat yet; the mark is sticky, so the first heartbeat comes back
+        with it. The control tick forgets such a row once its node left the group: a node that
+        never reported writes no heartbeat that could ever age out."""
         out: dict[str, Heartbeat] = {}
+        marked: set[str] = set()
         kwargs = {
             "KeyConditionExpression": "pk = :pk AND begins_with(sk, :node)",
             "ExpressionAttributeValues": {":pk": f"POOL#{pool}", ":node": "NODE#"},
@@ -115,17 +124,15 @@ class DynamoStore:
         while True:
             page = self.table.query(**kwargs)
             for raw in page["Items"]:
-                if "at" not in raw:
-                    # Only a draining or cordon mark (set before the agent's first
-                    # heartbeat): not a heartbeat yet. The mark is sticky, so
-                    # the first heartbeat comes back with draining set.
-                    continue
                 node_id = raw["sk"].removeprefix("NODE#")
+                if "at" not in raw:
+                    marked.add(node_id)
+                    continue
                 fields = {k: _from_dynamo(v) for k, v in raw.items() if k in Heartbeat.__dataclass_fields__}
                 fields.setdefault("idle_since", None)
                 out[node_id] = Heartbeat(node_id=node_id, pool=pool, **fields)
             if "LastEvaluatedKey" not in page:
-                return out
+                return out, frozenset(marked)
             kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
     def mark_draining(self, pool: str, node_id: str) -> None:
