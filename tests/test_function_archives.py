@@ -340,3 +340,70 @@ def test_the_built_lambda_handlers_run_real_events_from_the_archive_alone(aws, l
     assert set(interruption) == {"ignored"} and set(garbage) == {"ignored"}
     assert run.stderr.count('{"ignored": ') == 2
     assert watch == {"trigger": "watch", "env": "sandbox", "watched": {}}, "the schedule function runs from the archive"
+
+
+# What the Lambda runtime (awslambdaric's handle_event_request) does with a handler that raises: it
+# reports the exception's type, message and stack, from the handler's frame down, in one record.
+LAMBDA_RUNTIME = """
+import importlib, json, logging, sys, traceback
+logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")  # Lambda's root logger
+sys.path.insert(0, sys.argv[1])
+for target, event in json.loads(sys.argv[2]):
+    module, function = target.rsplit(".", 1)
+    try:
+        print(json.dumps({"result": getattr(importlib.import_module(module), function)(event, None)}))
+    except Exception as err:
+        stack = traceback.extract_tb(err.__traceback__)[1:]  # the runtime drops its own frames
+        print(json.dumps({"errorType": type(err).__name__, "errorMessage": str(err),
+                          "stackTrace": traceback.format_list(stack)}))
+    print("-- end of invocation", file=sys.stderr, flush=True)
+"""
+NO_CREDENTIALS = {"AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+                  "AWS_EC2_METADATA_DISABLED": "true", "AWS_DEFAULT_REGION": "us-east-1"}  # fmt: skip
+FAILURES = {  # situation -> (what the process gets besides the moto server's variables, what the line says)
+    "TIDEFLEET_ENV unset": ({"TIDEFLEET_ENV": None}, "TIDEFLEET_ENV: not set; the function's stack sets it"),
+    "TIDEFLEET_ENV misspelt": ({"TIDEFLEET_ENV": "sandbx"}, "unknown environment (got 'sandbx'); known: "),
+    "no credentials": ({"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None, "AWS_SESSION_TOKEN": None},
+                       "no AWS credentials: set AWS_PROFILE or AWS_ACCESS_KEY_ID"),
+    "endpoint dead": ({"AWS_ENDPOINT_URL": "dead"}, "cannot reach AWS for 'sandbox' (Could not connect to the endpoint"),
+    "not deployed": ({}, "environment 'sandbox' is not deployed in us-east-1; deploy it with `invoke deploy --env sandbox`"),
+}  # fmt: skip
+
+
+@pytest.mark.moto
+@pytest.mark.parametrize("situation", FAILURES)
+def test_the_built_lambda_handlers_fail_the_invocation_with_one_line_and_no_traceback(aws, lambda_archive, situation):
+    task_root, venv = lambda_archive
+    env = load_environment("sandbox")
+    provision(env, user_data={pool: "#!/bin/sh\n" for pool in env.pools})
+    autoscaling = boto3.client("autoscaling", region_name="us-east-1")
+    autoscaling.set_desired_capacity(AutoScalingGroupName=naming.group("sandbox", "cpu"), DesiredCapacity=1)
+    (node,) = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=[naming.group("sandbox", "cpu")])[
+        "AutoScalingGroups"][0]["Instances"]  # fmt: skip
+    boto3.client("dynamodb", region_name="us-east-1").delete_table(TableName=naming.table("sandbox"))
+    notice = json.loads((EVENTS / "spot_warning.json").read_text().replace("i-1234567890abcdef0", node["InstanceId"]))
+    calls = [("lambdas.scaler.handler.handler", event("schedule")),
+             ("lambdas.interruption.handler.handler", notice),
+             ("lambdas.schedule.handler.handler", {"tidefleet": "watch"})]  # fmt: skip
+    changes, says = FAILURES[situation]
+    variables = {**aws.env(), **NO_CREDENTIALS, "TIDEFLEET_ENV": "sandbox", "HOME": str(task_root.parent),
+                 "TIDEFLEET_KICK_URL": f"http://127.0.0.1:{free_port()}/", **changes}  # fmt: skip
+    if variables["AWS_ENDPOINT_URL"] == "dead":
+        variables["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{free_port()}"
+    run = subprocess.run(
+        [venv / "bin" / "python", "-I", "-c", LAMBDA_RUNTIME, str(task_root), json.dumps(calls)],
+        cwd=task_root, env=clean_env(**{k: v for k, v in variables.items() if v is not None}),
+        capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
+    reports = [json.loads(line) for line in run.stdout.splitlines() if not line.startswith('{"_aws"')]
+    logs = run.stderr.split("-- end of invocation\n")[:-1]
+    assert len(reports) == len(logs) == 3, run.stdout + run.stderr
+    for (target, _), report, log in zip(calls, reports, logs, strict=True):
+        assert report["errorType"] == "FunctionFailed", (target, report)  # the invocation fails: Errors, a retry
+        assert says in report["errorMessage"] and "\n" not in report["errorMessage"], (target, report)
+        (frame,) = report["stackTrace"]  # the handler's own raise, nothing of the library
+        assert "raise FunctionFailed(" in frame, (target, frame)
+        errors = [line for line in log.splitlines() if line.startswith("ERROR ")]
+        assert len(errors) == 1, (target, log)
+        assert json.loads(errors[0].split(" ", 2)[2]) == {"failed": report["errorMessage"]}, (target, log)

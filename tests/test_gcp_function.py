@@ -21,7 +21,7 @@ from tests.clock import Clock
 from tests.gcp_fake import FakeGcp, FakeVm
 from tidefleet.cloud.gcp import function_runtime
 from tidefleet.cloud.gcp.firestore import FirestoreStore
-from tidefleet.config import load_environment
+from tidefleet.config import environments_dir, load_environment
 from tidefleet.records import Heartbeat
 
 ENV = load_environment("gcp-dev")
@@ -97,6 +97,16 @@ def test_a_tick_that_fails_is_one_error_line_and_the_function_returns_normally(m
     assert result["trigger"] == "schedule" and result["failed"].startswith("ConnectionError: ")
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert [json.loads(r.getMessage()) for r in errors] == [result] and result["severity"] == "ERROR"
+
+
+def test_settings_that_do_not_load_are_one_error_line_naming_the_problem(gcp, monkeypatch, caplog):
+    monkeypatch.setenv("TIDEFLEET_ENV", "gcp-dve")
+    function_runtime.cache_clear()
+    with caplog.at_level(logging.INFO, "tidefleet"):
+        result = main.on_kick(event({"tidefleet": "schedule"}))
+    assert result["severity"] == "ERROR" and "\n" not in result["failed"]
+    assert result["failed"].startswith(f"{environments_dir() / 'gcp-dve.toml'}: env: unknown environment (got ")
+    assert [json.loads(r.getMessage()) for r in caplog.records if r.levelno >= logging.ERROR] == [result]
 
 
 def test_a_tick_writes_its_decisions_as_custom_metrics_that_the_stack_declares(gcp):

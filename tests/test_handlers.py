@@ -12,6 +12,7 @@ completion call instead of sending it (everything else is the real adapter on th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -22,7 +23,9 @@ from types import SimpleNamespace
 
 import boto3
 import pytest
+from botocore.exceptions import ClientError
 
+from lambdas import FunctionFailed
 from lambdas.interruption import handler as interruption
 from lambdas.scaler import handler as scaler
 from tests.clock import Clock
@@ -224,6 +227,29 @@ def test_the_scaler_logs_and_ignores_unknown_or_malformed_events(deployed, bad, 
         result = scaler.handler(bad, None)
     assert set(result) == {"ignored"} and "ignored" in caplog.text
     assert group()["DesiredCapacity"] == 0
+
+
+class RefusingFleet(AutoScalingFleet):
+    """The real adapter, except that IAM refuses SetDesiredCapacity."""
+
+    def set_desired(self, pool, desired):
+        raise ClientError({"Error": {"Code": "AccessDenied", "Message": "User: arn:aws:sts::123456789012:assumed-role/"
+                                     "tidefleet-sandbox-scaler/x is not authorized to perform: "
+                                     "autoscaling:SetDesiredCapacity"}}, "SetDesiredCapacity")  # fmt: skip
+
+
+def test_a_refused_action_fails_the_scalers_invocation_in_one_line_that_names_it(deployed, monkeypatch, caplog):
+    env, ports = lambda_runtime()
+    monkeypatch.setattr(scaler, "lambda_runtime", lambda: (env, dataclasses.replace(ports, fleet=RefusingFleet(env))))
+    put_items(3)
+    with caplog.at_level(logging.INFO, "tidefleet"), pytest.raises(FunctionFailed) as failed:
+        scaler.handler(event("schedule"), None)
+    line = str(failed.value)
+    assert line.startswith("some actions failed, the next tick tries them again: cpu: set_desired: ClientError: ")
+    assert "autoscaling:SetDesiredCapacity" in line and "\n" not in line
+    (error,) = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert error.name == "tidefleet.scaler" and json.loads(error.getMessage()) == {"failed": line}
+    assert failed.value.__cause__ is None and failed.value.__suppress_context__
 
 
 # -- interruption ---------------------------------------------------------------------------

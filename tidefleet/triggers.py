@@ -13,16 +13,24 @@ Scheduled jobs (`tidefleet.jobs.scheduled`): a schedule's fire and the minute wa
 run by AWS's schedule function and, on GCP, by the scaler function (`run_jobs`).
 Anything else is `Ignored`: logged, and the function returns normally, so the platform does
 not retry it (no retry storm on a bad event).
+
+A function's own failures (settings that do not load, a tick whose actions failed, a job the
+schedule could not submit) are said in one line by `failure_line`; each cloud adds its own.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tidefleet.config import Environment
 
 log = logging.getLogger("tidefleet.scaler")
 
@@ -100,6 +108,35 @@ def run_jobs(trigger: Trigger, env, cloud, now: float) -> dict:
     decided = scheduled.fire(env, cloud, trigger.detail, now, fired_at=trigger.at)
     return {"trigger": "fire", "schedule": trigger.detail, "env": env.name, "decision": decided.reason,
             "cancelled": [c.job_id for c in decided.cancel]}  # fmt: skip
+
+
+def function_environment() -> Environment:
+    """The environment a cloud function serves: the one TIDEFLEET_ENV names (its stack sets it).
+    Raises ConfigError, as for any environment that does not load."""
+    from tidefleet.config import ConfigError, load_environment
+
+    name = os.environ.get("TIDEFLEET_ENV")
+    if not name:
+        problem = "not set; the function's stack sets it to its environment's name"
+        raise ConfigError("TIDEFLEET_ENV", [f"{problem}: deploy the environment again (invoke deploy --env <env>)"])
+    return load_environment(name)
+
+
+def failure_line(err: BaseException) -> str | None:
+    """One line for a function's failure that the library can explain: its settings do not load,
+    some actions of a tick failed, a schedule's run could not be submitted. None for anything else:
+    a cloud's error (the cloud's `explain` says those) or a bug (its traceback says where)."""
+    from tidefleet.config import ConfigError
+    from tidefleet.control import TickError
+    from tidefleet.jobs.sdk import JobError
+
+    if isinstance(err, ConfigError):
+        return f"{err.source}: {'; '.join(err.problems)}"
+    if isinstance(err, TickError):  # one line per failed action: `<pool>: <action>: <error>`
+        return f"some actions failed, the next tick tries them again: {'; '.join(str(err).splitlines())}"
+    if isinstance(err, JobError):
+        return " ".join(str(err).split())
+    return None
 
 
 Emit = Callable[[object, list], object]  # (env, tidefleet.metrics points): the cloud's metrics writer

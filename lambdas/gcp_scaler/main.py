@@ -25,7 +25,7 @@ import time
 
 from tidefleet.cloud import for_env
 from tidefleet.cloud.gcp import function_metrics, function_runtime
-from tidefleet.triggers import Ignored, Trigger, parse, run, run_jobs
+from tidefleet.triggers import Ignored, Trigger, failure_line, parse, run, run_jobs
 
 log = logging.getLogger("tidefleet.scaler")
 logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -64,6 +64,6 @@ def on_kick(cloud_event) -> dict:
         return run(trigger, function_runtime, emit=function_metrics, time_left=_time_left(time.time()))
     except Exception as err:  # noqa: BLE001 - any failure of the tick: one line, then the next tick
         failed = {"severity": "ERROR", "trigger": getattr(trigger, "kind", None),
-                  "failed": f"{type(err).__name__}: {err}"}  # fmt: skip
+                  "failed": failure_line(err) or f"{type(err).__name__}: {err}"}  # fmt: skip
         log.error(json.dumps(failed))
         return failed

@@ -6,7 +6,8 @@ one writer of desired capacity, and no scaling rights needed here. A busy node s
 until its agent has handed its items back and completes the lifecycle action itself.
 
 Unknown or malformed events are logged and ignored (the function returns normally, so
-EventBridge does not retry them).
+EventBridge does not retry them). A notice it could not act on is one line, and fails the
+invocation (the interruption-errors alarm, one retry): `lambdas.lambda_handler`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import logging
 import time
 
+from lambdas import lambda_handler
 from tidefleet.cloud.aws import lambda_runtime
 from tidefleet.control import drain
 from tidefleet.jobs.sdk import kick_scaler
@@ -24,6 +26,7 @@ log = logging.getLogger("tidefleet.interruption")
 logging.getLogger("tidefleet").setLevel(logging.INFO)  # Lambda's root logger stops at WARNING
 
 
+@lambda_handler(log)
 def handler(event, context=None) -> dict:
     env, ports = lambda_runtime()
     action = action_for(event, env)

@@ -4,6 +4,7 @@ Triggers: the EventBridge schedule (every tick_s), the queue-depth alarm (alarm 
 the job SDK's asynchronous kick after a submit. Parsing and the tick are the core's
 (`tidefleet.triggers`, shared with the GCP function); only the ports are AWS's. Anything else
 is logged and ignored; the function returns normally so the asynchronous invoke is not retried.
+A tick that fails is one line, and fails the invocation (the scaler-errors alarm): `lambdas.lambda_handler`.
 What the tick saw and decided goes to stdout as Embedded Metric Format lines (`tidefleet.metrics`).
 Settings load once per cold start from environments/<TIDEFLEET_ENV>.toml, packaged beside the code.
 
@@ -15,8 +16,9 @@ from __future__ import annotations
 
 import logging
 
+from lambdas import lambda_handler
 from tidefleet.cloud.aws import lambda_runtime
-from tidefleet.triggers import parse, run
+from tidefleet.triggers import log, parse, run
 
 logging.getLogger("tidefleet").setLevel(logging.INFO)  # Lambda's root logger stops at WARNING
 
@@ -28,6 +30,7 @@ def emit(env, points) -> None:
     emf_stdout(env, points)
 
 
+@lambda_handler(log)
 def handler(event, context=None) -> dict:
     # Lambda's context says how long the invocation has left: the run may then tick again while
     # items wait (`tidefleet.triggers.run`). Without one (a direct call), one tick.

@@ -114,9 +114,9 @@ def aws_ports(env: Environment) -> Ports:
 def lambda_runtime() -> tuple[Environment, Ports]:
     """Settings and clients, once per cold start: the environment named by TIDEFLEET_ENV.
     The settings (pydantic) load here, on the first trigger, not when the handler is imported."""
-    from tidefleet.config import load_environment
+    from tidefleet.triggers import function_environment
 
-    env = load_environment(os.environ["TIDEFLEET_ENV"])
+    env = function_environment()
     return env, aws_ports(env)
 
 
