@@ -242,6 +242,8 @@ def post_and_read_log(cloud_function, data: str, structured: bool) -> tuple[int,
 @pytest.mark.parametrize("structured", [False, True], ids=["binary", "structured"])
 @pytest.mark.parametrize("data,reason", [
     pytest.param("not base64 !", "message data is not base64 JSON", id="not-base64"),
+    pytest.param("kické", "message data is not base64 JSON", id="not-ascii"),
+    pytest.param(base64.b64encode(b"[" * 1500 + b"]" * 1500).decode(), "message data nests deeper", id="nested-1500"),
     pytest.param(b64json({"hello": "world"}), "unknown event", id="unknown"),
     pytest.param(b64json({"tidefleet": "kick", "env": "prod"}), "reached the function of 'gcp-dev'", id="other-env"),
 ])  # fmt: skip

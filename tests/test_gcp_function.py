@@ -59,6 +59,8 @@ def test_schedule_and_kick_messages_run_one_tick(gcp, payload, kind):
 
 @pytest.mark.parametrize("cloud_event,reason", [
     (event("not base64 !"), "not base64 JSON"),
+    (event("kické"), "not base64 JSON"),
+    (event(base64.b64encode(b"[" * 1500 + b"]" * 1500).decode()), "nests deeper"),
     (event({"hello": "world"}), "unknown event"),
     (event({"tidefleet": "kick", "env": "prod"}), "reached the function of 'gcp-dev'"),
     (SimpleNamespace(data=None), "not a Pub/Sub message event"),

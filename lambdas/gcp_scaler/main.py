@@ -11,13 +11,15 @@ minute's {"tidefleet": "watch"}. Parsing, the tick and
 the policy are the core's (`tidefleet.triggers`), as on AWS; only the ports differ. What a tick saw
 and decided is written as Cloud Monitoring custom metrics (`tidefleet.metrics`). Anything
 else is logged and ignored. A tick that fails is logged as one error line and the function
-returns normally: the next tick supersedes it (the trigger also says do-not-retry).
+returns normally: the next tick supersedes it. The function answers every message it ran, so
+only a delivery the platform failed (the function busy, a timeout) is redelivered, as its
+trigger's RETRY_POLICY_RETRY says: a message that failed the request would come back until it
+expired.
 """
 
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 import logging
 import os
@@ -38,9 +40,12 @@ def message_of(cloud_event) -> Trigger | Ignored:
     if not isinstance(encoded, str):
         return Ignored("not a Pub/Sub message event")
     try:
-        return parse(json.loads(base64.b64decode(encoded, validate=True)))
-    except (binascii.Error, UnicodeDecodeError, json.JSONDecodeError):
+        message = json.loads(base64.b64decode(encoded, validate=True))
+    except ValueError:  # not base64 (a non-ASCII character too), not UTF-8, not JSON
         return Ignored(f"message data is not base64 JSON ({encoded[:60]!r})")
+    except RecursionError:
+        return Ignored(f"message data nests deeper than a JSON reader goes ({len(encoded)} base64 characters)")
+    return parse(message)
 
 
 def _time_left(started: float):
