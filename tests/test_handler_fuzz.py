@@ -4,11 +4,12 @@ an ignore, and never raise (a raise would make Lambda retry the asynchronous inv
 from __future__ import annotations
 
 import json
+from datetime import datetime, timedelta, timezone
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from tidefleet import triggers
+from tidefleet import schedules, triggers
 from tidefleet.config import load_environment
 from tidefleet.policy.interruption import action_for
 
@@ -46,3 +47,26 @@ def test_malformed_resources_and_alarm_states_are_read_safely():
         == "schedule"
     alarm = {"source": "aws.cloudwatch", "alarmData": {"alarmName": "depth", "state": "ALARM"}}
     assert triggers.parse(alarm).detail == "depth -> ?"
+
+
+OFFSETS = st.builds(timezone, st.timedeltas(min_value=timedelta(hours=-23, minutes=-59),
+                                            max_value=timedelta(hours=23, minutes=59)))  # fmt: skip
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.datetimes(timezones=OFFSETS), st.sampled_from(["0 3 * * *", None]))
+@example(datetime(9999, 12, 31, 23, 59, 59, tzinfo=timezone(timedelta(hours=-14))), None)  # the audit's
+@example(datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=14))), "0 3 * * *")
+def test_a_fire_time_the_parser_keeps_is_one_the_schedule_can_use(moment, cron):
+    at = triggers.parse({"tidefleet": "fire", "schedule": "s", "at": moment.isoformat()}).at
+    if at is not None:  # None: the fire's time is when it runs, as for a time that does not parse
+        schedules.run_id("s", schedules.fire_time(cron, "1 hour", at))
+
+
+@settings(max_examples=150, deadline=None)
+@given(JSON | st.text(min_size=90, max_size=5000))
+def test_a_kicks_reason_is_short_in_the_log_whatever_was_sent(reason):
+    kick = triggers.parse({"tidefleet": "kick", "env": "sandbox", "reason": reason})
+    assert len(kick.detail) <= triggers.DETAIL_CHARS + len("... (5000 characters)")
+    if isinstance(reason, str) and reason:
+        assert kick.detail.startswith(reason[: triggers.DETAIL_CHARS])

@@ -28,6 +28,7 @@ from botocore.exceptions import ClientError
 from lambdas import FunctionFailed
 from lambdas.interruption import handler as interruption
 from lambdas.scaler import handler as scaler
+from lambdas.schedule import handler as schedule
 from tests.clock import Clock
 from tidefleet import naming
 from tidefleet.cloud.aws import AutoScalingFleet, SqsQueues, lambda_runtime
@@ -252,6 +253,15 @@ def test_a_refused_action_fails_the_scalers_invocation_in_one_line_that_names_it
     assert failed.value.__cause__ is None and failed.value.__suppress_context__
 
 
+def test_a_kick_with_a_huge_or_non_string_reason_ticks_and_logs_a_short_line(deployed, caplog):
+    with caplog.at_level(logging.INFO, "tidefleet.scaler"):
+        huge = scaler.handler({"tidefleet": "kick", "env": "sandbox", "reason": "x" * 200_000}, None)
+        nested = scaler.handler({"tidefleet": "kick", "env": "sandbox", "reason": {"nested": [1, 2]}}, None)
+    assert huge["trigger"] == "kick" and huge["detail"] == f"{'x' * 100}... (200000 characters)"
+    assert nested["trigger"] == "kick" and nested["detail"] == "kick (its reason is a dict, not a string)"
+    assert max(len(r.getMessage()) for r in caplog.records) < 500
+
+
 # -- interruption ---------------------------------------------------------------------------
 
 
@@ -358,6 +368,27 @@ def test_the_interruption_function_logs_and_ignores_unknown_or_malformed_events(
 def test_a_notice_for_an_instance_of_no_tidefleet_group_is_ignored(deployed):
     line = interruption.handler(event("spot_warning", "i-0aaaaaaaaaaaaaaaa"), None)
     assert "no group" in line["ignored"]
+
+
+# -- schedule -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def scheduled(deployed, tmp_path):
+    """The sandbox with an hourly schedule; the schedule function's cold start."""
+    path = tmp_path / "sandbox.toml"
+    path.write_text(path.read_text() + '\n[schedules.hourly]\nrate = "1 hour"\nqueue = "demo"\nitems = ["a"]\n')
+    schedule.runtime.cache_clear()
+    yield
+    schedule.runtime.cache_clear()
+
+
+@pytest.mark.parametrize("at", ["9999-12-31T23:59:59-14:00", "0001-01-01T00:00:00+14:00", "not a time", None])
+def test_a_fire_time_the_schedule_function_cannot_use_is_replaced_by_the_time_it_runs(scheduled, at):
+    hours = {time.strftime("%Y%m%dt%H00", time.gmtime())}
+    fired = schedule.handler({"tidefleet": "fire", "schedule": "hourly"} | ({"at": at} if at else {}), None)
+    hours.add(time.strftime("%Y%m%dt%H00", time.gmtime()))  # the run may start as an hour ends
+    assert fired["decision"] in {f"submit hourly-{hour}" for hour in hours}
 
 
 # -- the same tick from a laptop ------------------------------------------------------------

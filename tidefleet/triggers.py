@@ -26,13 +26,18 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from tidefleet.config import Environment
 
 log = logging.getLogger("tidefleet.scaler")
+# An event's free text (a kick's reason, an unknown event's source) is cut to this in the log line.
+DETAIL_CHARS = 100
+# A fire time outside these years is not one a scheduler sent (a typo, a forged event): the run's
+# job id (`schedules.run_id`) and a cron's look-back (`schedules.LOOKBACK_DAYS`) could not hold it.
+FIRE_YEARS = range(1970, 9999)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,8 +79,18 @@ def parse(event: object) -> Trigger | Ignored:
     if event.get("tidefleet") == "kick":
         if not isinstance(event.get("env"), str):
             return Ignored("kick without a string 'env'")
-        return Trigger("kick", str(event.get("reason") or "kick"), env=event["env"])
-    return Ignored(f"unknown event (source {str(event.get('source'))[:100]!r}, keys {sorted(event)[:8]})")
+        return Trigger("kick", _reason(event.get("reason")), env=event["env"])
+    return Ignored(f"unknown event (source {str(event.get('source'))[:DETAIL_CHARS]!r}, keys {sorted(event)[:8]})")
+
+
+def _reason(reason: object) -> str:
+    """A kick's reason, for the log line: a string cut to DETAIL_CHARS; anything else is not
+    a reason (the kick still ticks: only its `env` matters)."""
+    if not reason:
+        return "kick"
+    if not isinstance(reason, str):
+        return f"kick (its reason is a {type(reason).__name__}, not a string)"
+    return reason if len(reason) <= DETAIL_CHARS else f"{reason[:DETAIL_CHARS]}... ({len(reason)} characters)"
 
 
 WATCH_EVENT = {"tidefleet": "watch"}
@@ -88,9 +103,12 @@ def fire_event(schedule: str, at: str | None = None) -> dict:
 
 
 def _iso_time(value: object) -> float | None:
+    """The fire time an event says; None (the fire's time is then when it runs) when it says none
+    that can be used: not ISO 8601, or outside FIRE_YEARS in UTC."""
     try:
-        return datetime.fromisoformat(str(value)).timestamp() if value else None
-    except ValueError:
+        at = datetime.fromisoformat(str(value)).timestamp() if value else None
+        return at if at is not None and datetime.fromtimestamp(at, UTC).year in FIRE_YEARS else None
+    except (ValueError, OverflowError, OSError):  # the last two: beyond what the platform's clock holds
         return None
 
 
