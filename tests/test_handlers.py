@@ -35,6 +35,7 @@ from tidefleet.cloud.aws import AutoScalingFleet, SqsQueues, lambda_runtime
 from tidefleet.cloud.aws.dynamodb import DynamoStore
 from tidefleet.cloud.aws.provision import provision
 from tidefleet.config import environments_dir
+from tidefleet.emulator import free_port
 from tidefleet.ports import Ports
 from tidefleet.records import Heartbeat
 
@@ -370,6 +371,16 @@ def test_a_notice_for_an_instance_of_no_tidefleet_group_is_ignored(deployed):
     assert "no group" in line["ignored"]
 
 
+def test_a_failed_kick_for_a_replacement_says_when_the_scaler_ticks_anyway(deployed, monkeypatch):
+    monkeypatch.setenv("TIDEFLEET_KICK_URL", f"http://127.0.0.1:{free_port()}/kick")  # nothing listens
+    (node,) = grow(1)
+    heartbeat(node, busy=2)
+    put_items(4, receive=2)
+    replacement = interruption.handler(event("spot_warning", node), None)["replacement"]
+    assert replacement.startswith("warning: could not kick the scaler (")
+    assert replacement.endswith("its next scheduled tick comes within 2s") and "job" not in replacement
+
+
 # -- schedule -------------------------------------------------------------------------------
 
 
@@ -389,6 +400,13 @@ def test_a_fire_time_the_schedule_function_cannot_use_is_replaced_by_the_time_it
     fired = schedule.handler({"tidefleet": "fire", "schedule": "hourly"} | ({"at": at} if at else {}), None)
     hours.add(time.strftime("%Y%m%dt%H00", time.gmtime()))  # the run may start as an hour ends
     assert fired["decision"] in {f"submit hourly-{hour}" for hour in hours}
+
+
+def test_the_schedule_function_logs_what_it_ignores_under_its_own_logger(scheduled, caplog):
+    with caplog.at_level(logging.WARNING, "tidefleet"):
+        assert "ignored" in schedule.handler({"tidefleet": "fire", "schedule": "nope"}, None)
+        assert "ignored" in schedule.handler({"tidefleet": "kick", "env": "sandbox"}, None)
+    assert [r.name for r in caplog.records] == ["tidefleet.schedules", "tidefleet.schedules"]
 
 
 # -- the same tick from a laptop ------------------------------------------------------------

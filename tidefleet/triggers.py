@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     from tidefleet.config import Environment
 
 log = logging.getLogger("tidefleet.scaler")
+# A fire and the watch are the scheduled jobs' (tidefleet.jobs.scheduled), on either cloud.
+jobs_log = logging.getLogger("tidefleet.schedules")
 # An event's free text (a kick's reason, an unknown event's source) is cut to this in the log line.
 DETAIL_CHARS = 100
 # A fire time outside these years is not one a scheduler sent (a typo, a forged event): the run's
@@ -121,7 +123,7 @@ def run_jobs(trigger: Trigger, env, cloud, now: float) -> dict:
         return {"trigger": "watch", "env": env.name, "watched": scheduled.watch(env, cloud, now)}
     if trigger.detail not in env.schedules:
         reason = f"fire for schedule {trigger.detail!r}, which environment {env.name!r} does not have"
-        log.warning(json.dumps({"ignored": reason}))
+        jobs_log.warning(json.dumps({"ignored": reason}))
         return {"ignored": reason}
     decided = scheduled.fire(env, cloud, trigger.detail, now, fired_at=trigger.at)
     return {"trigger": "fire", "schedule": trigger.detail, "env": env.name, "decision": decided.reason,

@@ -623,7 +623,7 @@ def _same_items(cloud: Cloud, stored: Job, items: ItemList) -> bool:
 
 
 def kick_scaler(env: Environment, reason: str) -> str:
-    """Tell the scaler there is work now. Never raises: the schedule picks it up within a tick."""
+    """Tell the scaler there is work now. Never raises: its next scheduled tick comes anyway."""
     payload = json.dumps({"tidefleet": "kick", "env": env.name, "reason": reason}).encode()
     url = os.environ.get("TIDEFLEET_KICK_URL")
     try:
@@ -633,7 +633,7 @@ def kick_scaler(env: Environment, reason: str) -> str:
             return f"kicked {url}"
         return f"kicked {for_env(env).kick(payload)}"
     except Exception as err:  # noqa: BLE001 - any failure here only delays scaling by a tick
-        return f"warning: could not kick the scaler ({err}); the schedule picks the job up within {env.scaler.tick_s}s"
+        return f"warning: could not kick the scaler ({err}); its next scheduled tick comes within {env.scaler.tick_s}s"
 
 
 # -- progress -----------------------------------------------------------------------------
