@@ -13,6 +13,7 @@ moto 5.2 gaps met here:
 from __future__ import annotations
 
 import json
+import logging
 from datetime import UTC, datetime
 
 import boto3
@@ -286,3 +287,44 @@ def test_recording_items_refused_for_another_reason_raises_it(settling):
     with pytest.raises(ClientError):
         store.update_items(writes)
     assert store.job("j").n_succeeded == 0
+
+
+def wait(items: int) -> None:
+    sqs = boto3.client("sqs", region_name=ENV.region)
+    url = sqs.get_queue_url(QueueName=naming.queue("sandbox", "demo"))["QueueUrl"]
+    for n in range(items):
+        sqs.send_message(QueueUrl=url, MessageBody=str(n))
+
+
+def tick_line(ports, caplog) -> dict:
+    """One tick of the cpu pool; its decision line."""
+    with caplog.at_level(logging.INFO, "tidefleet.control"):
+        try:
+            control.tick(ENV, ports, datetime.now(UTC).timestamp(), pools=["cpu"])
+        except control.TickError:
+            pass  # the line says what failed
+    return next(json.loads(r.getMessage()) for r in caplog.records if '"desired_before"' in r.getMessage())
+
+
+def test_a_group_whose_max_size_is_below_the_configs_says_desired_is_capped_and_how_to_fix_it(cloud, caplog):
+    asg = boto3.client("autoscaling", region_name=ENV.region)
+    asg.update_auto_scaling_group(AutoScalingGroupName=GROUP, MaxSize=1)  # a console edit, or a partial apply
+    wait(3)
+    line = tick_line(aws_ports(ENV), caplog)
+    assert (line["desired"], line["desired_after"]) == (2, 1)
+    assert line["held"] == "desired capped at the group's MaxSize 1 (config max 6), not 2: deploy the environment to apply it"
+    assert asg.describe_auto_scaling_groups(AutoScalingGroupNames=[GROUP])["AutoScalingGroups"][0]["DesiredCapacity"] == 1
+
+
+def test_a_refused_set_desired_reports_the_groups_own_desired_after(cloud, caplog):
+    ports = aws_ports(ENV)
+    # moto enforces no IAM: the refusal as IAM answers it, at the fleet client's before-call hook.
+    denied = {"Error": {"Code": "AccessDenied", "Message": "not authorized to perform: autoscaling:SetDesiredCapacity"}}
+    ports.fleet.asg.meta.events.register(
+        "before-call.autoscaling.SetDesiredCapacity", lambda **_: (AWSResponse("", 403, {}, None), denied)
+    )
+    wait(3)
+    line = tick_line(ports, caplog)
+    assert (line["desired"], line["desired_after"]) == (2, 0) and "held" not in line
+    (failed,) = line["failed"]
+    assert failed.startswith("set_desired: ClientError: An error occurred (AccessDenied)")

@@ -291,16 +291,17 @@ def waiting_ages(backlog: Backlog, kept: Cohorts | None, now: float) -> tuple[tu
     return ages, tuple(cohorts)
 
 
+def _units(env: Environment, pool: str, instances: Iterable[GroupInstance]) -> int:
+    """Capacity units of these instances, as `_weight` gives them."""
+    weights = {name: itype.weight for name, itype in _types(env.pools[pool]).items()}
+    return sum([weights.get(i.instance_type) or i.weight or 1 for i in instances])
+
+
 def _live_capacity(env: Environment, pool: str, group: GroupState, leaving: Iterable[str]) -> int:
     """Units of the group's instances that stay: desired below this makes the group pick a victim."""
     leaving = set(leaving)
-    weights = {name: itype.weight for name, itype in _types(env.pools[pool]).items()}  # as `_weight` gives
-    return sum([
-        weights.get(i.instance_type) or i.weight or 1
-        for i in group.instances
-        # A Terminating:Wait instance already left the group's capacity: not counted.
-        if i.id not in leaving and i.lifecycle_state in CAPACITY
-    ])  # fmt: skip
+    # A Terminating:Wait instance already left the group's capacity: not counted.
+    return _units(env, pool, (i for i in group.instances if i.id not in leaving and i.lifecycle_state in CAPACITY))
 
 
 def act(ports: Ports, env: Environment, decision: PoolDecision, group: GroupState) -> dict:
@@ -344,22 +345,34 @@ def act(ports: Ports, env: Environment, decision: PoolDecision, group: GroupStat
     # Only nodes really terminated leave the floor: one the group refused to terminate (still
     # Pending, say) stays, and a lower desired would let the group pick a victim instead.
     target = max(decision.desired, _live_capacity(env, decision.pool, group, terminated))
-    # Above max the group refuses any desired (max lowered under live nodes): it picks the
-    # victims down to max itself, whatever is asked.
+    # Above max the group refuses any desired (max lowered under live nodes, or a MaxSize that
+    # differs from the config's): it picks the victims down to max itself, whatever is asked.
     target = min(target, group.max)
     # After terminations the group's desired already dropped by their weights; setting the
     # absolute target again is a no-op then, and corrects it if the decrement differed.
+    desired_after = target
     if terminated or target != group.desired:
+        refused = len(failed)
         attempt("set_desired", ports.fleet.set_desired, decision.pool, target)
-    done: dict = {"terminated": list(terminated), "desired_after": target}
-    if target != decision.desired:
-        done["held"] = (
-            f"desired kept at {target}, not {decision.desired}: lower would let the group "
-            "choose which running node to stop"
-        )
+        if len(failed) > refused:  # the group keeps its own: as observed, less the terminations' decrements
+            gone = (i for i in group.instances if i.id in terminated)
+            desired_after = max(0, group.desired - _units(env, decision.pool, gone))
+    done: dict = {"terminated": list(terminated), "desired_after": desired_after}
+    if desired_after == target and target != decision.desired:  # (a refused set: its failure says why)
+        done["held"] = _held(env, decision, group, target)
     if failed:
         done["failed"] = failed
     return done
+
+
+def _held(env: Environment, decision: PoolDecision, group: GroupState, target: int) -> str:
+    """Why desired was set to `target`, not to what the policy decided."""
+    if target < decision.desired:  # the policy never asks above the config's max: the group's MaxSize is lower
+        return (
+            f"desired capped at the group's MaxSize {group.max} (config max {env.pools[decision.pool].max}), "
+            f"not {decision.desired}: deploy the environment to apply it"
+        )
+    return f"desired kept at {target}, not {decision.desired}: lower would let the group choose which running node to stop"
 
 
 def tick(
