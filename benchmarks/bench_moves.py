@@ -14,13 +14,13 @@ many shapes each variant is cheaper than every baseline.
 from __future__ import annotations
 
 import argparse
-import math
 import random
 from concurrent.futures import ProcessPoolExecutor
 
 from tidefleet.config import load_environment
 from tidefleet.sim.bench import with_moves
 from tidefleet.sim.run import simulate
+from tidefleet.sim.shapes import GPU8_SLOT_SETS, random_shape
 from tidefleet.sim.trace import TraceItem
 
 POOL = "gpu8"
@@ -29,31 +29,7 @@ BASELINES = ["keda", "clearml", "target-tracking"]
 
 def shape(seed: int, max_items: int) -> tuple[list[TraceItem], str]:
     """One random workload (items in submit order) and its description."""
-    rng = random.Random(f"fuzz15/{seed}")
-    median = math.exp(rng.uniform(math.log(10), math.log(7200)))
-    sigma = rng.uniform(0.2, 1.2)
-    slots = rng.choice([[1], [1, 2], [1, 2, 4], [1, 1, 1, 8], [2, 4]])
-    kind = rng.choice(["steady", "bursty", "diurnal"])
-    target, span = rng.randint(300, 4000), rng.uniform(1, 5) * 86400
-
-    def item(t: float) -> TraceItem:
-        return TraceItem(round(t, 1), max(1.0, round(median * math.exp(rng.gauss(0, sigma)), 1)), rng.choice(slots))
-
-    items, t = [], 0.0
-    if kind == "steady":
-        while (t := t + rng.expovariate(target / span)) < span:
-            items.append(item(t))
-    elif kind == "bursty":
-        per = rng.randint(3, 60)
-        while (t := t + rng.expovariate(max(1, target / per) / span)) < span:
-            items += [item(t + rng.uniform(0, 60)) for _ in range(rng.randint(1, 2 * per))]
-    else:
-        peak = 1.8 * target / span
-        while (t := t + rng.expovariate(peak)) < span:
-            if rng.random() < (1 + 0.8 * math.sin(2 * math.pi * t / 86400)) / 1.8:
-                items.append(item(t))
-    items = sorted(items, key=lambda i: i.submit_s)[:max_items]
-    return items, f"{kind}, median {median:.0f} s, slots {slots}, {len(items)} items"
+    return random_shape(random.Random(f"fuzz15/{seed}"), slot_sets=GPU8_SLOT_SETS, max_items=max_items)
 
 
 def replay(seed: int, max_items: int) -> tuple[str, dict]:

@@ -22,6 +22,7 @@ SMOKE = [
     ("bench_target_wait.py", ["--waits", "120", "--workloads", "genai"], "| tidefleet | 120 (default) |"),
     ("bench_teams.py", ["--window", "2592000:2599200"], "| all | 544 GPUs (pool max) |"),
     ("bench_moves.py", ["--shapes", "1", "--max-items", "200", "--workers", "1"], "checkpoint-and-move against the defaults"),
+    ("bench_unseen.py", ["--shapes", "2", "--max-items", "200", "--workers", "1"], "of 2 shapes"),
 ]
 
 

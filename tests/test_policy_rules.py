@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 import random
 from dataclasses import replace
 
@@ -314,8 +315,9 @@ def test_a_wholly_free_node_is_kept_for_a_forming_gangs_member_and_launches_noth
 def test_multi_slot_items_within_their_wait_target_wait_for_the_slots_items_in_flight_free():
     """Three 8-slot items run on three full nodes, done every ~600 s. Two more may wait an hour:
     turnover serves them (the three in flight free their slots 6 times each in it), no node
-    launches. Once their wait is down to a boot, or when turnover is slower than their wait, or
-    no item of the queue is in flight, they launch at once, as without a target."""
+    launches. Once their wait is down to a boot, or when turnover is slower than their wait, they
+    launch at once, as without a target. With none in flight, one new node runs both in turn
+    within the hour (a new node's turnover, as rule 1a's new slots)."""
     env = environment(**PACKED)
     boot = env.pools["cpu"].boot_estimate_s
     full = [node(f"i-{i}", weight=4, busy=8, type="c6i.xlarge") for i in range(3)]
@@ -331,11 +333,34 @@ def test_multi_slot_items_within_their_wait_target_wait_for_the_slots_items_in_f
             "(2 wait within target_wait_s for the slots its 3 item(s) in flight free)") in waiting.reasons
     assert_settled(env, view())
     for case, launching in [("due", view(age=3600 - boot)), ("turnover slower than the wait", view(mean=7200.0)),
-                            ("none in flight", view(in_flight=0)), ("no target", view(target=None))]:
+                            ("no target", view(target=None)), ("none in flight, no mean", view(in_flight=0, mean=None))]:
         decision = decide_pool(env, launching)
         assert decision.desired == 12 + 8, (case, decision.reasons)
         assert ("packing: 2 item(s) of 8 slots (queue render) fit no node's free slots; 2 node(s) of 8 slots "
                 "needed") in decision.reasons, case
+    one = decide_pool(env, view(in_flight=0))
+    assert one.desired == 12 + 4, one.reasons
+    assert ("packing: 2 item(s) of 8 slots (queue render) fit no node's free slots; 1 node(s) of 8 slots "
+            "needed") in one.reasons
+
+
+def test_a_burst_of_multi_slot_items_gets_a_node_per_few_items_within_its_wait_target():
+    """Rule 1b credits new nodes with turnover as rule 1a does new slots: 12 items of 4 slots of
+    ~30 s may wait 150 s, so each new node's two slot groups start 1 + (150 - boot) // 30 items
+    each; items already placed on free slots free them for more in turn. Without a known mean,
+    a node per two items, as before."""
+    env = environment(**{**PACKED, "queues.render.slots_per_item": 4})
+    rounds = 1 + (150 - env.pools["cpu"].boot_estimate_s) // 30
+
+    def view(mean):
+        v = fleet(env, [], render=(12, 0), batch=(0, 0))
+        return replace(v, queues=tuple(replace(q, mean_item_s=mean, oldest_age_s=0.0, target_wait_s=150)
+                                       for q in v.queues))  # fmt: skip
+
+    assert rounds == 4
+    turnover = decide_pool(env, view(30.0))
+    assert turnover.desired == 4 * math.ceil(12 / (2 * rounds)), turnover.reasons
+    assert decide_pool(env, view(None)).desired == 4 * 6
 
 
 def test_pool_min_is_kept_without_demand():

@@ -25,7 +25,7 @@ from tidefleet.sim.bench import (
 from tidefleet.sim.engine import BOOTED, Simulation, intake_order
 from tidefleet.sim.policies import TidefleetPolicy
 from tidefleet.sim.run import PolicyResult
-from tidefleet.sim.shapes import SHAPES
+from tidefleet.sim.shapes import GPU8_SLOT_SETS, KINDS, SHAPES, random_shape
 from tidefleet.sim.trace import load_trace
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -155,6 +155,20 @@ def test_the_shapes_have_the_character_their_names_promise():
     for i in steady:
         by_hour[int(i.submit_s // 3600) % 24] += 1
     assert max(by_hour) > 3 * min(by_hour)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_random_shape_is_the_same_for_an_rng_state_and_has_its_kind(kind):
+    def draw(seed):
+        return random_shape(random.Random(seed), slot_sets=GPU8_SLOT_SETS, kinds=[kind], max_items=500)
+
+    (items, described), (again, _) = draw(3), draw(3)
+    assert items == again and items != draw(4)[0] and described.startswith(kind)
+    assert 0 < len(items) <= 500 and all(a.submit_s <= b.submit_s for a, b in itertools.pairwise(items))
+    assert {i.slots for i in items} <= {1, 2, 4, 8} and min(i.duration_s for i in items) >= 1
+    if kind == "batch":  # submitted in a few groups, each within 5 s
+        gaps = [b.submit_s - a.submit_s for a, b in itertools.pairwise(items)]
+        assert sum(g > 5 for g in gaps) <= 5
 
 
 def test_the_held_out_half_is_the_second_half_of_the_items():

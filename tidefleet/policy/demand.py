@@ -36,9 +36,12 @@ waiting items never lower what is needed (each rule is monotone in demand).
     slots that fit it.
     Items that fit nowhere need new nodes of the pool's smallest type (every type fits the
     queue's items: a config rule), unless their wait target lets them wait for the slots the
-    queue's items in flight free (`deferred`: each in-flight item's slots take 1 item per mean
-    within a horizon, as in 1a; the youngest unplaced items wait, the oldest launch once due).
-    Nodes holding a placement are kept from scale-in.
+    queue's items free (`deferred`: the slots of each item in flight or placed now take 1 item
+    per mean within a horizon, as in 1a, those placed on a booting node once it is up; the
+    youngest unplaced items wait, the oldest launch once due). New nodes turn over alike: each
+    slot group starts 1 item once booted, then 1 per mean within the oldest launching item's
+    horizon (`rounds_per_new_slot`), so a burst of short multi-slot items gets a node per few
+    items, as 1-slot ones do. Nodes holding a placement are kept from scale-in.
 13. Items only on-demand nodes take (scaling rule 13) are placed the same way, first, on the free
     slots of the on-demand nodes that take items, items of one slot included; packing then sees
     what they leave.
@@ -267,22 +270,34 @@ def packing(queues: list[QueueView], serving: list[NodeView], node_slots: int, b
     return _place(queues, counts, serving, node_slots, taken or {}, boot_s)
 
 
-def deferred(q: QueueView, unplaced: int, boot_s: int) -> int:
+def deferred(q: QueueView, unplaced: int, boot_s: int, placed: int = 0, placed_booting: int = 0) -> int:
     """Of `unplaced` waiting items of the queue that fit no free slots (the youngest: the oldest
-    are placed first), those that wait for the slots its items in flight free instead of a new
-    node: within an item's wait horizon (`wait_horizon`, longer than a boot), each item in flight
-    frees its slots for 1 item per mean (`turns`), shared first in, first out. Without a target, a
-    known mean, or items in flight, none wait. Members of forming gangs never do (they are not
-    among the visible items: a forming gang holds its other members' nodes)."""
+    are placed first), those that wait for the slots its items free instead of a new node: within
+    an item's wait horizon (`wait_horizon`, longer than a boot), each item in flight or `placed` on
+    free slots now frees its slots for 1 item per mean (`turns`), each placed on a booting node
+    once a boot has passed, shared first in, first out. Without a target or a known mean, none
+    wait. Members of forming gangs never do (they are not among the visible items: a forming gang
+    holds its other members' nodes)."""
     mean = q.mean_item_s
-    if not unplaced or not q.in_flight or not mean or q.target_wait_s is None:
+    starting_now = q.in_flight + placed
+    if not unplaced or not (starting_now or placed_booting) or not mean or q.target_wait_s is None:
         return 0
     out = 0
     for age, n in drop_oldest(cohorts(q), q.visible - unplaced):
         horizon = wait_horizon(q, boot_s, age)
         if horizon > boot_s:
-            out += min(n, max(0, q.in_flight * turns(mean, horizon) - out))
+            room = starting_now * turns(mean, horizon) + placed_booting * turns(mean, horizon - boot_s)
+            out += min(n, max(0, room - out))
     return out
+
+
+def rounds_per_new_slot(q: QueueView, unplaced: int, boot_s: int) -> int:
+    """Items each new slot group starts within the wait horizon of the oldest of the `unplaced`
+    (youngest) waiting items, which launch first: the one it starts once booted, then 1 per mean
+    (as new slots in rule 1a); 1 without a target or a known mean, or once that item has only a
+    boot left."""
+    oldest = drop_oldest(cohorts(q), max(0, q.visible - unplaced))
+    return 1 + turns(q.mean_item_s, wait_horizon(q, boot_s, oldest[0][0] if oldest else None) - boot_s)
 
 
 def _place(queues: list[QueueView], counts: list[int], serving: list[NodeView], node_slots: int,
@@ -293,6 +308,7 @@ def _place(queues: list[QueueView], counts: list[int], serving: list[NodeView], 
         out.unplaced = out.new_nodes = out.deferred = [0] * len(queues)
         return out
     by_free: dict[int, list[str]] = {}
+    booting = {n.id for n in serving if n.state != "running"}
     for n in sorted(serving, key=lambda n: n.id):  # a fixed order: the same view, the same placement
         free = (n.slots - n.busy_slots if n.state == "running" else n.slots) - taken.get(n.id, 0)
         if free > 0:
@@ -300,6 +316,7 @@ def _place(queues: list[QueueView], counts: list[int], serving: list[NodeView], 
     sizes = sorted(by_free)
     for q, left in zip(queues, counts, strict=True):
         k, visible = q.slots_per_item, left - q.forming_short  # forming members are placed first
+        total, on_booting = left, 0  # visible items placed on booting nodes
         while left:
             at = bisect.bisect_left(sizes, k)
             if at == len(sizes):
@@ -310,13 +327,18 @@ def _place(queues: list[QueueView], counts: list[int], serving: list[NodeView], 
                 del by_free[free], sizes[at]
             out.reserved.add(node)
             out.taken[node] = out.taken.get(node, 0) + k
+            on_booting += node in booting and total - left >= q.forming_short
             if free - k > 0:
                 if free - k not in by_free:
                     bisect.insort(sizes, free - k)
                 by_free.setdefault(free - k, []).append(node)
             left -= 1
         out.unplaced.append(left)
-        waits = 0 if boot_s is None else deferred(q, min(left, visible), boot_s)
+        items, members = min(left, visible), max(0, left - visible)
+        placed = max(0, total - left - q.forming_short)  # visible items placed
+        waits = 0 if boot_s is None else deferred(q, items, boot_s, placed - on_booting, on_booting)
         out.deferred.append(waits)
-        out.new_nodes.append(math.ceil((left - waits) / (node_slots // k)))
+        # Each new node's slot groups start items one after another within the wait target (rule 1a's new slots).
+        rounds = 1 if boot_s is None or items == waits else rounds_per_new_slot(q, items, boot_s)
+        out.new_nodes.append(math.ceil((members + math.ceil((items - waits) / rounds)) / (node_slots // k)))
     return out

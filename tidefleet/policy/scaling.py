@@ -12,7 +12,8 @@ Rules
        would now miss their target, and the queue's agents take too few items to reach them;
    1b. packing: waiting items of several slots, and the members forming gangs still wait for,
        that fit no node's free slots need new nodes, even when the pool's free slots add up to enough,
-       unless their wait target lets them wait for the slots the queue's items in flight free;
+       unless their wait target lets them wait for the slots the queue's items free; within it, a
+       new node starts several in turn;
 2. Capacity = slots of running and booting nodes + group units not yet materialised as
    nodes (group desired > units of its nodes: launches in progress). Draining, terminating,
    and replaced (rule 5) nodes do not count. Desired is always set absolutely, so a

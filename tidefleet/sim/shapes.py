@@ -57,6 +57,48 @@ def diurnal_steady(rng: random.Random, days: float = 7.0) -> list[TraceItem]:
     return items
 
 
+KINDS = ("steady", "bursty", "diurnal", "batch")
+GPU8_SLOT_SETS = ([1], [1, 2], [1, 2, 4], [1, 1, 1, 8], [2, 4])  # item sizes an 8-GPU pool's shapes draw from
+
+
+def random_shape(rng: random.Random, *, slot_sets, kinds=KINDS[:3], max_items: int = 6000) -> tuple[list[TraceItem], str]:
+    """One random workload (items in submit order, at most `max_items`) and its description, for
+    the benchmarks that judge the defaults on shapes nothing was tuned on: log-normal run times
+    (median 10 s to 2 h, sigma 0.2-1.2), item sizes drawn from one of `slot_sets`, 300-4,000 items
+    over 1-5 days, arriving as one of `kinds`: a steady Poisson stream, bursts of up to 120 items
+    within a minute, a stream swinging over the day, or 1-6 batches of 20-600 items submitted at
+    once. The same rng state gives the same workload; `benchmarks/bench_moves.py`'s shapes are the
+    first three kinds."""
+    median = math.exp(rng.uniform(math.log(10), math.log(7200)))
+    sigma = rng.uniform(0.2, 1.2)
+    slots = rng.choice(list(slot_sets))
+    kind = rng.choice(list(kinds))
+    target, span = rng.randint(300, 4000), rng.uniform(1, 5) * DAY_S
+
+    def item(t: float) -> TraceItem:
+        return TraceItem(round(t, 1), max(1.0, round(median * math.exp(rng.gauss(0, sigma)), 1)), rng.choice(slots))
+
+    items, t = [], 0.0
+    if kind == "steady":
+        while (t := t + rng.expovariate(target / span)) < span:
+            items.append(item(t))
+    elif kind == "bursty":
+        per = rng.randint(3, 60)
+        while (t := t + rng.expovariate(max(1, target / per) / span)) < span:
+            items += [item(t + rng.uniform(0, 60)) for _ in range(rng.randint(1, 2 * per))]
+    elif kind == "diurnal":
+        peak = 1.8 * target / span
+        while (t := t + rng.expovariate(peak)) < span:
+            if rng.random() < (1 + 0.8 * math.sin(2 * math.pi * t / DAY_S)) / 1.8:
+                items.append(item(t))
+    else:
+        for _ in range(rng.randint(1, 6)):
+            at = rng.uniform(0, span)
+            items += [item(at + rng.uniform(0, 5)) for _ in range(rng.randint(20, 600))]
+    items = sorted(items, key=lambda i: i.submit_s)[:max_items]
+    return items, f"{kind}, median {median:.0f} s, slots {slots}, {len(items)} items"
+
+
 @dataclass(frozen=True)
 class Shape:
     name: str

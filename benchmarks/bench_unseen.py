@@ -1,0 +1,86 @@
+"""The shipped defaults against every baseline on random workload shapes nothing was tuned on.
+
+    python benchmarks/bench_unseen.py [--shapes 100] [--first 0] [--max-items 3000] [--workers 2]
+
+Issue 14's goal, judged where it will be: on workloads no one has seen. Each seed draws a pool of
+`environments/bench.toml` (`gpu`: one GPU per node; `gpu8`: eight, with items of 1-8 GPUs) and a
+shape (`tidefleet.sim.shapes.random_shape`: steady, bursty, diurnal or batch arrivals, log-normal
+run times of a 10 s to 2 h median), replays it under the shipped defaults and the baselines, and
+prints a Markdown row per shape and a summary: on how many shapes tidefleet is cheaper than every
+baseline at an equal or better p95 wait (a baseline that leaves more items unfinished did less of
+the work and does not count), which baselines are cheaper where it is not and at what p95 waits,
+and tidefleet's cost over the lower bound and the zero-wait bound. The seeds are drawn under their
+own prefix (`unseen/<seed>`): change `--first` for shapes never replayed before.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+from concurrent.futures import ProcessPoolExecutor
+
+from tidefleet.config import load_environment
+from tidefleet.sim.run import PolicyResult, simulate
+from tidefleet.sim.shapes import GPU8_SLOT_SETS, KINDS, random_shape
+
+BASELINES = ["keda", "clearml", "target-tracking"]
+
+
+def replay(seed: int, max_items: int) -> tuple[str, dict[str, PolicyResult]]:
+    rng = random.Random(f"unseen/{seed}")
+    pool = rng.choice(["gpu", "gpu8"])
+    items, described = random_shape(rng, slot_sets=[[1]] if pool == "gpu" else GPU8_SLOT_SETS, kinds=KINDS,
+                                    max_items=max_items)  # fmt: skip
+    report = simulate(load_environment("bench"), pool, items, ["tidefleet", *BASELINES])
+    return f"{pool}: {described}", {r.policy: r for r in report.results}
+
+
+def misses(r: dict[str, PolicyResult]) -> tuple[list[PolicyResult], list[PolicyResult]]:
+    """The baselines cheaper than tidefleet (doing as much of the work), and those with a lower p95 wait."""
+    ours = r["tidefleet"]
+    others = [r[b] for b in BASELINES]
+    cheaper = [b for b in others if b.cost_usd <= ours.cost_usd and b.items_unfinished <= ours.items_unfinished]
+    quicker = [b for b in others if b.wait_s["p95"] < ours.wait_s["p95"]]
+    return cheaper, quicker
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", type=int, default=100, help="how many shapes (default 100)")
+    parser.add_argument("--first", type=int, default=0, help="the first shape's seed (default 0)")
+    parser.add_argument("--max-items", type=int, default=3000, help="items per shape at most (default 3000)")
+    parser.add_argument("--workers", type=int, default=2, help="processes (default 2)")
+    args = parser.parse_args()
+    for flag, value in (("--shapes", args.shapes), ("--max-items", args.max_items), ("--workers", args.workers)):
+        if value < 1:
+            parser.error(f"{flag}: must be at least 1 (got {value})")
+    seeds = range(args.first, args.first + args.shapes)
+    print("| seed | shape | tidefleet ÷ lower bound | ÷ zero-wait bound | p95 wait s | against the baselines |")
+    print("|---|---|---|---|---|---|")
+    met, by_baseline, over_zero_wait, within_bound = 0, {b: [] for b in BASELINES}, [], 0
+    with ProcessPoolExecutor(args.workers) as pool:
+        for seed, (described, r) in zip(seeds, pool.map(replay, seeds, [args.max_items] * len(seeds)), strict=True):
+            ours = r["tidefleet"]
+            cheaper, quicker = misses(r)
+            met += not cheaper and not quicker
+            within_bound += ours.cost_vs_lower_bound <= 1.25
+            over_zero_wait.append(ours.cost_vs_zero_wait)
+            for b in cheaper:
+                by_baseline[b.policy].append(b.wait_s["p95"])
+            verdict = "; ".join([*(f"{b.policy} {b.cost_usd / ours.cost_usd:.2f}x the cost at p95 {b.wait_s['p95']:,.0f} s"
+                                   for b in cheaper),
+                                 *(f"{b.policy} waits less (p95 {b.wait_s['p95']:,.0f} s)" for b in quicker)]) or "met"  # fmt: skip
+            print(f"| {seed} | {described} | {ours.cost_vs_lower_bound:.2f} | {ours.cost_vs_zero_wait:.2f} | "
+                  f"{ours.wait_s['p95']:,.0f} | {verdict} |", flush=True)
+    n = len(over_zero_wait)
+    print(f"\ncheaper than every baseline at an equal or better p95 wait on {met} of {n} shapes")
+    for name, waits in by_baseline.items():
+        if waits:
+            print(f"{name} cheaper on {len(waits)}, at p95 waits of {min(waits):,.0f}-{max(waits):,.0f} s")
+    print(f"tidefleet's cost over the zero-wait bound: median {statistics.median(over_zero_wait):.2f}, "
+          f"max {max(over_zero_wait):.2f}; within 1.25x of the lower bound on {within_bound} of {n}")
+
+
+if __name__ == "__main__":
+    main()
