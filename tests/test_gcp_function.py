@@ -101,13 +101,20 @@ def test_a_tick_that_fails_is_one_error_line_and_the_function_returns_normally(m
     assert [json.loads(r.getMessage()) for r in errors] == [result] and result["severity"] == "ERROR"
 
 
-def test_settings_that_do_not_load_are_one_error_line_naming_the_problem(gcp, monkeypatch, caplog):
-    monkeypatch.setenv("TIDEFLEET_ENV", "gcp-dve")
+@pytest.mark.parametrize("name, problem", [
+    ("gcp-dve", f"{environments_dir() / 'gcp-dve.toml'}: env: unknown environment (got "),
+    (None, "TIDEFLEET_ENV: not set; the function's stack sets it to its environment's name: deploy "),
+])  # fmt: skip
+def test_settings_that_do_not_load_are_one_error_line_naming_the_problem(gcp, monkeypatch, caplog, name, problem):
+    if name is None:
+        monkeypatch.delenv("TIDEFLEET_ENV")
+    else:
+        monkeypatch.setenv("TIDEFLEET_ENV", name)
     function_runtime.cache_clear()
     with caplog.at_level(logging.INFO, "tidefleet"):
         result = main.on_kick(event({"tidefleet": "schedule"}))
     assert result["severity"] == "ERROR" and "\n" not in result["failed"]
-    assert result["failed"].startswith(f"{environments_dir() / 'gcp-dve.toml'}: env: unknown environment (got ")
+    assert result["failed"].startswith(problem)
     assert [json.loads(r.getMessage()) for r in caplog.records if r.levelno >= logging.ERROR] == [result]
 
 

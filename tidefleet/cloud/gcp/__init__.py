@@ -8,13 +8,13 @@ where used, so the scaler function loads only what a tick needs.
 
 from __future__ import annotations
 
-import os
 from functools import cache, cached_property
 from pathlib import Path
 
 from tidefleet import naming
-from tidefleet.config import Environment, load_environment
+from tidefleet.config import Environment
 from tidefleet.ports import Ports
+from tidefleet.triggers import function_environment
 
 # GCE gives a Spot VM about 30 s: the notice may be seen imds_poll_s (5 s) late and SETTLE_S
 # (5 s) may follow the grace, so 15 s leaves 5 s to hand the items back.
@@ -33,8 +33,9 @@ def errors() -> tuple[type[BaseException], ...]:
 
 @cache
 def function_runtime() -> tuple[Environment, Ports]:
-    """Settings and clients, once per cold start: the environment named by TIDEFLEET_ENV."""
-    env = load_environment(os.environ["TIDEFLEET_ENV"])
+    """Settings and clients, once per cold start: the environment named by TIDEFLEET_ENV (unset or
+    unknown: a ConfigError, which the function says in one line)."""
+    env = function_environment()
     return env, control_ports(env)
 
 
