@@ -113,15 +113,38 @@ def test_a_node_whose_agent_completed_the_action_first_is_already_done(cloud):
     assert drain(ports, raw)["released"] == "already completed"
 
 
-def test_any_other_refusal_to_release_the_node_is_raised(provisioned):
+def test_an_agent_leaving_after_the_interruption_function_released_its_node_is_already_done(cloud):
+    ports, hooks = cloud
     (node,) = grow(1)
+    DynamoStore(ENV.name, ENV.region).put_heartbeat(Heartbeat(node, "cpu", at=time.time(), slots=2, busy_slots=0,
+                                                              idle_since=time.time() - 60))  # fmt: skip
+    assert drain(ports, hook_event(hooks, node))["released"] == "idle"
+    agent = AwsNode(ENV)
+    hooks.on(agent.autoscaling)
+    agent.leave("cpu", node)  # the agent stops after its notice: its own release comes second, and is done
+    assert len(hooks.calls) == 2 and hooks.completed == {node}
+
+
+def release_by_fleet(node: str) -> tuple:
     fleet = AutoScalingFleet(ENV)
+    return fleet.asg, lambda: fleet.complete_lifecycle_action("cpu", node, naming.lifecycle_hook("sandbox", "cpu"), None)
+
+
+def release_by_agent(node: str) -> tuple:
+    agent = AwsNode(ENV)
+    return agent.autoscaling, lambda: agent.leave("cpu", node)
+
+
+@pytest.mark.parametrize("release", [release_by_fleet, release_by_agent])
+def test_any_other_refusal_to_release_the_node_is_raised(provisioned, release):
+    (node,) = grow(1)
+    client, call = release(node)
     denied = {"Error": {"Code": "AccessDenied", "Message": "not authorized to perform: autoscaling:CompleteLifecycleAction"}}
-    fleet.asg.meta.events.register(
+    client.meta.events.register(
         "before-call.autoscaling.CompleteLifecycleAction", lambda **_: (AWSResponse("", 403, {}, None), denied)
     )
     with pytest.raises(ClientError, match="AccessDenied"):
-        fleet.complete_lifecycle_action("cpu", node, naming.lifecycle_hook("sandbox", "cpu"), None)
+        call()
 
 
 @pytest.mark.parametrize(

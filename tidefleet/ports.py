@@ -306,7 +306,9 @@ class NodeHost(Protocol):
         """Keep a busy node out of the group's scale-in (a no-op where groups never pick victims)."""
 
     def leave(self, pool: str, node_id: str) -> None:
-        """Let the group's drain hook release this node now (a no-op where there is none)."""
+        """Let the group's drain hook release this node now (a no-op where there is none). An
+        action no longer active (the interruption function released the node first) is done, not
+        an error; any other refusal raises."""
 
     def retire(self, pool: str, node_id: str) -> None:
         """Take this node out of its group for good, the group's size lowered with it (the

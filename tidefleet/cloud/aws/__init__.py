@@ -20,7 +20,7 @@ from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, 
 from botocore.parsers import ResponseParserError
 
 from tidefleet import naming
-from tidefleet.cloud.aws.autoscaling import CALLS_IN_FLIGHT, AutoScalingFleet
+from tidefleet.cloud.aws.autoscaling import CALLS_IN_FLIGHT, AutoScalingFleet, _no_active_action
 from tidefleet.cloud.aws.dynamodb import DynamoStore
 from tidefleet.cloud.aws.endpoint import READ_TIMEOUT_S, NotAws, looks_like_aws
 from tidefleet.cloud.aws.imds import Metadata
@@ -140,12 +140,18 @@ class AwsNode:
         )
 
     def leave(self, pool: str, node_id: str) -> None:
-        self.autoscaling.complete_lifecycle_action(
-            LifecycleHookName=naming.lifecycle_hook(self.env.name, pool),
-            AutoScalingGroupName=naming.group(self.env.name, pool),
-            LifecycleActionResult="CONTINUE",
-            InstanceId=node_id,
-        )
+        """Complete the terminate hook's action by instance id. One no longer active is done
+        already: the interruption function released the node first (idle, or its agent silent)."""
+        try:
+            self.autoscaling.complete_lifecycle_action(
+                LifecycleHookName=naming.lifecycle_hook(self.env.name, pool),
+                AutoScalingGroupName=naming.group(self.env.name, pool),
+                LifecycleActionResult="CONTINUE",
+                InstanceId=node_id,
+            )
+        except ClientError as err:
+            if not _no_active_action(err):
+                raise
 
     def retire(self, pool: str, node_id: str) -> None:
         self.autoscaling.terminate_instance_in_auto_scaling_group(InstanceId=node_id, ShouldDecrementDesiredCapacity=True)
