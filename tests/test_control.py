@@ -14,7 +14,7 @@ import pytest
 
 from tidefleet import control, policy
 from tidefleet.agent.gang import Beacon
-from tidefleet.cloud.memory import MemoryQueues
+from tidefleet.cloud.memory import MemoryFleet, MemoryGroup, MemoryNodes, MemoryQueues
 from tidefleet.config import parse_environment
 from tidefleet.policy.interruption import DrainNode, Ignore, LifecycleHold, action_for
 from tidefleet.policy.model import PoolDecision
@@ -113,6 +113,9 @@ class FakeNodes:
 
     def heartbeats(self, pool):
         return self.beats.get(pool, {})
+
+    def node_rows(self, pool):
+        return self.heartbeats(pool), frozenset()  # marks are only recorded (`marked`), never a row
 
     def grant_leave(self, pool, units, at, until, stay=0):
         self.grants[pool] = (units, at, until, stay)
@@ -681,6 +684,15 @@ def test_the_terminate_hook_is_completed_only_for_an_idle_or_silent_node(heartbe
     assert completed == (
         [("complete_lifecycle_action", "cpu", "i-1", "tidefleet-t-cpu-drain", "tok")] if released else []
     )
+
+
+def test_the_in_memory_fleet_releases_a_node_the_hook_holds_once_and_a_second_release_is_already_done():
+    group = MemoryGroup("tidefleet-t-cpu", desired=0, max=6, instances=[instance("i-1", state="Terminating:Wait")])
+    p = Ports(queues=MemoryQueues(), fleet=MemoryFleet({"cpu": group}), nodes=MemoryNodes())
+    hook = DrainNode("i-1", "cpu", None, "hook", HOLD)
+    assert control.drain(ENV, p, hook, NOW)["released"] == "never reported"
+    assert control.drain(ENV, p, hook, NOW)["released"] == "already completed"  # the event delivered twice
+    assert p.fleet.groups(["cpu"], NOW)["cpu"].instances == ()
 
 
 def test_a_drain_with_backlog_runs_a_tick_for_that_pool_at_once(decide):

@@ -85,12 +85,23 @@ class FleetPort(Protocol):
     def group_of(self, instance_id: str) -> str | None:
         """The name of the group the instance belongs to, or None."""
 
-    def complete_lifecycle_action(self, pool: str, instance_id: str, hook: str, token: str | None) -> None:
-        """Let a node held by the terminate lifecycle hook go now (result CONTINUE)."""
+    def complete_lifecycle_action(self, pool: str, instance_id: str, hook: str, token: str | None) -> bool | None:
+        """Let a node held by the terminate lifecycle hook go now (result CONTINUE), by its action's
+        token or, without one, by its instance. True: released now; False: no action was active
+        (completed already, by an earlier delivery of the same event or by the node's own agent,
+        or the node is gone), which is the goal too, not an error. None from an adapter whose
+        groups have no hooks (GCE): nothing ever holds a node there."""
 
 
 class NodeStatePort(Protocol):
-    def heartbeats(self, pool: str) -> dict[str, Heartbeat]: ...
+    def heartbeats(self, pool: str) -> dict[str, Heartbeat]:
+        """Every heartbeat of a pool, by node id: `node_rows(pool)[0]`."""
+
+    def node_rows(self, pool: str) -> tuple[dict[str, Heartbeat], frozenset[str]]:
+        """(every heartbeat of a pool by node id, the nodes the store holds only a mark of), in one
+        read. A mark (draining, cordon, preempt) set before a node's first heartbeat is kept for
+        it but is no heartbeat; a node that never reports writes no heartbeat that could age out,
+        so the control tick forgets such a row (`forget_node`) once its node left the group."""
 
     def mark_draining(self, pool: str, node_id: str) -> None: ...
 

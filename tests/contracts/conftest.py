@@ -33,8 +33,10 @@ from tidefleet import naming
 from tidefleet.cloud import for_env
 from tidefleet.cloud.aws.dynamodb import create_table
 from tidefleet.cloud.aws.provision import create_queues, provision
+from tidefleet.cloud.memory import MemoryNodes
 from tidefleet.config import Environment, load_environment
-from tidefleet.ports import FleetPort, ItemLogs, JobStore, QueuePort, WorkQueues
+from tidefleet.ports import FleetPort, ItemLogs, JobStore, NodeStatePort, QueuePort, WorkQueues
+from tidefleet.records import Heartbeat
 from tidefleet.resources import redrive_receives
 
 AWS_ENV = load_environment("sandbox")
@@ -125,6 +127,33 @@ def _firestore(request) -> StoreUnderTest:
 
 STORES = {"dynamodb": _dynamodb, "firestore": _firestore}
 store = adapter("store", STORES)
+
+
+# -- NodeStatePort ------------------------------------------------------------------------------
+@dataclass
+class NodesUnderTest:
+    nodes: NodeStatePort
+    beat: Callable[[Heartbeat], None]  # the agent's heartbeat write
+    env: Environment  # the environment the store serves, whose pools a tick reads
+
+
+def _dynamodb_nodes(request) -> NodesUnderTest:
+    s = _dynamodb(request).store
+    return NodesUnderTest(s, s.put_heartbeat, request.getfixturevalue("moto_fresh_env"))
+
+
+def _firestore_nodes(request) -> NodesUnderTest:
+    s = _firestore(request).store
+    return NodesUnderTest(s, s.put_heartbeat, GCP_ENV)
+
+
+def _memory_nodes(request) -> NodesUnderTest:
+    nodes = MemoryNodes()
+    return NodesUnderTest(nodes, nodes.record, AWS_ENV)
+
+
+NODE_STATES = {"dynamodb": _dynamodb_nodes, "firestore": _firestore_nodes, "memory": _memory_nodes}
+node_state = adapter("node_state", NODE_STATES)
 
 
 # -- WorkQueues -----------------------------------------------------------------------------

@@ -93,14 +93,16 @@ class MemoryFleet:
     def group_of(self, instance_id: str) -> str | None:
         return next((g.name for g in self.groups_.values() if instance_id in g.instances), None)
 
-    def complete_lifecycle_action(self, pool: str, instance_id: str, hook: str, token: str | None) -> None:
-        """The instance held by the terminate hook leaves the group; its decrement happened when
-        it entered Terminating:Wait."""
+    def complete_lifecycle_action(self, pool: str, instance_id: str, hook: str, token: str | None) -> bool:
+        """The instance held by the terminate hook leaves the group (True); its decrement happened
+        when it entered Terminating:Wait. False: no instance of the group waits there."""
         group = self._group(pool)
         instance = group.instances.get(instance_id)
-        if instance is not None and instance.lifecycle_state == "Terminating:Wait":
-            del group.instances[instance_id]
         self.released.append((pool, instance_id, hook, token))
+        if instance is None or instance.lifecycle_state != "Terminating:Wait":
+            return False
+        del group.instances[instance_id]
+        return True
 
     def launch(self, pool: str, instance: GroupInstance) -> None:
         """What the cloud does for desired: add an instance (tests and simulations call it)."""
@@ -108,27 +110,38 @@ class MemoryFleet:
 
 
 class MemoryNodes:
-    """NodeStatePort: heartbeats by pool and node, as the job store keeps them."""
+    """NodeStatePort: heartbeats by pool and node, as the job store keeps them. A draining or
+    cordon mark set before a node's first heartbeat waits for it, as a mark-only row."""
 
     def __init__(self, heartbeats: Iterable[Heartbeat] = ()):
         self.beats: dict[str, dict[str, Heartbeat]] = {}
         self.cordons: dict[tuple[str, str], bool] = {}  # marks set before a node's first heartbeat
+        self.drains: set[tuple[str, str]] = set()  # likewise
         self.leave: dict[str, LeaveGrant] = {}  # pool -> the leave grant
         for heartbeat in heartbeats:  # the store's state as given, cordon marks included
             self.beats.setdefault(heartbeat.pool, {})[heartbeat.node_id] = heartbeat
 
     def record(self, heartbeat: Heartbeat) -> None:
-        """The agent's write: every field but the scaler's cordon mark, which survives it."""
-        old = self.beats.get(heartbeat.pool, {}).get(heartbeat.node_id)
-        cordoned = old.cordoned if old is not None else self.cordons.get((heartbeat.pool, heartbeat.node_id), False)
-        self.beats.setdefault(heartbeat.pool, {})[heartbeat.node_id] = replace(heartbeat, cordoned=cordoned)
+        """The agent's write: every field but the scaler's marks, which survive it (draining is sticky)."""
+        key, beats = (heartbeat.pool, heartbeat.node_id), self.beats.setdefault(heartbeat.pool, {})
+        old = beats.get(heartbeat.node_id)
+        cordoned = old.cordoned if old is not None else self.cordons.get(key, False)
+        draining = heartbeat.draining or (old.draining if old is not None else key in self.drains)
+        beats[heartbeat.node_id] = replace(heartbeat, cordoned=cordoned, draining=draining)
 
     def heartbeats(self, pool: str) -> dict[str, Heartbeat]:
-        return dict(self.beats.get(pool, {}))
+        return self.node_rows(pool)[0]
+
+    def node_rows(self, pool: str) -> tuple[dict[str, Heartbeat], frozenset[str]]:
+        beats = dict(self.beats.get(pool, {}))
+        marked = {node for p, node in (*self.cordons, *self.drains) if p == pool and node not in beats}
+        return beats, frozenset(marked)
 
     def mark_draining(self, pool: str, node_id: str) -> None:
         heartbeat = self.beats.get(pool, {}).get(node_id)
-        if heartbeat is not None:
+        if heartbeat is None:
+            self.drains.add((pool, node_id))
+        else:
             self.beats[pool][node_id] = replace(heartbeat, draining=True)
 
     def set_cordon(self, pool: str, node_id: str, cordoned: bool) -> None:
@@ -146,6 +159,7 @@ class MemoryNodes:
     def forget_node(self, pool: str, node_id: str) -> None:
         self.beats.get(pool, {}).pop(node_id, None)
         self.cordons.pop((pool, node_id), None)
+        self.drains.discard((pool, node_id))
 
     def grant_leave(self, pool: str, units: int, at: float, until: float, stay: int = 0) -> None:
         self.leave[pool] = (units, at, until, stay)

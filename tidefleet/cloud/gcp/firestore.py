@@ -8,10 +8,11 @@ Documents in the environment's database (naming.table):
   jobs/<job_id>/sent/<chunk>        a submit chunk recorded and sent: n (its item count)
   watched/<job_id>                  a job the minute watch looks after (tidefleet.schedules)
 
-Node heartbeats follow the DynamoDB rules: Same rules as on DynamoDB: `draining` is sticky (a heartbeat never
-writes it as False, so a mark set by anyone survives), and a draining mark written before a
-node's first heartbeat is not a heartbeat. Uses the GAPIC client over REST (the high-level
-client is gRPC only), so the tests drive the real client through a faked HTTP transport.
+Node heartbeats follow the DynamoDB rules: `draining` is sticky (a heartbeat never writes it as
+False, so a mark set by anyone survives), and a mark written before a node's first heartbeat is
+not a heartbeat (`node_rows` lists it apart, so the tick can forget it). Uses the GAPIC client
+over REST (the high-level client is gRPC only), so the tests drive the real client through a
+faked HTTP transport.
 """
 
 from __future__ import annotations
@@ -137,7 +138,7 @@ def _fields(record: dict) -> dict[str, Value]:
 
 
 class FirestoreNodes:
-    """NodeStatePort (heartbeats, mark_draining) plus what the agent writes."""
+    """NodeStatePort (heartbeats and marks) plus what the agent writes."""
 
     def __init__(self, env: Environment, *, client: FirestoreClient | None = None, credentials=None):
         self.client = client or FirestoreClient(transport="rest", credentials=credentials)
@@ -170,15 +171,27 @@ class FirestoreNodes:
 
     def _heartbeat(self, pool: str, doc: Document) -> Heartbeat | None:
         values = {k: from_value(v) for k, v in doc.fields.items() if k in Heartbeat.__dataclass_fields__}
-        if "at" not in values:  # only a draining mark so far
+        if "at" not in values:  # only a mark so far
             return None
         values.setdefault("idle_since", None)
         return Heartbeat(node_id=doc.name.rsplit("/", 1)[-1], pool=pool, **values)
 
     def heartbeats(self, pool: str) -> dict[str, Heartbeat]:
-        pages = self._list(f"{self.root}/pools/{pool}", "nodes")
-        beats = (self._heartbeat(pool, doc) for doc in pages)
-        return {hb.node_id: hb for hb in beats if hb is not None}
+        return self.node_rows(pool)[0]
+
+    def node_rows(self, pool: str) -> tuple[dict[str, Heartbeat], frozenset[str]]:
+        """As `DynamoStore.node_rows`, from the one listing of the pool's node documents: a
+        document without `at` holds only a mark (draining, cordon, preempt) of a node that has
+        not reported yet."""
+        beats: dict[str, Heartbeat] = {}
+        marked: set[str] = set()
+        for doc in self._list(f"{self.root}/pools/{pool}", "nodes"):
+            hb = self._heartbeat(pool, doc)
+            if hb is None:
+                marked.add(doc.name.rsplit("/", 1)[-1])
+            else:
+                beats[hb.node_id] = hb
+        return beats, frozenset(marked)
 
     def heartbeat(self, pool: str, node_id: str) -> Heartbeat | None:
         try:
