@@ -63,7 +63,8 @@ RUNBOOKS = {
         "nodes launched longer ago than `boot_timeout_s` and their agent never reported",
         "a node's console output / boot log: image, `init_script`, or no route to the artifacts bucket"),
     "silent-nodes": Runbook(
-        "running nodes whose agent stopped sending heartbeats (they are replaced after the boot timeout)",
+        "running nodes whose agent stopped sending heartbeats (they are replaced after the boot timeout; "
+        "a drain hook holding one releases it at once)",
         "the node's agent log (journalctl -u tidefleet-agent): a crashed agent or a lost network"),
     "cost-over-cap": Runbook(
         "the nodes cost more per hour than the environment's (or the pool's) `cost_cap_usd_per_hour`",

@@ -30,7 +30,7 @@ from tidefleet.fanout import each
 from tidefleet.policy.demand import drop_oldest, gang_counts
 from tidefleet.policy.interruption import DrainNode, pool_of_group
 from tidefleet.policy.model import FleetView, NodeView, PoolDecision, PoolView, QueueView, RunView, rate_decay
-from tidefleet.ports import Backlog, GroupInstance, GroupState, NodeStatePort, Ports
+from tidefleet.ports import Backlog, GroupInstance, GroupState, Ports
 from tidefleet.records import Cohorts, Heartbeat
 
 log = logging.getLogger("tidefleet.control")
@@ -167,15 +167,6 @@ def _silent(pool: Pool, heartbeat: Heartbeat, now: float) -> bool:
     return now - heartbeat.at > pool.boot_timeout_s
 
 
-def _node_rows(nodes: NodeStatePort, pool: str) -> tuple[dict[str, Heartbeat], frozenset[str]]:
-    """(the pool's heartbeats, the nodes the store holds only a mark of: never reported). A store
-    that keeps a mark set before a node's first heartbeat lists those rows with `node_rows`, in
-    the same read, so the tick forgets them too once the node left the group; the others list
-    heartbeats only."""
-    rows = getattr(nodes, "node_rows", None)
-    return rows(pool) if rows is not None else (nodes.heartbeats(pool), frozenset())
-
-
 def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) -> Observation:
     """The policy's view of these pools. A pool whose group does not exist (not deployed yet)
     is left out and logged."""
@@ -189,7 +180,7 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
     on_demand: dict[str, set[str]] = {}
     forming: defaultdict[str, int] = defaultdict(int)  # per queue: gang members its forming gangs wait for
     # One call per pool and per queue, `calls_in_flight` at once (1k queues: 1k calls).
-    rows = dict(zip(groups, each(lambda p: _node_rows(ports.nodes, p), list(groups), ports.calls_in_flight), strict=True))
+    rows = dict(zip(groups, each(ports.nodes.node_rows, list(groups), ports.calls_in_flight), strict=True))
     for name, group in groups.items():
         beats, marked = rows[name]
         decays: dict[float, float] = {}  # many agents beat at the same time: one exp() for them

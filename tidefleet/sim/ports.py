@@ -115,6 +115,10 @@ class SimulationPorts:
                 beats[node.name] = heartbeat
         return beats
 
+    def node_rows(self, pool: str) -> tuple[dict[str, Heartbeat], frozenset[str]]:
+        """A mark is set on the live node itself, so no node has a mark-only row."""
+        return self.heartbeats(pool), frozenset()
+
     def agents_beat(self) -> None:
         """Every agent's periodic heartbeat, at a coarse grain; its record is made when read. The
         real agent beats every few seconds, but the policy only asks whether the last beat is older
