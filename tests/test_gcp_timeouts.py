@@ -26,6 +26,8 @@ from google.cloud import compute_v1
 from google.cloud.firestore_v1.services.firestore import FirestoreClient
 from google.pubsub_v1.services.publisher import PublisherClient
 from google.pubsub_v1.services.subscriber import SubscriberClient
+from urllib3.exceptions import MaxRetryError
+from urllib3.exceptions import ProxyError as Urllib3ProxyError
 
 from tidefleet import naming
 from tidefleet.cloud import for_env
@@ -153,3 +155,17 @@ def test_the_cli_behind_a_proxy_that_never_answers_says_so_in_one_line(tmp_path)
         lines = [line for line in err.splitlines() if line.strip()]
         assert run.returncode == 1 and len(lines) == 1 and "Traceback" not in out + err, (command, err)
         assert f"googleapis.com) did not answer 'gcp-dev' within {TRY_S:g} s; check the network" in lines[0], (command, err)
+
+
+def test_a_proxy_that_never_answers_its_connect_is_explained_as_silence_too():
+    """Which error a silent proxy gives depends on where the wait ends: a read timeout, or (under
+    load, the CONNECT's answer not read within the connect timeout) requests' ProxyError over a
+    socket timeout. Both are the same one line."""
+    request = requests.Request("GET", "https://firestore.googleapis.com/v1/projects/p").prepare()
+    reason = Urllib3ProxyError("Unable to connect to proxy", TimeoutError("timed out"))
+    err = requests.exceptions.ProxyError(MaxRetryError(None, request.url, reason), request=request)
+    line = for_env(ENV).explain(err)
+    assert line.startswith("Google Cloud (firestore.googleapis.com) did not answer 'gcp-dev' within"), line
+    refused = requests.exceptions.ConnectionError(MaxRetryError(None, request.url, ConnectionRefusedError(111)),
+                                                  request=request)  # fmt: skip
+    assert "cannot reach Google Cloud" in for_env(ENV).explain(refused)

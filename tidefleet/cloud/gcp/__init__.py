@@ -183,7 +183,7 @@ class GcpCloud:
 
         from google.api_core import exceptions as gexc
         from google.auth.exceptions import DefaultCredentialsError
-        from requests import Timeout
+        from requests import RequestException
 
         from tidefleet.cloud.gcp.calls import TRY_S
 
@@ -191,9 +191,9 @@ class GcpCloud:
         deploy = f"deploy it with `invoke deploy --env {env}`"
         if isinstance(err, gexc.RetryError) and err.cause is not None:
             err = err.cause  # tried until calls.RETRY_FOR_S: the last try says what is wrong
-        silent = err if isinstance(err, Timeout) else err.__cause__  # a token refresh wraps its own
-        if isinstance(silent, Timeout):  # a black-holed network, a stuck proxy
-            url = getattr(silent.request, "url", None) or ""
+        if _unanswered(err):  # a black-holed network, a stuck proxy
+            asked = err if isinstance(err, RequestException) else err.__cause__  # a token refresh wraps its own
+            url = getattr(getattr(asked, "request", None), "url", None) or ""
             return (f"Google Cloud ({urlsplit(url).netloc or 'its API'}) did not answer {env!r} within {TRY_S:g} s; "
                     "check the network and any HTTPS_PROXY, then try again")  # fmt: skip
         if isinstance(err, DefaultCredentialsError):
@@ -205,3 +205,22 @@ class GcpCloud:
         if isinstance(err, gexc.GoogleAPICallError):
             return f"{type(err).__name__}: {err.message} (project {project})"
         return f"cannot reach Google Cloud for {env!r} ({err}); check credentials and network, or {deploy}"
+
+
+def _unanswered(err: BaseException) -> bool:
+    """Whether a call failed on silence: a read timeout, or a proxy that took the connection and
+    never answered its CONNECT (requests' ProxyError over urllib3's, over a socket timeout)."""
+    from requests import Timeout
+    from urllib3.exceptions import TimeoutError as Urllib3Timeout
+
+    seen, stack = set(), [err]
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, (Timeout, TimeoutError, Urllib3Timeout)):
+            return True
+        stack += [e.__cause__, getattr(e, "reason", None),
+                  *(a for a in getattr(e, "args", ()) if isinstance(a, BaseException))]  # fmt: skip
+    return False
