@@ -49,6 +49,20 @@ def run_one(node: Agent) -> None:
     node.records.flush()  # what the agent's flush thread does within ACK_FLUSH_S
 
 
+def throttle_records(node: Agent, times: int) -> None:
+    """The job store refuses the node's next `times` record flushes (DynamoDB throttling)."""
+    real, down = node.store.update_items, [times]
+
+    def update_items(writes):
+        if down[0]:
+            down[0] -= 1
+            raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"}},
+                              "TransactWriteItems")  # fmt: skip
+        return real(writes)
+
+    node.store.update_items = update_items
+
+
 def dead_letters(h: Harness) -> list[str]:
     sqs = boto3.client("sqs", region_name="us-east-1")
     url = sqs.get_queue_url(QueueName=naming.dead_letter_queue(h.env.name, "work"))["QueueUrl"]
@@ -233,16 +247,7 @@ def test_a_store_outage_at_a_success_record_keeps_it_and_its_message_until_it_la
     caplog.set_level(logging.INFO, "tidefleet.agent")
     job = sdk.submit(h.env, "flush fails", "work", sdk.read_items([["steps=1"]]), kick=False).job_id
     node = agent(h)
-    real, down = node.store.update_items, [2]
-
-    def update_items(writes):
-        if down[0]:
-            down[0] -= 1
-            raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"}},
-                              "TransactWriteItems")  # fmt: skip
-        return real(writes)
-
-    node.store.update_items = update_items
+    throttle_records(node, times=2)
     extended, protected = [], []
     real_extend = node.cloud.queues.extend
     monkeypatch.setattr(node.cloud.queues, "extend", lambda q, handles, s: extended.append(list(handles))
@@ -272,16 +277,7 @@ def test_a_store_outage_at_a_cancelled_record_keeps_it_until_it_lands_instead_of
     assert node._receive("work", node.env.queues["work"], wait_s=1) == 1
     wait_until(lambda: h.events("start"), 30, "the item to start")
     sdk.cancel(h.env, job)
-    real, down = node.store.update_items, [2]
-
-    def update_items(writes):
-        if down[0]:
-            down[0] -= 1
-            raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"}},
-                              "TransactWriteItems")  # fmt: skip
-        return real(writes)
-
-    node.store.update_items = update_items
+    throttle_records(node, times=2)
     # Its heartbeat's cancel check (the job is read once a beat) stops the workload.
     wait_until(lambda: node._beat() or not node.runs, 30, "the cancelled attempt to settle")
     node.records.flush()  # fails
