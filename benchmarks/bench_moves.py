@@ -13,9 +13,10 @@ many shapes each variant is cheaper than every baseline.
 
 from __future__ import annotations
 
-import argparse
 import random
 from concurrent.futures import ProcessPoolExecutor
+
+import shape_args
 
 from tidefleet.config import load_environment
 from tidefleet.sim.bench import with_moves
@@ -41,15 +42,7 @@ def replay(seed: int, max_items: int) -> tuple[str, dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", type=int, default=20, help="how many shapes (default 20)")
-    parser.add_argument("--first", type=int, default=0, help="the first shape's seed (default 0)")
-    parser.add_argument("--max-items", type=int, default=6000, help="items per shape at most (default 6000)")
-    parser.add_argument("--workers", type=int, default=2, help="processes (default 2)")
-    args = parser.parse_args()
-    for flag, value in (("--shapes", args.shapes), ("--max-items", args.max_items), ("--workers", args.workers)):
-        if value < 1:
-            parser.error(f"{flag}: must be at least 1 (got {value})")
+    args = shape_args.parse(__doc__.splitlines()[0], shapes=20, max_items=6000)
     seeds = range(args.first, args.first + args.shapes)
     print("| seed | shape | defaults ÷ bound (p95 s) | checkpoint-and-move ÷ bound (p95 s, moves) | change "
           "| cheapest baseline ÷ bound (p95 s) |")

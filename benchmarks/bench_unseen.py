@@ -15,10 +15,11 @@ own prefix (`unseen/<seed>`): change `--first` for shapes never replayed before.
 
 from __future__ import annotations
 
-import argparse
 import random
 import statistics
 from concurrent.futures import ProcessPoolExecutor
+
+import shape_args
 
 from tidefleet.config import load_environment
 from tidefleet.sim.run import PolicyResult, simulate
@@ -46,15 +47,7 @@ def misses(r: dict[str, PolicyResult]) -> tuple[list[PolicyResult], list[PolicyR
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", type=int, default=100, help="how many shapes (default 100)")
-    parser.add_argument("--first", type=int, default=0, help="the first shape's seed (default 0)")
-    parser.add_argument("--max-items", type=int, default=3000, help="items per shape at most (default 3000)")
-    parser.add_argument("--workers", type=int, default=2, help="processes (default 2)")
-    args = parser.parse_args()
-    for flag, value in (("--shapes", args.shapes), ("--max-items", args.max_items), ("--workers", args.workers)):
-        if value < 1:
-            parser.error(f"{flag}: must be at least 1 (got {value})")
+    args = shape_args.parse(__doc__.splitlines()[0], shapes=100, max_items=3000)
     seeds = range(args.first, args.first + args.shapes)
     print("| seed | shape | tidefleet ÷ lower bound | ÷ zero-wait bound | p95 wait s | against the baselines |")
     print("|---|---|---|---|---|---|")

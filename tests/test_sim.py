@@ -527,15 +527,18 @@ def test_checkpoint_and_move_frees_a_cordoned_node_and_the_moved_item_resumes_wi
     assert move.busy_items_killed_by_scale_in == 0
 
 
-def test_resume_s_is_the_work_a_moved_item_does_again_and_the_json_says_which_was_used(tmp_path):
-    env = tmp_path / "moving.toml"
-    env.write_text("""
+SCALER_TOML = """
 region = "us-east-1"
 [scaler]
 tick_s = 60
 scale_in_delay_s = 60
 scale_out_cooldown_s = 0
-[pools.p]
+"""  # a tick a minute, an idle minute before scale-in, no cooldown
+
+
+def test_resume_s_is_the_work_a_moved_item_does_again_and_the_json_says_which_was_used(tmp_path):
+    env = tmp_path / "moving.toml"
+    env.write_text(SCALER_TOML + """[pools.p]
 max = 10
 command = "run"
 slots_per_unit = 4
@@ -561,13 +564,7 @@ preemptible = true
     assert refused.exit_code == 2 and "--resume-s: must be a finite number >= 0 (got -1.0)" in refused.output
 
 
-ONE_NODE_TOML = """
-region = "us-east-1"
-[scaler]
-tick_s = 60
-scale_in_delay_s = 60
-scale_out_cooldown_s = 0
-[pools.p]
+ONE_NODE_TOML = SCALER_TOML + """[pools.p]
 max = 1
 command = "run"
 instance_types = [{ type = "c6i.large", weight = 1, on_demand_price = 2.0, spot_price = 1.0 }]
