@@ -23,8 +23,10 @@ from tidefleet.jobs.sdk import ItemMessage
 from tidefleet.jobs.spec import JobSpec, resolve
 
 # The parts of docker's CLI the agent uses. Each call is appended to calls.log; a container is
-# <id>.json (its pid and labels) in $FAKE_DOCKER_STATE; $FAKE_DOCKER_ANSWER ("verb|exit code or
-# hang|stderr") makes one verb answer like a broken or older docker.
+# <id>.json (its pid and labels) in $FAKE_DOCKER_STATE; $FAKE_DOCKER_ANSWER ("verbs|exit code or
+# hang|stderr", verbs comma-separated) makes those verbs answer like a broken or older docker; a
+# hung call leaves hung-<pid> there, for the test to end it. As docker does, `run` refuses a bind
+# mount of a relative path, runs the container outside the client's folder, and passes SIGTERM on.
 FAKE_DOCKER = r'''
 import json, os, re, signal, subprocess, sys, time, uuid
 from pathlib import Path
@@ -34,8 +36,9 @@ args = sys.argv[1:]
 with open(STATE / "calls.log", "a") as calls:
     calls.write(json.dumps(args) + "\n")
 verb, forced = args[0], os.environ.get("FAKE_DOCKER_ANSWER", "").split("|")
-if forced[0] == verb:
+if verb in forced[0].split(","):
     if forced[1] == "hang":
+        (STATE / f"hung-{os.getpid()}").touch()
         time.sleep(600)
     print(forced[2].replace("{id}", args[-1]), file=sys.stderr)
     sys.exit(int(forced[1]))
@@ -57,6 +60,11 @@ def alive(pid):
         return False
 
 
+def refused(why):
+    print(f"docker: Error response from daemon: {why}", file=sys.stderr)
+    sys.exit(125)
+
+
 if verb == "run":
     i, cidfile, labels, rm = 1, None, {}, False
     while args[i].startswith("-"):
@@ -69,17 +77,27 @@ if verb == "run":
         elif option == "--label":
             key, _, text = value.partition("=")
             labels[key] = text
+        elif option == "-v":  # docker's own words for a relative bind mount
+            source, _, target = value.partition(":")
+            if not target.startswith("/"):
+                refused(f"invalid volume specification: '{value}': invalid mount config for type \"volume\": "
+                        f"invalid mount path: '{target}' mount path must be absolute")
+            if not source.startswith("/") and not re.fullmatch(r"[a-zA-Z0-9][a-zA-Z0-9_.-]+", source):
+                refused(f'create {source}: "{source}" includes invalid characters for a local volume name, only '
+                        '"[a-zA-Z0-9][a-zA-Z0-9_.-]" are allowed. If you intended to pass a host directory, use '
+                        "absolute path.")
     if cidfile and os.path.exists(cidfile):
-        print(f"docker: Error response from daemon: Container ID file found, make sure the other container "
-              f"isn't running or delete {cidfile}.", file=sys.stderr)
-        sys.exit(125)
+        refused(f"Container ID file found, make sure the other container isn't running or delete {cidfile}.")
     cid = uuid.uuid4().hex + uuid.uuid4().hex
     out = STATE / f"{cid}.out"
-    # Its own session, output to a file: like a container under dockerd, the client's death
-    # reaches it neither by a signal nor by a closed pipe.
+    proxied = []  # docker run's --sig-proxy: a SIGTERM to the client reaches its container
+    signal.signal(signal.SIGTERM, lambda *_: [os.kill(pid, signal.SIGTERM) for pid in proxied])
+    # Its own session, output to a file, in the image's folder: like a container under dockerd,
+    # the client's death (SIGKILL) reaches it neither by a signal nor by a closed pipe.
     with open(out, "wb") as sink:
         container = subprocess.Popen(args[i + 1:], stdin=subprocess.DEVNULL, stdout=sink,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+                                     stderr=subprocess.STDOUT, start_new_session=True, cwd="/")
+    proxied.append(container.pid)
     if cidfile:  # before the container is listed, as docker writes it between create and start
         Path(cidfile).write_text(cid)
     (STATE / f"{cid}.json").write_text(json.dumps({"pid": container.pid, "labels": labels}))
@@ -134,8 +152,9 @@ class FakeDocker:
         monkeypatch.setenv("PATH", f"{self.bin}{os.pathsep}{os.environ['PATH']}")
         monkeypatch.setenv("FAKE_DOCKER_STATE", str(self.state))
 
-    def answer(self, verb: str, code: int | str, stderr: str = "") -> None:
-        self.monkeypatch.setenv("FAKE_DOCKER_ANSWER", f"{verb}|{code}|{stderr}")
+    def answer(self, verbs: str, code: int | str, stderr: str = "") -> None:
+        """`verbs` ("rm" or "rm,kill") answer with `code` ("hang": never) and `stderr` from now on."""
+        self.monkeypatch.setenv("FAKE_DOCKER_ANSWER", f"{verbs}|{code}|{stderr}")
 
     def calls(self) -> list[list[str]]:
         log = self.state / "calls.log"
@@ -147,6 +166,26 @@ class FakeDocker:
     def running(self) -> list[int]:
         """The pids of the containers whose process still runs, whatever docker knows of them."""
         return [c["pid"] for c in self.containers().values() if alive(c["pid"])]
+
+    def hanging(self) -> list[int]:
+        """The pids of the docker calls still hanging (a pid reused since is not one)."""
+        pids = [int(p.name.removeprefix("hung-")) for p in self.state.glob("hung-*")]
+        return [pid for pid in pids if str(self.bin).encode() in _cmdline(pid)]
+
+    def close(self) -> None:
+        """End what a test left: containers still running, docker calls still hanging."""
+        for pid in [*self.running(), *self.hanging()]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def alive(pid: int) -> bool:
@@ -160,8 +199,7 @@ def alive(pid: int) -> bool:
 def docker(tmp_path, monkeypatch):
     fake = FakeDocker(tmp_path, monkeypatch)
     yield fake
-    for pid in fake.running():  # what a failing test left running
-        os.kill(pid, signal.SIGKILL)
+    fake.close()
 
 
 class Lines:
@@ -196,12 +234,14 @@ def test_a_killed_docker_run_takes_its_container_with_it(docker, tmp_path):
 
 
 def test_a_client_that_dies_on_its_own_leaves_no_container_once_the_attempt_ends(docker, tmp_path):
+    """`wait` gives the exit at once, for the outcome to be recorded; `remove`, after it and before
+    the agent frees the slot, takes the container (a hung dockerd may hold that up)."""
     workload = start(tmp_path / "work", ["sleep", "600"])
     pid = started(docker)
     os.kill(workload.proc.pid, signal.SIGKILL)  # the OOM killer, a crash: no signal of ours
-    code, _, _ = workload.wait(Lines())
-    assert code == -signal.SIGKILL and not alive(pid), "the slot is free only once its container is gone"
+    assert workload.wait(Lines())[0] == -signal.SIGKILL
     workload.remove()
+    assert not alive(pid), "the slot is free only once its container is gone"
 
 
 GONE = [

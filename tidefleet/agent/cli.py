@@ -51,9 +51,11 @@ def agent(env_name, pool, heartbeat_s, imds_poll_s, grace_s, wait_s, item_user, 
     node_id = os.environ.get("TIDEFLEET_NODE_ID") or instance_id or socket.gethostname()
     instance_type = instance_type or env.pools[pool].instance_types[0].type
     root = os.environ.get("TIDEFLEET_CHECKPOINT_ROOT")
+    # Absolute once, here: docker refuses a relative bind mount, and a workload runs in its attempt's
+    # folder, where a relative stop or done file would name another place.
+    work_dir = (work_dir or Path(tempfile.gettempdir()) / f"tidefleet-agent-{node_id}").absolute()
     settings = Settings(
-        node_id=node_id, instance_type=instance_type, spot=spot,
-        work_dir=work_dir or Path(tempfile.gettempdir()) / f"tidefleet-agent-{node_id}",
+        node_id=node_id, instance_type=instance_type, spot=spot, work_dir=work_dir,
         checkpoint_root=Path(root) if root else None,
         heartbeat_s=heartbeat_s, imds_poll_s=imds_poll_s, grace_s=grace_s, wait_s=wait_s, item_user=item_user,
     )

@@ -194,8 +194,8 @@ class Workload:
         more, not to EOF: a child it left behind in another session (`setsid cmd &`), out of
         reach of its process group's signals, may hold the pipe open for ever, which would keep
         the attempt, its slot and its lease running. Such a child gets EPIPE/SIGPIPE on its next
-        write. A container's `docker run` client is the process here: as it ends (or is killed),
-        its container, which runs on under dockerd without it, is removed too."""
+        write. A container's `docker run` client is the process here; its container, which runs
+        on under dockerd without it once it is killed, is removed by `remove`."""
         assert self.proc is not None, "started"
         fd = self.proc.stdout.fileno()
         os.set_blocking(fd, False)
@@ -229,7 +229,6 @@ class Workload:
             # wait4 gives this child's own CPU time and peak memory, even with siblings running.
             _, status, rusage = os.wait4(self.proc.pid, 0)
             self.proc.returncode = os.waitstatus_to_exitcode(status)
-            self._remove_container()  # before the slot is free for the next item
         usage = {"cpu_s": round(rusage.ru_utime + rusage.ru_stime, 3), "peak_rss_mb": round(rusage.ru_maxrss / 1024, 1)}
         return self.proc.returncode, usage, last_line
 
@@ -248,7 +247,7 @@ class Workload:
                 pass
         if what is Signal.KILL and (cid := self._container_id()):
             # In the background: signals are sent under the agent's lock, which a hung dockerd must
-            # not hold. The rm -f as `wait` ends is the one whose failure is told.
+            # not hold. The rm -f of `remove` is the one whose failure is told.
             threading.Thread(target=_docker, args=("kill", cid), daemon=True).start()
 
     def has_exited(self) -> bool:
@@ -261,7 +260,10 @@ class Workload:
             return True
 
     def remove(self) -> None:
-        self._remove_container()  # an attempt that ended before `wait` did
+        """Its container, then its folder: called once the attempt's outcome is recorded, since a
+        hung dockerd holds this up to `DOCKER_S`; and before its slot is free, since a container
+        left running holds the slot's GPUs and memory."""
+        self._remove_container()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     def _container_id(self) -> str:

@@ -132,7 +132,7 @@ class Settings:
     node_id: str
     instance_type: str
     spot: bool
-    work_dir: Path
+    work_dir: Path  # absolute (`agent.cli` makes it so): the attempts' folders, their bind mounts
     checkpoint_root: Path | None = None  # local checkpoints (sandbox); None = the artifacts bucket
     heartbeat_s: float = 5.0
     imds_poll_s: float = 5.0
@@ -715,6 +715,7 @@ class Agent:
             if run.state.stop is not None:  # a drain, a cancel, a newer attempt: settled as any attempt's
                 self.beacon = {}
                 self._settle(run, queue, Exited(-signal.SIGTERM, False, "stopped before its gang formed"), {})
+                self._free(run)
                 return
             try:
                 item = self.store.item(msg.job, msg.item)
@@ -749,6 +750,7 @@ class Agent:
             self.beacon = {}
             self._superseded(run)
             self._settle(run, queue, Exited(-signal.SIGTERM, False), {})
+            self._free(run)
             return
         members = tuple(gang.roster(started.members, started.left, high))
         self.beacon = {**self.beacon, "forming": False} if low < high and len(members) < high else {}
@@ -785,7 +787,6 @@ class Agent:
             self._failed(run, queue, None, f"gang member failed: {run.gang_failure}", usage)
         else:
             self._requeue([run], interrupted=True, reason=run.stop_note)
-        self._forget([run])
 
     def _member(self, member: Member, queue: Queue, args: list[str]) -> None:
         """A member's thread: wait for the gang to start, run this node's part, leave. Whatever
@@ -962,9 +963,9 @@ class Agent:
 
     def _execute(self, run: Run, queue: Queue, gang_env: dict | None = None) -> None:
         """The runner thread of one attempt: whatever raises, the attempt settles once and the
-        slot is freed."""
+        slot is freed, after its outcome is recorded and its container removed."""
         msg = run.message
-        stream, usage, unfit = None, {}, None
+        stream, usage, unfit, unrecorded = None, {}, None, False
         try:
             stream = self.cloud.logs.stream(run.queue, msg.job, msg.item, run.attempt)
             with self.lock:
@@ -1007,13 +1008,19 @@ class Agent:
                 self._after_exit(run, queue, usage)
         except Exception:  # unrecorded, the message comes back after its visibility timeout
             log.exception("could not record %s/%s; the queue redelivers it", msg.job, msg.item)
-            self._forget([run])
+            unrecorded = True
         finally:
             if stream is not None:
                 stream.close()
                 with self.lock:
                     self.streams.discard(stream)
+            # Only now: a hung dockerd holds the container's removal up to DOCKER_S, longer than a
+            # drain waits for an exited workload's outcome (SETTLE_S), which it would hand back.
             run.workload.remove()
+            if unrecorded:
+                self._forget([run])
+            else:
+                self._free(run)
 
     def _unfit(self, run: Run, err: OSError) -> None:
         """This node cannot prepare an attempt's folder: hand the item back unstarted (an
@@ -1057,8 +1064,6 @@ class Agent:
         except self.cloud.errors as err:
             # The message stays in flight; with no heartbeat it comes back after the visibility timeout.
             log.error("could not record %s/%s (%s); the queue will redeliver it", msg.job, msg.item, err)
-        finally:
-            self._forget([run])
         if record.outcome is not Outcome.DROPPED:
             self.outcomes.add(run.queue, AttemptOutcome(msg.job, msg.item, run.attempt, record.outcome.value,
                                                         entry["seconds"], time.time()))
@@ -1067,6 +1072,12 @@ class Agent:
         """What the attempt ran on, for `tidefleet cost`: heartbeats are gone once the node is."""
         return {"instance_type": self.s.instance_type, "spot": self.s.spot, "slots": run.slots,
                 "node_slots": self.slots, "ended_at": round(time.time(), 3)}
+
+    def _free(self, run: Run) -> None:
+        """Free the slot of an attempt whose outcome is decided. One that exited after the drain
+        asked it to stop is not yet: the drain hands it back with the rest, and frees it then."""
+        if run.state.result is not None:
+            self._forget([run])
 
     def _forget(self, runs: list[Run]) -> None:
         with self.lock:
@@ -1310,7 +1321,8 @@ class Agent:
         """This node's started attempts of preemptible queues, for the scaler's preemption rule."""
         with self.lock:
             return [{"key": self._run_key(r), "queue": r.queue, "since": r.began, "slots": r.slots} for r in self.runs
-                    if self.env.queues[r.queue].preemptible and r.state.started and r.state.stop is None]  # fmt: skip
+                    if self.env.queues[r.queue].preemptible and r.state.started and r.state.stop is None
+                    and r.state.result is None]  # fmt: skip
 
     def _forget_placed(self) -> None:
         """Items left to on-demand nodes that no longer wait (an on-demand node claimed them, or they
