@@ -42,7 +42,8 @@ def lambda_handler(log):
 
 
 def _cloud_failure_line(err: Exception) -> str | None:
-    """The cloud's own words for one of its errors (`Cloud.explain`); the settings loaded before any
-    call to the cloud could fail."""
+    """The cloud's own words for one of its errors (`Cloud.explain`: in a function, the fix an
+    operator makes there, such as the function's role or a redeploy); the settings loaded before
+    any call to the cloud could fail."""
     cloud = for_env(function_environment())
     return cloud.explain(err) if isinstance(err, cloud.errors) else None

@@ -65,6 +65,41 @@ def test_a_cloud_error_is_caught_and_explained_in_one_line(env, err, says):
     assert says in line and "\n" not in line
 
 
+FUNCTION = "tidefleet-dev-scaler"
+REDEPLOY = "deploy the environment again (invoke deploy --env dev)"
+AWS_SQS = "https://sqs.us-east-1.amazonaws.com/"
+
+
+@pytest.mark.parametrize(
+    ("err", "says"),
+    [
+        (NoCredentialsError(), (f"no AWS credentials in function {FUNCTION}: Lambda gives it its execution role's; "
+                               f"check that role {FUNCTION} exists and trusts lambda.amazonaws.com, or {REDEPLOY}")),
+        (client_error("AccessDeniedException"), (f"(region us-east-1): function {FUNCTION}'s role may not make this "
+                                                f"call; {REDEPLOY}")),
+        (client_error("ResourceNotFoundException"), f"environment 'dev' is not (fully) deployed in us-east-1; {REDEPLOY}"),
+        (QueueMissing("queues.default: SQS queue 'tidefleet-dev-default' does not exist in us-east-1; deploy the "
+                      "environment first (invoke deploy --env dev)"), "deploy the environment first (invoke deploy"),
+        (ReadTimeoutError(endpoint_url=AWS_SQS), (f"{AWS_SQS} took the connection but did not answer function "
+                                                 f"{FUNCTION} within 5 s (3 tries); if it persists, see the AWS Health "
+                                                 "Dashboard for us-east-1")),
+        (EndpointConnectionError(endpoint_url=AWS_SQS), (f"function {FUNCTION} cannot reach AWS for 'dev' (Could not "
+                                                        f'connect to the endpoint URL: "{AWS_SQS}"); if it persists, '
+                                                        "see the AWS Health Dashboard for us-east-1, and that the "
+                                                        "function sets no AWS_ENDPOINT_URL (its stack sets none)")),
+    ],
+    ids=["no-credentials", "access-denied", "missing-table", "missing-queue", "silent", "unreachable"],
+)  # fmt: skip
+def test_inside_a_function_a_cloud_error_says_what_its_operator_should_do(monkeypatch, err, says):
+    """A function's line is read in its log: its credentials are its role's and its settings what
+    the stack deployed, so a person's fixes (a profile, the sandbox, an endpoint variable) are wrong there."""
+    cloud = for_env(AWS)  # built first: this process's clients stay the CLI's
+    monkeypatch.setenv("AWS_LAMBDA_FUNCTION_NAME", FUNCTION)  # what Lambda sets in every function
+    line = cloud.explain(err)
+    assert says in line and "\n" not in line
+    assert not any(cli in line for cli in ("AWS_PROFILE", "sandbox", "emulator", "check AWS_ENDPOINT_URL"))
+
+
 def test_a_page_or_garbled_answer_is_not_printed_whole():
     cloud = for_env(AWS)
     for err in (ClientError({"Error": {"Code": "501", "Message": PAGE}}, "GetItem"),

@@ -29,13 +29,14 @@ from lambdas import FunctionFailed
 from lambdas.interruption import handler as interruption
 from lambdas.scaler import handler as scaler
 from lambdas.schedule import handler as schedule
+from tests import bad_endpoints
 from tests.clock import Clock
 from tidefleet import naming
 from tidefleet.cloud.aws import AutoScalingFleet, SqsQueues, lambda_runtime
 from tidefleet.cloud.aws.dynamodb import DynamoStore
 from tidefleet.cloud.aws.provision import provision
 from tidefleet.config import environments_dir
-from tidefleet.emulator import free_port
+from tidefleet.emulator import FAKE_CREDENTIALS, free_port
 from tidefleet.ports import Ports
 from tidefleet.records import Heartbeat
 
@@ -407,6 +408,70 @@ def test_the_schedule_function_logs_what_it_ignores_under_its_own_logger(schedul
         assert "ignored" in schedule.handler({"tidefleet": "fire", "schedule": "nope"}, None)
         assert "ignored" in schedule.handler({"tidefleet": "kick", "env": "sandbox"}, None)
     assert [r.name for r in caplog.records] == ["tidefleet.schedules", "tidefleet.schedules"]
+
+
+# -- clients inside a function --------------------------------------------------------------
+
+FUNCTION = naming.function("sandbox", "scaler")
+
+
+@pytest.fixture
+def cold_start(monkeypatch):
+    """A function's cold start as Lambda makes it: AWS_LAMBDA_FUNCTION_NAME set, no boto3
+    session yet (this test process's default session is the CLI's)."""
+    from tidefleet.cloud import aws as aws_cloud
+
+    def forget() -> None:
+        aws_cloud._fail_fast.cache_clear()
+        lambda_runtime.cache_clear()
+        schedule.runtime.cache_clear()
+
+    monkeypatch.setenv("AWS_LAMBDA_FUNCTION_NAME", FUNCTION)
+    monkeypatch.setenv("TIDEFLEET_ENV", "sandbox")
+    monkeypatch.delenv("TIDEFLEET_ENVIRONMENTS", raising=False)
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)
+    forget()
+    yield
+    forget()
+
+
+def test_every_functions_clients_fail_fast_not_with_botocores_defaults(cold_start):
+    _, ports = lambda_runtime()  # the scaler's and the interruption function's
+    _, cloud = schedule.runtime()
+    clients = [ports.fleet.asg, ports.fleet.ec2, ports.queues.sqs, ports.nodes.table.meta.client,
+               cloud.store.table.meta.client, cloud.queues.sqs]  # fmt: skip
+    for client in clients:
+        config = client.meta.config
+        assert (config.connect_timeout, config.read_timeout, config.retries) == (
+            3, 5, {"mode": "standard", "total_max_attempts": 3}
+        ), client.meta.service_model.service_name
+
+
+def test_a_silent_endpoint_fails_the_scaler_in_one_line_well_within_the_functions_timeout(cold_start, monkeypatch):
+    """botocore's defaults (60 s per read, legacy retries: five tries) let one silent call outlast
+    the function's timeout, and Lambda would end the tick with no line of ours."""
+    failed: list[str] = []
+
+    def invoke() -> None:
+        with pytest.raises(FunctionFailed) as caught:
+            scaler.handler(event("schedule"), None)
+        failed.append(str(caught.value))
+
+    with bad_endpoints.silent() as url:
+        for key, value in {**FAKE_CREDENTIALS, "AWS_ENDPOINT_URL": url, "AWS_DEFAULT_REGION": REGION}.items():
+            monkeypatch.setenv(key, value)
+        started = time.monotonic()
+        thread = threading.Thread(target=invoke, daemon=True)
+        thread.start()
+        thread.join(timeout=40)
+        took = time.monotonic() - started
+    assert not thread.is_alive(), "still waiting on the silent endpoint after 40 s"
+    # The shortest function timeout is the interruption function's 30 s (stacks/aws/functions.py):
+    # its cold start and its other calls need the rest.
+    assert took < 25, f"took {took:.0f}s"
+    (line,) = failed
+    assert line == (f"the endpoint {url}/ took the connection but did not answer function {FUNCTION} within 5 s "
+                    f"(3 tries); if it persists, see the AWS Health Dashboard for {REGION}")  # fmt: skip
 
 
 # -- the same tick from a laptop ------------------------------------------------------------

@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING
 import boto3
 import botocore.session
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, ReadTimeoutError
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    HTTPClientError,
+    NoCredentialsError,
+    ReadTimeoutError,
+)
+from botocore.exceptions import ConnectionError as BotoConnectionError
 from botocore.parsers import ResponseParserError
 
 from tidefleet import naming
@@ -48,6 +55,15 @@ GRACE_S = 90.0
 ATTEMPTS = 3
 CLIENT_CONFIG = Config(connect_timeout=5, read_timeout=READ_TIMEOUT_S,
                        retries={"mode": "standard", "total_max_attempts": ATTEMPTS})  # fmt: skip
+# In a cloud function nobody waits, but its timeout (stacks/aws/functions.py: the interruption
+# function's 30 s, the shortest) ends an invocation with no line of ours when one call eats it.
+# Calls inside AWS answer in well under a second: a silent endpoint is reported within
+# 3 tries x 5 s + at most 3 s of standard backoff = 18 s, a black-holed connect within 12 s,
+# leaving the function time to make its other calls and log the failure.
+FUNCTION_READ_TIMEOUT_S = 5
+FUNCTION_CLIENT_CONFIG = CLIENT_CONFIG.merge(Config(connect_timeout=3, read_timeout=FUNCTION_READ_TIMEOUT_S))
+# Error codes of a call the caller's IAM policy does not allow (EC2 says UnauthorizedOperation).
+DENIED = {"AccessDenied", "AccessDeniedException", "UnauthorizedOperation"}
 
 
 class EndpointInvalid(BotoCoreError):
@@ -83,11 +99,18 @@ def _check_answer(endpoint: str, operation_model, response_dict, **_) -> None:
         raise NotAws(endpoint=endpoint, status=status)
 
 
+def _function() -> str | None:
+    """The name of the Lambda function this process runs (Lambda sets it in every one), or None:
+    a function's clients and its error lines are for a function, not for a person at a terminal."""
+    return os.environ.get("AWS_LAMBDA_FUNCTION_NAME") or None
+
+
 @cache
 def _fail_fast() -> None:
-    """Every boto3 client of this process (`boto3.client(...)`) gets CLIENT_CONFIG, and fails in ERRORS."""
+    """Every boto3 client of this process (`boto3.client(...)`) gets CLIENT_CONFIG (a function's:
+    FUNCTION_CLIENT_CONFIG), and fails in ERRORS."""
     session = _Session()
-    session.set_default_client_config(CLIENT_CONFIG)
+    session.set_default_client_config(FUNCTION_CLIENT_CONFIG if _function() else CLIENT_CONFIG)
     boto3.setup_default_session(botocore_session=session)
 
 
@@ -105,6 +128,7 @@ def _one_line(text: str, limit: int = 200) -> str:
 
 
 def aws_ports(env: Environment) -> Ports:
+    _fail_fast()  # the functions' cold start builds its clients here, not through AwsCloud
     store = DynamoStore(env.name, env.region)  # heartbeats, and the queue stats the agents record
     return Ports(queues=SqsQueues(env), fleet=AutoScalingFleet(env), nodes=store, stats=store,
                  calls_in_flight=CALLS_IN_FLIGHT)  # fmt: skip
@@ -220,6 +244,10 @@ class AwsCloud:
         return boto3.client("sts", region_name=self.env.region).get_caller_identity()["Arn"]
 
     def explain(self, err: BaseException) -> str:
+        """For a person at the CLI or on a node; inside a function, `_explain_in_function`'s line
+        where the fix differs there."""
+        if (function := _function()) and (line := self._explain_in_function(err, function)):
+            return line
         env = self.env.name
         deploy = f"deploy it with `invoke deploy --env {env}` or start `tidefleet sandbox --keep`"
         if isinstance(err, NoCredentialsError):
@@ -240,3 +268,29 @@ class AwsCloud:
         if isinstance(err, ResponseParserError):  # a garbled answer: its first words, not its bytes
             return f"AWS for {env!r} sent an answer that does not parse ({_one_line(str(err), 80)}); check AWS_ENDPOINT_URL"
         return f"cannot reach AWS for {env!r} ({_one_line(str(err))}); check AWS_ENDPOINT_URL, credentials and network, or {deploy}"
+
+    def _explain_in_function(self, err: BaseException, function: str) -> str | None:
+        """The line for an operator reading a function's log, where the fix is not a person's
+        (no profile to set, no sandbox to start, no AWS_ENDPOINT_URL of theirs): its credentials
+        are its role's and its settings what the stack deployed. None: the same as at the CLI."""
+        env, region = self.env.name, self.env.region
+        redeploy = f"deploy the environment again (invoke deploy --env {env})"
+        if isinstance(err, NoCredentialsError):
+            return (f"no AWS credentials in function {function}: Lambda gives it its execution role's; check that "
+                    f"role {function} exists and trusts lambda.amazonaws.com, or {redeploy}")  # fmt: skip
+        if isinstance(err, ClientError):
+            code = err.response["Error"]["Code"]
+            message = _one_line(err.response["Error"].get("Message") or code)
+            if code in DENIED:
+                return f"{code}: {message} (region {region}): function {function}'s role may not make this call; {redeploy}"
+            if code in MISSING:
+                return f"{message}: environment {env!r} is not (fully) deployed in {region}; {redeploy}"
+            return None
+        persists = f"if it persists, see the AWS Health Dashboard for {region}"
+        if isinstance(err, ReadTimeoutError):
+            return (f"the endpoint {err.kwargs.get('endpoint_url')} took the connection but did not answer function "
+                    f"{function} within {FUNCTION_READ_TIMEOUT_S} s ({ATTEMPTS} tries); {persists}")  # fmt: skip
+        if isinstance(err, (BotoConnectionError, HTTPClientError)):  # refused, unresolved, cut, no connect in time
+            return (f"function {function} cannot reach AWS for {env!r} ({_one_line(str(err))}); {persists}, and that "
+                    f"the function sets no AWS_ENDPOINT_URL (its stack sets none)")  # fmt: skip
+        return None
