@@ -539,6 +539,25 @@ def test_a_refused_action_does_not_stop_the_others_and_is_logged_on_its_own_line
     assert lines[-1]["failed"] == [f"{refused}: PermissionError: not authorized to {refused}"]
 
 
+def test_acted_is_told_what_each_pool_was_set_to_not_what_was_decided(decide):
+    # cpu's group has a MaxSize (4) below the config's max (6); gpu's set is refused.
+    p = ports(replace(group("cpu", 1, instance("i-1")), max=4), group("gpu", 1))
+    p.fleet.refused.add(("set_desired", "gpu"))
+    decide(decision("cpu", 6), decision("gpu", 4))
+    acted: dict = {}
+    with pytest.raises(control.TickError):
+        control.tick(ENV, p, NOW, acted=acted.__setitem__)
+    assert acted["cpu"]["desired_after"] == 4
+    assert acted["cpu"]["held"] == (
+        "desired capped at the group's MaxSize 4 (config max 6), not 6: deploy the environment to apply it"
+    )
+    assert acted["gpu"]["desired_after"] == 1  # the group keeps its own
+    assert acted["gpu"]["failed"] == ["set_desired: PermissionError: not authorized to set_desired"]
+    acted.clear()
+    control.tick(ENV, p, NOW, dry_run=True, acted=acted.__setitem__)
+    assert acted == {}  # nothing set
+
+
 def test_a_tick_for_one_pool_observes_only_that_pool(decide):
     p = ports(group("cpu", 0), group("gpu", 0), backlogs={"demo": Backlog(1, 0)})
     seen = decide()

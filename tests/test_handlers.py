@@ -163,11 +163,23 @@ def test_dry_run_decides_and_logs_but_changes_nothing(deployed, caplog):
     put_items(9, receive=1)
     with caplog.at_level(logging.INFO, "tidefleet"):
         summary = scaler.handler(event("schedule"), None)
-    assert summary["desired"]["cpu"] > 2  # it did decide to grow ...
+    assert summary["desired"]["cpu"] > 2 and summary["dry_run"] is True  # it did decide to grow ...
     g = group()
     assert g["DesiredCapacity"] == 2 and len(g["Instances"]) == 2  # ... and changed nothing
     line = json.loads(next(r.getMessage() for r in caplog.records if r.name == "tidefleet.control"))
     assert line["dry_run"] is True and line["reasons"]
+
+
+def test_the_summary_says_what_desired_was_set_to_when_the_groups_max_size_caps_it(deployed, caplog):
+    asg().update_auto_scaling_group(AutoScalingGroupName=GROUP, MaxSize=2)  # a console edit, or a partial apply
+    put_items(5)  # the policy asks for 3 nodes
+    with caplog.at_level(logging.INFO, "tidefleet"):
+        summary = scaler.handler(event("schedule"), None)
+    assert summary["desired"] == {"cpu": 2} and group()["DesiredCapacity"] == 2
+    assert summary["held"] == {
+        "cpu": "desired capped at the group's MaxSize 2 (config max 6), not 3: deploy the environment to apply it"
+    }
+    assert [json.loads(r.getMessage()) for r in caplog.records if r.name == "tidefleet.scaler"] == [summary]
 
 
 @pytest.fixture

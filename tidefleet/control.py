@@ -374,9 +374,12 @@ def tick(
     pools: Iterable[str] | None = None,
     dry_run: bool = False,
     report: Callable[[FleetView, tuple[PoolDecision, ...]], object] | None = None,
+    acted: Callable[[str, dict], object] | None = None,
 ) -> tuple[PoolDecision, ...]:
     """Observe → decide → act for these pools (default: all), logging one JSON line per pool.
     `report(fleet, decisions)` is told what was seen and decided (the metrics), failures or not.
+    `acted(pool, done)` is told what acting on each pool did (`act`'s result: `desired_after`,
+    and why it differs from the decision: `held`, `failed`, `skipped`, `error`); not in a dry run.
 
     Raises TickError after acting on every other pool if some pool's actions failed."""
     dry_run = dry_run or env.scaler.dry_run
@@ -397,6 +400,8 @@ def tick(
             except Exception as err:  # noqa: BLE001 - one pool's failure must not stop the others; re-raised below
                 done["error"] = f"{type(err).__name__}: {err}"
                 failures.append(f"{decision.pool}: {done['error']}")
+            if acted is not None:
+                acted(decision.pool, done)
         if log.isEnabledFor(logging.INFO):  # the simulator ticks ~10^5 times with the line unread: not built
             log.info(json.dumps(_decision_line(decision, group, now, dry_run) | done))
     if not dry_run:

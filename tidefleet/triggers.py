@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from tidefleet.config import Environment
+    from tidefleet.policy.model import PoolDecision
 
 log = logging.getLogger("tidefleet.scaler")
 # A fire and the watch are the scheduled jobs' (tidefleet.jobs.scheduled), on either cloud.
@@ -195,6 +196,7 @@ def run(
         return {"ignored": reason}
     first = started = time.time()
     seen: list = []  # the last tick's fleet view
+    acted: dict[str, dict] = {}  # per pool, what the last tick's act did (`control.act`)
 
     def report(fleet, decided) -> None:
         seen[:] = [fleet]
@@ -205,10 +207,11 @@ def run(
         except Exception as err:  # noqa: BLE001 - metrics are for people; the tick's work is done
             log.warning(json.dumps({"metrics": f"not written: {type(err).__name__}: {err}"}))
 
-    ticks, terminated, slowest = 1, 0, 0.0
+    ticks, terminated, slowest, dry_run = 1, 0, 0.0, env.scaler.dry_run
     while True:
-        decisions = tick(env, ports, started, report=report)
-        terminated += sum(len(d.terminate) for d in decisions)
+        decisions = tick(env, ports, started, report=report, acted=acted.__setitem__)
+        # The nodes really terminated: the fleet skips those already gone or not in service.
+        terminated += sum(len(d.terminate) if dry_run else len(acted[d.pool]["terminated"]) for d in decisions)
         took = time.time() - started
         slowest = max(slowest, took)
         wait = retick_in(env, seen[0]) if time_left is not None and seen else None
@@ -224,10 +227,22 @@ def run(
         "trigger": trigger.kind,
         "detail": trigger.detail,
         "env": env.name,
-        "desired": {d.pool: d.desired for d in decisions},
+        **_desired(decisions, acted, dry_run),
         "terminated": terminated,
         "ms": round(slowest * 1000),  # the slowest tick's
         "ticks": ticks,
     }
     log.info(json.dumps(summary))
     return summary
+
+
+def _desired(decisions: tuple[PoolDecision, ...], acted: dict[str, dict], dry_run: bool) -> dict:
+    """The summary's desired capacity per pool: what act set (or left, when the group already had
+    it), not the policy's decision, which the group may not take: `held` says why a pool's differs
+    (a group MaxSize below the config's max, running nodes it would otherwise pick from). A tick
+    whose set failed raises instead (`failure_line`). A dry run sets nothing: what it decided, as
+    its `terminated` counts the nodes it decided to terminate."""
+    if dry_run:
+        return {"desired": {d.pool: d.desired for d in decisions}, "dry_run": True}
+    held = {d.pool: acted[d.pool]["held"] for d in decisions if "held" in acted[d.pool]}
+    return {"desired": {d.pool: acted[d.pool]["desired_after"] for d in decisions}} | ({"held": held} if held else {})
