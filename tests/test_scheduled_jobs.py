@@ -1,7 +1,8 @@
 """Scheduled jobs and dependencies end to end, on the moto server with real agents: the schedule
 function's handler and the same fire / watch code driven on a fast clock (a scheduled "day"
-passes in a test step). A run runs, the next fire skips while it still goes, a run past its
-timeout is cancelled and recorded as timed out; a job submitted --after another waits for it."""
+passes in a test step). A run runs, the next fire skips while it still goes (or, queued, is held
+behind it until it finished), a run past its timeout is cancelled and recorded as timed out; a job
+submitted --after another waits for it."""
 
 from __future__ import annotations
 
@@ -22,6 +23,12 @@ queue = "work"
 items = ["steps=1", ["steps=2"]]
 admission = "skip"
 timeout_s = 172800  # two days: longer than the period, so a fire can find its previous run going
+
+[schedules.queued]
+rate = "1 day"
+queue = "work"
+items = ["steps=1", ["steps=2"]]
+admission = "queue"
 """
 DAY = 86400.0
 T0 = 1_750_000_000.0 - 1_750_000_000.0 % DAY  # a fire time: midnight UTC
@@ -36,9 +43,9 @@ def h(tmp_path, aws):
     harness.stop_agents()
 
 
-def fire(h, at: float) -> dict:
+def fire(h, at: float, schedule: str = "merge") -> dict:
     """What EventBridge Scheduler sends at `at`, run as the function runs it, on the test's clock."""
-    return run_jobs(parse({"tidefleet": "fire", "schedule": "merge"}), h.env, for_env(h.env), at)
+    return run_jobs(parse({"tidefleet": "fire", "schedule": schedule}), h.env, for_env(h.env), at)
 
 
 def watch(h, at: float) -> dict:
@@ -73,6 +80,34 @@ def test_a_scheduled_job_runs_skips_while_its_previous_run_goes_and_times_out(h)
     shown = CliRunner().invoke(main, ["status", "--env", str(h.env_path), "merge-20250616t0000"]).output
     assert "[cancelled job]" in shown and "cancelled: timed out: past its deadline 2025-06-18 00:00:00 UTC" in shown
     assert fire(h, T0 + 3 * DAY + 5)["decision"] == "submit merge-20250618t0000", "nothing is going any more"
+
+
+def test_a_queued_run_is_held_behind_the_previous_one_and_sent_once_that_finished_however(h):
+    store = for_env(h.env).store
+    first, second, third = "queued-20250615t0000", "queued-20250616t0000", "queued-20250617t0000"
+    assert fire(h, T0 + 5, "queued")["decision"] == f"submit {first}"
+    assert h.queue_depth("work") == 2
+
+    # The next fire finds the first run going: its run is recorded, held behind it, nothing sent.
+    assert fire(h, T0 + DAY + 5, "queued")["decision"] == f"submit {second}; queued behind {first}"
+    held = store.job(second)
+    assert (held.waiting, held.after, held.after_finished) == (True, first, True)
+    assert h.queue_depth("work") == 2, "the held run's items are recorded, not sent"
+    # A third fire queues behind the second, not beside it: one run at a time, in fire order.
+    assert fire(h, T0 + 2 * DAY + 5, "queued")["decision"] == f"submit {third}; queued behind {second}"
+    assert store.job(third).after == second
+    assert watch(h, T0 + 2 * DAY + 60)["watched"] == {
+        first: "keep: running", second: f"keep: waiting for {first}", third: f"keep: waiting for {second}"}
+
+    # The first run ends with a failed item: a queued run waits for its predecessor to finish, however.
+    one, two = (i.item_id for i in store.items(first))
+    store.update_item(first, one, status="succeeded")
+    store.update_item(first, two, status="failed", reason="boom")
+    assert watch(h, T0 + 2 * DAY + 120)["watched"] == {
+        first: "forget: finished", second: f"released 2 item(s): {first} finished",
+        third: f"keep: waiting for {second}"}  # fmt: skip
+    assert h.queue_depth("work") == 4 and not store.job(second).waiting
+    assert store.job(third).waiting, "still behind the second run, which has only just been sent"
 
 
 def test_the_schedule_function_takes_eventbridge_schedulers_fire_and_ignores_the_rest(h, monkeypatch):

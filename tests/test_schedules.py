@@ -76,3 +76,12 @@ def test_one_fire_submits_skips_or_cancels_the_overdue_run(case, admission, runs
 def test_the_watch_releases_waits_cancels_or_forgets(case, job, parent, action, reason):
     decided = watch(job, now=T, parent=parent)
     assert (decided.action, reason in decided.reason) == (action, True), decided
+
+
+def test_a_queued_run_is_held_behind_the_latest_run_still_going():
+    runs = [view("m-20250510t0800", done=True), view("m-20250510t0900", waiting=True, after="m-20250510t0800"),
+            view("m-20250510t0830")]  # fmt: skip
+    decided = fire("m", admission="queue", timeout_s=None, fired_at=T, now=T + 5, runs=runs)
+    assert (decided.submit, decided.after) == ("m-20250510t1000", "m-20250510t0900")
+    assert decided.reason == "submit m-20250510t1000; queued behind m-20250510t0900"
+    assert fire("m", admission="queue", timeout_s=None, fired_at=T, now=T + 5, runs=runs[:1]).after == ""

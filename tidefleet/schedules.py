@@ -1,12 +1,13 @@
 """Scheduled jobs and job dependencies: the pure decisions.
 
-A schedule fires (EventBridge Scheduler on AWS, Cloud Scheduler on GCP, the sandbox's fast
-clock): `fire` decides from the schedule, the fire time and the schedule's unfinished runs
-whether to submit a run, skip it (the previous one still going under `admission = "skip"`), and
-which overdue runs to cancel as timed out. Every minute the watch looks at the few jobs that
-need looking after (waiting on another job, or a scheduled run with a deadline): `watch`
-decides, per job, release / cancel / keep / forget. No clock, no SDK, no store here: the
-caller passes what it read (`tidefleet.jobs.scheduled` does the I/O).
+A schedule fires (EventBridge Scheduler on AWS, Cloud Scheduler on GCP, the sandbox's own
+loop): `fire` decides from the schedule, the fire time and the schedule's unfinished runs
+whether to submit a run, skip it (the previous one still going under `admission = "skip"`) or
+hold it behind that run until it has finished (`"queue"`), and which overdue runs to cancel as
+timed out. Every minute the watch looks at the few jobs that need looking after (waiting on
+another job, or a scheduled run with a deadline): `watch` decides, per job, release / cancel /
+keep / forget. No clock, no SDK, no store here: the caller passes what it read
+(`tidefleet.jobs.scheduled` does the I/O).
 
 Cron is the 5-field kind (minute hour day-of-month month day-of-week, UTC) with `*`, `a-b`,
 `a,b` and `/n`; a rate is "N minutes|hours|days".
@@ -156,6 +157,7 @@ class Fire:
     deadline: float  # of the new run; 0 = none
     cancel: tuple[Cancel, ...]
     reason: str
+    after: str = ""  # admission "queue": the run it is held behind, released once that one finished
 
 
 def timed_out(job: JobView, now: float) -> Cancel | None:
@@ -174,8 +176,11 @@ def fire(name: str, *, admission: str, timeout_s: int | None, fired_at: float, n
     deadline = fired_at + timeout_s if timeout_s else 0.0
     if going and admission == "skip":
         return Fire(None, 0.0, overdue, f"skipped: {', '.join(going)} still running (admission 'skip')")
-    queued = f"; queued behind {', '.join(going)}" if going else ""
-    return Fire(job_id, deadline, overdue, f"submit {job_id}{queued}")
+    if not going:
+        return Fire(job_id, deadline, overdue, f"submit {job_id}")
+    # Behind the latest run (ids sort by fire time), itself held behind the one before: one at a time, in order.
+    behind = max(going)
+    return Fire(job_id, deadline, overdue, f"submit {job_id}; queued behind {behind}", after=behind)
 
 
 @dataclass(frozen=True)

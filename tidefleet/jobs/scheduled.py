@@ -3,7 +3,8 @@ jobs waiting on another job and cancels scheduled runs past their deadline.
 
 One small function runs both: AWS's schedule function (lambdas/schedule, EventBridge Scheduler:
 one schedule per `[schedules.NAME]` plus a one-minute watch), GCP's scaler function (Cloud
-Scheduler, routed by `tidefleet.triggers`), and the sandbox's loop on its own clock.
+Scheduler, routed by `tidefleet.triggers`), and the sandbox's own loop (`ScheduledJobs` in
+tidefleet.sandbox.run: the watch every tick, each schedule at its fire times).
 
 Idempotent and crash-safe: a fire's job id derives from its fire time, so a repeated delivery
 submits nothing twice (and a submit stopped midway is continued by the next delivery); a
@@ -62,9 +63,11 @@ def fire(env: Environment, cloud: Cloud, name: str, at: float, *, fired_at: floa
         cancel(env, overdue.job_id, reason=overdue.reason, cloud=cloud)
         cloud.store.unwatch(overdue.job_id)
     if decided.submit is not None:
-        # A run is watched until seen finished: the next fire finds its previous run there.
+        # A run is watched until seen finished: the next fire finds its previous run there. A queued
+        # run waits for the previous one to finish however it ended: runs are repeats, not steps of
+        # a pipeline, so one failed or timed-out run must not cancel every run queued behind it.
         submit(env, f"{name} {decided.submit}", schedule.queue, read_items(schedule.items), job_id=decided.submit,
-               schedule=name, deadline=decided.deadline)  # fmt: skip
+               schedule=name, deadline=decided.deadline, after=decided.after or None, after_finished=True)  # fmt: skip
     log.info(json.dumps({"schedule": name, "decision": decided.reason,
                          "cancelled": [c.job_id for c in decided.cancel]}))  # fmt: skip
     return decided
