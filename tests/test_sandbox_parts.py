@@ -5,6 +5,7 @@ started from the instance's user-data, and the item accounting."""
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import time
@@ -17,12 +18,13 @@ import pytest
 from tidefleet import naming
 from tidefleet.cloud.aws.imds import Metadata
 from tidefleet.cloud.aws.provision import provision
-from tidefleet.config import load_environment
+from tidefleet.config import environment_path, load_environment
+from tidefleet.jobs import scheduled, sdk
 from tidefleet.jobs.sdk import JobStatus
 from tidefleet.records import Item, Job
 from tidefleet.sandbox.imds import MetadataServer
 from tidefleet.sandbox.launcher import Launcher
-from tidefleet.sandbox.run import FAIL_EVERY, account, make_inputs, read_events
+from tidefleet.sandbox.run import FAIL_EVERY, ScheduledJobs, account, make_inputs, read_events
 
 SANDBOX = load_environment("sandbox")
 
@@ -270,3 +272,78 @@ def test_the_launcher_survives_a_failed_round_and_says_so_once(tmp_path, imds):
         log.removeHandler(handler)
     refused = 'EndpointConnectionError: Could not connect to the endpoint URL: "http://127.0.0.1:9"'
     assert lines == [f"launcher round failed, retrying: {refused}", "launcher rounds go through again"]
+
+
+def _messages(env, queue: str) -> int:
+    sqs = boto3.client("sqs", region_name=env.region)
+    url = sqs.get_queue_url(QueueName=naming.queue(env.name, queue))["QueueUrl"]
+    return int(sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages"])
+               ["Attributes"]["ApproximateNumberOfMessages"])  # fmt: skip
+
+
+@pytest.fixture
+def schedules_log():
+    """The lines of the fires' and the watch's log (the sandbox writes it to schedules.log)."""
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    level = scheduled.log.level
+    scheduled.log.addHandler(handler)
+    scheduled.log.setLevel(logging.INFO)
+    yield lines
+    scheduled.log.setLevel(level)
+    scheduled.log.removeHandler(handler)
+
+
+def test_the_sandboxs_watch_sends_a_held_job_once_its_parent_succeeded_and_cancels_one_behind_a_failed_parent(aws):
+    provision(SANDBOX, user_data={"cpu": ""})
+    jobs = ScheduledJobs(SANDBOX, time.time())
+    store = jobs.cloud.store
+    submit = lambda name, items, **kw: sdk.submit(SANDBOX, name, "demo", sdk.read_items(items), kick=False, **kw)
+    good, bad = submit("prepare", ["a"]).job_id, submit("broken", ["b"]).job_id
+    held, doomed = submit("train", ["c", "d"], after=good).job_id, submit("eval", ["e"], after=bad).job_id
+    jobs.step(time.time())
+    assert store.job(held).waiting and store.job(doomed).waiting and _messages(SANDBOX, "demo") == 2
+
+    (a,), (b,) = store.items(good), store.items(bad)
+    store.update_item(good, a.item_id, status="succeeded")
+    store.update_item(bad, b.item_id, status="failed", reason="exit code 3")
+    jobs.step(time.time())
+    assert not store.job(held).waiting and _messages(SANDBOX, "demo") == 4, "its two items are sent"
+    cancelled = sdk.status(SANDBOX, doomed)
+    assert cancelled.job.cancelled and cancelled.counts["cancelled"] == 1
+    assert cancelled.job.cancel_reason == f"{bad} failed; submit with --after-finished to run after any outcome"
+    assert store.watched() == [held], "a released job is forgotten at the next step; the cancelled one now"
+
+
+def test_the_sandbox_fires_a_schedule_once_per_fire_time_from_the_first_after_its_start(aws, tmp_path, schedules_log):
+    path = tmp_path / "sandbox.toml"  # named as the shipped one: the same resources
+    path.write_text(environment_path("sandbox").read_text()
+                    + '[schedules.merge]\nrate = "10 minutes"\nqueue = "demo"\nitems = ["x", ["y"]]\n')  # fmt: skip
+    env = load_environment(str(path))
+    provision(env, user_data={"cpu": ""})
+    start = 1_750_000_000.0 - 1_750_000_000.0 % 600 + 30  # 30 s after a fire time: that one is not fired
+    jobs = ScheduledJobs(env, start)
+    jobs.step(start + 60)
+    assert jobs.cloud.store.watched() == []
+    jobs.step(start + 570)
+    jobs.step(start + 580)  # the same fire time again: not fired twice
+    assert [json.loads(line)["decision"] for line in schedules_log if '"schedule"' in line] == ["submit merge-20250615t1510"]
+    assert jobs.cloud.store.watched() == ["merge-20250615t1510"]
+    assert sdk.status(env, "merge-20250615t1510").job.total == 2 and _messages(env, "demo") == 2
+
+
+def test_a_failed_watch_is_one_log_line_and_the_next_step_watches_again(aws, monkeypatch, schedules_log):
+    provision(SANDBOX, user_data={"cpu": ""})
+    jobs = ScheduledJobs(SANDBOX, time.time())
+    calls = []
+
+    def failing(env, cloud, now):
+        calls.append(now)
+        raise RuntimeError("the store is\nunreachable")
+
+    monkeypatch.setattr(scheduled, "watch", failing)
+    jobs.step(1.0)
+    jobs.step(2.0)
+    assert calls == [1.0, 2.0]
+    assert schedules_log == ["watch failed: RuntimeError: the store is unreachable"] * 2

@@ -2,9 +2,10 @@
 
 `Sandbox` brings up a moto server, provisions the environment through boto3, and runs
 three loops beside the caller: the control tick (on its clock and on every submit kick),
-the node launcher, and nothing else — the agents are the nodes' own processes. `run_demo`
-submits a generated job through the job SDK, optionally makes chaos, waits for the job and
-for the fleet to reach zero, and accounts for every item.
+the node launcher, and the schedule function's work (`ScheduledJobs`: the watch every tick,
+the `[schedules.NAME]` fires at their times); the agents are the nodes' own processes.
+`run_demo` submits a generated job through the job SDK, optionally makes chaos, waits for the
+job and for the fleet to reach zero, and accounts for every item.
 """
 
 from __future__ import annotations
@@ -23,13 +24,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Self
 
-from tidefleet import control, metrics, naming
+from tidefleet import control, metrics, naming, schedules
 from tidefleet.cloud import for_env
 from tidefleet.cloud.aws.metrics import EmfToCloudWatch
 from tidefleet.cloud.aws.provision import EMULATOR_ACCOUNT, Provisioned, provision
 from tidefleet.config import Environment, environments_dir
 from tidefleet.emulator import MotoServer, start_moto
-from tidefleet.jobs import sdk
+from tidefleet.jobs import scheduled, sdk
 from tidefleet.sandbox.demo_work import EVENTS
 from tidefleet.sandbox.imds import MetadataServer
 from tidefleet.sandbox.launcher import Launcher
@@ -72,6 +73,39 @@ class Timing:
     grace_s: float = 8.0  # a leaving node's agent gets this long before its processes are killed
     reclaim_after_s: float = 10.0  # spot notice -> EC2 takes the instance (two minutes on AWS)
     tick_s: float | None = None  # None: the environment's scaler.tick_s
+
+
+class ScheduledJobs:
+    """The schedule function's work, done in the sandbox as a deployed environment does it: the
+    watch (sends the jobs held `--after` another once that allows, cancels those it never will, and
+    runs past their timeout) at every step, run every tick, the sandbox's minute; and each
+    `[schedules.NAME]` fired once per fire time on the wall clock, from the first after the start,
+    as its scheduler would. A fire or watch that fails is one line in schedules.log, never the
+    sandbox's end: the next step watches again."""
+
+    def __init__(self, env: Environment, started: float):
+        self.env, self.cloud = env, for_env(env)
+        self.fired = {name: schedules.fire_time(s.cron, s.rate, started) for name, s in env.schedules.items()}
+
+    def step(self, now: float) -> None:
+        for name, schedule in self.env.schedules.items():
+            due = schedules.fire_time(schedule.cron, schedule.rate, now)
+            if due > self.fired[name]:
+                self.fired[name] = due  # delivered once, like a scheduler's fire: a failed one is not repeated
+                self._guarded(f"fire of schedule {name!r}", scheduled.fire, self.env, self.cloud, name, now,
+                              fired_at=due)  # fmt: skip
+        self._guarded("watch", scheduled.watch, self.env, self.cloud, now)
+
+    def run(self, stop: threading.Event, every_s: float) -> None:
+        while not stop.wait(every_s):
+            self.step(time.time())
+
+    @staticmethod
+    def _guarded(what: str, work: Callable[..., object], *args, **kwargs) -> None:
+        try:
+            work(*args, **kwargs)
+        except Exception as err:  # noqa: BLE001 - one line in the log; the next step retries, as the minute watch does
+            scheduled.log.warning("%s failed: %s: %s", what, type(err).__name__, " ".join(str(err).split()))
 
 
 class _KickHandler(BaseHTTPRequestHandler):
@@ -171,9 +205,17 @@ class Sandbox:
         self._launcher_log.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
         launcher_log.addHandler(self._launcher_log)
         launcher_log.propagate = False
+        # The fires' and the watch's decision lines, and their failures: schedules.log, beside scaler.log.
+        self._schedules_log = logging.FileHandler(self.workdir / "schedules.log")
+        self._schedules_log.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+        scheduled.log.addHandler(self._schedules_log)
+        scheduled.log.setLevel(logging.INFO)
+        scheduled.log.propagate = False
+        self.jobs = ScheduledJobs(self.env, time.time())
         self._spawn("kick", kick_server.serve_forever)
         self._spawn("control", self._control_loop)
         self._spawn("launcher", lambda: self.launcher.run(self.stop))
+        self._spawn("jobs", lambda: self.jobs.run(self.stop, self.tick_s))
 
     def _emulated_driver(self) -> Path:
         """A folder with an `nvidia-smi` that answers as a node of the pool's type would
@@ -224,9 +266,10 @@ class Sandbox:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
         if self.moto is not None:
             self.moto.stop()
-        if hasattr(self, "_launcher_log"):
-            launcher_log.removeHandler(self._launcher_log)
-            self._launcher_log.close()
+        for logger, handler in ((launcher_log, "_launcher_log"), (scheduled.log, "_schedules_log")):
+            if hasattr(self, handler):
+                logger.removeHandler(getattr(self, handler))
+                getattr(self, handler).close()
         for key, value in getattr(self, "_saved_environ", {}).items():
             if value is None:
                 os.environ.pop(key, None)
