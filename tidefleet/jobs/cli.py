@@ -80,6 +80,8 @@ def submit(env_name, name, queue, items_from, job_id, image, command, job_env, s
     pairs = [kv.partition("=") for kv in job_env]
     if bad := [key for key, eq, _ in pairs if not eq]:
         raise click.BadParameter(f"got {bad[0]!r}; write KEY=VALUE", param_hint="--item-env")
+    if twice := [key for key, n in Counter(key for key, _, _ in pairs).items() if n > 1]:
+        raise click.BadParameter(f"{twice[0]!r} given more than once; give each KEY once", param_hint="--item-env")
     spec = JobSpec(image=image, command=command, env={k: v for k, _, v in pairs}, slots=slots, timeout_s=timeout_s,
                    max_retries=max_retries)  # fmt: skip
     done, started = 0, None
@@ -100,6 +102,10 @@ def submit(env_name, name, queue, items_from, job_id, image, command, job_env, s
         bar.console.print(f"job {job.job_id}: {doing}; if stopped, the same command continues it",
                           markup=False, highlight=False, soft_wrap=True)  # one line: the id is copied from it
 
+    def stopping(chunks: int, seconds: float) -> None:  # Ctrl-C: say at once what it waits for
+        bar.console.print(f"stopping: {done} item(s) sent so far; waiting up to {seconds:g} s for {chunks} chunk(s) "
+                          "in flight; Ctrl-C again to leave now", markup=False, highlight=False, soft_wrap=True)
+
     with _explained(env):
         items = sdk.read_items(items_from)
         with Progress(TextColumn("sending"), BarColumn(), TextColumn("{task.completed}/{task.total} items"),
@@ -107,18 +113,18 @@ def submit(env_name, name, queue, items_from, job_id, image, command, job_env, s
             task = bar.add_task("", total=len(items))
             try:
                 result = sdk.submit(env, name, queue, items, job_id=job_id, progress=told, on_job=recorded, spec=spec,
-                                    after=after, after_finished=after_finished, flags=True)  # fmt: skip
+                                    after=after, after_finished=after_finished, flags=True, on_stop=stopping)  # fmt: skip
             except KeyboardInterrupt:
                 # Chunks cut short may have sent part of their items: counted once marked, so "at least".
                 where = f"job {started.job_id}: at least {done} of {started.total} item(s) sent" if started else "nothing sent"
-                click.echo(f"interrupted: {where}; run the same command again to continue", err=True)
+                click.echo(f"interrupted: {where}; run the same command again to finish (nothing is sent twice)", err=True)
                 raise SystemExit(130) from None
     if result.already:
         click.echo(f"job {result.job_id}: already submitted ({result.total} item(s)); nothing recorded or sent again; "
                    f"`tidefleet status {result.job_id}` shows its progress")  # fmt: skip
-    elif result.held:
+    elif result.held:  # what the record waits for (a re-run's options were checked against it)
         click.echo(f"job {result.job_id}: {result.total} item(s), {result.new_items} new, held: sent once job "
-                   f"{after} has {'finished' if after_finished else 'succeeded'}")  # fmt: skip
+                   f"{started.after} has {'finished' if started.after_finished else 'succeeded'}")  # fmt: skip
     else:
         click.echo(f"job {result.job_id}: {result.total} item(s), {result.new_items} new, {result.sent} sent; {result.kick}")
 
@@ -160,6 +166,8 @@ def _view(status: sdk.JobStatus, *, all_failed: bool) -> list:
     if status.submitting:
         lines.append(Text(f"  submitting: {status.sent} of {status.job.total} item(s) sent so far; "
                           "if its submit is no longer running, run the same submit again"))
+    elif status.job.cancelled and status.job.submitting:
+        lines.append(Text("  cancelled while it was being submitted: items never recorded are counted as cancelled"))
     elif status.unrecorded:
         lines.append(Text(f"  {status.unrecorded} item(s) not recorded yet: run the same submit again"))
     failed = [i for i in status.items if i.status == "failed"]
@@ -394,5 +402,6 @@ def jobs(env_name, queue, state, since_text, as_json) -> None:
     for s in found:  # one line per job, however long: for grep and cut
         c = s.counts
         created = time.strftime("%Y-%m-%d %H:%M", time.gmtime(s.job.created_at))
-        click.echo(f"{s.job.job_id}  {s.job.queue}  {s.state}  {c['succeeded'] + c['failed'] + c['cancelled']}/{s.job.total} "
+        state = s.state if not s.job.cancelled else ("cancelled" if s.done else "cancelling")
+        click.echo(f"{s.job.job_id}  {s.job.queue}  {state}  {c['succeeded'] + c['failed'] + c['cancelled']}/{s.job.total} "
                    f"final ({c['failed']} failed, {c['running']} running)  created {created}  {s.job.name}")

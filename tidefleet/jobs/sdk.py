@@ -46,12 +46,13 @@ import re
 import sqlite3
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import asdict, dataclass, replace
 from itertools import islice
 from pathlib import Path
@@ -69,6 +70,7 @@ from tidefleet.resources import redrive_receives
 SEND_BATCH = 10  # messages per receive of the dead-letter queue (SQS's most)
 CHUNK = 500  # items per submit chunk: one progress mark each (`submit`)
 THREADS = 8  # chunks written at once; a crash leaves at most this many chunks uncertain
+STOP_WAIT_S = 20  # on Ctrl-C: how long the chunks in flight may take to finish (and be counted)
 log = logging.getLogger("tidefleet.jobs")
 
 
@@ -443,6 +445,7 @@ def submit(
     kick: bool = True, progress: Callable[[int], None] | None = None, on_job: Callable[[Job], None] | None = None,
     threads: int = THREADS, spec: JobSpec | None = None, after: str | None = None,
     after_finished: bool = False, schedule: str = "", deadline: float = 0.0, flags: bool = False,
+    on_stop: Callable[[int, float], None] | None = None,
 ) -> Submitted:
     """Record the job and its items, send them, kick the scaler once the first chunk is out.
     Idempotent, and a submit that stopped midway is continued: submitting the same job and items
@@ -451,7 +454,10 @@ def submit(
     `after`: record the items `pending` and send nothing; the minute watch sends them once that
     job has succeeded (or finished, `after_finished`); see tidefleet.jobs.scheduled. `schedule`
     and `deadline` mark a scheduled run, which the watch cancels as timed out past its deadline.
-    `flags`: name the spec's problems by the CLI's options (--slots) rather than its fields (spec.slots)."""
+    `flags`: name the spec's problems by the CLI's options (--slots) rather than its fields (spec.slots).
+    On Ctrl-C, `on_stop(chunks, seconds)` is told how many chunks are in flight and how long they
+    may finish (and be told to `progress`) before KeyboardInterrupt goes on; a second one goes on
+    at once. Nothing is lost either way: a re-run of the same submit continues it."""
     if queue not in env.queues:
         known = ", ".join(sorted(env.queues))
         raise JobError(f"queue: unknown queue {queue!r} in environment {env.name!r}; known queues: {known}")
@@ -473,7 +479,7 @@ def submit(
     # known to exist, so a missing queue never leaves a job stuck submitting.
     stored = existing = cloud.store.job(job_id)
     if existing is not None:
-        _same_job(cloud, existing, name, queue, spec, items)
+        _same_job(cloud, existing, name, queue, spec, items, after, after_finished)
         if existing.submitting or not existing.chunk:  # it has items to send: its queue must be there
             _resolve_queue(cloud, env, queue)
     else:
@@ -487,7 +493,7 @@ def submit(
         if unknown_why:
             log.warning("%s", unknown_why)
         if stored != ours:  # another submit created it since it was read
-            _same_job(cloud, stored, name, queue, spec, items)
+            _same_job(cloud, stored, name, queue, spec, items, after, after_finished)
     if stored.waiting or stored.schedule:  # again on a re-run: a submit stopped before this line
         cloud.store.watch(job_id)
     if on_job:
@@ -499,15 +505,16 @@ def submit(
         progress(sum(plan.done.values()))
     new, sent, how = 0, 0, "not needed"
     running: set[Future] = set()
-    pool = ThreadPoolExecutor(plan.threads, thread_name_prefix="submit")
 
-    def collect(finished: set[Future]) -> None:
+    def collect(finished: set[Future], *, stopping: bool = False) -> None:
         nonlocal new, sent, how
         running.difference_update(finished)
         for future in finished:
+            if stopping and future.exception() is not None:  # stopping anyway; a re-run continues it
+                continue
             created, out, size = future.result()  # a chunk's error ends the submit; a re-run continues it
             new, sent = new + created, sent + out
-            if kick and out and how == "not needed":  # work is waiting: nodes boot while the rest is sent
+            if kick and out and how == "not needed" and not stopping:  # nodes boot while the rest is sent
                 how = kick_scaler(env, f"submit {job_id}")
             if progress:
                 progress(size)
@@ -517,20 +524,45 @@ def submit(
         for k, chunk in enumerate(iter(lambda: list(islice(specs, plan.chunk)), [])):
             if k in plan.done:
                 continue
-            while len(running) >= 2 * plan.threads:  # read ahead a little, not the whole file
+            while len(running) >= plan.threads:
                 collect(wait(running, return_when=FIRST_COMPLETED).done)
-            running.add(pool.submit(_write_chunk, cloud, stored, k, chunk, plan))
+            running.add(_in_thread(_write_chunk, cloud, stored, k, chunk, plan))
         while running:
             collect(wait(running, return_when=FIRST_COMPLETED).done)
-    finally:  # on an error or Ctrl-C: chunks not started are dropped, started ones finish (and mark)
-        pool.shutdown(wait=True, cancel_futures=True)
+    except KeyboardInterrupt:  # chunks not started are dropped; started ones may finish (and mark) a while
+        if running and on_stop:
+            on_stop(len(running), STOP_WAIT_S)
+        deadline = time.monotonic() + STOP_WAIT_S
+        while running and (left := deadline - time.monotonic()) > 0:  # a second Ctrl-C leaves at once
+            collect(wait(running, timeout=left, return_when=FIRST_COMPLETED).done, stopping=True)
+        raise
+    except Exception:  # an error: started chunks finish (and mark), so a re-run has less to read
+        while running:
+            collect(wait(running).done, stopping=True)
+        raise
     if stored.submitting or stored.total != len(items):
         cloud.store.end_submit(job_id, len(items))
     return Submitted(job_id, new, sent, len(items), how, held=stored.waiting)
 
 
-def _same_job(cloud: Cloud, stored: Job, name: str, queue: str, spec: JobSpec, items: ItemList) -> None:
-    """A submit of an existing job continues it only with the same name, queue, spec and items."""
+def _in_thread(fn: Callable, *args) -> Future:
+    """`fn(*args)` in a daemon thread: a Ctrl-C can leave a call stalled on the network behind,
+    where ThreadPoolExecutor's workers are joined at exit."""
+    future: Future = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(fn(*args))
+        except BaseException as err:  # noqa: BLE001 - the caller gets it from the future
+            future.set_exception(err)
+
+    threading.Thread(target=run, name="submit", daemon=True).start()
+    return future
+
+
+def _same_job(cloud: Cloud, stored: Job, name: str, queue: str, spec: JobSpec, items: ItemList, after: str | None,
+              after_finished: bool) -> None:  # fmt: skip
+    """A submit of an existing job continues it only with the same name, queue, spec, dependency and items."""
     job_id = stored.job_id
     if stored.name != name:
         raise JobError(f"job {job_id!r} already exists under the name {stored.name!r} (got {name!r}); "
@@ -540,6 +572,10 @@ def _same_job(cloud: Cloud, stored: Job, name: str, queue: str, spec: JobSpec, i
     if stored.spec != spec.record():
         raise JobError(f"job {job_id!r} already exists with another spec ({stored.spec or 'the queue defaults'}); "
                        "re-submit with the same options, or use another --name or --job-id")  # fmt: skip
+    if (stored.after, stored.after_finished and bool(stored.after)) != (after or "", after_finished and bool(after)):
+        raise JobError(f"job {job_id!r} already exists {_held(stored.after, stored.after_finished)} (got "
+                       f"{_held(after, after_finished)}); re-submit with the same --after and --after-finished, "
+                       "or use another --name or --job-id")  # fmt: skip
     if stored.cancelled:
         raise JobError(f"job {job_id!r} was cancelled; submit under another name or --job-id")
     if not _same_items(cloud, stored, items):
@@ -547,6 +583,12 @@ def _same_job(cloud: Cloud, stored: Job, name: str, queue: str, spec: JobSpec, i
             f"job {job_id!r} already exists with different items ({stored.total} item(s) recorded, "
             f"{len(items)} given); re-submit the same items in the same order, or use another --name or --job-id"
         )
+
+
+def _held(after: str | None, after_finished: bool) -> str:
+    if not after:
+        return "without --after"
+    return f"with --after {after}" + (" --after-finished" if after_finished else "")
 
 
 QUEUE_KINDS = {"aws": ("SQS queue", "region"), "gcp": ("Pub/Sub subscription", "project")}
@@ -600,6 +642,12 @@ def _write_chunk(cloud: Cloud, job: Job, k: int, specs: list[ItemSpec], plan: _P
     else:
         created = cloud.store.create_items(records, unseen=True)
         send = specs
+    # A cancel flags the job, then cancels the items it lists: records written after that list
+    # are this submit's to cancel; it sends nothing more (a held job's watch never sends them).
+    if (now := cloud.store.job(job.job_id)) is not None and now.cancelled:
+        _cancel_waiting(cloud, job.job_id, [r.item_id for r in records], now.cancel_reason or "cancelled")
+        raise JobError(f"job {job.job_id} was cancelled while this submit ran; it stopped and cancelled the items "
+                       "it had recorded; to run them, submit under another name or --job-id")  # fmt: skip
     if job.waiting:
         send = []
     send_messages(cloud, job.queue, [ItemMessage(job.job_id, s.item_id, s.args) for s in send])
@@ -648,16 +696,20 @@ class JobStatus:
     items: list[Item]  # every item, when they were read (see `status`); else empty
     warnings: tuple[str, ...] = ()  # what could not be checked (the dead-letter queue), to print
     sent: int | None = None  # items recorded and sent; below total while the job is submitting
-    recorded: int | None = None  # items recorded, when counted from the job's counters; None: `items` has them all
+    # Items recorded (in a cancelled job: its total, those never recorded counted as cancelled);
+    # None: `items` has them all.
+    recorded: int | None = None
 
     @property
     def submitting(self) -> bool:
-        """Its submit has not finished: still running, or stopped (then run it again)."""
-        return self.job.submitting
+        """Its submit has not finished: still running, or stopped (then run it again). A cancel
+        ends it: a cancelled job is never submitted again, so nothing is left to send."""
+        return self.job.submitting and not self.job.cancelled
 
     @property
     def unrecorded(self) -> int:
-        """Items the job was submitted with that have no record: a submit stopped midway."""
+        """Items the job was submitted with that have no record: a submit stopped midway (and
+        not cancelled since)."""
         return max(self.job.total - (len(self.items) if self.recorded is None else self.recorded), 0)
 
     @property
@@ -708,15 +760,23 @@ RUNNING_FRESH_S = 60.0  # a node silent this long is gone: what it ran is not ru
 
 def _status(cloud: Cloud, env: Environment, job: Job, warnings: list[str] = (), *, items: bool = False) -> JobStatus:
     sent = sum(cloud.store.sent_chunks(job.job_id).values()) if job.submitting else None
+    every: list[Item] = []
     if job.counted and not items and not job.n_failed:
         recorded = job.total if sent is None else sent
         settled = {"succeeded": job.n_succeeded, "failed": job.n_failed, "cancelled": job.n_cancelled}
-        running = _running(cloud, env, job)
+        # An item that settled is not running: a heartbeat may still name one that finished since.
+        running = min(_running(cloud, env, job), max(job.total - sum(settled.values()), 0))
         counts = {**settled, "running": running, "queued": max(recorded - sum(settled.values()) - running, 0)}
-        return JobStatus(job, {s: counts[s] for s in STATES}, [], tuple(warnings), recorded, recorded=recorded)
-    every = cloud.store.items(job.job_id)
-    counts = Counter("queued" if i.status == "pending" else i.status for i in every)
-    return JobStatus(job, {s: counts.get(s, 0) for s in STATES}, every, tuple(warnings), len(every) if sent is None else sent)
+    else:
+        every = cloud.store.items(job.job_id)
+        found = Counter("queued" if i.status == "pending" else i.status for i in every)
+        counts, recorded = {s: found.get(s, 0) for s in STATES}, len(every)
+        sent = recorded if sent is None else sent
+    if job.cancelled:  # a cancel ends its submit: the items it never recorded are cancelled too
+        counts["cancelled"] += max(job.total - sum(counts.values()), 0)
+        recorded = job.total
+    return JobStatus(job, {s: counts[s] for s in STATES}, every, tuple(warnings), recorded if sent is None else sent,
+                     recorded=recorded)  # fmt: skip
 
 
 def _running(cloud: Cloud, env: Environment, job: Job) -> int:
@@ -857,13 +917,15 @@ def cancel_job(env: Environment, job_id: str, *, reason: str = "cancelled", clou
     already = job.cancelled
     if not already:
         store.cancel_job(job_id, reason)
-    waiting = [i for i in store.items(job_id) if i.status in ("pending", "queued")]
-    n = sum(
-        store.update_item(job_id, i.item_id, only_from=("pending", "queued"), status="cancelled", reason=reason)
-        is not None
-        for i in waiting
-    )
+    n = _cancel_waiting(cloud, job_id, [i.item_id for i in store.items(job_id) if i.status in ("pending", "queued")], reason)
     return Cancelled(n, f"job {job_id} already cancelled; its running items stop within a heartbeat" if already else "")
+
+
+def _cancel_waiting(cloud: Cloud, job_id: str, item_ids: list[str], reason: str) -> int:
+    """Cancel those of the items still waiting (one that started meanwhile is its agent's to stop)."""
+    waiting = ("pending", "queued")
+    return sum(cloud.store.update_item(job_id, i, only_from=waiting, status="cancelled", reason=reason) is not None
+               for i in item_ids)  # fmt: skip
 
 
 def retry_failed(env: Environment, job_id: str) -> int:

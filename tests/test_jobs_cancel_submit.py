@@ -1,0 +1,146 @@
+"""A cancel ends a job's submit, wherever that submit is: stopped partway (the job then reads
+as done, its never-recorded items cancelled) or still running (it stops and cancels what it
+recorded after the cancel looked). Also: a re-submit must wait for the same job as the record,
+and counts never add up to more than the job's items. Against the moto server."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from agent_harness import Harness
+from click.testing import CliRunner
+
+from tidefleet.cli import main
+from tidefleet.cloud.aws.dynamodb import DynamoStore
+from tidefleet.jobs import sdk
+from tidefleet.records import FINAL, Heartbeat
+
+CHUNK = 10
+
+
+@pytest.fixture
+def h(tmp_path, aws, monkeypatch):
+    monkeypatch.setattr(sdk, "CHUNK", CHUNK)
+    return Harness(tmp_path, aws)
+
+
+def run(h: Harness, *args: str, input: str | None = None):
+    env = {"TIDEFLEET_ENV": str(h.env_path), "TIDEFLEET_KICK_URL": "http://127.0.0.1:9/"}
+    return CliRunner().invoke(main, list(args), env=env, input=input)
+
+
+def items(n: int) -> sdk.ItemList:
+    return sdk.read_items([f"s3://b/{i}" for i in range(n)])
+
+
+def interrupted_after_first_chunk(h: Harness, name: str, n: int, **kwargs) -> str:
+    """The job of a submit stopped (Ctrl-C) once its first chunk was recorded and sent."""
+    job: list = []
+
+    def stop(_: int) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        sdk.submit(h.env, name, "work", items(n), kick=False, threads=1, progress=stop, on_job=job.append, **kwargs)
+    return job[0].job_id
+
+
+def test_a_cancel_ends_a_submit_that_stopped_partway(h):
+    job_id = interrupted_after_first_chunk(h, "cut-short", 3 * CHUNK)
+    before = sdk.status(h.env, job_id)
+    assert before.submitting and before.unrecorded == 2 * CHUNK and not before.done
+    assert sdk.cancel(h.env, job_id) == CHUNK
+    for read in (sdk.status(h.env, job_id), sdk.status(h.env, job_id, items=True)):
+        assert read.done and read.state == "done" and not read.submitting and read.unrecorded == 0
+        assert read.counts == {"succeeded": 0, "running": 0, "queued": 0, "failed": 0, "cancelled": 3 * CHUNK}
+    text = run(h, "status", job_id)
+    assert text.exit_code == 0 and "run the same submit" not in text.output and "[cancelled job]" in text.output
+    assert "items never recorded are counted as cancelled" in text.output
+    shown = json.loads(run(h, "status", job_id, "--json").output)
+    assert (shown["state"], shown["done"], shown["submitting"], shown["unrecorded"]) == ("done", True, False, 0)
+    assert run(h, "status", job_id, "--watch", "--time-limit", "5").exit_code == 0
+    assert job_id not in run(h, "jobs", "--state", "running").output
+    assert f"{job_id}  work  cancelled  {3 * CHUNK}/{3 * CHUNK} final" in run(h, "jobs").output
+    assert sdk.cancel_job(h.env, job_id).already == f"job {job_id} already cancelled; nothing to cancel"
+
+
+def test_a_submit_that_finds_its_job_cancelled_stops_and_cancels_what_it_recorded(h):
+    first = sdk.submit(h.env, "first", "work", items(1), kick=False).job_id
+    cancelled: list = []
+    job: list = []
+
+    def cancel_once_a_chunk_is_in(_: int) -> None:  # the cancel lists the items of the first chunk only
+        if not cancelled:
+            cancelled.append(sdk.cancel(h.env, job[0].job_id))
+
+    with pytest.raises(sdk.JobError, match=r"was cancelled while this submit ran; it stopped and cancelled the items"):
+        sdk.submit(h.env, "held", "work", items(3 * CHUNK), kick=False, threads=1, after=first,
+                   on_job=job.append, progress=cancel_once_a_chunk_is_in)  # fmt: skip
+    job_id = job[0].job_id
+    assert cancelled == [CHUNK]
+    recorded = DynamoStore(h.env.name, h.env.region).items(job_id)
+    assert len(recorded) == 2 * CHUNK, "the chunk written after the cancel, and no later one"
+    assert all(i.status == "cancelled" for i in recorded), "none left pending for the watch to send"
+    assert sdk.status(h.env, job_id).done
+
+
+@pytest.mark.parametrize("waits, given", [
+    ({}, "without --after"),
+    ({"after_finished": True}, "with --after {first} --after-finished"),
+    ({"after": "other"}, "with --after other"),
+])
+def test_a_resubmit_that_waits_for_something_else_is_refused_naming_both(h, waits, given):
+    first = sdk.submit(h.env, "first", "work", items(1), kick=False).job_id
+    sdk.submit(h.env, "other", "work", items(1), job_id="other", kick=False)
+    held = sdk.submit(h.env, "held", "work", items(2), kick=False, after=first)
+    assert held.held
+    rerun = {"after": first, **waits} if waits else {}
+    with pytest.raises(sdk.JobError) as refused:
+        sdk.submit(h.env, "held", "work", items(2), kick=False, **rerun)
+    assert str(refused.value) == (f"job {held.job_id!r} already exists with --after {first} (got {given.format(first=first)}); "
+                                  "re-submit with the same --after and --after-finished, or use another --name or --job-id")
+    out = run(h, "submit", "--name", "held", "--queue", "work", "--items", "-", input="s3://b/0\ns3://b/1\n")
+    assert out.exit_code == 1 and "already exists with --after" in out.output
+    assert sdk.submit(h.env, "held", "work", items(2), kick=False, after=first).already
+
+
+def test_cli_held_line_names_what_the_record_waits_for(h, tmp_path):
+    first = sdk.submit(h.env, "first", "work", items(1), kick=False).job_id
+    listed = tmp_path / "items.txt"
+    listed.write_text("s3://b/0\n")
+    out = run(h, "submit", "--name", "held", "--queue", "work", "--items", str(listed), "--after", first, "--after-finished")
+    assert out.exit_code == 0 and out.output.splitlines()[-1].endswith(f"held: sent once job {first} has finished")
+
+
+def test_running_is_capped_by_the_items_not_settled(h):
+    job_id = sdk.submit(h.env, "settled", "work", items(5), kick=False).job_id
+    store = DynamoStore(h.env.name, h.env.region)
+    for n in range(5):
+        store.update_item(job_id, f"{n:06d}", status="succeeded")
+    store.put_heartbeat(Heartbeat("n-1", h.env.queues["work"].pool, at=time.time(), slots=2, busy_slots=1,
+                                  idle_since=None, running={job_id: 1}))  # fmt: skip  # its heartbeat lags the outcome
+    status = sdk.status(h.env, job_id)
+    assert status.counts == {"succeeded": 5, "running": 0, "queued": 0, "failed": 0, "cancelled": 0}
+    assert sum(status.counts.values()) == status.job.total and status.done
+    assert "5/5 final (0 failed, 0 running)" in run(h, "jobs").output
+
+
+def test_item_env_given_twice_is_refused_naming_the_key(h):
+    out = run(h, "submit", "--name", "e", "--queue", "work", "--items", "-", "--item-env", "A=1", "--item-env", "A=2")
+    assert out.exit_code == 2 and "'A' given more than once; give each KEY once" in out.output
+
+
+def test_counts_of_a_cancelled_job_add_up_to_its_total(h):
+    job_id = interrupted_after_first_chunk(h, "partly-run", 2 * CHUNK)
+    store = DynamoStore(h.env.name, h.env.region)
+    store.update_item(job_id, "000000", status="succeeded")
+    store.update_item(job_id, "000001", status="failed", reason="exit code 1")
+    store.update_item(job_id, "000002", status="running")
+    sdk.cancel(h.env, job_id)
+    status = sdk.status(h.env, job_id)
+    assert status.counts == {"succeeded": 1, "running": 1, "queued": 0, "failed": 1, "cancelled": 2 * CHUNK - 3}
+    assert not status.done, "its running item stops within a heartbeat"
+    store.update_item(job_id, "000002", status="cancelled")
+    assert sdk.status(h.env, job_id).done and all(i.status in FINAL for i in store.items(job_id))
