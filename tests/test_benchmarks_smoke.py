@@ -23,6 +23,8 @@ SMOKE = [
     ("bench_teams.py", ["--window", "2592000:2599200"], "| all | 544 GPUs (pool max) |"),
     ("bench_moves.py", ["--shapes", "1", "--max-items", "200", "--workers", "1"], "checkpoint-and-move against the defaults"),
     ("bench_unseen.py", ["--shapes", "2", "--max-items", "200", "--workers", "1"], "of 2 shapes"),
+    ("bench_unseen.py", ["--first", "1002", "--shapes", "1", "--max-items", "200", "--workers", "1", "--keda-wait"],
+     "with keda's p95 as target_wait_s, on the 1 shapes keda is cheaper"),
 ]
 
 

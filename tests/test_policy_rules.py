@@ -317,7 +317,8 @@ def test_multi_slot_items_within_their_wait_target_wait_for_the_slots_items_in_f
     turnover serves them (the three in flight free their slots 6 times each in it), no node
     launches. Once their wait is down to a boot, or when turnover is slower than their wait, they
     launch at once, as without a target. With none in flight, one new node runs both in turn
-    within the hour (a new node's turnover, as rule 1a's new slots)."""
+    within the hour (a new node's turnover, as rule 1a's new slots), the mean known or not yet
+    (two boots assumed until an item finishes)."""
     env = environment(**PACKED)
     boot = env.pools["cpu"].boot_estimate_s
     full = [node(f"i-{i}", weight=4, busy=8, type="c6i.xlarge") for i in range(3)]
@@ -333,15 +334,15 @@ def test_multi_slot_items_within_their_wait_target_wait_for_the_slots_items_in_f
             "(2 wait within target_wait_s for the slots its 3 item(s) in flight free)") in waiting.reasons
     assert_settled(env, view())
     for case, launching in [("due", view(age=3600 - boot)), ("turnover slower than the wait", view(mean=7200.0)),
-                            ("no target", view(target=None)), ("none in flight, no mean", view(in_flight=0, mean=None))]:
+                            ("no target", view(target=None))]:
         decision = decide_pool(env, launching)
         assert decision.desired == 12 + 8, (case, decision.reasons)
         assert ("packing: 2 item(s) of 8 slots (queue render) fit no node's free slots; 2 node(s) of 8 slots "
                 "needed") in decision.reasons, case
-    one = decide_pool(env, view(in_flight=0))
-    assert one.desired == 12 + 4, one.reasons
-    assert ("packing: 2 item(s) of 8 slots (queue render) fit no node's free slots; 1 node(s) of 8 slots "
-            "needed") in one.reasons
+    for one in (decide_pool(env, view(in_flight=0)), decide_pool(env, view(in_flight=0, mean=None))):
+        assert one.desired == 12 + 4, one.reasons
+        assert ("packing: 2 item(s) of 8 slots (queue render) fit no node's free slots; 1 node(s) of 8 slots "
+                "needed") in one.reasons
 
 
 def test_a_burst_of_multi_slot_items_gets_a_node_per_few_items_within_its_wait_target():
@@ -848,6 +849,30 @@ def test_nodes_launched_for_waiting_items_count_their_turnover_within_the_wait_t
     assert decide_pool(env, fresh).desired == 2
     due = replace(fresh, queues=tuple(replace(q, oldest_age_s=60.0) for q in fresh.queues))
     assert decide_pool(env, due).desired == 6  # a boot left: a slot per item, as without a target
+
+
+def test_before_any_item_finished_a_first_batch_with_a_long_wait_target_starts_on_a_few_nodes():
+    """No item of the queue finished yet (no mean). With a wait target, its items are taken to run
+    two boots until one finishes: a first batch of 12 with an hour to wait starts on 1 node (each
+    slot ready at 60 s, then 1 item per 120 s: 1 + 3540 // 120 = 30 items), not 6 kept alive by
+    their longest item. The guess promises no turnover within two boots: once the oldest has
+    less than that left, a slot per item, as without a target, and a node launched then still
+    starts them within it."""
+    env = environment(**BREAK_EVEN)  # boot 60 s, 2 slots a node
+    view = fleet(env, [], render=(12, 0))
+
+    def aged(age: float, target: int | None = 3600, mean: float | None = None) -> FleetView:
+        return replace(view, queues=tuple(replace(q, oldest_age_s=age, target_wait_s=target, mean_item_s=mean)
+                                          if q.name == "render" else q for q in view.queues))  # fmt: skip
+
+    first = decide_pool(env, aged(0.0))
+    assert first.desired == 1, first.reasons
+    assert any("queued items of ~120s (two boots, a guess: no item of render finished yet)" in r
+               for r in first.reasons), first.reasons
+    assert decide_pool(env, aged(3600.0 - 119)).desired == 6
+    assert decide_pool(env, aged(0.0, target=None)).desired == 6
+    known = aged(0.0, mean=3600.0)  # an item finished: its mean, not the guess
+    assert decide_pool(env, known).desired == 6, decide_pool(env, known).reasons
 
 
 def test_younger_waiting_items_may_wait_longer_than_the_oldest():

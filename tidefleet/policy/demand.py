@@ -13,9 +13,10 @@ waiting items never lower what is needed (each rule is monotone in demand).
     younger, so items the serving slots start within that need no node (`wait_horizon`). Once
     the oldest item's remaining wait is below a boot, the horizon is the boot again: waiting
     work that turnover does not cover launches at once. The floor keeps the expected wait of a
-    covered item within the horizon; an unknown mean (None) or one longer than the horizon gives
-    1 item per slot: plain slot counting. Once every busy slot of the queue turned over within
-    the last rate window, the warm slots pool their turnover instead (`pooled_mean`). Booting
+    covered item within the horizon; an unknown mean or one longer than the horizon gives 1 item
+    per slot: plain slot counting. Before any item finished, a queue with a target is taken to
+    run items of two boots (`item_mean`); without one, its mean is unknown. Once every busy slot
+    of the queue turned over within the last rate window, the warm slots pool their turnover instead (`pooled_mean`). Booting
     slots are used first, as they serve every queue alike, the soonest ready first: each starts
     1 + floor((horizon - its boot left) / mean). New slots alike, a whole boot away: within a
     wait target, a burst gets a node per few items, not one per item (1 each once the oldest
@@ -83,6 +84,7 @@ class Horizon:
     started: int  # of them, items serving slots start before a new node would be ready
     means: tuple[float, ...]  # the mean run times that turned over
     stalled: tuple[tuple[str, int], ...] = ()  # (queue, items) past their target that launched nodes
+    guessed: tuple[str, ...] = ()  # queues whose mean is `item_mean`'s guess: none of their items finished
 
 
 def wait_horizon(queue: QueueView, boot_s: int, age_s: float | None = None) -> float:
@@ -127,9 +129,9 @@ def boot_horizon(queues: list[QueueView], warm_slots: int, booting: list[float],
     late = [late_items(q, boot_s) for q in queues] if late is None else late
     warm_left, boot_left = warm_slots, sorted(booting)
     room = free_slots + len(booting)  # what items past their target may have without turnover
-    uncovered, waiting, started, means, stalled = [], 0, 0, [], []
+    uncovered, waiting, started, means, stalled, guessed = [], 0, 0, [], [], []
     for q, q_late in zip(queues, late, strict=True):
-        mean, due = q.mean_item_s, _deadlines(q, boot_s)
+        mean, due = item_mean(q, boot_s), _deadlines(q, boot_s)
         if not due:
             uncovered.append(0)
             continue
@@ -154,7 +156,9 @@ def boot_horizon(queues: list[QueueView], warm_slots: int, booting: list[float],
             waiting += q.visible
             started += max(0, q.visible - math.ceil(max(n for _, n in left) / q.slots_per_item))
             means.append(mean)
-    return Horizon(tuple(uncovered), waiting, started, tuple(means), tuple(stalled))
+            if not q.mean_item_s:
+                guessed.append(q.name)
+    return Horizon(tuple(uncovered), waiting, started, tuple(means), tuple(stalled), tuple(guessed))
 
 
 def late_items(q: QueueView, boot_s: int) -> int:
@@ -236,6 +240,18 @@ def _booting_used(deadlines: list[tuple[float, int]], mean: float | None, bootin
     return low
 
 
+def item_mean(q: QueueView, boot_s: int) -> float | None:
+    """The mean run time turnover is counted on: the queue's; before any of its items finished,
+    two boots if it has a wait target, else None (slot counting). The guess lets a first batch
+    start on a few nodes instead of a node per item (8 GPUs each, kept alive by their longest
+    item) while its target allows; it promises no turnover within a horizon under two boots, so
+    if the items run longer, the rest launch while a node launched then still starts them within
+    the target."""
+    if q.mean_item_s:
+        return q.mean_item_s
+    return None if q.target_wait_s is None else 2.0 * boot_s
+
+
 def turns(mean_item_s: float | None, horizon_s: float) -> int:
     """Items one slot finishes and starts again within the horizon (0: unknown mean)."""
     if not mean_item_s or mean_item_s <= 0:
@@ -278,7 +294,7 @@ def deferred(q: QueueView, unplaced: int, boot_s: int, placed: int = 0, placed_b
     once a boot has passed, shared first in, first out. Without a target or a known mean, none
     wait. Members of forming gangs never do (they are not among the visible items: a forming gang
     holds its other members' nodes)."""
-    mean = q.mean_item_s
+    mean = item_mean(q, boot_s)
     starting_now = q.in_flight + placed
     if not unplaced or not (starting_now or placed_booting) or not mean or q.target_wait_s is None:
         return 0
@@ -297,7 +313,7 @@ def rounds_per_new_slot(q: QueueView, unplaced: int, boot_s: int) -> int:
     (as new slots in rule 1a); 1 without a target or a known mean, or once that item has only a
     boot left."""
     oldest = drop_oldest(cohorts(q), max(0, q.visible - unplaced))
-    return 1 + turns(q.mean_item_s, wait_horizon(q, boot_s, oldest[0][0] if oldest else None) - boot_s)
+    return 1 + turns(item_mean(q, boot_s), wait_horizon(q, boot_s, oldest[0][0] if oldest else None) - boot_s)
 
 
 def _place(queues: list[QueueView], counts: list[int], serving: list[NodeView], node_slots: int,

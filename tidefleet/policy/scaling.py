@@ -429,9 +429,10 @@ def _horizon_reason(horizon: Horizon, demand: int, serving_slots: int, pool: Poo
         return []
     low, high = min(horizon.means), max(horizon.means)
     mean = f"~{low:.0f}s" if round(low) == round(high) else f"~{low:.0f}-{high:.0f}s"
+    guessed = f" (two boots, a guess: no item of {', '.join(horizon.guessed)} finished yet)" if horizon.guessed else ""
     return [
         (
-            f"boot horizon: {horizon.waiting} queued items of {mean}; {serving_slots} serving slots start "
+            f"boot horizon: {horizon.waiting} queued items of {mean}{guessed}; {serving_slots} serving slots start "
             f"~{horizon.started} of them within the {pool.boot_estimate_s}s a new node needs; {more} more slots"
         )
     ]
