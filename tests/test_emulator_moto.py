@@ -1,0 +1,132 @@
+"""The moto server the sandbox runs (`tidefleet.emulator.start_moto`) under the job store's heaviest
+use: settling thousands of items one TransactWriteItems each (a cancel, the agents' results).
+
+Unpatched, moto 5.2.5 deep-copies the whole table for every transaction action and keeps every copy
+(`patch_moto`): ~6 MB a transaction on 3,000 items, and a cancel of a big job ran the server out of
+memory. Each test starts its own server, so its memory is the test's alone.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import boto3
+import pytest
+from botocore.config import Config
+from botocore.exceptions import ClientError
+
+from tidefleet import emulator
+from tidefleet.cloud.aws.dynamodb import DynamoStore, create_table
+from tidefleet.cloud.aws.endpoint import READ_TIMEOUT_S
+from tidefleet.emulator import MotoServer, start_moto
+from tidefleet.records import Item, Job
+
+pytestmark = pytest.mark.moto
+
+ENV = "sandbox"
+REGION = "us-east-1"
+WAITING = ("pending", "queued")
+# One try of the clients' read timeout: a call moto answers too slowly fails here, not after retries.
+IMPATIENT = Config(read_timeout=READ_TIMEOUT_S, retries={"mode": "standard", "total_max_attempts": 1})
+
+
+@pytest.fixture
+def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[MotoServer]:
+    server = start_moto()
+    for key, value in server.env(REGION).items():
+        monkeypatch.setenv(key, value)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def rss_mb(server: MotoServer) -> float:
+    for line in Path(f"/proc/{server.process.pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def job_of(n: int) -> DynamoStore:
+    """A store whose table holds job "j" with n waiting items; its calls wait READ_TIMEOUT_S, once."""
+    create_table(ENV, REGION)
+    store = DynamoStore(ENV, table=boto3.resource("dynamodb", region_name=REGION, config=IMPATIENT).Table(f"tidefleet-{ENV}"))
+    store.put_job(Job("j", "items", "demo", 0.0, n, counted=True))
+    store.create_items([Item("j", f"{i:06d}", args=["--seed", str(i)]) for i in range(n)], unseen=True)
+    return store
+
+
+def cancel(store: DynamoStore, item_id: str) -> bool:
+    """As `tidefleet cancel` cancels a waiting item: one transaction of the item and its job's count."""
+    return store.update_item("j", item_id, only_from=WAITING, status="cancelled", reason="cancelled") is not None
+
+
+def test_transactions_on_a_big_table_keep_the_servers_memory_bounded(server):
+    store = job_of(3000)
+    cancel(store, "000000")  # moto's lazy imports of the transaction path: before the baseline
+    before = rss_mb(server)
+    for n in range(1, 501):
+        assert cancel(store, f"{n:06d}")
+        if n % 25 == 0:  # unpatched, the bound is crossed within ~50 transactions: stop there
+            assert rss_mb(server) - before < 300, f"moto grew {rss_mb(server) - before:.0f} MB in {n} transactions"
+    assert store.job("j").n_cancelled == 501
+
+
+def test_cancelling_a_thousand_waiting_items_answers_every_call_within_the_read_timeout(server):
+    """Every call on one try of READ_TIMEOUT_S: the item listing (in pages) and 1,000 transactions."""
+    store = job_of(1000)
+    before, started = rss_mb(server), time.monotonic()
+    waiting = [i.item_id for i in store.items("j") if i.status in WAITING]
+    for n, item_id in enumerate(waiting, 1):
+        assert cancel(store, item_id)
+        if n % 100 == 0:
+            assert rss_mb(server) - before < 300, f"moto grew {rss_mb(server) - before:.0f} MB in {n} transactions"
+    assert len(waiting) == 1000 and store.job("j").n_cancelled == 1000
+    assert {i.status for i in store.items("j")} == {"cancelled"}
+    assert time.monotonic() - started < 60
+
+
+def test_a_cancelled_transaction_leaves_every_item_it_touched_as_it_was(server):
+    """The patched transaction restores only what it touched: an update, a put and a delete that
+    landed before another action's condition failed are all undone, as DynamoDB does."""
+    store = job_of(3)
+    client = boto3.client("dynamodb", region_name=REGION)
+    table = f"tidefleet-{ENV}"
+
+    def key(item_id: str) -> dict:
+        return {"pk": {"S": "JOB#j"}, "sk": {"S": f"ITEM#{item_id}"}}
+
+    before = store.items("j")
+    actions = [
+        {"Update": {"TableName": table, "Key": key("000000"), "UpdateExpression": "SET #s = :s",
+                    "ExpressionAttributeNames": {"#s": "status"}, "ExpressionAttributeValues": {":s": {"S": "running"}}}},
+        {"Put": {"TableName": table, "Item": {**key("000009"), "job_id": {"S": "j"}, "item_id": {"S": "000009"},
+                                              "status": {"S": "pending"}}}},
+        {"Delete": {"TableName": table, "Key": key("000001")}},
+        {"Update": {"TableName": table, "Key": key("000002"), "UpdateExpression": "SET #s = :s",
+                    "ConditionExpression": "#s = :never", "ExpressionAttributeNames": {"#s": "status"},
+                    "ExpressionAttributeValues": {":s": {"S": "running"}, ":never": {"S": "succeeded"}}}},
+    ]  # fmt: skip
+    with pytest.raises(ClientError, match="TransactionCanceledException"):
+        client.transact_write_items(TransactItems=actions)
+    assert store.items("j") == before
+    with pytest.raises(ClientError, match="ValidationException"):  # the same item twice: refused whole
+        client.transact_write_items(TransactItems=[actions[0], actions[0]])
+    assert store.items("j") == before
+    client.transact_write_items(TransactItems=actions[:3])
+    assert [(i.item_id, i.status) for i in store.items("j")] == [("000000", "running"), ("000002", "pending"),
+                                                                ("000009", "pending")]  # fmt: skip
+
+
+def test_a_moto_whose_internals_changed_stops_the_server_at_start_with_one_line(monkeypatch):
+    from moto.dynamodb import models
+
+    monkeypatch.setattr(models.DynamoDBBackend, "transact_write_items", lambda self, transact_items: None)
+    with pytest.raises(RuntimeError, match=r"DynamoDB internals changed; .* no longer applies"):
+        emulator.patch_moto()
+    monkeypatch.setattr(emulator, "_MOTO", f"import sys; sys.exit({emulator.PATCH_FAILED})")
+    with pytest.raises(RuntimeError, match="patch of moto no longer applies"):
+        start_moto(timeout_s=10)
