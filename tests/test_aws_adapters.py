@@ -289,6 +289,39 @@ def test_recording_items_refused_for_another_reason_raises_it(settling):
     assert store.job("j").n_succeeded == 0
 
 
+def query_pages(store: DynamoStore) -> list[int]:
+    """The item count of each Query page the store's client gets from now on."""
+    pages: list[int] = []
+    store.table.meta.client.meta.events.register(
+        "after-call.dynamodb.Query", lambda parsed, **_: pages.append(len(parsed["Items"]))
+    )
+    return pages
+
+
+def test_a_jobs_items_are_listed_whole_and_in_order_in_pages_of_at_most_query_page(cloud):
+    """A page of thousands of items took moto longer than the clients' read timeout (`QUERY_PAGE`)."""
+    store = DynamoStore(ENV.name, ENV.region)
+    n = dynamodb.QUERY_PAGE + 1
+    store.create_items([Item("j", f"{i:06d}", args=[str(i)]) for i in range(n)], unseen=True)
+    pages = query_pages(store)
+    assert [i.item_id for i in store.items("j")] == [f"{i:06d}" for i in range(n)]
+    assert pages == [dynamodb.QUERY_PAGE, 1]
+
+
+def test_every_query_of_the_store_reads_all_its_pages(cloud, monkeypatch):
+    store = DynamoStore(ENV.name, ENV.region)
+    monkeypatch.setattr(dynamodb, "QUERY_PAGE", 2)
+    pages = query_pages(store)
+    for n in range(5):
+        store.mark_sent("j", n, 10 + n)
+        store.watch(f"job{n}")
+        store.mark_draining("cpu", f"i-{n}")
+    assert store.sent_chunks("j") == {n: 10 + n for n in range(5)}
+    assert store.watched() == [f"job{n}" for n in range(5)]
+    assert store.node_rows("cpu") == ({}, frozenset(f"i-{n}" for n in range(5)))
+    assert pages == [2, 2, 1] * 3
+
+
 def wait(items: int) -> None:
     sqs = boto3.client("sqs", region_name=ENV.region)
     url = sqs.get_queue_url(QueueName=naming.queue("sandbox", "demo"))["QueueUrl"]

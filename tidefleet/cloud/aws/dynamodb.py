@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, fields
 from decimal import Decimal
 from functools import reduce
@@ -49,6 +49,11 @@ RETRIES = 8  # rounds of unprocessed items (throttling) before giving up; backof
 BACKOFF_S = 0.05
 TRANSACT_WRITES = 50  # item writes per TransactWriteItems: its limit is 100 actions, job counters included
 TRANSACT_RETRIES = 4  # conflicts with other transactions (agents counting on one job) before giving up
+# Items per Query page. DynamoDB ends a page at 1 MB (~2,000 items of a job), but the moto server
+# behind the sandbox answers in ~2 ms an item (its response serializer): a 1 MB page of ~4,000
+# small items took over 8 s, past the clients' read timeout (`READ_TIMEOUT_S`), so `tidefleet
+# cancel` of a big job timed out. 500 keeps a page near a second there, for a few more calls on AWS.
+QUERY_PAGE = 500
 
 
 def backoff(attempt: int) -> None:
@@ -117,22 +122,27 @@ class DynamoStore:
         never reported writes no heartbeat that could ever age out."""
         out: dict[str, Heartbeat] = {}
         marked: set[str] = set()
-        kwargs = {
-            "KeyConditionExpression": "pk = :pk AND begins_with(sk, :node)",
-            "ExpressionAttributeValues": {":pk": f"POOL#{pool}", ":node": "NODE#"},
-        }
+        for raw in self._query("pk = :pk AND begins_with(sk, :node)", {":pk": f"POOL#{pool}", ":node": "NODE#"},
+                               consistent=False):  # fmt: skip
+            node_id = raw["sk"].removeprefix("NODE#")
+            if "at" not in raw:
+                marked.add(node_id)
+                continue
+            fields = {k: _from_dynamo(v) for k, v in raw.items() if k in Heartbeat.__dataclass_fields__}
+            fields.setdefault("idle_since", None)
+            out[node_id] = Heartbeat(node_id=node_id, pool=pool, **fields)
+        return out, frozenset(marked)
+
+    def _query(self, condition: str, values: dict, *, consistent: bool = True) -> Iterator[dict]:
+        """Every record a Query of this key condition matches, in sort-key order, `QUERY_PAGE` a call."""
+        kwargs = {"KeyConditionExpression": condition, "ExpressionAttributeValues": values, "Limit": QUERY_PAGE}
+        if consistent:
+            kwargs["ConsistentRead"] = True
         while True:
             page = self.table.query(**kwargs)
-            for raw in page["Items"]:
-                node_id = raw["sk"].removeprefix("NODE#")
-                if "at" not in raw:
-                    marked.add(node_id)
-                    continue
-                fields = {k: _from_dynamo(v) for k, v in raw.items() if k in Heartbeat.__dataclass_fields__}
-                fields.setdefault("idle_since", None)
-                out[node_id] = Heartbeat(node_id=node_id, pool=pool, **fields)
+            yield from page["Items"]
             if "LastEvaluatedKey" not in page:
-                return out, frozenset(marked)
+                return
             kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
     def mark_draining(self, pool: str, node_id: str) -> None:
@@ -339,14 +349,7 @@ class DynamoStore:
 
     def watched(self) -> list[str]:
         """One Query of the WATCH partition (paginated): a handful of keys, not a table scan."""
-        out: list[str] = []
-        kwargs = {"KeyConditionExpression": "pk = :w", "ExpressionAttributeValues": {":w": "WATCH"}, "ConsistentRead": True}
-        while True:
-            page = self.table.query(**kwargs)
-            out += [raw["sk"].removeprefix("JOB#") for raw in page["Items"]]
-            if "LastEvaluatedKey" not in page:
-                return out
-            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        return [raw["sk"].removeprefix("JOB#") for raw in self._query("pk = :w", {":w": "WATCH"})]
 
     def put_item_if_new(self, item: Item) -> bool:
         """False if an item with this id already exists in the job (left untouched)."""
@@ -406,18 +409,8 @@ class DynamoStore:
                                         Item={"pk": f"JOB#{job_id}", "sk": f"SENT#{chunk:08d}", "n": count})  # fmt: skip
 
     def sent_chunks(self, job_id: str) -> dict[int, int]:
-        out: dict[int, int] = {}
-        kwargs = {
-            "KeyConditionExpression": "pk = :pk AND begins_with(sk, :sent)",
-            "ExpressionAttributeValues": {":pk": f"JOB#{job_id}", ":sent": "SENT#"},
-            "ConsistentRead": True,
-        }
-        while True:
-            page = self.table.query(**kwargs)
-            out |= {int(raw["sk"].removeprefix("SENT#")): int(raw["n"]) for raw in page["Items"]}
-            if "LastEvaluatedKey" not in page:
-                return out
-            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        sent = self._query("pk = :pk AND begins_with(sk, :sent)", {":pk": f"JOB#{job_id}", ":sent": "SENT#"})
+        return {int(raw["sk"].removeprefix("SENT#")): int(raw["n"]) for raw in sent}
 
     def end_submit(self, job_id: str, total: int) -> None:
         self.table.update_item(
@@ -433,18 +426,8 @@ class DynamoStore:
 
     def items(self, job_id: str) -> list[Item]:
         """Every item of a job, in item-id order (paginated query)."""
-        out: list[Item] = []
-        kwargs = {
-            "KeyConditionExpression": "pk = :pk AND begins_with(sk, :item)",
-            "ExpressionAttributeValues": {":pk": f"JOB#{job_id}", ":item": "ITEM#"},
-            "ConsistentRead": True,
-        }
-        while True:
-            page = self.table.query(**kwargs)
-            out += [_record(Item, raw) for raw in page["Items"]]
-            if "LastEvaluatedKey" not in page:
-                return out
-            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        items = self._query("pk = :pk AND begins_with(sk, :item)", {":pk": f"JOB#{job_id}", ":item": "ITEM#"})
+        return [_record(Item, raw) for raw in items]
 
     def update_item(
         self,
