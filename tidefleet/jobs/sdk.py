@@ -64,7 +64,7 @@ from tidefleet.jobs.identity import identify
 from tidefleet.jobs.spec import JobSpec
 from tidefleet.jobs.spec import problems as spec_problems
 from tidefleet.ports import Cloud
-from tidefleet.records import FINAL, Item, Job
+from tidefleet.records import FINAL, Item, ItemWrite, Job
 from tidefleet.resources import redrive_receives
 
 SEND_BATCH = 10  # messages per receive of the dead-letter queue (SQS's most)
@@ -922,10 +922,11 @@ def cancel_job(env: Environment, job_id: str, *, reason: str = "cancelled", clou
 
 
 def _cancel_waiting(cloud: Cloud, job_id: str, item_ids: list[str], reason: str) -> int:
-    """Cancel those of the items still waiting (one that started meanwhile is its agent's to stop)."""
+    """Cancel those of the items still waiting (one that started meanwhile is its agent's to stop),
+    many to a store call: a call per item took a round trip each, minutes for a big job."""
     waiting = ("pending", "queued")
-    return sum(cloud.store.update_item(job_id, i, only_from=waiting, status="cancelled", reason=reason) is not None
-               for i in item_ids)  # fmt: skip
+    writes = [ItemWrite(job_id, i, {"status": "cancelled", "reason": reason}, only_from=waiting) for i in item_ids]
+    return sum(cloud.store.update_items(writes))
 
 
 def retry_failed(env: Environment, job_id: str) -> int:
