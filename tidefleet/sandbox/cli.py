@@ -87,7 +87,8 @@ def sandbox(env_name, items, chaos, keep, train, time_limit, tick, boot_delay, s
             raise click.BadParameter(str(err), param_hint="--env") from None
     console = Console(stderr=as_json)
     temporary = workdir is None
-    workdir = workdir or Path(tempfile.mkdtemp(prefix="tidefleet-sandbox-"))
+    # Absolute once: each node runs in its own folder under it, so a relative one would nest there.
+    workdir = (workdir or Path(tempfile.mkdtemp(prefix="tidefleet-sandbox-"))).absolute()
     # SIGTERM ends the run like Ctrl-C does, so every node process and the emulator go too. Ctrl-C
     # itself stops it even where it was started with SIGINT ignored (a background job of a shell
     # without job control, as in a CI script): Python then leaves it ignored, and `--keep` ran on.

@@ -1,0 +1,74 @@
+"""`tidefleet sandbox --workdir DIR` with a relative DIR: every node runs in its own folder
+under DIR, so the sandbox makes DIR absolute once; a node's agent work dir is DIR's, not a copy
+of DIR nested inside the node's folder."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from tidefleet.cli import main
+from tidefleet.sandbox import cli as sandbox_cli
+from tidefleet.sandbox.imds import MetadataServer
+from tidefleet.sandbox.launcher import Launcher
+
+# What the agent does with its work dir (agent.cli: `.absolute()`, from its cwd, the node's folder).
+USER_DATA = ('#!/bin/bash\n"$PYTHON" -c \'import os, pathlib; '
+             'print(pathlib.Path(os.environ["TIDEFLEET_AGENT_WORK_DIR"]).absolute())\' > seen.part && mv seen.part seen\n')  # fmt: skip
+
+
+class OneInstance:
+    """The groups' side of the launcher: one in-service instance with USER_DATA, no emulator."""
+
+    def in_service(self):
+        return {"i-0001": ("cpu", "c6i.large")}
+
+    def is_spot(self, instance_id):
+        return False
+
+    def user_data(self, instance_id):
+        return USER_DATA
+
+
+@pytest.fixture
+def handlers():
+    """The sandbox command sets SIGTERM and SIGINT handlers for its run: put pytest's back."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+
+
+def test_a_relative_workdir_holds_the_nodes_agent_work_dir_itself_not_a_copy_nested_in_the_node(
+    tmp_path, monkeypatch, handlers
+):
+    seen: dict[str, str] = {}
+
+    def boot_one_node(env, environments, workdir, console, **_):
+        """The sandbox's run, cut to the part that starts a node from the work folder it was given."""
+        imds = MetadataServer().start()
+        launcher = Launcher(env, imds, workdir=workdir, node_env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable},
+                            boot_delay_s=0, grace_s=1, reclaim_after_s=1)  # fmt: skip
+        launcher.machines = OneInstance()
+        try:
+            record = workdir / "nodes" / "i-0001" / "seen"
+            deadline = time.time() + 15
+            while not record.exists() and time.time() < deadline:
+                launcher.step(time.time())
+                time.sleep(0.05)
+            console_log = record.parent / "console.log"
+            seen["agent work dir"] = (record.read_text().strip() if record.exists()
+                                      else f"no node booted: {console_log.read_text() if console_log.exists() else ''}")  # fmt: skip
+        finally:
+            launcher.shutdown()
+            imds.stop()
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sandbox_cli, "_run", boot_one_node)
+    result = CliRunner().invoke(main, ["sandbox", "--workdir", "sb", "--items", "0"])
+    assert result.exit_code == 0, result.output
+    assert seen["agent work dir"] == str(tmp_path / "sb" / "nodes" / "i-0001" / "work")
