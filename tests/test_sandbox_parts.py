@@ -171,6 +171,27 @@ def test_demo_inputs_fail_by_design_with_a_clear_reason_and_succeed_otherwise(tm
     ]
 
 
+def test_the_demo_workload_fails_a_relative_or_missing_input_in_one_line_naming_it(tmp_path):
+    """A node runs each item in its attempt's own folder and cannot know where it was submitted
+    from: a relative path is refused as such (it once read the attempt's folder: FileNotFoundError)."""
+    specs, _ = make_inputs(tmp_path / "my-inputs", 1, seed=1, fail_every=0)
+    relative = str((tmp_path / specs[0].args[0]).relative_to(tmp_path))
+    attempt = tmp_path / "attempt"
+    attempt.mkdir()
+    lines = {}
+    for given in (relative, str(tmp_path / "my-inputs" / "inputs" / "gone.txt")):
+        run = subprocess.run([sys.executable, "-m", "tidefleet.sandbox.demo_work", given], cwd=attempt, check=False,
+                             capture_output=True, text=True, env={"TIDEFLEET_ITEM_ID": "item-0000"})  # fmt: skip
+        assert run.returncode == 2 and run.stdout == "", run.stderr
+        lines[given] = run.stderr
+    assert list(lines.values()) == [
+        (f"{relative}: a relative path; an item runs in its own folder on a node, which cannot know the folder "
+         "it was submitted from: name the input by its absolute path\n"),
+        f"{tmp_path}/my-inputs/inputs/gone.txt: cannot read it (No such file or directory)\n",
+    ]
+    assert read_events(tmp_path / "my-inputs") == []  # not started
+
+
 def _status(*items: Item) -> JobStatus:
     return JobStatus(Job("j", "j", "demo", 0.0, len(items)), {}, list(items))
 

@@ -11,7 +11,11 @@ Each start, resume and success is appended to `<workdir>/events.jsonl` (the inpu
 grandparent): the sandbox's own evidence of what ran where, independent of the job store.
 Standard library and the agent's checkpoint API only: it starts once per item.
 
-    python -m tidefleet.sandbox.demo_work WORKDIR/inputs/item-0007.txt
+    python -m tidefleet.sandbox.demo_work /abs/WORKDIR/inputs/item-0007.txt
+
+The input is named by its absolute path: each item runs in its own folder on a node, which
+cannot know the folder the job was submitted from. A relative or unreadable one fails the item
+with one line saying so.
 """
 
 from __future__ import annotations
@@ -109,10 +113,19 @@ def main(argv: list[str]) -> int:
         print("usage: python -m tidefleet.sandbox.demo_work INPUT_FILE", file=sys.stderr)
         return 2
     path = Path(argv[0])
+    if not path.is_absolute():  # it would be read from this attempt's own folder on the node
+        print(f"{path}: a relative path; an item runs in its own folder on a node, which cannot know the "
+              "folder it was submitted from: name the input by its absolute path", file=sys.stderr)  # fmt: skip
+        return 2
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        print(f"{path}: cannot read it ({err.strerror})", file=sys.stderr)
+        return 2
     workdir = path.parent.parent
     record(workdir, "start", input=path.name)
     try:
-        result = analyse(path.read_bytes(), workdir)
+        result = analyse(data, workdir)
     except UnicodeDecodeError as err:
         print(
             f"{path.name}: not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start}); "
