@@ -122,3 +122,31 @@ def test_a_point_with_the_wrong_dimensions_is_refused():
 def test_a_line_that_is_not_emf_is_refused(line):
     with pytest.raises(ValueError, match="not an EMF document"):
         metrics.from_emf(line)
+
+
+@pytest.mark.parametrize("done,expected", [
+    # The group's MaxSize (6) below the decision's 8: 6 units set, base 2 + ceil(4 * 0.5) = 4 on demand.
+    ({"terminated": ["idle-spot"], "desired_after": 6, "held": "desired capped at the group's MaxSize 6"},
+     {"spot": 2, "on-demand": 4, "terminated": 1, "fallback": 2}),
+    # The idle node was already gone: nothing terminated, desired as decided.
+    ({"terminated": [], "desired_after": 8}, {"spot": 3, "on-demand": 5, "terminated": 0, "fallback": 2}),
+    # Both sets refused: the group keeps its own 7 and its base 0 (ceil(7 * 0.5) = 4 on demand).
+    ({"terminated": ["idle-spot"], "desired_after": 7,
+      "failed": ["set_on_demand_base: PermissionError: no", "set_desired: PermissionError: no"]},
+     {"spot": 3, "on-demand": 4, "terminated": 1, "fallback": 0}),
+    # act itself failed: the group as observed (7, base 0), nothing known terminated.
+    ({"error": "RuntimeError: boom"}, {"spot": 3, "on-demand": 4, "terminated": 0, "fallback": 0}),
+], ids=["capped", "already-gone", "refused", "act-failed"])  # fmt: skip
+def test_what_act_did_is_reported_not_what_the_policy_decided(done, expected):
+    emitted = values(metrics.tick_points(ENV, FLEET, [DECISION], NOW, acted={"cpu": done}))
+    assert {
+        "spot": emitted[("DesiredUnits", "cpu", "spot")],
+        "on-demand": emitted[("DesiredUnits", "cpu", "on-demand")],
+        "terminated": emitted[("TerminatedNodes", "cpu")],
+        "fallback": emitted[("OnDemandFallbackUnits", "cpu")],
+    } == expected
+
+
+def test_a_dry_run_reports_what_was_decided():
+    """Nothing is set in a dry run: `control.tick` tells `acted` nothing, and the points are the decision's."""
+    assert metrics.tick_points(ENV, FLEET, [DECISION], NOW, acted={}) == metrics.tick_points(ENV, FLEET, [DECISION], NOW)

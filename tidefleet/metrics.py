@@ -12,13 +12,13 @@ so a dashboard line never has gaps and an alarm never waits on missing data. No 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from tidefleet import naming
 from tidefleet.config import Environment
 from tidefleet.policy.cost import PoolPrices
-from tidefleet.policy.model import FleetView, NodeView, PoolDecision, on_demand_units
+from tidefleet.policy.model import FleetView, NodeView, PoolDecision, PoolView, on_demand_units
 
 NAMESPACE = "tidefleet"
 LIFECYCLES = ("spot", "on-demand")
@@ -138,17 +138,28 @@ def _activity(node: NodeView) -> str:
     return "busy" if node.busy_slots else "idle"
 
 
-def tick_points(env: Environment, fleet: FleetView, decisions: Iterable[PoolDecision], now: float) -> list[Point]:
-    """Everything one tick saw and decided, as points: per pool and lifecycle, per queue, and the total cost."""
+def tick_points(
+    env: Environment,
+    fleet: FleetView,
+    decisions: Iterable[PoolDecision],
+    now: float,
+    acted: Mapping[str, dict] | None = None,
+) -> list[Point]:
+    """Everything one tick saw and did, as points: per pool and lifecycle, per queue, and the total cost.
+
+    `acted`: per pool, what acting on its decision did (`control.tick`'s `acted(pool, done)`).
+    Where a pool has it, DesiredUnits and TerminatedNodes say what was set and terminated, not
+    the decision, which the group may not take (a MaxSize below the config's max, a refused
+    call, a node already gone); without it (a dry run) they say what was decided."""
     e = env.name
     decided = {d.pool: d for d in decisions}
+    acted = acted or {}
     out: list[Point] = []
     total_cost = 0.0
     for pool in fleet.pools:
         config, p = env.pools[pool.name], pool.name
-        decision = decided.get(p)
-        desired = decision.desired if decision else pool.desired
-        base = decision.on_demand_base if decision and decision.on_demand_base is not None else pool.on_demand_base
+        decision, done = decided.get(p), acted.get(p)
+        desired, base, terminated = _outcome(pool, decision, done)
         on_demand = on_demand_units(desired, base, config.on_demand_percent)
         for lifecycle, units in (("spot", desired - on_demand), ("on-demand", on_demand)):
             out.append(point("DesiredUnits", units, Environment=e, Pool=p, Lifecycle=lifecycle))
@@ -170,7 +181,7 @@ def tick_points(env: Environment, fleet: FleetView, decisions: Iterable[PoolDeci
         out += [
             point("DemandSlots", demand, Environment=e, Pool=p),
             point("StarvedQueues", len(decision.starved_queues) if decision else 0, Environment=e, Pool=p),
-            point("TerminatedNodes", len(decision.terminate) if decision else 0, Environment=e, Pool=p),
+            point("TerminatedNodes", terminated, Environment=e, Pool=p),
             point("LeaveGrantUnits", decision.leave if decision else 0, Environment=e, Pool=p),
             point("SpotLaunchFailures", len(pool.spot_failures), Environment=e, Pool=p),
             point("OnDemandFallbackUnits", max(0, base - config.on_demand_base), Environment=e, Pool=p),
@@ -183,6 +194,22 @@ def tick_points(env: Environment, fleet: FleetView, decisions: Iterable[PoolDeci
         out.append(point("QueueInFlight", queue.in_flight, Environment=e, Queue=queue.name))
     out.append(point("CostPerHour", round(total_cost, 4), Environment=e))
     return out
+
+
+def _outcome(pool: PoolView, decision: PoolDecision | None, done: dict | None) -> tuple[int, int, int]:
+    """(desired units, on-demand base, nodes terminated) of a pool after its tick: as acted on
+    where `done` says (a refused set keeps the group's own), else as decided, else as observed."""
+    desired = decision.desired if decision else pool.desired
+    base = decision.on_demand_base if decision and decision.on_demand_base is not None else pool.on_demand_base
+    terminated = len(decision.terminate) if decision else 0
+    if done is None:
+        return desired, base, terminated
+    if "desired_after" not in done:  # act itself failed (`error`): the group as observed
+        return pool.desired, pool.on_demand_base, 0
+    # act's failures read `<action>: <error>`; a refused base leaves the group's.
+    if any(f.startswith("set_on_demand_base:") for f in done.get("failed", ())):
+        base = pool.on_demand_base
+    return done["desired_after"], base, len(done["terminated"])
 
 
 def attempt_points(env_name: str, queue: str, outcome: str) -> list[Point]:
