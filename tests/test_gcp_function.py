@@ -96,7 +96,8 @@ def test_a_tick_that_fails_is_one_error_line_and_the_function_returns_normally(m
     with responses.RequestsMock(assert_all_requests_are_fired=False), caplog.at_level(logging.INFO, "tidefleet"):
         result = main.on_kick(event({"tidefleet": "schedule"}))
     function_runtime.cache_clear()
-    assert result["trigger"] == "schedule" and result["failed"].startswith("ConnectionError: ")
+    # The cloud's words (`GcpCloud.explain`; inside a deployed function, its operator's: test_gcp_function_errors.py).
+    assert result["trigger"] == "schedule" and result["failed"].startswith("cannot reach Google Cloud for 'gcp-dev' (")
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert [json.loads(r.getMessage()) for r in errors] == [result] and result["severity"] == "ERROR"
 

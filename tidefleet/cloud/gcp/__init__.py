@@ -8,6 +8,7 @@ where used, so the scaler function loads only what a tick needs.
 
 from __future__ import annotations
 
+import os
 from functools import cache, cached_property
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from tidefleet.triggers import function_environment
 GRACE_S = 15.0
 GCS_UPLOAD = "https://storage.googleapis.com/upload/storage/v1"
 GCS_API = "https://storage.googleapis.com/storage/v1"
+STATUS_PAGE = "https://status.cloud.google.com"
 
 
 def errors() -> tuple[type[BaseException], ...]:
@@ -179,32 +181,96 @@ class GcpCloud:
         return account
 
     def explain(self, err: BaseException) -> str:
-        from urllib.parse import urlsplit
-
+        """For a person at the CLI or on a node; inside the scaler function, `_explain_in_function`'s
+        line where the fix differs there."""
         from google.api_core import exceptions as gexc
         from google.auth.exceptions import DefaultCredentialsError
-        from requests import RequestException
+        from requests import HTTPError
 
         from tidefleet.cloud.gcp.calls import TRY_S
 
         env, project = self.env.name, self.env.project
         deploy = f"deploy it with `invoke deploy --env {env}`"
-        if isinstance(err, gexc.RetryError) and err.cause is not None:
+        retried = isinstance(err, gexc.RetryError) and err.cause is not None
+        if retried:
             err = err.cause  # tried until calls.RETRY_FOR_S: the last try says what is wrong
+        if isinstance(err, HTTPError) and err.response is not None:  # a REST call of ours (raise_for_status)
+            err = gexc.from_http_response(err.response)  # NotFound, Forbidden, ...: as the clients raise them
+        if (function := _function(self.env)) and (line := self._explain_in_function(err, function, retried)):
+            return line
         if _unanswered(err):  # a black-holed network, a stuck proxy
-            asked = err if isinstance(err, RequestException) else err.__cause__  # a token refresh wraps its own
-            url = getattr(getattr(asked, "request", None), "url", None) or ""
-            return (f"Google Cloud ({urlsplit(url).netloc or 'its API'}) did not answer {env!r} within {TRY_S:g} s; "
+            return (f"Google Cloud ({_host(err) or 'its API'}) did not answer {env!r} within {TRY_S:g} s; "
                     "check the network and any HTTPS_PROXY, then try again")  # fmt: skip
         if isinstance(err, DefaultCredentialsError):
             return "no Google credentials: run `gcloud auth application-default login` or set GOOGLE_APPLICATION_CREDENTIALS"
         if isinstance(err, gexc.NotFound):
             return f"{err.message}: environment {env!r} is not deployed in project {project}; {deploy}"
-        if isinstance(err, gexc.PermissionDenied):
+        # REST clients raise a 403 as Forbidden, gRPC ones as PermissionDenied (a Forbidden).
+        if isinstance(err, gexc.Forbidden):
             return f"permission denied in project {project} ({err.message}); check the account's roles"
         if isinstance(err, gexc.GoogleAPICallError):
             return f"{type(err).__name__}: {err.message} (project {project})"
         return f"cannot reach Google Cloud for {env!r} ({err}); check credentials and network, or {deploy}"
+
+    def _explain_in_function(self, err: BaseException, function: str, retried: bool) -> str | None:
+        """The line for an operator reading the function's log, where a person's fixes (gcloud auth,
+        GOOGLE_APPLICATION_CREDENTIALS, their network or proxy) are wrong: its credentials are its
+        service account's and its settings what the stack deployed. None: the same as at the CLI."""
+        from google.api_core import exceptions as gexc
+        from google.auth.exceptions import DefaultCredentialsError
+        from requests import ConnectionError as RequestsConnectionError
+
+        from tidefleet.cloud.gcp.calls import RETRY_FOR_S, TRY_S
+
+        env, project = self.env.name, self.env.project
+        account = f"{naming.service_account(env, 'scaler')}@{project}.iam.gserviceaccount.com"  # stacks/gcp/control.py
+        redeploy = f"deploy the environment again (invoke deploy --env {env})"
+        persists = f"if it persists, see {STATUS_PAGE} for {self.env.region}"
+        again = f", tried again for {RETRY_FOR_S:g} s" if retried else ""
+        if _unanswered(err):
+            return (f"Google Cloud ({_host(err) or 'its API'}) did not answer function {function} within {TRY_S:g} s"
+                    f"{again}; {persists}")  # fmt: skip
+        if isinstance(err, DefaultCredentialsError):
+            return (f"no Google credentials in function {function}: it runs as service account {account}; check "
+                    f"that the account exists and is enabled, or {redeploy}")  # fmt: skip
+        if isinstance(err, gexc.Forbidden):
+            return (f"permission denied in project {project} ({_one_line(err.message)}): function {function}'s "
+                    f"service account {account} lacks a role for this call; {redeploy}")  # fmt: skip
+        if isinstance(err, gexc.NotFound):
+            return f"{_one_line(err.message)}: environment {env!r} is not (fully) deployed in project {project}; {redeploy}"
+        # 503, and 504 (DeadlineExceeded is a GatewayTimeout): the service, not the function's settings.
+        if isinstance(err, (gexc.ServiceUnavailable, gexc.GatewayTimeout)):
+            return (f"Google Cloud answered function {function} {type(err).__name__}: {_one_line(err.message)}"
+                    f"{again}; {persists}")  # fmt: skip
+        if isinstance(err, RequestsConnectionError):  # refused, unresolved, a proxy's refused tunnel
+            return (f"function {function} cannot reach Google Cloud ({_host(err) or 'its API'}: {_one_line(str(err))}); "
+                    f"{persists}, and that the function sets no HTTPS_PROXY (its stack sets none)")  # fmt: skip
+        return None
+
+
+def _function(env: Environment) -> str | None:
+    """The name of the Cloud Function this process serves, or None. The Functions Framework sets
+    FUNCTION_TARGET in every function it serves (locally too); Cloud Run adds K_SERVICE, the
+    function's name, which is the stack's (`naming.function`) where it does not."""
+    if not os.environ.get("FUNCTION_TARGET"):
+        return None
+    return os.environ.get("K_SERVICE") or naming.function(env.name, "scaler")
+
+
+def _host(err: BaseException) -> str:
+    """The host a failed request asked, or ''; a token refresh wraps the request's own error."""
+    from urllib.parse import urlsplit
+
+    from requests import RequestException
+
+    asked = err if isinstance(err, RequestException) else err.__cause__
+    return urlsplit(getattr(getattr(asked, "request", None), "url", None) or "").netloc
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    """An error's text on one line, cut to `limit` characters (a URL and Google's message fit)."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else f"{text[:limit]}..."
 
 
 def _unanswered(err: BaseException) -> bool:
