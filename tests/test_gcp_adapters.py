@@ -15,7 +15,7 @@ from google.auth.transport.requests import AuthorizedSession
 
 from tests.gcp_fake import COMPUTE, FakeGcp, FakeVm
 from tidefleet.cloud.gcp import control_ports
-from tidefleet.cloud.gcp.firestore import FirestoreNodes
+from tidefleet.cloud.gcp.firestore import FirestoreNodes, FirestoreStore
 from tidefleet.cloud.gcp.mig import MigFleet, MonitoringQueues
 from tidefleet.config import load_environment
 from tidefleet.control import tick
@@ -172,6 +172,7 @@ def test_a_spot_shortage_moves_the_new_capacity_to_the_on_demand_group_in_one_fu
     ports = control_ports(ENV)
     for vm in gcp.vms[spot]:
         ports.nodes.put_heartbeat(Heartbeat(vm.name, "cpu", at=now, slots=2, busy_slots=2, idle_since=None))
+    FirestoreStore(ENV).record_item_seconds("default", 3600.0)  # items run an hour: no turnover within the target
     gcp.undelivered["tidefleet-gcp-dev-default"] = 8  # 4 running on the two nodes, 4 waiting: 2 more nodes
     (decision,) = tick(ENV, ports, now, pools=["cpu"])
     assert (decision.desired, decision.on_demand_base) == (4, 2)
@@ -197,7 +198,7 @@ def test_once_spot_is_healthy_again_the_busy_on_demand_nodes_are_kept_in_a_full_
 
 
 def test_recording_many_items_is_one_batch_read_and_one_commit_per_chunk(gcp):
-    from tidefleet.cloud.gcp.firestore import COMMIT_WRITES, FirestoreStore
+    from tidefleet.cloud.gcp.firestore import COMMIT_WRITES
     from tidefleet.records import Item, ItemWrite, Job
 
     store = FirestoreStore(ENV, credentials=AnonymousCredentials())

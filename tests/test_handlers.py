@@ -170,12 +170,17 @@ def test_dry_run_decides_and_logs_but_changes_nothing(deployed, caplog):
     assert line["dry_run"] is True and line["reasons"]
 
 
-def test_the_summary_says_what_desired_was_set_to_when_the_groups_max_size_caps_it(deployed, caplog):
+def test_the_summary_says_what_desired_was_set_to_when_the_groups_max_size_caps_it(deployed, caplog, capsys):
+    from tidefleet import metrics
+
     asg().update_auto_scaling_group(AutoScalingGroupName=GROUP, MaxSize=2)  # a console edit, or a partial apply
     put_items(5)  # the policy asks for 3 nodes
     with caplog.at_level(logging.INFO, "tidefleet"):
         summary = scaler.handler(event("schedule"), None)
     assert summary["desired"] == {"cpu": 2} and group()["DesiredCapacity"] == 2
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith('{"_aws"')]
+    points = {(p.name, *dict(p.dimensions).values()): p.value for line in lines for p in metrics.from_emf(line)[1]}
+    assert points[("DesiredUnits", "sandbox", "cpu", "spot")] == 2, "the metric says what was set, as the summary"
     assert summary["held"] == {
         "cpu": "desired capped at the group's MaxSize 2 (config max 6), not 3: deploy the environment to apply it"
     }

@@ -124,7 +124,7 @@ def test_the_sandbox_ends_in_one_line_when_its_emulator_dies(tmp_path):
     )  # fmt: skip
     try:
         read_until(sandbox.stdout, "Ctrl-C stops everything", sandbox, 120)
-        (moto,) = [p for p in psutil.Process(sandbox.pid).children() if "moto.server" in " ".join(p.cmdline())]
+        (moto,) = [p for p in psutil.Process(sandbox.pid).children() if "tidefleet.emulator" in " ".join(p.cmdline())]
         time.sleep(2)  # the launcher and the control loop are running rounds against it
         moto.kill()
         out, err = sandbox.communicate(timeout=30)

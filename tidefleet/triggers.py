@@ -203,7 +203,7 @@ def run(
         if emit is None:
             return
         try:
-            emit(env, metrics.tick_points(env, fleet, decided, started))
+            emit(env, metrics.tick_points(env, fleet, decided, started, acted))  # what act set, not the decision
         except Exception as err:  # noqa: BLE001 - metrics are for people; the tick's work is done
             log.warning(json.dumps({"metrics": f"not written: {type(err).__name__}: {err}"}))
 

@@ -239,10 +239,10 @@ class Sandbox:
         self.metrics = EmfToCloudWatch(self.env)
         while not self.stop.is_set():
             try:
-                now = time.time()
-                report = lambda fleet, decided, now=now: self.metrics.emit(
-                    self.env, metrics.tick_points(self.env, fleet, decided, now))
-                self.last_decisions = control.tick(self.env, ports, now, report=report)
+                now, acted = time.time(), {}
+                report = lambda fleet, decided, now=now, acted=acted: self.metrics.emit(
+                    self.env, metrics.tick_points(self.env, fleet, decided, now, acted))
+                self.last_decisions = control.tick(self.env, ports, now, report=report, acted=acted.__setitem__)
                 self.metrics.pump_outcomes()
                 self.tick_error = ""
             except Exception as err:  # noqa: BLE001 - shown in the view; the next tick retries
