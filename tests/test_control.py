@@ -539,6 +539,29 @@ def test_a_refused_action_does_not_stop_the_others_and_is_logged_on_its_own_line
     assert lines[-1]["failed"] == [f"{refused}: PermissionError: not authorized to {refused}"]
 
 
+def test_a_tick_error_keeps_each_failed_actions_exception_for_the_function_to_explain(decide):
+    """The core imports no cloud: the function's handler says each error in its cloud's words
+    (`failure_line(err, explain)`), after the action's `<pool>: <action>`; unexplained ones as raised."""
+    from tidefleet.triggers import failure_line
+
+    p = ports(group("cpu", 0), group("gpu", 0))
+    p.fleet.refused.add(("set_desired", "cpu"))
+    p.fleet.broken.add("gpu")
+    decide(decision("cpu", 2), decision("gpu", 4))
+    with pytest.raises(control.TickError) as err:
+        control.tick(ENV, p, NOW)
+    assert [(where, type(e)) for where, e in err.value.failures] == [
+        ("cpu: set_desired", PermissionError), ("gpu: set_desired", RuntimeError)
+    ]
+    assert str(err.value) == ("cpu: set_desired: PermissionError: not authorized to set_desired\n"
+                              "gpu: set_desired: RuntimeError: group of gpu is unreachable")  # fmt: skip
+    explain = lambda e: f"the role may not ({e}); redeploy" if isinstance(e, PermissionError) else None
+    assert failure_line(err.value, explain) == (
+        "some actions failed, the next tick tries them again: cpu: set_desired: the role may not (not authorized to "
+        "set_desired); redeploy; gpu: set_desired: RuntimeError: group of gpu is unreachable"
+    )
+
+
 def test_acted_is_told_what_each_pool_was_set_to_not_what_was_decided(decide):
     # cpu's group has a MaxSize (4) below the config's max (6); gpu's set is refused.
     p = ports(replace(group("cpu", 1, instance("i-1")), max=4), group("gpu", 1))

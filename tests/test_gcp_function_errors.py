@@ -50,7 +50,7 @@ def tick(monkeypatch, caplog):
     monkeypatch.setenv("TIDEFLEET_ENV", ENV.name)
     monkeypatch.setattr(mig, "RETRY", mig.RETRY.with_delay(0.01, 0.01).with_timeout(0.05))
 
-    def run(*, credentials=None, compute=None, firestore=None) -> str:
+    def run(*, credentials=None, compute=None, firestore=None, backlog=0) -> str:
         def default(*_, **__):
             if credentials is not None:
                 raise credentials
@@ -61,6 +61,7 @@ def tick(monkeypatch, caplog):
         with responses.RequestsMock(assert_all_requests_are_fired=False) as mock, caplog.at_level(logging.INFO, "tidefleet"):
             fake = FakeGcp(ENV.project, ENV.region)
             fake.groups |= {"tidefleet-gcp-dev-cpu": 0, "tidefleet-gcp-dev-cpu-od": 0}
+            fake.undelivered["tidefleet-gcp-dev-default"] = backlog  # items waiting: the tick sets desired
             fake._igm = compute or fake._igm  # install() takes the callbacks from the instance
             fake._firestore = firestore or fake._firestore
             fake.install(mock)
@@ -130,3 +131,21 @@ def test_outside_a_function_a_denied_rest_call_keeps_the_clis_line(tick, monkeyp
     monkeypatch.delenv("FUNCTION_TARGET")
     line = tick(compute=google_error(403, "PERMISSION_DENIED", "no"))
     assert line == f"permission denied in project {ENV.project} (GET {GROUP}: no); check the account's roles"
+
+
+def test_a_refused_resize_says_its_pool_and_action_then_the_functions_fix(tick, monkeypatch):
+    """A failed action is said as a failed observe is (the service account, a redeploy), after its
+    `<pool>: <action>`, not as Google's raw 'Forbidden: 403 POST ...'."""
+    answer = FakeGcp._igm
+
+    def refuse_resize(fake, request):
+        if request.url.split("?")[0].endswith("/resize"):
+            return google_error(403, "PERMISSION_DENIED", "Required 'compute.instanceGroupManagers.update' permission")(request)
+        return answer(fake, request)
+
+    monkeypatch.setattr(FakeGcp, "_igm", refuse_resize)
+    line = tick(backlog=3)
+    assert line.startswith(f"some actions failed, the next tick tries them again: cpu: set_desired: permission denied in "
+                           f"project {ENV.project} (POST {GROUP}/resize")  # fmt: skip
+    assert line.endswith(f"Required 'compute.instanceGroupManagers.update' permission): function {FUNCTION}'s service "
+                         f"account {ACCOUNT} lacks a role for this call; {REDEPLOY}")  # fmt: skip

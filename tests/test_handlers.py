@@ -258,15 +258,23 @@ class RefusingFleet(AutoScalingFleet):
                                      "autoscaling:SetDesiredCapacity"}}, "SetDesiredCapacity")  # fmt: skip
 
 
-def test_a_refused_action_fails_the_scalers_invocation_in_one_line_that_names_it(deployed, monkeypatch, caplog):
+@pytest.mark.parametrize("in_function", [True, False], ids=["in-a-function", "outside"])
+def test_a_refused_action_fails_the_scalers_invocation_in_one_line_that_names_and_explains_it(
+    deployed, monkeypatch, caplog, in_function
+):
+    """The action's error in the cloud's words, as a failed observe's: in a function, its role's fix."""
+    if in_function:
+        monkeypatch.setenv("AWS_LAMBDA_FUNCTION_NAME", FUNCTION)
     env, ports = lambda_runtime()
     monkeypatch.setattr(scaler, "lambda_runtime", lambda: (env, dataclasses.replace(ports, fleet=RefusingFleet(env))))
     put_items(3)
     with caplog.at_level(logging.INFO, "tidefleet"), pytest.raises(FunctionFailed) as failed:
         scaler.handler(event("schedule"), None)
     line = str(failed.value)
-    assert line.startswith("some actions failed, the next tick tries them again: cpu: set_desired: ClientError: ")
-    assert "autoscaling:SetDesiredCapacity" in line and "\n" not in line
+    denied = ("AccessDenied: User: arn:aws:sts::123456789012:assumed-role/tidefleet-sandbox-scaler/x is not "
+              f"authorized to perform: autoscaling:SetDesiredCapacity (region {REGION})")  # fmt: skip
+    fix = f": function {FUNCTION}'s role may not make this call; deploy the environment again (invoke deploy --env sandbox)"
+    assert line == f"some actions failed, the next tick tries them again: cpu: set_desired: {denied}{fix if in_function else ''}"
     (error,) = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert error.name == "tidefleet.scaler" and json.loads(error.getMessage()) == {"failed": line}
     assert failed.value.__cause__ is None and failed.value.__suppress_context__

@@ -50,10 +50,13 @@ MAX_COHORTS = 16  # waiting cohorts a queue's mark keeps (`waiting_ages`); past 
 
 class TickError(RuntimeError):
     """Some actions failed; every other action, in every pool, was still applied. One line per
-    failed action: `<pool>: <action>: <error>`."""
+    failed action: `<pool>: <action>: <error>`. `failures` keeps each `(<pool>: <action>, the
+    exception)`: a function says the error in its cloud's words (`Cloud.explain`), which the
+    core cannot import."""
 
-    def __init__(self, failures: list[str], decisions: tuple[PoolDecision, ...]):
-        super().__init__("\n".join(failures))
+    def __init__(self, failures: list[tuple[str, Exception]], decisions: tuple[PoolDecision, ...]):
+        super().__init__("\n".join(f"{where}: {type(err).__name__}: {err}" for where, err in failures))
+        self.failures = tuple(failures)
         self.decisions = decisions
 
 
@@ -295,9 +298,16 @@ def _live_capacity(env: Environment, pool: str, group: GroupState, leaving: Iter
     return _units(env, pool, (i for i in group.instances if i.id not in leaving and i.lifecycle_state in CAPACITY))
 
 
-def act(ports: Ports, env: Environment, decision: PoolDecision, group: GroupState) -> dict:
+def act(
+    ports: Ports,
+    env: Environment,
+    decision: PoolDecision,
+    group: GroupState,
+    raised: list[tuple[str, Exception]] | None = None,
+) -> dict:
     """Apply one pool's decision: terminate (with decrement), the on-demand base, then desired.
-    Returns what was done, for the log line; actions that failed are listed under "failed".
+    Returns what was done, for the log line; actions that failed are listed under "failed", and
+    appended to `raised` as `(action, exception)` (the result stays JSON; the cloud explains these).
 
     Every action runs even when an earlier one failed, each failure logged on its own line: a
     base change is an UpdateAutoScalingGroup that AWS re-authorizes as a launch from the
@@ -311,6 +321,8 @@ def act(ports: Ports, env: Environment, decision: PoolDecision, group: GroupStat
             return call(*args)
         except Exception as err:  # noqa: BLE001 - one refused action must not stop the others; reported
             failed.append(f"{action}: {type(err).__name__}: {err}")
+            if raised is not None:
+                raised.append((action, err))
             log.warning(json.dumps({"pool": decision.pool, "action": action, "error": failed[-1]}))
             return None
 
@@ -385,21 +397,22 @@ def tick(
     dry_run = dry_run or env.scaler.dry_run
     seen = observe(env, ports, now, pools if pools is not None else env.pools)
     decisions = policy.decide(env, seen.fleet, now)
-    failures = []
+    failures: list[tuple[str, Exception]] = []  # (<pool>: <action>, what it raised), for TickError
     for decision in decisions:
         group = seen.groups[decision.pool]
         done: dict = {}  # what act did, for the log line
         if not dry_run:
             try:
-                done |= act(ports, env, decision, group)
-                failures += [f"{decision.pool}: {f}" for f in done.get("failed", ())]
+                raised: list[tuple[str, Exception]] = []
+                done |= act(ports, env, decision, group, raised)
+                failures += [(f"{decision.pool}: {action}", err) for action, err in raised]
                 for node_id in seen.gone.get(decision.pool, ()):
                     ports.nodes.forget_node(decision.pool, node_id)
                 if seen.gone.get(decision.pool):
                     done["forgotten"] = list(seen.gone[decision.pool])
             except Exception as err:  # noqa: BLE001 - one pool's failure must not stop the others; re-raised below
                 done["error"] = f"{type(err).__name__}: {err}"
-                failures.append(f"{decision.pool}: {done['error']}")
+                failures.append((decision.pool, err))
             if acted is not None:
                 acted(decision.pool, done)
         if log.isEnabledFor(logging.INFO):  # the simulator ticks ~10^5 times with the line unread: not built
@@ -411,7 +424,7 @@ def tick(
              ports.calls_in_flight)  # fmt: skip
     holds = {q: now for d in decisions for q in d.hold} | {q: None for d in decisions for q in d.release}
     if not dry_run and holds and ports.stats is not None:  # no store, no marks: quotas size capacity only
-        failures += [f"queue {q}: {err}" for q in holds if (err := _mark_held(ports, q, holds[q]))]
+        failures += [(f"queue {q}: {m[0]}", m[1]) for q in holds if (m := _mark_held(ports, q, holds[q]))]
     if report is not None:
         report(seen.fleet, decisions)
     if failures:
@@ -472,15 +485,15 @@ def _mark_waiting(ports: Ports, queue: str, cohorts: Cohorts | None) -> None:
         log.warning(json.dumps({"queue": queue, "action": "mark waiting", "error": f"{type(err).__name__}: {err}"}))
 
 
-def _mark_held(ports: Ports, queue: str, since: float | None) -> str | None:
-    """Hold or release a queue; the error in words if the write failed (the tick then reports it:
-    a lost hold lets a team past its share until the next tick)."""
+def _mark_held(ports: Ports, queue: str, since: float | None) -> tuple[str, Exception] | None:
+    """Hold or release a queue; `(action, exception)` if the write failed (the tick then reports
+    it: a lost hold lets a team past its share until the next tick)."""
     try:
         ports.stats.mark_held(queue, since)
     except Exception as err:  # noqa: BLE001 - one failed mark must not stop the others; reported
         action = "release" if since is None else "hold"
         log.warning(json.dumps({"queue": queue, "action": action, "error": f"{type(err).__name__}: {err}"}))
-        return f"{action}: {type(err).__name__}: {err}"
+        return action, err
     return None
 
 
