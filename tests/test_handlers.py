@@ -280,6 +280,21 @@ def test_a_refused_action_fails_the_scalers_invocation_in_one_line_that_names_an
     assert failed.value.__cause__ is None and failed.value.__suppress_context__
 
 
+def test_the_tick_command_says_a_refused_action_in_the_clouds_words(deployed, monkeypatch):
+    from click.testing import CliRunner
+
+    from tidefleet.cli import main
+    from tidefleet.cloud.aws import AwsCloud, aws_ports
+
+    monkeypatch.setattr(AwsCloud, "control_ports", lambda self: dataclasses.replace(aws_ports(self.env),
+                                                                                    fleet=RefusingFleet(self.env)))
+    put_items(3)
+    done = CliRunner().invoke(main, ["tick", "--env", "sandbox"])
+    assert done.exit_code == 1 and "Traceback" not in done.output, done.output
+    assert ("cpu: set_desired: AccessDenied: User: arn:aws:sts::123456789012:assumed-role/tidefleet-sandbox-scaler/x "
+            f"is not authorized to perform: autoscaling:SetDesiredCapacity (region {REGION})") in done.output, done.output
+
+
 def test_a_kick_with_a_huge_or_non_string_reason_ticks_and_logs_a_short_line(deployed, caplog):
     with caplog.at_level(logging.INFO, "tidefleet.scaler"):
         huge = scaler.handler({"tidefleet": "kick", "env": "sandbox", "reason": "x" * 200_000}, None)

@@ -41,8 +41,10 @@ def tick(env_name: str, dry_run: bool, pools: tuple[str, ...], log_json: bool, a
     cloud = for_env(env)
     try:
         decisions = run_tick(env, cloud.control_ports(), time.time(), pools=pools or None, dry_run=dry_run)
-    except TickError as err:
-        decisions, failed = err.decisions, err
+    except TickError as err:  # each failed action in the cloud's words, as a failed observe's
+        decisions = err.decisions
+        failed = "\n".join(f"{where}: {cloud.explain(e) if isinstance(e, cloud.errors) else f'{type(e).__name__}: {e}'}"
+                           for where, e in err.failures)  # fmt: skip
     except cloud.errors as err:
         raise click.ClickException(cloud.explain(err)) from None
     dry = dry_run or env.scaler.dry_run
