@@ -18,7 +18,7 @@ import typing
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tidefleet import naming, prices, schedules
 
@@ -88,6 +88,17 @@ SQS_MAX_VISIBILITY_S = 12 * 3600
 # A hand-back or a retry is a fresh message, so SQS's receive count grows only with such
 # losses: its redrive, maxReceiveCount = max_retries + 1 + this, is the backstop behind the agent.
 NODE_LOSSES_TOLERATED = 5
+# A pool with GPU types and no `image` boots one with the NVIDIA driver and container runtime (the
+# Deep Learning AMI / Deep Learning VM of environments/train.toml and gcp-dev.toml): the boot script
+# installs no driver, so on a plain image the agent finds no GPU, drains, and the node is replaced forever.
+GPU_IMAGES = {
+    "aws": "ssm:/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-amazon-linux-2023/latest/ami-id",
+    "gcp": "projects/deeplearning-platform-release/global/images/family/common-cu128-ubuntu-2404-nvidia-570",
+}
+# Plain OS images, which carry no NVIDIA driver (the GPU-ready ones live elsewhere: Deep Learning
+# AMIs, deeplearning-platform-release, ubuntu-os-accelerator-images).
+DRIVERLESS_IMAGES = ("ssm:/aws/service/ami-amazon-linux-latest/", "projects/debian-cloud/", "projects/ubuntu-os-cloud/",
+                     "projects/rocky-linux-cloud/", "projects/rhel-cloud/", "projects/centos-cloud/", "projects/cos-cloud/")  # fmt: skip
 
 
 class ConfigError(Exception):
@@ -155,7 +166,8 @@ class Pool(_Model):
     spot_max_price: float | None = Field(None, gt=0, description="USD/hour per node; None = on-demand price")
     image: str = Field(
         "ssm:/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64",
-        description="AMI id, or ssm:/parameter/path resolved at deploy time",
+        description="AMI id, or ssm:/parameter/path resolved at deploy time; a pool with GPU types defaults to "
+        "GPU_IMAGES[cloud] (on gcp only GPU pools have a default)",
     )
     disk_gb: int = Field(50, ge=8, le=16384)
     container: str | None = Field(None, description="container image run per item (docker run IMAGE ARGS)")
@@ -345,6 +357,23 @@ class Environment(_Model):
     queues: dict[str, Queue] = Field(min_length=1)
     schedules: dict[str, Schedule] = Field(default_factory=dict)
     teams: dict[str, Team] = Field(default_factory=dict, description="quotas and fair-share weights by team")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gpu_pools_default_to_a_driver_image(cls, data: object) -> object:
+        """A pool with GPU types and no image gets GPU_IMAGES[cloud] (only the environment knows the cloud)."""
+        if not isinstance(data, dict) or not isinstance(data.get("pools"), dict):
+            return data
+        image = GPU_IMAGES.get(data.get("cloud", "aws"))  # type: ignore[call-overload]
+
+        def has_gpus(pool: object) -> bool:
+            types = pool.get("instance_types") if isinstance(pool, dict) else None
+            return isinstance(types, list) and any(
+                isinstance(t, dict) and type(t.get("gpus")) is int and t["gpus"] > 0 for t in types)  # fmt: skip
+
+        pools = {name: {**pool, "image": image} if image and "image" not in pool and has_gpus(pool) else pool
+                 for name, pool in data["pools"].items()}  # fmt: skip
+        return {**data, "pools": pools}
 
     def queues_of(self, pool: str) -> dict[str, Queue]:
         return {name: q for name, q in self.queues.items() if q.pool == pool}
@@ -730,6 +759,10 @@ def _pool_problems(env: Environment, name: str, pool: Pool) -> list[str]:
     out += _data_problems(env, where, pool)
     if env.cloud == "aws" and not re.fullmatch(AWS_IMAGE, pool.image):
         out.append(f"{where}.image: not an AMI id or ssm:/ parameter (got {pool.image!r})")
+    if any(t.gpus for t in pool.instance_types) and pool.image.startswith(DRIVERLESS_IMAGES) and not pool.init_script.strip():
+        out.append(f"{where}.image: a plain OS image has no NVIDIA driver, so nodes of the pool's GPU types would find "
+                   f"no GPU and be replaced forever (got {pool.image!r}); remove image (the default for GPU types is "
+                   f"{GPU_IMAGES[env.cloud]!r}), or install the driver in init_script")  # fmt: skip
     if pool.spot_max_price is not None and pool.spot_max_price < min(
         t.price(True) or float("inf") for t in pool.instance_types
     ):

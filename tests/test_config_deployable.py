@@ -1,0 +1,65 @@
+"""Configs that validate must deploy and work: GPU nodes need a driver, GCP templates one kind of
+hardware, alarms and caps that let the scaler do what it means to."""
+
+from __future__ import annotations
+
+import copy
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tidefleet.config import GPU_IMAGES, ConfigError, parse_environment
+
+ROOT = Path(__file__).resolve().parents[1] / "environments"
+BASES = {name: tomllib.loads((ROOT / f"{name}.toml").read_text()) for name in ("dev", "gcp-dev", "train")}
+
+
+def _env(base: str, **changes):
+    """Parse environments/<base>.toml with dotted changes (None deletes a key)."""
+    data = copy.deepcopy(BASES[base])
+    for dotted, value in changes.items():
+        *parents, leaf = dotted.split(".")
+        node = data
+        for key in parents:
+            node = node.setdefault(key, {})
+        if value is None:
+            node.pop(leaf, None)
+        else:
+            node[leaf] = value
+    return parse_environment(data, name=base)
+
+
+def _refused(base: str, expected: str, **changes) -> None:
+    with pytest.raises(ConfigError) as err:
+        _env(base, **changes)
+    problems = err.value.problems
+    assert any(expected in p for p in problems), f"{expected!r} not in {problems}"
+    assert len(problems) == 1, f"one problem, one message: {problems}"
+
+
+AWS_GPU_TYPES = [{"type": "g5.xlarge", "weight": 1, "gpus": 1}]
+
+
+def test_an_aws_gpu_pool_without_an_image_boots_the_deep_learning_ami():
+    env = _env("dev", **{"pools.cpu.instance_types": AWS_GPU_TYPES, "pools.cpu.slots_per_unit": 1})
+    assert env.pools["cpu"].image == GPU_IMAGES["aws"]
+    assert GPU_IMAGES["aws"].startswith("ssm:/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-amazon-linux-2023/")
+    assert _env("dev").pools["cpu"].image.startswith("ssm:/aws/service/ami-amazon-linux-latest/al2023")  # CPU: unchanged
+
+
+def test_a_gcp_gpu_pool_without_an_image_boots_the_deep_learning_vm():
+    env = _env("gcp-dev", **{"pools.gpu.image": None})
+    assert env.pools["gpu"].image == GPU_IMAGES["gcp"] == BASES["gcp-dev"]["pools"]["gpu"]["image"]
+    _refused("gcp-dev", "pools.cpu.image: required on gcp (got nothing)", **{"pools.cpu.image": None})
+
+
+def test_a_gpu_pool_on_a_plain_os_image_without_a_driver_install_is_refused():
+    al2023 = "ssm:/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64"
+    _refused("dev", f"pools.cpu.image: a plain OS image has no NVIDIA driver, so nodes of the pool's GPU types would find "
+             f"no GPU and be replaced forever (got {al2023!r}); remove image",
+             **{"pools.cpu.instance_types": AWS_GPU_TYPES, "pools.cpu.slots_per_unit": 1, "pools.cpu.image": al2023})  # fmt: skip
+    debian = "projects/debian-cloud/global/images/family/debian-12"
+    _refused("gcp-dev", "pools.gpu.image: a plain OS image has no NVIDIA driver", **{"pools.gpu.image": debian})
+    # The user's own driver install is their choice.
+    _env("gcp-dev", **{"pools.gpu.image": debian, "pools.gpu.init_script": "/opt/install-nvidia-driver.sh"})
