@@ -63,3 +63,19 @@ def test_a_gpu_pool_on_a_plain_os_image_without_a_driver_install_is_refused():
     _refused("gcp-dev", "pools.gpu.image: a plain OS image has no NVIDIA driver", **{"pools.gpu.image": debian})
     # The user's own driver install is their choice.
     _env("gcp-dev", **{"pools.gpu.image": debian, "pools.gpu.init_script": "/opt/install-nvidia-driver.sh"})
+
+
+L4 = {"type": "g2-standard-8", "weight": 1, "gpus": 1, "accelerator": "nvidia-l4"}
+
+
+@pytest.mark.parametrize("other,got", [
+    ({"type": "n2-standard-8", "weight": 1}, "g2-standard-8 (1 x nvidia-l4), n2-standard-8 (0 x no accelerator)"),
+    ({"type": "a2-highgpu-1g", "weight": 1, "gpus": 1, "accelerator": "nvidia-tesla-a100"},
+     "g2-standard-8 (1 x nvidia-l4), a2-highgpu-1g (1 x nvidia-tesla-a100)"),
+    ({"type": "g2-standard-24", "weight": 1, "gpus": 2, "accelerator": "nvidia-l4", "on_demand_price": 2.0,
+      "spot_price": 0.8}, "g2-standard-8 (1 x nvidia-l4), g2-standard-24 (2 x nvidia-l4)"),
+], ids=["gpu and cpu", "two accelerators", "two gpu counts"])  # fmt: skip
+def test_a_gcp_pool_mixing_gpu_hardware_is_refused(other, got):
+    _refused("gcp-dev", f"pools.gpu.instance_types: on gcp every type of a pool needs the same gpus and accelerator "
+             f"(got {got}); the instance template is built for one, so split the types into pools",
+             **{"pools.gpu.instance_types": [L4, other], "pools.gpu.capacity_unit": "nodes"})  # fmt: skip

@@ -901,6 +901,12 @@ def _gcp_pool_problems(where: str, pool: Pool) -> list[str]:
     if len(weights) > 1:
         out.append(f"{where}.instance_types: on gcp every type of a pool needs the same weight (got {weights}); "
                    "a managed instance group counts VMs, so split the types into pools")
+    # stacks/gcp/pool.py builds the instance template (scheduling, guest_accelerator) from the first type.
+    hardware = sorted({(t.gpus, t.accelerator or "none") for t in pool.instance_types})
+    if len(hardware) > 1:
+        kinds = ", ".join(f"{t.type} ({t.gpus} x {t.accelerator or 'no accelerator'})" for t in pool.instance_types)
+        out.append(f"{where}.instance_types: on gcp every type of a pool needs the same gpus and accelerator (got "
+                   f"{kinds}); the instance template is built for one, so split the types into pools")  # fmt: skip
     if pool.on_demand_percent:
         out.append(f"{where}.on_demand_percent: not supported on gcp (got {pool.on_demand_percent}); "
                    "use on_demand_base (the pool's on-demand group) instead")
