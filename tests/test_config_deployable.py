@@ -79,3 +79,30 @@ def test_a_gcp_pool_mixing_gpu_hardware_is_refused(other, got):
     _refused("gcp-dev", f"pools.gpu.instance_types: on gcp every type of a pool needs the same gpus and accelerator "
              f"(got {got}); the instance template is built for one, so split the types into pools",
              **{"pools.gpu.instance_types": [L4, other], "pools.gpu.capacity_unit": "nodes"})  # fmt: skip
+
+
+@pytest.mark.parametrize("itype,expected", [
+    ({"type": "n2-standard-8", "weight": 1, "gpus": 1},
+     ("pools.gpu.instance_types[0].gpus: n2-standard-8 has no GPUs of its own (got gpus = 1 and no accelerator); "
+     "set accelerator on an n1 type")),
+    ({"type": "n2-standard-8", "weight": 1, "gpus": 1, "accelerator": "nvidia-l4"},
+     ("pools.gpu.instance_types[0].accelerator: n2-standard-8 cannot have nvidia-l4 (got 'nvidia-l4'); GPUs attach "
+     "only to N1 machine types (nvidia-tesla-t4, nvidia-tesla-v100, nvidia-tesla-p100, nvidia-tesla-p4)")),
+    ({"type": "n1-standard-8", "weight": 1, "gpus": 1, "accelerator": "nvidia-l4"},
+     ("pools.gpu.instance_types[0].accelerator: n1-standard-8 cannot have nvidia-l4 (got 'nvidia-l4'); n1-standard-8 "
+     "takes nvidia-tesla-t4, nvidia-tesla-v100")),
+    ({"type": "g2-standard-8", "weight": 1, "gpus": 1, "accelerator": "nvidia-tesla-zz9"},
+     ("pools.gpu.instance_types[0].accelerator: not a GCP accelerator type (got 'nvidia-tesla-zz9'); use one of "
+     "nvidia-tesla-t4, nvidia-tesla-v100, nvidia-tesla-p100, nvidia-tesla-p4, nvidia-l4")),
+], ids=["gpus without hardware", "accelerator on n2", "l4 on n1", "unknown accelerator"])  # fmt: skip
+def test_a_gcp_gpu_declaration_without_matching_hardware_is_refused(itype, expected):
+    _refused("gcp-dev", expected, **{"pools.gpu.instance_types": [itype]})
+
+
+@pytest.mark.parametrize("itype", [
+    {"type": "n1-standard-8", "weight": 1, "gpus": 1, "accelerator": "nvidia-tesla-t4"},
+    {"type": "g2-standard-8", "weight": 1, "gpus": 1},
+    {"type": "a2-highgpu-1g", "weight": 1, "gpus": 1, "accelerator": "nvidia-tesla-a100"},
+], ids=["t4 on n1", "g2 without naming its l4", "a100 on a2"])  # fmt: skip
+def test_gcp_gpus_that_exist_are_accepted(itype):
+    assert _env("gcp-dev", **{"pools.gpu.instance_types": [itype]}).pools["gpu"].instance_types[0].gpus == 1

@@ -27,7 +27,17 @@ NAME_RULE = "must start with a letter and use only a-z, 0-9 and '-' (at most 31 
 # Every pattern here is used with re.fullmatch: re.match(...$) would accept a trailing newline.
 AWS_INSTANCE_TYPE = r"[a-z][a-z0-9-]*\.[a-z0-9]+"
 GCP_MACHINE_TYPE = r"[a-z][a-z0-9]*-[a-z0-9-]+"
-GCP_ACCELERATOR = r"[a-z][a-z0-9-]*[a-z0-9]"
+# The GPUs each GCE machine family can have: N1 VMs take attached GPUs; the accelerator-optimized
+# families come with their own (GCE docs, "GPU machine types"). NVIDIA K80 is retired.
+GCP_GPUS = {
+    "n1": ("nvidia-tesla-t4", "nvidia-tesla-v100", "nvidia-tesla-p100", "nvidia-tesla-p4"),
+    "g2": ("nvidia-l4",),
+    "g4": ("nvidia-rtx-pro-6000",),
+    "a2": ("nvidia-tesla-a100", "nvidia-a100-80gb"),
+    "a3": ("nvidia-h100-80gb", "nvidia-h100-mega-80gb", "nvidia-h200-141gb"),
+    "a4": ("nvidia-b200",),
+    "a4x": ("nvidia-gb200",),
+}
 GCP_IMAGE = r"projects/[a-z][a-z0-9-]+/global/images/(family/)?[a-z][a-z0-9-]*"
 AWS_IMAGE = r"ami-[0-9a-f]{8,17}|ssm:/[\w./-]+"
 AWS_SUBNET = r"subnet-[0-9a-f]{8}([0-9a-f]{9})?"
@@ -917,11 +927,23 @@ def _gcp_pool_problems(where: str, pool: Pool) -> list[str]:
         out.append(f"{where}.image: not a GCE image (got {pool.image!r}); "
                    "use projects/<project>/global/images/[family/]<name>")
     for i, itype in enumerate(pool.instance_types):
+        at, family = f"{where}.instance_types[{i}]", itype.type.split("-")[0]
+        takes = GCP_GPUS.get(family, ())
         if itype.accelerator and not itype.gpus:
-            out.append(f"{where}.instance_types[{i}].gpus: must be > 0 with an accelerator (got 0); set the GPU count")
-        elif itype.accelerator and not re.fullmatch(GCP_ACCELERATOR, itype.accelerator):
-            out.append(f"{where}.instance_types[{i}].accelerator: not a GCP accelerator type (got {itype.accelerator!r}); "
-                       "use one like 'nvidia-l4'")  # fmt: skip
+            out.append(f"{at}.gpus: must be > 0 with an accelerator (got 0); set the GPU count")
+        elif itype.accelerator and not any(itype.accelerator in names for names in GCP_GPUS.values()):
+            known = ", ".join(name for names in GCP_GPUS.values() for name in names)
+            out.append(f"{at}.accelerator: not a GCP accelerator type (got {itype.accelerator!r}); use one of {known}")
+        elif itype.accelerator and itype.accelerator not in takes:
+            fix = (f"{itype.type} takes {', '.join(takes)}" if takes else
+                   f"GPUs attach only to N1 machine types ({', '.join(GCP_GPUS['n1'])}), the other families have their "
+                   "own (g2: nvidia-l4, a2: nvidia-tesla-a100, ...)")  # fmt: skip
+            out.append(f"{at}.accelerator: {itype.type} cannot have {itype.accelerator} (got {itype.accelerator!r}); "
+                       f"{fix}; pick a matching type or accelerator")  # fmt: skip
+        elif itype.gpus and not itype.accelerator and family not in GCP_GPUS.keys() - {"n1"}:
+            out.append(f"{at}.gpus: {itype.type} has no GPUs of its own (got gpus = {itype.gpus} and no accelerator); "
+                       "set accelerator on an n1 type (e.g. 'nvidia-tesla-t4') or pick a GPU machine type such as "
+                       "g2-standard-8")  # fmt: skip
     return out
 
 
