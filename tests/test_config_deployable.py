@@ -106,3 +106,13 @@ def test_a_gcp_gpu_declaration_without_matching_hardware_is_refused(itype, expec
 ], ids=["t4 on n1", "g2 without naming its l4", "a100 on a2"])  # fmt: skip
 def test_gcp_gpus_that_exist_are_accepted(itype):
     assert _env("gcp-dev", **{"pools.gpu.instance_types": [itype]}).pools["gpu"].instance_types[0].gpus == 1
+
+
+@pytest.mark.parametrize("target,max_wait", [(7200, 600), (600, 600)])
+def test_a_wait_target_past_the_oldest_item_alarm_is_refused(target, max_wait):
+    _refused("dev", f"queues.default.target_wait_s: must be below max_wait_s (got {target} >= {max_wait}); the "
+             "oldest-item alarm would fire and escalate the queue to on-demand before the scaler means to launch; "
+             "lower target_wait_s or raise max_wait_s",
+             **{"queues.default.target_wait_s": target, "queues.default.max_wait_s": max_wait})  # fmt: skip
+    assert _env("dev", **{"queues.default.target_wait_s": target - 1, "queues.default.max_wait_s": target})
+

@@ -417,6 +417,11 @@ def _semantic_problems(env: Environment) -> list[str]:
         if blank := [i for i, pattern in enumerate(queue.accept_images) if not pattern.strip()]:
             out.append(f"{where}.accept_images[{blank[0]}]: an empty pattern matches no image (got ''); "
                        "remove it, or write one like 'ghcr.io/acme/*'")  # fmt: skip
+        if queue.target_wait_s >= queue.max_wait_s:
+            # Past max_wait_s the oldest-item alarm fires and the queue escalates (spot counts as short).
+            out.append(f"{where}.target_wait_s: must be below max_wait_s (got {queue.target_wait_s} >= "
+                       f"{queue.max_wait_s}); the oldest-item alarm would fire and escalate the queue to on-demand "
+                       "before the scaler means to launch; lower target_wait_s or raise max_wait_s")  # fmt: skip
         if queue.team is not None and not re.fullmatch(NAME, queue.team):
             out.append(f"{where}.team: bad team name (got {queue.team!r}); {NAME_RULE}")
         if queue.pool not in env.pools:
