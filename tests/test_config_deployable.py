@@ -116,3 +116,11 @@ def test_a_wait_target_past_the_oldest_item_alarm_is_refused(target, max_wait):
              **{"queues.default.target_wait_s": target, "queues.default.max_wait_s": max_wait})  # fmt: skip
     assert _env("dev", **{"queues.default.target_wait_s": target - 1, "queues.default.max_wait_s": target})
 
+
+def test_a_vcpu_weight_that_is_not_the_types_vcpu_count_is_refused():
+    _refused("dev", "pools.cpu.instance_types[0].weight: with capacity_unit 'vcpus' the weight is the vCPU count, and "
+             "c6i.large has 2 (got weight 1); set weight = 2", **{"pools.cpu.capacity_unit": "vcpus",
+             "pools.cpu.instance_types": [{"type": "c6i.large", "weight": 1}]})  # fmt: skip
+    # A type the price table does not know is the user's word.
+    own = {"type": "c8i.large", "weight": 1, "on_demand_price": 0.1, "spot_price": 0.04}
+    assert _env("dev", **{"pools.cpu.capacity_unit": "vcpus", "pools.cpu.instance_types": [own]})

@@ -757,6 +757,10 @@ def _pool_problems(env: Environment, name: str, pool: Pool) -> list[str]:
                 f"{at}.weight: with capacity_unit 'gpus' the weight is the GPU count "
                 f"(got weight {itype.weight}, gpus {itype.gpus})"
             )
+        vcpus = prices.SPECS[itype.type][0] if itype.type in prices.SPECS else None
+        if pool.capacity_unit == "vcpus" and vcpus is not None and itype.weight != vcpus:
+            out.append(f"{at}.weight: with capacity_unit 'vcpus' the weight is the vCPU count, and {itype.type} has "
+                       f"{vcpus} (got weight {itype.weight}); set weight = {vcpus}")  # fmt: skip
         missing = [f for f, spot in (("on_demand_price", False), ("spot_price", True)) if itype.price(spot) is None]
         if missing:
             out.append(f"{at}.{missing[0]}: no built-in price for {itype.type!r}; set {' and '.join(missing)} in USD/hour")
