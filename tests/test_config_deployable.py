@@ -124,3 +124,10 @@ def test_a_vcpu_weight_that_is_not_the_types_vcpu_count_is_refused():
     # A type the price table does not know is the user's word.
     own = {"type": "c8i.large", "weight": 1, "on_demand_price": 0.1, "spot_price": 0.04}
     assert _env("dev", **{"pools.cpu.capacity_unit": "vcpus", "pools.cpu.instance_types": [own]})
+
+
+def test_efa_on_a_type_without_it_is_refused():
+    _refused("dev", "pools.cpu.efa: c6i.large cannot have an Elastic Fabric Adapter (got efa = true), so such nodes "
+             "would never launch; use EFA-capable types (e.g. g4dn.12xlarge, ",
+             **{"pools.cpu.efa": True, "pools.cpu.placement": "cluster",
+                "pools.cpu.instance_types": [{"type": "c6i.large", "weight": 1}]})  # fmt: skip

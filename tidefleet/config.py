@@ -842,6 +842,11 @@ def _data_problems(env: Environment, where: str, pool: Pool) -> list[str]:
     if pool.efa and (env.cloud != "aws" or pool.placement != "cluster"):
         out.append(f"{where}.efa: needs cloud 'aws' and placement 'cluster' (got cloud {env.cloud!r}, placement "
                    f"{pool.placement!r}); set placement = 'cluster' or drop efa")  # fmt: skip
+    elif pool.efa and (no_efa := [t.type for t in pool.instance_types if t.type in prices.SPECS
+                                  and t.type not in prices.EFA_TYPES]):  # fmt: skip
+        out.append(f"{where}.efa: {', '.join(no_efa)} cannot have an Elastic Fabric Adapter (got efa = true), so such "
+                   f"nodes would never launch; use EFA-capable types (e.g. {', '.join(sorted(prices.EFA_TYPES))}) "
+                   "or drop efa")  # fmt: skip
     if pool.placement == "cluster" and env.cloud == "gcp" and env.network.subnet_ids:
         out.append(f"{where}.placement: 'cluster' opens traffic among the pool's nodes on the network the stack "
                    f"creates (got network.subnet_ids {env.network.subnet_ids}); remove subnet_ids or use 'spread'")  # fmt: skip

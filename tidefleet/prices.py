@@ -86,3 +86,7 @@ SPECS: dict[str, tuple[int, float, int, float]] = {
     "g2-standard-8": (8, 32, 1, 24),  # L4
     "a2-highgpu-1g": (12, 85, 1, 40),  # A100 40 GB
 }
+
+# The types of SPECS that take an Elastic Fabric Adapter (Amazon EC2 User Guide, "Elastic Fabric
+# Adapter", Supported instance types): EFA comes with the large sizes only (g5.12xlarge, not g5.2xlarge).
+EFA_TYPES = frozenset({"g4dn.12xlarge", "g5.12xlarge", "g5.48xlarge", "g6.12xlarge", "p4d.24xlarge"})
