@@ -131,3 +131,24 @@ def test_efa_on_a_type_without_it_is_refused():
              "would never launch; use EFA-capable types (e.g. g4dn.12xlarge, ",
              **{"pools.cpu.efa": True, "pools.cpu.placement": "cluster",
                 "pools.cpu.instance_types": [{"type": "c6i.large", "weight": 1}]})  # fmt: skip
+
+
+GANG = "queues.train.nodes_per_item: a gang of 2 nodes "
+
+
+@pytest.mark.parametrize("change,expected", [
+    ({"scaler.cost_cap_usd_per_hour": 20.0}, ("costs at least 26.2 USD/hour (2 x 13.1, the pool's cheapest node), over "
+     "scaler.cost_cap_usd_per_hour (got 20.0); it would never start; raise the cap or lower the gang's min")),
+    ({"pools.gpu8.cost_cap_usd_per_hour": 20.0}, ("costs at least 26.2 USD/hour (2 x 13.1, the pool's cheapest node), "
+     "over pools.gpu8.cost_cap_usd_per_hour (got 20.0)")),
+    ({"teams.research": {"quota": {"gpus": 8}}}, ("holds at least 16 GPUs at once, over the 8 the quotas of the teams on "
+     "pool 'gpu8' allow (got teams.research gpus = 8); it would never start; raise the quota to 16")),
+    ({"teams.research": {"quota": {"gpus": 64}, "pools": {"gpu8": {"gpus": 8}}}}, ("holds at least 16 GPUs at once, over "
+     "the 8 the quotas of the teams on pool 'gpu8' allow (got teams.research gpus = 8)")),
+], ids=["scaler cap", "pool cap", "team quota", "team's pool quota"])  # fmt: skip
+def test_a_gang_its_cap_or_quota_can_never_admit_is_refused(change, expected):
+    _refused("train", GANG + expected, **change)
+
+
+def test_a_gang_within_its_cap_and_quota_is_accepted():
+    assert _env("train", **{"scaler.cost_cap_usd_per_hour": 27.0, "teams.research": {"quota": {"gpus": 16}}})

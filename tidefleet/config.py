@@ -439,6 +439,7 @@ def _semantic_problems(env: Environment) -> list[str]:
                     "use a pool whose every type fits the item"
                 )
             out += _gang_problems(where, queue, queue.pool, pool)
+            out += _gang_budget_problems(env, where, queue)
             if queue.on_demand_after_interruptions is not None and queue.gang[1] > 1:
                 # Only the lead's node is chosen by the message; members join on whatever node is free.
                 out.append(f"{where}.on_demand_after_interruptions: a multi-node item's members join on any node, "
@@ -509,6 +510,39 @@ def _gang_problems(where: str, queue: Queue, pool_name: str, pool: Pool) -> list
     if low * most_units > pool.max:
         out.append(f"{at}: a gang of {low} nodes needs {low * most_units} capacity units at once (got pool "
                    f"{pool_name!r} max {pool.max}); raise the pool's max or lower the gang's size")  # fmt: skip
+    return out
+
+
+def _gang_budget_problems(env: Environment, where: str, queue: Queue) -> list[str]:
+    """A gang starts only once its `min` nodes run at once: a cost cap or the pool's teams' GPU
+    quotas that cannot pay for them leave it waiting forever."""
+    low, pool = queue.gang[0], env.pools[queue.pool]
+    cheapest = _cheapest_node(pool)
+    if low < 2 or cheapest is None:
+        return []
+    at, out = f"{where}.nodes_per_item", []
+    for field, cap in ((f"pools.{queue.pool}.cost_cap_usd_per_hour", pool.cost_cap_usd_per_hour),
+                       ("scaler.cost_cap_usd_per_hour", env.scaler.cost_cap_usd_per_hour)):  # fmt: skip
+        if cap is not None and low * cheapest > cap:
+            out.append(f"{at}: a gang of {low} nodes costs at least {round(low * cheapest, 4)} USD/hour ({low} x "
+                       f"{cheapest}, the pool's cheapest node), over {field} (got {cap}); it would never start; raise "
+                       "the cap or lower the gang's min")  # fmt: skip
+            break
+    # The pool's use is bounded by the sum of its teams' quotas (README "Teams, quotas and fair share").
+    gpus = low * min(t.gpus for t in pool.instance_types)
+    teams = {env.team_of(name) for name, q in env.queues.items() if q.pool == queue.pool}
+    limits = {}
+    for team in sorted(teams):
+        own = env.teams.get(team)
+        quotas = [] if own is None else [q.gpus for q in (own.quota, own.pools.get(queue.pool)) if q and q.gpus is not None]
+        if not quotas:
+            return out
+        limits[team] = min(quotas)
+    if gpus and sum(limits.values()) < gpus:
+        got = ", ".join(f"teams.{team} gpus = {n}" for team, n in limits.items())
+        out.append(f"{at}: a gang of {low} nodes holds at least {gpus} GPUs at once, over the {sum(limits.values())} "
+                   f"the quotas of the teams on pool {queue.pool!r} allow (got {got}); it would never start; raise the "
+                   f"quota to {gpus} or lower the gang's min")  # fmt: skip
     return out
 
 
