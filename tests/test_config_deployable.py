@@ -152,3 +152,43 @@ def test_a_gang_its_cap_or_quota_can_never_admit_is_refused(change, expected):
 
 def test_a_gang_within_its_cap_and_quota_is_accepted():
     assert _env("train", **{"scaler.cost_cap_usd_per_hour": 27.0, "teams.research": {"quota": {"gpus": 16}}})
+
+
+@pytest.mark.parametrize("image", [
+    "ssm:/aws/service/ami-amazon-linux-latest/amzn2-ami-hvm-x86_64-gp2",
+    "ssm:/aws/service/ami-amazon-linux-latest/amzn2-ami-kernel-5.10-hvm-x86_64-gp2",
+    "ssm:/aws/service/canonical/ubuntu/server/24.04/stable/current/amd64/hvm/ebs-gp3/ami-id",
+    "ssm:/aws/service/ecs/optimized-ami/amazon-linux-2/recommended/image_id",
+], ids=["amazon linux 2", "amazon linux 2 kernel 5.10", "ubuntu", "ecs on amazon linux 2"])  # fmt: skip
+def test_an_aws_image_of_another_os_than_al2023_is_refused_even_with_an_init_script(image):
+    expected = (f"pools.cpu.image: the boot script needs Amazon Linux 2023 (dnf, python3.11) and stops before "
+                f"init_script on another OS (got {image!r}); use an al2023 or Deep Learning AL2023 parameter, e.g. "
+                "'ssm:/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64'")  # fmt: skip
+    _refused("dev", expected, **{"pools.cpu.image": image})
+    _refused("dev", expected, **{"pools.cpu.image": image, "pools.cpu.init_script": "dnf() { apt-get \"$@\"; }"})
+
+
+def test_an_aws_deep_learning_ami_on_ubuntu_is_refused_for_the_al2023_one():
+    ubuntu = "ssm:/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
+    _refused("train", f"pools.gpu8.image: the boot script needs Amazon Linux 2023 (dnf, python3.11) and stops before "
+             f"init_script on another OS (got {ubuntu!r}); use an al2023 or Deep Learning AL2023 parameter, e.g. "
+             f"{GPU_IMAGES['aws']!r}", **{"pools.gpu8.image": ubuntu})  # fmt: skip
+    # Amazon Linux 2023 in every form, and images that do not say their OS, are accepted.
+    for image in (GPU_IMAGES["aws"], "ssm:/aws/service/ecs/optimized-ami/amazon-linux-2023/recommended/image_id",
+                  "ami-0123456789abcdef0", "ssm:/acme/golden-ami"):
+        assert _env("train", **{"pools.gpu8.image": image})
+
+
+def test_an_aws_image_of_another_architecture_than_the_pools_types_is_refused():
+    arm64 = "ssm:/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-arm64"
+    _refused("dev", f"pools.cpu.image: an arm64 image cannot boot c6i.large, c7i.large, m6i.large (x86_64) (got "
+             f"{arm64!r}); use the x86_64 parameter ('ssm:/aws/service/ami-amazon-linux-latest/"
+             "al2023-ami-kernel-default-x86_64') or arm64 instance types",
+             **{"pools.cpu.image": arm64, "pools.cpu.instance_types": [{"type": t, "weight": 1}
+                                                                       for t in ("c6i.large", "c7i.large", "m6i.large")]})  # fmt: skip
+    graviton = [{"type": t, "weight": 1, "on_demand_price": 0.07, "spot_price": 0.03} for t in ("c7g.large", "m7gd.large", "t4g.large")]
+    _refused("dev", "pools.cpu.image: an x86_64 image cannot boot c7g.large, m7gd.large, t4g.large (arm64)",
+             **{"pools.cpu.instance_types": graviton})
+    _refused("dev", "pools.cpu.image: an arm64 image cannot boot c6i.large (x86_64)",
+             **{"pools.cpu.image": arm64, "pools.cpu.instance_types": [*graviton, {"type": "c6i.large", "weight": 1}]})
+    assert _env("dev", **{"pools.cpu.image": arm64, "pools.cpu.instance_types": graviton})

@@ -109,6 +109,15 @@ GPU_IMAGES = {
 # AMIs, deeplearning-platform-release, ubuntu-os-accelerator-images).
 DRIVERLESS_IMAGES = ("ssm:/aws/service/ami-amazon-linux-latest/", "projects/debian-cloud/", "projects/ubuntu-os-cloud/",
                      "projects/rocky-linux-cloud/", "projects/rhel-cloud/", "projects/centos-cloud/", "projects/cos-cloud/")  # fmt: skip
+# The boot script (templates/user-data.sh.j2) runs under `set -e` and, before the pool's init_script,
+# installs the agent's Python with `dnf install python3.11` (AWS): on another OS it stops there, so no
+# init_script can make up for it, and the node is replaced forever. AWS's public SSM parameters name their OS:
+# Amazon Linux 2 and 1 (yum, no dnf), Ubuntu, Debian, SUSE, Windows, Bottlerocket.
+AWS_OTHER_OS_IMAGE = r"amzn2?-ami|amazon-linux-2(?!023)|ubuntu|debian|suse|sles|windows|bottlerocket"
+# Graviton (arm64) EC2 families carry a 'g' among the letters after the generation (c7g, m7gd, c6gn, im4gn,
+# g5g, t4g), and a1; every other family is x86_64 (as is every type of prices.SPECS). An image boots only
+# on its own architecture, which AWS's public SSM parameters name (al2023-ami-kernel-default-arm64).
+AWS_ARM64_FAMILY = r"a1|[a-z]+\d+[a-z]*g[a-z]*"
 
 
 class ConfigError(Exception):
@@ -812,7 +821,9 @@ def _pool_problems(env: Environment, name: str, pool: Pool) -> list[str]:
     out += _data_problems(env, where, pool)
     if env.cloud == "aws" and not re.fullmatch(AWS_IMAGE, pool.image):
         out.append(f"{where}.image: not an AMI id or ssm:/ parameter (got {pool.image!r})")
-    if any(t.gpus for t in pool.instance_types) and pool.image.startswith(DRIVERLESS_IMAGES) and not pool.init_script.strip():
+    if boot := _boot_image_problems(env, where, pool):
+        out += boot
+    elif any(t.gpus for t in pool.instance_types) and pool.image.startswith(DRIVERLESS_IMAGES) and not pool.init_script.strip():
         out.append(f"{where}.image: a plain OS image has no NVIDIA driver, so nodes of the pool's GPU types would find "
                    f"no GPU and be replaced forever (got {pool.image!r}); remove image (the default for GPU types is "
                    f"{GPU_IMAGES[env.cloud]!r}), or install the driver in init_script")  # fmt: skip
@@ -825,6 +836,24 @@ def _pool_problems(env: Environment, name: str, pool: Pool) -> list[str]:
         out.append(f"{where}.cost_cap_usd_per_hour: below the pool's cheapest node (got {pool.cost_cap_usd_per_hour}, "
                    f"the cheapest is {cheapest} USD/hour); the pool would never launch")  # fmt: skip
     return out
+
+
+def _boot_image_problems(env: Environment, where: str, pool: Pool) -> list[str]:
+    """An image the boot script cannot run on: another OS than it installs Python with, another architecture."""
+    if env.cloud != "aws" or not pool.image.startswith("ssm:/aws/service/"):
+        return []  # an AMI id or the user's own parameter says nothing of its OS
+    if re.search(AWS_OTHER_OS_IMAGE, pool.image.lower()):
+        al2023 = GPU_IMAGES["aws"] if any(t.gpus for t in pool.instance_types) else Pool.model_fields["image"].default
+        return [(f"{where}.image: the boot script needs Amazon Linux 2023 (dnf, python3.11) and stops before init_script "
+                f"on another OS (got {pool.image!r}); use an al2023 or Deep Learning AL2023 parameter, e.g. {al2023!r}")]  # fmt: skip
+    arch = re.search(r"arm64|x86_64", pool.image)
+    other = [t.type for t in pool.instance_types
+             if arch and ("arm64" if re.fullmatch(AWS_ARM64_FAMILY, t.type.split(".")[0]) else "x86_64") != arch[0]]  # fmt: skip
+    if not arch or not other:
+        return []
+    mine, theirs = arch[0], {"arm64": "x86_64", "x86_64": "arm64"}[arch[0]]
+    return [(f"{where}.image: an {mine} image cannot boot {', '.join(other)} ({theirs}) (got {pool.image!r}); use the "
+            f"{theirs} parameter ({pool.image.replace(mine, theirs)!r}) or {mine} instance types")]  # fmt: skip
 
 
 def _cheapest_node(pool: Pool) -> float | None:
