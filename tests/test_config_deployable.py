@@ -192,3 +192,34 @@ def test_an_aws_image_of_another_architecture_than_the_pools_types_is_refused():
     _refused("dev", "pools.cpu.image: an arm64 image cannot boot c6i.large (x86_64)",
              **{"pools.cpu.image": arm64, "pools.cpu.instance_types": [*graviton, {"type": "c6i.large", "weight": 1}]})
     assert _env("dev", **{"pools.cpu.image": arm64, "pools.cpu.instance_types": graviton})
+
+
+@pytest.mark.parametrize("image", [
+    "projects/debian-cloud/global/images/family/debian-11",
+    "projects/debian-cloud/global/images/debian-11-bullseye-v20250415",
+    "projects/ubuntu-os-cloud/global/images/family/ubuntu-2204-lts",
+    "projects/ubuntu-os-cloud/global/images/family/ubuntu-minimal-2204-lts",
+    "projects/cos-cloud/global/images/family/cos-stable",
+    "projects/rocky-linux-cloud/global/images/family/rocky-linux-9",
+    "projects/rhel-cloud/global/images/family/rhel-9",
+    "projects/centos-cloud/global/images/family/centos-stream-9",
+], ids=["debian 11", "a debian 11 image", "ubuntu 22.04", "ubuntu minimal 22.04", "cos", "rocky", "rhel", "centos"])  # fmt: skip
+def test_a_gcp_image_without_apt_get_or_python_3_11_is_refused_even_with_an_init_script(image):
+    expected = (f"pools.cpu.image: the boot script needs apt-get and python3 >= 3.11 (Debian 12+, Ubuntu 24.04+) and "
+                f"stops before init_script without them (got {image!r}); use e.g. "
+                "'projects/debian-cloud/global/images/family/debian-12'")  # fmt: skip
+    _refused("gcp-dev", expected, **{"pools.cpu.image": image})
+    _refused("gcp-dev", expected, **{"pools.cpu.image": image, "pools.cpu.init_script": "apt-get install -y python3.11"})
+
+
+def test_a_gcp_gpu_image_of_an_old_release_is_refused_for_the_deep_learning_vm():
+    old = "projects/deeplearning-platform-release/global/images/family/common-cu121-debian-11-py310"
+    _refused("gcp-dev", f"pools.gpu.image: the boot script needs apt-get and python3 >= 3.11 (Debian 12+, Ubuntu "
+             f"24.04+) and stops before init_script without them (got {old!r}); use e.g. {GPU_IMAGES['gcp']!r}",
+             **{"pools.gpu.image": old})  # fmt: skip
+    # Current releases, and projects whose images do not say their OS, are accepted.
+    for pool, image in (("cpu", "projects/debian-cloud/global/images/family/debian-13"),
+                        ("cpu", "projects/ubuntu-os-cloud/global/images/family/ubuntu-2404-lts-amd64"),
+                        ("cpu", "projects/acme-ml-dev/global/images/family/debian-11-python311"),
+                        ("gpu", "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accelerator-2404-amd64-with-nvidia-570")):  # fmt: skip
+        assert _env("gcp-dev", **{f"pools.{pool}.image": image})

@@ -105,6 +105,8 @@ GPU_IMAGES = {
     "aws": "ssm:/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-amazon-linux-2023/latest/ami-id",
     "gcp": "projects/deeplearning-platform-release/global/images/family/common-cu128-ubuntu-2404-nvidia-570",
 }
+# What a GCP pool without GPUs is told to use (the image environments/gcp-dev.toml boots).
+GCP_DEFAULT_IMAGE = "projects/debian-cloud/global/images/family/debian-12"
 # Plain OS images, which carry no NVIDIA driver (the GPU-ready ones live elsewhere: Deep Learning
 # AMIs, deeplearning-platform-release, ubuntu-os-accelerator-images).
 DRIVERLESS_IMAGES = ("ssm:/aws/service/ami-amazon-linux-latest/", "projects/debian-cloud/", "projects/ubuntu-os-cloud/",
@@ -118,6 +120,16 @@ AWS_OTHER_OS_IMAGE = r"amzn2?-ami|amazon-linux-2(?!023)|ubuntu|debian|suse|sles|
 # g5g, t4g), and a1; every other family is x86_64 (as is every type of prices.SPECS). An image boots only
 # on its own architecture, which AWS's public SSM parameters name (al2023-ami-kernel-default-arm64).
 AWS_ARM64_FAMILY = r"a1|[a-z]+\d+[a-z]*g[a-z]*"
+# On GCP the boot script runs `apt-get install python3-venv` and needs python3 >= 3.11: the public image
+# projects of OSes without apt-get (Container-Optimized OS, the RPM distributions, Windows) cannot boot a node,
+# nor can Debian before 12 (3.9 on Debian 11) or Ubuntu before 23.04 (3.10 on 22.04), whose public images and
+# Deep Learning VM families name their release (debian-11-bullseye-v2025..., common-cu121-debian-11-py310).
+GCP_NO_APT_PROJECTS = frozenset({"cos-cloud", "rocky-linux-cloud", "rhel-cloud", "rhel-sap-cloud", "centos-cloud",
+                                 "almalinux-cloud", "suse-cloud", "suse-sap-cloud", "opensuse-cloud",
+                                 "fedora-coreos-cloud", "windows-cloud", "windows-sql-cloud"})  # fmt: skip
+GCP_APT_PROJECTS = frozenset({"debian-cloud", "ubuntu-os-cloud", "ubuntu-os-pro-cloud", "ubuntu-os-accelerator-images",
+                              "deeplearning-platform-release"})  # fmt: skip
+GCP_OLD_PYTHON_IMAGE = r"(?:^|-)(?:debian-(?:[1-9]|1[01])|ubuntu-(?:[a-z]+-)*(?:1\d|2[0-2])(?:04|10))(?:-|$)"
 
 
 class ConfigError(Exception):
@@ -840,7 +852,9 @@ def _pool_problems(env: Environment, name: str, pool: Pool) -> list[str]:
 
 def _boot_image_problems(env: Environment, where: str, pool: Pool) -> list[str]:
     """An image the boot script cannot run on: another OS than it installs Python with, another architecture."""
-    if env.cloud != "aws" or not pool.image.startswith("ssm:/aws/service/"):
+    if env.cloud == "gcp":
+        return _gcp_boot_image_problems(where, pool)
+    if not pool.image.startswith("ssm:/aws/service/"):
         return []  # an AMI id or the user's own parameter says nothing of its OS
     if re.search(AWS_OTHER_OS_IMAGE, pool.image.lower()):
         al2023 = GPU_IMAGES["aws"] if any(t.gpus for t in pool.instance_types) else Pool.model_fields["image"].default
@@ -854,6 +868,17 @@ def _boot_image_problems(env: Environment, where: str, pool: Pool) -> list[str]:
     mine, theirs = arch[0], {"arm64": "x86_64", "x86_64": "arm64"}[arch[0]]
     return [(f"{where}.image: an {mine} image cannot boot {', '.join(other)} ({theirs}) (got {pool.image!r}); use the "
             f"{theirs} parameter ({pool.image.replace(mine, theirs)!r}) or {mine} instance types")]  # fmt: skip
+
+
+def _gcp_boot_image_problems(where: str, pool: Pool) -> list[str]:
+    if "image" not in pool.model_fields_set or not re.fullmatch(GCP_IMAGE, pool.image):
+        return []  # said by _gcp_pool_problems
+    project, name = pool.image.split("/")[1], pool.image.rsplit("/", 1)[1]
+    if project in GCP_NO_APT_PROJECTS or (project in GCP_APT_PROJECTS and re.search(GCP_OLD_PYTHON_IMAGE, name)):
+        image = GPU_IMAGES["gcp"] if any(t.gpus for t in pool.instance_types) else GCP_DEFAULT_IMAGE
+        return [(f"{where}.image: the boot script needs apt-get and python3 >= 3.11 (Debian 12+, Ubuntu 24.04+) and "
+                f"stops before init_script without them (got {pool.image!r}); use e.g. {image!r}")]  # fmt: skip
+    return []
 
 
 def _cheapest_node(pool: Pool) -> float | None:
@@ -998,8 +1023,7 @@ def _gcp_pool_problems(where: str, pool: Pool) -> list[str]:
         out.append(f"{where}.on_demand_percent: not supported on gcp (got {pool.on_demand_percent}); "
                    "use on_demand_base (the pool's on-demand group) instead")
     if "image" not in pool.model_fields_set:  # the default is an AWS image
-        out.append(f"{where}.image: required on gcp (got nothing); set a GCE image such as "
-                   "projects/debian-cloud/global/images/family/debian-12")
+        out.append(f"{where}.image: required on gcp (got nothing); set a GCE image such as {GCP_DEFAULT_IMAGE}")
     elif not re.fullmatch(GCP_IMAGE, pool.image):
         out.append(f"{where}.image: not a GCE image (got {pool.image!r}); "
                    "use projects/<project>/global/images/[family/]<name>")
