@@ -189,8 +189,10 @@ def test_an_aws_image_of_another_architecture_than_the_pools_types_is_refused():
     graviton = [{"type": t, "weight": 1, "on_demand_price": 0.07, "spot_price": 0.03} for t in ("c7g.large", "m7gd.large", "t4g.large")]
     _refused("dev", "pools.cpu.image: an x86_64 image cannot boot c7g.large, m7gd.large, t4g.large (arm64)",
              **{"pools.cpu.instance_types": graviton})
-    _refused("dev", "pools.cpu.image: an arm64 image cannot boot c6i.large (x86_64)",
-             **{"pools.cpu.image": arm64, "pools.cpu.instance_types": [*graviton, {"type": "c6i.large", "weight": 1}]})
+    _refused("dev", f"pools.cpu.image: an arm64 image cannot boot c6i.large (x86_64) (got {arm64!r}); move them to a "
+             "pool of their own with the x86_64 parameter ('ssm:/aws/service/ami-amazon-linux-latest/"
+             "al2023-ami-kernel-default-x86_64'), as one image serves a pool",
+             **{"pools.cpu.image": arm64, "pools.cpu.instance_types": [*graviton, {"type": "c6i.large", "weight": 1}]})  # fmt: skip
     assert _env("dev", **{"pools.cpu.image": arm64, "pools.cpu.instance_types": graviton})
 
 

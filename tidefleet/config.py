@@ -910,8 +910,10 @@ def _boot_image_problems(env: Environment, where: str, pool: Pool) -> list[str]:
     if not arch or not other:
         return []
     mine, theirs = arch[0], {"arm64": "x86_64", "x86_64": "arm64"}[arch[0]]
-    return [(f"{where}.image: an {mine} image cannot boot {', '.join(other)} ({theirs}) (got {pool.image!r}); use the "
-            f"{theirs} parameter ({pool.image.replace(mine, theirs)!r}) or {mine} instance types")]  # fmt: skip
+    theirs_image = pool.image.replace(mine, theirs)
+    fix = (f"move them to a pool of their own with the {theirs} parameter ({theirs_image!r}), as one image serves a pool"
+           if len(other) < len(pool.instance_types) else f"use the {theirs} parameter ({theirs_image!r}) or {mine} instance types")  # fmt: skip
+    return [f"{where}.image: an {mine} image cannot boot {', '.join(other)} ({theirs}) (got {pool.image!r}); {fix}"]
 
 
 def _gcp_boot_image_problems(where: str, pool: Pool) -> list[str]:
