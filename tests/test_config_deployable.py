@@ -3,11 +3,11 @@ hardware, alarms and caps that let the scaler do what it means to."""
 
 from __future__ import annotations
 
-import copy
 import tomllib
 from pathlib import Path
 
 import pytest
+from test_config import _with
 
 from tidefleet.config import GPU_IMAGES, ConfigError, parse_environment
 
@@ -17,17 +17,7 @@ BASES = {name: tomllib.loads((ROOT / f"{name}.toml").read_text()) for name in ("
 
 def _env(base: str, **changes):
     """Parse environments/<base>.toml with dotted changes (None deletes a key)."""
-    data = copy.deepcopy(BASES[base])
-    for dotted, value in changes.items():
-        *parents, leaf = dotted.split(".")
-        node = data
-        for key in parents:
-            node = node.setdefault(key, {})
-        if value is None:
-            node.pop(leaf, None)
-        else:
-            node[leaf] = value
-    return parse_environment(data, name=base)
+    return parse_environment(_with(BASES[base], **changes), name=base)
 
 
 def _refused(base: str, expected: str, **changes) -> None:
