@@ -215,30 +215,3 @@ def test_a_gcp_gpu_image_of_an_old_release_is_refused_for_the_deep_learning_vm()
                         ("cpu", "projects/acme-ml-dev/global/images/family/debian-11-python311"),
                         ("gpu", "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accelerator-2404-amd64-with-nvidia-570")):  # fmt: skip
         assert _env("gcp-dev", **{f"pools.{pool}.image": image})
-
-
-@pytest.mark.parametrize(("base", "change", "expected"), [
-    ("dev", {"pools.cpu.max": 500, "network.vpc_cidr": "10.80.0.0/24"}, (
-        "network.vpc_cidr: the pools' max of 500 nodes (cpu 500) need more addresses than the 2 node subnets (/28) "
-        "hold: 22, as AWS keeps 5 of each (got '10.80.0.0/24'); use a larger vpc_cidr (e.g. '10.80.0.0/20') or lower "
-        "the pools' max")),
-    ("dev", {"pools.cpu.max": 9000}, (
-        "network.vpc_cidr: the pools' max of 9000 nodes (cpu 9000) need more addresses than the 2 node subnets (/20) "
-        "hold: 8182, as AWS keeps 5 of each (got '10.80.0.0/16'); lower the pools' max")),
-    ("train", {"pools.gpu8.max": 96, "network.vpc_cidr": "10.91.0.0/24"}, (
-        "network.vpc_cidr: the cluster-placement pools' max of 12 nodes (gpu8 12) need more addresses than the first "
-        "node subnet (/28), where they launch, holds: 11, as AWS keeps 5 (got '10.91.0.0/24'); use a larger vpc_cidr "
-        "(e.g. '10.91.0.0/23') or lower the pools' max")),
-    ("gcp-dev", {"pools.cpu.max": 300, "network.vpc_cidr": "10.80.0.0/24"}, (
-        "network.vpc_cidr: the pools' max of 308 nodes (cpu 300, gpu 8) need more addresses than the subnet (/24) "
-        "holds: 252, as GCP keeps 4 (got '10.80.0.0/24'); use a larger vpc_cidr (e.g. '10.80.0.0/23') or lower the "
-        "pools' max")),
-], ids=["spread pool", "no cidr large enough", "cluster pool in the first subnet", "gcp"])  # fmt: skip
-def test_a_vpc_cidr_without_an_address_for_every_node_the_pools_may_have_is_refused(base, change, expected):
-    _refused(base, expected, **change)
-
-
-def test_pools_that_fit_their_subnets_or_bring_their_own_are_accepted():
-    assert _env("dev", **{"pools.cpu.max": 22, "network.vpc_cidr": "10.80.0.0/24"})
-    assert _env("train", **{"pools.gpu8.max": 88, "network.vpc_cidr": "10.91.0.0/24"})  # 11 nodes
-    assert _env("dev", **{"pools.cpu.max": 9000, "network.subnet_ids": ["subnet-0123456789abcdef0"]})

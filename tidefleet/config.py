@@ -706,8 +706,6 @@ def _network_problems(env: Environment) -> list[str]:
         # The stack carves /(prefix+4) subnets out of it: AWS subnets are /28 at the smallest.
         if network.version != 4 or not 16 <= network.prefixlen <= 24:
             out.append(f"network.vpc_cidr: must be an IPv4 network from /16 to /24 (got {cidr!r}); e.g. '10.80.0.0/16'")
-        elif not env.network.subnet_ids:
-            out += _address_problems(env, network)
     given = env.network.model_fields_set
     if env.cloud == "gcp" and "az_count" in given:
         out.append(f"network.az_count: not read on gcp (got {env.network.az_count}); a regional managed instance "
@@ -722,48 +720,6 @@ def _network_problems(env: Environment) -> list[str]:
         if not re.fullmatch(subnet_rule, subnet):
             out.append(f"network.subnet_ids[{i}]: not {_a(env.cloud)} subnet (got {subnet!r}); use one like {example!r}")
     return out
-
-
-# stacks/aws/network.py carves the VPC into /(prefix+4) subnets, a public one and then one per zone where
-# the nodes launch (a cluster-placement pool only in the first: stacks/aws/pool.py); the GCP stack makes
-# vpc_cidr one subnet. Each node takes an address, and the cloud keeps some of every subnet.
-SUBNET_RESERVED_ADDRESSES = {"aws": 5, "gcp": 4}
-
-
-def _address_problems(env: Environment, network: ipaddress.IPv4Network | ipaddress.IPv6Network) -> list[str]:
-    """The pools' max nodes need an address each in the subnets the stack creates from vpc_cidr."""
-    nodes = {name: -(-pool.max // min(t.weight for t in pool.instance_types)) for name, pool in env.pools.items()}
-    cluster = {name: n for name, n in nodes.items() if env.cloud == "aws" and env.pools[name].placement == "cluster"}
-    if max(nodes.values()) > MAX_GROUP_NODES[env.cloud]:
-        return []  # that pool's max is refused as such (_pool_problems)
-
-    def room(prefix: int) -> tuple[int, int]:
-        """(addresses of one node subnet, of all) with a vpc_cidr of this prefix."""
-        subnets, bits = (env.network.az_count, 32 - prefix - 4) if env.cloud == "aws" else (1, 32 - prefix)
-        one = 2**bits - SUBNET_RESERVED_ADDRESSES[env.cloud]
-        return one, one * subnets
-
-    def fits(prefix: int) -> bool:
-        one, every = room(prefix)
-        return sum(nodes.values()) <= every and sum(cluster.values()) <= one
-
-    if fits(network.prefixlen):
-        return []
-    one, every = room(network.prefixlen)
-    size = f"/{network.prefixlen + 4 if env.cloud == 'aws' else network.prefixlen}"
-    keeps = f"as {env.cloud.upper()} keeps {SUBNET_RESERVED_ADDRESSES[env.cloud]}"
-    if sum(cluster.values()) > one:
-        over, held = cluster, f"the first node subnet ({size}), where they launch, holds: {one}, {keeps}"
-    elif env.cloud == "aws":
-        over, held = nodes, f"the {env.network.az_count} node subnets ({size}) hold: {every}, {keeps} of each"
-    else:
-        over, held = nodes, f"the subnet ({size}) holds: {every}, {keeps}"
-    kind = "cluster-placement pools'" if over is cluster else "pools'"
-    larger = next((p for p in range(network.prefixlen - 1, 15, -1) if fits(p)), None)
-    fix = f"use a larger vpc_cidr (e.g. '{network.supernet(new_prefix=larger)}') or lower" if larger else "lower"
-    return [(f"network.vpc_cidr: the {kind} max of {sum(over.values())} nodes "
-            f"({', '.join(f'{name} {n}' for name, n in over.items())}) need more addresses than {held} "
-            f"(got {str(network)!r}); {fix} the pools' max")]  # fmt: skip
 
 
 # Per cloud, the state backends its stack writes; per backend, the [state] settings it reads
