@@ -12,8 +12,7 @@ from __future__ import annotations
 import json
 from functools import wraps
 
-from tidefleet.cloud import for_env
-from tidefleet.triggers import failure_line, function_environment
+from tidefleet.triggers import function_failure_line
 
 
 class FunctionFailed(Exception):
@@ -29,7 +28,7 @@ def lambda_handler(log):
             try:
                 return body(event, context)
             except Exception as err:  # the explained ones; the rest is raised as it is
-                line = failure_line(err, _cloud_failure_line) or _cloud_failure_line(err)
+                line = function_failure_line(err)
                 if line is None:
                     raise
                 log.error(json.dumps({"failed": line}))
@@ -40,11 +39,3 @@ def lambda_handler(log):
 
     return decorate
 
-
-def _cloud_failure_line(err: Exception) -> str | None:
-    """The cloud's own words for one of its errors (`Cloud.explain`: in a function, the fix an
-    operator makes there, such as the function's role or a redeploy), also for each of a tick's
-    failed actions; None for any other error. The settings loaded before any call to the cloud
-    could fail."""
-    cloud = for_env(function_environment())
-    return cloud.explain(err) if isinstance(err, cloud.errors) else None

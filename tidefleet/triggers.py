@@ -163,6 +163,24 @@ def failure_line(err: BaseException, explain: Callable[[Exception], str | None] 
     return None
 
 
+def function_failure_line(err: BaseException) -> str | None:
+    """`failure_line` in a cloud function: its cloud's errors, each of a tick's failed actions
+    included, in that cloud's words (`Cloud.explain`: in a function, the fix its operator makes
+    there, such as its role or a redeploy); None for a bug. The settings loaded before any call
+    to the cloud could fail, so the environment loads here."""
+    from tidefleet.cloud import for_env
+
+    cloud = None
+
+    def explain(e: BaseException) -> str | None:
+        nonlocal cloud
+        if cloud is None:  # once, for a tick's many failed actions
+            cloud = for_env(function_environment())
+        return cloud.explain(e) if isinstance(e, cloud.errors) else None
+
+    return failure_line(err, explain) or explain(err)
+
+
 Emit = Callable[[object, list], object]  # (env, tidefleet.metrics points): the cloud's metrics writer
 # A run ticks again while items wait for at most this long after its first tick: the stacks size
 # the function's timeout (120 s) and its slow-tick alarm (80 % of it) on one loop plus one tick.

@@ -27,7 +27,7 @@ import time
 
 from tidefleet.cloud import for_env
 from tidefleet.cloud.gcp import function_metrics, function_runtime
-from tidefleet.triggers import Ignored, Trigger, failure_line, function_environment, parse, run, run_jobs
+from tidefleet.triggers import Ignored, Trigger, function_failure_line, parse, run, run_jobs
 
 log = logging.getLogger("tidefleet.scaler")
 logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -69,14 +69,7 @@ def on_kick(cloud_event) -> dict:
         return run(trigger, function_runtime, emit=function_metrics, time_left=_time_left(time.time()))
     except Exception as err:  # noqa: BLE001 - any failure of the tick: one line, then the next tick
         failed = {"severity": "ERROR", "trigger": getattr(trigger, "kind", None),
-                  "failed": failure_line(err, _cloud_failure_line) or _cloud_failure_line(err) or f"{type(err).__name__}: {err}"}  # fmt: skip
+                  "failed": function_failure_line(err) or f"{type(err).__name__}: {err}"}  # fmt: skip
         log.error(json.dumps(failed))
         return failed
 
-
-def _cloud_failure_line(err: Exception) -> str | None:
-    """Google's error in the cloud's words (`GcpCloud.explain`: in the function, the fix its operator
-    makes, such as the service account's roles or a redeploy), also for each of a tick's failed
-    actions; None for any other error. The settings loaded before any call to Google could fail."""
-    cloud = for_env(function_environment())
-    return cloud.explain(err) if isinstance(err, cloud.errors) else None
