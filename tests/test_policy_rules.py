@@ -873,6 +873,8 @@ def test_before_any_item_finished_a_first_batch_with_a_long_wait_target_starts_o
     assert decide_pool(env, aged(0.0, target=None)).desired == 6
     known = aged(0.0, mean=3600.0)  # an item finished: its mean, not the guess
     assert decide_pool(env, known).desired == 6, decide_pool(env, known).reasons
+    gang = replace(aged(0.0), queues=tuple(replace(q, gang=True) for q in aged(0.0).queues))
+    assert decide_pool(env, gang).desired == 6, "a gang's members wait for whole nodes: no guessed turnover"
 
 
 def test_younger_waiting_items_may_wait_longer_than_the_oldest():

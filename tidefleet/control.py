@@ -251,6 +251,7 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
                 oldest_age_s=ages[0][0] if ages else backlog.oldest_age_s,
                 waiting_ages=tuple((age, n * nodes_per_item) for age, n in ages),
                 target_wait_s=queue.target_wait_s,
+                gang=nodes_per_item > 1,
                 intake_per_s=intake.get(qname, 0.0),
                 team=env.team_of(qname),
                 held=qname in held,

@@ -14,8 +14,8 @@ waiting items never lower what is needed (each rule is monotone in demand).
     the oldest item's remaining wait is below a boot, the horizon is the boot again: waiting
     work that turnover does not cover launches at once. The floor keeps the expected wait of a
     covered item within the horizon; an unknown mean or one longer than the horizon gives 1 item
-    per slot: plain slot counting. Before any item finished, a queue with a target is taken to
-    run items of two boots (`item_mean`); without one, its mean is unknown. Once every busy slot
+    per slot: plain slot counting. Before any item finished, a queue with a target (not a gang's)
+    is taken to run items of two boots (`item_mean`); otherwise its mean is unknown. Once every busy slot
     of the queue turned over within the last rate window, the warm slots pool their turnover instead (`pooled_mean`). Booting
     slots are used first, as they serve every queue alike, the soonest ready first: each starts
     1 + floor((horizon - its boot left) / mean). New slots alike, a whole boot away: within a
@@ -246,10 +246,11 @@ def item_mean(q: QueueView, boot_s: int) -> float | None:
     start on a few nodes instead of a node per item (8 GPUs each, kept alive by their longest
     item) while its target allows; it promises no turnover within a horizon under two boots, so
     if the items run longer, the rest launch while a node launched then still starts them within
-    the target."""
+    the target. Not for gangs: their members wait for whole free nodes, which no guessed
+    turnover of other items' slots gives them."""
     if q.mean_item_s:
         return q.mean_item_s
-    return None if q.target_wait_s is None else 2.0 * boot_s
+    return None if q.target_wait_s is None or q.gang else 2.0 * boot_s
 
 
 def turns(mean_item_s: float | None, horizon_s: float) -> int:
