@@ -44,6 +44,8 @@ def environment(pools: int, queues: int) -> Environment:
     }
     data = {
         "region": "us-east-1",
+        # Up to 400,000 nodes, more than a VPC the stack creates holds: subnets of its own, as such a fleet would have.
+        "network": {"subnet_ids": ["subnet-0123456789abcdef0"]},
         "scaler": {"cost_cap_usd_per_hour": 2000.0},
         "pools": pool_specs,
         "queues": queue_specs,

@@ -33,6 +33,8 @@ def environment(queues: int, pools: int):
     data = {
         "cloud": "aws",
         "region": "us-east-1",
+        # Pools of 10,000 nodes, more than a VPC the stack creates holds: subnets of its own, as such a fleet would have.
+        "network": {"subnet_ids": ["subnet-0123456789abcdef0"]},
         "pools": dict.fromkeys(pool_names, pool),
         "queues": {f"q{q:04d}": {"pool": pool_names[q % pools]} for q in range(queues)},
     }

@@ -215,3 +215,31 @@ def test_a_gcp_gpu_image_of_an_old_release_is_refused_for_the_deep_learning_vm()
                         ("cpu", "projects/acme-ml-dev/global/images/family/debian-11-python311"),
                         ("gpu", "projects/ubuntu-os-accelerator-images/global/images/family/ubuntu-accelerator-2404-amd64-with-nvidia-570")):  # fmt: skip
         assert _env("gcp-dev", **{f"pools.{pool}.image": image})
+
+
+@pytest.mark.parametrize(("base", "change", "expected"), [
+    ("dev", {"pools.cpu.max": 500, "network.vpc_cidr": "10.80.0.0/24"}, (
+        "network.vpc_cidr: holds 22 node addresses (2 private /28 subnets less the 5 AWS keeps in each), fewer than "
+        "the 500 the pools' max needs (got '10.80.0.0/24'); use a larger vpc_cidr (e.g. '10.80.0.0/20') or your own "
+        "subnet_ids")),
+    ("dev", {"pools.cpu.max": 9000}, (
+        "network.vpc_cidr: holds 8182 node addresses (2 private /20 subnets less the 5 AWS keeps in each), fewer than "
+        "the 9000 the pools' max needs (got '10.80.0.0/16'); no vpc_cidr up to a /16 holds them in 2 zones; raise "
+        "az_count or use your own subnet_ids")),
+    ("train", {"pools.gpu8.max": 96, "network.vpc_cidr": "10.91.0.0/24"}, (
+        "network.vpc_cidr: the first private subnet, where cluster-placement pools launch, holds 11 node addresses "
+        "(a /28 less the 5 AWS keeps), fewer than the 12 their max needs (got '10.91.0.0/24'); use a larger vpc_cidr "
+        "(e.g. '10.91.0.0/23') or your own subnet_ids")),
+    ("gcp-dev", {"pools.cpu.max": 300, "network.vpc_cidr": "10.80.0.0/24"}, (
+        "network.vpc_cidr: holds 252 node addresses (one subnet less the 4 GCP keeps), fewer than the 308 the pools' "
+        "max needs (got '10.80.0.0/24'); use a larger vpc_cidr (e.g. '10.80.0.0/23') or your own subnet_ids")),
+], ids=["spread pool", "no cidr large enough", "cluster pool in the first subnet", "gcp"])  # fmt: skip
+def test_a_vpc_cidr_without_an_address_for_every_node_the_pools_may_have_is_refused(base, change, expected):
+    _refused(base, expected, **change)
+
+
+def test_pools_that_fit_their_subnets_or_bring_their_own_are_accepted():
+    assert _env("dev", **{"pools.cpu.max": 22, "network.vpc_cidr": "10.80.0.0/24"})
+    assert _env("train", **{"pools.gpu8.max": 88, "network.vpc_cidr": "10.91.0.0/24"})  # 11 nodes of 8 GPUs
+    assert _env("dev", **{"pools.cpu.max": 9000, "network.az_count": 3})
+    assert _env("dev", **{"pools.cpu.max": 9000, "network.vpc_cidr": None, "network.subnet_ids": ["subnet-0123456789abcdef0"]})

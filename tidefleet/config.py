@@ -706,6 +706,8 @@ def _network_problems(env: Environment) -> list[str]:
         # The stack carves /(prefix+4) subnets out of it: AWS subnets are /28 at the smallest.
         if network.version != 4 or not 16 <= network.prefixlen <= 24:
             out.append(f"network.vpc_cidr: must be an IPv4 network from /16 to /24 (got {cidr!r}); e.g. '10.80.0.0/16'")
+        elif not env.network.subnet_ids:
+            out += _address_problems(env, network)
     given = env.network.model_fields_set
     if env.cloud == "gcp" and "az_count" in given:
         out.append(f"network.az_count: not read on gcp (got {env.network.az_count}); a regional managed instance "
@@ -720,6 +722,53 @@ def _network_problems(env: Environment) -> list[str]:
         if not re.fullmatch(subnet_rule, subnet):
             out.append(f"network.subnet_ids[{i}]: not {_a(env.cloud)} subnet (got {subnet!r}); use one like {example!r}")
     return out
+
+
+# stacks/aws/network.py splits vpc_cidr into /(prefix+4) subnets: a public one (the NAT gateway) and one
+# private subnet per zone (az_count), where the nodes launch; a cluster-placement pool launches in the first
+# only (stacks/aws/pool.py). The GCP stack makes vpc_cidr one subnet (stacks/gcp/stack.py). Each node takes
+# an address, and the cloud keeps some of every subnet. (A file system's mount targets take a few more.)
+SUBNET_RESERVED_ADDRESSES = {"aws": 5, "gcp": 4}
+
+
+def _address_problems(env: Environment, network: ipaddress.IPv4Network | ipaddress.IPv6Network) -> list[str]:
+    """The nodes the pools' max allows need an address each in the subnets the stack makes of vpc_cidr."""
+    nodes = {name: -(-pool.max // min(t.weight for t in pool.instance_types)) for name, pool in env.pools.items()}
+    if max(nodes.values()) > MAX_GROUP_NODES[env.cloud]:
+        return []  # that pool's max is refused as such (_pool_problems)
+    cloud, keeps = env.cloud, SUBNET_RESERVED_ADDRESSES[env.cloud]
+    spread = sum(nodes.values())
+    cluster = sum(n for name, n in nodes.items() if cloud == "aws" and env.pools[name].placement == "cluster")
+
+    def room(prefix: int) -> tuple[int, int]:
+        """(addresses of the first node subnet, of all of them) for a vpc_cidr of this prefix."""
+        if cloud == "gcp":
+            return (2 ** (32 - prefix) - keeps,) * 2
+        one = 2 ** (28 - prefix) - keeps
+        return one, one * env.network.az_count
+
+    def fits(prefix: int) -> bool:
+        first, every = room(prefix)
+        return spread <= every and cluster <= first
+
+    if fits(network.prefixlen):
+        return []
+    first, every = room(network.prefixlen)
+    larger = next((p for p in range(network.prefixlen - 1, 15, -1) if fits(p)), None)
+    if larger:
+        fix = f"use a larger vpc_cidr (e.g. '{network.supernet(new_prefix=larger)}') or your own subnet_ids"
+    elif cluster <= room(16)[0] and cloud == "aws":  # more zones, more subnets: not for the first one's pools
+        fix = f"no vpc_cidr up to a /16 holds them in {env.network.az_count} zones; raise az_count or use your own subnet_ids"
+    else:
+        fix = "no vpc_cidr up to a /16 holds them; use your own subnet_ids"
+    got = f"(got {str(network)!r}); {fix}"
+    if cluster > first:
+        return [(f"network.vpc_cidr: the first private subnet, where cluster-placement pools launch, holds {first} node "
+                f"addresses (a /{network.prefixlen + 4} less the {keeps} AWS keeps), fewer than the {cluster} their max "
+                f"needs {got}")]  # fmt: skip
+    split = (f"{env.network.az_count} private /{network.prefixlen + 4} subnets less the {keeps} AWS keeps in each"
+             if cloud == "aws" else f"one subnet less the {keeps} GCP keeps")  # fmt: skip
+    return [f"network.vpc_cidr: holds {every} node addresses ({split}), fewer than the {spread} the pools' max needs {got}"]
 
 
 # Per cloud, the state backends its stack writes; per backend, the [state] settings it reads
