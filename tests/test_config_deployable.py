@@ -243,3 +243,13 @@ def test_pools_that_fit_their_subnets_or_bring_their_own_are_accepted():
     assert _env("train", **{"pools.gpu8.max": 88, "network.vpc_cidr": "10.91.0.0/24"})  # 11 nodes of 8 GPUs
     assert _env("dev", **{"pools.cpu.max": 9000, "network.az_count": 3})
     assert _env("dev", **{"pools.cpu.max": 9000, "network.vpc_cidr": None, "network.subnet_ids": ["subnet-0123456789abcdef0"]})
+
+
+def test_a_preemptible_queue_whose_items_time_out_before_their_min_runtime_is_refused():
+    expected = ("queues.default.min_runtime_s: must be below item_timeout_s on a preemptible queue (got 600 >= 300); its "
+                "items time out before they may be preempted, so none ever would be; lower min_runtime_s or remove "
+                "preemptible")  # fmt: skip
+    _refused("dev", expected, **{"queues.default.preemptible": True, "queues.default.item_timeout_s": 300})
+    _refused("dev", "(got 1800 >= 1800)", **{"queues.default.preemptible": True, "queues.default.min_runtime_s": 1800})
+    assert _env("dev", **{"queues.default.preemptible": True, "queues.default.min_runtime_s": 1799})
+    assert _env("dev", **{"queues.default.item_timeout_s": 300})  # not preemptible: min_runtime_s is not read

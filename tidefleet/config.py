@@ -443,6 +443,11 @@ def _semantic_problems(env: Environment) -> list[str]:
             out.append(f"{where}.target_wait_s: must be below max_wait_s (got {queue.target_wait_s} >= "
                        f"{queue.max_wait_s}); the oldest-item alarm would fire and escalate the queue to on-demand "
                        "before the scaler means to launch; lower target_wait_s or raise max_wait_s")  # fmt: skip
+        if queue.preemptible and queue.min_runtime_s >= queue.item_timeout_s:
+            # An attempt is killed at item_timeout_s; the scaler preempts (and moves) only those past min_runtime_s.
+            out.append(f"{where}.min_runtime_s: must be below item_timeout_s on a preemptible queue (got "
+                       f"{queue.min_runtime_s} >= {queue.item_timeout_s}); its items time out before they may be "
+                       "preempted, so none ever would be; lower min_runtime_s or remove preemptible")  # fmt: skip
         if queue.team is not None and not re.fullmatch(NAME, queue.team):
             out.append(f"{where}.team: bad team name (got {queue.team!r}); {NAME_RULE}")
         if queue.pool not in env.pools:
