@@ -253,3 +253,18 @@ def test_a_preemptible_queue_whose_items_time_out_before_their_min_runtime_is_re
     _refused("dev", "(got 1800 >= 1800)", **{"queues.default.preemptible": True, "queues.default.min_runtime_s": 1800})
     assert _env("dev", **{"queues.default.preemptible": True, "queues.default.min_runtime_s": 1799})
     assert _env("dev", **{"queues.default.item_timeout_s": 300})  # not preemptible: min_runtime_s is not read
+
+
+def test_more_zones_than_the_region_has_are_refused():
+    _refused("dev", ("network.az_count: eu-west-1 has 3 availability zones (got 4); the other subnets would land in "
+                     "zones already used; use at most 3"), **{"region": "eu-west-1", "network.az_count": 4})  # fmt: skip
+    _refused("dev", "network.az_count: us-west-2 has 4 availability zones (got 5)", **{"region": "us-west-2",
+                                                                                    "network.az_count": 5})  # fmt: skip
+    assert _env("dev", **{"network.az_count": 6})  # us-east-1
+    assert _env("dev", **{"region": "eu-west-1", "network.az_count": 3})
+    # In 3 zones a /16 holds 12,273 nodes: the fix is your own subnets, not a fourth zone.
+    _refused("dev", ("network.vpc_cidr: holds 12273 node addresses (3 private /20 subnets less the 5 AWS keeps in each), "
+                     "fewer than the 13000 the pools' max needs (got '10.80.0.0/16'); no vpc_cidr up to a /16 holds "
+                     "them; use your own subnet_ids"),
+             **{"region": "eu-west-1", "network.az_count": 3, "pools.cpu.max": 10000,
+                "pools.more": {**BASES["dev"]["pools"]["cpu"], "max": 3000}})  # fmt: skip

@@ -91,6 +91,11 @@ GCP_REGIONS = frozenset({
     "northamerica-south1", "southamerica-east1", "southamerica-west1", "us-central1", "us-east1", "us-east4",
     "us-east5", "us-south1", "us-west1", "us-west2", "us-west3", "us-west4",
 })  # fmt: skip
+# The availability zones of each AWS region (AWS Global Infrastructure, 2025): 3, but for these. The most an
+# account sees, an upper bound: some see fewer (most accounts 2 in us-west-1, 3 in ap-northeast-1). The
+# stack puts private subnet i in zone i of the region's (stacks/aws/network.py, Terraform element() wraps).
+AWS_ZONES = {"us-east-1": 6, "us-west-2": 4, "ap-northeast-1": 4, "ap-northeast-2": 4}
+AWS_ZONES_USUAL = 3
 SQS_MAX_VISIBILITY_S = 12 * 3600
 # A node that dies holding an item (kill -9, a reclaim without notice) is rarely the item's
 # fault, so the agent counts those losses apart from failed attempts and dead-letters an item
@@ -714,6 +719,10 @@ def _network_problems(env: Environment) -> list[str]:
         elif not env.network.subnet_ids:
             out += _address_problems(env, network)
     given = env.network.model_fields_set
+    zones = AWS_ZONES.get(env.region, AWS_ZONES_USUAL)
+    if env.cloud == "aws" and env.network.az_count > zones and env.region in AWS_REGIONS:
+        out.append(f"network.az_count: {env.region} has {zones} availability zones (got {env.network.az_count}); "
+                   f"the other subnets would land in zones already used; use at most {zones}")  # fmt: skip
     if env.cloud == "gcp" and "az_count" in given:
         out.append(f"network.az_count: not read on gcp (got {env.network.az_count}); a regional managed instance "
                    "group spreads over the region's zones itself; remove it")  # fmt: skip
@@ -762,7 +771,8 @@ def _address_problems(env: Environment, network: ipaddress.IPv4Network | ipaddre
     larger = next((p for p in range(network.prefixlen - 1, 15, -1) if fits(p)), None)
     if larger:
         fix = f"use a larger vpc_cidr (e.g. '{network.supernet(new_prefix=larger)}') or your own subnet_ids"
-    elif cluster <= room(16)[0] and cloud == "aws":  # more zones, more subnets: not for the first one's pools
+    elif cloud == "aws" and cluster <= room(16)[0] and env.network.az_count < AWS_ZONES.get(env.region, AWS_ZONES_USUAL):
+        # More zones, more subnets (but not for the first one's cluster pools).
         fix = f"no vpc_cidr up to a /16 holds them in {env.network.az_count} zones; raise az_count or use your own subnet_ids"
     else:
         fix = "no vpc_cidr up to a /16 holds them; use your own subnet_ids"
