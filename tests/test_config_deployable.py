@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from test_config import _with
 
-from tidefleet.config import GPU_IMAGES, ConfigError, parse_environment
+from tidefleet.config import GPU_IMAGES, QUEUE_RETENTION_S, ConfigError, parse_environment
+from tidefleet.resources import PUBSUB_RETENTION_S, SQS_RETENTION_S
 
 ROOT = Path(__file__).resolve().parents[1] / "environments"
 BASES = {name: tomllib.loads((ROOT / f"{name}.toml").read_text()) for name in ("dev", "gcp-dev", "train")}
@@ -268,3 +269,14 @@ def test_more_zones_than_the_region_has_are_refused():
                      "them; use your own subnet_ids"),
              **{"region": "eu-west-1", "network.az_count": 3, "pools.cpu.max": 10000,
                 "pools.more": {**BASES["dev"]["pools"]["cpu"], "max": 3000}})  # fmt: skip
+
+
+def test_a_max_wait_the_queue_does_not_keep_an_item_for_is_refused():
+    assert QUEUE_RETENTION_S == {"aws": SQS_RETENTION_S, "gcp": PUBSUB_RETENTION_S}
+    _refused("gcp-dev", ("queues.default.max_wait_s: must be below the 604800 s (7 days) Pub/Sub keeps a waiting item "
+                         "(got 864000); it would be dropped before the oldest-item alarm fires or the queue escalates; "
+                         "lower max_wait_s, e.g. to 86400"), **{"queues.default.max_wait_s": 864000})  # fmt: skip
+    _refused("dev", "queues.default.max_wait_s: must be below the 1209600 s (14 days) SQS keeps a waiting item (got "
+             "1209600)", **{"queues.default.max_wait_s": 1209600})  # fmt: skip
+    assert _env("gcp-dev", **{"queues.default.max_wait_s": 604799})
+    assert _env("dev", **{"queues.default.max_wait_s": 864000})

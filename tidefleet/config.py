@@ -97,6 +97,9 @@ GCP_REGIONS = frozenset({
 AWS_ZONES = {"us-east-1": 6, "us-west-2": 4, "ap-northeast-1": 4, "ap-northeast-2": 4}
 AWS_ZONES_USUAL = 3
 SQS_MAX_VISIBILITY_S = 12 * 3600
+# How long a queue keeps a waiting item before dropping it (tidefleet/resources.py SQS_RETENTION_S and
+# PUBSUB_RETENTION_S, the services' most): the oldest-item alarm and the escalation must come before it.
+QUEUE_RETENTION_S = {"aws": 14 * 24 * 3600, "gcp": 7 * 24 * 3600}
 # A node that dies holding an item (kill -9, a reclaim without notice) is rarely the item's
 # fault, so the agent counts those losses apart from failed attempts and dead-letters an item
 # only after this many of them (an item that kills its node every time must not loop forever).
@@ -448,6 +451,11 @@ def _semantic_problems(env: Environment) -> list[str]:
             out.append(f"{where}.target_wait_s: must be below max_wait_s (got {queue.target_wait_s} >= "
                        f"{queue.max_wait_s}); the oldest-item alarm would fire and escalate the queue to on-demand "
                        "before the scaler means to launch; lower target_wait_s or raise max_wait_s")  # fmt: skip
+        if queue.max_wait_s >= (kept := QUEUE_RETENTION_S[env.cloud]):
+            service = "SQS" if env.cloud == "aws" else "Pub/Sub"
+            out.append(f"{where}.max_wait_s: must be below the {kept} s ({kept // DAY_S} days) {service} keeps a waiting "
+                       f"item (got {queue.max_wait_s}); it would be dropped before the oldest-item alarm fires or the "
+                       "queue escalates; lower max_wait_s, e.g. to 86400")  # fmt: skip
         if queue.preemptible and queue.min_runtime_s >= queue.item_timeout_s:
             # An attempt is killed at item_timeout_s; the scaler preempts (and moves) only those past min_runtime_s.
             out.append(f"{where}.min_runtime_s: must be below item_timeout_s on a preemptible queue (got "
