@@ -581,6 +581,17 @@ def test_acted_is_told_what_each_pool_was_set_to_not_what_was_decided(decide):
     assert acted == {}  # nothing set
 
 
+def test_acted_is_told_the_on_demand_base_the_group_has_after_the_tick(decide):
+    p = ports(group("cpu", 1), group("gpu", 1))
+    p.fleet.refused.add(("set_on_demand_base", "gpu"))
+    decide(decision("cpu", 2, on_demand_base=2), decision("gpu", 2, on_demand_base=2))
+    acted: dict = {}
+    with pytest.raises(control.TickError):
+        control.tick(ENV, p, NOW, acted=acted.__setitem__)
+    assert acted["cpu"]["base_after"] == 2  # set as decided
+    assert acted["gpu"]["base_after"] == 0  # refused: the group keeps its own
+
+
 def test_a_tick_for_one_pool_observes_only_that_pool(decide):
     p = ports(group("cpu", 0), group("gpu", 0), backlogs={"demo": Backlog(1, 0)})
     seen = decide()

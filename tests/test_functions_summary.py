@@ -37,8 +37,8 @@ def ticked(monkeypatch):
     def tick(env, ports, now, *, report=None, acted=None, **_):
         decisions = (PoolDecision("cpu", 3, ("i-1", "i-2"), None, ()), PoolDecision("gpu", 1, (), None, ()))
         if acted is not None and not env.scaler.dry_run:
-            acted("cpu", {"terminated": ["i-1"], "desired_after": 2, "held": CAPPED})
-            acted("gpu", {"terminated": [], "desired_after": 1})
+            acted("cpu", {"terminated": ["i-1"], "desired_after": 2, "base_after": 0, "held": CAPPED})
+            acted("gpu", {"terminated": [], "desired_after": 1, "base_after": 0})
         return decisions
 
     monkeypatch.setattr(control, "tick", tick)

@@ -126,12 +126,12 @@ def test_a_line_that_is_not_emf_is_refused(line):
 
 @pytest.mark.parametrize("done,expected", [
     # The group's MaxSize (6) below the decision's 8: 6 units set, base 2 + ceil(4 * 0.5) = 4 on demand.
-    ({"terminated": ["idle-spot"], "desired_after": 6, "held": "desired capped at the group's MaxSize 6"},
+    ({"terminated": ["idle-spot"], "desired_after": 6, "base_after": 2, "held": "desired capped at the group's MaxSize 6"},
      {"spot": 2, "on-demand": 4, "terminated": 1, "fallback": 2}),
     # The idle node was already gone: nothing terminated, desired as decided.
-    ({"terminated": [], "desired_after": 8}, {"spot": 3, "on-demand": 5, "terminated": 0, "fallback": 2}),
+    ({"terminated": [], "desired_after": 8, "base_after": 2}, {"spot": 3, "on-demand": 5, "terminated": 0, "fallback": 2}),
     # Both sets refused: the group keeps its own 7 and its base 0 (ceil(7 * 0.5) = 4 on demand).
-    ({"terminated": ["idle-spot"], "desired_after": 7,
+    ({"terminated": ["idle-spot"], "desired_after": 7, "base_after": 0,
       "failed": ["set_on_demand_base: PermissionError: no", "set_desired: PermissionError: no"]},
      {"spot": 3, "on-demand": 4, "terminated": 1, "fallback": 0}),
     # act itself failed: the group as observed (7, base 0), nothing known terminated.

@@ -338,13 +338,16 @@ def act(
         attempt("uncordon", ports.nodes.set_cordon, decision.pool, node_id, False)
     for node_id, keys in (p for p in decision.preempt if p[0] in ours):  # the agent stops these and hands them back
         attempt("preempt", ports.nodes.set_preempt, decision.pool, node_id, list(keys))
+    base_after = group.on_demand_base
     if decision.on_demand_base is not None and decision.on_demand_base != group.on_demand_base:
+        refused = len(failed)
         attempt("set_on_demand_base", ports.fleet.set_on_demand_base, decision.pool, decision.on_demand_base)
+        base_after = decision.on_demand_base if len(failed) == refused else group.on_demand_base
     if terminated is None:
         # Which nodes went (each with a decrement) is unknown: any desired computed now could
         # undo a decrement (a relaunch) or be low enough for the group to pick a victim. The
         # next tick observes again.
-        return {"terminated": [], "desired_after": group.desired, "failed": failed,
+        return {"terminated": [], "desired_after": group.desired, "base_after": base_after, "failed": failed,
                 "skipped": "set_desired: the terminate before it failed"}  # fmt: skip
     # Only nodes really terminated leave the floor: one the group refused to terminate (still
     # Pending, say) stays, and a lower desired would let the group pick a victim instead.
@@ -361,7 +364,7 @@ def act(
         if len(failed) > refused:  # the group keeps its own: as observed, less the terminations' decrements
             gone = (i for i in group.instances if i.id in terminated)
             desired_after = max(0, group.desired - _units(env, decision.pool, gone))
-    done: dict = {"terminated": list(terminated), "desired_after": desired_after}
+    done: dict = {"terminated": list(terminated), "desired_after": desired_after, "base_after": base_after}
     if desired_after == target and target != decision.desired:  # (a refused set: its failure says why)
         done["held"] = _held(env, decision, group, target)
     if failed:

@@ -206,10 +206,7 @@ def _outcome(pool: PoolView, decision: PoolDecision | None, done: dict | None) -
         return desired, base, terminated
     if "desired_after" not in done:  # act itself failed (`error`): the group as observed
         return pool.desired, pool.on_demand_base, 0
-    # act's failures read `<action>: <error>`; a refused base leaves the group's.
-    if any(f.startswith("set_on_demand_base:") for f in done.get("failed", ())):
-        base = pool.on_demand_base
-    return done["desired_after"], base, len(done["terminated"])
+    return done["desired_after"], done["base_after"], len(done["terminated"])
 
 
 def attempt_points(env_name: str, queue: str, outcome: str) -> list[Point]:
