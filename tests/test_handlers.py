@@ -215,6 +215,20 @@ def test_a_run_ticks_again_while_items_wait_for_up_to_a_minute(looping):
     assert group()["DesiredCapacity"] == 3  # the same absolute target each time
 
 
+def test_a_tick_s_under_a_minute_runs_as_the_minute_its_schedule_fires_at(looping, tmp_path):
+    """EventBridge fires at most once a minute: with tick_s = 30 a run still ticks again for the
+    minute, and the leave grant lasts until the scheduled tick after next, not 45 s."""
+    clock, context = looping
+    path = tmp_path / "sandbox.toml"
+    path.write_text(path.read_text().replace("tick_s = 60", "tick_s = 30", 1))
+    lambda_runtime.cache_clear()
+    put_items(5)
+    started = clock.now
+    assert scaler.handler(event("kick"), context(120))["ticks"] == 6
+    grant = DynamoStore("sandbox", REGION).table.get_item(Key={"pk": "POOL#cpu", "sk": "LEAVE"})["Item"]
+    assert float(grant["until"]) - float(grant["at"]) == 1.5 * 60 and float(grant["at"]) >= started
+
+
 def test_a_run_stops_ticking_before_its_time_runs_out(looping):
     _, context = looping
     put_items(5)

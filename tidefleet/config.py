@@ -321,6 +321,14 @@ class Scaler(_Model):
     # 0: the break-even idle rule already keeps a node whose next item is near; a cooldown after
     # every launch only adds idle time (measured in the README). Set it with a fixed delay.
     scale_out_cooldown_s: int = Field(0, ge=0, le=DAY_S, description="no scale-in this long after a scale-out")
+
+    @property
+    def scheduled_tick_s(self) -> int:
+        """How often a deployed stack's schedule fires: EventBridge and Cloud Scheduler fire at most
+        once a minute (and above 60 on whole minutes, a rule below), so a tick_s under 60 (the
+        sandbox's fast clock, which ticks itself) is a minute there."""
+        return max(60, self.tick_s)
+
     spot_fallback_after_s: int = Field(240, ge=0, le=DAY_S, description="spot nodes pending this long count as short")
     spot_failure_window_s: int = Field(600, ge=0, le=DAY_S, description="how long a spot launch failure is remembered")
     dry_run: bool = False

@@ -391,8 +391,11 @@ def tick(
     dry_run: bool = False,
     report: Callable[[FleetView, tuple[PoolDecision, ...]], object] | None = None,
     acted: Callable[[str, dict], object] | None = None,
+    tick_s: float | None = None,
 ) -> tuple[PoolDecision, ...]:
     """Observe → decide → act for these pools (default: all), logging one JSON line per pool.
+    `tick_s`: when the next scheduled tick comes (default `scaler.tick_s`; a deployed function's
+    schedule is `scaler.scheduled_tick_s`): the leave grant lasts until the one after.
     `report(fleet, decisions)` is told what was seen and decided (the metrics), failures or not.
     `acted(pool, done)` is told what acting on each pool did (`act`'s result: `desired_after`,
     and why it differs from the decision: `held`, `failed`, `skipped`, `error`); not in a dry run.
@@ -422,7 +425,7 @@ def tick(
         if log.isEnabledFor(logging.INFO):  # the simulator ticks ~10^5 times with the line unread: not built
             log.info(json.dumps(_decision_line(decision, group, now, dry_run) | done))
     if not dry_run:
-        grant_leave(env, ports, decisions, now)
+        grant_leave(env, ports, decisions, now, tick_s)
     if not dry_run and seen.waiting_marks:
         each(lambda qname: _mark_waiting(ports, qname, seen.waiting_marks[qname]), list(seen.waiting_marks),
              ports.calls_in_flight)  # fmt: skip
@@ -468,10 +471,11 @@ def _decision_line(decision: PoolDecision, group: GroupState, now: float, dry_ru
     }
 
 
-def grant_leave(env: Environment, ports: Ports, decisions: Iterable[PoolDecision], now: float) -> None:
-    """Write each pool's leave grant, until the tick after next is due: every pool's, so that a
-    tick that grants nothing withdraws the last grant."""
-    until = now + LEAVE_GRANT_TICKS * env.scaler.tick_s
+def grant_leave(env: Environment, ports: Ports, decisions: Iterable[PoolDecision], now: float,
+                tick_s: float | None = None) -> None:  # fmt: skip
+    """Write each pool's leave grant, until the tick after next is due (`tick` says when ticks
+    come): every pool's, so that a tick that grants nothing withdraws the last grant."""
+    until = now + LEAVE_GRANT_TICKS * (tick_s or env.scaler.tick_s)
     each(lambda d: _grant_leave(ports, d.pool, d.leave, now, until, d.stay_first), list(decisions), ports.calls_in_flight)
 
 

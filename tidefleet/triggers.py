@@ -229,8 +229,9 @@ def run(
             log.warning(json.dumps({"metrics": f"not written: {type(err).__name__}: {err}"}))
 
     ticks, terminated, slowest, dry_run = 1, 0, 0.0, env.scaler.dry_run
+    scheduled = env.scaler.scheduled_tick_s  # a function's schedule, whatever tick_s asks below a minute
     while True:
-        decisions = tick(env, ports, started, report=report, acted=acted.__setitem__)
+        decisions = tick(env, ports, started, report=report, acted=acted.__setitem__, tick_s=scheduled)
         # The nodes really terminated: the fleet skips those already gone or not in service.
         terminated += sum(len(d.terminate) if dry_run else len(acted[d.pool]["terminated"]) for d in decisions)
         took = time.time() - started
@@ -238,7 +239,7 @@ def run(
         wait = retick_in(env, seen[0]) if time_left is not None and seen else None
         if (
             wait is None
-            or time.time() + wait > first + min(MAX_LOOP_S, env.scaler.tick_s) - wait  # the next run is near
+            or time.time() + wait > first + min(MAX_LOOP_S, scheduled) - wait  # the next run is near
             or time_left() < wait + 2 * took + LOOP_MARGIN_S
         ):
             break
