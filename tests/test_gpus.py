@@ -54,6 +54,12 @@ def test_garbage_from_the_driver_is_a_problem_not_a_crash():
         query(1, run=lambda args: "zero, GPU-x, 100\n")
 
 
+def test_a_driver_warning_among_the_rows_loses_no_gpu():
+    warned = "WARNING: infoROM is corrupted at gpu 0000:00:1E.0\n0, GPU-a, 81920\n1, GPU-b, 81920\n"
+    assert [g.uuid for g in query(2, run=lambda args: warned)] == ["GPU-a", "GPU-b"]
+    assert sample(run=lambda args: "WARNING: infoROM is corrupted\n0, 40, 1000\n") == {0: (40.0, 1000.0)}
+
+
 def gpus(n: int) -> list[Gpu]:
     return [Gpu(i, f"GPU-{i}", 80000) for i in range(n)]
 
@@ -96,7 +102,8 @@ def test_no_two_holders_ever_share_a_slot():
 
 
 def test_the_workload_sees_only_its_own_devices():
-    assert visible_env([1, 3]) == {"CUDA_VISIBLE_DEVICES": "1,3", "NVIDIA_VISIBLE_DEVICES": "1,3"}
+    assert visible_env([1, 3]) == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "1,3",
+                                   "NVIDIA_VISIBLE_DEVICES": "1,3"}  # fmt: skip
     assert docker_gpu_args([1, 3]) == ["--gpus", '"device=1,3"']
     assert docker_gpu_args([]) == []
 

@@ -49,11 +49,13 @@ def run_nvidia_smi(args: Sequence[str]) -> str:
 
 
 def _rows(text: str, width: int) -> list[list[str]]:
+    """The CSV rows of `width` cells. Other lines are skipped: the driver prints warnings on stdout
+    too ("WARNING: infoROM is corrupted at gpu ...") and a GPU's readings must not be lost to one."""
     rows = [[cell.strip() for cell in line.split(",")] for line in text.splitlines() if line.strip()]
-    bad = [r for r in rows if len(r) != width]
-    if bad:
-        raise GpuProblem(f"{NVIDIA_SMI} printed something unexpected ({', '.join(bad[0])!r})")
-    return rows
+    good = [r for r in rows if len(r) == width]
+    if rows and not good:
+        raise GpuProblem(f"{NVIDIA_SMI} printed something unexpected ({', '.join(rows[0])!r})")
+    return good
 
 
 def _number(cell: str) -> float:
@@ -120,9 +122,11 @@ class Devices:
 
 
 def visible_env(indices: list[int]) -> dict[str, str]:
-    """What tells CUDA (and the NVIDIA container runtime) which devices are the item's."""
+    """What tells CUDA (and the NVIDIA container runtime) which devices are the item's. The indices
+    are nvidia-smi's, in PCI bus order; CUDA's own order puts the fastest first, which on a node
+    of mixed GPUs would hand the item another device than the one its usage is read from."""
     devices = ",".join(str(i) for i in indices)
-    return {"CUDA_VISIBLE_DEVICES": devices, "NVIDIA_VISIBLE_DEVICES": devices}
+    return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": devices, "NVIDIA_VISIBLE_DEVICES": devices}
 
 
 def docker_gpu_args(indices: list[int]) -> list[str]:
