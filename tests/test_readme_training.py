@@ -36,6 +36,16 @@ def test_the_readme_training_config_is_what_environments_train_toml_says():
                 assert got == value, f"README {table}.{name}.{key} = {value!r}, train.toml has {got!r}"
 
 
+def pool_command(script: Path) -> str:
+    """The README pool's command, with the script where a test wrote it and this interpreter's torchrun
+    (beside it, else `python -m torch.distributed.run`, the module torchrun runs)."""
+    beside = Path(sys.executable).parent / "torchrun"
+    torchrun = [str(beside)] if beside.exists() else [sys.executable, "-m", "torch.distributed.run"]
+    words = shlex.split(CONFIG["pools"]["gpu8"]["command"])
+    return shlex.join([part for w in words for part in (torchrun if w == "torchrun" else
+                                                         [str(script)] if w.endswith("train.py") else [w])])  # fmt: skip
+
+
 # A harness template ({ledger}, {max_retries}); @COMMAND@, @LOW@ and @HIGH@ come from the README.
 ENV_TOML = """
 region = "us-east-1"
@@ -59,12 +69,8 @@ def torch_gang(tmp_path, aws, request) -> Harness:
     pytest.importorskip("torch", reason="PyTorch is not installed: .ci/run installs its CPU wheel for this test")
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
-    # The README pool's command, with the script where this test wrote it and this interpreter's torchrun.
-    words = shlex.split(CONFIG["pools"]["gpu8"]["command"])
-    words = [str(Path(sys.executable).parent / "torchrun") if w == "torchrun" else str(script) if w.endswith("train.py")
-             else w for w in words]  # fmt: skip
     low, high = CONFIG["queues"]["train"]["nodes_per_item"].values()
-    env_toml = ENV_TOML.replace("@COMMAND@", shlex.join(words)).replace("@LOW@", str(low)).replace("@HIGH@", str(high))
+    env_toml = ENV_TOML.replace("@COMMAND@", pool_command(script)).replace("@LOW@", str(low)).replace("@HIGH@", str(high))
     h = Harness(tmp_path, aws, env_toml=env_toml, workload="", max_retries=1)
     request.addfinalizer(h.stop_agents)
     return h
