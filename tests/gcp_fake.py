@@ -307,11 +307,14 @@ class FakeGcp:
     def add_topic(self, topic: str) -> None:
         self.published.setdefault(topic, [])
 
-    def publish(self, topic: str, body: bytes) -> None:
+    def publish(self, topic: str, body: bytes) -> str:
+        """The message's id: one per published message, the same in every subscription (as Pub/Sub)."""
         self.published.setdefault(topic, []).append(body)
+        message_id = str(next(IDS))
         for sub in self.subscriptions.values():
             if sub.topic == topic:
-                sub.messages.append(FakeMessage(str(next(IDS)), body))
+                sub.messages.append(FakeMessage(message_id, body))
+        return message_id
 
     def bodies(self, subscription: str) -> list[bytes]:
         """What waits in a subscription (delivered or not), oldest first."""
@@ -324,9 +327,8 @@ class FakeGcp:
         if kind == "topics":
             if name not in self.published and not any(s.topic == name for s in self.subscriptions.values()):
                 return self._error(404, "NOT_FOUND", f"Resource not found (resource={name}).")
-            for m in body.get("messages", []):
-                self.publish(name, base64.b64decode(m.get("data", "")))
-            return 200, {}, json.dumps({"messageIds": [str(i) for i in range(len(body.get("messages", [])))]})
+            ids = [self.publish(name, base64.b64decode(m.get("data", ""))) for m in body.get("messages", [])]
+            return 200, {}, json.dumps({"messageIds": ids})
         sub = self.subscriptions.get(name)
         if sub is None:
             return self._error(404, "NOT_FOUND", f"Resource not found (resource={name}).")

@@ -164,6 +164,10 @@ class WorkQueues(Protocol):
     or dead-letter subscription (Pub/Sub). A body is opaque text: what it means (`ItemMessage`)
     is the SDK's business, not the port's."""
 
+    # How long after the receive that gave it a handle can keep its message hidden (SQS: 12 h);
+    # None: as long as it is extended. The agent replaces a message it holds longer (`Agent._refresh`).
+    max_hold_s: int | None
+
     def lease_s(self, queue: str) -> int:
         """How long a received message stays hidden from others (visibility / ack deadline)."""
 
@@ -177,8 +181,8 @@ class WorkQueues(Protocol):
     def delete(self, queue: str, handles: list[str], *, dead_letter: bool = False) -> list[str]:
         """Done with them (SQS delete / Pub/Sub ack); returns the error of each that failed."""
 
-    def send(self, queue: str, bodies: list[str], *, dead_letter: bool = False) -> None:
-        """Raises if any body was refused: nothing is silently dropped."""
+    def send(self, queue: str, bodies: list[str], *, dead_letter: bool = False) -> list[str]:
+        """The sent messages' ids, in order; raises if any body was refused: nothing is silently dropped."""
 
     def release(self, queue: str, handles: list[str], *, dead_letter: bool = False) -> None:
         """Visible to everyone again now (SQS visibility 0 / Pub/Sub nack). Counts as a delivery."""

@@ -255,6 +255,9 @@ class Item:
     seq: int = 0  # the newest message sent for this item (each retry or hand-back sends seq + 1)
     lease_until: float = 0.0  # while running: the holder renews it every heartbeat
     message_id: str = ""  # the queue's id of the message the current attempt holds
+    # A handle to that message another node received while the attempt runs (`claim.HandOver`):
+    # its holder takes it at its next heartbeat. Cleared by a claim and by the holder's refresh.
+    receipt: str = ""
     history: list[dict] = field(default_factory=list)  # one entry per finished attempt
     # A multi-node item's gang for the current attempt (`tidefleet.agent.gang`): its state
     # (forming, running, stopping, released), the nodes that joined in order (the lead first),

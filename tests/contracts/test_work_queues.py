@@ -12,11 +12,11 @@ def receive_all(q, *, dead_letter: bool = False, hold_s: int | None = None):
     return q.queues.receive(q.queue, 10, 0, dead_letter=dead_letter, hold_s=hold_s)
 
 
-def test_sent_bodies_are_received_once_each_as_first_deliveries_with_an_id(work_queues):
+def test_sent_bodies_are_received_once_each_as_first_deliveries_with_the_id_their_send_gave(work_queues):
     q = work_queues
-    q.queues.send(q.queue, ["one", "two", "three"])
+    ids = q.queues.send(q.queue, ["one", "two", "three"])
     got = receive_all(q)
-    assert sorted(d.body for d in got) == ["one", "three", "two"]
+    assert {d.body: d.message_id for d in got} == dict(zip(["one", "two", "three"], ids, strict=True))
     assert {d.deliveries for d in got} == {1}
     assert all(d.message_id for d in got) and len({d.message_id for d in got}) == 3
     assert len({d.handle for d in got}) == 3
@@ -98,11 +98,11 @@ def test_the_queue_itself_dead_letters_a_message_after_its_redrive_receives(work
 def test_more_bodies_than_one_batch_holds_all_land(work_queues):
     q = work_queues
     bodies = [f"b{n:02}" for n in range(23)]
-    q.queues.send(q.queue, bodies)
+    ids = q.queues.send(q.queue, bodies)
     got = []
     while batch := receive_all(q):
         got += batch
-    assert sorted(d.body for d in got) == bodies
+    assert sorted((d.body, d.message_id) for d in got) == list(zip(bodies, ids, strict=True))
     assert q.queues.extend(q.queue, [d.handle for d in got], 60) == {}
     assert q.queues.delete(q.queue, [d.handle for d in got]) == []
 

@@ -55,8 +55,20 @@ class Defer:
 
 @dataclass(frozen=True)
 class Adopt:
-    """Our own running attempt's message, back because its visibility ran out: its newest handle
-    is the one that deletes it."""
+    """Our own running attempt's message, back because its visibility ran out or we replaced it
+    (a fresh copy, `WorkQueues.max_hold_s`): its newest handle is the one that deletes it."""
+
+
+@dataclass(frozen=True)
+class HandOver:
+    """Another node's running attempt's message, back while that node lives: hidden until the
+    holder's lease would lapse (it comes back only if the holder is gone), and its handle written
+    to the item's record, where the holder takes it at its next heartbeat. Hidden only, it would
+    come back again and again while the attempt runs, each receive counting toward the queue's
+    redrive."""
+
+    seconds: int
+    why: str
 
 
 @dataclass(frozen=True)
@@ -70,7 +82,7 @@ class Claim:
 
 
 Intake = Poison | Cancel | Claim
-Refusal = Poison | Drop | Hide | Adopt
+Refusal = Poison | Drop | Hide | Adopt | HandOver
 
 
 def on_receipt(msg: ItemMessage, job: Job | None) -> Intake:
@@ -110,12 +122,11 @@ def on_refusal(current: Item | None, msg: ItemMessage, delivery: Delivery, *, no
             # lease lapses within a few receives, well before the queue's redrive).
             return Hide(min(2**delivery.deliveries, int(left) + 1))
         if delivery.message_id and delivery.message_id == current.message_id:
-            # The holder's own message, back because its visibility ran out: hidden until the
-            # holder's lease would have lapsed, so it runs again only if the holder is gone.
             if mine:
                 return Adopt()
             hide = int(left + heartbeat_s) + 1
-            return Hide(hide, f"{where} runs on {current.node} (lease {int(left)}s left); its message comes back in {hide}s")
+            return HandOver(hide, f"{where} runs on {current.node} (lease {int(left)}s left); handing its message "
+                                  "back to it")  # fmt: skip
         return Drop(f"{where} runs on {current.node}; dropping a duplicate copy of its message")
     return Hide(1)  # it changed between the claim and the read: look again shortly
 

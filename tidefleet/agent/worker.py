@@ -18,6 +18,10 @@ How an item's attempts are counted, on SQS and Pub/Sub alike:
     nack raises the delivery attempt and Pub/Sub would dead-letter the item by itself.
   * When `failures` exceeds the queue's max_retries the agent itself sends the message to
     the dead-letter queue and marks the item failed with the reason.
+  * An attempt that outruns how long the queue hides a message (SQS: 12 h from a receive,
+    `WorkQueues.max_hold_s`) replaces its message with a fresh copy, and whichever node
+    receives the copy gives it back to the holder (`_refresh`, `claim.HandOver`): a running
+    item's message never comes back to be counted by the redrive.
   * A message delivered more than once was held by an agent that vanished without a
     word (kill -9, kernel panic, spot reclaim without notice). That attempt is "lost", not
     failed: it is retried without spending max_retries, but losses have their own budget
@@ -87,7 +91,7 @@ from tidefleet.jobs.sdk import ItemMessage, send_messages
 from tidefleet.jobs.spec import JobSpec, Resolved, resolve
 from tidefleet.policy.model import rate_after, rate_at
 from tidefleet.ports import Delivery, NodeMetadata
-from tidefleet.records import AttemptOutcome, Fence, Heartbeat, ItemWrite, Job
+from tidefleet.records import AttemptOutcome, Fence, Heartbeat, Item, ItemWrite, Job
 
 log = logging.getLogger("tidefleet.agent")
 RECEIVE_BATCH = 10  # SQS's most per receive; more than a node's free slots anyway
@@ -159,6 +163,7 @@ class Run(Held):
     slots: int = 1
     gpus: list[int] = field(default_factory=list)  # the node's GPUs this attempt holds (its only visible ones)
     began: float = field(default_factory=time.time)
+    held_since: float = field(default_factory=time.time)  # when `receipt` was received (max_hold_s counts from it)
     state: Attempt = field(kw_only=True)
     workload: Workload = field(kw_only=True)
     # A multi-node item this node leads (`agent.gang`): the gang's (min, max) nodes, and which
@@ -245,6 +250,10 @@ class Acks(Batches):
         super().__init__(queues.delete, ACK_BATCH, "delete recorded messages (the queue redelivers them and the "
                          "agent drops them)")  # fmt: skip
 
+    def add(self, queue: str, entry: str) -> None:
+        if entry:  # "": a fresh copy whose handle never came back (`Agent._refresh`); its claim drops it
+            super().add(queue, entry)
+
 
 @dataclass(frozen=True)
 class Ended:
@@ -305,7 +314,7 @@ class Records(Batches):
         out: dict[str, list[str]] = defaultdict(list)
         with self.lock:
             for queue, entries in [*self.pending.items(), *self.sending.values()]:
-                out[queue] += [e.receipt for e in entries]
+                out[queue] += [e.receipt for e in entries if e.receipt]
         return {q: receipts for q, receipts in out.items() if receipts}
 
 
@@ -520,7 +529,7 @@ class Agent:
             log.warning("could not move a poison message of %s to the dead-letter queue (%s); the queue redelivers "
                         "it", name, str(err).splitlines()[0][:300] if str(err) else type(err).__name__)  # fmt: skip
 
-    def _accept(self, name: str, queue: Queue, delivery: Delivery) -> None:
+    def _accept(self, name: str, queue: Queue, delivery: Delivery, *, taking: bool = True) -> None:
         try:
             msg = ItemMessage.parse(delivery.body)
         except ValueError as err:
@@ -528,10 +537,11 @@ class Agent:
             return
         held = Held(name, delivery.handle, msg)
         # Received during a long poll that began before this node stopped taking items (stopping,
-        # cordoned, its group letting it go, the queue held): not ours to start. A cordoned node
-        # would otherwise take back the very item the scaler just moved off it.
-        if self.stopping.is_set() or self.cordoned or self.retiring or name in self.held:
-            self._requeue([held], interrupted=False)
+        # cordoned, its group letting it go, the queue held), or not `taking` (`_refresh`): not ours
+        # to start. A cordoned node would otherwise take back the very item the scaler just moved off it.
+        if not taking or self.stopping.is_set() or self.cordoned or self.retiring or name in self.held:
+            if not self._to_holder(name, delivery, msg):
+                self._requeue([held], interrupted=False)
             return
         job = self._job(msg.job)
         action = claim.on_receipt(msg, job)
@@ -544,11 +554,13 @@ class Agent:
         defer = claim.on_spot(msg, delivery, after=queue.on_demand_after_interruptions,
                               max_receives=queue.max_receive_count) if self.s.spot else None  # fmt: skip
         if defer is not None:
-            self._defer(name, delivery, msg, defer)
+            if not self._to_holder(name, delivery, msg):
+                self._defer(name, delivery, msg, defer)
             return
         held.what = resolve(JobSpec.from_record(job.spec if job else None), queue, self.pool)
         if not self._gpus_fit(held.what.slots):  # free slots, but not on whole GPUs: the next node's
-            self._requeue([held], interrupted=False)
+            if not self._to_holder(name, delivery, msg):
+                self._requeue([held], interrupted=False)
             return
         # Delivered before: its last holder may have died mid-attempt (then the record still says
         # running, under a lapsed lease), or the message was only hidden again on purpose.
@@ -559,7 +571,7 @@ class Agent:
                 "gang_failure": ""} if queue.gang[1] > 1 else {}  # fmt: skip
         item = self.store.update_item(
             msg.job, msg.item, status="running", node=self.s.node_id, args=msg.args, seq=msg.seq,
-            lease_until=now + self.lease_s, message_id=delivery.message_id, add={"attempts": 1},
+            lease_until=now + self.lease_s, message_id=delivery.message_id, receipt="", add={"attempts": 1},
             fence=Fence(claim_at=now, seq=msg.seq), **lead,
         )  # fmt: skip
         if item is None:
@@ -611,9 +623,22 @@ class Agent:
         self.intake[queue] = self.intake.get(queue, 0.0) + rate_after(0.0, now, now)
         self.intake_at = now
 
-    def _refused(self, name: str, delivery: Delivery, msg: ItemMessage, now: float) -> None:
-        """The claim was refused: do with the message what the reason calls for (`claim.on_refusal`)."""
+    def _to_holder(self, name: str, delivery: Delivery, msg: ItemMessage) -> bool:
+        """A message this node starts nothing of may be a running item's (its holder replaced it,
+        `_refresh`, or its visibility ran out): then the claim's refusal rules give it back to its
+        holder (True). Sent out again as a copy instead, a claim would drop it as a duplicate,
+        leaving the item no message if its node dies; deferred, it would come back every DEFER_S,
+        each receive counting toward the queue's redrive."""
+        now = time.time()
         current = self.store.item(msg.job, msg.item)
+        if current is None or current.status != "running" or current.lease_until <= now:
+            return False
+        self._refused(name, delivery, msg, now, current)
+        return True
+
+    def _refused(self, name: str, delivery: Delivery, msg: ItemMessage, now: float, current: Item | None = None) -> None:
+        """The claim was refused: do with the message what the reason calls for (`claim.on_refusal`)."""
+        current = current or self.store.item(msg.job, msg.item)
         mine = self._run_of(msg, current.attempts) if current is not None else None
         action = claim.on_refusal(current, msg, delivery, now=now, heartbeat_s=self.s.heartbeat_s,
                                   mine=mine is not None)  # fmt: skip
@@ -626,8 +651,13 @@ class Agent:
             if action.why:
                 log.info("%s", action.why)
             self.cloud.queues.extend(name, [delivery.handle], action.seconds)
+        elif isinstance(action, claim.HandOver):
+            log.info("%s", action.why)
+            self.cloud.queues.extend(name, [delivery.handle], action.seconds)
+            self.store.update_item(msg.job, msg.item, only_from=("running",), fence=Fence(attempt=current.attempts),
+                                   receipt=delivery.handle)  # fmt: skip
         elif mine is not None:  # claim.Adopt
-            mine.receipt = delivery.handle
+            mine.receipt, mine.held_since = delivery.handle, time.time()
 
     def _completed_earlier(self, held: Held) -> bool:
         """An earlier attempt declared completion (`checkpoint.complete()`) but its node died
@@ -1150,7 +1180,8 @@ class Agent:
             by_queue[h.queue].append(h)
         for queue, group in by_queue.items():
             send_messages(self.cloud, queue, [handed_back(h.message, interrupted=interrupted) for h in group])
-            errors = self.cloud.queues.delete(queue, [h.receipt for h in group])
+            # "": a fresh copy whose handle never came back (`_refresh`); the newer seq drops it
+            errors = self.cloud.queues.delete(queue, [h.receipt for h in group if h.receipt])
             if errors:
                 log.warning("could not delete %d handed-back message(s): %s", len(errors), errors[0])
         for h in helds:
@@ -1254,6 +1285,7 @@ class Agent:
         self._step("visibility", self._extend_visibility, runs)
         self._step("visibility of unrecorded ends", self._keep_hidden, unrecorded)
         self._step("lease", self._renew_leases, runs)
+        self._refresh_due(runs)
         self._step("cancel check", self._stop_cancelled, runs)
         self._step("queue stats", self._record_item_seconds)
         # Idle for less than a beat counts as busy: a node taking items back to back keeps its
@@ -1358,7 +1390,8 @@ class Agent:
     def _extend_visibility(self, runs: list[Run]) -> None:
         by_queue: dict[str, list[Run]] = defaultdict(list)
         for run in runs:
-            by_queue[run.queue].append(run)
+            if run.receipt:  # "": its fresh copy's handle has not come back yet (`_refresh`)
+                by_queue[run.queue].append(run)
         for queue, group in by_queue.items():
             failed = self.cloud.queues.extend(queue, [r.receipt for r in group], self.visibility[queue])
             for run in group:
@@ -1380,9 +1413,43 @@ class Agent:
         until = time.time() + self.lease_s
         for run in runs:
             msg = run.message
-            if self.store.update_item(msg.job, msg.item, only_from=("running",), lease_until=until,
-                                      fence=Fence(attempt=run.attempt)) is None:  # fmt: skip
+            item = self.store.update_item(msg.job, msg.item, only_from=("running",), lease_until=until,
+                                          fence=Fence(attempt=run.attempt))  # fmt: skip
+            if item is None:
                 self._superseded(run)
+            elif item.receipt and item.receipt != run.receipt:  # another node received our message (`claim.HandOver`)
+                run.receipt, run.held_since = item.receipt, time.time()
+
+    def _refresh_due(self, runs: list[Run]) -> None:
+        """Halfway through the queue's `max_hold_s` (SQS: 12 h from a receive), the other half
+        leaves ample room for an extension, a slow heartbeat and the copy's way back."""
+        limit = self.cloud.queues.max_hold_s
+        for run in runs:
+            if limit is not None and run.receipt and time.time() - run.held_since >= limit / 2:
+                self._step("message refresh", self._refresh, run)
+
+    def _refresh(self, run: Run) -> None:
+        """Replace the message of an attempt that outruns the queue's hold limit with a fresh copy:
+        recorded as the attempt's message before the old one goes, so whoever receives it gives it
+        back (`claim.Adopt`, `claim.HandOver`), and a node that dies meanwhile leaves a message for
+        the next claim. Receiving it again instead would count toward the queue's redrive, once
+        per limit, and dead-letter an item that is still running."""
+        msg, old = run.message, run.receipt
+        (message_id,) = self.cloud.queues.send(run.queue, [msg.body()])  # the same seq: never a newer attempt
+        if self.store.update_item(msg.job, msg.item, only_from=("running",), fence=Fence(attempt=run.attempt),
+                                  message_id=message_id, receipt="") is None:  # fmt: skip
+            self._superseded(run)  # its copy is a duplicate now: a claim drops it
+            return
+        run.receipt = ""
+        # A failed delete only brings the old message back after its visibility: a claim drops it
+        # (a running item's message that is not its recorded one).
+        self.cloud.queues.delete(run.queue, [old])
+        log.info("%s/%s: its message replaced by a fresh copy after %.0fs (the queue hides one at most %ss after "
+                 "its receipt)", msg.job, msg.item, time.time() - run.held_since, self.cloud.queues.max_hold_s)
+        # Received back at once, it waits for no other node to hand it over, nor counts as an item
+        # waiting meanwhile (scaler); another message received instead goes back.
+        for delivery in self.cloud.queues.receive(run.queue, 1, 1):
+            self._accept(run.queue, self.env.queues[run.queue], delivery, taking=False)
 
     def _superseded(self, run: Run) -> None:
         if self._feed(run, StopAsked(Stop.SUPERSEDED, time.monotonic())):

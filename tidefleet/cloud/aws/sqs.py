@@ -25,6 +25,8 @@ SQS_BATCH = 10
 # A long poll is silent for up to its wait: its client reads for longer than any wait, where
 # every other call gives up after READ_TIMEOUT_S (CLIENT_CONFIG, merged with this).
 LONG_POLL = Config(read_timeout=SQS_MAX_WAIT_S + READ_TIMEOUT_S)
+# ChangeMessageVisibility refuses to hide a message past 12 h after the receive that gave its handle.
+MAX_HOLD_S = 12 * 3600
 
 
 class QueueMissing(LookupError):
@@ -71,6 +73,8 @@ class SqsQueues:
 
 
 class SqsWorkQueues:
+    max_hold_s: int | None = MAX_HOLD_S
+
     def __init__(self, env: Environment, *, client=None):
         self.env = env
         self.sqs = client or boto3.client("sqs", region_name=env.region)
@@ -121,10 +125,18 @@ class SqsWorkQueues:
         failed = self._batches(self.sqs.delete_message_batch, queue, dead_letter, [{"ReceiptHandle": h} for h in handles])
         return [f.get("Message", f.get("Code", "?")) for f in failed]
 
-    def send(self, queue, bodies, *, dead_letter=False) -> None:
-        failed = self._batches(self.sqs.send_message_batch, queue, dead_letter, [{"MessageBody": b} for b in bodies])
+    def send(self, queue, bodies, *, dead_letter=False) -> list[str]:
+        ids: dict[str, str] = {}  # entry id (a position) -> message id
+
+        def send_batch(**request):
+            answer = self.sqs.send_message_batch(**request)
+            ids.update((s["Id"], s["MessageId"]) for s in answer.get("Successful", []))
+            return answer
+
+        failed = self._batches(send_batch, queue, dead_letter, [{"MessageBody": b} for b in bodies])
         if failed:
             raise RuntimeError(f"SQS refused {len(failed)} message(s): {failed[0].get('Message', failed[0])}")
+        return [ids[str(n)] for n in range(len(bodies))]
 
     def release(self, queue, handles, *, dead_letter=False) -> None:
         entries = [{"ReceiptHandle": h, "VisibilityTimeout": 0} for h in handles]

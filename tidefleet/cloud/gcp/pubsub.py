@@ -32,19 +32,27 @@ PUBLISH_BATCH = 100  # messages per publish call (Pub/Sub takes up to 1000 and 1
 SHORT_PULL_S = 1  # a "no wait" receive: how long an empty subscription may hold the pull
 
 
-def publish(env: Environment, topic: str, bodies: list[bytes], *, client: PublisherClient | None = None) -> None:
-    """Publish each body to the topic (a cloud resource name), in batches; raises on refusal."""
+def publish(env: Environment, topic: str, bodies: list[bytes], *, client: PublisherClient | None = None) -> list[str]:
+    """Publish each body to the topic (a cloud resource name), in batches; their message ids, in
+    order. Raises on refusal."""
     client = client or PublisherClient(transport="rest")
     path = client.topic_path(env.project, topic)
+    out: list[str] = []
     for start in range(0, len(bodies), PUBLISH_BATCH):
         batch = bodies[start : start + PUBLISH_BATCH]
         ids = client.publish(topic=path, messages=[PubsubMessage(data=b) for b in batch], retry=RETRY,
                              timeout=TRY_S).message_ids
         if len(ids) != len(batch):
             raise RuntimeError(f"Pub/Sub accepted {len(ids)} of {len(batch)} message(s) on {topic}")
+        out += ids
+    return out
 
 
 class PubSubWorkQueues:
+    # A pull subscription's ack deadline can be extended for as long as the message is retained
+    # (`resources.PUBSUB_RETENTION_S` from its publish): no limit from the receive.
+    max_hold_s: int | None = None
+
     def __init__(self, env: Environment, *, subscriber: SubscriberClient | None = None,
                  publisher: PublisherClient | None = None):  # fmt: skip
         self.env = env
@@ -97,8 +105,8 @@ class PubSubWorkQueues:
             return [str(err)] * len(handles)
         return []
 
-    def send(self, queue, bodies, *, dead_letter=False) -> None:
-        publish(self.env, self._name(queue, dead_letter), [b.encode() for b in bodies], client=self.publisher)
+    def send(self, queue, bodies, *, dead_letter=False) -> list[str]:
+        return publish(self.env, self._name(queue, dead_letter), [b.encode() for b in bodies], client=self.publisher)
 
     def release(self, queue, handles, *, dead_letter=False) -> None:
         self.extend_on(self._subscription(queue, dead_letter), handles, 0)
