@@ -72,3 +72,24 @@ def test_a_relative_workdir_holds_the_nodes_agent_work_dir_itself_not_a_copy_nes
     result = CliRunner().invoke(main, ["sandbox", "--workdir", "sb", "--items", "0"])
     assert result.exit_code == 0, result.output
     assert seen["agent work dir"] == str(tmp_path / "sb" / "nodes" / "i-0001" / "work")
+
+
+@pytest.mark.parametrize(
+    ("workdir", "problem"),
+    [
+        ("/proc/x", "cannot create /proc/x (No such file or directory)"),  # FileNotFoundError
+        ("{file}/sub", "cannot create {file}/sub (Not a directory)"),  # NotADirectoryError
+        ("/proc", "cannot write in /proc ("),  # there, but no file can be made in it
+    ],
+)
+def test_a_workdir_that_cannot_be_made_is_a_bad_option_before_anything_starts(
+    tmp_path, monkeypatch, handlers, workdir, problem
+):
+    started = []
+    monkeypatch.setattr(sandbox_cli, "_run", lambda *a, **k: started.append(a))
+    file = tmp_path / "f.csv"
+    file.write_text("x\n")
+    result = CliRunner().invoke(main, ["sandbox", "--workdir", workdir.format(file=file), "--items", "1"])
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for --workdir: {problem.format(file=file)}" in result.output, result.output
+    assert "Traceback" not in result.output and not started

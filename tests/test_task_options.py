@@ -41,6 +41,7 @@ def test_no_task_option_is_typed_as_a_number_for_invoke_to_convert():
         (("bench-io", "--submit-items", "x"), "--submit-items: must be a whole number (got 'x')"),
         (("mutate", "--jobs", "x"), "--jobs: must be a whole number (got 'x')"),
         (("build", "--cloud", "gcp", "--out", "/dev/null/x"), "build: cannot write /dev/null/x (Not a directory)"),
+        (("sandbox", "--workdir", "/proc/x"), "Invalid value for --workdir: cannot create /proc/x (No such file or directory)"),
     ],
 )
 def test_a_bad_option_value_is_one_line_naming_it(args, message):

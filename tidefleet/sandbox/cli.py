@@ -88,7 +88,7 @@ def sandbox(env_name, items, chaos, keep, train, time_limit, tick, boot_delay, s
     console = Console(stderr=as_json)
     temporary = workdir is None
     # Absolute once: each node runs in its own folder under it, so a relative one would nest there.
-    workdir = (workdir or Path(tempfile.mkdtemp(prefix="tidefleet-sandbox-"))).absolute()
+    workdir = _workdir(workdir).absolute()
     # SIGTERM ends the run like Ctrl-C does, so every node process and the emulator go too. Ctrl-C
     # itself stops it even where it was started with SIGINT ignored (a background job of a shell
     # without job control, as in a CI script): Python then leaves it ignored, and `--keep` ran on.
@@ -108,6 +108,27 @@ def sandbox(env_name, items, chaos, keep, train, time_limit, tick, boot_delay, s
     if summary is not None and not summary.ok:
         console.print(f"node logs and the scaler log are kept in {workdir}", highlight=False)
         sys.exit(2 if summary.time_limit_hit else 1)
+
+
+def _workdir(workdir: Path | None) -> Path:
+    """The work folder, created and tried with a file before anything starts: one that cannot be
+    made or written is a bad --workdir (or TMPDIR), not a traceback once the emulator is up."""
+    try:
+        if workdir is None:
+            return Path(tempfile.mkdtemp(prefix="tidefleet-sandbox-"))
+    except OSError as err:
+        raise click.ClickException(f"cannot create a temp folder in {tempfile.gettempdir()} ({err.strerror or err}); "
+                                   "set TMPDIR to a folder that can be written, or give --workdir DIR") from None
+    doing = "create"
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+        doing = "write in"
+        with tempfile.TemporaryFile(dir=workdir):
+            pass
+    except OSError as err:
+        raise click.BadParameter(f"cannot {doing} {workdir} ({err.strerror or err}); give a folder that can be written",
+                                 param_hint="--workdir") from None
+    return workdir
 
 
 def _run(env, environments: Path, workdir: Path, console, *, items, chaos, keep, train, deadline, timing, seed, as_json):
