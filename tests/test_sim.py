@@ -259,6 +259,24 @@ def test_a_bad_trace_names_the_line_and_column(tmp_path, csv_text, message):
         load_trace(write(tmp_path, csv_text))
 
 
+@pytest.mark.parametrize(
+    ("csv_text", "line"),
+    [
+        ('submit_s,duration_s,gpus,cpus,group\n0,10,1,,"team\n', 2),  # a quote left open on the last line
+        ('submit_s,duration_s,gpus,cpus,group\n0,10,1,,"team\n5,10,1,,a\n', 2),  # ...would swallow the rest
+        ('submit_s,duration_s\n0,1\n1,"' + "x" * 140_000 + "\n2,3\n", 3),  # a field over the csv module's limit
+        ('"submit_s,duration_s\n0,1\n', 1),
+    ],
+)
+def test_a_trace_the_csv_module_cannot_split_is_one_line_naming_where_the_record_starts(tmp_path, csv_text, line):
+    path = write(tmp_path, csv_text)
+    with pytest.raises(TraceError, match=rf"^trace.csv line {line}: not a CSV record \(.*\); an unbalanced quote\?"):
+        load_trace(path)
+    out = CliRunner().invoke(simulate_command, [str(path), "--env", "bench", "--pool", "gpu8"])
+    assert out.exit_code == 1 and isinstance(out.exception, SystemExit), out.output
+    assert f"trace.csv line {line}: not a CSV record" in _no_traceback_one_line(out.output)
+
+
 def test_a_trace_from_a_spreadsheet_reads_and_a_compressed_one_is_named(tmp_path):
     path = tmp_path / "excel.csv"
     path.write_bytes(b"\xef\xbb\xbfsubmit_s, duration_s\r\n0,5\r\n")  # byte-order mark, a space, CRLF

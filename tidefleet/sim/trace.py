@@ -68,8 +68,9 @@ def load_trace(path: Path, window: tuple[float, float] | None = None) -> list[Tr
 
 def _read_trace(path: Path, window: tuple[float, float] | None) -> list[TraceItem]:
     with path.open(newline="", encoding="utf-8-sig") as fh:  # -sig: a spreadsheet's byte-order mark
-        reader = csv.DictReader(fh)
-        columns = reader.fieldnames = [c.strip() for c in reader.fieldnames or []]
+        # strict: a quote left open is an error at the end of the file, not the rest of it in one field
+        reader = csv.DictReader(fh, strict=True)
+        columns = reader.fieldnames = [c.strip() for c in _malformed_as_trace_error(lambda: reader.fieldnames, path, 1) or []]
         if repeated := sorted({c for c in columns if columns.count(c) > 1}):
             raise TraceError(f"{path}: column(s) {', '.join(repeated)} named twice in the header; keep one of each")
         missing = [c for c in REQUIRED_COLUMNS if c not in columns]
@@ -79,7 +80,7 @@ def _read_trace(path: Path, window: tuple[float, float] | None) -> list[TraceIte
                 "a trace needs submit_s and duration_s, optionally gpus and group"
             )
         items = []
-        for line, row in enumerate(reader, start=2):
+        for line, row in enumerate(_rows(reader, path), start=2):
             where = f"{path.name} line {line}"
             if None in row:  # more fields than the header names
                 raise TraceError(f"{where}: {len(columns) + len(row[None])} fields, the header names {len(columns)}; "
@@ -104,6 +105,26 @@ def _read_trace(path: Path, window: tuple[float, float] | None) -> list[TraceIte
                 f"times must be in seconds (milliseconds? divide by 1000){fix}"
             )
     return items
+
+
+def _malformed_as_trace_error(read, path: Path, line: int):
+    """read(), with a record the csv module cannot split (`csv.Error`) as a TraceError naming `line`."""
+    try:
+        return read()
+    except csv.Error as err:
+        raise TraceError(f"{path.name} line {line}: not a CSV record ({err}); an unbalanced quote? "
+                         'a field that starts with " runs to the next one: close it or remove it') from None
+
+
+def _rows(reader: csv.DictReader, path: Path):
+    """The reader's rows; a malformed one stops the load naming the line its record starts on
+    (where an unbalanced quote is, not where the reader gave up)."""
+    rows = iter(reader)
+    while True:
+        try:
+            yield _malformed_as_trace_error(lambda: next(rows), path, reader.line_num + 1)
+        except StopIteration:
+            return
 
 
 def for_pool(items: list[TraceItem], capacity_unit: str) -> list[TraceItem]:
