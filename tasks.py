@@ -6,6 +6,7 @@ a message that says what to do, never a traceback.
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -14,15 +15,22 @@ from invoke import Exit, task
 
 ROOT = Path(__file__).resolve().parent
 OUT = ROOT / "build"
-ENV_HELP = "environment: a name from environments/ (or $TIDEFLEET_ENVIRONMENTS), or a .toml file's path"
+ENV_HELP = ("environment: a name from environments/ (or $TIDEFLEET_ENVIRONMENTS), or a .toml file's path "
+            "(default: $TIDEFLEET_ENV, as for the tidefleet CLI)")
+
+
+def _env_default() -> str | None:
+    """$TIDEFLEET_ENV, the environment the tidefleet CLI uses when --env is left out."""
+    return os.environ.get("TIDEFLEET_ENV") or None
 
 
 def _env(name: str | None):
     from tidefleet.config import ConfigError, environments_dir, known_environments, load_environment
 
+    name = name or _env_default()
     if not name:
         known = ", ".join(known_environments()) or f"none (no .toml files in {environments_dir()})"
-        raise Exit(f"--env is required; known environments: {known}")
+        raise Exit(f"--env is required (or set TIDEFLEET_ENV); known environments: {known}")
     try:
         return load_environment(name)
     except ConfigError as err:
@@ -201,14 +209,14 @@ def sandbox(c, env=None, items="200", chaos=False, keep=False, train=False, time
 @task(
     help={
         "trace": "trace CSV: a path, or a file name in the project's traces/ (see traces/README.md)",
-        "env": ENV_HELP,
-        "pool": "pool whose instance types, slots and prices are simulated",
-        "policy": "policy to replay (repeatable): tidefleet, target-tracking, clearml, keda, oracle",
+        "env": f"{ENV_HELP.removesuffix(')')}; else prod)",
+        "pool": "pool whose instance types, slots and prices are simulated (default gpu)",
+        "policy": "policy to replay (repeatable): tidefleet (default), target-tracking, clearml, keda, oracle",
         "extra": "further tidefleet simulate options, e.g. '--window 0:86400 --plot out.png'",
     },
     iterable=["policy"],
 )
-def simulate(c, trace, env="prod", pool="gpu", policy=None, extra=""):
+def simulate(c, trace, env=None, pool="gpu", policy=None, extra=""):
     """Replay a workload trace through scaling policies; print cost and wait per policy."""
     from tidefleet.sim.trace import traces_dir
 
@@ -217,10 +225,13 @@ def simulate(c, trace, env="prod", pool="gpu", policy=None, extra=""):
         return
     # A bare name such as philly_2017_jobs.csv means the project's copy, whatever the cwd.
     found = next((p for p in (Path(trace), ROOT / trace, traces_dir() / trace) if p.is_file()), Path(trace))
-    policies = " ".join(f"--policy {shlex.quote(p)}" for p in (policy or ["tidefleet"]))
-    result = c.run(f"{sys.executable} -m tidefleet.cli simulate {shlex.quote(str(found))} --env {shlex.quote(env)} "
-                   f"--pool {shlex.quote(pool)} "
-                   f"{policies} {extra}", warn=True)  # fmt: skip
+    try:  # --extra is the simulator's options, split as a shell would: never run by one (no `;`, no `$(...)`)
+        options = shlex.split(extra)
+    except ValueError as err:  # an unclosed quote
+        raise Exit(f"--extra: cannot split {extra!r} into options ({err}); close its quotes") from None
+    args = [sys.executable, "-m", "tidefleet.cli", "simulate", str(found), "--env", env or _env_default() or "prod",
+            "--pool", pool, *(a for p in policy or ["tidefleet"] for a in ("--policy", p)), *options]
+    result = c.run(shlex.join(args), warn=True)
     if result.exited:  # the command has said why
         raise Exit(code=result.exited)
 

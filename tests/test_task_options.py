@@ -4,20 +4,21 @@ traceback; run as a user runs them (a real `invoke` process)."""
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from invoke import Collection
+from invoke import Collection, MockContext, Result
 
 import tasks
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_invoke(*args: str, path: str | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, **({"PATH": path} if path is not None else {})}
+def run_invoke(*args: str, path: str | None = None, **variables: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, **({"PATH": path} if path is not None else {}), **variables}
     return subprocess.run([sys.executable, "-m", "invoke", *args], check=False, cwd=ROOT, capture_output=True,
                           text=True, timeout=120, env=env)  # fmt: skip
 
@@ -70,3 +71,46 @@ def test_an_unknown_environment_is_named_before_the_missing_terraform(tmp_path):
     output = result.stdout + result.stderr
     assert result.returncode != 0
     assert "unknown environment (got 'nope')" in output and "Traceback" not in output, output
+
+
+def test_simulate_extra_is_options_never_a_shell_command():
+    result = run_invoke("simulate", "philly_2017_jobs.csv", "--env", "nope", "--extra", "; echo INJECTED")
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "\nINJECTED" not in output and "Traceback" not in output, output
+
+
+def test_simulate_runs_an_argument_list_so_a_space_stays_in_its_word(monkeypatch, tmp_path):
+    monkeypatch.setattr(tasks.sys, "executable", "/opt/my venv/bin/python")
+    monkeypatch.delenv("TIDEFLEET_ENV", raising=False)
+    c = MockContext(run=Result(exited=0), repeat=True)
+    tasks.simulate(c, "philly_2017_jobs.csv", policy=["keda", "oracle"], extra=f"--plot '{tmp_path}/my plots/a.png' --seed 3")
+    (command,), _ = c.run.call_args
+    assert shlex.split(command) == [
+        "/opt/my venv/bin/python", "-m", "tidefleet.cli", "simulate", str(ROOT / "traces" / "philly_2017_jobs.csv"),
+        "--env", "prod", "--pool", "gpu", "--policy", "keda", "--policy", "oracle",
+        "--plot", f"{tmp_path}/my plots/a.png", "--seed", "3",
+    ]  # fmt: skip
+
+
+def test_simulate_extra_with_an_unclosed_quote_is_one_line():
+    result = run_invoke("simulate", "philly_2017_jobs.csv", "--extra", "--plot 'a.png")
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "--extra: cannot split \"--plot 'a.png\" into options (No closing quotation); close its quotes" in output
+    assert "Traceback" not in output, output
+
+
+def test_tasks_take_the_environment_from_tidefleet_env_as_the_cli_does(tmp_path, monkeypatch):
+    result = run_invoke("plan", path=str(tmp_path), TIDEFLEET_ENV="nope")
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "unknown environment (got 'nope')" in output and "Traceback" not in output, output
+    monkeypatch.setenv("TIDEFLEET_ENV", "dev")
+    c = MockContext(run=Result(exited=0), repeat=True)
+    tasks.simulate(c, "philly_2017_jobs.csv")
+    (command,), _ = c.run.call_args
+    assert shlex.split(command)[5:7] == ["--env", "dev"]
+    tasks.simulate(c, "philly_2017_jobs.csv", env="prod")  # --env given: it wins
+    (command,), _ = c.run.call_args
+    assert shlex.split(command)[5:7] == ["--env", "prod"]
