@@ -459,7 +459,7 @@ def test_the_traces_default_to_the_projects_folder_from_any_cwd(tmp_path, monkey
     ("args", "named", "hint"),
     [
         (["nope.csv"], "nope.csv: no such trace file", "traces"),
-        (["{tmp}"], "{tmp}: no such trace file", "traces"),  # a folder is not a trace
+        (["{tmp}"], "{tmp}: is a folder", "traces"),
         (["{csv}", "--spot-trace", "gone.json"], "gone.json: no such spot trace file", "spot"),
         (["{csv}", "--spot-trace", "{tmp}"], "{tmp}: no such spot trace file", "spot"),
     ],
@@ -472,6 +472,25 @@ def test_a_missing_trace_stops_simulate_with_one_line_naming_it(tmp_path, args, 
     assert out.exit_code == 1 and isinstance(out.exception, SystemExit), out.output  # not a crash
     line = _no_traceback_one_line(out.output)
     assert named.format(**fill) in line and str(ROOT / "traces") in line and hint in line
+
+
+def test_a_trace_reads_from_a_pipe_or_stdin_and_names_it(tmp_path):
+    text = "submit_s,duration_s,gpus\n0,100,1\n"
+    piped = CliRunner().invoke(simulate_command, ["-", "--env", "bench", "--pool", "gpu8", "--json"], input=text)
+    assert piped.exit_code == 0, piped.output
+    assert (json.loads(piped.stdout)["trace"], json.loads(piped.stdout)["items"]) == ("<stdin>", 1)
+    fifo = tmp_path / "trace.fifo"  # what <(zcat t.csv.gz) gives, a path that is no regular file
+    os.mkfifo(fifo)
+    run = subprocess.run(
+        ["bash", "-c", f"(printf '{text}' > {fifo} &) && exec {sys.executable} -m tidefleet.cli simulate {fifo} "
+         "--env bench --pool gpu8"],
+        check=False, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 0 and run.stdout.startswith(f"{fifo} on bench/gpu8: 1 item"), run.stdout + run.stderr
+    gzipped = CliRunner().invoke(simulate_command, ["-", "--env", "bench", "--pool", "gpu8"],
+                                 input=__import__("gzip").compress(text.encode()))  # fmt: skip
+    assert gzipped.exit_code == 1 and "<stdin>: not a UTF-8 CSV text file" in gzipped.output
+    assert "zcat FILE.gz | tidefleet simulate - ... reads it from stdin" in _no_traceback_one_line(gzipped.output)
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ from tidefleet.sim.policies import POLICY_NAMES
 from tidefleet.sim.run import Report, default_timing
 from tidefleet.sim.run import simulate as run_simulation
 from tidefleet.sim.teams import format_team_table
-from tidefleet.sim.trace import TraceError, load_spot_trace, load_trace, parse_window
+from tidefleet.sim.trace import TraceError, load_spot_trace, load_trace, parse_window, trace_name
 
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")  # formats matplotlib writes by the name's suffix
 
@@ -105,7 +105,8 @@ def simulate(
     resume_s,
     by_team,
 ):
-    """Replay TRACE (CSV: submit_s, duration_s; optional gpus, cpus, group) through scaling policies on one pool."""
+    """Replay TRACE (CSV: submit_s, duration_s; optional gpus, cpus, group; - reads it from stdin) through
+    scaling policies on one pool."""
     if plot is not None and plot.suffix.lower() not in PLOT_SUFFIXES:
         raise click.UsageError(f"--plot: give a file name ending {', '.join(PLOT_SUFFIXES)} (got '{plot}')")
     if plot is not None and importlib.util.find_spec("matplotlib") is None:  # before the replay, not after it
@@ -130,7 +131,7 @@ def simulate(
             rate_per_hour=interruption_rate or 0.0, spot=load_spot_trace(spot_trace) if spot_trace else None
         )
         report = run_simulation(
-            env, pool, items, list(dict.fromkeys(policies)), trace_name=Path(trace).name, timing=default_timing(env, boot_s, notice_s, resume_s),
+            env, pool, items, list(dict.fromkeys(policies)), trace_name=trace_name(trace), timing=default_timing(env, boot_s, notice_s, resume_s),
             interruptions=interruptions, spot_trace_name=Path(spot_trace).name if spot_trace else None,
             seed=seed, window=bounds, by_team=by_team,
         )  # fmt: skip

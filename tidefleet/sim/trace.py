@@ -8,13 +8,16 @@ Bad rows stop the load with the file, line, column and value, never a silent ski
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import os
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 REQUIRED_COLUMNS = ("submit_s", "duration_s")
+STDIN = "-"  # the trace argument that reads it from standard input
 # Longer than any workload replays in useful time (the scaler ticks every minute of it): a trace
 # that spans more, or an item that runs longer, has its times in other units than seconds.
 MAX_SPAN_S = 10 * 365 * 86400.0
@@ -52,48 +55,70 @@ def _number(text: str, *, where: str, column: str, allow_empty: bool = False) ->
     return value
 
 
-def load_trace(path: Path, window: tuple[float, float] | None = None) -> list[TraceItem]:
-    """Items of `path` sorted by submit time; with `window`, only START <= submit_s < END."""
+def trace_name(path: Path | str) -> str:
+    """How reports and messages name a trace: a file's name, a pipe's whole path (/dev/fd/63 from
+    `<(zcat t.csv.gz)`: its name alone says nothing), <stdin> for `-`."""
+    if str(path) == STDIN:
+        return "<stdin>"
+    return Path(path).name if Path(path).is_file() else str(path)
+
+
+def load_trace(path: Path | str, window: tuple[float, float] | None = None) -> list[TraceItem]:
+    """Items of `path` (any readable file, a pipe included; `-`: standard input) sorted by submit
+    time; with `window`, only START <= submit_s < END."""
     path = Path(path)
-    if not path.is_file():
-        raise TraceError(
-            f"{path}: no such trace file; give the path of a CSV trace (the project's are in {traces_dir()})"
-        )
+    stdin = str(path) == STDIN
+    fix = f"give the path of a CSV trace (the project's are in {traces_dir()}), or - to read it from stdin"
+    if path.is_dir():
+        raise TraceError(f"{path}: is a folder; {fix}")
+    try:  # utf-8-sig: a spreadsheet's byte-order mark; newline="": csv reads line ends itself
+        fh = (io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8-sig", newline="") if stdin
+              else path.open(newline="", encoding="utf-8-sig"))  # fmt: skip
+    except FileNotFoundError:
+        raise TraceError(f"{path}: no such trace file; {fix}") from None
+    except OSError as err:  # unreadable
+        raise TraceError(f"{path}: cannot read it ({err.strerror or err}); {fix}") from None
+    shown = Path(trace_name(path)) if stdin else path
     try:
-        return _read_trace(path, window)
+        return _read_trace(fh, shown, window)
     except UnicodeDecodeError:
-        raise TraceError(f"{path}: not a UTF-8 CSV text file (compressed, or another encoding?); "
-                         "decompress it or save it as UTF-8 CSV") from None
+        raise TraceError(f"{shown}: not a UTF-8 CSV text file (compressed, or another encoding?); decompress it "
+                         "(zcat FILE.gz | tidefleet simulate - ... reads it from stdin) or save it as UTF-8 CSV") from None
+    finally:
+        if stdin:
+            fh.detach()  # the process's stdin stays open
+        else:
+            fh.close()
 
 
-def _read_trace(path: Path, window: tuple[float, float] | None) -> list[TraceItem]:
-    with path.open(newline="", encoding="utf-8-sig") as fh:  # -sig: a spreadsheet's byte-order mark
-        # strict: a quote left open is an error at the end of the file, not the rest of it in one field
-        reader = csv.DictReader(fh, strict=True)
-        columns = reader.fieldnames = [c.strip() for c in _malformed_as_trace_error(lambda: reader.fieldnames, path, 1) or []]
-        if repeated := sorted({c for c in columns if columns.count(c) > 1}):
-            raise TraceError(f"{path}: column(s) {', '.join(repeated)} named twice in the header; keep one of each")
-        missing = [c for c in REQUIRED_COLUMNS if c not in columns]
-        if missing:
-            raise TraceError(
-                f"{path}: missing column(s) {', '.join(missing)} (got {', '.join(columns) or 'no header'}); "
-                "a trace needs submit_s and duration_s, optionally gpus and group"
-            )
-        items = []
-        for line, row in enumerate(_rows(reader, path), start=2):
-            where = f"{path.name} line {line}"
-            if None in row:  # more fields than the header names
-                raise TraceError(f"{where}: {len(columns) + len(row[None])} fields, the header names {len(columns)}; "
-                                 "quote fields that hold commas")
-            submit = _number(row["submit_s"] or "", where=where, column="submit_s")
-            if window and not window[0] <= submit < window[1]:
-                continue
-            duration = _number(row["duration_s"] or "", where=where, column="duration_s")
-            gpus = _number(row.get("gpus") or "", where=where, column="gpus", allow_empty=True)
-            if gpus != int(gpus):
-                raise TraceError(f"{where}: column 'gpus' must be a whole number (got {row['gpus']!r})")
-            cpus = _number(row.get("cpus") or "", where=where, column="cpus", allow_empty=True)
-            items.append(TraceItem(submit, duration, max(1, int(gpus)), row.get("group") or "", cpus))
+def _read_trace(fh, path: Path, window: tuple[float, float] | None) -> list[TraceItem]:
+    """The items of the open trace `fh`; `path` names it in errors."""
+    # strict: a quote left open is an error at the end of the file, not the rest of it in one field
+    reader = csv.DictReader(fh, strict=True)
+    columns = reader.fieldnames = [c.strip() for c in _malformed_as_trace_error(lambda: reader.fieldnames, path, 1) or []]
+    if repeated := sorted({c for c in columns if columns.count(c) > 1}):
+        raise TraceError(f"{path}: column(s) {', '.join(repeated)} named twice in the header; keep one of each")
+    missing = [c for c in REQUIRED_COLUMNS if c not in columns]
+    if missing:
+        raise TraceError(
+            f"{path}: missing column(s) {', '.join(missing)} (got {', '.join(columns) or 'no header'}); "
+            "a trace needs submit_s and duration_s, optionally gpus and group"
+        )
+    items = []
+    for line, row in enumerate(_rows(reader, path), start=2):
+        where = f"{path.name} line {line}"
+        if None in row:  # more fields than the header names
+            raise TraceError(f"{where}: {len(columns) + len(row[None])} fields, the header names {len(columns)}; "
+                             "quote fields that hold commas")
+        submit = _number(row["submit_s"] or "", where=where, column="submit_s")
+        if window and not window[0] <= submit < window[1]:
+            continue
+        duration = _number(row["duration_s"] or "", where=where, column="duration_s")
+        gpus = _number(row.get("gpus") or "", where=where, column="gpus", allow_empty=True)
+        if gpus != int(gpus):
+            raise TraceError(f"{where}: column 'gpus' must be a whole number (got {row['gpus']!r})")
+        cpus = _number(row.get("cpus") or "", where=where, column="cpus", allow_empty=True)
+        items.append(TraceItem(submit, duration, max(1, int(gpus)), row.get("group") or "", cpus))
     items.sort(key=lambda i: i.submit_s)  # stable: equal submit times keep file order
     span = items[-1].submit_s - items[0].submit_s if items else 0.0
     longest = max((i.duration_s for i in items), default=0.0)
