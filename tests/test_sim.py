@@ -359,6 +359,9 @@ def test_the_json_is_strict_json_when_a_bound_is_zero(tmp_path):
     assert out.exit_code == 0, out.output
     data = json.loads(out.output, parse_constant=lambda token: pytest.fail(f"not JSON: {token}"))
     assert data["results"][0]["cost_vs_lower_bound"] is None and data["window"] == [None, 100.0]
+    assert out.stdout.count("\n") == 1  # one object on one line, as every --json
+    table = CliRunner().invoke(simulate_command, [str(path), "--env", "bench", "--pool", "gpu", "--policy", "oracle"])
+    assert "| oracle | 0.00 | - | - |" in table.stdout and "inf" not in table.stdout, table.output  # no multiple of $0
 
 
 def test_the_command_explains_a_bad_trace(tmp_path):
@@ -482,8 +485,7 @@ def test_a_trace_reads_from_a_pipe_or_stdin_and_names_it(tmp_path):
     fifo = tmp_path / "trace.fifo"  # what <(zcat t.csv.gz) gives, a path that is no regular file
     os.mkfifo(fifo)
     run = subprocess.run(
-        ["bash", "-c", f"(printf '{text}' > {fifo} &) && exec {sys.executable} -m tidefleet.cli simulate {fifo} "
-         "--env bench --pool gpu8"],
+        ["bash", "-c", f"(printf '{text}' > {fifo} &) && exec {sys.executable} -m tidefleet.cli simulate {fifo} --env bench --pool gpu8"],
         check=False, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert run.returncode == 0 and run.stdout.startswith(f"{fifo} on bench/gpu8: 1 item"), run.stdout + run.stderr

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tidefleet.config import Environment, load_environment
-from tidefleet.sim.cli import format_table
+from tidefleet.sim.cli import format_table, ratio
 from tidefleet.sim.policies import POLICY_NAMES
 from tidefleet.sim.run import PolicyResult, Report, default_timing, simulate
 from tidefleet.sim.shapes import SHAPES
@@ -221,12 +221,12 @@ def readme_rows(workload: Workload, report: Report) -> list[str]:
         unfinished = f" ({r.items_unfinished} unfinished)" if r.items_unfinished else ""
         cost = f"{r.cost_usd:,.2f}{unfinished}"
         if r.policy == "oracle":
-            rows.append(f"| {workload.label} ({workload.pool}) | oracle | {cost} | 1.00 | {r.cost_vs_zero_wait:.2f} | 0 / 0 | "
+            rows.append(f"| {workload.label} ({workload.pool}) | oracle | {cost} | 1.00 | {ratio(r.cost_vs_zero_wait)} | 0 / 0 | "
                         f"{r.node_hours:,.1f} | 0% | 0 |")  # fmt: skip
             continue
         rows.append(
-            f"| {workload.label} ({workload.pool}) | {r.policy} | {cost} | {r.cost_vs_lower_bound:.2f} | "
-            f"{r.cost_vs_zero_wait:.2f} | {w['p50']:.0f} / {w['p95']:.0f} | {r.node_hours:,.1f} | {idle:.0%} | "
+            f"| {workload.label} ({workload.pool}) | {r.policy} | {cost} | {ratio(r.cost_vs_lower_bound)} | "
+            f"{ratio(r.cost_vs_zero_wait)} | {w['p50']:.0f} / {w['p95']:.0f} | {r.node_hours:,.1f} | {idle:.0%} | "
             f"{r.busy_items_killed_by_scale_in} |"
         )
     return rows

@@ -22,6 +22,11 @@ from tidefleet.sim.trace import TraceError, load_spot_trace, load_trace, parse_w
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")  # formats matplotlib writes by the name's suffix
 
 
+def ratio(x: float) -> str:
+    """A cost over a bound, or - where the bound is $0 (every item 0 s long): no multiple of it."""
+    return f"{x:.2f}" if math.isfinite(x) else "-"
+
+
 def format_table(report: Report) -> str:
     """A markdown table, one row per policy."""
     head = (
@@ -32,7 +37,7 @@ def format_table(report: Report) -> str:
     for r in report.results:
         w = r.wait_s
         rows.append(
-            f"| {r.policy} | {usd(r.cost_usd)} | {r.cost_vs_lower_bound:.2f} | {r.cost_vs_zero_wait:.2f} | {r.node_hours:,.1f} | "
+            f"| {r.policy} | {usd(r.cost_usd)} | {ratio(r.cost_vs_lower_bound)} | {ratio(r.cost_vs_zero_wait)} | {r.node_hours:,.1f} | "
             f"{r.idle_node_hours:,.1f} | {w['p50']:,.0f}/{w['p95']:,.0f}/{w['p99']:,.0f}/{w['max']:,.0f} | "
             f"{r.makespan_s / 3600:,.1f} | {r.items_interrupted} ({r.busy_items_killed_by_scale_in}) | "
             f"{r.work_redone_s / 3600:,.1f} | {r.items_unfinished} ({r.items_dead_lettered}) |"
@@ -138,7 +143,7 @@ def simulate(
     except (ConfigError, TraceError, ValueError) as err:
         raise click.ClickException(str(err)) from None
     if as_json:
-        click.echo(json.dumps(report.to_json(), indent=2))
+        click.echo(json.dumps(report.to_json()))  # one object on one line, as every --json
     else:
         unfit = report.unfittable
         click.echo(f"{report.trace} on {report.env}/{report.pool}: {report.items} item{'s' * (report.items != 1)}, "
