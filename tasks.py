@@ -97,18 +97,55 @@ def build(c, cloud=None, out=None):
         print(f"{path} sha256={digest}")
 
 
-def _terraform(c, env: str | None, *args: str) -> None:
+# What a failed terraform/tofu step most likely needs, found in its output: (words, fix).
+TERRAFORM_FIXES = (
+    (("Failed to query available provider packages", "Failed to install provider", "registry.terraform.io",
+      "registry.opentofu.org"),
+     ("the providers could not be downloaded (offline, or no provider mirror); configure a provider mirror "
+      "(provider_installation in the CLI config file, $TF_CLI_CONFIG_FILE or ~/.terraformrc) or allow network access "
+      "to the registry, then run this again")),
+    (("No valid credential sources", "failed to refresh cached credentials", "InvalidClientTokenId", "ExpiredToken",
+      "UnrecognizedClientException", "SignatureDoesNotMatch", "could not find default credentials",
+      "cannot fetch token"),
+     "no usable credentials; {credentials}, then run this again"),
+    (("no such host", "dial tcp", "i/o timeout", "connection refused"),
+     "the cloud's API could not be reached (offline, a proxy or a firewall); check the network, then run this again"),
+)
+CREDENTIALS = {"aws": "set AWS_PROFILE or AWS_ACCESS_KEY_ID for the environment's account",
+               "gcp": "run `gcloud auth application-default login` or set GOOGLE_APPLICATION_CREDENTIALS"}
+
+
+def _terraform_binary() -> str:
     from stacks.terraform import TerraformMissing, terraform_binary
 
-    cloud = _env(env).cloud  # a bad config stops here, before anything else is asked of the user
     try:
-        binary = terraform_binary()
+        return terraform_binary()
     except TerraformMissing as err:
         raise Exit(str(err)) from None
-    build(c, cloud=cloud)
+
+
+def _terraform(c, env: str | None, *args: str) -> None:
+    """init, then `args` (plan, apply or destroy) in the environment's synthesized stack. A failed
+    step ends the task with its exit code and one line: which step, and what most likely fixes it."""
+    environment = _env(env)  # a bad config stops here, before anything else is asked of the user
+    binary = _terraform_binary()
+    build(c, cloud=environment.cloud)
     _, out = _synth(env)
-    c.run(f"{binary} -chdir={shlex.quote(str(out))} init -input=false", pty=sys.stdout.isatty())
-    c.run(f"{binary} -chdir={shlex.quote(str(out))} {' '.join(args)}", pty=sys.stdout.isatty())
+    tty = sys.stdout.isatty()
+    color = [] if tty else ["-no-color"]  # escape codes only for a terminal, not into a file or a CI log
+    for step in (["init", "-input=false"], list(args)):
+        result = c.run(shlex.join([binary, f"-chdir={out}", *step, *color]), pty=tty, warn=True)
+        if result.exited:
+            said = result.stdout + result.stderr
+            fix = next((fix for words, fix in TERRAFORM_FIXES if any(w in said for w in words)), None)
+            if fix is None and step[0] == "init":
+                fix = ("its error is above; most often the provider download (offline, or no provider mirror: "
+                       "configure one) or the state backend's access ([state] in the environment)")
+            elif fix is None:
+                fix = "its error is above; most often credentials ({credentials}) or a resource changed outside terraform"
+            tool = Path(binary).name
+            raise Exit(f"{tool} {step[0]} failed for {environment.name} (exit {result.exited}): "
+                       f"{fix.format(credentials=CREDENTIALS[environment.cloud])}", result.exited)
 
 
 @task(help={"env": ENV_HELP})

@@ -1,0 +1,89 @@
+"""invoke plan / deploy / destroy when terraform fails: its output without colour codes when it
+is not going to a terminal, then one line naming the step that failed and the likely fix, and
+the step's exit code. A fake terraform on a temp path stands in: no test needs the real one
+(nor the network its init would use)."""
+
+from __future__ import annotations
+
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+from invoke import Config, Context, Exit
+
+import tasks
+
+FAKE = """#!/bin/sh
+# A terraform that logs its arguments and fails the step $FAKE_FAIL names, saying $FAKE_SAYS.
+echo "$*" >> "$(dirname "$0")/calls"
+red=$(printf '\\033[31m'); plain=$(printf '\\033[0m')
+case " $* " in *" -no-color "*) red=; plain=;; esac
+if [ "$2" = "$FAKE_FAIL" ]; then
+  printf '%sError: %s%s\\n' "$red" "$FAKE_SAYS" "$plain" >&2
+  exit 3
+fi
+echo "$2 done"
+"""
+
+
+@pytest.fixture
+def fake_terraform(tmp_path, monkeypatch) -> Path:
+    """A fake terraform binary; the functions' build and the synth are skipped (what they do is
+    tested elsewhere), the stack folder is a temp one."""
+    binary = tmp_path / "bin" / "terraform"
+    binary.parent.mkdir()
+    binary.write_text(FAKE)
+    binary.chmod(binary.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setattr("stacks.terraform.terraform_binary", lambda: str(binary))
+    monkeypatch.setattr(tasks, "build", lambda c, cloud=None: None)
+    monkeypatch.setattr(tasks, "_synth", lambda env: (tasks._env(env), tmp_path / "stack"))
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: False)
+    return binary
+
+
+def context() -> Context:
+    return Context(Config(overrides={"run": {"in_stream": False}}))  # pytest's stdin cannot be read
+
+
+def calls(binary: Path) -> list[str]:
+    return (binary.parent / "calls").read_text().splitlines()
+
+
+@pytest.mark.parametrize(
+    ("task", "fail", "says", "line"),
+    [
+        (tasks.plan, "init",
+         "Failed to query available provider packages: could not connect to registry.terraform.io",
+         ("terraform init failed for dev (exit 3): the providers could not be downloaded (offline, or no provider "
+          "mirror); configure a provider mirror")),
+        (tasks.plan, "plan", "No valid credential sources found",
+         "terraform plan failed for dev (exit 3): no usable credentials; set AWS_PROFILE or AWS_ACCESS_KEY_ID"),
+        (tasks.plan, "plan", "Invalid count argument",
+         "terraform plan failed for dev (exit 3): its error is above; most often credentials (set AWS_PROFILE"),
+        (tasks.plan, "init", "Backend initialization required",
+         "terraform init failed for dev (exit 3): its error is above; most often the provider download"),
+        (tasks.deploy, "apply", "dial tcp: lookup sts.us-east-1.amazonaws.com: no such host",
+         "terraform apply failed for dev (exit 3): the cloud's API could not be reached"),
+    ],
+)
+def test_a_failed_terraform_step_ends_in_one_line_naming_it_and_the_fix(fake_terraform, monkeypatch, capfd, task,
+                                                                        fail, says, line):  # fmt: skip
+    monkeypatch.setenv("FAKE_FAIL", fail)
+    monkeypatch.setenv("FAKE_SAYS", says)
+    with pytest.raises(Exit) as stopped:
+        task(context(), env="dev", **({"yes": True} if task is tasks.deploy else {}))
+    assert stopped.value.code == 3  # terraform's own
+    assert str(stopped.value.message).startswith(line), stopped.value.message
+    assert "\n" not in stopped.value.message
+    out, err = capfd.readouterr()
+    assert f"Error: {says}" in err and "\x1b[" not in out + err  # its own words, no colour codes into a file
+    assert all(call.endswith(" -no-color") for call in calls(fake_terraform)), calls(fake_terraform)
+    assert [call.split()[1] for call in calls(fake_terraform)] == (["init"] if fail == "init" else ["init", fail])
+
+
+def test_terraform_keeps_its_colours_on_a_terminal(fake_terraform, monkeypatch):
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    monkeypatch.setenv("FAKE_FAIL", "none")
+    tasks.plan(context(), env="dev")
+    assert [call.split()[1:] for call in calls(fake_terraform)] == [["init", "-input=false"], ["plan", "-input=false"]]
