@@ -341,8 +341,30 @@ def test_items_still_running_when_a_replay_gives_up_are_unfinished_not_interrupt
     gives up: the ones running then are cut off by the end, not by a spot notice or a scale-in."""
     items = load_trace(traces_dir() / "alibaba_openb_2023_pods.csv")[:10]
     keda = simulate(load_environment("bench"), "gpu", items, ["keda"]).results[0]
-    assert keda.items_unfinished > 0
+    assert keda.items_unfinished > 0 and keda.stopped == "horizon"
     assert (keda.items_interrupted, keda.work_redone_s, keda.items_dead_lettered) == (0, 0.0, 0)
+
+
+def test_a_replay_that_gives_up_says_so_and_why(tmp_path):
+    """Nodes that boot for longer than the engine waits on a stall (a week; clearml: the fewest polls
+    meanwhile): it gives up with both items never started, and the table says so under it; the JSON has `stopped`."""
+    from tidefleet.sim.cli import stop_notes
+
+    report = simulate(make_env(), "p", [TraceItem(0, 100, 1), TraceItem(5, 100, 1)], ["clearml", "oracle"],
+                      timing=Timing(boot_s=8 * 86400.0, notice_s=120.0))  # fmt: skip
+    assert [r.stopped for r in report.results] == ["stalled", None]
+    assert [r["stopped"] for r in report.to_json()["results"]] == ["stalled", None]
+    assert stop_notes(report) == [(
+        "note: the clearml replay gave up with 2 of 2 items unfinished; items waited 7 days while nothing arrived, "
+        "started or finished: the pool never served them (nodes that never finish booting, or are interrupted as "
+        "they boot? see --boot-s, --interruption-rate)"
+    )]
+    trace = tmp_path / "openb.csv"  # keda's horizon case above, through the command
+    trace.write_text("".join((traces_dir() / "alibaba_openb_2023_pods.csv").read_text().splitlines(True)[:11]))
+    out = CliRunner().invoke(simulate_command, [str(trace), "--env", "bench", "--pool", "gpu", "--policy", "keda"])
+    assert out.exit_code == 0, out.output
+    assert out.stdout.splitlines()[-1].startswith("note: the keda replay gave up with 6 of 10 items unfinished; a week "
+                                                  "past the last submit plus twice the longest item"), out.stdout  # fmt: skip
 
 
 def test_a_trace_with_nothing_to_replay_is_an_error_naming_the_file(tmp_path):
@@ -679,6 +701,10 @@ def test_a_plot_that_cannot_be_written_is_one_line_not_a_traceback(tmp_path, mon
         (["--notice-s", "nan"], 2, "--notice-s: must be a finite number >= 0 (got nan)"),
         (["--resume-s", "inf"], 2, "--resume-s: must be a finite number >= 0 (got inf)"),
         (["--interruption-rate", "nan"], 2, "--interruption-rate: must be a finite number >= 0 (got nan)"),
+        # A replay past these models no cloud and gives up after a week of nothing: refused, not replayed.
+        (["--boot-s", "1e12"], 2, "--boot-s: at most 86400 (s, a day; real boots take 25-60 s) (got 1e+12)"),
+        (["--notice-s", "86401"], 2, "--notice-s: at most 86400 (s, a day; real spot notices are 30-120 s) (got 86401)"),
+        (["--interruption-rate", "1e9"], 2, "--interruption-rate: at most 60 (notices per spot node-hour, one a minute"),
         (["--window", "nan:5"], 1, "--window: START and END must be numbers of seconds, e.g. 0:86400 (got 'nan:5')"),
     ],
 )

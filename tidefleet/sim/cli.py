@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from tidefleet.config import ConfigError, load_environment
-from tidefleet.sim.engine import Interruptions
+from tidefleet.sim.engine import HORIZON, STALL_S, STALLED, Interruptions
 from tidefleet.sim.money import usd
 from tidefleet.sim.policies import POLICY_NAMES
 from tidefleet.sim.run import Report, default_timing
@@ -20,6 +20,13 @@ from tidefleet.sim.teams import format_team_table
 from tidefleet.sim.trace import TraceError, load_spot_trace, load_trace, parse_window, trace_name
 
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")  # formats matplotlib writes by the name's suffix
+# Past these a replay models no cloud (boots take 25-60 s, notices 30-120 s, spot nodes see well under a
+# notice a day) and only gives up after a week with nothing served: more likely milliseconds taken for seconds.
+MAXIMA = {
+    "--boot-s": (86400.0, "s, a day; real boots take 25-60 s"),
+    "--notice-s": (86400.0, "s, a day; real spot notices are 30-120 s"),
+    "--interruption-rate": (60.0, "notices per spot node-hour, one a minute; no node boots through more"),
+}
 
 
 def ratio(x: float) -> str:
@@ -43,6 +50,19 @@ def format_table(report: Report) -> str:
             f"{r.work_redone_s / 3600:,.1f} | {r.items_unfinished} ({r.items_dead_lettered}) |"
         )
     return "\n".join(rows)
+
+
+def stop_notes(report: Report) -> list[str]:
+    """A line per policy whose replay gave up with items unfinished (its waits run to the give-up)."""
+    why = {
+        STALLED: f"items waited {STALL_S / 86400:.0f} days while nothing arrived, started or finished: the pool never "
+                 "served them (nodes that never finish booting, or are interrupted as they boot? see --boot-s, "
+                 "--interruption-rate)",
+        HORIZON: "a week past the last submit plus twice the longest item, they still had not finished (waiting "
+                 "behind each other, or lost to scale-in or interruptions again and again)",
+    }  # fmt: skip
+    return [f"note: the {r.policy} replay gave up with {r.items_unfinished} of {r.items_finished + r.items_unfinished} "
+            f"items unfinished; {why[r.stopped]}" for r in report.results if r.stopped]  # fmt: skip
 
 
 def plural(count: int, noun: str) -> str:
@@ -88,9 +108,9 @@ def cannot_write_plot(plot: Path, why: str) -> click.ClickException:
     type=click.Path(path_type=Path),
     help="skypilot spot-traces JSON: interruptions and refusals",
 )
-@click.option("--interruption-rate", type=float, help="spot notices per spot node-hour (Poisson)")
-@click.option("--boot-s", type=float, help="launch to first heartbeat, s (default: AWS 45, GCP 35)")
-@click.option("--notice-s", type=float, help="spot notice to reclaim, s (default: AWS 120, GCP 30)")
+@click.option("--interruption-rate", type=float, help="spot notices per spot node-hour (Poisson; at most 60)")
+@click.option("--boot-s", type=float, help="launch to first heartbeat, s (default: AWS 45, GCP 35; at most a day)")
+@click.option("--notice-s", type=float, help="spot notice to reclaim, s (default: AWS 120, GCP 30; at most a day)")
 @click.option("--resume-s", type=float,
               help="work a preempted or moved attempt does again when it resumes: checkpoint save and load, s (default 60)")
 @click.option("--by-team", is_flag=True, help="also a table per policy: each team's quota, wait and cost")
@@ -128,6 +148,9 @@ def simulate(
     ):
         if value is not None and not (math.isfinite(value) and value >= 0):  # nan and inf too: a replay never ends
             raise click.UsageError(f"{flag}: must be a finite number >= 0 (got {value})")
+        most, why = MAXIMA.get(flag, (math.inf, ""))
+        if value is not None and value > most:
+            raise click.UsageError(f"{flag}: at most {most:g} ({why}) (got {value:g})")
     try:
         env = load_environment(env_name)
         bounds = parse_window(window) if window else None
@@ -161,6 +184,8 @@ def simulate(
             click.echo(f"not replayed: {plural(unfit['count'], 'item')} {need} more than {room} "
                        f"(by slots: {unfit['by_slots']})")  # fmt: skip
         click.echo(format_table(report))
+        for note in stop_notes(report):
+            click.echo(note)
         for policy, rows in report.teams.items():
             click.echo("\n" + format_team_table(policy, rows))
     if plot:

@@ -33,6 +33,9 @@ READS_ONLY = (POLL, KICK, SAMPLE)  # events that change nothing themselves (a ti
 RETRY_LAUNCH_S = 60.0  # the group retries a failed launch on its own about once a minute
 DRAIN_HORIZON_S = 6 * 3600.0  # after the last item: how long a policy may take to reach min
 STALL_S = 7 * 86400.0  # waiting work but nothing arrived, started or finished this long: give up
+# Why a run gave up with items unfinished (`Outcome.stopped`; None: it ran to the end).
+STALLED = "stalled"  # items waited STALL_S while nothing arrived, started or finished
+HORIZON = "horizon"  # past the last submit + twice the longest item + STALL_S, items still unfinished
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,6 +246,7 @@ class Outcome:
     item_cost_usd: dict[int, float] = field(default_factory=dict)  # item index -> its slots' share of node bills
     end_s: float = 0.0
     samples: list[Sample] = field(default_factory=list)
+    stopped: str | None = None  # STALLED or HORIZON: the run gave up with items unfinished
 
 
 class Simulation:
@@ -420,9 +424,11 @@ class Simulation:
             elif (
                 self.next_arrival == n and not any(self.in_flight) and self.now - self.last_progress > STALL_S
             ):
-                break  # work waits and nothing runs: the policy will never serve it
+                self.outcome.stopped = STALLED  # work waits and nothing runs: the policy will never serve it
+                break
             elif self.now > self.horizon:
-                break  # work keeps being lost (e.g. scale-in killing long items): report it unfinished
+                self.outcome.stopped = HORIZON  # work keeps being lost (scale-in killing long items) or queued behind
+                break
         return self._close()
 
     def _close(self) -> Outcome:

@@ -57,6 +57,7 @@ class PolicyResult:
     lower_bound_usd: float
     cost_vs_lower_bound: float
     cost_vs_zero_wait: float = math.nan  # over the report's zero_wait_usd
+    stopped: str | None = None  # the engine's STALLED or HORIZON: the replay gave up with items unfinished
 
 
 @dataclass
@@ -230,6 +231,7 @@ def summarise(items: list[TraceItem], outcome: Outcome, lb_usd: float, zero_wait
         lower_bound_usd=lb_usd,
         cost_vs_lower_bound=_ratio(outcome.cost_usd, lb_usd),
         cost_vs_zero_wait=_ratio(outcome.cost_usd, zero_wait_usd),
+        stopped=outcome.stopped,
     )
 
 
