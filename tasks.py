@@ -178,9 +178,97 @@ def publish(c, env=None):
         raise Exit(cloud.explain(err)) from None
 
 
-@task(help={"env": ENV_HELP, "yes": "destroy without asking (CI)"})
-def destroy(c, env=None, yes=False):
-    """terraform/tofu destroy an environment. Queued items and the job table go with it."""
+def _work_left(environment) -> tuple[dict[str, int], int] | None:
+    """What destroying the environment would lose: its items (queued, in flight, dead-lettered, over
+    every queue) and its unfinished jobs; None when none of its queues nor its job table exists
+    (never deployed, or destroyed already). Raises the cloud's errors when they cannot be read."""
+    from tidefleet import naming
+    from tidefleet.cloud import for_env
+    from tidefleet.jobs import sdk
+
+    cloud = for_env(environment)
+    # A dead-letter queue is read like a queue: through the backlog port, by the name under which
+    # naming.queue gives the dead-letter queue's own name.
+    dead_letter = {q: naming.dead_letter_queue(environment.name, q).removeprefix(naming.queue(environment.name, ""))
+                   for q in environment.queues}  # fmt: skip
+    both = environment.model_copy(update={"queues": {**environment.queues,
+                                                     **{dead_letter[q]: spec for q, spec in environment.queues.items()}}})
+    backlog = for_env(both).control_ports().queues.backlog
+    items, found = {"queued": 0, "in flight": 0, "dead-lettered": 0}, False
+    for queue in environment.queues:
+        for name, dead in ((queue, False), (dead_letter[queue], True)):
+            try:
+                left = backlog(name)
+            except cloud.errors as err:
+                if not _missing(err):
+                    raise
+                continue
+            found = True
+            if dead:
+                items["dead-lettered"] += left.visible + left.in_flight
+            else:
+                items["queued"] += left.visible
+                items["in flight"] += left.in_flight
+    try:
+        unfinished = len(sdk.jobs(environment, state="running"))
+    except cloud.errors as err:
+        if not _missing(err):
+            raise
+        unfinished = 0
+    else:
+        found = True
+    return (items, unfinished) if found else None
+
+
+def _missing(err: BaseException) -> bool:
+    """The cloud's "no such queue or table": a QueueMissing (a LookupError), an error code naming a
+    missing thing, or HTTP 404."""
+    from tidefleet.jobs.sdk import _not_found
+
+    return isinstance(err, LookupError) or _not_found(err)
+
+
+def _check_nothing_is_lost(environment, force: bool) -> None:
+    """Refuse to destroy an environment that still holds items or unfinished jobs, or whose cloud
+    cannot be read, unless --force; one that was never deployed has nothing to lose."""
+    from tidefleet.cloud import for_env
+
+    name, cloud = environment.name, for_env(environment)
+    override = "or pass --force to destroy it anyway"
+    try:
+        left = _work_left(environment)
+    except cloud.errors as err:
+        if not force:
+            raise Exit(f"destroy: cannot read what {name} still holds ({cloud.explain(err)}); fix that and run this "
+                       f"again, {override}", 1) from None  # fmt: skip
+        print(f"destroy: cannot read what {name} still holds ({cloud.explain(err)}); destroying it anyway (--force)")
+        return
+    if left is None:
+        print(f"destroy: {name} has no queues and no job table deployed: no work to lose")
+        return
+    items, unfinished = left
+    if not sum(items.values()) and not unfinished:
+        print(f"destroy: {name} holds no items and no unfinished jobs")
+        return
+    held = ", ".join(f"{n} {state}" for state, n in items.items() if n)
+    what = " and ".join([*([f"{held} item(s)"] if held else []), *([f"{unfinished} unfinished job(s)"] if unfinished else [])])
+    if not force:
+        raise Exit(f"destroy: {name} still holds {what}, lost with its queues and job table; let them finish or cancel "
+                   f"them (tidefleet jobs --env {name} --state running), {override}", 1)  # fmt: skip
+    print(f"destroy: {name} still holds {what}; destroying them with it (--force)")
+
+
+@task(help={"env": ENV_HELP, "yes": "destroy without asking (CI)",
+            "force": "destroy even if items are queued, in flight or dead-lettered, jobs are unfinished, or the "
+                     "environment cannot be read to check (default: refuse)"})
+def destroy(c, env=None, yes=False, force=False):
+    """terraform/tofu destroy an environment, with its queues and job table.
+
+    First checks it holds no items (queued, in flight or dead-lettered) and no unfinished jobs, and
+    refuses if it does, or if it cannot be read, unless --force. One never deployed needs no --force."""
+    environment = _env(env)
+    _terraform_binary()  # missing: said before the cloud is asked anything
+    _check_nothing_is_lost(environment, force)
     _terraform(c, env, "destroy", "-input=false", *(["-auto-approve"] if yes else []))
 
 
