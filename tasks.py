@@ -304,13 +304,13 @@ def lint(c):
 @task(
     help={
         "env": "environment to run: a name in environments/ or your own .toml file (default sandbox)",
-        "items": "items in the demo job (0: none; with --keep, just the system)",
+        "items": "items in the demo job (default 200, at most 10000; 0: none, with --keep just the system)",
         "chaos": "SIGKILL random nodes, send spot notices and duplicate item messages while the job runs",
         "keep": "stay up afterwards and print the commands that point the CLI at it",
         "train": "GPU items on their own devices and a 2-node training gang that survives a spot notice "
                  "(environment sandbox-train unless --env names another)",
-        "time_limit": "give up after this many seconds",
-        "tick": "control tick in seconds (default: the environment's scaler.tick_s)",
+        "time_limit": "give up after this many seconds (default 600, at least 10)",
+        "tick": "control tick in seconds, at least 0.2 (default: the environment's scaler.tick_s)",
         "workdir": "keep the work folder (inputs, node and scaler logs) here; default: a temp folder, removed after a run that passed",
     }
 )
@@ -442,8 +442,8 @@ def mutate(c, only=None, jobs="2"):
 @task(
     help={
         "repo": "the repository whose pipelines may assume the roles: OWNER/NAME (GitLab: GROUP/PROJECT)",
-        "ci": "github (GitHub Actions, default) or gitlab (gitlab.com)",
-        "branch": "the deploy branch (GitLab's deploy role trusts only it; on GitHub the environments do)",
+        "ci": "github (GitHub Actions) or gitlab (gitlab.com); default github",
+        "branch": "the deploy branch, default main (GitLab's deploy role trusts only it; on GitHub the environments do)",
         "env": "environment whose [state] S3 backend the pipelines use (default prod)",
         "deploy_envs": "comma-separated environments the deploy role deploys (default dev,prod)",
     }

@@ -1,0 +1,47 @@
+"""The README's sandbox option table says what `tidefleet sandbox --help` says: every option, its
+default and its bounds; and every invoke task's option with a default names it in its help."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import click
+from invoke import Collection
+
+import tasks
+from tidefleet.sandbox.cli import sandbox
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def sandbox_rows() -> dict[str, str]:
+    """option -> its meaning, from the table under '## The sandbox'."""
+    section = (ROOT / "README.md").read_text().split("\n## The sandbox\n", 1)[1].split("\n## ", 1)[0]
+    table = section.split("| option | meaning |\n|---|---|\n", 1)[1].split("\n\n", 1)[0]
+    rows = (line.split(" | ", 1) for line in table.splitlines())
+    return {re.match(r"\| `(--[\w-]+)", name).group(1): meaning.replace("`", "") for name, meaning in rows}
+
+
+def test_the_readme_sandbox_table_has_every_option_its_default_and_bounds():
+    rows = sandbox_rows()
+    options = [p for p in sandbox.params if isinstance(p, click.Option)]
+    assert sorted(rows) == sorted(p.opts[0] for p in options)
+    for option in options:
+        meaning = rows[option.opts[0]]
+        if option.show_default and not option.is_flag:
+            assert f"default {option.default}" in meaning, (option.opts[0], meaning)
+        if isinstance(option.type, (click.IntRange, click.FloatRange)):
+            if option.type.max is not None:
+                assert f"at most {option.type.max}" in meaning, (option.opts[0], meaning)
+            if option.type.min:
+                assert f"at least {option.type.min}" in meaning, (option.opts[0], meaning)
+
+
+def test_every_task_option_with_a_default_names_it_in_its_help():
+    collection = Collection.from_module(tasks)
+    missing = [f"{name} --{arg.name.replace('_', '-')}: {arg.help!r}"
+               for name in collection.task_names for arg in collection[name].get_arguments()
+               if arg.default not in (None, False, "", [])
+               and f"default {arg.default}" not in (arg.help or "")]  # fmt: skip
+    assert not missing, missing
