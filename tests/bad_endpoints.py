@@ -6,6 +6,7 @@ never answers (a paused emulator)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import threading
 from collections.abc import Iterator
@@ -88,3 +89,33 @@ def silent() -> Iterator[str]:
         listener.close()
         for conn in held:
             conn.close()
+
+
+def aws_errors(code: str, message: str, status: int = 400) -> contextlib.AbstractContextManager[str]:
+    """An endpoint that answers every call with AWS error `code` in the call's protocol: JSON
+    (DynamoDB, SQS, Logs: `__type`) or XML (Auto Scaling, STS: an ErrorResponse), as AWS does
+    for an expired token, a denied action or throttling."""
+
+    class AwsError(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if "json" in (self.headers.get("Content-Type") or ""):
+                body = json.dumps({"__type": f"com.amazonaws#{code}", "message": message}).encode()
+                kind = "application/x-amz-json-1.0"
+            else:
+                body = (f"<ErrorResponse><Error><Type>Sender</Type><Code>{code}</Code><Message>{message}</Message>"
+                        "</Error><RequestId>0</RequestId></ErrorResponse>").encode()
+                kind = "text/xml"
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
+            self.send_header("x-amzn-RequestId", "0")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_PUT = do_POST
+
+        def log_message(self, *args) -> None:
+            pass
+
+    return _http(AwsError)

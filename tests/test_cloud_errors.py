@@ -31,8 +31,18 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGE = "<!DOCTYPE HTML>\n<html lang=\"en\">\n<head>\n<title>Error response</title>\n</head>\n<body>\n" + "x" * 400
 
 
-def client_error(code: str) -> ClientError:
-    return ClientError({"Error": {"Code": code, "Message": f"{code} happened"}}, "Call")
+def client_error(code: str, message: str | None = None) -> ClientError:
+    return ClientError({"Error": {"Code": code, "Message": message or f"{code} happened"}}, "Call")
+
+
+# What AWS answers a person whose session ran out, whose identity lacks an action, or who is
+# throttled past the client's retries (messages as AWS words them).
+EXPIRED = ("ExpiredTokenException", "The security token included in the request is expired")
+DENIED_SCAN = ("AccessDeniedException", ("User: arn:aws:iam::123456789012:user/ana is not authorized to perform: "
+               "dynamodb:Scan on resource: arn:aws:dynamodb:us-east-1:123456789012:table/tidefleet-dev because no "
+               "identity-based policy allows the dynamodb:Scan action"))  # fmt: skip
+THROTTLED = ("ThrottlingException", "Rate exceeded")
+REFRESH = "refresh them (`aws sso login`, or set AWS_PROFILE to a profile with current keys) and run it again"
 
 
 @pytest.mark.parametrize(
@@ -41,6 +51,22 @@ def client_error(code: str) -> ClientError:
         (AWS, NoCredentialsError(), "no AWS credentials: set AWS_PROFILE"),
         (AWS, client_error("ResourceNotFoundException"), "is not deployed in us-east-1; deploy it with `invoke deploy"),
         (AWS, client_error("AccessDenied"), "AccessDenied: AccessDenied happened (region us-east-1)"),
+        (AWS, client_error(*EXPIRED), f"{EXPIRED[1]} (region us-east-1): your AWS credentials have expired; {REFRESH}"),
+        (AWS, client_error("UnrecognizedClientException", "The security token included in the request is invalid."),
+         f"is invalid (region us-east-1): your AWS credentials are not accepted; {REFRESH}"),
+        (AWS, client_error(*DENIED_SCAN),
+         ("AccessDeniedException: User: arn:aws:iam::123456789012:user/ana is not authorized to perform: dynamodb:Scan "
+          "on resource: arn:aws:dynamodb:us-east-1:123456789012:table/tidefleet-dev (region us-east-1): this AWS "
+          'identity may not call dynamodb:Scan; use one that may (AWS_PROFILE) or have it allowed (README "What each '
+          'identity may do")')),
+        (AWS, client_error("UnauthorizedOperation", "You are not authorized to perform this operation. User: "
+                           "arn:aws:iam::1:user/ana is not authorized to perform: ec2:DescribeInstances because no "
+                           "identity-based policy allows it. Encoded authorization failure message: " + "x" * 900),
+         ("is not authorized to perform: ec2:DescribeInstances (region us-east-1): this AWS identity may not call "
+         "ec2:DescribeInstances")),
+        (AWS, client_error(*THROTTLED), ("ThrottlingException: Rate exceeded (region us-east-1): AWS still throttled the "
+                                         "call after 3 tries with backoff; wait a minute and run it again")),
+        (AWS, client_error("RequestLimitExceeded", "Request limit exceeded."), "after 3 tries with backoff; wait a minute"),
         (AWS, EndpointConnectionError(endpoint_url="http://127.0.0.1:9"), "cannot reach AWS for 'dev'"),
         (AWS, QueueMissing("queues.default: SQS queue 'x' does not exist"), "queues.default: SQS queue 'x' does not exist"),
         (AWS, EndpointInvalid(endpoint="not a url"), "'not a url' is not a URL; write a URL like http://localhost:4566"),
@@ -62,7 +88,7 @@ def test_a_cloud_error_is_caught_and_explained_in_one_line(env, err, says):
     cloud = for_env(env)
     assert isinstance(err, cloud.errors)
     line = cloud.explain(err)
-    assert says in line and "\n" not in line
+    assert says in line and "\n" not in line and len(line) < 400, line
 
 
 FUNCTION = "tidefleet-dev-scaler"
@@ -87,8 +113,14 @@ AWS_SQS = "https://sqs.us-east-1.amazonaws.com/"
                                                         f'connect to the endpoint URL: "{AWS_SQS}"); if it persists, '
                                                         "see the AWS Health Dashboard for us-east-1, and that the "
                                                         "function sets no AWS_ENDPOINT_URL (its stack sets none)")),
+        (client_error(*EXPIRED), (f"{EXPIRED[1]} (region us-east-1): AWS refused function {FUNCTION}'s credentials "
+                                  "(its execution role's, which Lambda renews); if it persists, check that role "
+                                  f"{FUNCTION} exists, or {REDEPLOY}")),
+        (client_error(*THROTTLED), (f"ThrottlingException: Rate exceeded (region us-east-1): AWS still throttled "
+                                    f"function {FUNCTION}'s call after 3 tries; the next run tries again")),
     ],
-    ids=["no-credentials", "access-denied", "missing-table", "missing-queue", "silent", "unreachable"],
+    ids=["no-credentials", "access-denied", "missing-table", "missing-queue", "silent", "unreachable", "expired-token",
+         "throttled"],
 )  # fmt: skip
 def test_inside_a_function_a_cloud_error_says_what_its_operator_should_do(monkeypatch, err, says):
     """A function's line is read in its log: its credentials are its role's and its settings what
@@ -186,3 +218,27 @@ def test_an_endpoint_that_never_answers_is_reported_within_half_a_minute(tmp_pat
         assert run.returncode == 1 and len(lines) == 1 and "Traceback" not in out + err, (command, err)
         assert f"{url}/ took the connection but did not answer within {READ_TIMEOUT_S} s" in lines[0], (command, err)
     assert took < 45, f"took {took:.0f}s"
+
+
+@pytest.mark.parametrize(("answer", "says"), [
+    (EXPIRED, f"your AWS credentials have expired; {REFRESH}"),
+    (DENIED_SCAN, ("this AWS identity may not call dynamodb:Scan; use one that may (AWS_PROFILE) or have it allowed "
+                  '(README "What each identity may do")')),
+    (THROTTLED, "AWS still throttled the call after 3 tries with backoff; wait a minute and run it again"),
+], ids=["expired-token", "access-denied", "throttled"])  # fmt: skip
+def test_the_cli_says_what_to_do_about_an_expired_token_a_denied_action_and_throttling(tmp_path, answer, says):
+    """What AWS answered, short, then the fix: a person's (log in again, another identity, wait),
+    from every command that reads the job table or ticks."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "TIDEFLEET_"))}
+    commands = [["cost"], ["tick", "--dry-run"], ["logs", "x-1"], ["rightsize"]]
+    with bad_endpoints.aws_errors(*answer) as url:
+        env |= {**FAKE_CREDENTIALS, "AWS_ENDPOINT_URL": url, "AWS_DEFAULT_REGION": "us-east-1",
+                "HOME": str(tmp_path), "AWS_CONFIG_FILE": str(tmp_path / "none")}  # fmt: skip
+        runs = [subprocess.Popen([sys.executable, "-m", "tidefleet.cli", *c, "--env", "sandbox"], cwd=ROOT, env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for c in commands]  # fmt: skip
+        outputs = [run.communicate(timeout=90) for run in runs]
+    for command, run, (out, err) in zip(commands, runs, outputs, strict=True):
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert run.returncode == 1 and len(lines) == 1 and "Traceback" not in out + err, (command, err)
+        assert f"Error: {answer[0]}: " in lines[0] and says in lines[0], (command, lines[0])
+        assert "because no identity-based policy" not in lines[0]

@@ -287,8 +287,10 @@ def test_a_refused_action_fails_the_scalers_invocation_in_one_line_that_names_an
     line = str(failed.value)
     denied = ("AccessDenied: User: arn:aws:sts::123456789012:assumed-role/tidefleet-sandbox-scaler/x is not "
               f"authorized to perform: autoscaling:SetDesiredCapacity (region {REGION})")  # fmt: skip
-    fix = f": function {FUNCTION}'s role may not make this call; deploy the environment again (invoke deploy --env sandbox)"
-    assert line == f"some actions failed, the next tick tries them again: cpu: set_desired: {denied}{fix if in_function else ''}"
+    fix = (f": function {FUNCTION}'s role may not make this call; deploy the environment again (invoke deploy --env sandbox)"
+           if in_function else ': this AWS identity may not call autoscaling:SetDesiredCapacity; use one that may '
+           '(AWS_PROFILE) or have it allowed (README "What each identity may do")')  # fmt: skip
+    assert line == f"some actions failed, the next tick tries them again: cpu: set_desired: {denied}{fix}"
     (error,) = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert error.name == "tidefleet.scaler" and json.loads(error.getMessage()) == {"failed": line}
     assert failed.value.__cause__ is None and failed.value.__suppress_context__

@@ -64,6 +64,18 @@ FUNCTION_READ_TIMEOUT_S = 5
 FUNCTION_CLIENT_CONFIG = CLIENT_CONFIG.merge(Config(connect_timeout=3, read_timeout=FUNCTION_READ_TIMEOUT_S))
 # Error codes of a call the caller's IAM policy does not allow (EC2 says UnauthorizedOperation).
 DENIED = {"AccessDenied", "AccessDeniedException", "UnauthorizedOperation"}
+# Credentials AWS no longer (or never did) accept: an expired session (SSO, assumed role), a deleted
+# or mistyped key. STS says ExpiredToken, the JSON APIs ExpiredTokenException, EC2 AuthFailure.
+EXPIRED = {"ExpiredToken", "ExpiredTokenException", "TokenRefreshRequired"}
+REFUSED_CREDENTIALS = EXPIRED | {"InvalidClientTokenId", "UnrecognizedClientException", "InvalidAccessKeyId",
+                                 "InvalidToken", "SignatureDoesNotMatch", "AuthFailure"}  # fmt: skip
+# Throttling, as botocore's standard retry mode counts it (retries/standard.py), less its quota-like
+# codes (LimitExceededException: too many log groups, not too many calls): still so after ATTEMPTS.
+THROTTLED = {"Throttling", "ThrottlingException", "ThrottledException", "RequestThrottledException",
+             "TooManyRequestsException", "ProvisionedThroughputExceededException", "RequestLimitExceeded",
+             "BandwidthLimitExceeded", "RequestThrottled", "SlowDown", "EC2ThrottledException"}  # fmt: skip
+# The README section that says which calls each identity may make.
+IDENTITIES_DOC = 'README "What each identity may do"'
 
 
 class EndpointInvalid(BotoCoreError):
@@ -125,6 +137,23 @@ def _endpoint_hint(endpoint: str) -> str:
 def _one_line(text: str, limit: int = 200) -> str:
     line = " ".join(text.split())
     return line if len(line) <= limit else f"{line[: limit - 3]}..."
+
+
+def _aws_says(err: ClientError) -> str:
+    """The answer's code and message, short: a refusal's message up to where it restates itself
+    ("... because no identity-based policy allows the dynamodb:Scan action") or carries EC2's
+    encoded authorization message (hundreds of characters of base64)."""
+    code = err.response["Error"]["Code"]
+    message = err.response["Error"].get("Message") or code
+    if code in DENIED:
+        message = re.split(r"\s+because\s|\s*Encoded authorization failure message:", message)[0]
+    return f"{code}: {_one_line(message).rstrip('.')}"
+
+
+def _denied_action(err: ClientError) -> str:
+    """The action a refusal names ("... is not authorized to perform: dynamodb:Scan ..."), or "this call"."""
+    found = re.search(r"perform:?\s+([\w-]+:[\w*]+)", err.response["Error"].get("Message") or "")
+    return found[1] if found else "this call"
 
 
 def aws_ports(env: Environment) -> Ports:
@@ -261,7 +290,18 @@ class AwsCloud:
             message = _one_line(err.response["Error"].get("Message") or code)
             if code in MISSING:
                 return f"{message}: environment {env!r} is not deployed in {self.env.region}; {deploy}"
-            return f"{code}: {message} (region {self.env.region})"
+            said = f"{_aws_says(err)} (region {self.env.region})"
+            if code in REFUSED_CREDENTIALS:
+                what = "have expired" if code in EXPIRED else "are not accepted"
+                return (f"{said}: your AWS credentials {what}; refresh them (`aws sso login`, or set AWS_PROFILE to a "
+                        "profile with current keys) and run it again")  # fmt: skip
+            if code in DENIED:
+                return (f"{said}: this AWS identity may not call {_denied_action(err)}; use one that may (AWS_PROFILE) "
+                        f"or have it allowed ({IDENTITIES_DOC})")  # fmt: skip
+            if code in THROTTLED:
+                return (f"{said}: AWS still throttled the call after {ATTEMPTS} tries with backoff; wait a minute and "
+                        "run it again (other callers in the account share the rate)")  # fmt: skip
+            return said
         if isinstance(err, ReadTimeoutError):  # a paused emulator, a port that is not an HTTP server
             return (f"the endpoint {err.kwargs.get('endpoint_url')} took the connection but did not answer within "
                     f"{READ_TIMEOUT_S} s ({ATTEMPTS} tries); check AWS_ENDPOINT_URL, or whether the emulator is stuck")
@@ -282,9 +322,17 @@ class AwsCloud:
             code = err.response["Error"]["Code"]
             message = _one_line(err.response["Error"].get("Message") or code)
             if code in DENIED:
-                return f"{code}: {message} (region {region}): function {function}'s role may not make this call; {redeploy}"
+                return f"{_aws_says(err)} (region {region}): function {function}'s role may not make this call; {redeploy}"
             if code in MISSING:
                 return f"{message}: environment {env!r} is not (fully) deployed in {region}; {redeploy}"
+            if code in REFUSED_CREDENTIALS:  # Lambda renews its role's session: no login of a person's helps
+                return (f"{_aws_says(err)} (region {region}): AWS refused function {function}'s credentials (its "
+                        f"execution role's, which Lambda renews); if it persists, check that role {function} exists, "
+                        f"or {redeploy}")  # fmt: skip
+            if code in THROTTLED:
+                return (f"{_aws_says(err)} (region {region}): AWS still throttled function {function}'s call after "
+                        f"{ATTEMPTS} tries; the next run tries again; if it persists, raise the call's quota "
+                        "(Service Quotas) or lengthen the environment's tick_s")  # fmt: skip
             return None
         persists = f"if it persists, see the AWS Health Dashboard for {region}"
         if isinstance(err, ReadTimeoutError):
