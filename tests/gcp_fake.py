@@ -8,7 +8,8 @@ Firestore and Pub/Sub emulators need Java and gcloud), so this is the narrowest 
 everything above HTTP is real. What it models, because the product depends on it: Firestore's
 preconditions (exists / updateTime) and field masks; Pub/Sub's ack deadlines, delivery attempts
 and dead-letter policy (a message delivered `max_delivery_attempts` times and not acked goes to
-the dead-letter topic instead of being delivered again).
+the dead-letter topic instead of being delivered again), and, where a subscription sets one, its
+retention (a message dropped that long after its publish, leased or not).
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ class FakeGcp:
     pull_hold_s: float = 0.2  # how long an empty pull is held before it answers with nothing
     pull_timeouts: list[float] = field(default_factory=list)  # the client's timeout on each pull
     calls: list[tuple[str, str, dict | None]] = field(default_factory=list)  # method, path+query, body
+    expired: list[str] = field(default_factory=list)  # ids of the messages a subscription's retention dropped
     lock: threading.RLock = field(default_factory=threading.RLock)  # agent threads; re-entered by before_write
     clock_offset: float = 0.0
 
@@ -313,12 +315,22 @@ class FakeGcp:
         message_id = str(next(IDS))
         for sub in self.subscriptions.values():
             if sub.topic == topic:
-                sub.messages.append(FakeMessage(message_id, body))
+                sub.messages.append(FakeMessage(message_id, body, published_at=self.now()))
         return message_id
+
+    def _expire(self, sub: FakeSubscription) -> None:
+        """Pub/Sub drops a message its retention after the publish, whatever its ack state."""
+        if sub.retention_s is None:
+            return
+        gone = [m for m in sub.messages if self.now() - m.published_at >= sub.retention_s]
+        sub.messages = [m for m in sub.messages if m not in gone]
+        self.expired += [m.id for m in gone]
 
     def bodies(self, subscription: str) -> list[bytes]:
         """What waits in a subscription (delivered or not), oldest first."""
-        return [m.data for m in self.subscriptions[subscription].messages]
+        with self.lock:
+            self._expire(self.subscriptions[subscription])
+            return [m.data for m in self.subscriptions[subscription].messages]
 
     def _pubsub(self, request):
         path, _ = self._record(request)
@@ -337,6 +349,7 @@ class FakeGcp:
                                         "topic": f"projects/{self.project}/topics/{sub.topic}",
                                         "ackDeadlineSeconds": sub.ack_deadline_s})  # fmt: skip
         now = self.now()
+        self._expire(sub)
         if verb == "pull":
             return 200, {}, json.dumps({"receivedMessages": self._deliver(sub, int(body.get("maxMessages", 1)), now)})
         held = {m.ack_id: m for m in sub.messages if m.ack_id in body.get("ackIds", [])}
@@ -416,6 +429,7 @@ class FakeMessage:
     deliveries: int = 0
     ack_id: str = ""
     visible_at: float = 0.0
+    published_at: float = 0.0  # FakeGcp.now() at its publish
 
 
 @dataclass
@@ -425,3 +439,4 @@ class FakeSubscription:
     max_delivery_attempts: int = 0
     dead_letter: str = ""  # topic
     messages: list[FakeMessage] = field(default_factory=list)
+    retention_s: float | None = None  # message_retention_duration; None: kept until acked

@@ -49,9 +49,16 @@ def publish(env: Environment, topic: str, bodies: list[bytes], *, client: Publis
 
 
 class PubSubWorkQueues:
-    # A pull subscription's ack deadline can be extended for as long as the message is retained
-    # (`resources.PUBSUB_RETENTION_S` from its publish): no limit from the receive.
-    max_hold_s: int | None = None
+    # No limit from the receive (an ack deadline can be extended again and again), but Pub/Sub
+    # drops a message `resources.PUBSUB_RETENTION_S` (7 days) after its publish, leased or not: an
+    # item that waited, then runs long, would outlive its message (ack and extend then reach
+    # nothing, and if its node dies nothing brings the item back). So the agent replaces a message
+    # it has held for half of this, 1 day (`Agent._refresh`): a held message is at most its wait
+    # + ~1 day old, a fresh copy at most ~1 day. Left: an item received after waiting over ~6 days
+    # can lose its message before its first refresh (max_wait_s, below 7 days, alarms first).
+    # Not shorter: each refresh costs a publish, a record write, an ack and a pull, and a copy the
+    # holder does not pull back waits visible until another node hands it over.
+    max_hold_s: int | None = 2 * 24 * 3600
 
     def __init__(self, env: Environment, *, subscriber: SubscriberClient | None = None,
                  publisher: PublisherClient | None = None):  # fmt: skip
