@@ -3,13 +3,13 @@ default and its bounds; and every invoke task's option with a default names it i
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 
 import click
 from invoke import Collection
 
-import tasks
 from tidefleet.sandbox.cli import sandbox
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,8 +38,17 @@ def test_the_readme_sandbox_table_has_every_option_its_default_and_bounds():
                 assert f"at least {option.type.min}" in meaning, (option.opts[0], meaning)
 
 
+def fresh_tasks():
+    """tasks.py loaded anew: invoke hands each option's help over once (get_arguments pops it), so
+    the module other tests in this process used may have none left."""
+    spec = importlib.util.spec_from_file_location("fresh_tasks", ROOT / "tasks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_every_task_option_with_a_default_names_it_in_its_help():
-    collection = Collection.from_module(tasks)
+    collection = Collection.from_module(fresh_tasks())
     missing = [f"{name} --{arg.name.replace('_', '-')}: {arg.help!r}"
                for name in collection.task_names for arg in collection[name].get_arguments()
                if arg.default not in (None, False, "", [])
