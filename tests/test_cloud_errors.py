@@ -16,7 +16,8 @@ import requests
 from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError, ReadTimeoutError
 from botocore.parsers import ResponseParserError
 from google.api_core import exceptions as gexc
-from google.auth.exceptions import DefaultCredentialsError
+from google.api_core.exceptions import RetryError
+from google.auth.exceptions import DefaultCredentialsError, RefreshError
 
 from tidefleet.cloud import for_env
 from tidefleet.cloud.aws import EndpointInvalid
@@ -79,7 +80,16 @@ REFRESH = "refresh them (`aws sso login`, or set AWS_PROFILE to a profile with c
         (GCP, DefaultCredentialsError("none found"), "no Google credentials: run `gcloud auth application-default login`"),
         (GCP, gexc.NotFound("subscription gone"), "is not deployed in project acme-ml-dev; deploy it with"),
         (GCP, gexc.PermissionDenied("no role"), "permission denied in project acme-ml-dev (no role)"),
-        (GCP, gexc.TooManyRequests("slow down"), "TooManyRequests: slow down (project acme-ml-dev)"),
+        (GCP, gexc.TooManyRequests("slow down"), ("TooManyRequests: slow down (project acme-ml-dev): Google Cloud "
+                                                  "throttled the call; wait a minute and run it again")),
+        (GCP, RetryError("Timeout of 20.0s exceeded", gexc.ResourceExhausted("Quota exceeded for reads")),
+         ("ResourceExhausted: Quota exceeded for reads (project acme-ml-dev): Google Cloud throttled the call, tried "
+         "again for 20 s; wait a minute and run it again")),
+        (GCP, gexc.Unauthenticated("Request had invalid authentication credentials."),
+         ("Google Cloud did not accept the credentials (Request had invalid authentication credentials.): they have "
+         "expired or were revoked; run `gcloud auth application-default login` again")),
+        (GCP, RefreshError("Reauthentication is needed. Please run `gcloud auth application-default login`"),
+         "did not accept the credentials (Reauthentication is needed."),
         (GCP, requests.ConnectionError("refused"), "cannot reach Google Cloud for 'gcp-dev' (refused)"),
     ],
     ids=lambda v: type(v).__name__ if isinstance(v, BaseException) else None,

@@ -106,6 +106,25 @@ def test_google_unavailable_or_past_its_deadline_was_tried_again_and_points_at_i
                     f"unavailable., tried again for {RETRY_FOR_S:g} s; {PERSISTS}")  # fmt: skip
 
 
+def test_throttling_was_tried_again_and_the_next_run_tries_again(tick):
+    line = tick(compute=google_error(429, "RESOURCE_EXHAUSTED", "Quota exceeded for 'Read requests'."))
+    assert line == (f"TooManyRequests: GET {GROUP}: Quota exceeded for 'Read requests'. (project {ENV.project}): Google "
+                    f"Cloud still throttled function {FUNCTION}'s call, tried again for {RETRY_FOR_S:g} s; the next run "
+                    "tries again; if it persists, raise the API's quota")  # fmt: skip
+
+
+def test_refused_credentials_name_the_functions_service_account(monkeypatch):
+    """A 401 (through the fake, AnonymousCredentials' refresh answers first: no credentials)."""
+    from google.api_core import exceptions as gexc
+
+    from tidefleet.cloud import for_env
+
+    monkeypatch.setenv("FUNCTION_TARGET", "on_kick")
+    line = for_env(ENV).explain(gexc.Unauthenticated("Request had invalid authentication credentials."))
+    assert line == (f"Google Cloud did not accept function {FUNCTION}'s credentials (service account {ACCOUNT}); "
+                    f"check that the account exists and is enabled, or {REDEPLOY}")  # fmt: skip
+
+
 def test_a_silent_endpoint_was_tried_again_and_points_at_googles_status(tick):
     line = tick(compute=silent)
     assert line == (f"Google Cloud ({COMPUTE}) did not answer function {FUNCTION} within {TRY_S:g} s, tried again "

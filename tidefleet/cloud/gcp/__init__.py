@@ -187,7 +187,7 @@ class GcpCloud:
         from google.auth.exceptions import DefaultCredentialsError
         from requests import HTTPError
 
-        from tidefleet.cloud.gcp.calls import TRY_S
+        from tidefleet.cloud.gcp.calls import RETRY_FOR_S, TRY_S
 
         env, project = self.env.name, self.env.project
         deploy = f"deploy it with `invoke deploy --env {env}`"
@@ -203,6 +203,14 @@ class GcpCloud:
                     "check the network and any HTTPS_PROXY, then try again")  # fmt: skip
         if isinstance(err, DefaultCredentialsError):
             return "no Google credentials: run `gcloud auth application-default login` or set GOOGLE_APPLICATION_CREDENTIALS"
+        if _refused_credentials(err):  # 401, or a refresh token that no longer works
+            said = err.message if isinstance(err, gexc.Unauthorized) else str(err)
+            return (f"Google Cloud did not accept the credentials ({_one_line(said, 150)}): they have expired or were "
+                    "revoked; run `gcloud auth application-default login` again, or check GOOGLE_APPLICATION_CREDENTIALS")  # fmt: skip
+        if isinstance(err, gexc.TooManyRequests):  # ResourceExhausted too
+            tried = f", tried again for {RETRY_FOR_S:g} s" if retried else ""
+            return (f"{type(err).__name__}: {_one_line(err.message)} (project {project}): Google Cloud throttled "
+                    f"the call{tried}; wait a minute and run it again")  # fmt: skip
         if isinstance(err, gexc.NotFound):
             return f"{err.message}: environment {env!r} is not deployed in project {project}; {deploy}"
         # REST clients raise a 403 as Forbidden, gRPC ones as PermissionDenied (a Forbidden).
@@ -238,6 +246,13 @@ class GcpCloud:
                     f"service account {account} lacks a role for this call; {redeploy}")  # fmt: skip
         if isinstance(err, gexc.NotFound):
             return f"{_one_line(err.message)}: environment {env!r} is not (fully) deployed in project {project}; {redeploy}"
+        if isinstance(err, gexc.TooManyRequests):  # a person's "wait and run it again" is the next run's
+            return (f"{type(err).__name__}: {_one_line(err.message)} (project {project}): Google Cloud still "
+                    f"throttled function {function}'s call{again}; the next run tries again; if it persists, raise "
+                    "the API's quota")  # fmt: skip
+        if _refused_credentials(err):
+            return (f"Google Cloud did not accept function {function}'s credentials (service account {account}); "
+                    f"check that the account exists and is enabled, or {redeploy}")  # fmt: skip
         # 503, and 504 (DeadlineExceeded is a GatewayTimeout): the service, not the function's settings.
         if isinstance(err, (gexc.ServiceUnavailable, gexc.GatewayTimeout)):
             return (f"Google Cloud answered function {function} {type(err).__name__}: {_one_line(err.message)}"
@@ -271,6 +286,16 @@ def _one_line(text: str, limit: int = 300) -> str:
     """An error's text on one line, cut to `limit` characters (a URL and Google's message fit)."""
     text = " ".join(str(text).split())
     return text if len(text) <= limit else f"{text[:limit]}..."
+
+
+def _refused_credentials(err: BaseException) -> bool:
+    """A 401, or a token refresh the token endpoint refused (an expired or revoked login); not a
+    refresh that could not reach it (the metadata server's: a RefreshError over a TransportError)."""
+    from google.api_core import exceptions as gexc
+    from google.auth.exceptions import RefreshError, TransportError
+
+    return isinstance(err, gexc.Unauthorized) or (isinstance(err, RefreshError)
+                                                   and not isinstance(err.__cause__, TransportError))  # fmt: skip
 
 
 def _unanswered(err: BaseException) -> bool:
