@@ -50,7 +50,20 @@ REFRESH = "refresh them (`aws sso login`, or set AWS_PROFILE to a profile with c
     ("env", "err", "says"),
     [
         (AWS, NoCredentialsError(), "no AWS credentials: set AWS_PROFILE"),
-        (AWS, client_error("ResourceNotFoundException"), "is not deployed in us-east-1; deploy it with `invoke deploy"),
+        (AWS, client_error("ResourceNotFoundException"), ("ResourceNotFoundException happened: environment 'dev' is not "
+                                                          "(fully) deployed in us-east-1; deploy it with `invoke deploy")),
+        (AWS, ClientError({"Error": {"Code": "ResourceNotFoundException", "Message": "The specified log group does not "
+                                     "exist."}}, "DescribeLogStreams"),
+         ("CloudWatch Logs log group '/tidefleet/dev/items' does not exist: environment 'dev' is not (fully) deployed "
+          "in us-east-1; deploy it with `invoke deploy --env dev`")),
+        (AWS, ClientError({"Error": {"Code": "ResourceNotFoundException", "Message": "Requested resource not found"}},
+                          "Scan"), "DynamoDB table 'tidefleet-dev' does not exist: environment 'dev' is not (fully)"),
+        (AWS, ClientError({"Error": {"Code": "ResourceNotFoundException", "Message": "Function not found: arn:aws:"
+                                     "lambda:us-east-1:1:function:tidefleet-dev-scaler"}}, "Invoke"),
+         "Lambda function 'tidefleet-dev-scaler' does not exist: environment 'dev' is not (fully)"),
+        (AWS, ClientError({"Error": {"Code": "NoSuchBucket", "Message": "The specified bucket does not exist",
+                                     "BucketName": "tidefleet-dev-artifacts-1"}}, "PutObject"),
+         "S3 bucket 'tidefleet-dev-artifacts-1' does not exist: environment 'dev' is not (fully)"),
         (AWS, client_error("AccessDenied"), "AccessDenied: AccessDenied happened (region us-east-1)"),
         (AWS, client_error(*EXPIRED), f"{EXPIRED[1]} (region us-east-1): your AWS credentials have expired; {REFRESH}"),
         (AWS, client_error("UnrecognizedClientException", "The security token included in the request is invalid."),
@@ -114,6 +127,9 @@ AWS_SQS = "https://sqs.us-east-1.amazonaws.com/"
         (client_error("AccessDeniedException"), (f"(region us-east-1): function {FUNCTION}'s role may not make this "
                                                 f"call; {REDEPLOY}")),
         (client_error("ResourceNotFoundException"), f"environment 'dev' is not (fully) deployed in us-east-1; {REDEPLOY}"),
+        (ClientError({"Error": {"Code": "ResourceNotFoundException", "Message": "Requested resource not found"}},
+                     "GetItem"), (f"DynamoDB table 'tidefleet-dev' does not exist: environment 'dev' is not (fully) "
+                                  f"deployed in us-east-1; {REDEPLOY}")),
         (QueueMissing("queues.default: SQS queue 'tidefleet-dev-default' does not exist in us-east-1; deploy the "
                       "environment first (invoke deploy --env dev)"), "deploy the environment first (invoke deploy"),
         (ReadTimeoutError(endpoint_url=AWS_SQS), (f"{AWS_SQS} took the connection but did not answer function "
@@ -129,8 +145,8 @@ AWS_SQS = "https://sqs.us-east-1.amazonaws.com/"
         (client_error(*THROTTLED), (f"ThrottlingException: Rate exceeded (region us-east-1): AWS still throttled "
                                     f"function {FUNCTION}'s call after 3 tries; the next run tries again")),
     ],
-    ids=["no-credentials", "access-denied", "missing-table", "missing-queue", "silent", "unreachable", "expired-token",
-         "throttled"],
+    ids=["no-credentials", "access-denied", "missing-resource", "missing-table", "missing-queue", "silent", "unreachable",
+         "expired-token", "throttled"],
 )  # fmt: skip
 def test_inside_a_function_a_cloud_error_says_what_its_operator_should_do(monkeypatch, err, says):
     """A function's line is read in its log: its credentials are its role's and its settings what
@@ -252,3 +268,58 @@ def test_the_cli_says_what_to_do_about_an_expired_token_a_denied_action_and_thro
         assert run.returncode == 1 and len(lines) == 1 and "Traceback" not in out + err, (command, err)
         assert f"Error: {answer[0]}: " in lines[0] and says in lines[0], (command, lines[0])
         assert "because no identity-based policy" not in lines[0]
+
+
+def test_a_partly_deployed_environment_names_what_is_missing_and_the_env_the_user_gave(sandbox_aws, tmp_path):
+    """A deleted log group (or table) is that resource missing, not AWS's bare "does not exist.:";
+    the deploy hint names the environment as the user did (a path its name would not find)."""
+    import boto3
+    from click.testing import CliRunner
+
+    from tidefleet import naming
+    from tidefleet.cli import main
+    from tidefleet.jobs import sdk
+
+    given = tmp_path / "elsewhere" / "sandbox.toml"
+    given.parent.mkdir()
+    given.write_text((ROOT / "environments" / "sandbox.toml").read_text())
+    job = sdk.submit(sandbox_aws, "partly", "demo", sdk.read_items(["a"]), kick=False).job_id
+    boto3.client("logs", region_name="us-east-1").delete_log_group(logGroupName=naming.item_log_group("sandbox"))
+    deploy = f"deploy it with `invoke deploy --env {given}`"
+    logs = CliRunner().invoke(main, ["logs", "--env", str(given), job])
+    assert logs.exit_code == 1 and "Traceback" not in logs.output, logs.output
+    assert ("Error: CloudWatch Logs log group '/tidefleet/sandbox/items' does not exist: environment 'sandbox' is not "
+            f"(fully) deployed in us-east-1; {deploy}") in logs.output, logs.output
+    boto3.client("dynamodb", region_name="us-east-1").delete_table(TableName=naming.table("sandbox"))
+    for command in (["cost"], ["tick", "--dry-run"]):
+        out = CliRunner().invoke(main, [*command, "--env", str(given)])
+        assert out.exit_code == 1 and "Traceback" not in out.output, out.output
+        assert ("DynamoDB table 'tidefleet-sandbox' does not exist: environment 'sandbox' is not (fully) deployed in "
+                f"us-east-1; {deploy}") in out.output, (command, out.output)
+
+
+def test_a_pool_without_a_group_names_the_env_the_user_gave(aws, tmp_path):
+    from click.testing import CliRunner
+
+    from tidefleet.cli import main
+
+    env = load_environment("sandbox")
+    provision(env, user_data={"cpu": "#!/bin/sh\n"})
+    given = tmp_path / "sandbox.toml"
+    given.write_text((ROOT / "environments" / "sandbox.toml").read_text().replace("[pools.cpu]", "[pools.more]\n"
+                     "capacity_unit = \"nodes\"\nmin = 0\nmax = 1\ncommand = \"true\"\ninstance_types = [{ type = "
+                     "\"c6i.large\" }]\n\n[pools.cpu]", 1))  # fmt: skip
+    out = CliRunner().invoke(main, ["tick", "--dry-run", "--env", str(given)])
+    assert out.exit_code == 1 and "Traceback" not in out.output, out.output
+    assert f"no group for pool(s) more: sandbox is not deployed in us-east-1; deploy it with `invoke deploy --env {given}`" \
+        in out.output, out.output
+
+
+def test_the_deploy_hint_names_an_environment_given_as_a_path_by_its_path(tmp_path):
+    for name in ("dev", "gcp-dev"):
+        given = tmp_path / f"{name}.toml"
+        given.write_text((ROOT / "environments" / f"{name}.toml").read_text())
+        cloud = for_env(load_environment(str(given)))
+        missing = client_error("ResourceNotFoundException") if name == "dev" else gexc.NotFound("subscription gone")
+        assert f"deploy it with `invoke deploy --env {given}`" in cloud.explain(missing)
+        assert "deploy it with `invoke deploy --env dev`" in for_env(AWS).explain(client_error("ResourceNotFoundException"))

@@ -368,7 +368,8 @@ FAILURES = {  # situation -> (what the process gets besides the moto server's va
     "no credentials": ({"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None, "AWS_SESSION_TOKEN": None},
                        "no AWS credentials: set AWS_PROFILE or AWS_ACCESS_KEY_ID"),
     "endpoint dead": ({"AWS_ENDPOINT_URL": "dead"}, "cannot reach AWS for 'sandbox' (Could not connect to the endpoint"),
-    "not deployed": ({}, "environment 'sandbox' is not deployed in us-east-1; deploy it with `invoke deploy --env sandbox`"),
+    "not deployed": ({}, ("DynamoDB table 'tidefleet-sandbox' does not exist: environment 'sandbox' is not (fully) "
+                         "deployed in us-east-1; deploy it with `invoke deploy --env sandbox`")),
 }  # fmt: skip
 
 

@@ -18,7 +18,7 @@ import typing
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from tidefleet import naming, prices, schedules
 
@@ -404,6 +404,8 @@ class Environment(_Model):
     queues: dict[str, Queue] = Field(min_length=1)
     schedules: dict[str, Schedule] = Field(default_factory=dict)
     teams: dict[str, Team] = Field(default_factory=dict, description="quotas and fair-share weights by team")
+    # The path it was loaded from when given as one (`--env ./x/dev.toml`): hints name it that way.
+    _path: str | None = PrivateAttr(None)
 
     @model_validator(mode="before")
     @classmethod
@@ -1229,6 +1231,12 @@ def known_environments(root: Path | None = None) -> list[str]:
     return sorted(p.stem for p in (root or environments_dir()).glob("*.toml"))
 
 
+def env_argument(env: Environment) -> str:
+    """What `--env` takes to name `env` again in a hint: the path it was loaded from, if it was
+    given as one (its name may find another file, or none), else its name; quoted for a shell."""
+    return shlex.quote(env._path or env.name)
+
+
 def environment_path(name: str, root: Path | None = None) -> Path:
     """The file of environment `name`: `<environments dir>/<name>.toml`, or `name` if it is a .toml path."""
     return Path(name) if name.endswith(".toml") else (root or environments_dir()) / f"{name}.toml"
@@ -1258,4 +1266,7 @@ def load_environment(name: str, root: Path | None = None) -> Environment:
         # TOML itself forbids defining a name twice ("Cannot declare ... twice").
         hint = "; duplicate names are not allowed" if "twice" in str(err) else ""
         raise ConfigError(str(path), [f"{path.name}: not valid TOML ({err}){hint}"]) from None
-    return parse_environment(data, name=path.stem, source=str(path))
+    env = parse_environment(data, name=path.stem, source=str(path))
+    if name.endswith(".toml"):
+        env._path = name
+    return env

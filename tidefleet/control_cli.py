@@ -10,7 +10,7 @@ from dataclasses import asdict
 import click
 
 from tidefleet.cloud import for_env
-from tidefleet.config import ConfigError, load_environment
+from tidefleet.config import ConfigError, env_argument, load_environment
 from tidefleet.control import TickError
 from tidefleet.control import tick as run_tick
 
@@ -51,7 +51,7 @@ def tick(env_name: str, dry_run: bool, pools: tuple[str, ...], log_json: bool, a
     undeployed = sorted(set(pools or env.pools) - {d.pool for d in decisions})
     if undeployed and failed is None:
         failed = f"no group for pool(s) {', '.join(undeployed)}: {env.name} is not deployed in {env.region}; " \
-                 f"deploy it with `invoke deploy --env {env.name}`"
+                 f"deploy it with `invoke deploy --env {env_argument(env)}`"
     if as_json:
         click.echo(json.dumps({"schema": "tidefleet.tick/1", "env": env.name, "dry_run": dry,
                                "decisions": [asdict(d) for d in decisions],

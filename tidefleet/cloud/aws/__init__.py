@@ -74,6 +74,9 @@ REFUSED_CREDENTIALS = EXPIRED | {"InvalidClientTokenId", "UnrecognizedClientExce
 THROTTLED = {"Throttling", "ThrottlingException", "ThrottledException", "RequestThrottledException",
              "TooManyRequestsException", "ProvisionedThroughputExceededException", "RequestLimitExceeded",
              "BandwidthLimitExceeded", "RequestThrottled", "SlowDown", "EC2ThrottledException"}  # fmt: skip
+# Calls on the job table: their "does not exist" is the table's.
+TABLE_CALLS = {"GetItem", "PutItem", "UpdateItem", "DeleteItem", "Query", "Scan", "BatchGetItem", "BatchWriteItem",
+               "TransactGetItems", "TransactWriteItems", "DescribeTable"}  # fmt: skip
 # The README section that says which calls each identity may make.
 IDENTITIES_DOC = 'README "What each identity may do"'
 
@@ -148,6 +151,25 @@ def _aws_says(err: ClientError) -> str:
     if code in DENIED:
         message = re.split(r"\s+because\s|\s*Encoded authorization failure message:", message)[0]
     return f"{code}: {_one_line(message).rstrip('.')}"
+
+
+def _missing(err: ClientError, env: str) -> str:
+    """Which of the environment's resources a "does not exist" answer is about, as the missing
+    queue's line names it ("DynamoDB table 'tidefleet-dev' does not exist"): AWS's own words
+    ("Requested resource not found") do not say. AWS's words where the call does not tell."""
+    error = err.response["Error"]
+    said = _one_line(error.get("Message") or error["Code"]).rstrip(".")
+    if "log group" in said.lower():  # the only log group the CLI and the agents use
+        return f"CloudWatch Logs log group {naming.item_log_group(env)!r} does not exist"
+    if err.operation_name in TABLE_CALLS:
+        return f"DynamoDB table {naming.table(env)!r} does not exist"
+    if err.operation_name == "Invoke":  # a kick
+        return f"Lambda function {naming.function(env, 'scaler')!r} does not exist"
+    if error.get("BucketName"):
+        return f"S3 bucket {error['BucketName']!r} does not exist"
+    if err.operation_name == "HeadBucket":  # a bare 404: the artifacts bucket, the only one asked about
+        return "the artifacts bucket does not exist"
+    return said
 
 
 def _denied_action(err: ClientError) -> str:
@@ -277,8 +299,11 @@ class AwsCloud:
         where the fix differs there."""
         if (function := _function()) and (line := self._explain_in_function(err, function)):
             return line
+        # loaded already (self.env is one); not on import: a function's cold start loads settings later
+        from tidefleet.config import env_argument
+
         env = self.env.name
-        deploy = f"deploy it with `invoke deploy --env {env}` or start `tidefleet sandbox --keep`"
+        deploy = f"deploy it with `invoke deploy --env {env_argument(self.env)}` or start `tidefleet sandbox --keep`"
         if isinstance(err, NoCredentialsError):
             return "no AWS credentials: set AWS_PROFILE or AWS_ACCESS_KEY_ID (the sandbox prints them)"
         if isinstance(err, (QueueMissing, NotAws)):
@@ -287,9 +312,8 @@ class AwsCloud:
             return _endpoint_hint(err.kwargs["endpoint"])
         if isinstance(err, ClientError):
             code = err.response["Error"]["Code"]
-            message = _one_line(err.response["Error"].get("Message") or code)
             if code in MISSING:
-                return f"{message}: environment {env!r} is not deployed in {self.env.region}; {deploy}"
+                return f"{_missing(err, env)}: environment {env!r} is not (fully) deployed in {self.env.region}; {deploy}"
             said = f"{_aws_says(err)} (region {self.env.region})"
             if code in REFUSED_CREDENTIALS:
                 what = "have expired" if code in EXPIRED else "are not accepted"
@@ -320,11 +344,10 @@ class AwsCloud:
                     f"role {function} exists and trusts lambda.amazonaws.com, or {redeploy}")  # fmt: skip
         if isinstance(err, ClientError):
             code = err.response["Error"]["Code"]
-            message = _one_line(err.response["Error"].get("Message") or code)
             if code in DENIED:
                 return f"{_aws_says(err)} (region {region}): function {function}'s role may not make this call; {redeploy}"
             if code in MISSING:
-                return f"{message}: environment {env!r} is not (fully) deployed in {region}; {redeploy}"
+                return f"{_missing(err, env)}: environment {env!r} is not (fully) deployed in {region}; {redeploy}"
             if code in REFUSED_CREDENTIALS:  # Lambda renews its role's session: no login of a person's helps
                 return (f"{_aws_says(err)} (region {region}): AWS refused function {function}'s credentials (its "
                         f"execution role's, which Lambda renews); if it persists, check that role {function} exists, "

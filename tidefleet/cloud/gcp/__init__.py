@@ -188,9 +188,10 @@ class GcpCloud:
         from requests import HTTPError
 
         from tidefleet.cloud.gcp.calls import RETRY_FOR_S, TRY_S
+        from tidefleet.config import env_argument
 
         env, project = self.env.name, self.env.project
-        deploy = f"deploy it with `invoke deploy --env {env}`"
+        deploy = f"deploy it with `invoke deploy --env {env_argument(self.env)}`"
         retried = isinstance(err, gexc.RetryError) and err.cause is not None
         if retried:
             err = err.cause  # tried until calls.RETRY_FOR_S: the last try says what is wrong
