@@ -244,3 +244,21 @@ def test_jobs_with_an_unreachable_endpoint_is_one_line_and_exit_1(h, monkeypatch
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
     out = run(h, "jobs", "--json")
     assert out.exit_code == 1 and out.output.strip().count("\n") == 0 and "cannot reach AWS" in out.output
+
+
+def test_tick_log_json_prints_tidefleets_json_lines_and_no_library_chatter(h):
+    """--log-json adds the function's JSON lines on stderr, and only those: not botocore's INFO
+    ("Found credentials in environment variables.") through a root logger set to INFO."""
+    import os
+    import subprocess
+    import sys
+
+    job_with(h, "waiting", "queued")
+    done = subprocess.run([sys.executable, "-m", "tidefleet.cli", "tick", "--env", str(h.env_path), "--dry-run",
+                           "--log-json"], env={**os.environ, "TIDEFLEET_KICK_URL": "http://127.0.0.1:9/"},
+                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert lines and "Found credentials" not in done.stderr, done.stderr
+    assert all(isinstance(json.loads(line), dict) for line in lines), done.stderr
+    assert "(dry run: nothing changed)" in done.stdout

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -10,7 +11,7 @@ from dataclasses import asdict
 import click
 
 from tidefleet.cloud import for_env
-from tidefleet.config import ConfigError, env_argument, load_environment
+from tidefleet.config import ConfigError, Environment, env_argument, load_environment
 from tidefleet.control import TickError
 from tidefleet.control import tick as run_tick
 
@@ -33,10 +34,32 @@ def tick(env_name: str, dry_run: bool, pools: tuple[str, ...], log_json: bool, a
         raise click.BadParameter(
             f"unknown pool(s) {', '.join(unknown)}; known: {', '.join(env.pools)}", param_hint="--pool"
         )
-    if log_json:
-        logging.basicConfig(level=logging.INFO, format="%(message)s")
-    else:  # what the function logs is said below in words (a pool without a group, for one)
+    with _function_log(shown=log_json):
+        _tick(env, dry_run, pools, as_json)
+
+
+@contextlib.contextmanager
+def _function_log(shown: bool):
+    """--log-json: the JSON lines tidefleet's loggers write (what the function logs), on stderr,
+    and only theirs: botocore's INFO ("Found credentials in environment variables.") goes to the
+    root logger, which stays as it is. Else none: what they say is said in words."""
+    if not shown:
         logging.getLogger("tidefleet.control").addHandler(logging.NullHandler())
+        yield
+        return
+    log, handler = logging.getLogger("tidefleet"), logging.StreamHandler()  # this run's stderr
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    level = log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+
+
+def _tick(env: Environment, dry_run: bool, pools: tuple[str, ...], as_json: bool) -> None:
     failed = None
     cloud = for_env(env)
     try:
