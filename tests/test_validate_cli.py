@@ -79,3 +79,20 @@ def test_plan_and_deploy_refuse_a_bad_file_before_terraform_runs(tmp_path, task)
     output = result.stdout + result.stderr
     assert result.returncode == 1 and "project: not a GCP project id" in output and "Traceback" not in output, output
     assert not (tmp_path / "terraform-ran").exists()
+
+
+@pytest.mark.parametrize("folder,why", [("missing", "no such folder"), ("empty", "no .toml files there"),
+                                        ("a-file", "a file, not a folder")])  # fmt: skip
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+def test_validate_with_no_environment_files_exits_1_and_says_where_it_looked(tmp_path, folder, why, as_json):
+    """Nothing checked is not "all good": a TIDEFLEET_ENVIRONMENTS that is missing, empty or a file."""
+    where = tmp_path / folder
+    if folder == "empty":
+        where.mkdir()
+    elif folder == "a-file":
+        where.write_text(DEV)
+    result = CliRunner().invoke(main, ["validate", *(["--json"] if as_json else [])],
+                                env={"TIDEFLEET_ENVIRONMENTS": str(where)})  # fmt: skip
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert f"Error: no environment files in {where} (TIDEFLEET_ENVIRONMENTS): {why}; give environment names or .toml " \
+           "paths, or set TIDEFLEET_ENVIRONMENTS to a folder of <name>.toml files" in result.output, result.output

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import click
 
-from tidefleet.config import ConfigError, known_environments, load_environment
+from tidefleet.config import ConfigError, environments_dir, known_environments, load_environment
 
 
 @click.command()
@@ -14,8 +16,11 @@ from tidefleet.config import ConfigError, known_environments, load_environment
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object (schema tidefleet.validate/1)")
 def validate(envs: tuple[str, ...], as_json: bool) -> None:
     """Validate ENVS (names or .toml paths; default: every environment). Exit 1 on any problem."""
+    names = envs or known_environments()
+    if not names:  # nothing checked is not "all good"
+        raise click.ClickException(_none_found(environments_dir()))
     results = []
-    for name in envs or known_environments():
+    for name in names:
         try:
             env = load_environment(name)
         except ConfigError as err:
@@ -33,3 +38,12 @@ def validate(envs: tuple[str, ...], as_json: bool) -> None:
         click.echo(json.dumps({"schema": "tidefleet.validate/1", "ok": ok, "environments": results}))
     if not ok:
         raise SystemExit(1)
+
+
+def _none_found(folder: Path) -> str:
+    """'no environment files in X', why, and what to give instead."""
+    why = ("no such folder" if not folder.exists() else "a file, not a folder" if not folder.is_dir()
+           else "no .toml files there")  # fmt: skip
+    named = " (TIDEFLEET_ENVIRONMENTS)" if os.environ.get("TIDEFLEET_ENVIRONMENTS") else ""
+    return (f"no environment files in {folder}{named}: {why}; give environment names or .toml paths, or set "
+            "TIDEFLEET_ENVIRONMENTS to a folder of <name>.toml files")
