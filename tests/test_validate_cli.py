@@ -96,3 +96,45 @@ def test_validate_with_no_environment_files_exits_1_and_says_where_it_looked(tmp
     assert result.exit_code == 1 and "Traceback" not in result.output, result.output
     assert f"Error: no environment files in {where} (TIDEFLEET_ENVIRONMENTS): {why}; give environment names or .toml " \
            "paths, or set TIDEFLEET_ENVIRONMENTS to a folder of <name>.toml files" in result.output, result.output
+
+
+def test_a_path_is_a_path_whatever_it_ends_in_and_a_name_stays_a_name(tmp_path, monkeypatch):
+    """A folder, /dev/null, a .txt or .csv are paths, not environment names given a made-up
+    `<environments>/<path>.toml`; a name is still found in the environments folder, even where a
+    folder of the same name sits in the working directory."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TIDEFLEET_ENVIRONMENTS", str(ROOT / "environments"))
+    (tmp_path / "dev.txt").write_text(DEV)
+    (tmp_path / "items.csv").write_text("uri,size\ns3://b/a,1\n")
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "sandbox").mkdir()  # beside `validate sandbox`: the name still wins
+    directory = "a directory, not an environment file (got {!r}); give a .toml file or an environment name"
+    cases = {
+        "dev.txt": "dev: ok (aws us-east-1",
+        str(tmp_path / "dev.txt"): "dev: ok (aws us-east-1",
+        "folder/": directory.format("folder/"),
+        str(tmp_path / "folder"): directory.format(str(tmp_path / "folder")),
+        ".": directory.format("."),
+        "/dev/null": "env: not a regular file (got '/dev/null'); give the path of an environment .toml file",
+        "items.csv": "items.csv: not valid TOML (",
+        "nosuch.csv": "env: no such file (got 'nosuch.csv'); give the path of an environment .toml file",
+        "sandbox": "sandbox: ok (aws us-east-1",
+        "dev": "dev: ok (aws us-east-1",
+        "Dev": "env: unknown environment (got 'Dev'); known: ",
+    }
+    for given, says in cases.items():
+        result = CliRunner().invoke(main, ["validate", given])
+        assert result.exit_code == (0 if " ok " in says else 1) and "Traceback" not in result.output, (given, result.output)
+        assert says in result.output and ".toml.toml" not in result.output, (given, result.output)
+        if given not in ("sandbox", "dev", "Dev"):  # a path: no environments/<path>.toml made up for it
+            assert f"environments/{given}" not in result.output and "environments//" not in result.output, result.output
+    assert "an environment is a TOML file (<name>.toml)" in CliRunner().invoke(main, ["validate", "items.csv"]).output
+
+
+def test_env_takes_the_same_paths(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sandbox.txt").write_text((ROOT / "environments" / "sandbox.toml").read_text())
+    for given, says in (("sandbox.txt", "unknown pool(s) nope"), (str(tmp_path), "a directory, not an environment file"),
+                        ("/dev/null", "not a regular file")):  # fmt: skip
+        result = CliRunner().invoke(main, ["tick", "--env", given, "--pool", "nope"])
+        assert result.exit_code in (1, 2) and says in result.output, (given, result.output)

@@ -1237,23 +1237,37 @@ def env_argument(env: Environment) -> str:
     return shlex.quote(env._path or env.name)
 
 
+def is_environment_path(name: str) -> bool:
+    """Whether `--env`/`validate` got a path rather than an environment's name: it has a '/', a
+    file extension (.toml, or any other), or is no environment name and exists (`.`, `..`). A
+    name stays a name when a file or folder here has it too (a `prod/` beside `--env prod`)."""
+    return ("/" in name or os.sep in name or Path(name).suffix != ""
+            or (re.fullmatch(NAME, name) is None and Path(name).exists()))  # fmt: skip
+
+
 def environment_path(name: str, root: Path | None = None) -> Path:
-    """The file of environment `name`: `<environments dir>/<name>.toml`, or `name` if it is a .toml path."""
-    return Path(name) if name.endswith(".toml") else (root or environments_dir()) / f"{name}.toml"
+    """The file of environment `name`: `<environments dir>/<name>.toml`, or `name` if it is a path."""
+    return Path(name) if is_environment_path(name) else (root or environments_dir()) / f"{name}.toml"
 
 
 def load_environment(name: str, root: Path | None = None) -> Environment:
-    """Load `environments/<name>.toml` (or a path to a .toml file)."""
-    path = environment_path(name, root)
+    """Load `environments/<name>.toml`, or the file at a path (`is_environment_path`): a .toml
+    file, or one with another extension that holds an environment's TOML."""
+    path, given_path = environment_path(name, root), is_environment_path(name)
     try:
         if path.is_dir():
-            raise ConfigError(str(path), [f"env: a directory, not an environment file (got {name!r}); give a .toml file"])
-        if not path.is_file() and name.endswith(".toml"):
+            raise ConfigError(str(path), [(f"env: a directory, not an environment file (got {name!r}); give a .toml "
+                                          "file or an environment name")])  # fmt: skip
+        if given_path and not path.exists():
             raise ConfigError(str(path), [f"env: no such file (got {name!r}); give the path of an environment .toml file"])
+        if given_path and not path.is_file():  # /dev/null, a pipe: no environment file
+            raise ConfigError(str(path), [(f"env: not a regular file (got {name!r}); give the path of an environment "
+                                          ".toml file")])  # fmt: skip
         if not path.is_file():
             folder = root or environments_dir()
             known = ", ".join(known_environments(folder)) or f"none (no .toml files in {folder})"
-            problem = f"env: unknown environment (got {name!r}); known: {known} (in {folder}; or give a .toml file's path)"
+            here = f"; a file {name!r} is here: give ./{name} to load it" if Path(name).is_file() else ""
+            problem = f"env: unknown environment (got {name!r}); known: {known} (in {folder}; or give a .toml file's path){here}"
             raise ConfigError(str(path), [problem])
         text = path.read_bytes().decode("utf-8-sig")  # -sig: an editor's byte-order mark
     except UnicodeDecodeError as err:
@@ -1265,8 +1279,10 @@ def load_environment(name: str, root: Path | None = None) -> Environment:
     except tomllib.TOMLDecodeError as err:
         # TOML itself forbids defining a name twice ("Cannot declare ... twice").
         hint = "; duplicate names are not allowed" if "twice" in str(err) else ""
+        if path.suffix != ".toml":  # a .txt, a .csv: most likely not meant as one
+            hint += "; an environment is a TOML file (<name>.toml)"
         raise ConfigError(str(path), [f"{path.name}: not valid TOML ({err}){hint}"]) from None
     env = parse_environment(data, name=path.stem, source=str(path))
-    if name.endswith(".toml"):
+    if given_path:
         env._path = name
     return env
