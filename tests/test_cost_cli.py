@@ -135,6 +135,13 @@ def test_cost_as_csv_and_text_and_monthly_show_the_same_numbers(run):
     assert {r["month"] for r in monthly} == {costs.datetime.now(costs.UTC).strftime("%Y-%m")}
     text = cli(h, "cost", "--by", "queue").output
     assert f"total ${as_json['total_usd']:,.4f} (USD, 4 attempt(s))" in text and costs.IDLE_NOTE in text
+    header, first = text.splitlines()[:2]  # the columns named over the rows, aligned with them
+    assert header.split() == ["queue", "cost", "(USD)", "node-hours", "attempts"], text
+    assert header.index("(USD)") + len("(USD)") == first.index("$") + 13, text  # $ and 12 digits, right-aligned
+    assert header.index("node-hours") + len("node-hours") == first.index(" node-h") + len(" node-h"), text
+    assert header.index("attempts") == first.index("node-h  ") + len("node-h  "), text
+    monthly_text = cli(h, "cost", "--by", "queue", "--monthly").output
+    assert monthly_text.splitlines()[0].split()[:2] == ["month", "queue"], monthly_text
 
 
 def test_since_leaves_out_attempts_that_ended_before_it(run):
@@ -173,7 +180,7 @@ def test_rightsize_reads_the_known_usage_and_flags_the_oom_kill_and_the_timeout(
         (("cost", "--by", "colour"), "Invalid value for '--by'"),
         (("rightsize", "--queue", "nope"), "queue: unknown queue 'nope'"),
         (("rightsize", "--job", "nope"), "job 'nope' not found"),
-        (("rightsize", "--queue", "work", "--job", "x"), "give --queue or --job, not both"),
+        (("rightsize", "--queue", "work", "--job", "x"), "--queue and --job: choose one"),
         (("cost", "--json", "--csv"), "--json and --csv: choose one"),
     ],
 )
@@ -181,7 +188,7 @@ def test_bad_input_is_one_line_naming_the_option_and_the_fix(run, args, message)
     h, _ = run
     out = cli(h, *args)
     assert out.exit_code != 0 and message in out.output
-    if args[0] == "cost":  # each a usage error: exit 2, as for every command's bad option
+    if args[0] == "cost" or "--job" in args and "--queue" in args:  # a usage error: exit 2, as any bad option's
         assert out.exit_code == 2, out.output
 
 

@@ -349,11 +349,12 @@ def test_logs_of_an_item_the_job_does_not_have_is_an_error(h):
     job_id = sdk.submit(h.env, "logged", "work", sdk.read_items(["a"]), kick=False).job_id
     out = run(h, "logs", job_id, "000000")
     assert out.exit_code == 0 and f"no logs yet for {job_id}/000000" in out.output
-    for item, message in (("nosuch-item", f"item 'nosuch-item' not found in job '{job_id}'; check the id"),
+    failed = f"`tidefleet status --env {h.env_path} {job_id} --failed` lists"  # the environment as the user gave it
+    for item, message in (("nosuch-item", f"item 'nosuch-item' not found in job '{job_id}'; check the id ({failed}"),
                           ("../../x", "item id '../../x' contains '..'")):  # fmt: skip
         out = run(h, "logs", job_id, item)
         refused_cleanly(out)
-        assert message in out.output and "no logs yet" not in out.output
+        assert message in out.output and failed in out.output and "no logs yet" not in out.output, out.output
 
 
 # -- what submit says it does --------------------------------------------------------------------
@@ -366,7 +367,8 @@ def test_submit_says_held_for_an_after_job_and_already_submitted_for_a_no_op(h, 
     again = run(h, "submit", "--name", "first", "--queue", "work", "--items", str(items))
     assert again.exit_code == 0 and "sending" not in again.output, again.output
     job = sdk.job_id_for("first")
-    assert f"job {job}: already submitted (2 item(s)); nothing recorded or sent again" in again.output
+    assert (f"job {job}: already submitted (2 item(s)); nothing recorded or sent again; `tidefleet status --env "
+            f"{h.env_path} {job}` shows its progress") in again.output, again.output
     held = run(h, "submit", "--name", "then", "--queue", "work", "--items", str(items), "--after", job)
     assert held.exit_code == 0 and "sending" not in held.output and "2 sent" not in held.output, held.output
     assert f"recording 2 item(s) on work, held until {job} has succeeded" in held.output

@@ -26,6 +26,26 @@ COMMANDS = {
 }
 
 
+# command name -> its line in `tidefleet --help`: whole, where click would cut the docstring's
+# first sentence at the listing's width (62 characters in 80 columns).
+SUMMARIES = {
+    "validate": "Check environment files; one line per problem",
+    "submit": "Submit a job's items to a queue and kick the scaler",
+    "status": "A job's item counts and failures, with a progress bar",
+    "logs": "Print the output of a job's (or one item's) attempts",
+    "cancel": "Cancel a job: queued items skipped, running ones stopped",
+    "retry-failed": "Send a job's dead-lettered items back to its queue",
+    "nodes": "Per pool: nodes, types, spot or on-demand, busy, GPUs",
+    "jobs": "List the environment's jobs with their item counts",
+    "cost": "What recorded attempts cost, by team, job, queue, user, pool",
+    "rightsize": "Items per node and instance types from measured use",
+    "agent": "The node agent: run a pool's items on this node",
+    "tick": "One control tick by hand; changes the fleet unless --dry-run",
+    "simulate": "Replay a trace through scaling policies: cost and waits",
+    "sandbox": "The whole system on this machine, no cloud account needed",
+}
+
+
 class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)
@@ -34,7 +54,10 @@ class LazyGroup(click.Group):
         if name not in COMMANDS:
             return None
         module, attr = COMMANDS[name].split(":")
-        return getattr(importlib.import_module(module), attr)
+        command = getattr(importlib.import_module(module), attr)
+        if command.short_help is None:  # one set on the command itself wins
+            command.short_help = SUMMARIES.get(name)
+        return command
 
 
 @click.group(cls=LazyGroup)

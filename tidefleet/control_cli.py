@@ -19,12 +19,15 @@ from tidefleet.control import tick as run_tick
 @click.command()
 @click.option("--env", "env_name", envvar="TIDEFLEET_ENV", required=True, show_envvar=True,
               help="environment name or .toml path")
-@click.option("--dry-run", is_flag=True, help="decide and print, change nothing")
+@click.option("--dry-run", is_flag=True, help="decide and print, change nothing (without it, the tick changes the live fleet)")
 @click.option("--pool", "pools", multiple=True, help="only this pool (repeatable); default: every pool")
 @click.option("--log-json", is_flag=True, help="also print the JSON decision lines the function logs")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object (schema tidefleet.tick/1) instead of text")
 def tick(env_name: str, dry_run: bool, pools: tuple[str, ...], log_json: bool, as_json: bool) -> None:
-    """Run one control tick: read the queues and the fleet, decide, act; print each decision and why."""
+    """Run one control tick by hand: read the queues and the fleet, decide, act; print each decision and why.
+
+    Without --dry-run this changes the live fleet, as the scaler function does: it sets the
+    pools' desired capacity and on-demand base and terminates the nodes it decided to remove."""
     try:
         env = load_environment(env_name)
     except ConfigError as err:

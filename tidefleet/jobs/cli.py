@@ -21,7 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tidefleet.cloud import for_env
-from tidefleet.config import ConfigError, Environment, load_environment
+from tidefleet.config import ConfigError, Environment, env_argument, load_environment
 from tidefleet.costs import parse_since
 from tidefleet.jobs import sdk
 from tidefleet.jobs.spec import JobSpec
@@ -121,7 +121,7 @@ def submit(env_name, name, queue, items_from, job_id, image, command, job_env, s
                 raise SystemExit(130) from None
     if result.already:
         click.echo(f"job {result.job_id}: already submitted ({result.total} item(s)); nothing recorded or sent again; "
-                   f"`tidefleet status {result.job_id}` shows its progress")  # fmt: skip
+                   f"`tidefleet status --env {env_argument(env)} {result.job_id}` shows its progress")  # fmt: skip
     elif result.held:  # what the record waits for (a re-run's options were checked against it)
         click.echo(f"job {result.job_id}: {result.total} item(s), {result.new_items} new, held: sent once job "
                    f"{started.after} has {'finished' if started.after_finished else 'succeeded'}")  # fmt: skip

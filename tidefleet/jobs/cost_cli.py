@@ -85,6 +85,8 @@ def cost(env_name, by, since_text, monthly, as_json, as_csv) -> None:
     if not rows:
         click.echo(f"no priced attempts since {time.strftime('%Y-%m-%d %H:%M', time.gmtime(since))} UTC", err=True)
     width = max([len(by)] + [len(r.key) for r in rows])
+    if rows:  # the columns' names, over the rows they are sized for
+        click.echo(f"{'month    ' if monthly else ''}{by:<{width}}  {'cost (USD)':>13}  {'node-hours':>17}  attempts")
     for r in rows:
         month = f"{r.month}  " if monthly else ""
         click.echo(f"{month}{r.key:<{width}}  ${r.cost_usd:>12,.4f}  {r.node_hours:>10,.3f} node-h  {r.attempts} attempt(s)")
@@ -106,9 +108,9 @@ def rightsize_command(env_name, queue, job_id, since_text, as_json) -> None:
     """Recommend items per node, instance types and memory from measured use (cores = cpu_s /
     seconds, peak RSS, GPU memory and utilisation), with the expected saving; flag items that hit
     their memory or time limit."""
+    if queue and job_id:  # a usage error (exit 2), as cost's --json with --csv
+        raise click.UsageError("--queue and --job: choose one")
     env = _load(env_name)
-    if queue and job_id:
-        raise click.ClickException("give --queue or --job, not both")
     since = _since(since_text)
     with _explained(env):
         found, _ = collect(env, since=since, queue=queue, job_id=job_id)

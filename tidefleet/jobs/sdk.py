@@ -59,7 +59,7 @@ from pathlib import Path
 
 from tidefleet import naming
 from tidefleet.cloud import for_env
-from tidefleet.config import NODE_LOSSES_TOLERATED, Environment, Queue
+from tidefleet.config import NODE_LOSSES_TOLERATED, Environment, Queue, env_argument
 from tidefleet.jobs.identity import identify
 from tidefleet.jobs.spec import JobSpec
 from tidefleet.jobs.spec import problems as spec_problems
@@ -976,11 +976,11 @@ def log_lines(env: Environment, job_id: str, item_id: str | None = None) -> Iter
     cloud = for_env(env)
     job = _job(cloud, env, job_id)
     if item_id is not None:
+        failed = f"tidefleet status --env {env_argument(env)} {job_id} --failed"
         if (why := id_problem(item_id)) is not None:
-            raise JobError(f"item id {item_id[:80]!r} {why}; give an item id of job {job_id} (`tidefleet status {job_id} --failed` lists failed ones)")
+            raise JobError(f"item id {item_id[:80]!r} {why}; give an item id of job {job_id} (`{failed}` lists failed ones)")
         if cloud.store.item(job_id, item_id) is None:
-            raise JobError(f"item {item_id!r} not found in job {job_id!r}; check the id "
-                           f"(`tidefleet status {job_id} --failed` lists the failed items)")  # fmt: skip
+            raise JobError(f"item {item_id!r} not found in job {job_id!r}; check the id (`{failed}` lists the failed items)")
     return cloud.logs.lines(job.queue, job_id, item_id)
 
 
