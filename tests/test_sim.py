@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,12 +19,12 @@ from click.testing import CliRunner
 from tidefleet import control
 from tidefleet.config import load_environment, parse_environment
 from tidefleet.ports import Ports
-from tidefleet.sim import Interruptions, Timing, TraceError, TraceItem, load_trace, simulate
+from tidefleet.sim import Interruptions, Timing, TraceError, TraceItem, bench, load_trace, simulate
 from tidefleet.sim.bench import check_traces
 from tidefleet.sim.cli import format_table
 from tidefleet.sim.cli import simulate as simulate_command
 from tidefleet.sim.engine import Simulation
-from tidefleet.sim.policies import TidefleetPolicy
+from tidefleet.sim.policies import POLICY_NAMES, TidefleetPolicy
 from tidefleet.sim.ports import SimulationPorts
 from tidefleet.sim.trace import SpotTrace, traces_dir
 
@@ -327,12 +331,12 @@ def test_the_command_prints_the_documented_json(tmp_path):
         ],
     )
     assert out.exit_code == 0, out.output
-    data = json.loads(out.output)
+    data = json.loads(out.stdout)  # progress goes to stderr
     assert data["schema"] == "tidefleet.sim/1" and data["items"] == 2
     assert [r["policy"] for r in data["results"]] == ["tidefleet", "oracle"]
     twice = CliRunner().invoke(simulate_command, [str(path), "--env", "bench", "--pool", "gpu", "--policy", "oracle",
                                                   "--policy", "keda", "--policy", "oracle", "--json"])  # fmt: skip
-    assert [r["policy"] for r in json.loads(twice.output)["results"]] == ["oracle", "keda"]  # a policy named twice: once
+    assert [r["policy"] for r in json.loads(twice.stdout)["results"]] == ["oracle", "keda"]  # a policy named twice: once
     assert set(data["results"][0]["wait_s"]) == {"p50", "p95", "p99", "max"}
 
 
@@ -379,7 +383,7 @@ def test_the_json_is_strict_json_when_a_bound_is_zero(tmp_path):
     out = CliRunner().invoke(simulate_command, [str(path), "--env", "bench", "--pool", "gpu", "--json",
                                                 "--window=-inf:100"])  # fmt: skip
     assert out.exit_code == 0, out.output
-    data = json.loads(out.output, parse_constant=lambda token: pytest.fail(f"not JSON: {token}"))
+    data = json.loads(out.stdout, parse_constant=lambda token: pytest.fail(f"not JSON: {token}"))
     assert data["results"][0]["cost_vs_lower_bound"] is None and data["window"] == [None, 100.0]
     assert out.stdout.count("\n") == 1  # one object on one line, as every --json
     table = CliRunner().invoke(simulate_command, [str(path), "--env", "bench", "--pool", "gpu", "--policy", "oracle"])
@@ -549,6 +553,106 @@ def test_invoke_bench_into_a_file_says_so_in_one_line(tmp_path):
     assert line == f"bench: cannot write {tmp_path / 'a-file'} (File exists); give --out a folder that can be written"
 
 
+def test_simulate_says_each_policy_as_it_is_done_on_stderr_and_keeps_stdout_for_the_result(tmp_path):
+    path = write(tmp_path, "submit_s,duration_s,gpus\n0,100,1\n30,200,1\n")
+    out = CliRunner().invoke(simulate_command, [str(path), "--env", "bench", "--pool", "gpu", "--policy", "tidefleet",
+                                                "--policy", "oracle", "--json"])  # fmt: skip
+    assert out.exit_code == 0 and json.loads(out.stdout)["items"] == 2, out.output
+    assert [re.sub(r": \d+\.\d s$", ": N s", line) for line in out.stderr.splitlines()] == [
+        "replaying 2 items under 2 policies", "[1/2] tidefleet: N s", "[2/2] oracle: N s"
+    ]
+
+
+# --- invoke bench as it runs: a line per run on stderr; Ctrl-C and a failing run stop the rest at once.
+
+
+def _tiny_bench(tmp_path) -> list[bench.Run]:
+    """One workload of four items: a held-out run per policy and the tuning runs (the tuned run follows)."""
+    (tmp_path / "tiny.csv").write_text("submit_s,duration_s,gpus\n0,100,1\n30,200,1\n60,50,1\n90,10,1\n")
+    tiny = bench.Workload("tiny.csv", "Tiny", "gpu")
+    return [bench.Run(tiny, 1, name) for name in POLICY_NAMES] + [bench.Run(tiny, 0, "tidefleet", o) for o in bench.TUNING_GRID]
+
+
+def _sleep(run, traces_dir):  # a run of Philly's length, as far as the bench can tell
+    time.sleep(120)
+
+
+def _fail_first_else_sleep(run, traces_dir):
+    if run.half == 0 and run.overrides is None:  # the first run submitted
+        raise TraceError("tiny.csv line 3: column 'duration_s' is not a number (got 'x')")
+    time.sleep(120)
+
+
+def test_invoke_bench_says_each_run_as_it_ends_on_stderr_and_nothing_of_the_workers(tmp_path, capfd):
+    runs = _tiny_bench(tmp_path)
+    done = bench._execute(runs, tmp_path, workers=2)
+    out, err = capfd.readouterr()
+    total = len(runs) + 1  # and the tuned run
+    assert len(done) == total and out == ""
+    lines = [re.sub(r": \d+\.\d s$", ": N s", line) for line in err.splitlines()]
+    assert [line.split("] ")[0] for line in lines] == [f"[{k}/{total}" for k in range(1, total + 1)], err
+    assert {line.split("] ")[1] for line in lines} == {
+        *(f"Tiny: {name}: N s" for name in POLICY_NAMES), "Tiny: tidefleet tuned: N s",
+        *(f"Tiny, first half: tidefleet ({bench.describe(o)}): N s" for o in bench.TUNING_GRID),
+    }  # fmt: skip
+
+
+def _workers_of_the_pool(monkeypatch) -> list:
+    """The bench pool's worker processes, as they start (its own list is gone after a shutdown)."""
+    workers = []
+
+    class Watched(ProcessPoolExecutor):
+        def submit(self, *args, **kwargs):
+            future = super().submit(*args, **kwargs)
+            workers.extend(w for w in self._processes.values() if w not in workers)
+            return future
+
+    monkeypatch.setattr(bench, "ProcessPoolExecutor", Watched)
+    return workers
+
+
+def test_ctrl_c_in_invoke_bench_cancels_the_queued_runs_ends_the_running_ones_and_exits_130(tmp_path, monkeypatch, capfd):
+    runs = _tiny_bench(tmp_path)
+    monkeypatch.setattr(bench, "_run_one", _sleep)
+    workers = _workers_of_the_pool(monkeypatch)
+    futures = []
+
+    def ctrl_c(pending, return_when):  # while both workers are busy with runs of minutes
+        futures.extend(pending)
+        time.sleep(1)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench, "wait", ctrl_c)
+    started = time.monotonic()
+    with pytest.raises(SystemExit) as stopped:
+        bench._execute(runs, tmp_path, workers=2)
+    assert stopped.value.code == 130 and time.monotonic() - started < 30
+    assert capfd.readouterr().err == f"bench: interrupted after 0 of {len(runs) + 1} runs; nothing written\n"
+    # None runs on: each is cancelled, or broken with the pool (whichever its manager thread sees first).
+    deadline = time.monotonic() + 10
+    while not all(f.done() for f in futures) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(f.cancelled() or (f.done() and isinstance(f.exception(), BrokenProcessPool)) for f in futures)
+    for worker in workers:
+        worker.join(10)
+        assert worker.exitcode is not None  # ended, not two minutes into a run
+
+
+def test_a_run_that_fails_stops_invoke_bench_at_once_naming_it(tmp_path, monkeypatch, capfd):
+    runs = _tiny_bench(tmp_path)
+    monkeypatch.setattr(bench, "_run_one", _fail_first_else_sleep)
+    workers = _workers_of_the_pool(monkeypatch)
+    started = time.monotonic()
+    with pytest.raises(TraceError, match="tiny.csv line 3"):
+        bench._execute(runs, tmp_path, workers=2)
+    assert time.monotonic() - started < 30  # not after the other worker's two minutes
+    assert capfd.readouterr().err == (f"[1/{len(runs) + 1}] Tiny, first half: tidefleet (the defaults): failed "
+                                      "(tiny.csv line 3: column 'duration_s' is not a number (got 'x'))\n")  # fmt: skip
+    for worker in workers:
+        worker.join(10)
+        assert worker.exitcode is not None  # ended, not two minutes into a run
+
+
 def test_invoke_simulate_finds_a_bare_trace_name_in_the_projects_folder_from_another_cwd(tmp_path):
     run = subprocess.run(
         [sys.executable, "-m", "invoke", "--search-root", str(ROOT), "simulate", "--trace", "philly_2017_jobs.csv",
@@ -614,7 +718,7 @@ preemptible = true
     def redone(*extra: str) -> tuple[float, float]:
         out = CliRunner().invoke(simulate_command, [str(trace), "--env", str(env), "--pool", "p", "--json", *extra])
         assert out.exit_code == 0, out.output
-        data = json.loads(out.output)
+        data = json.loads(out.stdout)
         (result,) = data["results"]
         assert result["items_interrupted"] == 1  # the one move
         return data["resume_s"], result["work_redone_s"]
@@ -644,7 +748,7 @@ def test_the_table_prints_cents_under_a_dollar_to_4_digits_waits_with_separators
     out = CliRunner().invoke(simulate_command, [str(trace), "--env", str(env), "--pool", "p", "--policy", "tidefleet",
                                                 "--policy", "oracle", "--boot-s", "45"])  # fmt: skip
     assert out.exit_code == 0, out.output
-    head, unfit, _, _, tidefleet, oracle = out.output.splitlines()
+    head, unfit, _, _, tidefleet, oracle = out.stdout.splitlines()
     assert head.endswith("lower bound $0.8333, zero-wait bound $0.8708")
     items = "1 item needs" if too_big == 1 else "2 items need"
     assert unfit.startswith(f"not replayed: {items} more than the 1 slot of the pool's biggest node (")

@@ -19,8 +19,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+import sys
 import tempfile
 import time
+from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -144,6 +147,13 @@ class Run:
     tuned: bool = False  # the tuned row (its overrides may be None: the defaults won the tuning)
     moved: bool = False  # the MOVED row
 
+    @property
+    def title(self) -> str:
+        """How progress names it: `Philly: tidefleet tuned`, `Philly, first half: tidefleet (the defaults)`."""
+        if self.half == 0:
+            return f"{self.workload.label}, first half: {self.policy} ({describe(self.overrides)})"
+        return f"{self.workload.label}: {TUNED if self.tuned else MOVED if self.moved else self.policy}"
+
 
 def _run_one(run: Run, traces_dir: Path) -> tuple[Report, float]:
     env = with_scaler(load_environment(ENV), run.overrides)
@@ -183,24 +193,58 @@ _SIZE_RANK = {"philly_2017_jobs.csv": 0}
 
 
 def _execute(runs: list[Run], traces_dir: Path, workers: int) -> dict[Run, tuple[Report, float]]:
-    """Every run, and each workload's tuned run once its tuning runs are in."""
+    """Every run, and each workload's tuned run once its tuning runs are in; a line on stderr as each
+    ends. Ctrl-C (or a run that raises) stops the rest at once: queued runs cancelled, workers ended."""
     done: dict[Run, tuple[Report, float]] = {}
-    tuning_left = {w: len(TUNING_GRID) for w in WORKLOADS}
+    tuning_left = Counter(r.workload for r in runs if r.half == 0)
+    total = len(runs) + len(tuning_left)  # one tuned run per workload
     order = sorted(runs, key=lambda r: (_SIZE_RANK.get(r.workload.name, 1), r.half, _COST_RANK[r.policy]))
-    with ProcessPoolExecutor(workers) as pool:
+    pool = ProcessPoolExecutor(workers, initializer=_ignore_ctrl_c)
+    try:
         pending: dict[Future, Run] = {pool.submit(_run_one, r, traces_dir): r for r in order}
         while pending:
             finished, _ = wait(pending, return_when=FIRST_COMPLETED)
             for future in finished:
                 run = pending.pop(future)
-                done[run] = future.result()
+                try:
+                    done[run] = future.result()
+                except Exception as err:
+                    _progress(f"[{len(done) + 1}/{total}] {run.title}: failed ({err})")
+                    raise
+                _progress(f"[{len(done)}/{total}] {run.title}: {done[run][1]:.1f} s")
                 if run.half == 0:
                     tuning_left[run.workload] -= 1
                     if not tuning_left[run.workload]:
                         tuning = [(r.overrides, done[r][0].results[0]) for r in done if r.half == 0 and r.workload == run.workload]
                         tuned = Run(run.workload, 1, "tidefleet", best_setting(tuning), tuned=True)
                         pending[pool.submit(_run_one, tuned, traces_dir)] = tuned
+    except KeyboardInterrupt:
+        _stop(pool)
+        _progress(f"bench: interrupted after {len(done)} of {total} runs; nothing written")
+        raise SystemExit(130) from None  # the shell's code for Ctrl-C
+    except BaseException:
+        _stop(pool)
+        raise
+    pool.shutdown()
     return done
+
+
+def _ignore_ctrl_c() -> None:
+    """In each worker: Ctrl-C reaches the whole process group; the parent alone handles it (else every
+    idle worker prints a traceback)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """Cancel the queued runs and end the running ones now, rather than wait for them (minutes each)."""
+    workers = list((pool._processes or {}).values())  # no public handle on them before Python 3.14
+    pool.shutdown(wait=False, cancel_futures=True)
+    for worker in workers:
+        worker.terminate()
+
+
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)  # stderr: stdout carries the verdicts and the table's path
 
 
 def _combine(workload: Workload, done: dict[Run, tuple[Report, float]]) -> tuple[Report, dict]:

@@ -161,7 +161,7 @@ def simulate(
         report = run_simulation(
             env, pool, items, list(dict.fromkeys(policies)), trace_name=trace_name(trace), timing=default_timing(env, boot_s, notice_s, resume_s),
             interruptions=interruptions, spot_trace_name=Path(spot_trace).name if spot_trace else None,
-            seed=seed, window=bounds, by_team=by_team,
+            seed=seed, window=bounds, by_team=by_team, progress=lambda line: click.echo(line, err=True),
         )  # fmt: skip
     except (ConfigError, TraceError, ValueError) as err:
         raise click.ClickException(str(err)) from None

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
 from tidefleet.config import Environment, Queue
@@ -275,7 +277,10 @@ def simulate(
     seed: int = 0,
     window: tuple[float, float] | None = None,
     by_team: bool = False,
+    progress: Callable[[str], None] | None = None,
 ) -> Report:
+    """Replay `items` under each policy; `progress` (the CLI's stderr) gets a line as the replay starts
+    and one as each policy is done (Philly takes a minute a policy)."""
     if pool not in env.pools:
         raise ValueError(
             f"--pool: unknown pool (got {pool!r}); pools of {env.name}: {', '.join(sorted(env.pools))}"
@@ -302,7 +307,11 @@ def simulate(
     zero_wait = zero_wait_bound(env, pool, fits, slots, timing.boot_s)
     gangs = gang_report(queues, fits, queue_of)
     results, timelines, teams = [], {}, {}
-    for name in policies:
+    say = progress or (lambda line: None)
+    say(f"replaying {len(fits):,} item{'s' * (len(fits) != 1)} under {len(policies)} "
+        f"polic{'ies' if len(policies) != 1 else 'y'}")  # fmt: skip
+    for done, name in enumerate(policies, start=1):
+        started = time.perf_counter()
         if name == "oracle":
             outcome = oracle_outcome(fits, lb, oracle_peak_nodes(env, pool, fits, slots))
         else:
@@ -312,6 +321,7 @@ def simulate(
         timelines[name] = outcome.samples
         if by_team and name != "oracle":
             teams[name] = by_team_rows(env, pool, fits, outcome)
+        say(f"[{done}/{len(policies)}] {name}: {time.perf_counter() - started:.1f} s")
     return Report(
         trace=trace_name,
         env=env.name,
