@@ -71,6 +71,8 @@ class FakeGcp:
     expired: list[str] = field(default_factory=list)  # ids of the messages a subscription's retention dropped
     lock: threading.RLock = field(default_factory=threading.RLock)  # agent threads; re-entered by before_write
     clock_offset: float = 0.0
+    short_publishes: int = 0  # the next this many publishes publish and answer one message fewer than given
+
 
     def now(self) -> float:
         return time.monotonic() + self.clock_offset
@@ -339,7 +341,11 @@ class FakeGcp:
         if kind == "topics":
             if name not in self.published and not any(s.topic == name for s in self.subscriptions.values()):
                 return self._error(404, "NOT_FOUND", f"Resource not found (resource={name}).")
-            ids = [self.publish(name, base64.b64decode(m.get("data", ""))) for m in body.get("messages", [])]
+            messages = body.get("messages", [])
+            if self.short_publishes:
+                self.short_publishes -= 1
+                messages = messages[:-1]
+            ids = [self.publish(name, base64.b64decode(m.get("data", ""))) for m in messages]
             return 200, {}, json.dumps({"messageIds": ids})
         sub = self.subscriptions.get(name)
         if sub is None:

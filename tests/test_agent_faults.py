@@ -470,3 +470,107 @@ def test_a_poison_envelope_of_any_body_fits_sqs():
         envelope = json.loads(text)
         assert len(text.encode()) <= worker.POISON_ENVELOPE_MAX and body.startswith(envelope["body"])
         assert ("body_truncated" in envelope) == (envelope["body"] != body)
+
+
+def refuse_sends(node: Agent, times: int = 1) -> None:
+    """SQS answers the node's next `times` SendMessageBatch calls with every entry refused, as it
+    may under load (a transient InternalError): the call itself succeeds."""
+    sqs, left = node.cloud.queues.sqs, [times]
+    real = sqs.send_message_batch
+
+    def send_message_batch(**request):
+        if not left[0]:
+            return real(**request)
+        left[0] -= 1
+        return {"Successful": [], "Failed": [{"Id": e["Id"], "SenderFault": False, "Code": "InternalError",
+                                              "Message": "We encountered an internal error. Please try again."}
+                                             for e in request["Entries"]]}  # fmt: skip
+
+    sqs.send_message_batch = send_message_batch
+
+
+def test_a_cordoned_node_whose_hand_back_sqs_refuses_leaves_the_queued_item_its_message_not_dead_lettered(h, caplog):
+    """A cordoned node gives back what its long poll received; SQS refusing that send is the
+    cloud's passing trouble, not a message that breaks the agent."""
+    caplog.set_level(logging.INFO, "tidefleet.agent")
+    job = sdk.submit(h.env, "cordoned", "work", sdk.read_items([["steps=1"]]), kick=False).job_id
+    node = agent(h)
+    node.cordoned = True
+    refuse_sends(node)
+    assert node._receive("work", h.env.queues["work"], wait_s=1) == 1
+    assert dead_letters(h) == [] and h.queue_depth("work") == 1, "its message is kept, not dead-lettered"
+    item = h.items(job)["000000"]
+    assert (item.status, item.attempts) == ("queued", 0)
+    assert "could not hand back 1 item(s) of work (An error occurred (InternalError)" in caplog.text
+    assert "poison" not in caplog.text
+
+
+@pytest.mark.parametrize("fault", ["SQS refuses the retry's send", "the store raises an error of its own"])
+def test_a_message_whose_claim_landed_is_never_dead_lettered_for_what_fails_after_it(h, monkeypatch, caplog, fault):
+    """A lost node's item: the claim lands, then recording the loss fails. The record says running
+    on this node, so the message is a running item's: hidden until the claim lapses, then claimed
+    again (a loss, not a failure), never poison."""
+    from tidefleet.records import Fence
+
+    monkeypatch.setattr(worker, "MIN_LEASE_S", 1.0)  # a claim of 3 s (6 heartbeats)
+    caplog.set_level(logging.INFO, "tidefleet.agent")
+    job = sdk.submit(h.env, "lost", "work", sdk.read_items([["steps=1"]]), kick=False).job_id
+    sqs = boto3.client("sqs", region_name="us-east-1")
+    url = sqs.get_queue_url(QueueName=naming.queue(h.env.name, "work"))["QueueUrl"]
+    (gone,) = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=1)["Messages"]  # a node received it ...
+    node = agent(h)
+    node.store.update_item(job, "000000", status="running", node="node-dead", lease_until=1.0, add={"attempts": 1},
+                           fence=Fence(claim_at=0.0))  # fmt: skip
+    sqs.change_message_visibility(QueueUrl=url, ReceiptHandle=gone["ReceiptHandle"], VisibilityTimeout=0)  # ... and died
+    if fault == "SQS refuses the retry's send":
+        refuse_sends(node)
+    else:
+        real, failing = node.store.update_item, [1]
+
+        def update_item(*args, **kwargs):
+            if failing[0] and kwargs.get("append"):  # the lost attempt's record (Firestore: a write race lost 20 times)
+                failing[0] -= 1
+                raise RuntimeError("item still changing after 20 attempts; try again")
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(node.store, "update_item", update_item)
+    assert node._receive("work", h.env.queues["work"], wait_s=1) == 1
+    assert dead_letters(h) == [] and h.queue_depth("work") >= 1, "not dead-lettered"  # (the retry may be out too)
+    item = h.items(job)["000000"]
+    assert (item.status, item.node, item.attempts) == ("running", "node-x", 2)
+    assert "could not start attempt 2 after claiming it" in caplog.text and "comes back in 4s" in caplog.text
+
+    def settled() -> bool:
+        node._receive("work", h.env.queues["work"], wait_s=1)
+        node.records.flush()
+        return h.items(job)["000000"].status == "succeeded"
+
+    wait_until(settled, 40, "the item to run once its claim lapsed")
+    item = h.items(job)["000000"]
+    outcomes = [e["outcome"] for e in item.history]  # the dead node's loss and the stranded claim's: one or both
+    assert item.failures == 0 and outcomes[-1] == "succeeded" and set(outcomes[:-1]) == {"lost"}, outcomes
+    assert dead_letters(h) == [] and "poison" not in caplog.text
+
+
+def test_a_hand_back_sqs_refuses_as_the_agent_stops_still_lets_the_node_go(h, monkeypatch, caplog):
+    """The items it could not hand back keep their messages (they come back after their visibility
+    timeout); the agent still records what ended, completes the lifecycle action and lifts its
+    scale-in protection, and returns, with no traceback."""
+    caplog.set_level(logging.INFO, "tidefleet.agent")
+    job = sdk.submit(h.env, "drain", "work", sdk.read_items([["steps=300"]]), kick=False).job_id
+    node = agent(h)
+    assert node._receive("work", h.env.queues["work"], wait_s=1) == 1
+    wait_until(lambda: h.events("start"), 30, "the workload to start")
+    left, protected = [], []
+    monkeypatch.setattr(node.node, "leave", lambda pool, node_id: left.append(node_id))
+    monkeypatch.setattr(node.node, "protect", lambda pool, node_id, on: protected.append(on))
+    monkeypatch.setattr(node, "_prepare", lambda: None)
+    monkeypatch.setattr(node, "_intake", lambda: node.request_stop("spot notice"))
+    node.lifecycle_terminating = True
+    refuse_sends(node)
+    assert node.run() == 0
+    assert left == ["node-x"] and protected[-1] is False and node.finished.is_set()
+    item = h.items(job)["000000"]
+    assert (item.status, item.node, item.interruptions) == ("running", "node-x", 0), "not recorded as handed back"
+    assert h.queue_depth("work") == 1 and dead_letters(h) == []
+    assert "could not hand back 1 item(s) of work" in caplog.text and "Traceback" not in caplog.text

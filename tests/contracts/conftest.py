@@ -168,14 +168,32 @@ class QueuesUnderTest:
     counts_dead_letter_deliveries: bool
     pass_time: Callable[[float], None]
     errors: tuple[type[BaseException], ...]
+    # The queue's next send answers, but takes the last body of its batch only in part or not at
+    # all (SQS: a Failed entry of SendMessageBatch, a transient InternalError; Pub/Sub: fewer ids).
+    refuse_in_part: Callable[[], None]
 
 
 def _sqs(request) -> QueuesUnderTest:
     env = request.getfixturevalue("moto_fresh_env")
     create_queues(env)
     cloud, (name, queue) = for_env(env), next(iter(env.queues.items()))
+    sqs = cloud.queues.sqs
+
+    def refuse_in_part() -> None:
+        real = sqs.send_message_batch
+
+        def send_message_batch(*, Entries, **request):
+            sqs.send_message_batch = real
+            answer = real(Entries=Entries[:-1], **request) if len(Entries) > 1 else {}
+            refused = {"Id": Entries[-1]["Id"], "SenderFault": False, "Code": "InternalError",
+                       "Message": "We encountered an internal error. Please try again."}  # fmt: skip
+            return {**answer, "Failed": [*answer.get("Failed", []), refused]}
+
+        sqs.send_message_batch = send_message_batch
+
     return QueuesUnderTest(cloud.queues, name, queue.visibility_timeout_s, redrive_receives(cloud.name, queue),
-                           counts_dead_letter_deliveries=True, pass_time=time.sleep, errors=cloud.errors)  # fmt: skip
+                           counts_dead_letter_deliveries=True, pass_time=time.sleep, errors=cloud.errors,
+                           refuse_in_part=refuse_in_part)  # fmt: skip
 
 
 def _pubsub(request) -> QueuesUnderTest:
@@ -185,8 +203,12 @@ def _pubsub(request) -> QueuesUnderTest:
     def pass_time(seconds: float) -> None:
         fake.clock_offset += seconds
 
+    def refuse_in_part() -> None:
+        fake.short_publishes += 1
+
     return QueuesUnderTest(cloud.queues, name, queue.visibility_timeout_s, redrive_receives(cloud.name, queue),
-                           counts_dead_letter_deliveries=False, pass_time=pass_time, errors=cloud.errors)  # fmt: skip
+                           counts_dead_letter_deliveries=False, pass_time=pass_time, errors=cloud.errors,
+                           refuse_in_part=refuse_in_part)  # fmt: skip
 
 
 QUEUES = {"sqs": _sqs, "pubsub": _pubsub}

@@ -110,3 +110,15 @@ def test_more_bodies_than_one_batch_holds_all_land(work_queues):
 def test_a_refused_send_raises_one_of_the_clouds_errors(work_queues):
     with pytest.raises(work_queues.errors):
         work_queues.queues.send("not-deployed", ["x"])
+
+
+def test_a_send_refused_in_part_raises_one_of_the_clouds_errors(work_queues):
+    """Refused in part, a send is a refused call like any other (the agent treats the cloud's
+    errors as transient: the message it holds comes back), not an error of the agent's own, which
+    it would take for a message that breaks it."""
+    q = work_queues
+    q.refuse_in_part()
+    with pytest.raises(q.errors) as refused:
+        q.queues.send(q.queue, ["one", "two"])
+    assert "1 of 2" in str(refused.value), refused.value
+    assert q.queues.send(q.queue, ["three"]), "the next send is answered in full"

@@ -116,6 +116,10 @@ POISON_ENVELOPE_MAX = 200_000
 YIELD_S = 5.0  # after an item left to on-demand nodes shows again: time for one of them to receive it
 
 
+def _first_line(err: BaseException) -> str:
+    return str(err).splitlines()[0][:300] if str(err) else type(err).__name__
+
+
 def poison_envelope(reason: str, body: str) -> str:
     """The dead-letter message of a poison body: its reason and the body, cut (and said so) to fit
     `POISON_ENVELOPE_MAX`."""
@@ -388,8 +392,10 @@ class Agent:
         try:
             self._intake()
         finally:
-            self._drain()
-            self._leave()
+            try:
+                self._drain()
+            finally:  # whatever the drain met: record what ended, flush the acks, let the node go
+                self._leave()
         return 0
 
     def request_stop(self, reason: str) -> None:
@@ -513,9 +519,12 @@ class Agent:
                 self._accept(name, queue, delivery)
             except self.cloud.errors as err:  # the message comes back after its visibility timeout
                 log.warning("could not take a message of %s (%s); the queue redelivers it", name, err)
-            except Exception as err:  # a message that breaks the agent is poison
-                log.exception("a message of %s broke the agent", name)
-                self._poison(name, delivery, f"agent error on this message: {type(err).__name__}: {err}")
+            except Exception:  # never the thread's end, and never the message's
+                # Not poison: an error of the agent or of an adapter (a store's write race) says
+                # nothing about the message, which may be a good queued item or a running item's.
+                # It comes back after its visibility timeout; one that breaks the agent every
+                # time ends in the dead-letter queue by the queue's own redrive.
+                log.exception("could not take a message of %s; the queue redelivers it", name)
         return len(deliveries)
 
     def _poison(self, name: str, delivery: Delivery, reason: str) -> None:
@@ -578,6 +587,14 @@ class Agent:
             self._refused(name, delivery, msg, now)
             return
         held.attempt = item.attempts
+        try:
+            self._start(held, queue, item, before, lead=bool(lead))
+        except Exception as err:  # noqa: BLE001 - the claim landed: its message is the item's, never poison
+            self._stranded(held, err)
+
+    def _start(self, held: Held, queue: Queue, item: Item, before: Item | None, *, lead: bool) -> None:
+        """After the claim landed: record an earlier completion or a lost node, else start the attempt."""
+        name, msg = held.queue, held.message
         if item.attempts > 1 and self._completed_earlier(held):
             return
         if claim.node_lost(before):
@@ -593,7 +610,25 @@ class Agent:
             self.runs.append(run)
             self.idle_since = None
             self._count_intake(name, time.time())
-        threading.Thread(target=self._lead if lead else self._execute, args=(run, queue), daemon=True).start()
+        try:
+            threading.Thread(target=self._lead if lead else self._execute, args=(run, queue), daemon=True).start()
+        except BaseException:
+            self._forget([run])
+            raise
+
+    def _stranded(self, held: Held, err: Exception) -> None:
+        """The claim landed but what follows failed (a refused send on the lost-node path, a store
+        error, the agent's own): the record says running on this node, so the message is a running
+        item's, not poison. It stays hidden until the claim lapses; the next claim counts this
+        attempt as a lost node's, and the item runs then."""
+        msg, back_in = held.message, int(self.lease_s) + 1
+        if isinstance(err, self.cloud.errors):
+            log.warning("%s/%s: could not start attempt %d after claiming it (%s); its message comes back in %ss, "
+                        "once the claim lapses", msg.job, msg.item, held.attempt, _first_line(err), back_in)  # fmt: skip
+        else:
+            log.exception("%s/%s: could not start attempt %d after claiming it; its message comes back in %ss, once "
+                          "the claim lapses", msg.job, msg.item, held.attempt, back_in)  # fmt: skip
+        self._step("hide a stranded claim's message", self.cloud.queues.extend, held.queue, [held.receipt], back_in)
 
     def _defer(self, name: str, delivery: Delivery, msg: ItemMessage, defer: claim.Defer) -> None:
         """Leave the item to an on-demand node; the heartbeat asks the scaler for one while it waits."""
@@ -1173,25 +1208,45 @@ class Agent:
             self.store.update_item(msg.job, msg.item, never_from=(), append={"history": history})
 
     def _requeue(self, helds: list[Held], *, interrupted: bool, reason: str = "") -> None:
-        """Send each item back as a fresh message (receive count 1), then delete what we held."""
+        """Send each item back as a fresh message (receive count 1), then delete what we held. Never
+        raises: a queue whose send fails keeps its items' messages (they come back after their
+        visibility timeout) and their records, and the other queues' items go back all the same."""
         reason = reason or self.stop_reason
         by_queue: dict[str, list[Held]] = defaultdict(list)
         for h in helds:
             by_queue[h.queue].append(h)
+        sent: list[Held] = []
         for queue, group in by_queue.items():
-            send_messages(self.cloud, queue, [handed_back(h.message, interrupted=interrupted) for h in group])
+            try:
+                send_messages(self.cloud, queue, [handed_back(h.message, interrupted=interrupted) for h in group])
+            except Exception as err:  # noqa: BLE001 - nothing sent is recorded: the held messages stay the items'
+                log.error("could not hand back %d item(s) of %s (%s); the queue redelivers them after their visibility "
+                          "timeout", len(group), queue, _first_line(err))  # fmt: skip
+                continue
+            sent += group
             # "": a fresh copy whose handle never came back (`_refresh`); the newer seq drops it
-            errors = self.cloud.queues.delete(queue, [h.receipt for h in group if h.receipt])
-            if errors:
-                log.warning("could not delete %d handed-back message(s): %s", len(errors), errors[0])
-        for h in helds:
+            self._step("delete handed-back messages (the newer seq drops them)", self._delete, queue,
+                       [h.receipt for h in group if h.receipt], "handed-back")
+        unrecorded = []
+        for h in sent:
             if interrupted and h.attempt:
                 ran = {"seconds": round(time.time() - h.began, 3), **self._placement(h)} if isinstance(h, Run) else {}
-                self._record(h, status="queued", seq=h.message.seq + 1, add={"interruptions": 1},
-                             history={"attempt": h.attempt, "node": self.s.node_id, "outcome": "interrupted",
-                                      "reason": reason, **ran})  # fmt: skip
-        if helds:
-            log.info("handed back %d item(s)%s", len(helds), f" ({reason})" if interrupted else "")
+                try:
+                    self._record(h, status="queued", seq=h.message.seq + 1, add={"interruptions": 1},
+                                 history={"attempt": h.attempt, "node": self.s.node_id, "outcome": "interrupted",
+                                          "reason": reason, **ran})  # fmt: skip
+                except Exception as err:  # noqa: BLE001 - its new message is out: a claim of it counts a lost node
+                    unrecorded.append(err)
+        if unrecorded:
+            log.warning("could not record %d hand-back(s) (%s); their items show running until their new messages "
+                        "are claimed", len(unrecorded), _first_line(unrecorded[0]))  # fmt: skip
+        if sent:
+            log.info("handed back %d item(s)%s", len(sent), f" ({reason})" if interrupted else "")
+
+    def _delete(self, queue: str, handles: list[str], what: str) -> None:
+        errors = self.cloud.queues.delete(queue, handles)
+        if errors:
+            log.warning("could not delete %d %s message(s): %s", len(errors), what, errors[0])
 
     # -- stopping ---------------------------------------------------------------------------
     def _drain(self) -> None:
@@ -1218,10 +1273,7 @@ class Agent:
             while any(r.state.running and r.workload.has_exited() for r in self.runs) and time.monotonic() < settle_by:
                 self.changed.wait(0.1)
             left = [r for r in list(self.runs) if Record(Outcome.HANDED_BACK) in self._feed(r, GraceOver())]
-        try:
-            self._requeue(left, interrupted=True)
-        except self.cloud.errors as err:
-            log.error("hand-back failed (%s); the queue redelivers the items after their visibility timeout", err)
+        self._requeue(left, interrupted=True)  # never raises: what it cannot send comes back after its visibility
         self._forget(left)
 
     def _leave(self) -> None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import boto3
 from botocore.config import Config
+from botocore.exceptions import ClientError
 
 from tidefleet import naming
 from tidefleet.cloud.aws.endpoint import READ_TIMEOUT_S, SQS_MAX_WAIT_S, NotAws
@@ -31,6 +32,18 @@ MAX_HOLD_S = 12 * 3600
 
 class QueueMissing(LookupError):
     pass
+
+
+class SendRefused(ClientError):
+    """SendMessageBatch answered, but refused some of its entries (its `Failed` list): a
+    ClientError with the first refusal's code and message, so that every caller treats it as it
+    treats a refused call (the cloud's `errors`, `explain`), a transient one included
+    (InternalError, ServiceUnavailable). The rest of the bodies may have been sent."""
+
+    def __init__(self, failed: list[dict], of: int):
+        first = failed[0]
+        message = f"SQS refused {len(failed)} of {of} message(s): {first.get('Message') or first.get('Code', '?')}"
+        super().__init__({"Error": {"Code": first.get("Code", "?"), "Message": message}}, "SendMessageBatch")
 
 
 class SqsQueues:
@@ -135,7 +148,7 @@ class SqsWorkQueues:
 
         failed = self._batches(send_batch, queue, dead_letter, [{"MessageBody": b} for b in bodies])
         if failed:
-            raise RuntimeError(f"SQS refused {len(failed)} message(s): {failed[0].get('Message', failed[0])}")
+            raise SendRefused(failed, len(bodies))
         return [ids[str(n)] for n in range(len(bodies))]
 
     def release(self, queue, handles, *, dead_letter=False) -> None:

@@ -32,6 +32,14 @@ PUBLISH_BATCH = 100  # messages per publish call (Pub/Sub takes up to 1000 and 1
 SHORT_PULL_S = 1  # a "no wait" receive: how long an empty subscription may hold the pull
 
 
+class PublishRefused(gexc.GoogleAPICallError):
+    """A publish that answered fewer message ids than it was given messages: a Google API call
+    error, so that every caller treats it as any refused call (the cloud's `errors`, `explain`)."""
+
+    def __str__(self) -> str:
+        return self.message  # no HTTP status: the call itself answered 200
+
+
 def publish(env: Environment, topic: str, bodies: list[bytes], *, client: PublisherClient | None = None) -> list[str]:
     """Publish each body to the topic (a cloud resource name), in batches; their message ids, in
     order. Raises on refusal."""
@@ -43,7 +51,7 @@ def publish(env: Environment, topic: str, bodies: list[bytes], *, client: Publis
         ids = client.publish(topic=path, messages=[PubsubMessage(data=b) for b in batch], retry=RETRY,
                              timeout=TRY_S).message_ids
         if len(ids) != len(batch):
-            raise RuntimeError(f"Pub/Sub accepted {len(ids)} of {len(batch)} message(s) on {topic}")
+            raise PublishRefused(f"Pub/Sub accepted {len(ids)} of {len(batch)} message(s) on {topic}")
         out += ids
     return out
 
