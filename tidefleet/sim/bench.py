@@ -236,11 +236,13 @@ def _ignore_ctrl_c() -> None:
 
 
 def _stop(pool: ProcessPoolExecutor) -> None:
-    """Cancel the queued runs and end the running ones now, rather than wait for them (minutes each)."""
+    """Cancel the queued runs and end the running ones now, rather than wait for them (minutes each).
+    Killed, not terminated: a replay holds nothing to clean up, and a forked worker inherits its
+    parent's SIGTERM handler (an in-process agent installs one), which would let it run on."""
     workers = list((pool._processes or {}).values())  # no public handle on them before Python 3.14
     pool.shutdown(wait=False, cancel_futures=True)
     for worker in workers:
-        worker.terminate()
+        worker.kill()
 
 
 def _progress(line: str) -> None:
