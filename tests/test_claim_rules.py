@@ -3,6 +3,8 @@ what to do with it when the claim is refused, read from the item's record."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from tidefleet.agent.claim import (
@@ -27,9 +29,9 @@ NOW = 1000.0
 MSG = ItemMessage("job-1", "000001", [], seq=2)
 
 
-def item(status: str, *, seq: int = 2, lease_left: float = 0.0, message_id: str = "m-1") -> Item:
+def item(status: str, *, seq: int = 2, lease_left: float = 0.0, message_id: str = "m-1", copy: str = "") -> Item:
     return Item("job-1", "000001", status=status, seq=seq, attempts=3, node="node-b", lease_until=NOW + lease_left,
-                message_id=message_id)  # fmt: skip
+                message_id=message_id, copy=copy)  # fmt: skip
 
 
 RECEIPTS = [
@@ -76,6 +78,42 @@ REFUSALS = [
 def test_a_refused_claim(case, current, deliveries, message_id, mine, expected):
     delivery = Delivery("handle", MSG.body(), deliveries, message_id)
     assert on_refusal(current, MSG, delivery, now=NOW, heartbeat_s=5, mine=mine) == expected
+
+
+HANDED = HandOver(26, "job-1/000001 runs on node-b (lease 20s left); handing its message back to it")
+REPLACING = Hide(26, "job-1/000001 runs on node-b (lease 20s left), replacing its message; this one comes back in 26s")
+DUPLICATE = Drop("job-1/000001 runs on node-b; dropping a duplicate copy of its message")
+COPIES = [
+    ("a fresh copy whose name is recorded and not yet its id goes back to its holder",
+     item("running", lease_left=20, message_id="", copy="3.1"), "3.1", "m-2", False, HANDED),
+    ("... and is adopted by its holder", item("running", lease_left=20, message_id="", copy="3.1"), "3.1", "m-2", True,
+     Adopt()),
+    ("the message its holder is replacing is hidden like its own, never dropped before the copy is out",
+     item("running", lease_left=20, message_id="", copy="3.1"), "", "m-1", False, REPLACING),
+    ("... an earlier copy of it too", item("running", lease_left=20, message_id="", copy="3.2"), "3.1", "m-2", False,
+     REPLACING),
+    ("once the copy's id is recorded, the message it replaced is a duplicate",
+     item("running", lease_left=20, message_id="m-2", copy="3.1"), "", "m-1", False, DUPLICATE),
+    ("... and the copy goes back to its holder by its id", item("running", lease_left=20, message_id="m-2", copy="3.1"),
+     "3.1", "m-2", False, HANDED),
+    ("a second message of the copy's name (a spot node's re-send) is a duplicate once its id is recorded",
+     item("running", lease_left=20, message_id="m-2", copy="3.1"), "3.1", "m-5", False, DUPLICATE),
+    ("a copy an earlier attempt sent is a duplicate of the message this one claimed",
+     item("running", lease_left=20, message_id="m-1"), "2.1", "m-9", False, DUPLICATE),
+    ("a message an earlier attempt replaced is a duplicate of the copy this one claimed",
+     item("running", lease_left=20, message_id="m-9", copy="2.1"), "", "m-1", False, DUPLICATE),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "current", "copy", "message_id", "mine", "expected"), COPIES, ids=[c[0] for c in COPIES])
+def test_a_refused_claim_of_a_running_items_message_while_its_holder_replaces_it(case, current, copy, message_id, mine,
+                                                                                 expected):  # fmt: skip
+    """`Agent._refresh` records a fresh copy's name before it sends it: whichever node receives
+    the copy first knows it for the holder's, and the message it replaces is kept until the
+    copy's id is recorded."""
+    msg = replace(MSG, copy=copy)
+    delivery = Delivery("handle", msg.body(), 1, message_id)
+    assert on_refusal(current, msg, delivery, now=NOW, heartbeat_s=5, mine=mine) == expected
 
 
 @pytest.mark.parametrize(("before", "lost"), [(None, False), (item("running"), True), (item("queued"), False),

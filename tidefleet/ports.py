@@ -164,8 +164,11 @@ class WorkQueues(Protocol):
     or dead-letter subscription (Pub/Sub). A body is opaque text: what it means (`ItemMessage`)
     is the SDK's business, not the port's."""
 
-    # How long after the receive that gave it a handle can keep its message hidden (SQS: 12 h);
-    # None: as long as it is extended. The agent replaces a message it holds longer (`Agent._refresh`).
+    # How long the agent may hold one message before it replaces it with a fresh copy
+    # (`Agent._refresh`, at half of it); None: as long as it likes. SQS: 12 h, the most a handle
+    # keeps its message hidden after the receive that gave it. Pub/Sub: 2 days, well inside the 7
+    # days a subscription keeps a message after its publish (leased or not), since it may have
+    # waited before its receive.
     max_hold_s: int | None
 
     def lease_s(self, queue: str) -> int:

@@ -147,11 +147,14 @@ class Fence:
     `attempt`: the record's attempt counter still equals this: only the attempt that holds the
     item records it (a stale node's late write loses). `claim_at`: a claim: the item is not
     running under a lease that lasts past this time. `seq`: the message's sequence number: the
-    record's is not newer (a stale duplicate of an already re-sent message loses)."""
+    record's is not newer (a stale duplicate of an already re-sent message loses). `message`:
+    (message id, copy name): the record still names that message as its attempt's (`names`), so
+    a handle handed over for a message the holder has since replaced never lands."""
 
     attempt: int | None = None
     claim_at: float | None = None
     seq: int | None = None
+    message: tuple[str, str] | None = None
 
     def admits(self, record: dict) -> bool:
         """The same rule as the DynamoDB condition, for stores that check in code."""
@@ -159,7 +162,18 @@ class Fence:
             return False
         if self.claim_at is not None and record.get("status") == "running" and (record.get("lease_until") or 0) > self.claim_at:
             return False
+        if self.message is not None and not names(record.get("message_id") or "", record.get("copy") or "", *self.message):
+            return False
         return self.seq is None or (record.get("seq") or 0) <= self.seq
+
+
+def names(record_message_id: str, record_copy: str, message_id: str, copy: str) -> bool:
+    """Whether an item's record (its `message_id`, `copy`) names a message (its queue id, its
+    `ItemMessage.copy`) as its attempt's: the same copy name, and the same id, or none recorded
+    yet (the holder records a fresh copy's name before it sends it, and its id after)."""
+    if record_copy != copy:
+        return False
+    return (bool(message_id) and record_message_id == message_id) or (bool(copy) and not record_message_id)
 
 
 @dataclass(frozen=True)
@@ -254,10 +268,16 @@ class Item:
     updated_at: float = 0.0
     seq: int = 0  # the newest message sent for this item (each retry or hand-back sends seq + 1)
     lease_until: float = 0.0  # while running: the holder renews it every heartbeat
-    message_id: str = ""  # the queue's id of the message the current attempt holds
-    # A handle to that message another node received while the attempt runs (`claim.HandOver`):
-    # its holder takes it at its next heartbeat. Cleared by a claim and by the holder's refresh.
+    # The message the current attempt holds: its queue id, and its copy name (`ItemMessage.copy`;
+    # "" for any message but a fresh copy). Set by the claim; the holder's refresh (`Agent._refresh`)
+    # records its copy's name with no id before it sends it, and the id once sent (`names`).
+    message_id: str = ""
+    copy: str = ""
+    # A handle to that message another node received while the attempt runs (`claim.HandOver`),
+    # and when: its holder takes it at its next heartbeat if it holds none newer. Cleared by a
+    # claim and by the holder's refresh; written only while the record still names the message.
     receipt: str = ""
+    receipt_at: float = 0.0
     history: list[dict] = field(default_factory=list)  # one entry per finished attempt
     # A multi-node item's gang for the current attempt (`tidefleet.agent.gang`): its state
     # (forming, running, stopping, released), the nodes that joined in order (the lead first),

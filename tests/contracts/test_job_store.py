@@ -71,6 +71,36 @@ def test_claims_run_an_item_once_and_fence_stale_writers(store):
     assert claim("node-d", 1, NOW + 200) is None, "final is final"
 
 
+def test_a_write_fenced_on_a_message_lands_only_while_the_record_names_it(store):
+    """`Fence.message` (`records.names`): a handle handed over for a running item's message lands
+    while the record names that message: by its id, or by its copy's name while the holder's
+    refresh has recorded the name and not yet the id; never once the record names another."""
+    s = store.store
+    s.put_item_if_new(queued())
+    s.update_item("j", "000000", status="running", node="a", lease_until=NOW + 30, message_id="m-1", copy="",
+                  add={"attempts": 1}, fence=Fence(claim_at=NOW))  # fmt: skip
+
+    def hand_over(message_id: str, copy: str, handle: str):
+        return s.update_item("j", "000000", only_from=("running",), fence=Fence(attempt=1, message=(message_id, copy)),
+                             receipt=handle, receipt_at=NOW + 1)  # fmt: skip
+
+    assert hand_over("m-2", "", "h-dup") is None, "another message with the same body: a duplicate"
+    assert hand_over("m-1", "1.1", "h-x") is None
+    assert (hand_over("m-1", "", "h-1").receipt, s.item("j", "000000").receipt_at) == ("h-1", NOW + 1)
+    # The holder's refresh: its copy's name first (the id unknown, the old handle cleared) ...
+    refreshing = s.update_item("j", "000000", only_from=("running",), fence=Fence(attempt=1), copy="1.1",
+                               message_id="", receipt="", receipt_at=None)  # fmt: skip
+    assert (refreshing.copy, refreshing.message_id, refreshing.receipt, refreshing.receipt_at) == ("1.1", "", "", 0.0)
+    assert hand_over("m-1", "", "h-late") is None, "the message being replaced no longer takes a handle"
+    assert hand_over("m-3", "1.1", "h-3").receipt == "h-3", "the copy, known by its name before its id"
+    # ... then its id: the copy's name with another id is a duplicate of it.
+    assert s.update_item("j", "000000", fence=Fence(attempt=1, message=("m-3", "1.1")), message_id="m-3") is not None
+    assert hand_over("m-4", "1.1", "h-4") is None
+    assert hand_over("m-3", "1.1", "h-3b").receipt == "h-3b"
+    assert hand_over("m-3", "1.1", "h-old-attempt") is not None and s.update_item(
+        "j", "000000", fence=Fence(attempt=2, message=("m-3", "1.1")), receipt="h-never") is None
+
+
 @pytest.mark.parametrize(("job", "item"), [("j", "no-such-item"), ("no-such-job", "000000")])
 def test_an_update_never_creates_an_item_that_was_never_submitted(store, job, item):
     store.store.put_item_if_new(queued())

@@ -226,10 +226,10 @@ def after_failure(msg: ItemMessage, reason: str, *, max_retries: int, losses_tol
         spent = (f"its node was lost {losses} times; {losses_tolerated} tolerated" if lost
                  else f"{failures} failed attempt(s); max_retries = {max_retries}")
         reason = f"{reason} (gave up after {spent})"
-    return Retry(replace(msg, failures=failures, lost=losses, seq=msg.seq + 1), final, reason)
+    return Retry(replace(msg, failures=failures, lost=losses, seq=msg.seq + 1, copy=""), final, reason)
 
 
 def handed_back(msg: ItemMessage, *, interrupted: bool) -> ItemMessage:
     """The message that hands an item back: an interruption is counted (and is a new message, seq
     + 1); a message received while stopping, never started, goes back as it was."""
-    return replace(msg, interruptions=msg.interruptions + 1, seq=msg.seq + 1) if interrupted else msg
+    return replace(msg, interruptions=msg.interruptions + 1, seq=msg.seq + 1, copy="") if interrupted else msg

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tidefleet.records import FINAL
+from tidefleet.records import FINAL, names
 
 DEFER_S = 30  # a spot node hides an item left to on-demand capacity this long (`Defer`), then sees it again
 
@@ -55,8 +55,9 @@ class Defer:
 
 @dataclass(frozen=True)
 class Adopt:
-    """Our own running attempt's message, back because its visibility ran out or we replaced it
-    (a fresh copy, `WorkQueues.max_hold_s`): its newest handle is the one that deletes it."""
+    """Our own running attempt's message (the one its record names, `records.names`), back
+    because its visibility ran out or we replaced it (a fresh copy, `WorkQueues.max_hold_s`): its
+    newest handle is the one that deletes it."""
 
 
 @dataclass(frozen=True)
@@ -121,12 +122,18 @@ def on_refusal(current: Item | None, msg: ItemMessage, delivery: Delivery, *, no
             # not a copy. Look again soon (doubling, so that if the holder died right there its
             # lease lapses within a few receives, well before the queue's redrive).
             return Hide(min(2**delivery.deliveries, int(left) + 1))
-        if delivery.message_id and delivery.message_id == current.message_id:
+        hide = int(left + heartbeat_s) + 1
+        if names(current.message_id, current.copy, delivery.message_id, msg.copy):
             if mine:
                 return Adopt()
-            hide = int(left + heartbeat_s) + 1
             return HandOver(hide, f"{where} runs on {current.node} (lease {int(left)}s left); handing its message "
                                   "back to it")  # fmt: skip
+        if not current.message_id:
+            # Its holder is replacing its message (`Agent._refresh`: the copy's name recorded, its
+            # id not yet): this may be the message it replaces, still its only one if the copy's
+            # send fails. Hidden like the holder's own; once the copy's id is recorded it is dropped.
+            return Hide(hide, f"{where} runs on {current.node} (lease {int(left)}s left), replacing its message; "
+                              f"this one comes back in {hide}s")  # fmt: skip
         return Drop(f"{where} runs on {current.node}; dropping a duplicate copy of its message")
     return Hide(1)  # it changed between the claim and the read: look again shortly
 

@@ -19,9 +19,10 @@ How an item's attempts are counted, on SQS and Pub/Sub alike:
   * When `failures` exceeds the queue's max_retries the agent itself sends the message to
     the dead-letter queue and marks the item failed with the reason.
   * An attempt that outruns how long the queue hides a message (SQS: 12 h from a receive,
-    `WorkQueues.max_hold_s`) replaces its message with a fresh copy, and whichever node
-    receives the copy gives it back to the holder (`_refresh`, `claim.HandOver`): a running
-    item's message never comes back to be counted by the redrive.
+    `WorkQueues.max_hold_s`) replaces its message with a fresh copy, named on the item's record
+    before it is sent, and whichever node receives the copy gives it back to the holder
+    (`_refresh`, `claim.HandOver`): a running item's message never comes back to be counted by
+    the redrive.
   * A message delivered more than once was held by an agent that vanished without a
     word (kill -9, kernel panic, spot reclaim without notice). That attempt is "lost", not
     failed: it is retried without spending max_retries, but losses have their own budget
@@ -95,6 +96,7 @@ from tidefleet.records import AttemptOutcome, Fence, Heartbeat, Item, ItemWrite,
 
 log = logging.getLogger("tidefleet.agent")
 RECEIVE_BATCH = 10  # SQS's most per receive; more than a node's free slots anyway
+RECEIVE_BACKS = 3  # tries to receive a fresh copy back (`Agent._refresh`): at once, then a heartbeat apart
 ACK_BATCH = 10  # messages deleted per call (SQS DeleteMessageBatch's most)
 ACK_FLUSH_S = 0.5  # a recorded item's message is deleted within this, batched with others
 RECORD_BATCH = 50  # ended items recorded per store call at most; a flush sends fewer within ACK_FLUSH_S
@@ -168,6 +170,13 @@ class Run(Held):
     gpus: list[int] = field(default_factory=list)  # the node's GPUs this attempt holds (its only visible ones)
     began: float = field(default_factory=time.time)
     held_since: float = field(default_factory=time.time)  # when `receipt` was received (max_hold_s counts from it)
+    # Its message's refreshes (`Agent._refresh`): copies sent (their names count them), failed tries in
+    # a row and when the next may start, when the last copy went out and how often it was received back.
+    copies: int = 0
+    refresh_tries: int = 0
+    refresh_after: float = 0.0
+    copy_sent_at: float = 0.0
+    receive_backs: int = 0
     state: Attempt = field(kw_only=True)
     workload: Workload = field(kw_only=True)
     # A multi-node item this node leads (`agent.gang`): the gang's (min, max) nodes, and which
@@ -539,16 +548,21 @@ class Agent:
                         "it", name, str(err).splitlines()[0][:300] if str(err) else type(err).__name__)  # fmt: skip
 
     def _accept(self, name: str, queue: Queue, delivery: Delivery, *, taking: bool = True) -> None:
+        """`taking` False: received back by `_receive_back`, which starts nothing."""
         try:
             msg = ItemMessage.parse(delivery.body)
         except ValueError as err:
             self._poison(name, delivery, str(err))
             return
         held = Held(name, delivery.handle, msg)
+        if not taking:  # a running item's goes to its holder (this node, mostly); any other is visible again at once
+            if not self._to_holder(name, delivery, msg):
+                self.cloud.queues.release(name, [delivery.handle])
+            return
         # Received during a long poll that began before this node stopped taking items (stopping,
-        # cordoned, its group letting it go, the queue held), or not `taking` (`_refresh`): not ours
-        # to start. A cordoned node would otherwise take back the very item the scaler just moved off it.
-        if not taking or self.stopping.is_set() or self.cordoned or self.retiring or name in self.held:
+        # cordoned, its group letting it go, the queue held): not ours to start. A cordoned node
+        # would otherwise take back the very item the scaler just moved off it.
+        if self.stopping.is_set() or self.cordoned or self.retiring or name in self.held:
             if not self._to_holder(name, delivery, msg):
                 self._requeue([held], interrupted=False)
             return
@@ -580,8 +594,8 @@ class Agent:
                 "gang_failure": ""} if queue.gang[1] > 1 else {}  # fmt: skip
         item = self.store.update_item(
             msg.job, msg.item, status="running", node=self.s.node_id, args=msg.args, seq=msg.seq,
-            lease_until=now + self.lease_s, message_id=delivery.message_id, receipt="", add={"attempts": 1},
-            fence=Fence(claim_at=now, seq=msg.seq), **lead,
+            lease_until=now + self.lease_s, message_id=delivery.message_id, copy=msg.copy, receipt="",
+            receipt_at=None, add={"attempts": 1}, fence=Fence(claim_at=now, seq=msg.seq), **lead,
         )  # fmt: skip
         if item is None:
             self._refused(name, delivery, msg, now)
@@ -689,10 +703,39 @@ class Agent:
         elif isinstance(action, claim.HandOver):
             log.info("%s", action.why)
             self.cloud.queues.extend(name, [delivery.handle], action.seconds)
-            self.store.update_item(msg.job, msg.item, only_from=("running",), fence=Fence(attempt=current.attempts),
-                                   receipt=delivery.handle)  # fmt: skip
+            # Only while the record still names this message (the holder may have replaced it since
+            # the read); with its id, if the holder's refresh has not recorded it yet.
+            named = {"message_id": delivery.message_id} if delivery.message_id else {}
+            if self.store.update_item(msg.job, msg.item, only_from=("running",), receipt=delivery.handle, receipt_at=now,
+                                      fence=Fence(attempt=current.attempts, message=(delivery.message_id, msg.copy)),
+                                      **named) is None:  # fmt: skip
+                log.info("%s/%s: its record no longer names this message; it comes back in %ss", msg.job, msg.item,
+                         action.seconds)  # fmt: skip
         elif mine is not None:  # claim.Adopt
-            mine.receipt, mine.held_since = delivery.handle, time.time()
+            if not current.message_id and delivery.message_id:  # a copy known by its name: record its id too
+                self._step("record a fresh copy's id", self._record_copy_id, msg, mine.attempt, delivery.message_id)
+            self._adopt(mine, delivery.handle, now, msg.copy)
+
+    def _record_copy_id(self, msg: ItemMessage, attempt: int, message_id: str) -> Item | None:
+        """The id of a fresh copy whose name the item's record already has (`_refresh`): from then
+        on the message it replaced is a duplicate, as is any other message of that name."""
+        return self.store.update_item(msg.job, msg.item, only_from=("running",), message_id=message_id,
+                                      fence=Fence(attempt=attempt, message=(message_id, msg.copy)))  # fmt: skip
+
+    def _adopt(self, run: Run, handle: str, received_at: float, copy: str) -> bool:
+        """Hold `handle`, a handle to the message the item's record names (our own receive's, or
+        one another node handed over), unless the run holds one received later. A handle to a
+        different message (a fresh copy) replaces the one it held, which no record names any more."""
+        with self.lock:
+            if handle == run.receipt or (run.receipt and received_at <= run.held_since):
+                return False
+            old, replaced = run.receipt, copy != run.message.copy
+            run.receipt, run.held_since = handle, received_at
+            if replaced:
+                run.message = replace(run.message, copy=copy)
+        if old and replaced:
+            self.acks.add(run.queue, old)
+        return True
 
     def _completed_earlier(self, held: Held) -> bool:
         """An earlier attempt declared completion (`checkpoint.complete()`) but its node died
@@ -828,7 +871,7 @@ class Agent:
         wherever it turns up), the record queued again; an interruption, never a failure."""
         msg = run.message
         self.beacon = {}
-        back = replace(msg, seq=msg.seq + 1)
+        back = replace(msg, seq=msg.seq + 1, copy="")  # a new message, not a fresh copy of the held one
         send_messages(self.cloud, run.queue, [back])
         self._record(run, status="queued", seq=back.seq, gang=gang.RELEASED,
                      history={"attempt": run.attempt, "node": self.s.node_id, "outcome": "released", "reason": why})  # fmt: skip
@@ -1450,56 +1493,95 @@ class Agent:
                 if run.receipt in failed:
                     log.warning("could not extend %s: %s", run.message.item, failed[run.receipt])
 
-    def _keep_hidden(self, receipts: dict[str, list[str]]) -> None:
+    def _keep_hidden(self, receipts: dict[str, list[str]], what: str = "unrecorded end(s)") -> None:
         """Ends whose record waits (the store failed): their messages must not come back meanwhile,
         or the items would run again."""
         for queue, handles in receipts.items():
             failed = self.cloud.queues.extend(queue, handles, self.visibility[queue])
             if failed:
-                log.warning("could not keep %d unrecorded end(s) of %s hidden: %s", len(failed), queue,
+                log.warning("could not keep %d %s of %s hidden: %s", len(failed), what, queue,
                             next(iter(failed.values())))  # fmt: skip
 
     def _renew_leases(self, runs: list[Run]) -> None:
         """Extend each running attempt's claim; an attempt whose claim another took, or whose
         item is final, is stopped at once (its late records would be refused anyway)."""
         until = time.time() + self.lease_s
+        adopted: dict[str, list[str]] = defaultdict(list)
         for run in runs:
             msg = run.message
             item = self.store.update_item(msg.job, msg.item, only_from=("running",), lease_until=until,
                                           fence=Fence(attempt=run.attempt))  # fmt: skip
             if item is None:
                 self._superseded(run)
-            elif item.receipt and item.receipt != run.receipt:  # another node received our message (`claim.HandOver`)
-                run.receipt, run.held_since = item.receipt, time.time()
+            elif item.receipt and self._adopt(run, item.receipt, item.receipt_at, item.copy):
+                adopted[run.queue].append(item.receipt)  # another node received our message (`claim.HandOver`)
+        # Hidden from now, as the held ones were a moment ago: the node's hand-over hid it only until
+        # the lease it read would lapse, and this renewal outlasts that.
+        self._keep_hidden(adopted, "handed-over message(s)")
 
     def _refresh_due(self, runs: list[Run]) -> None:
         """Halfway through the queue's `max_hold_s` (SQS: 12 h from a receive), the other half
-        leaves ample room for an extension, a slow heartbeat and the copy's way back."""
+        leaves ample room for an extension, a slow heartbeat, failed tries and the copy's way back.
+        A copy not received back yet is tried again a heartbeat later, a few times."""
         limit = self.cloud.queues.max_hold_s
         for run in runs:
-            if limit is not None and run.receipt and time.time() - run.held_since >= limit / 2:
-                self._step("message refresh", self._refresh, run)
+            now = time.time()
+            if not run.receipt:
+                if run.receive_backs < RECEIVE_BACKS and now - run.copy_sent_at >= self.s.heartbeat_s:
+                    self._step("receive back its fresh copy", self._receive_back, run)
+            elif limit is not None and now - run.held_since >= limit / 2 and now >= run.refresh_after:
+                self._step("message refresh", self._refresh, run, limit)
 
-    def _refresh(self, run: Run) -> None:
-        """Replace the message of an attempt that outruns the queue's hold limit with a fresh copy:
-        recorded as the attempt's message before the old one goes, so whoever receives it gives it
-        back (`claim.Adopt`, `claim.HandOver`), and a node that dies meanwhile leaves a message for
-        the next claim. Receiving it again instead would count toward the queue's redrive, once
-        per limit, and dead-letter an item that is still running."""
+    def _refresh(self, run: Run, limit: float) -> None:
+        """Replace the message of an attempt that outruns the queue's hold limit with a fresh copy.
+        Record first: the copy's name (`ItemMessage.copy`) goes on the item's record before the copy
+        is sent, so whichever node receives it, however soon, knows it for the holder's (`claim.Adopt`,
+        `claim.HandOver`), and the message it replaces is kept until the copy's id is recorded. A
+        node that dies anywhere in between leaves one or both messages for the next claim, which
+        drops the other. Receiving the old one again instead would count toward the queue's
+        redrive, once per limit, and dead-letter an item that is still running. A failed try is
+        tried again with backoff, under a new name: a copy it may have sent anyway is a duplicate."""
         msg, old = run.message, run.receipt
-        (message_id,) = self.cloud.queues.send(run.queue, [msg.body()])  # the same seq: never a newer attempt
+        run.refresh_tries += 1  # if this try fails: the next after 1, 2, 4 ... heartbeats, at most limit / 16
+        run.refresh_after = time.time() + min(self.s.heartbeat_s * 2 ** (run.refresh_tries - 1),
+                                              max(self.s.heartbeat_s, limit / 16))  # fmt: skip
+        run.copies += 1
+        copy = f"{run.attempt}.{run.copies}"
         if self.store.update_item(msg.job, msg.item, only_from=("running",), fence=Fence(attempt=run.attempt),
-                                  message_id=message_id, receipt="") is None:  # fmt: skip
-            self._superseded(run)  # its copy is a duplicate now: a claim drops it
+                                  copy=copy, message_id="", receipt="", receipt_at=None) is None:  # fmt: skip
+            self._superseded(run)
             return
-        run.receipt = ""
+        (message_id,) = self.cloud.queues.send(run.queue, [replace(msg, copy=copy).body()])  # the same seq
+        held_for = time.time() - run.held_since
+        with self.lock:  # our intake may have received the copy meanwhile and adopted it (`_adopt`)
+            if run.receipt == old:
+                run.receipt = ""  # the copy's handle is on its way: extend, delete, hide nothing meanwhile
+            run.message = replace(run.message, copy=copy)
+            run.refresh_tries, run.copy_sent_at, run.receive_backs = 0, time.time(), 0
+        try:
+            recorded = self._record_copy_id(replace(msg, copy=copy), run.attempt, message_id)
+        except Exception as err:  # noqa: BLE001 - the copy's name is recorded: whoever receives it records its id
+            log.warning("%s/%s: could not record its fresh copy's id (%s); the node that receives it does",
+                        msg.job, msg.item, _first_line(err))  # fmt: skip
+            recorded = True
+        if recorded is None:  # a newer attempt holds the item (and maybe the old message): leave it be
+            self._superseded(run)
+            return
         # A failed delete only brings the old message back after its visibility: a claim drops it
         # (a running item's message that is not its recorded one).
-        self.cloud.queues.delete(run.queue, [old])
-        log.info("%s/%s: its message replaced by a fresh copy after %.0fs (the queue hides one at most %ss after "
-                 "its receipt)", msg.job, msg.item, time.time() - run.held_since, self.cloud.queues.max_hold_s)
+        self._step("delete a replaced message", self._delete, run.queue, [old], "replaced")
+        log.info("%s/%s: replaced its message with a fresh copy after holding it %.0fs (a held message is replaced "
+                 "halfway to the queue's hold limit, %.0fs, long before it could expire)", msg.job, msg.item, held_for,
+                 limit)  # fmt: skip
         # Received back at once, it waits for no other node to hand it over, nor counts as an item
-        # waiting meanwhile (scaler); another message received instead goes back.
+        # waiting meanwhile (scaler).
+        self._step("receive back its fresh copy", self._receive_back, run)
+
+    def _receive_back(self, run: Run) -> None:
+        """One receive of one message: the copy, adopted (`claim.Adopt`); another running item's
+        goes to its holder, and any other message is made visible again at once (`release`), not
+        sent again as a copy, which would reset its receive count (the evidence of a lost node)."""
+        run.receive_backs += 1
         for delivery in self.cloud.queues.receive(run.queue, 1, 1):
             self._accept(run.queue, self.env.queues[run.queue], delivery, taking=False)
 

@@ -79,6 +79,7 @@ class JobError(Exception):
 
 
 MAX_COUNTER = 2**53 - 1  # an item message's counters (seq, failures, ...); exact in any JSON reader too
+COPY_NAME = re.compile(r"[0-9]{1,16}\.[0-9]{1,16}")  # `ItemMessage.copy`
 
 
 @dataclass(frozen=True)
@@ -90,9 +91,16 @@ class ItemMessage:
     interruptions: int = 0
     lost: int = 0  # attempts whose node died holding the item (see NODE_LOSSES_TOLERATED)
     seq: int = 0  # each re-send (retry, hand-back) carries seq + 1: a stale duplicate is known by it
+    # A fresh copy of a running attempt's message (`Agent._refresh`): "<attempt>.<n>", the n-th
+    # copy that attempt sent, recorded on the item before it is sent so any node knows it for the
+    # holder's; "" (left out of the body) for every other message.
+    copy: str = ""
 
     def body(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"))
+        fields = asdict(self)
+        if not self.copy:
+            del fields["copy"]  # bodies as they were before copies existed
+        return json.dumps(fields, separators=(",", ":"))
 
     @classmethod
     def parse(cls, body: str) -> ItemMessage:
@@ -115,7 +123,10 @@ class ItemMessage:
             # so a huge one would fail every write of the item instead of being one poison line.
             if type(value) is not int or not 0 <= value <= MAX_COUNTER:
                 raise ValueError(f"{key}: must be a whole number from 0 to {MAX_COUNTER} (got {str(value)[:40]})")
-        return cls(data["job"], data["item"], list(args), **counters)
+        copy = data.get("copy", "")
+        if not isinstance(copy, str) or not (copy == "" or COPY_NAME.fullmatch(copy)):
+            raise ValueError(f"copy: must be '<attempt>.<n>' (got {str(copy)[:40]!r})")
+        return cls(data["job"], data["item"], list(args), **counters, copy=copy)
 
 
 @dataclass(frozen=True)

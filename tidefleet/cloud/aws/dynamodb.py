@@ -549,6 +549,16 @@ def _item_update(job_id: str, item_id: str, only_from, never_from, fence: Fence 
         conditions.append("(attribute_not_exists(#fence_seq) OR #fence_seq <= :fence_seq)")
         names["#fence_seq"] = "seq"
         expr_values[":fence_seq"] = fence.seq
+    if fence is not None and fence.message is not None:  # records.names, as a condition
+        message_id, copy = fence.message
+        names |= {"#fence_mid": "message_id", "#fence_copy": "copy"}
+        expr_values |= {":fence_mid": message_id, ":fence_none": ""}
+        unset = "(attribute_not_exists({0}) OR {0} = :fence_none)"
+        if copy:  # its copy's name, and its id or none yet
+            expr_values[":fence_copy"] = copy
+            conditions.append(f"#fence_copy = :fence_copy AND ({unset.format('#fence_mid')} OR #fence_mid = :fence_mid)")
+        else:  # no copy's name, and its id
+            conditions.append(f"{unset.format('#fence_copy')} AND #fence_mid = :fence_mid AND #fence_mid <> :fence_none")
     update = "SET " + ", ".join(sets) + (" REMOVE " + ", ".join(removes) if removes else "")
     request = {
         "Key": {"pk": f"JOB#{job_id}", "sk": f"ITEM#{item_id}"},
