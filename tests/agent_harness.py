@@ -221,6 +221,31 @@ class Imds:
         self.server.shutdown()
 
 
+
+class Gone:
+    """The cloud as a killed in-process node sees it: nothing it would still do gets there."""
+
+    def __getattr__(self, name):
+        def refused(*args, **kwargs):
+            from botocore.exceptions import EndpointConnectionError
+
+            raise EndpointConnectionError(endpoint_url="http://killed-node")
+
+        return refused
+
+
+def beat(nodes, receiving, queue: str) -> None:
+    """One heartbeat of each in-process agent and its batches' flush, then a receive from `queue`
+    by each idle one, then a heartbeat's sleep."""
+    for node in nodes:
+        node._beat()
+        node.records.flush()
+        node.acks.flush()
+    for node in receiving:
+        node._receive(queue, node.env.queues[queue], wait_s=0)
+    time.sleep(max(n.s.heartbeat_s for n in [*nodes, *receiving]))
+
+
 def wait_until(predicate, timeout_s: float = 30.0, what: str = "condition"):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -16,7 +16,8 @@ import time
 
 import boto3
 import pytest
-from agent_harness import Harness, wait_until
+from agent_harness import Gone, Harness, wait_until
+from agent_harness import beat as harness_beat
 from botocore.exceptions import ClientError, EndpointConnectionError
 
 from tidefleet import naming
@@ -71,16 +72,6 @@ class HoldLimit:
         queues.receive, queues.extend = receiving, extending
 
 
-class Gone:
-    """The cloud as a killed node sees it: nothing it would still do gets there."""
-
-    def __getattr__(self, name):
-        def refused(*args, **kwargs):
-            raise EndpointConnectionError(endpoint_url="http://killed-node")
-
-        return refused
-
-
 @pytest.fixture
 def h(tmp_path, aws, monkeypatch):
     monkeypatch.setattr(worker, "MIN_LEASE_S", CLAIM_S)  # a dead node's claim lapses soon
@@ -117,14 +108,7 @@ def agent(h: Harness, node_id: str, limit: HoldLimit, *, spot: bool = False, **q
 
 
 def beat(nodes: list[Agent], receiving: list[Agent]) -> None:
-    """One heartbeat of each node and its batches' flush, then a receive by each idle node."""
-    for node in nodes:
-        node._beat()
-        node.records.flush()
-        node.acks.flush()
-    for node in receiving:
-        node._receive("work", node.env.queues["work"], wait_s=0)
-    time.sleep(HEARTBEAT_S)
+    harness_beat(nodes, receiving, "work")
 
 
 def status(h: Harness, job: str) -> str:

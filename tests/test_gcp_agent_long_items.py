@@ -15,9 +15,9 @@ import sys
 import time
 
 import pytest
-from botocore.exceptions import EndpointConnectionError
 
-from tests.agent_harness import wait_until
+from tests.agent_harness import Gone, wait_until
+from tests.agent_harness import beat as harness_beat
 from tests.test_gcp_jobs import DLQ, ENV, SUB, calls, gcp  # noqa: F401 - gcp is a fixture
 from tidefleet.agent import worker
 from tidefleet.agent.worker import Agent, Settings
@@ -76,25 +76,8 @@ def agent(env, tmp_path, node_id: str) -> Agent:
     return node
 
 
-class Gone:
-    """The cloud as a killed node sees it: nothing it would still do gets there."""
-
-    def __getattr__(self, name):
-        def refused(*args, **kwargs):
-            raise EndpointConnectionError(endpoint_url="http://killed-node")
-
-        return refused
-
-
 def beat(nodes: list[Agent], receiving: list[Agent]) -> None:
-    """One heartbeat of each node and its batches' flush, then a receive by each idle node."""
-    for node in nodes:
-        node._beat()
-        node.records.flush()
-        node.acks.flush()
-    for node in receiving:
-        node._receive("default", node.env.queues["default"], wait_s=0)
-    time.sleep(HEARTBEAT_S)
+    harness_beat(nodes, receiving, "default")
 
 
 def ledger(tmp_path, event: str) -> list[int]:
