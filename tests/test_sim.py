@@ -490,17 +490,32 @@ def test_the_traces_default_to_the_projects_folder_from_any_cwd(tmp_path, monkey
         (["nope.csv"], "nope.csv: no such trace file", "traces"),
         (["{tmp}"], "{tmp}: is a folder", "traces"),
         (["{csv}", "--spot-trace", "gone.json"], "gone.json: no such spot trace file", "spot"),
-        (["{csv}", "--spot-trace", "{tmp}"], "{tmp}: no such spot trace file", "spot"),
+        (["{csv}", "--spot-trace", "{tmp}"], "{tmp}: is a folder, with no spot trace JSON file", "e.g. {spot}/"),
+        (["{csv}", "--spot-trace", "{spot}"], "{spot}: is a folder; give one spot trace JSON file", "e.g. {spot}/"),
     ],
 )
 def test_a_missing_trace_stops_simulate_with_one_line_naming_it(tmp_path, args, named, hint):
     csv_path = write(tmp_path, "submit_s,duration_s\n0,1\n")
-    fill = {"tmp": str(tmp_path), "csv": str(csv_path)}
+    fill = {"tmp": str(tmp_path), "csv": str(csv_path), "spot": str(ROOT / "traces" / "spot")}
     args = [a.format(**fill) for a in args] + ["--env", "bench", "--pool", "gpu"]
     out = CliRunner().invoke(simulate_command, args)
     assert out.exit_code == 1 and isinstance(out.exception, SystemExit), out.output  # not a crash
     line = _no_traceback_one_line(out.output)
-    assert named.format(**fill) in line and str(ROOT / "traces") in line and hint in line
+    assert named.format(**fill) in line and str(ROOT / "traces") in line and hint.format(**fill) in line
+
+
+@pytest.mark.parametrize("folder", ["{tmp}", "{spot}", "{spot}/availability"])
+def test_a_folder_given_as_a_spot_trace_names_a_file_that_simulate_takes(tmp_path, folder):
+    spot = ROOT / "traces" / "spot"
+    folder = folder.format(tmp=tmp_path, spot=spot)
+    out = CliRunner().invoke(simulate_command, [str(write(tmp_path, "submit_s,duration_s\n0,1\n")), "--env", "bench",
+                                                "--pool", "gpu", "--spot-trace", folder])  # fmt: skip
+    assert out.exit_code == 1, out.output
+    example = _no_traceback_one_line(out.output).rsplit("e.g. ", 1)[1].rstrip(")")
+    assert example.startswith(str(spot if folder == str(tmp_path) else folder)), example
+    taken = CliRunner().invoke(simulate_command, [str(tmp_path / "trace.csv"), "--env", "bench", "--pool", "gpu",
+                                                  "--spot-trace", example])  # fmt: skip
+    assert taken.exit_code == 0, taken.output
 
 
 def test_a_trace_reads_from_a_pipe_or_stdin_and_names_it(tmp_path):

@@ -206,17 +206,43 @@ class SpotTrace:
             step += 1
 
 
+def _first_json(folder: Path, most_folders: int = 500) -> Path | None:
+    """The first .json file under `folder` in name order, looking into at most `most_folders`
+    folders (a folder such as / would otherwise be walked whole); None if none is found."""
+    for seen, (root, folders, files) in enumerate(os.walk(folder)):
+        if seen == most_folders:
+            return None
+        folders.sort()
+        if found := sorted(f for f in files if f.endswith(".json")):
+            return Path(root) / found[0]
+    return None
+
+
+def _spot_folder_error(path: Path) -> TraceError:
+    """A folder given as a spot trace: one file in it is expected; name one, from it or the project's."""
+    if (inside := _first_json(path)) is not None:
+        return TraceError(f"{path}: is a folder; give one spot trace JSON file in it, e.g. {inside}")
+    spot = traces_dir() / "spot"
+    example = _first_json(spot) if spot.is_dir() else None
+    return TraceError(
+        f"{path}: is a folder, with no spot trace JSON file in it; give a skypilot spot-traces JSON "
+        f"file (the project's are under {spot}{f', e.g. {example}' if example else ''})"
+    )
+
+
 def load_spot_trace(path: Path) -> SpotTrace:
     path = Path(path)
+    fix = f"give a skypilot spot-traces JSON (the project's are under {traces_dir() / 'spot'})"
+    if path.is_dir():
+        raise _spot_folder_error(path)
     try:
         raw = json.loads(path.read_text())
         gap = float(raw["metadata"]["gap_seconds"])
         data = [float(x) for x in raw["data"]]
-    except OSError:  # missing, a folder, unreadable
-        raise TraceError(
-            f"{path}: no such spot trace file; give a skypilot spot-traces JSON (the project's are under "
-            f"{traces_dir() / 'spot'})"
-        ) from None
+    except FileNotFoundError:
+        raise TraceError(f"{path}: no such spot trace file; {fix}") from None
+    except OSError as err:  # unreadable
+        raise TraceError(f"{path}: cannot read it ({err.strerror or err}); {fix}") from None
     except (ValueError, KeyError, TypeError) as err:
         raise TraceError(
             f"{path}: not a spot trace ({err!r}); expected JSON {{'metadata': {{'gap_seconds': N}}, 'data': [...]}}"
