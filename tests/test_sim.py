@@ -490,6 +490,7 @@ def test_the_traces_default_to_the_projects_folder_from_any_cwd(tmp_path, monkey
         (["nope.csv"], "nope.csv: no such trace file", "traces"),
         (["{tmp}"], "{tmp}: is a folder", "traces"),
         (["{csv}", "--spot-trace", "gone.json"], "gone.json: no such spot trace file", "spot"),
+        (["{csv}", "--spot-trace", "{csv}/x.json"], "{csv}/x.json: cannot read it (Not a directory)", "spot"),
         (["{csv}", "--spot-trace", "{tmp}"], "{tmp}: is a folder, with no spot trace JSON file", "e.g. {spot}/"),
         (["{csv}", "--spot-trace", "{spot}"], "{spot}: is a folder; give one spot trace JSON file", "e.g. {spot}/"),
     ],
