@@ -315,6 +315,23 @@ def test_a_pool_without_a_group_names_the_env_the_user_gave(aws, tmp_path):
         in out.output, out.output
 
 
+def test_a_queue_added_since_the_deploy_names_the_env_the_user_gave(aws, tmp_path):
+    """tick reads each queue's backlog: a queue the environment file has and the cloud does not is
+    QueueMissing, whose deploy hint repeats --env as given (a path its name would not find)."""
+    from click.testing import CliRunner
+
+    from tidefleet.cli import main
+
+    provision(load_environment("sandbox"), user_data={"cpu": "#!/bin/sh\n"})
+    given = tmp_path / "elsewhere" / "sandbox.toml"
+    given.parent.mkdir()
+    given.write_text((ROOT / "environments" / "sandbox.toml").read_text() + '\n[queues.more]\npool = "cpu"\n')
+    out = CliRunner().invoke(main, ["tick", "--dry-run", "--env", str(given)])
+    assert out.exit_code == 1 and "Traceback" not in out.output, out.output
+    assert ("queues.more: SQS queue 'tidefleet-sandbox-more' does not exist in us-east-1; deploy the environment "
+            f"first (invoke deploy --env {given})") in out.output, out.output  # fmt: skip
+
+
 def test_the_deploy_hint_names_an_environment_given_as_a_path_by_its_path(tmp_path):
     for name in ("dev", "gcp-dev"):
         given = tmp_path / f"{name}.toml"

@@ -387,6 +387,6 @@ def test_a_queue_not_deployed_is_named_and_leaves_no_job(h, tmp_path):
     refused_cleanly(out)
     name = naming.queue(h.env.name, "extra")
     assert f"queues.extra: SQS queue '{name}' does not exist in region us-east-1; it was added after the last " \
-           f"deploy: deploy it (invoke deploy --env {h.env.name})" in out.output  # fmt: skip
+           f"deploy: deploy it (invoke deploy --env {grown})" in out.output  # fmt: skip
     assert "is not deployed" not in out.output
     assert DynamoStore(h.env.name, h.env.region).job(sdk.job_id_for("newq")) is None

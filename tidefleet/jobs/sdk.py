@@ -616,7 +616,7 @@ def _resolve_queue(cloud: Cloud, env: Environment, queue: str) -> None:
         kind, where = QUEUE_KINDS.get(cloud.name, ("queue", "region"))
         place = env.project if where == "project" else env.region
         raise JobError(f"queues.{queue}: {kind} {naming.queue(env.name, queue)!r} does not exist in {where} {place}; "
-                       f"it was added after the last deploy: deploy it (invoke deploy --env {env.name})") from None
+                       f"it was added after the last deploy: deploy it (invoke deploy --env {env_argument(env)})") from None
 
 
 def _not_found(err: BaseException) -> bool:

@@ -56,10 +56,12 @@ class SqsQueues:
         if queue not in self._urls:
             self._list_urls()
         if queue not in self._urls:
+            from tidefleet.config import env_argument  # settings load at run time, not on import
+
             name = naming.queue(self.env.name, queue)
             raise QueueMissing(
                 f"queues.{queue}: SQS queue {name!r} does not exist in {self.env.region}; "
-                f"deploy the environment first (invoke deploy --env {self.env.name})"
+                f"deploy the environment first (invoke deploy --env {env_argument(self.env)})"
             )
         return self._urls[queue]
 
