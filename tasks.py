@@ -312,17 +312,23 @@ def lint(c):
         "time_limit": "give up after this many seconds (default 600, at least 10)",
         "tick": "control tick in seconds, at least 0.2 (default: the environment's scaler.tick_s)",
         "workdir": "keep the work folder (inputs, node and scaler logs) here; default: a temp folder, removed after a run that passed",
+        "boot_delay": "seconds from an instance going in service to its node's boot (default: tidefleet sandbox's, 1.5)",
+        "seed": "seed of the generated inputs and of --chaos (default: tidefleet sandbox's, 7)",
+        "json": "print only the summary, as JSON (for scripts and tests)",
     }
 )
-def sandbox(c, env=None, items="200", chaos=False, keep=False, train=False, time_limit="600", tick=None, workdir=None):
+def sandbox(c, env=None, items="200", chaos=False, keep=False, train=False, time_limit="600", tick=None, workdir=None,
+            boot_delay=None, seed=None, json=False):  # fmt: skip
     """The whole system on this machine against a moto server: a job in, nodes up, work done, fleet at zero."""
     from tidefleet.cli import main
 
     # In this process, not a child: the live view gets this terminal as it is (or plain lines without one).
     args = ["sandbox", *(["--env", env] if env else []), "--items", str(_number("items", items)),
             "--time-limit", str(_number("time-limit", time_limit))]
-    args += ["--chaos"] * chaos + ["--keep"] * keep + ["--train"] * train
+    args += ["--chaos"] * chaos + ["--keep"] * keep + ["--train"] * train + ["--json"] * json
     args += ["--tick", str(_number("tick", tick, float))] if tick is not None else []
+    args += ["--boot-delay", str(_number("boot-delay", boot_delay, float))] if boot_delay is not None else []
+    args += ["--seed", seed] if seed is not None else []  # any integer, a negative one too: the command checks it
     args += ["--workdir", workdir] if workdir else []
     try:
         main(args, prog_name="tidefleet")

@@ -54,3 +54,9 @@ def test_every_task_option_with_a_default_names_it_in_its_help():
                if arg.default not in (None, False, "", [])
                and f"default {arg.default}" not in (arg.help or "")]  # fmt: skip
     assert not missing, missing
+
+
+def test_invoke_sandbox_takes_every_option_tidefleet_sandbox_has():
+    collection = Collection.from_module(fresh_tasks())
+    taken = {f"--{arg.name.replace('_', '-')}" for arg in collection["sandbox"].get_arguments()}
+    assert taken == {p.opts[0] for p in sandbox.params if isinstance(p, click.Option)}

@@ -39,6 +39,8 @@ def test_no_task_option_is_typed_as_a_number_for_invoke_to_convert():
         (("sandbox", "--tick", "abc"), "--tick: must be a number (got 'abc')"),
         (("sandbox", "--time-limit", "-5"), "--time-limit: must be a finite number, not negative (got '-5')"),
         (("sandbox", "--tick", "inf"), "--tick: must be a finite number, not negative (got 'inf')"),
+        (("sandbox", "--boot-delay", "inf"), "--boot-delay: must be a finite number, not negative (got 'inf')"),
+        (("sandbox", "--seed", "x"), "Invalid value for '--seed': 'x' is not a valid integer"),
         (("bench-io", "--submit-items", "x"), "--submit-items: must be a whole number (got 'x')"),
         (("mutate", "--jobs", "x"), "--jobs: must be a whole number (got 'x')"),
         (("build", "--cloud", "gcp", "--out", "/dev/null/x"), "build: cannot write /dev/null/x (Not a directory)"),
@@ -50,6 +52,23 @@ def test_a_bad_option_value_is_one_line_naming_it(args, message):
     output = result.stdout + result.stderr
     assert result.returncode != 0
     assert message in output and "Traceback" not in output, output
+
+
+def test_sandbox_passes_boot_delay_seed_and_json_to_tidefleet_sandbox(monkeypatch):
+    """The task runs `tidefleet sandbox` in this process: the words it hands over are the command's
+    options with the values given (the command's own defaults where none is)."""
+    from tidefleet.sandbox.cli import sandbox
+
+    given = []
+    monkeypatch.setattr("tidefleet.cli.main", lambda args, prog_name: given.append(args))
+    tasks.sandbox(MockContext(), items="3", boot_delay="0.25", seed="-4", json=True)
+    tasks.sandbox(MockContext())
+    (command, *args), (_, *plain) = given
+    assert command == "sandbox"
+    params = sandbox.make_context("sandbox", args).params
+    assert (params["items"], params["boot_delay"], params["seed"], params["as_json"]) == (3, 0.25, -4, True)
+    params = sandbox.make_context("sandbox", plain).params
+    assert (params["boot_delay"], params["seed"], params["as_json"]) == (1.5, 7, False)
 
 
 def test_simulate_help_is_the_tasks_own():
