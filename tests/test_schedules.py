@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from tidefleet.schedules import Cron, JobView, fire, fire_time, run_id, watch
+from tidefleet.schedules import Cron, JobView, fire, fire_time, fire_time_for, run_id, watch
 
 
 def at(text: str) -> float:
@@ -32,6 +32,18 @@ def test_a_rate_fires_on_whole_periods_and_names_one_run_per_fire():
     fired = fire_time(None, "10 hours", at("2025-05-10 12:34") + 7)
     assert fired == at("2025-05-10 08:00")  # 48524 whole periods of 10 h since the epoch
     assert run_id("merge", fired) == "merge-20250510t0800"
+
+
+@pytest.mark.parametrize(("said", "fired"), [
+    (None, "2025-05-10 12:00"),  # no fire time sent (Cloud Scheduler): the fire's own
+    ("2025-05-10 10:59", "2025-05-10 10:00"),  # delivered late (a retry): the time it was sent for
+    ("2025-05-10 13:00", "2025-05-10 13:00"),  # ahead by under a minute: clocks' skew
+    ("2025-05-10 15:00", "2025-05-10 12:00"),  # hours ahead: no scheduler's
+    ("9998-05-10 12:00", "2025-05-10 12:00"),  # a typo of a year, in the range a run id can hold
+])  # fmt: skip
+def test_a_fire_time_after_the_fire_runs_is_replaced_by_the_time_it_runs(said, fired):
+    now = at("2025-05-10 12:59") + 30
+    assert fire_time_for(None, "1 hour", said=at(said) if said else None, now=now) == at(fired)
 
 
 def view(job_id: str, **kw) -> JobView:

@@ -123,6 +123,18 @@ def fire_time(cron: str | None, rate: str | None, at: float) -> float:
     return at - at % period
 
 
+# A scheduler sends a fire once its time has come, or later (a retried delivery): a fire time more
+# than this after the fire runs is none it sent (a typo such as year 9998, a hand-written event),
+# and would name the run after a time to come and put its deadline there. A minute: clocks' skew.
+FIRE_AHEAD_S = 60
+
+
+def fire_time_for(cron: str | None, rate: str | None, *, said: float | None, now: float) -> float:
+    """The fire time of a fire that runs at `now`: the one the scheduler's `said` time belongs to,
+    or the one `now` belongs to where it said none, or a time more than FIRE_AHEAD_S after `now`."""
+    return fire_time(cron, rate, said if said is not None and said <= now + FIRE_AHEAD_S else now)
+
+
 def run_id(schedule: str, fired_at: float) -> str:
     """One job per fire: a retried delivery of the same fire submits nothing twice."""
     return f"{schedule}-{datetime.fromtimestamp(fired_at, UTC):%Y%m%dt%H%M}"

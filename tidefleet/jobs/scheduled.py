@@ -54,7 +54,7 @@ def view(env: Environment, cloud: Cloud, job: Job | None) -> schedules.JobView |
 def fire(env: Environment, cloud: Cloud, name: str, at: float, *, fired_at: float | None = None) -> schedules.Fire:
     """Fire schedule `name` at `at` (`fired_at`: the scheduler's own fire time, when it says)."""
     schedule = env.schedules[name]
-    fired = schedules.fire_time(schedule.cron, schedule.rate, at if fired_at is None else fired_at)
+    fired = schedules.fire_time_for(schedule.cron, schedule.rate, said=fired_at, now=at)
     runs = [view(env, cloud, cloud.store.job(job_id)) for job_id in cloud.store.watched()]
     runs = [r for r in runs if r is not None and r.schedule == name]
     decided = schedules.fire(name, admission=schedule.admission, timeout_s=schedule.timeout_s, fired_at=fired, now=at,
