@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tidefleet.config import Environment, parse_environment
-from tidefleet.policy import decide
+from tidefleet.policy import decide, quota
 from tidefleet.policy.model import FleetView, NodeView, PoolView, QueueView
 from tidefleet.policy.quota import TeamDemand, share
 
@@ -101,3 +101,47 @@ def test_properties_borrowed_capacity_is_returned_within_one_tick_of_the_owners_
     assert f"q{owner}" not in d.hold
     # ...and the capacity asked covers the owner's items within its quota, next to what runs.
     assert d.desired >= min(env.pools["gpu"].max, sum(f for _, f in depth.values()) + owner_wants), d.reasons
+
+
+@st.composite
+def lone_team(draw):
+    """A CPU pool whose queues are all team solo's, beside a GPU pool two teams with quotas share;
+    solo has no table, a weight only, or a GPU quota (which binds no CPU pool), or else a node quota."""
+    own = draw(st.sampled_from([None, {"weight": 3}, {"quota": {"gpus": 2}}, {"quota": {"nodes": 1}},
+                                {"pools": {"cpu": {"nodes": 2}}}]))  # fmt: skip
+    max_nodes, slots_per_unit = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+    env = parse_environment({
+        "region": "us-east-1",
+        "pools": {"gpu": {"max": 8, "container": "c", "instance_types": [{"type": "g5.xlarge", "gpus": 1}]},
+                  "cpu": {"max": max_nodes, "slots_per_unit": slots_per_unit, "command": "run",
+                          "instance_types": [{"type": "c6i.large"}]}},
+        "queues": {"q0": {"pool": "gpu", "team": "t0"}, "q1": {"pool": "gpu", "team": "t1"},
+                   "low": {"pool": "cpu", "team": "solo"}, "high": {"pool": "cpu", "team": "solo", "priority": 5}},
+        "teams": {"t0": {"quota": {"gpus": 2}}, "t1": {"quota": {"gpus": 2}}} | ({"solo": own} if own else {}),
+    }, name="prop")  # fmt: skip
+    capacity = max_nodes * slots_per_unit
+    running = draw(st.integers(0, capacity))
+    high = draw(st.integers(0, running))
+    queues = tuple(
+        QueueView(name, "cpu", env.queues[name].priority, 1, draw(st.integers(0, 20)), in_flight,
+                  team="solo", held=draw(st.booleans()))
+        for name, in_flight in (("low", running - high), ("high", high))
+    )  # fmt: skip
+    own = own or {}
+    nodes = own.get("quota", {}).get("nodes") or own.get("pools", {}).get("cpu", {}).get("nodes")
+    return env, queues, None if nodes is None else nodes * slots_per_unit  # slots its quota owes it, if any
+
+
+@EXAMPLES
+@given(lone_team())
+def test_properties_a_pool_with_one_team_and_no_quota_is_never_held(case):
+    """Nobody shares the pool: its max bounds the team as without [teams], every hand-over goes on at
+    once (a hold would make it wait for a tick), and no waiting item is left out of its demand."""
+    env, queues, owed = case
+    got = quota.apply(env, FleetView((), queues))["cpu"]
+    if owed is None:
+        assert got.hold == () and got.release == tuple(q.name for q in queues if q.held), got.reasons
+        assert set(got.queues) == set(queues)  # none trimmed
+    else:  # ...unless it has a quota of its own there, which holds it once it runs all of it
+        at_quota = sum(q.in_flight for q in queues) >= owed
+        assert set(got.hold) == ({q.name for q in queues if not q.held} if at_quota else set()), got.reasons

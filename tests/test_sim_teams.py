@@ -89,3 +89,23 @@ def test_the_team_table_shows_waits_in_seconds_and_work_to_a_tenth_of_a_slot_hou
         "| small | 2 nodes | 1 | 50 | 0.5 | 13 | 4,500 | 0.4567 |",
         "| big | - | 1 | 3 | 1,234.5 | 0 | 45 | 1,234.50 |",
     ]
+
+
+def test_a_pool_with_one_team_serves_it_as_without_teams():
+    """Teams with quotas on another pool change nothing on a pool whose queues are all one team's:
+    it is not held at the pool's max, so each item starts the moment the one before ends."""
+    shared = parse_environment({
+        "region": "us-east-1",
+        "scaler": {"tick_s": 60, "scale_in_delay_s": 60},
+        "pools": {"p": {"max": 1, "command": "run", "instance_types": [{"type": "c6i.large"}]},
+                  "gpu": {"max": 4, "container": "c", "instance_types": [{"type": "g5.xlarge", "gpus": 1}]}},
+        "queues": {"solo-q": {"pool": "p", "team": "solo"}, "a-q": {"pool": "gpu", "team": "a"},
+                   "b-q": {"pool": "gpu", "team": "b"}},
+        "teams": {"a": {"quota": {"gpus": 2}}, "b": {"quota": {"gpus": 2}}},
+    }, name="t")  # fmt: skip
+    alone = shared.model_copy(update={"teams": {}})
+    items = [TraceItem(0.0, 600.0, 1, "solo") for _ in range(4)]
+    waits = [simulate(e, "p", items, ["tidefleet"], timing=TIMING).results[0].wait_s for e in (alone, shared)]
+    assert waits[0]["max"] > 3 * 600  # the items run one after another...
+    assert waits[1] == waits[0]  # ...and no hand-over waits for a tick
+

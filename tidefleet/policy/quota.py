@@ -19,6 +19,9 @@ Pure: no SDK, no clock, no environment variables. Kueue's cohort model, in slots
 5. Escalation. A team with a queue whose oldest item waited past `max_wait_s` is served first in
    rules 2 and 3 (then the others, by weight).
 
+A pool whose queues are all one team's is not shared: its max bounds the team as it does without
+`[teams]`, and only the team's own quota holds it (else each hand-over would wait for a tick).
+
 Enforcement: agents pull from every queue of their pool, so a team at its share gets its queues
 held (a mark in the job store, read by each agent with its heartbeat): held while its running slots
 reach its share and it has waiting items (or runs at its full quota: a new item then waits for the
@@ -189,7 +192,8 @@ def _pool(
             urgent=any(overdue(q) for q in qs),
         ))  # fmt: skip
     capacity = pool_capacity(env.pools[pool_name])
-    shares = share(capacity, demands)
+    # One team alone is not shared: only its quota may hold it (the pool's max bounds it as without [teams]).
+    shares = share(capacity if len(demands) > 1 else demands[0].demand, demands)
     trimmed, hold, release, reasons = [], [], [], []
     for t in demands:
         s, qs = shares[t.team], teams[t.team]
