@@ -212,6 +212,7 @@ BAD = [
     ("an empty scheduled item", {"schedules.merge": {"rate": "10 hours", "queue": "default", "items": [""]}}, "schedules.merge.items[0]: an item is a URI or a non-empty list of args without NUL (got '')"),
     ("more GPUs than the type has", {"pools.cpu.instance_types": [{"type": "c6i.large", "gpus": 4, "weight": 4}], "pools.cpu.slots_per_unit": 1}, "pools.cpu.instance_types[0].gpus: c6i.large has 0 GPUs (got 4); its nodes would take no items; set gpus = 0 or pick a type with 4"),
     ("environment cost cap below every node", {"scaler.cost_cap_usd_per_hour": 0.0001}, "scaler.cost_cap_usd_per_hour: below the cheapest node of any pool (got 0.0001, the cheapest is 0.034 USD/hour); nothing would ever launch"),
+    ("a node quota of 0 for the only team of a pool", {"teams.ml": {"quota": {"nodes": 0}}}, "teams.ml.quota.nodes: 0 leaves the team's queues on pool cpu (default) no slot, and no other team there has a quota to lend them one, so they never run; raise it to at least 1 (one slot)"),
 ]
 
 GCP_BAD = [
@@ -244,6 +245,8 @@ GCP_BAD = [
     ("negative gpu quota", {"teams.ml": {"quota": {"gpus": -1}}}, "teams.ml.quota.gpus: Input should be greater than or equal to 0 (got -1)"),
     ("misspelt quota key", {"teams.ml": {"quota": {"gpu": 4}}}, "teams.ml.quota.gpu: unknown key"),
     ("team weight of zero", {"teams.ml": {"weight": 0}}, "teams.ml.weight: Input should be greater than or equal to 1 (got 0)"),
+    ("a GPU quota of 0 with no quota of another team to borrow", {"teams.research": {"quota": {"gpus": 0}}}, "teams.research.quota.gpus: 0 leaves the team's queues on pool gpu (train) no slot, and no other team there has a quota to lend them one, so they never run; raise it to at least 1 (one slot), give another team on the pool a quota, or remove the limit"),
+    ("a pool quota below one slot's price beside a team without a table", {"queues.batch": {"pool": "cpu", "team": "ops"}, "teams.ml": {"pools": {"cpu": {"usd_per_hour": 0.02}}}}, "teams.ml.pools.cpu.usd_per_hour: 0.02 leaves the team's queues on pool cpu (default) no slot, and no other team there has a quota to lend them one, so they never run; raise it to at least 0.03 (one slot)"),
     ("tick that does not divide an hour", {"scaler.tick_s": 2040}, "scaler.tick_s: above 60 it must be a whole number of minutes that divides an hour, as the scheduler fires on minutes (got 2040); use e.g. 300"),
     ("pool without an image", {"pools.cpu.image": None}, "pools.cpu.image: required on gcp (got nothing); set a GCE image such as projects/debian-cloud/global/images/family/debian-12"),
     ("a spot price cap on gcp", {"pools.cpu.spot_max_price": 1.0}, "pools.cpu.spot_max_price: not read on gcp, where a Spot VM has no price cap or allocation strategy (got 1.0); remove it"),
@@ -310,6 +313,19 @@ def test_a_byte_order_mark_is_read_and_a_missing_path_is_named(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_environment(str(tmp_path / "nope.toml"))
     assert err.value.problems == [f"env: no such file (got '{tmp_path / 'nope.toml'}'); give the path of an environment .toml file"]
+
+
+@pytest.mark.parametrize(
+    ("case", "change"),
+    [
+        ("a quota of 0 beside a team whose idle quota it borrows",
+         {"queues.batch": {"pool": "cpu", "team": "ops"}, "teams.ml": {"quota": {"nodes": 0}},
+          "teams.ops": {"quota": {"nodes": 1}}}),
+        ("a GPU quota of 0 binds no CPU pool", {"teams.ml": {"quota": {"gpus": 0}}}),
+    ],
+)  # fmt: skip
+def test_a_quota_of_no_slot_is_valid_where_its_team_can_borrow_or_it_binds_nothing(case, change):
+    assert parse_environment(_with(**change), name="dev").teams["ml"].quota.limits() == change["teams.ml"]["quota"]
 
 
 def test_a_team_name_follows_the_name_rule():

@@ -11,7 +11,9 @@ import sys
 import tomllib
 from pathlib import Path
 
-from tidefleet.config import parse_environment
+import pytest
+
+from tidefleet.config import ConfigError, parse_environment
 from tidefleet.policy import decide
 from tidefleet.policy.model import FleetView, NodeView, PoolView, QueueView
 
@@ -57,6 +59,20 @@ def test_the_readme_ticks_give_the_reasons_it_shows():
 def test_the_readme_escalation_line_is_what_an_overdue_queue_gets():
     line = re.search(r"\(`(queue vision-train waited .*?)`\)", SECTION).group(1)
     assert line in tick(vision=(3, 12), nlp=(8, 0), vision_waited_s=2000.0)
+
+
+def test_the_readme_refusal_of_a_quota_of_no_slot_is_what_validate_says_and_idle_quota_lifts_it():
+    """vision at 0 GPUs beside nlp's 8: vision borrows nlp's idle quota. Without nlp's table, nothing
+    is lent (capacity owed to no one), and validate refuses the quota with the README's line."""
+    line = " ".join(re.search(r"refuses it: `(teams\.vision\.quota\.gpus: .*?), \.\.\.`", SECTION, re.DOTALL)
+                    .group(1).split())  # fmt: skip
+    data = tomllib.loads(ENV_TOML)
+    data["teams"]["vision"]["quota"] = {"gpus": 0}
+    assert parse_environment(data, name="shared").teams["vision"].quota.gpus == 0
+    del data["teams"]["nlp"]
+    with pytest.raises(ConfigError) as err:
+        parse_environment(data, name="shared")
+    assert [p[: len(line)] for p in err.value.problems] == [line]
 
 
 def test_the_readme_placement_queue_validates_and_its_tick_gives_the_line_it_shows():

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from tidefleet.config import parse_environment
+from tidefleet.config import Quota, Team, parse_environment
 from tidefleet.sim import Timing, TraceItem, simulate
+from tidefleet.sim.cli import stop_notes
 from tidefleet.sim.engine import BOOTED, Simulation, placement, pool_queues
 from tidefleet.sim.policies import TidefleetPolicy
 from tidefleet.sim.teams import TeamRow, format_team_table, route
@@ -109,3 +110,14 @@ def test_a_pool_with_one_team_serves_it_as_without_teams():
     assert waits[0]["max"] > 3 * 600  # the items run one after another...
     assert waits[1] == waits[0]  # ...and no hand-over waits for a tick
 
+
+def test_a_replay_that_stalls_on_held_queues_names_them_not_the_boots():
+    """A quota that leaves its team no slot, with nothing to borrow (validate refuses it; an environment
+    built in code skips that): the team's queue stays held and the stall note says so."""
+    env = make_env().model_copy(update={"teams": {"big": Team(quota=Quota(nodes=0))}})
+    report = simulate(env, "p", [TraceItem(0.0, 60.0, 1, "big"), TraceItem(0.0, 60.0, 1, "small")], ["tidefleet"],
+                      timing=TIMING)  # fmt: skip
+    (result,) = report.results
+    assert (result.items_finished, result.stopped, result.held_queues) == (1, "stalled", ("big-q",))
+    (note,) = stop_notes(report)
+    assert "held by the team quotas (queue big-q)" in note and "booting" not in note

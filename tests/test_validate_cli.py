@@ -17,6 +17,29 @@ ROOT = Path(__file__).resolve().parents[1]
 DEV = (ROOT / "environments" / "dev.toml").read_text()
 GCP_DEV = (ROOT / "environments" / "gcp-dev.toml").read_text()
 
+# Two teams share a GPU pool, each with a quota of 0 GPUs: neither has idle quota to lend the other.
+ZERO_QUOTAS = """region = "us-east-1"
+
+[pools.gpu]
+max = 8
+container = "ghcr.io/acme/train:2026.11"
+instance_types = [{ type = "g5.xlarge", gpus = 1 }]
+
+[queues.vision-train]
+pool = "gpu"
+team = "vision"
+
+[queues.nlp-train]
+pool = "gpu"
+team = "nlp"
+
+[teams.vision]
+quota = { gpus = 0 }
+
+[teams.nlp]
+quota = { gpus = 0 }
+"""
+
 # (case, file content, or None for no file, "dir" for a directory; the line expected)
 BAD_FILES = [
     ("not TOML", b"region = \n", "not valid TOML"),
@@ -29,6 +52,9 @@ BAD_FILES = [
     ("an infinite spot price", DEV.replace("[pools.cpu]\n", "[pools.cpu]\nspot_max_price = inf\n").encode(),
      "pools.cpu.spot_max_price: Input should be a finite number (got inf)"),
     ("an unknown region", DEV.replace('"us-east-1"', '"us-north-9"').encode(), "region: not a known aws region (got 'us-north-9')"),
+    ("every team of a pool at a quota of 0", ZERO_QUOTAS.encode(),
+     ("teams.vision.quota.gpus: 0 leaves the team's queues on pool gpu (vision-train) no slot, and no other team "
+      "there has a quota to lend them one, so they never run; raise it to at least 1 (one slot)")),
 ]  # fmt: skip
 
 

@@ -514,7 +514,8 @@ def _semantic_problems(env: Environment) -> list[str]:
 
 
 def _team_problems(env: Environment, name: str, team: Team) -> list[str]:
-    """A quota must name a team that runs somewhere, and limit what its pools can measure."""
+    """A quota must name a team that runs somewhere, limit what its pools can measure, and leave its
+    queues some slot to run on, its own or borrowed."""
     where = f"teams.{name}"
     pools = {q.pool for qname, q in env.queues.items() if q.pool in env.pools and env.team_of(qname) == name}
     if not pools:
@@ -535,6 +536,17 @@ def _team_problems(env: Environment, name: str, team: Team) -> list[str]:
             out.append(f"{at}.vcpus: pool {blind[0]} counts {env.pools[blind[0]].capacity_unit}, not vCPUs "
                        f"(got vcpus = {quota.vcpus}); set its capacity_unit = 'vcpus' or limit gpus, nodes "
                        "or usd_per_hour")  # fmt: skip
+    from tidefleet.policy.quota import never_runs  # quota.py imports this module's models
+
+    for pool_name in sorted(pools):
+        if (zero := never_runs(env, name, pool_name)) is None:
+            continue
+        field, limit, one_slot = zero
+        queues = ", ".join(q for q, v in env.queues.items() if v.pool == pool_name and env.team_of(q) == name)
+        out.append(f"{where}.{field}: {limit:g} leaves the team's queues on pool {pool_name} ({queues}) no "
+                   "slot, and no other team there has a quota to lend them one, so they never run; raise it to "
+                   f"at least {one_slot:g} (one slot), give another team on the pool a quota, or remove the "
+                   "limit")  # fmt: skip
     return out
 
 

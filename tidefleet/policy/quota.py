@@ -12,7 +12,9 @@ Pure: no SDK, no clock, no environment variables. Kueue's cohort model, in slots
    shared among pools afterwards, by priority (scaling rule 8).
 3. Borrowing. Quota a team does not use (quota - demand, when positive) may be lent: teams that
    want more than their quota share it by weight, within what the pool can hold. A team without
-   a `[teams]` quota is limited only by the pool and its weight.
+   a `[teams]` quota is limited only by the pool and its weight. Capacity owed to no one is not
+   lent: a team whose quota leaves it no slot of a pool runs there only on another team's idle
+   quota (`never_runs`; config refuses a quota that leaves it none to borrow either).
 4. Return. Shares are recomputed every tick from the demand then: once an owner has demand, the
    borrowers' shares drop that same tick and their queues are held (below): they take no new items,
    and their running items finish (they are never stopped), so the owner's items start as they end.
@@ -35,7 +37,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from tidefleet.config import Environment, Pool, Quota
+from tidefleet.config import Environment, Pool, Quota, Team
 from tidefleet.policy.model import FleetView, QueueView
 
 UNITS = {"gpus": "GPUs", "vcpus": "vCPUs", "nodes": "nodes", "usd_per_hour": "$/h"}
@@ -132,11 +134,42 @@ def quota_slots(quotas: list[tuple[Quota, dict[str, float]]], slot: dict[str, fl
         for dim, limit in quota.limits().items():
             if slot[dim] <= 0:
                 continue  # this pool's slots hold none of it: the limit does not bind here
-            slots = max(0, math.floor((limit - used.get(dim, 0.0)) / slot[dim] + 1e-9))
+            slots = _whole(limit - used.get(dim, 0.0), slot[dim])
             if best[0] is None or slots < best[0]:
                 amount = f"${limit:,.2f}/h" if dim == "usd_per_hour" else f"{limit:g} {UNITS[dim]}"
                 best = (slots, amount)
     return best
+
+
+def _whole(amount: float, each: float) -> int:
+    """Whole slots `amount` pays for at `each` a slot (a float's last digit never drops one)."""
+    return max(0, math.floor(amount / each + 1e-9))
+
+
+def _quotas(team: Team, pool_name: str, elsewhere: dict[str, float]) -> list[tuple[Quota, dict[str, float]]]:
+    """The team's quotas that bind in the pool, each with what it already uses of it elsewhere."""
+    return [(team.quota, elsewhere)] + ([(team.pools[pool_name], {})] if pool_name in team.pools else [])
+
+
+def never_runs(env: Environment, team: str, pool_name: str) -> tuple[str, float, float] | None:
+    """(the limit, as `quota.gpus` or `pools.<pool>.gpus`, its value, and one slot of the pool's worth
+    of it) of a team's quota that leaves it no slot of the pool when no other team there has a quota
+    that could lend one (rule 3): the team's queues there can never run. None: they can."""
+    config, slot = env.teams.get(team), per_slot(env.pools[pool_name])
+    if config is None or quota_slots(_quotas(config, pool_name, {}), slot)[0] != 0:
+        return None
+    others = {env.team_of(q) for q, v in env.queues.items() if v.pool == pool_name} - {team}
+    for other in (env.teams[o] for o in sorted(others) if o in env.teams):
+        if quota_slots(_quotas(other, pool_name, {}), slot)[0]:
+            return None  # its idle quota is lent
+    for at, quota in (("quota", config.quota), (f"pools.{pool_name}", config.pools.get(pool_name))):
+        for dim, limit in (quota.limits() if quota is not None else {}).items():
+            if slot[dim] > 0 and _whole(limit, slot[dim]) == 0:
+                # One slot's worth, rounded up to what a config would write: whole units, or cents.
+                cents = dim == "usd_per_hour"
+                one = math.ceil(slot[dim] * 100 - 1e-6) / 100 if cents else math.ceil(slot[dim] - 1e-9)
+                return f"{at}.{dim}", limit, one
+    return None
 
 
 def apply(env: Environment, fleet: FleetView) -> dict[str, PoolQuota]:
@@ -179,10 +212,7 @@ def _pool(
                 dim: sum(n * slot[p][dim] for (t, p), n in running.items() if t == team and p != pool_name)
                 for dim in UNITS
             }
-            quotas = [(config.quota, elsewhere)]
-            if pool_name in config.pools:
-                quotas.append((config.pools[pool_name], {}))
-            quota, words[team] = quota_slots(quotas, slot[pool_name])
+            quota, words[team] = quota_slots(_quotas(config, pool_name, elsewhere), slot[pool_name])
         demands.append(TeamDemand(
             team=team,
             quota=quota,

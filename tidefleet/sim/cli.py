@@ -14,7 +14,7 @@ from tidefleet.config import ConfigError, load_environment
 from tidefleet.sim.engine import HORIZON, STALL_S, STALLED, Interruptions
 from tidefleet.sim.money import usd
 from tidefleet.sim.policies import POLICY_NAMES
-from tidefleet.sim.run import Report, default_timing
+from tidefleet.sim.run import PolicyResult, Report, default_timing
 from tidefleet.sim.run import simulate as run_simulation
 from tidefleet.sim.teams import format_team_table
 from tidefleet.sim.trace import TraceError, load_spot_trace, load_trace, parse_window, trace_name
@@ -62,7 +62,15 @@ def stop_notes(report: Report) -> list[str]:
                  "behind each other, or lost to scale-in or interruptions again and again)",
     }  # fmt: skip
     return [f"note: the {r.policy} replay gave up with {r.items_unfinished} of {r.items_finished + r.items_unfinished} "
-            f"items unfinished; {why[r.stopped]}" for r in report.results if r.stopped]  # fmt: skip
+            f"items unfinished; {_held(r) if r.stopped == STALLED and r.held_queues else why[r.stopped]}"
+            for r in report.results if r.stopped]  # fmt: skip
+
+
+def _held(r: PolicyResult) -> str:
+    queues = ", ".join(r.held_queues)
+    return (f"items waited {STALL_S / 86400:.0f} days held by the team quotas (queue {queues}): a team whose quota "
+            "leaves it no slot, with no idle quota of another team to borrow (tidefleet validate names the quota); "
+            "see --by-team")  # fmt: skip
 
 
 def plural(count: int, noun: str) -> str:

@@ -247,6 +247,7 @@ class Outcome:
     end_s: float = 0.0
     samples: list[Sample] = field(default_factory=list)
     stopped: str | None = None  # STALLED or HORIZON: the run gave up with items unfinished
+    held: tuple[str, ...] = ()  # queues with items waiting that the quotas held when the run gave up
 
 
 class Simulation:
@@ -425,6 +426,8 @@ class Simulation:
                 self.next_arrival == n and not any(self.in_flight) and self.now - self.last_progress > STALL_S
             ):
                 self.outcome.stopped = STALLED  # work waits and nothing runs: the policy will never serve it
+                self.outcome.held = tuple(name for q, (name, _) in enumerate(self.queues)
+                                          if q in self.held_at and self.waiting[q])  # fmt: skip
                 break
             elif self.now > self.horizon:
                 self.outcome.stopped = HORIZON  # work keeps being lost (scale-in killing long items) or queued behind

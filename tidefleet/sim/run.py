@@ -60,6 +60,7 @@ class PolicyResult:
     cost_vs_lower_bound: float
     cost_vs_zero_wait: float = math.nan  # over the report's zero_wait_usd
     stopped: str | None = None  # the engine's STALLED or HORIZON: the replay gave up with items unfinished
+    held_queues: tuple[str, ...] = ()  # queues whose items waited held by the team quotas when it gave up
 
 
 @dataclass
@@ -234,6 +235,7 @@ def summarise(items: list[TraceItem], outcome: Outcome, lb_usd: float, zero_wait
         cost_vs_lower_bound=_ratio(outcome.cost_usd, lb_usd),
         cost_vs_zero_wait=_ratio(outcome.cost_usd, zero_wait_usd),
         stopped=outcome.stopped,
+        held_queues=outcome.held,
     )
 
 
