@@ -172,9 +172,23 @@ def _problems(spec: ItemSpec) -> list[str]:
     out = []
     if (why := id_problem(spec.item_id)) is not None:
         out.append(f"item id {spec.item_id[:80]!r} {why}; {ID_HELP}")
-    out += [f"args[{n}] contains a NUL byte; remove it (arguments are passed to a command line)"
-            for n, arg in enumerate(spec.args) if "\0" in arg]  # fmt: skip
+    for n, arg in enumerate(spec.args):
+        if "\0" in arg:
+            out.append(f"args[{n}] contains a NUL byte; remove it (arguments are passed to a command line)")
+        # JSON's "\udcff" (a lone surrogate) reads as a str, but no queue or store can carry it.
+        if (at := _not_utf8(arg)) is not None:
+            out.append(f"args[{n}] is not valid text (a lone surrogate {arg[at]!r} at character {at + 1}); "
+                       "give the argument as UTF-8 text")  # fmt: skip
     return out
+
+
+def _not_utf8(text: str) -> int | None:
+    """Where `text` has a character UTF-8 cannot encode, or None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        return err.start
+    return None
 
 
 def _spec(position: int, value) -> ItemSpec | str:
