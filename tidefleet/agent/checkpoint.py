@@ -14,15 +14,22 @@ sends SIGTERM to the workload's process group, then waits a bounded grace before
 Stopping is not success: once asked to stop, an attempt succeeds only if it exits 0 AND has
 created the file named by TIDEFLEET_DONE_FILE (what `complete()` does); any other end is
 "interrupted" (the item goes back to the queue without using a retry). Without a stop request,
-exit 0 is success. The checkpoint location (TIDEFLEET_CHECKPOINT_URI) is per item and the same
-on every attempt.
+exit 0 is success and any other exit (75 too) is a failure that uses a retry. The checkpoint
+location (TIDEFLEET_CHECKPOINT_URI) is per item and the same on every attempt; run outside the
+agent, a workload checkpoints to a new local folder (`checkpoint_uri`).
+
+PyTorch gives each DataLoader worker process its own SIGTERM handler, so the signal that reaches
+the whole process group would end the workers and crash the loop before it saves:
+`DataLoader(..., worker_init_fn=checkpoint.ignore_stop)` keeps them serving through the notice.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import sys
+import tempfile
 import threading
 import urllib.parse
 import urllib.request
@@ -30,7 +37,9 @@ from pathlib import Path
 
 from tidefleet.cloud import object_store
 
-EXIT_INTERRUPTED = 75  # EX_TEMPFAIL: "try again later"
+# EX_TEMPFAIL, "try again later": a hand-back only once the agent asked to stop; otherwise a
+# failure like any other exit code, which uses a retry.
+EXIT_INTERRUPTED = 75
 # Beside the item's checkpoints: `complete()` leaves it, and an agent that is about to start an
 # item again (its last node died before recording the end) finds it and records the success.
 COMPLETE_MARKER = ".tidefleet-complete"
@@ -57,12 +66,36 @@ def should_stop() -> bool:
     return _sigterm.is_set() or bool(stop_file and os.path.exists(stop_file))
 
 
+def ignore_stop(*_) -> None:
+    """Let this process live through the agent's stop request: for the worker processes of a
+    process that polls `should_stop()` and ends them once it has saved, such as a PyTorch
+    DataLoader's (`DataLoader(..., worker_init_fn=checkpoint.ignore_stop)`, or call it from your own
+    worker_init_fn). The first SIGTERM, the notice sent to the whole process group, is ignored; a
+    later one (the DataLoader ending a worker) ends it as usual, as does SIGKILL after the grace."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: signal.signal(signal.SIGTERM, signal.SIG_DFL))
+
+
 def checkpoint_uri() -> str:
-    """This item's checkpoint location (s3://... or file://...), the same on every attempt."""
-    uri = os.environ.get("TIDEFLEET_CHECKPOINT_URI")
-    if not uri:
-        raise RuntimeError("TIDEFLEET_CHECKPOINT_URI is not set: run this under `tidefleet agent`")
-    return uri
+    """This item's checkpoint location (s3://... or file://...), the same on every attempt. Run
+    outside the agent (on a laptop), a new local folder for this run, named once on stderr."""
+    if uri := os.environ.get("TIDEFLEET_CHECKPOINT_URI"):
+        return uri
+    if os.environ.get("TIDEFLEET_ITEM_ID"):  # the agent sets both: never lose its checkpoints locally
+        raise RuntimeError("TIDEFLEET_CHECKPOINT_URI is not set though TIDEFLEET_ITEM_ID is; "
+                           "keep the agent's environment when a wrapper starts the workload")  # fmt: skip
+    return _local_uri()
+
+
+@functools.cache
+def _local_uri() -> str:
+    # A new folder: a local run starts from nothing, as an item's first attempt does, never from
+    # what an older run left.
+    folder = Path(tempfile.mkdtemp(prefix="tidefleet-checkpoints-"))
+    print(f"tidefleet: not run by the agent (TIDEFLEET_CHECKPOINT_URI is not set): checkpoints go to {folder}; "
+          "set TIDEFLEET_CHECKPOINT_URI=file:///path/to/folder/ to choose the folder (and resume from it)",
+          file=sys.stderr, flush=True)  # fmt: skip
+    return folder.as_uri() + "/"
 
 
 def _location(name: str, base: str | None) -> tuple[str, str, str]:
@@ -123,5 +156,11 @@ def complete() -> None:
 
 
 def exit_interrupted() -> None:
-    """Leave after checkpointing: the agent hands the item back without using a retry."""
+    """Leave after checkpointing (exit 75). Once the agent asked to stop (`should_stop()`), it
+    hands the item back without using a retry; without a stop request this is a failure that uses
+    a retry (75 is an exit code like any other), and the line it prints on stderr says why."""
+    if not should_stop():
+        print(f"tidefleet: exit_interrupted() but this process was not asked to stop: exit {EXIT_INTERRUPTED} counts "
+              "as a failure that uses a retry unless the agent asks the workload to stop before it ends",
+              file=sys.stderr, flush=True)  # fmt: skip
     sys.exit(EXIT_INTERRUPTED)
