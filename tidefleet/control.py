@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 
 from tidefleet import policy
 from tidefleet.agent.gang import Beacon
@@ -52,12 +54,69 @@ class TickError(RuntimeError):
     """Some actions failed; every other action, in every pool, was still applied. One line per
     failed action: `<pool>: <action>: <error>`. `failures` keeps each `(<pool>: <action>, the
     exception)`: a function says the error in its cloud's words (`Cloud.explain`), which the
-    core cannot import."""
+    core cannot import. `cut`: what a tick out of time left to the next (`Deadline.cut`), or None."""
 
-    def __init__(self, failures: list[tuple[str, Exception]], decisions: tuple[PoolDecision, ...]):
+    def __init__(self, failures: list[tuple[str, Exception]], decisions: tuple[PoolDecision, ...],
+                 cut: dict | None = None):  # fmt: skip
         super().__init__("\n".join(f"{where}: {type(err).__name__}: {err}" for where, err in failures))
         self.failures = tuple(failures)
         self.decisions = decisions
+        self.cut = cut
+
+
+@dataclass
+class Deadline:
+    """A cloud function's run, which must end in its own lines before the platform's timeout ends
+    it with none of ours (`time_left()`: seconds until then). A tick begins each step that calls
+    the cloud only while the time left holds what such a step took at most in this run, plus
+    `margin_s`, and leaves the rest to the next tick: each pool's act (whole, never in part),
+    then each round of writes after the pools. The observe, which calls every service the steps
+    do, counts as one of each. `cut`: what the last tick left undone and why (its log line), or
+    None. The default has no end: a tick without a function (the CLI, sandbox, simulator)."""
+
+    time_left: Callable[[], float] = lambda: math.inf
+    margin_s: float = 0.0  # kept past every step: the run's own lines
+    act_s: float = 0.0  # the slowest pool's act of this run so far
+    write_s: float = 0.0  # the slowest round of writes after the pools so far
+    cut: dict | None = None
+
+    def observed(self, began: float) -> None:
+        self.act_s = self.write_s = max(self.act_s, self.write_s, began - self.time_left())
+
+    def act(self, pools: list[str], call: Callable[[], object]) -> bool:
+        """call(), the first of these pools' act, if its time fits; else all of them are skipped."""
+        if self._short(self.act_s, "a pool's act"):
+            self.cut["skipped"] += pools
+            return False
+        began = self.time_left()
+        call()
+        self.act_s = max(self.act_s, began - self.time_left())
+        return True
+
+    def write(self, what: str, call: Callable[[], object]) -> object | None:
+        """call(), a round of writes after the pools, if its time fits; else None, noted as not written."""
+        if self._short(self.write_s, "a round of writes"):
+            self.cut.setdefault("not_written", []).append(what)
+            return None
+        began = self.time_left()
+        done = call()
+        self.write_s = max(self.write_s, began - self.time_left())
+        return done
+
+    def _short(self, took_s: float, step: str) -> bool:
+        left = self.time_left()
+        if left >= took_s + self.margin_s:
+            return False
+        self.cut = self.cut or {"skipped": [], "out_of_time": f"{left:.0f} s left of the function's timeout: {step} "
+                                f"took up to {took_s:.0f} s in this run, and {self.margin_s:.0f} s are kept for its "
+                                "own lines; the next tick handles them"}  # fmt: skip
+        return True
+
+
+# Per environment, the pools the last tick out of time left to the next (`Deadline`): a function's
+# next tick in the same warm process acts on them first, or pools that are slow every tick would
+# keep the ones after them from ever being acted on.
+_LEFT_OVER: dict[str, frozenset[str]] = {}
 
 
 def _instance_type(pool: Pool, instance: GroupInstance) -> InstanceType | None:
@@ -392,6 +451,7 @@ def tick(
     report: Callable[[FleetView, tuple[PoolDecision, ...]], object] | None = None,
     acted: Callable[[str, dict], object] | None = None,
     tick_s: float | None = None,
+    deadline: Deadline | None = None,
 ) -> tuple[PoolDecision, ...]:
     """Observe → decide → act for these pools (default: all), logging one JSON line per pool.
     `tick_s`: when the next scheduled tick comes (default `scaler.tick_s`; a deployed function's
@@ -400,19 +460,33 @@ def tick(
     `acted(pool, done)` is told what acting on each pool did (`act`'s result: `desired_after`,
     and why it differs from the decision: `held`, `failed`, `skipped`, `error`); not in a dry run.
 
+    With a `deadline` (a cloud function's), a step its time does not hold is left to the next
+    tick (`Deadline`), said in one line and kept as `deadline.cut`. Pools are cut only between
+    two pools' acts: one begun is acted on whole, so its terminations (each with its decrement)
+    are always followed by its on-demand base and its desired capacity, kept above its running
+    nodes. A pool cut is not acted on at all (no desired, terminations, marks, forgotten rows
+    or new leave grant: its last one lapses, as when a tick fails) and is left out of the
+    decisions returned and reported; the next tick in this process acts on it first.
+
     Raises TickError after acting on every other pool if some pool's actions failed."""
     dry_run = dry_run or env.scaler.dry_run
+    deadline = deadline or Deadline()
+    deadline.cut, began = None, deadline.time_left()
     seen = observe(env, ports, now, pools if pools is not None else env.pools)
+    deadline.observed(began)
     decisions = policy.decide(env, seen.fleet, now)
+    if left_over := _LEFT_OVER.pop(env.name, None):  # first, in the policy's order otherwise
+        decisions = tuple(sorted(decisions, key=lambda d: d.pool not in left_over))
     failures: list[tuple[str, Exception]] = []  # (<pool>: <action>, what it raised), for TickError
-    for decision in decisions:
+
+    def act_on(decision: PoolDecision) -> None:
         group = seen.groups[decision.pool]
         done: dict = {}  # what act did, for the log line
         if not dry_run:
             try:
                 raised: list[tuple[str, Exception]] = []
                 done |= act(ports, env, decision, group, raised)
-                failures += [(f"{decision.pool}: {action}", err) for action, err in raised]
+                failures.extend((f"{decision.pool}: {action}", err) for action, err in raised)
                 for node_id in seen.gone.get(decision.pool, ()):
                     ports.nodes.forget_node(decision.pool, node_id)
                 if seen.gone.get(decision.pool):
@@ -424,18 +498,29 @@ def tick(
                 acted(decision.pool, done)
         if log.isEnabledFor(logging.INFO):  # the simulator ticks ~10^5 times with the line unread: not built
             log.info(json.dumps(_decision_line(decision, group, now, dry_run) | done))
+
+    for at, decision in enumerate(decisions):
+        if not deadline.act([d.pool for d in decisions[at:]], partial(act_on, decision)):
+            decisions = decisions[:at]  # the pools acted on, which the tick reports and returns
+            break
+    # The writes after the pools: each one round of calls in parallel, the holds too.
     if not dry_run:
-        grant_leave(env, ports, decisions, now, tick_s)
-    if not dry_run and seen.waiting_marks:
-        each(lambda qname: _mark_waiting(ports, qname, seen.waiting_marks[qname]), list(seen.waiting_marks),
-             ports.calls_in_flight)  # fmt: skip
+        deadline.write("leave grants", partial(grant_leave, env, ports, decisions, now, tick_s))
+    if not dry_run and (marks := seen.waiting_marks):
+        deadline.write("waiting marks", partial(each, lambda q: _mark_waiting(ports, q, marks[q]), list(marks),
+                                                ports.calls_in_flight))  # fmt: skip
     holds = {q: now for d in decisions for q in d.hold} | {q: None for d in decisions for q in d.release}
     if not dry_run and holds and ports.stats is not None:  # no store, no marks: quotas size capacity only
-        failures += [(f"queue {q}: {m[0]}", m[1]) for q in holds if (m := _mark_held(ports, q, holds[q]))]
+        marked = deadline.write("holds", partial(each, lambda q: _mark_held(ports, q, holds[q]), list(holds),
+                                                 ports.calls_in_flight))  # fmt: skip
+        failures += [(f"queue {q}: {m[0]}", m[1]) for q, m in zip(holds, marked or (), strict=False) if m]
     if report is not None:
         report(seen.fleet, decisions)
+    if deadline.cut:
+        log.warning(json.dumps(deadline.cut))
+        _LEFT_OVER[env.name] = frozenset(deadline.cut["skipped"])
     if failures:
-        raise TickError(failures, decisions)
+        raise TickError(failures, decisions, deadline.cut)
     return decisions
 
 

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -157,10 +158,17 @@ def failure_line(err: BaseException, explain: Callable[[Exception], str | None] 
         return f"{err.source}: {'; '.join(err.problems)}"
     if isinstance(err, TickError):  # `<pool>: <action>: <error>` per failed action, all on one line
         said = [f"{where}: {(explain and explain(e)) or f'{type(e).__name__}: {e}'}" for where, e in err.failures]
+        said += [out_of_time(err.cut)] if err.cut else []
         return f"some actions failed, the next tick tries them again: {'; '.join(' '.join(s.split()) for s in said)}"
     if isinstance(err, JobError):
         return " ".join(str(err).split())
     return None
+
+
+def out_of_time(cut: dict) -> str:
+    """What a tick out of time left to the next (`control.Deadline.cut`), and why, in words."""
+    skipped = [f"pools {', '.join(cut['skipped'])}"] if cut["skipped"] else []
+    return f"out of time, skipped {' and '.join(skipped + cut.get('not_written', []))}: {cut['out_of_time']}"
 
 
 def function_failure_line(err: BaseException) -> str | None:
@@ -202,13 +210,16 @@ def run(
     With `time_left()` (seconds until the function's timeout), a tick that saw items waiting is
     followed by another `scaler.waiting_tick_s` later (`control.retick_in`), within MAX_LOOP_S
     of the first and the next scheduled tick, while the time left holds the wait and twice the
-    last tick. Without it there is one tick."""
+    last tick. Without it there is one tick. And the run ends in its own lines before the
+    timeout: a tick acts on a pool, or writes after the pools (the metrics too), only while the
+    time left holds what such a step took at most in this run (`control.Deadline`), and leaves the
+    rest to the next tick, which the summary names (`skipped`, `not_written`, `out_of_time`)."""
     if isinstance(trigger, Ignored):
         log.warning(json.dumps({"ignored": trigger.reason}))
         return {"ignored": trigger.reason}
     # The tick, the policy, the metric set and the settings (pydantic) load on the first trigger, not on import.
     from tidefleet import metrics
-    from tidefleet.control import retick_in, tick
+    from tidefleet.control import Deadline, retick_in, tick
 
     env, ports = runtime()
     if trigger.env is not None and trigger.env != env.name:
@@ -218,20 +229,25 @@ def run(
     first = started = time.time()
     seen: list = []  # the last tick's fleet view
     acted: dict[str, dict] = {}  # per pool, what the last tick's act did (`control.act`)
+    deadline = Deadline(time_left, LOOP_MARGIN_S) if time_left is not None else Deadline()
 
     def report(fleet, decided) -> None:
         seen[:] = [fleet]
-        if emit is None:
-            return
+        if emit is not None:
+            deadline.write("metrics", partial(write_metrics, fleet, decided))
+
+    def write_metrics(fleet, decided) -> None:
+        done = {d.pool: acted[d.pool] for d in decided if d.pool in acted}  # not a pool this tick left out
         try:
-            emit(env, metrics.tick_points(env, fleet, decided, started, acted))  # what act set, not the decision
+            emit(env, metrics.tick_points(env, fleet, decided, started, done))  # what act set, not the decision
         except Exception as err:  # noqa: BLE001 - metrics are for people; the tick's work is done
             log.warning(json.dumps({"metrics": f"not written: {type(err).__name__}: {err}"}))
 
     ticks, terminated, slowest, dry_run = 1, 0, 0.0, env.scaler.dry_run
     scheduled = env.scaler.scheduled_tick_s  # a function's schedule, whatever tick_s asks below a minute
     while True:
-        decisions = tick(env, ports, started, report=report, acted=acted.__setitem__, tick_s=scheduled)
+        decisions = tick(env, ports, started, report=report, acted=acted.__setitem__, tick_s=scheduled,
+                         deadline=deadline)  # fmt: skip
         # The nodes really terminated: the fleet skips those already gone or not in service.
         terminated += sum(len(d.terminate) if dry_run else len(acted[d.pool]["terminated"]) for d in decisions)
         took = time.time() - started
@@ -239,6 +255,7 @@ def run(
         wait = retick_in(env, seen[0]) if time_left is not None and seen else None
         if (
             wait is None
+            or deadline.cut  # out of time already
             or time.time() + wait > first + min(MAX_LOOP_S, scheduled) - wait  # the next run is near
             or time_left() < wait + 2 * took + LOOP_MARGIN_S
         ):
@@ -253,6 +270,7 @@ def run(
         "terminated": terminated,
         "ms": round(slowest * 1000),  # the slowest tick's
         "ticks": ticks,
+        **(deadline.cut or {}),  # what the last tick left to the next, and why
     }
     log.info(json.dumps(summary))
     return summary

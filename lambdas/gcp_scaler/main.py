@@ -50,7 +50,7 @@ def message_of(cloud_event) -> Trigger | Ignored:
 
 def _time_left(started: float):
     """Seconds until this request's timeout, from the `TIDEFLEET_TIMEOUT_S` the stack sets (a
-    Cloud Function cannot ask its runtime); None without it: one tick, no re-ticks."""
+    Cloud Function cannot ask its runtime); None without it: one whole tick, no re-ticks."""
     try:
         timeout = float(os.environ["TIDEFLEET_TIMEOUT_S"])
     except (KeyError, ValueError):

@@ -33,7 +33,8 @@ def emit(env, points) -> None:
 @lambda_handler(log)
 def handler(event, context=None) -> dict:
     # Lambda's context says how long the invocation has left: the run may then tick again while
-    # items wait (`tidefleet.triggers.run`). Without one (a direct call), one tick.
+    # items wait, and leaves to the next tick what its time does not hold (`tidefleet.triggers.run`).
+    # Without one (a direct call), one whole tick.
     remaining = getattr(context, "get_remaining_time_in_millis", None)
     time_left = (lambda: remaining() / 1000) if callable(remaining) else None
     return run(parse(event), lambda_runtime, emit=emit, time_left=time_left)
