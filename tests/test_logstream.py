@@ -1,9 +1,13 @@
 """BufferedStream, the item log writer both clouds share: batches that fit the log service's
-request limits, retries that keep lines, a close that sends all it can."""
+request limits, retries that keep lines, a close that sends all it can, and none of it on the
+thread that reads the workload's output or on the heartbeat."""
 
 from __future__ import annotations
 
-from tidefleet.logstream import BufferedStream
+import logging
+import threading
+
+from tidefleet.logstream import BufferedStream, Outage, dropped_marker
 
 PUT_LOG_EVENTS_BYTES = 1_048_576  # PutLogEvents: the messages' UTF-8 bytes plus 26 per event
 
@@ -29,9 +33,15 @@ def lines_sent(send: CloudWatch) -> list[str]:
     return [line for batch in send.batches for line in batch]
 
 
+def stream_of(send, name: str = "j/i/1", **kwargs) -> BufferedStream:
+    """A stream that sends full batches, asked flushes and its close, never a batch because its
+    first line waited a second: what each batch holds does not depend on the machine's speed."""
+    return BufferedStream(name, send, flush_s=3600, **kwargs)
+
+
 def test_long_lines_go_in_batches_under_the_put_log_events_byte_limit_and_none_is_lost():
     send = CloudWatch()
-    stream = BufferedStream("j/i/1", send)
+    stream = stream_of(send)
     lines = [f"{n:05d}" + "x" * 20_000 for n in range(500)]  # each cut to 16,000 characters
     for line in lines:
         stream.write(line)
@@ -42,7 +52,7 @@ def test_long_lines_go_in_batches_under_the_put_log_events_byte_limit_and_none_i
 
 def test_the_byte_limit_counts_utf8_bytes_not_characters():
     send = CloudWatch()
-    stream = BufferedStream("j/i/1", send)
+    stream = stream_of(send)
     for _ in range(100):
         stream.write("é" * 16_000)  # 32,000 bytes each
     stream.close()
@@ -51,7 +61,7 @@ def test_the_byte_limit_counts_utf8_bytes_not_characters():
 
 def test_short_lines_still_go_500_to_a_batch():
     send = CloudWatch()
-    stream = BufferedStream("j/i/1", send)
+    stream = stream_of(send)
     for n in range(1200):
         stream.write(f"line {n}")
     stream.close()
@@ -61,14 +71,101 @@ def test_short_lines_still_go_500_to_a_batch():
 
 def test_a_failed_send_keeps_its_lines_and_close_gives_up_after_three_failures():
     send = CloudWatch(fail=2)
-    stream = BufferedStream("j/i/1", send)
+    stream = stream_of(send)
     stream.write("kept")
     stream.flush()
     stream.close()  # one more failure, then it lands
     assert lines_sent(send) == ["kept"] and stream.dropped == 0
 
     down = CloudWatch(fail=99)
-    stream = BufferedStream("j/i/2", down)
+    stream = stream_of(down, "j/i/2")
     stream.write("lost")
     stream.close()
     assert stream.dropped == 1 and down.fail == 96
+
+
+class Silent(CloudWatch):
+    """A log service that takes the connection and does not answer until `answer` is set, then
+    fails the first `fail` sends. A send on the caller's thread (the one that reads the
+    workload's output, or the heartbeat) is refused at once and counted: it must never happen."""
+
+    def __init__(self, fail: int = 0):
+        super().__init__(fail)
+        self.caller = threading.current_thread()
+        self.on_caller = 0
+        self.entered, self.answer = threading.Event(), threading.Event()
+        self.under_way = 0
+
+    def __call__(self, batch: list[tuple[float, str]]) -> None:
+        if threading.current_thread() is self.caller:
+            self.on_caller += 1
+            raise RuntimeError("sent on the caller's thread")
+        self.under_way += 1
+        self.entered.set()
+        try:
+            self.answer.wait(60)
+            super().__call__(batch)
+        finally:
+            self.under_way -= 1
+
+
+def test_a_silent_log_service_holds_up_neither_writes_nor_flushes_and_the_oldest_lines_go_first_marked():
+    send = Silent(fail=1)
+    stream = stream_of(send)
+    try:
+        stream.write("line 0")
+        stream.flush()
+        assert send.entered.wait(10), "the shipper sends what a flush asks for"
+        for n in range(1, 25_001):  # while that send hangs
+            stream.write(f"line {n}")
+        stream.flush()  # the heartbeat's: it asks, and returns
+        assert send.on_caller == 0
+        assert len(stream.buffer) == BufferedStream.MAX_BUFFERED and stream.dropped == 15_000
+    finally:
+        send.answer.set()  # the hung send fails: "line 0" goes back in front, the oldest, and is dropped
+    stream.close(timeout_s=60)
+    assert lines_sent(send) == [dropped_marker(15_001)] + [f"line {n}" for n in range(15_001, 25_001)]
+    assert stream.dropped == 15_001 and send.on_caller == 0
+
+
+def test_the_buffer_is_bounded_in_bytes_too():
+    send = Silent()
+    stream = stream_of(send)
+    try:
+        stream.write("first")
+        stream.flush()
+        assert send.entered.wait(10)
+        for n in range(4_000):  # 4,000 lines of 16,000 characters: 64 MB, twice the bound
+            stream.write(f"{n:05d}" + "x" * 20_000)
+        assert stream.bytes <= BufferedStream.MAX_BUFFERED_BYTES
+        assert len(stream.buffer) == BufferedStream.MAX_BUFFERED_BYTES // (16_000 + 26)
+    finally:
+        send.answer.set()
+    stream.close(timeout_s=60)
+    kept = len(lines_sent(send)) - 2  # less "first" and the marker
+    assert lines_sent(send)[:2] == ["first", dropped_marker(4_000 - kept)] and stream.dropped == 4_000 - kept
+
+
+def test_the_end_of_an_attempt_waits_a_bounded_time_for_a_send_that_hangs():
+    send = Silent()
+    stream = stream_of(send)
+    try:
+        stream.write("never answered")
+        stream.close(timeout_s=0.5)
+        assert send.under_way == 1, "close returned while the send still hangs"
+        assert stream.dropped == 1 and send.on_caller == 0
+    finally:
+        send.answer.set()
+
+
+def test_an_outage_is_one_warning_for_all_streams_and_batches_and_one_line_when_it_ends(caplog):
+    outage, down = Outage(), CloudWatch(fail=6)
+    with caplog.at_level(logging.INFO, logger="tidefleet.agent"):
+        for n in (1, 2, 3):  # two streams fail three sends each, the third lands
+            stream = stream_of(down, f"j/i/{n}", outage=outage)
+            stream.write(f"from {n}")
+            stream.close()
+    failed = [r.getMessage() for r in caplog.records if "send failed" in r.getMessage()]
+    back = [r.getMessage() for r in caplog.records if "takes lines again" in r.getMessage()]
+    assert down.fail == 0 and lines_sent(down) == ["from 3"]
+    assert len(failed) == 1 and "j/i/1" in failed[0] and len(back) == 1 and "j/i/3" in back[0]

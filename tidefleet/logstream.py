@@ -1,14 +1,22 @@
-"""One attempt's output on its way to the cloud's log service: buffered, retried, never failing
-the item. Both clouds' `ItemLogs` adapters hand a `send(batch)` to a `BufferedStream`."""
+"""One attempt's output on its way to the cloud's log service: buffered, sent by a thread of its
+own, never failing or holding up the item. Both clouds' `ItemLogs` adapters hand a `send(batch)`
+to a `BufferedStream`."""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
+from collections import deque
+from itertools import islice
 
 log = logging.getLogger("tidefleet.agent")
-LOG_FLUSH_S = 1.0
+LOG_FLUSH_S = 1.0  # a line waits this long at most for others to share its batch
+# The end of an attempt waits this long at most for its last lines: the attempt's slot (and a
+# drain) wait on it, and a log service that is down would hold them for its every timeout.
+CLOSE_S = 5.0
+CLOSE_FAILURES = 3  # failed sends after which the end of an attempt gives up its last lines
+RETRY_MAX_S = 30.0  # a failed send is tried again after 1, 2, 4, ... s, at most this long
 
 
 def stream_name(job: str, item: str, attempt: int) -> str:
@@ -25,75 +33,199 @@ def cloudwatch_event_bytes(line: str) -> int:
     return len(line.encode(errors="replace")) + 26
 
 
+def dropped_marker(count: int) -> str:
+    """The line that stands in the stream where `count` lines were dropped."""
+    return f"tidefleet: {count} line(s) of output dropped here (the log service did not take them in time)"
+
+
+class Outage:
+    """Whether the log service is failing, shared by an adapter's streams: one warning when sends
+    start failing and one line when they land again, not one per batch or per stream."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.failing = False
+
+    def failed(self, name: str, err: Exception) -> None:
+        with self.lock:
+            first, self.failing = not self.failing, True
+        if first:
+            said = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+            log.warning("item log %s: send failed (%s); keeping the newest lines to send when the log service "
+                        "answers, dropping the oldest past %d", name, said, BufferedStream.MAX_BUFFERED)  # fmt: skip
+
+    def landed(self, name: str) -> None:
+        with self.lock:
+            recovered, self.failing = self.failing, False
+        if recovered:
+            log.info("item log %s: the log service takes lines again", name)
+
+
+Entry = tuple[float, str, int]  # (time written, line, its bytes in a batch)
+
+
 class BufferedStream:
-    """One attempt's output, sent in batches by `send(batch)`. Shipping logs never fails the
-    item: a failed send keeps its lines for the next flush, and past `MAX_BUFFERED` lines the
-    oldest are dropped and counted (`dropped`). `write` and `flush` never raise.
+    """One attempt's output, sent in batches by `send(batch)` on the stream's own thread: `write`
+    only buffers and `flush` only asks for a send, so neither the thread that reads the workload's
+    output nor the heartbeat ever waits on the log service. Shipping logs never fails the item: a
+    failed send keeps its lines for a later one (1, 2, 4, ... s later), and past `MAX_BUFFERED`
+    lines or `MAX_BUFFERED_BYTES` the oldest are dropped, counted (`dropped`) and stood in for by
+    one line where they were (`dropped_marker`). Lines keep their order.
     A batch holds at most `MAX_BATCH_LINES` lines and `batch_bytes` bytes as `event_bytes` counts
     them: a batch over the service's size limit would fail on every retry. The defaults are
     CloudWatch's (PutLogEvents: 1,048,576 bytes); GCP's adapter passes its own."""
 
     MAX_BUFFERED = 10_000
+    # Several batches' worth: a burst of output is sent, not dropped, while the service keeps up.
+    MAX_BUFFERED_BYTES = 32 * 1_048_576
     MAX_BATCH_LINES = 500
     MAX_LINE_CHARS = 16_000
 
-    def __init__(self, name: str, send, *, batch_bytes: int = 1_048_576, event_bytes=cloudwatch_event_bytes):
+    def __init__(self, name: str, send, *, batch_bytes: int = 1_048_576, event_bytes=cloudwatch_event_bytes,
+                 outage: Outage | None = None, flush_s: float = LOG_FLUSH_S):  # fmt: skip
         self.name, self._send = name, send
         self.batch_bytes, self.event_bytes = batch_bytes, event_bytes
-        self.lock = threading.Lock()
-        self.buffer: list[tuple[float, str]] = []
-        self.flushed_at = time.monotonic()
+        self.outage = outage or Outage()
+        self.flush_s = flush_s
+        self.wake = threading.Condition()  # guards the state below; never held during a send
+        self.buffer: deque[Entry] = deque()
+        self.bytes = 0
+        self.since: float | None = None  # when the oldest buffered line came (monotonic)
+        self.asked = False  # a flush was asked for
         self.dropped = 0
-        self.failures = 0
+        self.unmarked = 0  # dropped lines that no marker line counts yet
+        self.failures = 0  # failed sends in a row
+        self.retry_at = 0.0
+        self.sending = 0  # lines of the batch under way
+        self.close_by: float | None = None  # set by close: the shipper's deadline
+        self.close_failures = 0
+        self.closed = False
+        self.shipper: threading.Thread | None = None
 
     def write(self, line: str) -> None:
-        with self.lock:
-            self.buffer.append((time.time(), line[: self.MAX_LINE_CHARS] or " "))
-            if len(self.buffer) > self.MAX_BUFFERED:
-                del self.buffer[0]
-                self.dropped += 1
-            due = len(self.buffer) >= self.MAX_BATCH_LINES or time.monotonic() - self.flushed_at >= LOG_FLUSH_S
-        if due:
-            self.flush()
-
-    def _next_batch(self) -> list[tuple[float, str]]:
-        """The oldest lines that fit one batch (at least one line)."""
-        size = 0
-        for n, (_, line) in enumerate(self.buffer[: self.MAX_BATCH_LINES]):
-            size += self.event_bytes(line)
-            if size > self.batch_bytes and n > 0:
-                return self.buffer[:n]
-        return self.buffer[: self.MAX_BATCH_LINES]
+        line = line[: self.MAX_LINE_CHARS] or " "
+        size = self.event_bytes(line)
+        with self.wake:
+            was_empty, was_full = not self.buffer, self._full()
+            self.buffer.append((time.time(), line, size))
+            self.bytes += size
+            self.since = self.since or time.monotonic()
+            self._bound()
+            if was_empty or (self._full() and not was_full):  # when a batch is due changed
+                self._wake()
 
     def flush(self) -> None:
-        self._send_batch()
+        """Ask for what is buffered to be sent now; returns at once (the heartbeat calls it)."""
+        with self.wake:
+            if self.buffer:
+                self.asked = True
+                self._wake()
 
-    def _send_batch(self) -> bool:
-        """Send one batch; False when the send failed."""
-        with self.lock:
-            batch = self._next_batch()
-            self.flushed_at = time.monotonic()
-            if not batch:
-                return True
-            try:
-                self._send(batch)
-            except Exception as err:  # noqa: BLE001 - any failure: keep the lines, try again next flush
-                self.failures += 1
-                if self.failures == 1:
-                    log.warning("item log %s: send failed (%s); keeping the lines to retry",
-                                self.name, str(err).splitlines()[0][:200] if str(err) else type(err).__name__)
-                return False
-            del self.buffer[: len(batch)]
-            return True
-
-    def close(self) -> None:
-        """Last flushes at the end of the attempt, as many batches as it takes while sends succeed;
-        after 3 failed sends, what is left is counted as dropped."""
-        failed = 0
-        while self.buffer and failed < 3:
-            failed += not self._send_batch()
-        with self.lock:
-            self.dropped += len(self.buffer)
-            self.buffer = []
+    def close(self, timeout_s: float = CLOSE_S) -> None:
+        """The end of the attempt: what is left is sent, as many batches as it takes, until none
+        is left, `CLOSE_FAILURES` sends failed or `timeout_s` passed. Lines not sent by then (a
+        send still under way included) are counted as dropped."""
+        with self.wake:
+            self.close_by = time.monotonic() + timeout_s
+            self._wake()
+            self.wake.wait_for(lambda: self.shipper is None or not self.shipper.is_alive(), timeout_s)
+            self.closed = True
+            self.dropped += len(self.buffer) + (self.shipper is not None) * self.sending
+            self.buffer.clear()
+            self.bytes = 0
         if self.dropped:
-            log.warning("item log %s: %d line(s) dropped (the log endpoint kept failing)", self.name, self.dropped)
+            log.warning("item log %s: %d line(s) of output not sent (the log service did not take them in time)",
+                        self.name, self.dropped)  # fmt: skip
+
+    def _full(self) -> bool:
+        return len(self.buffer) >= self.MAX_BATCH_LINES or self.bytes > self.batch_bytes
+
+    def _bound(self) -> None:
+        while len(self.buffer) > self.MAX_BUFFERED or self.bytes > self.MAX_BUFFERED_BYTES:
+            self.bytes -= self.buffer.popleft()[2]
+            self.dropped += 1
+            self.unmarked += 1
+
+    def _wake(self) -> None:
+        """Wake the shipper; the first time, start it (held: `wake`)."""
+        if self.shipper is None and self.close_by is None:
+            self.shipper = threading.Thread(target=self._run, name=f"item log {self.name}", daemon=True)
+            self.shipper.start()
+        self.wake.notify_all()
+
+    def _run(self) -> None:
+        while (taken := self._take()) is not None:
+            batch, marked = taken
+            try:
+                self._send([(at, line) for at, line, _ in batch])
+            except Exception as err:  # noqa: BLE001 - any failure: keep the lines, try again later
+                self._failed(batch[bool(marked) :])
+                self.outage.failed(self.name, err)
+            else:
+                self._landed(marked)
+                self.outage.landed(self.name)
+
+    def _take(self) -> tuple[list[Entry], int] | None:
+        """Wait until a batch is due and take it off the buffer: (batch, the dropped lines its
+        first line marks); None once the stream is closed."""
+        with self.wake:
+            while True:
+                now = time.monotonic()
+                if self.close_by is not None and (self.closed or not (self.buffer or self.unmarked)
+                                                  or now >= self.close_by or self.close_failures >= CLOSE_FAILURES):  # fmt: skip
+                    self.shipper = None
+                    self.wake.notify_all()
+                    return None
+                due_at = self._due_at(now)
+                if due_at <= now:
+                    return self._next_batch()
+                self.wake.wait(None if due_at == float("inf") else due_at - now)
+
+    def _due_at(self, now: float) -> float:
+        if not (self.buffer or self.unmarked):
+            return float("inf")
+        if self.close_by is not None:  # the end of the attempt waits out no backoff
+            return now
+        if self.failures:
+            return self.retry_at
+        if self.asked or self._full():
+            return now
+        return (self.since or now) + self.flush_s
+
+    def _next_batch(self) -> tuple[list[Entry], int]:
+        """The oldest lines that fit one batch (at least one), after a marker of the lines dropped
+        before them."""
+        marked, batch = self.unmarked, []
+        if marked:
+            line = dropped_marker(marked)
+            batch.append((self.buffer[0][0] if self.buffer else time.time(), line, self.event_bytes(line)))
+        size = sum(entry[2] for entry in batch)
+        for entry in islice(self.buffer, self.MAX_BATCH_LINES - len(batch)):
+            size += entry[2]
+            if size > self.batch_bytes and batch:
+                break
+            batch.append(entry)
+        self.sending = len(batch) - bool(marked)
+        for _ in range(self.sending):
+            self.bytes -= self.buffer.popleft()[2]
+        self.since = time.monotonic() if self.buffer else None
+        self.asked = self.asked and bool(self.buffer)
+        return batch, marked
+
+    def _landed(self, marked: int) -> None:
+        with self.wake:
+            self.unmarked -= marked  # lines dropped meanwhile are marked in the next batch
+            self.sending = self.failures = 0
+
+    def _failed(self, lines: list[Entry]) -> None:
+        """Put the lines back in front, where they were; the oldest go first if over the bound."""
+        with self.wake:
+            self.sending = 0
+            self.failures += 1
+            self.close_failures += self.close_by is not None
+            self.retry_at = time.monotonic() + min(2.0 ** (self.failures - 1), RETRY_MAX_S)
+            if not self.closed:
+                self.buffer.extendleft(reversed(lines))
+                self.bytes += sum(entry[2] for entry in lines)
+                self.since = self.since or time.monotonic()
+                self._bound()

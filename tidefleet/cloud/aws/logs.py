@@ -9,7 +9,7 @@ import boto3
 from botocore.exceptions import ClientError
 
 from tidefleet import naming
-from tidefleet.logstream import BufferedStream, stream_name, stream_order
+from tidefleet.logstream import BufferedStream, Outage, stream_name, stream_order
 
 if TYPE_CHECKING:  # settings are loaded (pydantic) by the runtime, not on import
     from tidefleet.config import Environment
@@ -18,12 +18,14 @@ if TYPE_CHECKING:  # settings are loaded (pydantic) by the runtime, not on impor
 
 class CloudWatchItemLogs:
     """One log stream per attempt (`<queue>/<job>/<item>/<attempt>`: naming.item_log_stream_prefix)
-    in the environment's item log group; shown without the queue."""
+    in the environment's item log group; shown without the queue. The client is built as every
+    adapter's is: with the process's fail-fast config (`cloud.aws.CLIENT_CONFIG`, set by AwsCloud)."""
 
     def __init__(self, env: Environment, *, client=None):
         self.logs = client or boto3.client("logs", region_name=env.region)
         self.group = naming.item_log_group(env.name)
         self.env_name = env.name
+        self.outage = Outage()  # the streams' one warning while CloudWatch Logs fails
 
     def stream(self, queue: str, job: str, item: str, attempt: int) -> BufferedStream:
         name = naming.item_log_stream_prefix(queue) + stream_name(job, item, attempt)
@@ -40,7 +42,7 @@ class CloudWatchItemLogs:
             self.logs.put_log_events(logGroupName=self.group, logStreamName=name,
                                      logEvents=[{"timestamp": int(at * 1000), "message": line} for at, line in batch])
 
-        return BufferedStream(name, send)
+        return BufferedStream(name, send, outage=self.outage)
 
     def record_outcomes(self, queue: str, outcomes: list[AttemptOutcome]) -> None:
         """The attempts' outcome metrics (`tidefleet.metrics.attempt_points`) as EMF events in the

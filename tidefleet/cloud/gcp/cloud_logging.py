@@ -16,8 +16,9 @@ from functools import cached_property
 from google.auth.transport.requests import AuthorizedSession
 
 from tidefleet import naming
+from tidefleet.cloud.gcp.calls import TRY_S
 from tidefleet.config import Environment
-from tidefleet.logstream import BufferedStream, stream_name, stream_order
+from tidefleet.logstream import BufferedStream, Outage, stream_name, stream_order
 from tidefleet.records import AttemptOutcome
 
 LOGGING = "https://logging.googleapis.com/v2"
@@ -33,6 +34,7 @@ class CloudLoggingItemLogs:
     def __init__(self, env: Environment, *, session: AuthorizedSession | None = None):
         self.env, self._session = env, session
         self.log_name = f"projects/{env.project}/logs/{naming.item_log(env.name)}"
+        self.outage = Outage()  # the streams' one warning while Cloud Logging fails
 
     @cached_property
     def session(self) -> AuthorizedSession:
@@ -45,14 +47,14 @@ class CloudLoggingItemLogs:
     def _write(self, job: str, item: str, attempt: int, entries: list[dict]) -> None:
         labels = {"job": job, "item": item, "attempt": str(attempt)}
         body = {"logName": self.log_name, "resource": {"type": "global"}, "labels": labels, "entries": entries}
-        self.session.post(f"{LOGGING}/entries:write", json=body, timeout=10).raise_for_status()
+        self.session.post(f"{LOGGING}/entries:write", json=body, timeout=TRY_S).raise_for_status()
 
     def stream(self, queue: str, job: str, item: str, attempt: int) -> BufferedStream:
         def send(batch: list[tuple[float, str]]) -> None:
             self._write(job, item, attempt, [{"textPayload": line, "timestamp": _stamp(at)} for at, line in batch])
 
         return BufferedStream(stream_name(job, item, attempt), send, batch_bytes=WRITE_BATCH_BYTES,
-                              event_bytes=_entry_bytes)
+                              event_bytes=_entry_bytes, outage=self.outage)
 
     def record_outcomes(self, queue: str, outcomes: list[AttemptOutcome]) -> None:
         entries = [{"jsonPayload": {"outcome": o.outcome, "queue": queue, "job": o.job, "item": o.item,
@@ -61,7 +63,7 @@ class CloudLoggingItemLogs:
                     "timestamp": _stamp(o.at)} for o in outcomes]  # fmt: skip
         if entries:
             body = {"logName": self.log_name, "resource": {"type": "global"}, "entries": entries}
-            self.session.post(f"{LOGGING}/entries:write", json=body, timeout=10).raise_for_status()
+            self.session.post(f"{LOGGING}/entries:write", json=body, timeout=TRY_S).raise_for_status()
 
     def lines(self, queue: str, job: str, item: str | None = None) -> Iterator[tuple[str, str]]:
         # textPayload:* leaves out the outcome entries (jsonPayload), which are not output.
