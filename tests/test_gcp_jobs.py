@@ -119,7 +119,7 @@ def test_item_output_goes_to_the_stacks_log_with_labels_and_reads_back_per_attem
         stream = logs.stream("default", "job-1", "item-a", attempt)
         stream.write(f"{text} line")
         stream.write(f"{text} done")
-        stream.flush()
+        stream.close()  # sends what it holds (flush only asks the sender thread to)
     logs.stream("default", "job-1", "item-b", 1).write("other item")
     logs.record_outcomes("default", [AttemptOutcome("job-1", "item-a", 2, "succeeded", 1.5, 1.0)])  # not output
     gcp.log_page = 1  # several pages
