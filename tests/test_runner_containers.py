@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -26,7 +28,8 @@ from tidefleet.jobs.spec import JobSpec, resolve
 # <id>.json (its pid and labels) in $FAKE_DOCKER_STATE; $FAKE_DOCKER_ANSWER ("verbs|exit code or
 # hang|stderr", verbs comma-separated) makes those verbs answer like a broken or older docker; a
 # hung call leaves hung-<pid> there, for the test to end it. As docker does, `run` refuses a bind
-# mount of a relative path, runs the container outside the client's folder, and passes SIGTERM on.
+# mount of a relative path, runs the container outside the client's folder as --user (uid:gid),
+# and passes SIGTERM on.
 FAKE_DOCKER = r'''
 import json, os, re, signal, subprocess, sys, time, uuid
 from pathlib import Path
@@ -66,7 +69,7 @@ def refused(why):
 
 
 if verb == "run":
-    i, cidfile, labels, rm = 1, None, {}, False
+    i, cidfile, labels, rm, user = 1, None, {}, False, {}
     while args[i].startswith("-"):
         if args[i] == "--rm":
             rm, i = True, i + 1
@@ -74,6 +77,9 @@ if verb == "run":
         option, value, i = args[i], args[i + 1], i + 2
         if option == "--cidfile":
             cidfile = value
+        elif option == "--user":
+            uid, gid = map(int, value.split(":"))
+            user = {"user": uid, "group": gid, "extra_groups": []}
         elif option == "--label":
             key, _, text = value.partition("=")
             labels[key] = text
@@ -96,7 +102,7 @@ if verb == "run":
     # the client's death (SIGKILL) reaches it neither by a signal nor by a closed pipe.
     with open(out, "wb") as sink:
         container = subprocess.Popen(args[i + 1:], stdin=subprocess.DEVNULL, stdout=sink,
-                                     stderr=subprocess.STDOUT, start_new_session=True, cwd="/")
+                                     stderr=subprocess.STDOUT, start_new_session=True, cwd="/", **user)
     proxied.append(container.pid)
     if cidfile:  # before the container is listed, as docker writes it between create and start
         Path(cidfile).write_text(cid)
@@ -210,10 +216,10 @@ class Lines:
         self.lines.append(line)
 
 
-def start(work_dir: Path, args: list[str], pool: Pool = CONTAINER) -> Workload:
+def start(work_dir: Path, args: list[str], pool: Pool = CONTAINER, user_name: str | None = None) -> Workload:
     workload = Workload(work_dir / "job-1" / "000000" / "1")
     workload.start(resolve(JobSpec(), Queue(pool="p"), pool), ItemMessage("job-1", "000000", args), 1,
-                   "file:///checkpoints/", checkpoint_root=None, user_name=None)  # fmt: skip
+                   "file:///checkpoints/", checkpoint_root=None, user_name=user_name)  # fmt: skip
     return workload
 
 
@@ -300,11 +306,28 @@ def test_an_id_file_left_in_the_attempts_folder_does_not_stop_docker_run(docker,
     """docker refuses to write over an id file; only an agent that died in this folder leaves one."""
     folder = tmp_path / "work" / "job-1" / "000000" / "1"
     folder.mkdir(parents=True)
-    (folder / "container.id").write_text("0123456789ab")
+    runner.cid_path(folder).write_text("0123456789ab")
     workload = start(tmp_path / "work", ["echo", "trained"])
     code, _, last_line = workload.wait(Lines())
     assert (code, last_line) == (0, "trained")
     workload.remove()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root, as the agent on a node has")
+def test_a_container_run_as_the_item_user_writes_its_done_file_but_not_its_container_id(docker, request):
+    """docker run --user: the attempt's folder is the item user's, as a command pool's is, so its
+    done file can be written; the container's id, which the agent removes by, is not in it."""
+    work = Path(tempfile.mkdtemp(prefix="tidefleet-work-"))  # pytest's tmp_path is root's alone
+    work.chmod(0o755)  # as a node's work folder is: the item user may pass through it
+    request.addfinalizer(lambda: shutil.rmtree(work, ignore_errors=True))
+    folder = work / "job-1" / "000000" / "1"
+    forge = 'touch "$TIDEFLEET_DONE_FILE" && echo completed; echo forged > "$1" || echo kept'
+    workload = start(work, ["sh", "-c", forge, "sh", str(runner.cid_path(folder))], user_name="nobody")
+    code, _, last_line = workload.wait(Lines())
+    assert (code, workload.completed(), last_line) == (0, True, "kept")
+    assert "forged" not in workload.cid_file.read_text()
+    workload.remove()
+    assert not workload.cid_file.exists() and not folder.exists()
 
 
 def test_at_start_the_agent_removes_the_containers_an_agent_before_it_left(docker, tmp_path, caplog):

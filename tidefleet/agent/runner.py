@@ -3,6 +3,7 @@ No decisions here: what to signal and when is `tidefleet.agent.attempt`."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pwd
@@ -30,8 +31,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("tidefleet.agent")
 
 # A container runs under dockerd, out of reach of the signals that end its `docker run` client:
-# the client writes the container's id into the attempt's folder, and the label (that folder) lets
-# a later agent find what one that died left running.
+# the client writes the container's id beside the attempt's folder (`Workload.cid_file`: out of
+# reach of the workload, which owns its folder and could point the agent's `docker rm -f` at
+# another container), and the label (that folder) lets a later agent find what one that died
+# left running.
 CID_FILE = "container.id"
 LABEL = "tidefleet.workdir"
 DOCKER_S = 30  # at most, per docker command: a hung dockerd must not hold an attempt for ever
@@ -43,7 +46,7 @@ def workload_command(what: Pool | Resolved, args: list[str], env_names: list[str
                      workdir: Path | None = None) -> list[str]:  # fmt: skip
     """The argv for one item: the command with the args appended, or docker run of the container
     (with the job's command, if it set one, before the args) on the item's own GPUs; `workdir`, the
-    attempt's folder, gets the container's id (`CID_FILE`) and is its `LABEL`."""
+    attempt's folder, is its `LABEL`, and the container's id goes beside it (`cid_path`)."""
     if what.container is None:
         return [*shlex.split(what.command), *args]
     passthrough = [a for name in env_names for a in ("-e", name)]  # values come from our env
@@ -51,9 +54,15 @@ def workload_command(what: Pool | Resolved, args: list[str], env_names: list[str
     as_user = ["--user", f"{user.pw_uid}:{user.pw_gid}"] if user else []
     command = shlex.split(what.command) if what.command else []
     folder = workdir.absolute() if workdir else None  # absolute: the client runs in that folder
-    found_by = ["--cidfile", str(folder / CID_FILE), "--label", f"{LABEL}={folder}"] if folder else []
+    found_by = ["--cidfile", str(cid_path(folder)), "--label", f"{LABEL}={folder}"] if folder else []
     return ["docker", "run", "--rm", *found_by, *as_user, *docker_gpu_args(list(gpu_indices)), *passthrough,
             *volumes, what.container, *command, *args]  # fmt: skip
+
+
+def cid_path(workdir: Path) -> Path:
+    """Where `docker run` writes the id of an attempt's container: beside its folder, in its
+    item's folder, which is the agent's."""
+    return workdir.with_name(f"{workdir.name}.{CID_FILE}")
 
 
 def _docker(*args: str) -> tuple[str, str]:
@@ -145,7 +154,7 @@ class Workload:
 
     @property
     def cid_file(self) -> Path:
-        return self.workdir / CID_FILE
+        return cid_path(self.workdir)
 
     def completed(self) -> bool:
         return self.done_file.exists()
@@ -175,8 +184,9 @@ class Workload:
         mounts = [self.workdir] + ([checkpoint_root.resolve()] if checkpoint_root else [])
         user = item_user(user_name)
         as_user: dict = {}
-        if user is not None and what.container is None:  # a container gets --user instead
+        if user is not None:  # its done file, and its own files, go in its folder
             os.chown(self.workdir, user.pw_uid, user.pw_gid)
+        if user is not None and what.container is None:  # a container gets --user instead
             as_user = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
             item_env |= {"HOME": user.pw_dir, "USER": user.pw_name, "LOGNAME": user.pw_name}
         argv = workload_command(what, msg.args, list(item_env), mounts, user, gpu_indices, self.workdir)
@@ -278,4 +288,5 @@ class Workload:
             _, why = _docker("rm", "-f", cid)
             if why:
                 log.warning("could not remove container %s: %s", cid[:12], why)
+        with contextlib.suppress(OSError):  # an empty one too: docker run died before writing the id
             self.cid_file.unlink(missing_ok=True)
