@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import pwd
+import re
 import select
 import shlex
 import shutil
@@ -106,8 +107,10 @@ def item_user(name: str | None) -> pwd.struct_passwd | None:
     try:
         return pwd.getpwnam(name)
     except KeyError:
-        raise RuntimeError(f"the item user {name!r} does not exist on this node: its user-data creates it "
-                           "(or set run_as_root = true on the pool)") from None
+        raise RuntimeError(
+            f"the item user {name!r} does not exist on this node: its user-data creates it "
+            "(or set run_as_root = true on the pool)"
+        ) from None
 
 
 def checkpoint_uri(base: str, root: Path | None, queue: str, msg: ItemMessage) -> str:
@@ -127,10 +130,59 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-# After the workload's process exits: how long to keep reading what is already in its pipe
-# (a child left holding the pipe must not hold the attempt), and how often to look for its exit.
+# After the workload's process group has exited: how long to keep reading what is already in its
+# pipe (a daemon left holding the pipe must not hold the attempt), and how often to look for its
+# exit. What a workload that ends on its own leaves running in its group (a forked child, a
+# wrapper script's background job) is stopped as systemd stops a unit's: SIGTERM, SIGKILL after
+# LEFTOVER_KILL_S; but only after LEFTOVER_TERM_S, for a daemon it started may not have left the
+# group yet (`setsid cmd &` and exit at once).
 DRAIN_S = 1.5
 POLL_S = 0.25
+LEFTOVER_TERM_S = 1.5
+LEFTOVER_KILL_S = 5.0
+# Of one line of output: more than the 16,000 characters an item log keeps of it (logstream).
+MAX_LINE_BYTES = 65_536
+LINE_END = re.compile(rb"(\r\n|\r|\n)")
+
+
+class OutputLines:
+    """A workload's output cut into lines as it comes. A carriage return ends a line as a newline
+    does: a progress bar (tqdm, pip) redraws its line with one, so each update is a line and the
+    log shows the latest, not one line that grows for ever. A line keeps its first
+    `MAX_LINE_BYTES`: whatever the output, memory stays bounded and time linear."""
+
+    def __init__(self):
+        self.pending = bytearray()  # the line not ended yet
+        self.after_cr = False  # the last chunk ended with \r: a \n that starts the next is its \r\n
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        """The lines that `chunk` ends."""
+        if self.after_cr and chunk.startswith(b"\n"):
+            chunk = chunk[1:]
+        self.after_cr = chunk.endswith(b"\r")
+        parts = LINE_END.split(chunk)  # text, end, text, end, ..., the text of a line not ended yet
+        self.pending += parts[0][: MAX_LINE_BYTES - len(self.pending)]
+        if len(parts) == 1:
+            return []
+        texts = [bytes(self.pending), *(text[:MAX_LINE_BYTES] for text in parts[2:-1:2])]
+        self.pending = bytearray(parts[-1][:MAX_LINE_BYTES])
+        # A bare \r ending nothing (the one a progress bar starts each redraw with) is no line.
+        return [text for text, end in zip(texts, parts[1::2], strict=True) if text or end != b"\r"]
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a process other than a zombie is left in process group `pgid`. A zombie is one
+    that only waits to be reaped: the workload's own process, which `Workload.wait` reaps last so
+    that the group's id cannot go to another process meanwhile, or an orphan whose reaper is slow.
+    Where there is no /proc (not Linux: a sandbox on a laptop), the group counts as gone."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:  # state, ppid and pgrp follow the command's name, which may hold ") "
+            state, _, pgrp = stat.read_text().rsplit(") ", 1)[1].split(maxsplit=3)[:3]
+        except (OSError, IndexError, ValueError):  # gone meanwhile
+            continue
+        if pgrp == str(pgid) and state not in "ZX":
+            return True
+    return False
 
 
 class CannotStart(Exception):
@@ -138,11 +190,13 @@ class CannotStart(Exception):
 
 
 class Workload:
-    """One attempt's process and its folder (stop file, done file, a container's id)."""
+    """One attempt's process group and its folder (stop file, done file; a container's id beside it)."""
 
     def __init__(self, workdir: Path):
         self.workdir = workdir
         self.proc: subprocess.Popen | None = None
+        self.stopped = False  # asked to stop: what it leaves in its group has the agent's grace
+        self.leftover: list[tuple[float, int]] | None = None  # ended on its own: (when, signal) to come
 
     @property
     def stop_file(self) -> Path:
@@ -199,71 +253,118 @@ class Workload:
             raise CannotStart(f"could not start {argv[0]!r}: {err}") from err
 
     def wait(self, stream: LogStream) -> tuple[int, dict, str]:
-        """Copy its output to `stream`, line by line, until it exits: (exit code, usage, last line
-        of output). Once the process itself has exited, its output is read for up to `DRAIN_S`
-        more, not to EOF: a child it left behind in another session (`setsid cmd &`), out of
-        reach of its process group's signals, may hold the pipe open for ever, which would keep
-        the attempt, its slot and its lease running. Such a child gets EPIPE/SIGPIPE on its next
-        write. A container's `docker run` client is the process here; its container, which runs
-        on under dockerd without it once it is killed, is removed by `remove`."""
+        """Copy its output to `stream`, line by line (`OutputLines`), until its process group has
+        exited: (exit code of its own process, usage, last line of output). A wrapper script the
+        spot notice's SIGTERM ended at once is not the end: its child may still be saving its
+        checkpoint, and an item handed back before that is saved resumes from an older one. What
+        is left in the group of a workload asked to stop has the grace the agent gives it (the
+        agent's SIGKILL ends it); what a workload that ended on its own left there is stopped
+        (`LEFTOVER_TERM_S`), for it would hold the slot's GPUs and memory under the next item.
+        Once the group has exited, its output is read for up to `DRAIN_S` more, not to EOF: a
+        daemon it left in another session (`setsid cmd &`), out of reach of the group's signals,
+        may hold the pipe open for ever. Such a daemon gets EPIPE/SIGPIPE on its next write. A
+        container's `docker run` client is the process here; its container, which runs on under
+        dockerd without it once it is killed, is removed by `remove`."""
         assert self.proc is not None, "started"
         fd = self.proc.stdout.fileno()
         os.set_blocking(fd, False)
         poller = select.poll()
         poller.register(fd, select.POLLIN)
-        pending, last_line, drain_until = b"", "", None
+        output, last_line = OutputLines(), ""
+        reading, drain_until, look_at = True, None, 0.0
         try:
             while True:
-                if drain_until is None and self.has_exited():
-                    drain_until = time.monotonic() + DRAIN_S
-                wait_s = POLL_S if drain_until is None else max(0.0, drain_until - time.monotonic())
+                now = time.monotonic()
+                if drain_until is None and now >= look_at:  # at most every POLL_S: it reads /proc
+                    look_at = now + POLL_S
+                    if self._group_ended(now):
+                        drain_until = now + DRAIN_S
+                if drain_until is not None and (not reading or now >= drain_until):
+                    break
+                wait_s = max(0.0, (look_at if drain_until is None else drain_until) - now)
+                if not reading:  # EOF before its group ended: it is exiting, or it closed its output
+                    if self._exited():
+                        time.sleep(wait_s)
+                    else:  # until its own process exits, then look at its group at once
+                        os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOWAIT)
+                        look_at = 0.0
+                    continue
                 if poller.poll(wait_s * 1000):
                     try:
                         chunk = os.read(fd, 65536)
                     except BlockingIOError:
-                        chunk = None
-                    if chunk == b"":  # EOF: every holder of the pipe has closed it
-                        break
-                    if chunk:
-                        *lines, pending = (pending + chunk).split(b"\n")
-                        for raw in lines:
-                            last_line = raw.decode(errors="replace")
-                            stream.write(last_line)
-                if drain_until is not None and time.monotonic() >= drain_until:
-                    break
-            if pending:  # a last line with no newline
-                last_line = pending.decode(errors="replace")
+                        continue
+                    if chunk == b"":  # EOF: every holder of the pipe has closed it; it is exiting
+                        reading, look_at = False, 0.0
+                    for raw in output.feed(chunk):
+                        last_line = raw.decode(errors="replace")
+                        stream.write(last_line)
+            if output.pending:  # a last line with no newline
+                last_line = output.pending.decode(errors="replace")
                 stream.write(last_line)
         finally:
             self.proc.stdout.close()
+            if drain_until is None:  # reading failed: leave nothing running
+                self._signal_group(signal.SIGKILL)
             # wait4 gives this child's own CPU time and peak memory, even with siblings running.
             _, status, rusage = os.wait4(self.proc.pid, 0)
             self.proc.returncode = os.waitstatus_to_exitcode(status)
-        usage = {"cpu_s": round(rusage.ru_utime + rusage.ru_stime, 3), "peak_rss_mb": round(rusage.ru_maxrss / 1024, 1)}
+        usage = {
+            "cpu_s": round(rusage.ru_utime + rusage.ru_stime, 3),
+            "peak_rss_mb": round(rusage.ru_maxrss / 1024, 1),
+        }
         return self.proc.returncode, usage, last_line
+
+    def _group_ended(self, now: float) -> bool:
+        """Whether its process and all its group have exited; stops what a workload that ended
+        on its own left running in its group."""
+        if not self._exited():
+            return False
+        if not group_alive(self.proc.pid):
+            return True
+        if self.leftover is None and self.stopped:  # the agent's grace, then its SIGKILL
+            return False
+        if self.leftover is None:
+            term_at = now + LEFTOVER_TERM_S
+            self.leftover = [(term_at, signal.SIGTERM), (term_at + LEFTOVER_KILL_S, signal.SIGKILL)]
+        while self.leftover and now >= self.leftover[0][0]:
+            self._signal_group(self.leftover.pop(0)[1])
+        return False
 
     def signal(self, what: Signal) -> None:
         """STOP: the stop file and SIGTERM, which docker run passes on to its container (its
         --sig-proxy, on by default). KILL: SIGKILL, and `docker kill` for the container."""
         if what is Signal.STOP:
+            self.stopped = True
             try:
                 self.stop_file.touch()
             except OSError:  # its folder is gone: it has ended
                 pass
-        if self.proc is not None and self.proc.returncode is None:
-            try:  # the whole process group: shells and their children
-                os.killpg(self.proc.pid, signal.SIGTERM if what is Signal.STOP else signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        # The whole process group, also once its own process has exited: shells and their children
+        self._signal_group(signal.SIGTERM if what is Signal.STOP else signal.SIGKILL)
         if what is Signal.KILL and (cid := self._container_id()):
             # In the background: signals are sent under the agent's lock, which a hung dockerd must
             # not hold. The rm -f of `remove` is the one whose failure is told.
             threading.Thread(target=_docker, args=("kill", cid), daemon=True).start()
 
+    def _signal_group(self, signum: int) -> None:
+        """Until `wait` has reaped its process, whose zombie keeps the group's id from going to
+        another process; by then nothing is left in the group."""
+        if self.proc is not None and self.proc.returncode is None:
+            try:
+                os.killpg(self.proc.pid, signum)
+            except (ProcessLookupError, PermissionError):
+                pass
+
     def has_exited(self) -> bool:
-        """Whether the process has ended, without reaping it (`wait` does)."""
+        """Whether it has ended, its process and all its process group, without reaping it
+        (`wait` does)."""
         if self.proc is None:
             return False
+        return self.proc.returncode is not None or (self._exited() and not group_alive(self.proc.pid))
+
+    def _exited(self) -> bool:
+        """Whether its own process has ended, without reaping it."""
         try:
             return os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
         except ChildProcessError:  # already reaped: its runner is settling it

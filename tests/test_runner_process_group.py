@@ -1,0 +1,253 @@
+"""An attempt's workload is its whole process group, as a systemd unit is its control group: the
+attempt ends when the group has exited, not when its first process has, and what the workload
+leaves in its group does not outlive it. And its output is cut into lines at a carriage return
+too, a progress bar's. Real processes, real signals, the agent's own runner (`runner.Workload`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from agent_harness import Harness, Imds, wait_until
+
+from tidefleet.agent import runner
+from tidefleet.agent.attempt import Signal
+from tidefleet.agent.runner import OutputLines, Workload
+from tidefleet.config import Pool, Queue
+from tidefleet.jobs import sdk
+from tidefleet.jobs.sdk import ItemMessage
+from tidefleet.jobs.spec import JobSpec, resolve
+
+SHELL = Pool(instance_types=[{"type": "c6i.large"}], max=1, command="sh -c")
+
+# A Python child under a shell that goes on after it (so the shell does not exec it): on SIGTERM
+# the shell dies at once, the child saves its checkpoint (a second) and leaves, as
+# `checkpoint.exit_interrupted()` does. argv: its pid file, its checkpoint file.
+SAVES_ON_SIGTERM = """
+import os, signal, sys, time
+pid_file, saved = sys.argv[1:]
+def save(*_):
+    time.sleep(1)
+    open(saved, "w").write("step 7")
+    print("checkpoint saved", flush=True)
+    sys.exit(75)
+signal.signal(signal.SIGTERM, save)
+open(pid_file, "w").write(str(os.getpid()))
+print("training", flush=True)
+time.sleep(600)
+"""
+
+
+class Lines:
+    def __init__(self):
+        self.lines: list[str] = []
+
+    def write(self, line: str) -> None:
+        self.lines.append(line)
+
+
+def start(tmp_path: Path, script: str, *args: str) -> Workload:
+    workload = Workload(tmp_path / "work" / "job-1" / "000000" / "1")
+    workload.start(resolve(JobSpec(), Queue(pool="p"), SHELL), ItemMessage("job-1", "000000", [script, *args]), 1,
+                   "file:///checkpoints/", checkpoint_root=None, user_name=None)  # fmt: skip
+    return workload
+
+
+def alive(pid: int) -> bool:
+    try:  # a zombie is gone: nobody may be there to reap a process whose parent died
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0] not in "ZX"
+    except (OSError, IndexError):
+        return False
+
+
+def pid_in(path: Path) -> int:
+    return int(wait_until(lambda: path.exists() and path.read_text().strip(), 10, path.name))
+
+
+@pytest.fixture
+def pids():
+    """Pid files of the processes a test starts; whatever is left of them is killed after it."""
+    files: list[Path] = []
+    yield files
+    for path in files:
+        if path.exists() and path.read_text():
+            try:
+                os.kill(int(path.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def wrapper(tmp_path: Path, pids: list[Path]) -> tuple[Workload, Path, Path]:
+    child, pid_file, saved = tmp_path / "train.py", tmp_path / "train.pid", tmp_path / "saved"
+    child.write_text(SAVES_ON_SIGTERM)
+    pids.append(pid_file)
+    workload = start(
+        tmp_path, f'{sys.executable} "$0" "$1" "$2"; echo "wrapper after $?"', child, pid_file, saved
+    )
+    return workload, pid_file, saved
+
+
+def test_a_wrapper_scripts_child_saves_its_checkpoint_before_the_attempt_ends(tmp_path, pids, monkeypatch):
+    """The spot notice's SIGTERM ends the shell at once; the item goes back when the attempt
+    ends, and its next attempt resumes from what was saved by then."""
+    monkeypatch.setattr(runner, "DRAIN_S", 0.1)  # the output read after the end: not the child's grace
+    workload, pid_file, saved = wrapper(tmp_path, pids)
+    pid_in(pid_file)
+    workload.signal(Signal.STOP)
+    lines = Lines()
+    code, _, last_line = workload.wait(lines)
+    assert saved.exists(), "the attempt ended before its checkpoint was saved"
+    assert (code, last_line) == (-signal.SIGTERM, "checkpoint saved")
+    assert lines.lines == ["training", "checkpoint saved"]
+    assert workload.has_exited()
+
+
+def test_what_a_stopped_workload_leaves_in_its_group_ends_with_the_agents_sigkill(tmp_path, pids):
+    """Its grace is the agent's to bound: the SIGKILL at its end reaches the whole group, also
+    once the shell that led it has exited."""
+    workload, pid_file, _ = wrapper(tmp_path, pids)
+    child = pid_in(pid_file)
+    os.kill(child, signal.SIGSTOP)  # a child that takes longer than any grace to save
+    workload.signal(Signal.STOP)
+    ended: list[tuple] = []
+    waiting = threading.Thread(target=lambda: ended.append(workload.wait(Lines())))
+    waiting.start()
+    wait_until(lambda: not alive(workload.proc.pid), 10, "the shell to die of the SIGTERM")
+    assert alive(child) and not workload.has_exited()
+    workload.signal(Signal.KILL)  # the drain's grace is over
+    waiting.join(30)
+    assert not alive(child) and ended and ended[0][0] == -signal.SIGTERM
+
+
+LEAVES_A_CHILD = """
+sh -c 'echo $$ > "$1"; {trap} exec sleep 600 >&- 2>&-' child "$0" &
+while [ ! -s "$0" ]; do sleep 0.05; done
+echo done
+"""
+
+
+@pytest.mark.parametrize("trap", ["", "trap '' TERM;"], ids=["dies of SIGTERM", "ignores SIGTERM"])
+def test_a_child_left_in_its_group_by_a_workload_that_ended_on_its_own_is_stopped_as_it_ends(
+    tmp_path, pids, monkeypatch, trap
+):
+    """It would hold the slot's GPUs and memory under the next item, its folder deleted: SIGTERM,
+    then SIGKILL, as systemd stops what a unit's main process left."""
+    monkeypatch.setattr(runner, "LEFTOVER_KILL_S", 0.5)
+    pid_file = tmp_path / "child.pid"
+    pids.append(pid_file)
+    workload = start(tmp_path, LEAVES_A_CHILD.format(trap=trap), pid_file)
+    code, _, last_line = workload.wait(Lines())
+    assert (code, last_line) == (0, "done")
+    assert not alive(int(pid_file.read_text()))
+
+
+def test_a_daemon_in_a_session_of_its_own_is_left_running(tmp_path, pids):
+    """Out of the group, as documented: the workload's to manage (`setsid cmd &`)."""
+    pid_file = tmp_path / "daemon.pid"
+    pids.append(pid_file)
+    workload = start(tmp_path, """setsid sh -c 'echo $$ > "$0"; exec sleep 600' "$0" >/dev/null &
+                                  while [ ! -s "$0" ]; do sleep 0.05; done""", pid_file)  # fmt: skip
+    assert workload.wait(Lines())[0] == 0
+    assert alive(int(pid_in(pid_file)))
+
+
+PROGRESS = r"""
+import sys
+for percent in range(0, 101, 10):  # tqdm's way: \r, the bar, no newline until it closes
+    sys.stdout.write(f"\r{percent:3d}%|{'#' * (percent // 10):10s}|")
+    sys.stdout.flush()
+sys.stdout.write("\ndone\r\nlast words")
+"""
+
+
+def test_a_progress_bar_redrawn_with_carriage_returns_is_logged_update_by_update(tmp_path):
+    """Not as one line holding every update (and growing for as long as the bar runs): the log
+    shows the latest."""
+    script = tmp_path / "progress.py"
+    script.write_text(PROGRESS)
+    workload = start(tmp_path, f'{sys.executable} "$0"', script)
+    lines = Lines()
+    code, _, last_line = workload.wait(lines)
+    bars = [f"{p:3d}%|{'#' * (p // 10):10s}|" for p in range(0, 101, 10)]
+    assert (code, last_line, lines.lines) == (0, "last words", [*bars, "done", "last words"])
+
+
+def test_a_line_of_output_that_never_ends_is_kept_to_its_first_bytes(tmp_path):
+    """Whatever a workload writes, the agent holds a bounded part of it, as an item log keeps the
+    first characters of a long line."""
+    huge = runner.MAX_LINE_BYTES * 40
+    workload = start(tmp_path, f"head -c {huge} /dev/zero | tr '\\0' x; echo; echo after")
+    lines = Lines()
+    assert workload.wait(lines)[0] == 0
+    assert lines.lines == ["x" * runner.MAX_LINE_BYTES, "after"]
+
+
+@pytest.mark.parametrize("cut", range(1, 12))
+def test_lines_are_the_same_wherever_the_pipe_cuts_the_output(cut):
+    """A \r\n cut between two reads is one line end, not two."""
+    output = b"a\r\nb\rc\n\rd\r\re"
+    lines = OutputLines()
+    got = lines.feed(output[:cut]) + lines.feed(output[cut:])
+    assert (got, bytes(lines.pending)) == ([b"a", b"b", b"c", b"d"], b"e")
+
+
+# -- through the agent ----------------------------------------------------------------------
+ENV_TOML = """
+region = "us-east-1"
+
+[pools.cpu]
+max = 1
+command = "sh -c '{python} {workload} \\"$@\\"; echo wrapper after $?' wrapper"
+env = {{ LEDGER = "{ledger}" }}
+instance_types = [{{ type = "c6i.large", weight = 1 }}]
+
+[queues.work]
+pool = "cpu"
+max_retries = {max_retries}
+item_timeout_s = 120
+"""
+
+# Saves its checkpoint in 3 s, longer than the agent reads the output of an ended workload.
+SLOW_SAVE = r"""
+import json, os, time
+from tidefleet.agent import checkpoint
+
+def record(event):
+    with open(os.environ["LEDGER"], "a") as f:
+        f.write(json.dumps({"event": event, "attempt": checkpoint.attempt(), "at": time.time()}) + "\n")
+
+record("start")
+while not checkpoint.should_stop():
+    time.sleep(0.05)
+time.sleep(3)
+checkpoint.save("progress", "saved")
+record("checkpoint")
+checkpoint.exit_interrupted()
+"""
+
+
+@pytest.mark.moto
+def test_on_a_spot_notice_the_item_goes_back_only_once_the_wrapped_workload_has_saved_its_checkpoint(
+    tmp_path, aws
+):
+    h = Harness(tmp_path, aws, env_toml=ENV_TOML, workload=SLOW_SAVE, max_retries=0)
+    imds = Imds()
+    try:
+        job = sdk.submit(h.env, "wrapped", "work", sdk.read_items([["x"]]), kick=False).job_id
+        agent = h.start_agent("node-spot", imds.url, TIDEFLEET_AGENT_GRACE_S="60")
+        wait_until(lambda: h.events("start"), 30, "the workload to start")
+        imds.spot_action = {"action": "terminate", "time": "2030-01-01T00:00:00Z"}
+        assert agent.wait(timeout=60) == 0
+        item = h.items(job)["000000"]
+        assert (item.status, item.interruptions) == ("queued", 1)
+        saved = h.events("checkpoint")
+        assert saved, "the item went back before its checkpoint was saved"
+        assert saved[0]["at"] <= item.history[-1]["ended_at"], json.dumps(item.history[-1])
+    finally:
+        imds.close()
+        h.stop_agents()
