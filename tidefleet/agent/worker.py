@@ -476,7 +476,7 @@ class Agent:
                     if not self._receive(*fitting[0], wait_s=wait_s):
                         self._leave_if_granted()
             except self.cloud.errors as err:
-                log.warning("receive failed (%s); retrying", err)
+                log.warning("receive failed (%s); retrying", _first_line(err))
                 self.stopping.wait(1.0)
             except Exception:  # the intake loop is the node's life: never let it end
                 log.exception("intake failed; retrying")
@@ -527,10 +527,10 @@ class Agent:
             try:
                 self._accept(name, queue, delivery)
             except self.cloud.errors as err:  # the message comes back after its visibility timeout
-                log.warning("could not take a message of %s (%s); the queue redelivers it", name, err)
+                log.warning("could not take a message of %s (%s); the queue redelivers it", name, _first_line(err))
             except Exception:  # never the thread's end, and never the message's
-                # Not poison: an error of the agent or of an adapter (a store's write race) says
-                # nothing about the message, which may be a good queued item or a running item's.
+                # Not poison: a bug of the agent's or of an adapter's says nothing about the
+                # message, which may be a good queued item or a running item's.
                 # It comes back after its visibility timeout; one that breaks the agent every
                 # time ends in the dead-letter queue by the queue's own redrive.
                 log.exception("could not take a message of %s; the queue redelivers it", name)
@@ -636,12 +636,8 @@ class Agent:
         item's, not poison. It stays hidden until the claim lapses; the next claim counts this
         attempt as a lost node's, and the item runs then."""
         msg, back_in = held.message, int(self.lease_s) + 1
-        if isinstance(err, self.cloud.errors):
-            log.warning("%s/%s: could not start attempt %d after claiming it (%s); its message comes back in %ss, "
-                        "once the claim lapses", msg.job, msg.item, held.attempt, _first_line(err), back_in)  # fmt: skip
-        else:
-            log.exception("%s/%s: could not start attempt %d after claiming it; its message comes back in %ss, once "
-                          "the claim lapses", msg.job, msg.item, held.attempt, back_in)  # fmt: skip
+        self._failure(err, "%s/%s: could not start attempt %d after claiming it; its message comes back in %ss, once "
+                      "the claim lapses", msg.job, msg.item, held.attempt, back_in)  # fmt: skip
         self._step("hide a stranded claim's message", self.cloud.queues.extend, held.queue, [held.receipt], back_in)
 
     def _defer(self, name: str, delivery: Delivery, msg: ItemMessage, defer: claim.Defer) -> None:
@@ -801,8 +797,8 @@ class Agent:
         Whatever raises while it forms, the item goes back and the node's slots come free."""
         try:
             self._form(run, queue)
-        except Exception:  # never a wedged node: give the item back, else let its lease lapse
-            log.exception("%s/%s: forming its gang failed; giving the item back", run.message.job, run.message.item)
+        except Exception as err:  # noqa: BLE001 - never a wedged node: give the item back, else let its lease lapse
+            self._failure(err, "%s/%s: forming its gang failed; giving the item back", run.message.job, run.message.item)
             try:
                 self._release(run, "its gang could not be formed (an agent error)")
             except Exception:  # noqa: BLE001 - unrecorded: the message comes back after its visibility timeout
@@ -1114,8 +1110,8 @@ class Agent:
             else:
                 self._settle(run, queue, ended, usage)
                 self._after_exit(run, queue, usage)
-        except Exception:  # unrecorded, the message comes back after its visibility timeout
-            log.exception("could not record %s/%s; the queue redelivers it", msg.job, msg.item)
+        except Exception as err:  # noqa: BLE001 - unrecorded, the message comes back after its visibility timeout
+            self._failure(err, "could not record %s/%s; the queue redelivers it", msg.job, msg.item)
             unrecorded = True
         finally:
             if stream is not None:
@@ -1171,7 +1167,7 @@ class Agent:
                 self._failed(run, queue, record.exit_code, record.reason, usage, entry)
         except self.cloud.errors as err:
             # The message stays in flight; with no heartbeat it comes back after the visibility timeout.
-            log.error("could not record %s/%s (%s); the queue will redeliver it", msg.job, msg.item, err)
+            log.error("could not record %s/%s (%s); the queue will redeliver it", msg.job, msg.item, _first_line(err))
         if record.outcome is not Outcome.DROPPED:
             self.outcomes.add(run.queue, AttemptOutcome(msg.job, msg.item, run.attempt, record.outcome.value,
                                                         entry["seconds"], time.time()))
@@ -1404,6 +1400,15 @@ class Agent:
             samples, self.item_seconds = self.item_seconds, defaultdict(list)
         for queue, seconds in samples.items():
             self.store.record_item_seconds(queue, *seconds)
+
+    def _failure(self, err: Exception, msg: str, *args) -> None:
+        """Log a failed step, from its except clause: one line for the cloud's errors (a refused
+        call, or a store that gave up on its retries: throttled, contended), which are the cloud's
+        passing trouble, and a traceback for anything else, a bug."""
+        if isinstance(err, self.cloud.errors):
+            log.warning(f"{msg} (%s)", *args, _first_line(err))
+        else:
+            log.exception(msg, *args)
 
     @staticmethod
     def _step(what: str, fn, *args) -> None:

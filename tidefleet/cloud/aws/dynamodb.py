@@ -56,6 +56,15 @@ TRANSACT_RETRIES = 4  # conflicts with other transactions (agents counting on on
 QUERY_PAGE = 500
 
 
+class Unprocessed(ClientError):
+    """A batch call that answered but left requests unprocessed through every retry, as DynamoDB
+    does with what it throttles: a ClientError of its throttling code, so that every caller treats
+    it as a throttled call (the cloud's `errors`, `explain`), never as a bug."""
+
+    def __init__(self, message: str, operation: str):
+        super().__init__({"Error": {"Code": "ProvisionedThroughputExceededException", "Message": message}}, operation)
+
+
 def backoff(attempt: int) -> None:
     """Full jitter: concurrent writers throttled together do not retry together."""
     time.sleep(random.uniform(0, BACKOFF_S * 2**attempt))
@@ -233,19 +242,8 @@ class DynamoStore:
 
     def queue_stats(self, queues: list[str]) -> dict[str, QueueStats]:
         """The recorded statistics of these queues, by name; a queue with no succeeded item yet is absent."""
-        out: dict[str, QueueStats] = {}
-        client = self.table.meta.client  # the resource's client: plain Python values, not {"S": ...}
-        for at in range(0, len(queues), 100):  # BatchGetItem: 100 keys per call
-            keys = [{"pk": f"QUEUE#{q}", "sk": "STATS"} for q in queues[at : at + 100]]
-            pending = {self.table.name: {"Keys": keys, "ConsistentRead": True}}
-            while pending:
-                page = client.batch_get_item(RequestItems=pending)
-                for raw in page["Responses"].get(self.table.name, []):
-                    out[raw["pk"].removeprefix("QUEUE#")] = QueueStats(
-                        mean_item_s=float(raw["mean_item_s"]), items=int(raw["items"])
-                    )
-                pending = page.get("UnprocessedKeys") or {}
-        return out
+        found = self._batch_get([{"pk": f"QUEUE#{q}", "sk": "STATS"} for q in queues])
+        return {raw["pk"].removeprefix("QUEUE#"): QueueStats(float(raw["mean_item_s"]), int(raw["items"])) for raw in found}
 
     def waiting_cohorts(self, queues: list[str]) -> dict[str, Cohorts]:
         return {q: cohorts_of(raw) for q, raw in self._queue_marks("WAITING", queues).items()}
@@ -260,17 +258,8 @@ class DynamoStore:
         self._mark_queue("HELD", queue, None if since is None else {"since": float(since)})
 
     def _queue_marks(self, mark: str, queues: list[str]) -> dict[str, dict]:
-        out: dict[str, dict] = {}
-        client = self.table.meta.client
-        for at in range(0, len(queues), 100):  # BatchGetItem: 100 keys per call
-            keys = [{"pk": f"QUEUE#{q}", "sk": mark} for q in queues[at : at + 100]]
-            pending = {self.table.name: {"Keys": keys, "ConsistentRead": True}}
-            while pending:
-                page = client.batch_get_item(RequestItems=pending)
-                for raw in page["Responses"].get(self.table.name, []):
-                    out[raw["pk"].removeprefix("QUEUE#")] = _from_dynamo(raw)
-                pending = page.get("UnprocessedKeys") or {}
-        return out
+        found = self._batch_get([{"pk": f"QUEUE#{q}", "sk": mark} for q in queues])
+        return {raw["pk"].removeprefix("QUEUE#"): _from_dynamo(raw) for raw in found}
 
     def _mark_queue(self, mark: str, queue: str, values: dict | None) -> None:
         key = {"pk": f"QUEUE#{queue}", "sk": mark}
@@ -382,25 +371,31 @@ class DynamoStore:
                     break
                 if attempt == RETRIES:
                     left = len(pending[self.table.name])
-                    raise RuntimeError(f"DynamoDB left {left} item(s) unprocessed after {RETRIES} retries "
-                                       "(throttled); run the same submit again to continue")
+                    raise Unprocessed(f"DynamoDB left {left} item(s) unprocessed after {RETRIES} retries (throttled); "
+                                      "run the same submit again to continue", "BatchWriteItem")  # fmt: skip
                 backoff(attempt)
         return [i.item_id for i in items]
 
     def items_by_id(self, job_id: str, item_ids: list[str]) -> dict[str, Item]:
-        out: dict[str, Item] = {}
-        client = self.table.meta.client
-        for start in range(0, len(item_ids), GET_BATCH):
-            keys = [{"pk": f"JOB#{job_id}", "sk": f"ITEM#{i}"} for i in item_ids[start : start + GET_BATCH]]
-            pending = {self.table.name: {"Keys": keys, "ConsistentRead": True}}
+        found = self._batch_get([{"pk": f"JOB#{job_id}", "sk": f"ITEM#{i}"} for i in item_ids])
+        return {raw["item_id"]: _record(Item, raw) for raw in found}
+
+    def _batch_get(self, keys: list[dict]) -> list[dict]:
+        """The records of these keys that exist (BatchGetItem, `GET_BATCH` keys a call, consistent).
+        Keys left unprocessed (throttled) are asked again with backoff, `RETRIES` rounds at most."""
+        out: list[dict] = []
+        client = self.table.meta.client  # the resource's client: plain Python values, not {"S": ...}
+        for start in range(0, len(keys), GET_BATCH):
+            pending = {self.table.name: {"Keys": keys[start : start + GET_BATCH], "ConsistentRead": True}}
             for attempt in range(RETRIES + 1):
                 page = client.batch_get_item(RequestItems=pending)
-                out |= {raw["item_id"]: _record(Item, raw) for raw in page["Responses"].get(self.table.name, [])}
+                out += page["Responses"].get(self.table.name, [])
                 pending = page.get("UnprocessedKeys") or {}
                 if not pending:
                     break
                 if attempt == RETRIES:
-                    raise RuntimeError(f"DynamoDB left keys unread after {RETRIES} retries (throttled); try again")
+                    raise Unprocessed(f"DynamoDB left keys unread after {RETRIES} retries (throttled); try again",
+                                      "BatchGetItem")  # fmt: skip
                 backoff(attempt)
         return out
 

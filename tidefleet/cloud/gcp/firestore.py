@@ -71,6 +71,16 @@ COMMIT_WRITES = 200  # item writes per commit (Firestore takes 500 writes in one
 WRITE_RACES = 20  # read-check-write rounds before giving up on a document others keep changing
 
 
+class GaveUp(gexc.GoogleAPICallError):
+    """A write Firestore kept refusing for a passing reason through every retry (throttled, or
+    another writer changing the document between each read and write): a Google API call error, so
+    that every caller treats it as any refused call (the cloud's `errors`, `explain`). The agent
+    logs one line and tries again later, as after any refused call; it is no bug, nor the item's."""
+
+    def __str__(self) -> str:
+        return self.message  # no HTTP status: each call answered, the retries ran out
+
+
 def _planned_write(doc: Document, current: dict, only_from: tuple[str, ...] | None, never_from: tuple[str, ...],
                    fence: Fence | None, add: dict | None, append: dict | None, values: dict) -> tuple[Write, dict] | None:
     """The commit write of one conditional item update (`update_item`'s arguments) against the
@@ -366,12 +376,13 @@ class FirestoreStore(FirestoreNodes):
                     elif status.code in RETRYABLE:
                         retry.append(item)
                     elif status.code != ALREADY_EXISTS:
-                        raise RuntimeError(f"Firestore refused item {item.job_id}/{item.item_id}: {status.message}")
+                        raise gexc.from_grpc_status(status.code, f"Firestore refused item {item.job_id}/{item.item_id}: "
+                                                    f"{status.message}")  # as a refused call of that code
                 if not retry:
                     break
                 if attempt == RETRIES:
-                    raise RuntimeError(f"Firestore left {len(retry)} item(s) unwritten after {RETRIES} retries "
-                                       "(throttled); run the same submit again to continue")
+                    raise GaveUp(f"Firestore left {len(retry)} item(s) unwritten after {RETRIES} retries "
+                                 "(throttled); run the same submit again to continue")
                 pending = retry
                 time.sleep(random.uniform(0, BACKOFF_S * 2**attempt))  # full jitter
         return created
@@ -516,7 +527,7 @@ class FirestoreStore(FirestoreNodes):
                     raise
                 continue
             return self._item(job_id, item_id, new)
-        raise RuntimeError(f"item {job_id}/{item_id}: still changing after {WRITE_RACES} attempts; try again")
+        raise GaveUp(f"item {job_id}/{item_id}: still changing after {WRITE_RACES} attempts; try again")
 
     def update_items(self, writes: Sequence[ItemWrite]) -> list[bool]:
         """As `JobStore.update_items`: per chunk one batchGet, each write's condition checked on
