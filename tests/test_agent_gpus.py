@@ -53,16 +53,19 @@ def _path_with_fake_driver() -> str:
     return f"{FAKES}{os.pathsep}{os.environ['PATH']}"
 
 
-def test_two_items_on_a_two_gpu_node_see_disjoint_devices_and_their_usage_is_recorded(gpu_node):
+@pytest.mark.parametrize(("util", "recorded"), [("60", 60.0), ("[N/A]", None)],
+                         ids=["measured", "no utilisation reading (MIG): unknown, not 0"])  # fmt: skip
+def test_two_items_on_a_two_gpu_node_see_disjoint_devices_and_their_usage_is_recorded(gpu_node, util, recorded):
     job = sdk.submit(gpu_node.env, "see", "train", sdk.read_items(["a", "b"]), kick=False).job_id
-    gpu_node.start_agent("gpu-node", PATH=_path_with_fake_driver(), FAKE_GPUS="2", FAKE_GPU_UTIL="60")
+    gpu_node.start_agent("gpu-node", PATH=_path_with_fake_driver(), FAKE_GPUS="2", FAKE_GPU_UTIL=util)
     wait_until(lambda: sdk.status(gpu_node.env, job).done, 60, "both items done")
     seen = [json.loads(line) for line in gpu_node.ledger.read_text().splitlines()]
     assert sorted(s["cuda"] for s in seen) == ["0", "1"] and all(s["cuda"] == s["nvidia"] for s in seen)
     assert abs(seen[0]["at"] - seen[1]["at"]) < 2.5, "the two ran at the same time"
     items = DynamoStore(gpu_node.env.name, gpu_node.env.region).items(job)
     assert {i.status for i in items} == {"succeeded"}
-    assert all(i.gpu_util_pct == 60.0 and i.gpu_mem_peak_mb >= 1000 for i in items), items
+    assert all(i.gpu_util_pct == recorded and i.gpu_mem_peak_mb >= 1000 for i in items), items
+    assert "Traceback" not in gpu_node.agent_log("gpu-node")
 
 
 def test_a_node_whose_driver_is_broken_takes_nothing_and_is_marked_draining(gpu_node):

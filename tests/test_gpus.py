@@ -118,6 +118,23 @@ def test_each_item_s_usage_is_the_mean_utilisation_and_peak_memory_of_its_gpus(f
     assert Usage().record() == {}
 
 
+def test_a_reading_the_driver_does_not_have_is_unknown_not_zero(fake_driver):
+    """A MIG-enabled GPU reports no utilisation ("[N/A]"): 0 would read as an idle GPU."""
+    fake_driver.setenv("FAKE_GPU_UTIL", "[N/A]")
+    usages: dict[str, Usage] = {}
+    account(usages, {"a": [0], "b": [1]}, sample())
+    assert usages["a"].record() == {"gpu_util_pct": None, "gpu_mem_peak_mb": 1000.0}
+    assert usages["b"].record() == {"gpu_util_pct": None, "gpu_mem_peak_mb": 1001.0}
+    no_memory = "0, 40, [Not Supported]\n1, 60, 500\n"
+    account(usages, {"a": [0], "pair": [0, 1]}, sample(run=lambda args: no_memory))
+    assert usages["a"].record() == {"gpu_util_pct": 40.0, "gpu_mem_peak_mb": 1000.0}, "each over the samples that had it"
+    assert usages["pair"].record() == {"gpu_util_pct": 50.0, "gpu_mem_peak_mb": None}, "a part of a sum is no sum"
+
+
+def test_a_gpu_whose_driver_does_not_say_its_memory_is_found_with_its_memory_unknown():
+    assert query(2, run=lambda args: "0, GPU-a, [N/A]\n1, GPU-b, 81920\n") == [Gpu(0, "GPU-a", None), Gpu(1, "GPU-b", 81920)]
+
+
 def test_a_node_with_more_gpus_than_slots_gives_each_slot_its_share():
     devices = Devices.for_node(gpus(8), slots=2)
     assert devices.take("a", 1) == [0, 1, 2, 3] and devices.take("b", 1) == [4, 5, 6, 7]

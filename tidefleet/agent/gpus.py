@@ -28,7 +28,7 @@ class GpuProblem(Exception):
 class Gpu:
     index: int
     uuid: str
-    memory_mb: int
+    memory_mb: int | None  # None: the driver does not say
 
 
 Runner = Callable[[Sequence[str]], str]
@@ -58,19 +58,21 @@ def _rows(text: str, width: int) -> list[list[str]]:
     return good
 
 
-def _number(cell: str) -> float:
-    """nvidia-smi prints "[N/A]" or "[Not Supported]" where a GPU has no such reading."""
+def _number(cell: str) -> float | None:
+    """A reading, or None where nvidia-smi prints "[N/A]" or "[Not Supported]": the GPU has no such
+    reading (a MIG-enabled GPU reports no utilisation). Unknown, never 0, which reads as idle."""
     try:
         return float(cell)
     except ValueError:
-        return 0.0
+        return None
 
 
 def query(expected: int, run: Runner = run_nvidia_smi) -> list[Gpu]:
     """The node's GPUs, checked against the `expected` count its instance type has."""
     try:
         rows = _rows(run(["--query-gpu=index,uuid,memory.total", "--format=csv,noheader,nounits"]), 3)
-        gpus = [Gpu(int(index), uuid, int(_number(memory))) for index, uuid, memory in rows]
+        gpus = [Gpu(int(index), uuid, None if (total := _number(memory)) is None else int(total))
+                for index, uuid, memory in rows]
     except ValueError as err:
         raise GpuProblem(f"{NVIDIA_SMI} printed an index that is not a number ({err})") from None
     if len(gpus) < expected:
@@ -136,33 +138,48 @@ def docker_gpu_args(indices: list[int]) -> list[str]:
 
 @dataclass
 class Usage:
-    """What one item's GPUs did while it ran: mean utilisation and peak memory."""
+    """What one item's GPUs did while it ran: mean utilisation and peak memory, each over the
+    samples that had that reading (None: unknown)."""
 
     samples: int = 0
+    util_samples: int = 0
     util_sum: float = 0.0
-    memory_peak_mb: float = 0.0
+    memory_peak_mb: float | None = None
 
-    def add(self, util_pct: float, memory_mb: float) -> None:
+    def add(self, util_pct: float | None, memory_mb: float | None) -> None:
         self.samples += 1
-        self.util_sum += util_pct
-        self.memory_peak_mb = max(self.memory_peak_mb, memory_mb)
+        if util_pct is not None:
+            self.util_samples += 1
+            self.util_sum += util_pct
+        if memory_mb is not None:
+            self.memory_peak_mb = max(self.memory_peak_mb or 0.0, memory_mb)
 
     def record(self) -> dict:
+        """The attempt's fields for the item's record: a reading no sample had is None (unknown,
+        and a previous attempt's value is cleared), never 0."""
         if not self.samples:
             return {}
-        return {"gpu_util_pct": round(self.util_sum / self.samples, 1), "gpu_mem_peak_mb": round(self.memory_peak_mb, 1)}
+        util = round(self.util_sum / self.util_samples, 1) if self.util_samples else None
+        peak = None if self.memory_peak_mb is None else round(self.memory_peak_mb, 1)
+        return {"gpu_util_pct": util, "gpu_mem_peak_mb": peak}
 
 
-def sample(run: Runner = run_nvidia_smi) -> dict[int, tuple[float, float]]:
-    """Per GPU index: (utilisation %, memory used MB) now."""
+Reading = tuple[float | None, float | None]  # (utilisation %, memory used MB); None: the GPU has no such reading
+
+
+def sample(run: Runner = run_nvidia_smi) -> dict[int, Reading]:
+    """Per GPU index: its reading now."""
     rows = _rows(run(["--query-gpu=index,utilization.gpu,memory.used", "--format=csv,noheader,nounits"]), 3)
-    return {int(_number(index)): (_number(util), _number(used)) for index, util, used in rows}
+    return {int(index): (_number(util), _number(used)) for index, util, used in rows if index.isdigit()}
 
 
-def account(usages: dict[str, Usage], held: dict[str, list[int]], readings: dict[int, tuple[float, float]]) -> None:
-    """Add one reading to each holder's usage: the mean utilisation and summed memory of its GPUs
-    (a shared GPU's reading is the whole GPU's: with sharing it is an upper bound, said so in the README)."""
+def account(usages: dict[str, Usage], held: dict[str, list[int]], readings: dict[int, Reading]) -> None:
+    """Add one reading to each holder's usage: the mean utilisation and summed memory of its GPUs,
+    each unknown unless every one of them has it (a partial sum would understate it). A shared GPU's
+    reading is the whole GPU's: with sharing it is an upper bound, said so in the README."""
     for holder, indices in held.items():
         mine = [readings[i] for i in indices if i in readings]
         if mine:
-            usages.setdefault(holder, Usage()).add(sum(u for u, _ in mine) / len(mine), sum(m for _, m in mine))
+            utils, memory = [u for u, _ in mine], [m for _, m in mine]
+            usages.setdefault(holder, Usage()).add(None if None in utils else sum(utils) / len(utils),
+                                                   None if None in memory else sum(memory))  # fmt: skip

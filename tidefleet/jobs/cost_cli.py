@@ -153,8 +153,10 @@ def _advice_lines(a: rightsize.Advice) -> list[str]:
               f"({'spot' if a.spot else 'on-demand'})"),
              f"  each item used {a.cores_p95:.2f} cores (p95) and {a.peak_rss_mb:,.0f} MiB (peak); sized for "
              f"{a.need.cores:.2f} cores, {a.need.mem_mb:,.0f} MiB" + (f", {a.need.gpus:g} GPU(s)" if a.need.gpus else "")]
-    if a.gpu_util_pct is not None:
-        lines.append(f"  GPU: {a.gpu_util_pct:.0f}% mean utilisation, {a.gpu_mem_peak_mb or 0:,.0f} MiB peak memory")
+    if a.need.gpus or a.gpu_util_pct is not None or a.gpu_mem_peak_mb is not None:  # n/a: the driver had no reading
+        util = "n/a" if a.gpu_util_pct is None else f"{a.gpu_util_pct:.0f}%"
+        peak = "n/a" if a.gpu_mem_peak_mb is None else f"{a.gpu_mem_peak_mb:,.0f} MiB"
+        lines.append(f"  GPU: {util} mean utilisation, {peak} peak memory")
     for n in a.now:
         itype, items, f = n.instance_type, n.items, n.fits
         if f is None:
