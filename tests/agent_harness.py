@@ -33,7 +33,8 @@ start = int(saved.read_text()) if saved.exists() else 0
 
 def record(event, **extra):
     with open(os.environ["LEDGER"], "a") as f:
-        f.write(json.dumps({"event": event, "item": item, "attempt": attempt, "pid": os.getpid(), **extra}) + "\n")
+        f.write(json.dumps({"event": event, "job": os.environ["TIDEFLEET_JOB_ID"], "item": item, "attempt": attempt,
+                            "pid": os.getpid(), **extra}) + "\n")
 
 record("start", resumed_from=start)
 print(f"item {item} attempt {attempt} job {os.environ['TIDEFLEET_JOB_ID']} from step {start}", flush=True)

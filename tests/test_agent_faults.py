@@ -19,7 +19,7 @@ from tidefleet.agent import runner, worker
 from tidefleet.agent.worker import Agent, Settings
 from tidefleet.cloud.aws.imds import Metadata
 from tidefleet.jobs import sdk
-from tidefleet.records import ItemWrite
+from tidefleet.records import FINAL, ItemWrite
 
 pytestmark = pytest.mark.moto
 
@@ -153,23 +153,49 @@ def test_a_zero_or_negative_agent_interval_is_refused_with_its_name(flag, value)
     assert "Traceback" not in result.output
 
 
-def test_an_item_completed_by_an_attempt_whose_node_died_is_recorded_not_run_again(h):
+def _died_after_completing(h, marker_text: str) -> tuple[str, Agent]:
+    """An item whose first attempt claimed it, left the marker (checkpoint.complete() writes its
+    attempt; an older agent's is empty) and whose node died before recording the end."""
     from tidefleet.agent.checkpoint import COMPLETE_MARKER
     from tidefleet.records import Fence
 
     job = sdk.submit(h.env, "completed", "work", sdk.read_items([["steps=1"]]), kick=False).job_id
     node = agent(h)
-    # An earlier attempt claimed it, ran it, left the marker (checkpoint.complete()) and its node died.
     node.store.update_item(job, "000000", status="running", node="node-dead", lease_until=1.0, add={"attempts": 1},
                            fence=Fence(claim_at=0.0))  # fmt: skip
     marker = h.tmp / "checkpoints" / naming.checkpoint_prefix("work") / job / "000000" / COMPLETE_MARKER
     marker.parent.mkdir(parents=True)
-    marker.touch()
+    marker.write_text(marker_text)
+    return job, node
+
+
+@pytest.mark.parametrize("marker_text", ["1", ""], ids=["the lost attempt's marker", "an older agent's marker"])
+def test_an_item_completed_by_an_attempt_whose_node_died_is_recorded_not_run_again(h, marker_text):
+    job, node = _died_after_completing(h, marker_text)
     assert node._receive("work", h.env.queues["work"], wait_s=1) == 1
     item = h.items(job)["000000"]
     assert item.status == "succeeded" and item.attempts == 2 and "earlier attempt" in item.history[-1]["reason"]
     node.acks.flush()  # deletes are batched (worker.Acks)
     assert h.events("start") == [] and h.queue_depth("work") == 0
+
+
+def test_an_attempt_that_fails_after_complete_is_a_failure_and_its_retry_runs(tmp_path, aws, request):
+    h = Harness(tmp_path, aws, workload="""
+import os, sys
+from tidefleet.agent import checkpoint
+print("attempt", checkpoint.attempt(), flush=True)
+checkpoint.complete()
+if checkpoint.attempt() == 1:
+    raise SystemExit("upload of the results failed after complete()")
+""")
+    request.addfinalizer(h.stop_agents)
+    job = sdk.submit(h.env, "complete then fail", "work", sdk.read_items([["a"]]), kick=False).job_id
+    h.start_agent("node-a")
+    wait_until(lambda: h.items(job)["000000"].status in FINAL, 60, "the item's end")
+    item = h.items(job)["000000"]
+    assert item.status == "succeeded" and item.failures == 1 and item.attempts == 2
+    assert [e["outcome"] for e in item.history] == ["failed", "succeeded"]
+    assert "earlier attempt" not in item.history[-1].get("reason", "")
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root, as the agent on a node has")

@@ -143,14 +143,15 @@ def complete() -> None:
     """Declare this item done: exit 0 after this counts as success even if a stop request came
     in the meantime (without it, an attempt asked to stop is handed back and runs again), and
     if the node dies before the agent records the end, the next node records the success
-    instead of running the item again."""
+    instead of running the item again. A nonzero exit after it is still a failure: the retry
+    runs the item again."""
     done_file = os.environ.get("TIDEFLEET_DONE_FILE")
     if done_file:
         with open(done_file, "w"):
             pass
     if os.environ.get("TIDEFLEET_CHECKPOINT_URI"):
         try:
-            save(COMPLETE_MARKER, b"")
+            save(COMPLETE_MARKER, str(attempt()))  # which attempt: only a lost one's counts
         except Exception as err:  # noqa: BLE001 - the work is done; only the crash shortcut is lost
             print(f"tidefleet: could not leave the completion marker ({err})", file=sys.stderr)
 

@@ -98,6 +98,7 @@ log = logging.getLogger("tidefleet.agent")
 RECEIVE_BATCH = 10  # SQS's most per receive; more than a node's free slots anyway
 RECEIVE_BACKS = 3  # tries to receive a fresh copy back (`Agent._refresh`): at once, then a heartbeat apart
 ACK_BATCH = 10  # messages deleted per call (SQS DeleteMessageBatch's most)
+RECEIVES_PER_QUEUE = 3  # short polls of a queue in one intake pass, before a lower-priority one
 ACK_FLUSH_S = 0.5  # a recorded item's message is deleted within this, batched with others
 RECORD_BATCH = 50  # ended items recorded per store call at most; a flush sends fewer within ACK_FLUSH_S
 RECORD_RETRY_S = 1.0  # an end whose record failed is tried again this long after
@@ -393,7 +394,7 @@ class Agent:
         signal.signal(signal.SIGTERM, lambda *_: self.request_stop("SIGTERM to the agent"))
         threads = [threading.Thread(target=self._loop, args=(f, s), daemon=True) for f, s in (
             (self._beat, self.s.heartbeat_s), (self._watch_metadata, self.s.imds_poll_s),
-            (self._flush_batches, ACK_FLUSH_S))]
+            (self._flush_batches, ACK_FLUSH_S), (self._flush_outcomes, ACK_FLUSH_S))]
         for t in threads:
             t.start()
         log.info("agent %s up: pool %s, %d slot(s), queues %s", self.s.node_id, self.pool_name, self.slots,
@@ -468,7 +469,7 @@ class Agent:
                     continue
                 if free == self.slots and self._join_gang([(n, q) for n, q in fitting if q.gang[1] > 1]):
                     continue  # a gang that forms goes before new items
-                got = sum(self._receive(n, q, wait_s=0) for n, q in fitting)  # highest priority first
+                got = sum(self._receive_queue(n, q) for n, q in fitting)  # highest priority first
                 if not got and not self.stopping.is_set():
                     with self.lock:
                         asking = self.idle_since is not None and self.idle_since != self.asked_leave
@@ -517,6 +518,19 @@ class Agent:
     def _gpus_fit(self, slots: int) -> bool:
         with self.lock:
             return self.devices is None or self.devices.fits(slots)
+
+    def _receive_queue(self, name: str, queue: Queue) -> int:
+        """Short polls of one queue while they return messages, RECEIVES_PER_QUEUE at most: a
+        short poll returns only some of what waits (SQS samples a few of its servers), and messages
+        that take no slot (a cancelled job's, dropped) would otherwise leave the slots free for a
+        lower-priority queue while this one still has items."""
+        got = 0
+        for _ in range(RECEIVES_PER_QUEUE):
+            received = self._receive(name, queue, wait_s=0)
+            got += received
+            if not received:
+                break
+        return got
 
     def _receive(self, name: str, queue: Queue, wait_s: int) -> int:
         room = min(RECEIVE_BATCH, self._free_slots() // queue.slots_per_item)
@@ -609,7 +623,7 @@ class Agent:
     def _start(self, held: Held, queue: Queue, item: Item, before: Item | None, *, lead: bool) -> None:
         """After the claim landed: record an earlier completion or a lost node, else start the attempt."""
         name, msg = held.queue, held.message
-        if item.attempts > 1 and self._completed_earlier(held):
+        if item.attempts > 1 and self._completed_earlier(held, item):
             return
         if claim.node_lost(before):
             self._failed(held, queue, None, claim.NODE_LOST, {}, lost=True)
@@ -733,12 +747,16 @@ class Agent:
             self.acks.add(run.queue, old)
         return True
 
-    def _completed_earlier(self, held: Held) -> bool:
+    def _completed_earlier(self, held: Held, item: Item) -> bool:
         """An earlier attempt declared completion (`checkpoint.complete()`) but its node died
-        before recording it: record the success now instead of running the item again."""
+        before recording its end: record the success now instead of running the item again. The
+        marker names its attempt; one whose end is recorded (it failed after complete(), and this
+        is its retry) does not count. An empty marker is an older agent's: it counts."""
         msg = held.message
         try:
-            if checkpoint.load(checkpoint.COMPLETE_MARKER, base=self._checkpoint_uri(held.queue, msg)) is None:
+            marker = checkpoint.load(checkpoint.COMPLETE_MARKER, base=self._checkpoint_uri(held.queue, msg))
+            ended = {str(entry.get("attempt")) for entry in item.history}
+            if marker is None or marker.strip().decode(errors="replace") in ended:
                 return False
         except Exception as err:  # noqa: BLE001 - unreadable: run it (at least once beats never)
             log.warning("%s/%s: could not read its completion marker (%s); running it", msg.job, msg.item, err)
@@ -1205,12 +1223,13 @@ class Agent:
 
     def _recorded(self, queue: str, done: Ended, landed: bool) -> None:
         job, item = done.write.job_id, done.write.item_id
-        if not landed:
-            log.warning("%s/%s was already final; not marking it %s", job, item, done.status)
         self.acks.add(queue, done.receipt)
         if done.status != "succeeded":
-            log.info("%s/%s cancelled", job, item)
+            # A cancel marks the job's waiting items final itself: their messages meet them final.
+            log.info("%s/%s cancelled%s", job, item, "" if landed else " (recorded by the cancel)")
             return
+        if not landed:
+            log.warning("%s/%s was already final; not marking it %s", job, item, done.status)
         with self.lock:  # folded into the queue's mean at the next heartbeat
             self.item_seconds[queue].append(done.seconds)
         log.info("%s/%s succeeded (attempt %d)", job, item, done.attempt)
@@ -1325,7 +1344,7 @@ class Agent:
             log.warning("leaving with %d ended item(s) unrecorded; the queue redelivers them",
                         sum(map(len, self.records.waiting().values())))
         self.acks.flush()
-        self.outcomes.flush()
+        self.outcomes.flush()  # before letting the node go, which ends it
         if self.lifecycle_terminating:
             try:
                 self.node.leave(self.pool_name, self.s.node_id)
@@ -1392,6 +1411,10 @@ class Agent:
     def _flush_batches(self) -> None:
         self.records.flush(due_only=True)
         self.acks.flush(due_only=True)
+
+    def _flush_outcomes(self) -> None:
+        # A thread of its own: outcome metrics go to the log service, whose outage must not hold
+        # up the records and acks that end items.
         self.outcomes.flush(due_only=True)
 
     def _record_item_seconds(self) -> None:
