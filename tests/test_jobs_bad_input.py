@@ -87,6 +87,20 @@ def test_a_bad_items_file_is_refused_with_its_line_and_leaves_no_job(h, tmp_path
     assert queued(h) == 0
 
 
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--name", "b\udcffd"], "name: not valid text (a lone surrogate '\\udcff' at character 2); give the name as UTF-8 text"),
+    (["--name", "bad", "--item-env", "X=\udcff"], "--item-env X: a value must be UTF-8 text without NUL"),
+])  # fmt: skip
+def test_options_that_are_not_text_are_refused_before_anything_is_written(h, tmp_path, flags, message):
+    # A command-line argument that is not UTF-8 reaches Python as lone surrogates (surrogateescape).
+    items = tmp_path / "items.txt"
+    items.write_text("s3://a\n")
+    out = run(h, "submit", *flags, "--queue", "work", "--items", str(items))
+    refused_cleanly(out)
+    assert message in out.output
+    assert DynamoStore(h.env.name, h.env.region).job(sdk.job_id_for("bad")) is None and queued(h) == 0
+
+
 def test_stdin_that_is_not_utf8_is_refused_with_its_line(h):
     out = run(h, "submit", "--name", "bad", "--queue", "work", "--items", "-", stdin=b"s3://a\ns3://\xe9t\xe9\n")
     refused_cleanly(out)

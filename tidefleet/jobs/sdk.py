@@ -61,7 +61,7 @@ from tidefleet import naming
 from tidefleet.cloud import for_env
 from tidefleet.config import NODE_LOSSES_TOLERATED, Environment, Queue, env_argument
 from tidefleet.jobs.identity import identify
-from tidefleet.jobs.spec import JobSpec
+from tidefleet.jobs.spec import JobSpec, not_text
 from tidefleet.jobs.spec import problems as spec_problems
 from tidefleet.ports import Cloud
 from tidefleet.records import FINAL, Item, ItemWrite, Job
@@ -176,19 +176,10 @@ def _problems(spec: ItemSpec) -> list[str]:
         if "\0" in arg:
             out.append(f"args[{n}] contains a NUL byte; remove it (arguments are passed to a command line)")
         # JSON's "\udcff" (a lone surrogate) reads as a str, but no queue or store can carry it.
-        if (at := _not_utf8(arg)) is not None:
+        if (at := not_text(arg)) is not None:
             out.append(f"args[{n}] is not valid text (a lone surrogate {arg[at]!r} at character {at + 1}); "
                        "give the argument as UTF-8 text")  # fmt: skip
     return out
-
-
-def _not_utf8(text: str) -> int | None:
-    """Where `text` has a character UTF-8 cannot encode, or None."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as err:
-        return err.start
-    return None
 
 
 def _spec(position: int, value) -> ItemSpec | str:
@@ -488,6 +479,9 @@ def submit(
         raise JobError(f"queue: unknown queue {queue!r} in environment {env.name!r}; known queues: {known}")
     if not isinstance(name, str) or not name.strip():
         raise JobError(f"name: a job needs a name (got {name!r}); give --name a few words, e.g. --name nightly-eval")
+    if (bad := not_text(name)) is not None:
+        raise JobError(f"name: not valid text (a lone surrogate {name[bad]!r} at character {bad + 1}); "
+                       "give the name as UTF-8 text")  # fmt: skip
     job_id = job_id_for(name) if job_id is None else job_id
     if (why := id_problem(job_id)) is not None:
         raise JobError(f"job id: {job_id[:80]!r} {why}; {ID_HELP}")

@@ -53,6 +53,16 @@ class Resolved:
     max_retries: int
 
 
+def not_text(text: str) -> int | None:
+    """Where `text` has a character UTF-8 cannot encode (a lone surrogate: JSON's "\\udcff", or a
+    command-line argument that was not UTF-8), or None: no queue or store can carry one."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        return err.start
+    return None
+
+
 def _image(spec: JobSpec, pool: Pool) -> str | None:
     if spec.image is None or not spec.image.startswith(":"):
         return spec.image
@@ -91,6 +101,10 @@ def problems(spec: JobSpec, queue_name: str, queue: Queue, pool: Pool, *, flags:
         except ValueError as err:
             words = None
             out.append(f"{at['command']}: not shell words ({err}) (got {spec.command!r}); close the quote or escape it")
+        if (bad := not_text(spec.command)) is not None:
+            words = None
+            out.append(f"{at['command']}: not valid text (a lone surrogate {spec.command[bad]!r} at character "
+                       f"{bad + 1}); give the command as UTF-8 text")  # fmt: skip
         if words == []:
             out.append(f"{at['command']}: empty (got ''); give a command or leave it out")
         elif words and not _accepted(spec.command, queue.accept_commands):
@@ -99,8 +113,8 @@ def problems(spec: JobSpec, queue_name: str, queue: Queue, pool: Pool, *, flags:
     for key, value in spec.env.items():
         if not isinstance(key, str) or not re.fullmatch(ENV_VAR, key) or key.startswith("TIDEFLEET_"):
             out.append(f"{at['env']}{key}: not a usable variable name (got {key!r}); letters, digits, '_'; TIDEFLEET_* is reserved")
-        elif not isinstance(value, str) or "\0" in value:
-            out.append(f"{at['env']}{key}: a value must be a string without NUL (got {value!r})")
+        elif not isinstance(value, str) or "\0" in value or not_text(value) is not None:
+            out.append(f"{at['env']}{key}: a value must be UTF-8 text without NUL (got {value!r})")
     sizes = [len(str(k).encode("utf-8", "surrogatepass")) + len(v.encode("utf-8", "surrogatepass")) for k, v in spec.env.items() if isinstance(v, str)]
     if sum(sizes) > MAX_ENV_BYTES:
         out.append(f"{at['env'].strip(' .')}: {len(sizes)} variable(s) of {sum(sizes)} bytes in all, over the "
