@@ -8,6 +8,8 @@ import re
 from pathlib import Path
 
 import click
+import pytest
+from click.testing import CliRunner
 from invoke import Collection
 
 from tidefleet.sandbox.cli import sandbox
@@ -60,3 +62,11 @@ def test_invoke_sandbox_takes_every_option_tidefleet_sandbox_has():
     collection = Collection.from_module(fresh_tasks())
     taken = {f"--{arg.name.replace('_', '-')}" for arg in collection["sandbox"].get_arguments()}
     assert taken == {p.opts[0] for p in sandbox.params if isinstance(p, click.Option)}
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "3601"])
+@pytest.mark.parametrize("option", ["--tick", "--boot-delay"])
+def test_a_seconds_option_refuses_what_no_sandbox_could_run_on(option, value):
+    # nan passes click's FloatRange (no comparison holds for it): a sandbox that never ticked.
+    result = CliRunner().invoke(sandbox, [option, value])
+    assert result.exit_code == 2 and option in result.output and "Traceback" not in result.output

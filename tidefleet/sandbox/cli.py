@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import random
 import shutil
 import signal
@@ -15,6 +16,13 @@ from pathlib import Path
 import click
 
 from tidefleet.config import ConfigError, environment_path, load_environment
+
+
+def _finite(ctx, param, value: float | None) -> float | None:
+    """FloatRange lets nan through (no comparison holds for it): a sandbox that never ticks."""
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"a number of seconds (got {value})")
+    return value
 
 
 @click.command()
@@ -42,14 +50,16 @@ from tidefleet.config import ConfigError, environment_path, load_environment
 )
 @click.option(
     "--tick",
-    type=click.FloatRange(0.2),
+    type=click.FloatRange(0.2, 3600),
+    callback=_finite,
     help="control tick in seconds (default: the environment's scaler.tick_s)",
 )
 @click.option(
     "--boot-delay",
     default=1.5,
     show_default=True,
-    type=click.FloatRange(0),
+    type=click.FloatRange(0, 3600),
+    callback=_finite,
     help="seconds from in service to the node's boot",
 )
 @click.option("--seed", default=7, show_default=True, help="seed of the generated inputs and of --chaos")
