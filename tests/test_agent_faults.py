@@ -153,25 +153,29 @@ def test_a_zero_or_negative_agent_interval_is_refused_with_its_name(flag, value)
     assert "Traceback" not in result.output
 
 
-def _died_after_completing(h, marker_text: str) -> tuple[str, Agent]:
+def _died_after_completing(h, marker_text: str, **record) -> tuple[str, Agent]:
     """An item whose first attempt claimed it, left the marker (checkpoint.complete() writes its
-    attempt; an older agent's is empty) and whose node died before recording the end."""
+    attempt; an older agent's is empty) and whose node died before recording the end (`record`:
+    or what it recorded instead)."""
     from tidefleet.agent.checkpoint import COMPLETE_MARKER
     from tidefleet.records import Fence
 
     job = sdk.submit(h.env, "completed", "work", sdk.read_items([["steps=1"]]), kick=False).job_id
     node = agent(h)
-    node.store.update_item(job, "000000", status="running", node="node-dead", lease_until=1.0, add={"attempts": 1},
-                           fence=Fence(claim_at=0.0))  # fmt: skip
+    node.store.update_item(job, "000000", **{"status": "running", "node": "node-dead", "lease_until": 1.0, **record},
+                           add={"attempts": 1}, fence=Fence(claim_at=0.0))  # fmt: skip
     marker = h.tmp / "checkpoints" / naming.checkpoint_prefix("work") / job / "000000" / COMPLETE_MARKER
     marker.parent.mkdir(parents=True)
     marker.write_text(marker_text)
     return job, node
 
 
-@pytest.mark.parametrize("marker_text", ["1", ""], ids=["the lost attempt's marker", "an older agent's marker"])
-def test_an_item_completed_by_an_attempt_whose_node_died_is_recorded_not_run_again(h, marker_text):
-    job, node = _died_after_completing(h, marker_text)
+@pytest.mark.parametrize(("marker_text", "record"), [
+    ("1", {}), ("", {}),
+    ("1", {"status": "queued", "node": "", "append": {"history": {"attempt": 1, "outcome": "interrupted"}}}),
+], ids=["the lost attempt's marker", "an older agent's marker", "a handed-back attempt's marker"])  # fmt: skip
+def test_an_item_completed_by_an_attempt_whose_node_died_is_recorded_not_run_again(h, marker_text, record):
+    job, node = _died_after_completing(h, marker_text, **record)
     assert node._receive("work", h.env.queues["work"], wait_s=1) == 1
     item = h.items(job)["000000"]
     assert item.status == "succeeded" and item.attempts == 2 and "earlier attempt" in item.history[-1]["reason"]

@@ -158,6 +158,40 @@ def test_the_end_of_an_attempt_waits_a_bounded_time_for_a_send_that_hangs():
         send.answer.set()
 
 
+def test_a_slow_service_still_gets_an_attempts_last_lines_at_its_end():
+    sent: list[str] = []
+
+    def slow(batch):
+        threading.Event().wait(0.5)  # a throttled but working service: 0.5 s a batch
+        sent.extend(line for _, line in batch)
+
+    stream = stream_of(slow)
+    for n in range(9_999):
+        stream.write(f"step {n}")
+    stream.write("Traceback: the error that ended it")
+    stream.close(timeout_s=6)  # 10,000 lines would take 10 s: half the time goes oldest first, then the newest
+    assert sent[-1] == "Traceback: the error that ended it" and sent[0] == "step 0"
+    assert any(line.startswith("tidefleet:") and "dropped" in line for line in sent), "the gap is marked"
+
+
+def test_a_write_never_raises_when_no_thread_can_start_and_the_next_one_sends(monkeypatch):
+    start, refused = threading.Thread.start, []
+
+    def start_once_refused(thread):
+        if not refused:
+            refused.append(thread)
+            raise RuntimeError("can't start new thread")  # a pids limit on a crowded node
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start_once_refused)
+    send = CloudWatch()
+    stream = stream_of(send)
+    stream.write("first")  # the item's runner thread must not die of it
+    stream.write("second")
+    stream.close()
+    assert refused and lines_sent(send) == ["first", "second"]
+
+
 def test_an_outage_is_one_warning_for_all_streams_and_batches_and_one_line_when_it_ends(caplog):
     outage, down = Outage(), CloudWatch(fail=6)
     with caplog.at_level(logging.INFO, logger="tidefleet.agent"):

@@ -10,13 +10,14 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 from agent_harness import Harness, Imds, wait_until
 
 from tidefleet.agent import runner
-from tidefleet.agent.attempt import Signal
+from tidefleet.agent.attempt import Attempt, Exited, Outcome, Signal, Started, Stop, StopAsked
 from tidefleet.agent.runner import OutputLines, Workload
 from tidefleet.config import Pool, Queue
 from tidefleet.jobs import sdk
@@ -144,6 +145,35 @@ def test_a_child_left_in_its_group_by_a_workload_that_ended_on_its_own_is_stoppe
     code, _, last_line = workload.wait(Lines())
     assert (code, last_line) == (0, "done")
     assert not alive(int(pid_file.read_text()))
+
+
+def test_a_stop_asked_after_a_workload_ended_on_its_own_does_not_decide_its_outcome(tmp_path, pids):
+    """A drain or a notice that comes while what it left is being stopped: it had succeeded, and
+    handing it back would run it again."""
+    pid_file = tmp_path / "child.pid"
+    pids.append(pid_file)
+    workload = start(tmp_path, LEAVES_A_CHILD.format(trap="trap '' TERM;"), pid_file)
+    attempt = Attempt(timeout_s=60, cancel_grace_s=5)
+    attempt.on(Started())
+    threading.Timer(0.8, lambda: (attempt.on(StopAsked(Stop.INTERRUPT, time.monotonic())), workload.signal(Signal.STOP))).start()
+    code, _, last_line = workload.wait(Lines())
+    assert attempt.stop is Stop.INTERRUPT and workload.exited_at < attempt.stop_at
+    (decided,) = attempt.on(Exited(code, workload.completed(), last_line, workload.exited_at))
+    assert decided.outcome is Outcome.SUCCEEDED
+
+
+def test_an_attempt_ends_even_if_its_group_outlives_sigkill(tmp_path, pids, monkeypatch):
+    """A process stuck in the kernel (a hung driver or mount) that SIGKILL cannot end must not hold
+    the slot and the item for ever: stood in for by a group that never reads as gone."""
+    monkeypatch.setattr(runner, "LEFTOVER_KILL_S", 0.2)
+    monkeypatch.setattr(runner, "KILLED_WAIT_S", 0.5)
+    monkeypatch.setattr(runner, "group_alive", lambda pgid: True)
+    pid_file = tmp_path / "child.pid"
+    pids.append(pid_file)
+    workload = start(tmp_path, LEAVES_A_CHILD.format(trap=""), pid_file)
+    ended = threading.Event()
+    threading.Thread(target=lambda: (workload.wait(Lines()), ended.set()), daemon=True).start()
+    assert ended.wait(30), "the attempt never ended"
 
 
 def test_a_daemon_in_a_session_of_its_own_is_left_running(tmp_path, pids):

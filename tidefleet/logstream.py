@@ -98,6 +98,9 @@ class BufferedStream:
         self.retry_at = 0.0
         self.sending = 0  # lines of the batch under way
         self.close_by: float | None = None  # set by close: the shipper's deadline
+        # Set by close: past it, what is left is cut to the newest batch, marked: a slow service
+        # then still gets the attempt's last lines, its error most often, not only its oldest.
+        self.newest_from: float | None = None
         self.close_failures = 0
         self.closed = False
         self.shipper: threading.Thread | None = None
@@ -127,6 +130,7 @@ class BufferedStream:
         send still under way included) are counted as dropped."""
         with self.wake:
             self.close_by = time.monotonic() + timeout_s
+            self.newest_from = time.monotonic() + timeout_s / 2
             self._wake()
             self.wake.wait_for(lambda: self.shipper is None or not self.shipper.is_alive(), timeout_s)
             self.closed = True
@@ -140,6 +144,13 @@ class BufferedStream:
     def _full(self) -> bool:
         return len(self.buffer) >= self.MAX_BATCH_LINES or self.bytes > self.batch_bytes
 
+    def _keep_newest(self) -> None:
+        """Drop, counted and marked, all but the newest batch's worth of lines (held: `wake`)."""
+        while len(self.buffer) > self.MAX_BATCH_LINES:
+            self.bytes -= self.buffer.popleft()[2]
+            self.dropped += 1
+            self.unmarked += 1
+
     def _bound(self) -> None:
         while len(self.buffer) > self.MAX_BUFFERED or self.bytes > self.MAX_BUFFERED_BYTES:
             self.bytes -= self.buffer.popleft()[2]
@@ -147,10 +158,14 @@ class BufferedStream:
             self.unmarked += 1
 
     def _wake(self) -> None:
-        """Wake the shipper; the first time, start it (held: `wake`)."""
-        if self.shipper is None and self.close_by is None:
+        """Wake the shipper; the first time, start it (held: `wake`), or at the close if it could
+        not be started before."""
+        if self.shipper is None and not self.closed and (self.close_by is None or self.buffer or self.unmarked):
             self.shipper = threading.Thread(target=self._run, name=f"item log {self.name}", daemon=True)
-            self.shipper.start()
+            try:
+                self.shipper.start()
+            except RuntimeError:  # "can't start new thread": the lines wait for the next write's try
+                self.shipper = None
         self.wake.notify_all()
 
     def _run(self) -> None:
@@ -178,6 +193,8 @@ class BufferedStream:
                     return None
                 due_at = self._due_at(now)
                 if due_at <= now:
+                    if self.newest_from is not None and now >= self.newest_from:
+                        self._keep_newest()
                     return self._next_batch()
                 self.wake.wait(None if due_at == float("inf") else due_at - now)
 

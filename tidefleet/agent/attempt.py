@@ -81,6 +81,9 @@ class Exited:
     code: int  # negative: the signal that ended it
     completed: bool  # its done file exists
     last_line: str = ""
+    # When its own process was seen to have exited (monotonic), if known: a stop asked after that,
+    # while what it left in its group was still being stopped, does not decide its outcome.
+    exited_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,7 @@ class Attempt:
     timeout_s: int  # the queue's item_timeout_s, for the reason of a timeout
     cancel_grace_s: float  # a cancelled workload's time to leave before SIGKILL
     stop: Stop | None = None  # the first reason it was asked to stop; later ones change nothing
+    stop_at: float | None = None  # when (monotonic)
     started: bool = False
     exited: bool = False  # interrupted and gone: waiting for the drain to hand it back
     result: Outcome | None = None  # decided: nothing moves it any more (but a late success)
@@ -153,7 +157,7 @@ class Attempt:
         if isinstance(event, StopAsked):
             if self.stop is not None:
                 return ()
-            self.stop = event.why
+            self.stop, self.stop_at = event.why, event.at
             if event.why is Stop.CANCEL:
                 self.kill_at = event.at + self.cancel_grace_s
             return self._signal()
@@ -182,7 +186,10 @@ class Attempt:
     def _ended(self, event: Exited | Crashed) -> tuple[Decision, ...]:
         crashed = isinstance(event, Crashed)
         code = RUNNER_FAILED if crashed else event.code
-        result = outcome(self.stop, code, event.completed)
+        stop = self.stop
+        if not crashed and event.exited_at is not None and self.stop_at is not None and event.exited_at < self.stop_at:
+            stop = None  # it had ended on its own: its exit code and done file say how
+        result = outcome(stop, code, event.completed)
         kill = (Signal.KILL,) if crashed else ()  # whatever it left running
         if self.result is Outcome.HANDED_BACK:
             return (*kill, LateSuccess()) if result is Outcome.SUCCEEDED and not self.exited else kill
@@ -194,7 +201,7 @@ class Attempt:
         self.result = result
         if result is Outcome.FAILED:
             last = event.error if crashed else event.last_line
-            if self.stop is Stop.TIMEOUT:
+            if stop is Stop.TIMEOUT:
                 reason = f"timed out after {self.timeout_s}s"
             else:
                 reason = f"exit code {code}" + (f"; last output: {last[:300]}" if last else "")

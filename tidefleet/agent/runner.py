@@ -140,6 +140,7 @@ DRAIN_S = 1.5
 POLL_S = 0.25
 LEFTOVER_TERM_S = 1.5
 LEFTOVER_KILL_S = 5.0
+KILLED_WAIT_S = 10.0  # what SIGKILL has not ended by then, it will not
 # Of one line of output: more than the 16,000 characters an item log keeps of it (logstream).
 MAX_LINE_BYTES = 65_536
 LINE_END = re.compile(rb"(\r\n|\r|\n)")
@@ -197,6 +198,8 @@ class Workload:
         self.proc: subprocess.Popen | None = None
         self.stopped = False  # asked to stop: what it leaves in its group has the agent's grace
         self.leftover: list[tuple[float, int]] | None = None  # ended on its own: (when, signal) to come
+        self.exited_at: float | None = None  # when its own process was seen to have exited (monotonic)
+        self.killed_at: float | None = None  # when its group was first sent SIGKILL (monotonic)
 
     @property
     def stop_file(self) -> Path:
@@ -320,7 +323,14 @@ class Workload:
         on its own left running in its group."""
         if not self._exited():
             return False
+        self.exited_at = self.exited_at or now
         if not group_alive(self.proc.pid):
+            return True
+        if self.killed_at is not None and now >= self.killed_at + KILLED_WAIT_S:
+            # A process SIGKILL does not end (stuck in the kernel: a hung driver or mount) must not
+            # hold the slot, and the item, for ever.
+            log.warning("%s: processes of the workload's group outlived SIGKILL by %.0f s (stuck in the kernel?); "
+                        "ending the attempt without them", self.workdir, KILLED_WAIT_S)  # fmt: skip
             return True
         if self.leftover is None and self.stopped:  # the agent's grace, then its SIGKILL
             return False
@@ -336,9 +346,9 @@ class Workload:
         --sig-proxy, on by default). KILL: SIGKILL, and `docker kill` for the container."""
         if what is Signal.STOP:
             self.stopped = True
-            try:
-                self.stop_file.touch()
-            except OSError:  # its folder is gone: it has ended
+            try:  # not following a link: the folder is the workload's, the agent is root
+                os.close(os.open(self.stop_file, os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW, 0o644))
+            except OSError:  # its folder is gone (it has ended), or STOP is a link it made
                 pass
         # The whole process group, also once its own process has exited: shells and their children
         self._signal_group(signal.SIGTERM if what is Signal.STOP else signal.SIGKILL)
@@ -351,6 +361,8 @@ class Workload:
         """Until `wait` has reaped its process, whose zombie keeps the group's id from going to
         another process; by then nothing is left in the group."""
         if self.proc is not None and self.proc.returncode is None:
+            if signum == signal.SIGKILL and self.killed_at is None:
+                self.killed_at = time.monotonic()
             try:
                 os.killpg(self.proc.pid, signum)
             except (ProcessLookupError, PermissionError):

@@ -528,7 +528,7 @@ class Agent:
         for _ in range(RECEIVES_PER_QUEUE):
             received = self._receive(name, queue, wait_s=0)
             got += received
-            if not received:
+            if not received or self.stopping.is_set():
                 break
         return got
 
@@ -750,12 +750,13 @@ class Agent:
     def _completed_earlier(self, held: Held, item: Item) -> bool:
         """An earlier attempt declared completion (`checkpoint.complete()`) but its node died
         before recording its end: record the success now instead of running the item again. The
-        marker names its attempt; one whose end is recorded (it failed after complete(), and this
-        is its retry) does not count. An empty marker is an older agent's: it counts."""
+        marker names its attempt; one recorded failed (it exited nonzero after complete(), and this
+        is its retry) does not count; one handed back (a notice's SIGKILL after complete()) does.
+        An empty marker is an older agent's: it counts."""
         msg = held.message
         try:
             marker = checkpoint.load(checkpoint.COMPLETE_MARKER, base=self._checkpoint_uri(held.queue, msg))
-            ended = {str(entry.get("attempt")) for entry in item.history}
+            ended = {str(entry.get("attempt")) for entry in item.history if entry.get("outcome") == "failed"}
             if marker is None or marker.strip().decode(errors="replace") in ended:
                 return False
         except Exception as err:  # noqa: BLE001 - unreadable: run it (at least once beats never)
@@ -1106,7 +1107,7 @@ class Agent:
             with self.lock:
                 gpu = self.gpu_usage.pop(id(run), None)
             usage |= gpu.record() if gpu else {}
-            ended: Exited | Crashed = Exited(code, run.workload.completed(), last_line)
+            ended: Exited | Crashed = Exited(code, run.workload.completed(), last_line, run.workload.exited_at)
         except Exception as err:  # a bad item fails that item, never the node
             if isinstance(err, OSError) and not run.state.started:
                 # Before the process exists, an OSError is making this node's own folders (the
