@@ -49,7 +49,9 @@ RUNBOOKS = {
     "scaler-duration": Runbook(
         f"a run of the scaler (ticks for up to a minute while items wait) used more than {round(SLOW_TICK_SHARE * 100)} % "
         "of the function's timeout",
-        "the scaler's log line `ms` (its slowest tick): a slow cloud API or a very large fleet; runs past the timeout fail"),
+        "the scaler's log line `ms` (its slowest tick): a slow cloud API or a very large fleet; a run short of time acts "
+        "on no more pools than its time holds and names the rest in one line (`skipped`, `out_of_time`), which the next "
+        "tick acts on first"),
     "interruption-errors": Runbook(
         "the interruption function failed on spot notices or lifecycle hooks",
         "its log; nodes then drain only when their own agent sees the notice", ("aws",)),

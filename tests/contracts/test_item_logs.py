@@ -5,6 +5,8 @@ attempt."""
 
 from __future__ import annotations
 
+from agent_harness import wait_until
+
 from tidefleet.records import AttemptOutcome
 
 QUEUE = "demo"
@@ -33,8 +35,9 @@ def test_lines_come_back_per_item_then_attempt_each_stream_in_the_order_written(
 def test_a_flush_sends_what_was_written_so_far_and_close_sends_the_rest(item_logs):
     stream = item_logs.stream(QUEUE, "job-1", "item-a", 1)
     stream.write("before the flush")
-    stream.flush()
-    assert list(item_logs.lines(QUEUE, "job-1")) == [("job-1/item-a/1", "before the flush")]
+    stream.flush()  # asks the stream's own thread to send it, at once (never on the caller's thread)
+    first = [("job-1/item-a/1", "before the flush")]
+    wait_until(lambda: list(item_logs.lines(QUEUE, "job-1")) == first, 10, "the flushed line")
     stream.write("after it")
     stream.close()
     assert [line for _, line in item_logs.lines(QUEUE, "job-1")] == ["before the flush", "after it"]
