@@ -299,3 +299,42 @@ def test_terminations_that_use_up_the_time_are_still_followed_by_their_pools_bas
            "its own lines; the next tick handles them")  # fmt: skip
     assert cut_lines(caplog) == [{"skipped": ["gpu"], "out_of_time": why, "not_written": ["leave grants"]}]
     assert ports.nodes.leave == {}
+
+
+def test_a_slow_observe_still_leaves_time_for_the_pools_acts(monkeypatch):
+    """The observe is several rounds of calls (one at a time on GCP): taken whole as a step's
+    estimate, a 58-s observe left every pool unacted, tick after tick."""
+    fleet = MemoryFleet({"cpu": MemoryGroup("tidefleet-t-cpu", desired=0, max=6),
+                         "gpu": MemoryGroup("tidefleet-t-gpu", desired=0, max=6)})  # fmt: skip
+    clock = Clock()
+    end = clock.now + TIMEOUT_S
+    observe = control.observe
+    monkeypatch.setattr(control, "observe", lambda *args: (setattr(clock, "now", clock.now + 58), observe(*args))[1])
+    decisions = (PoolDecision("cpu", 2, (), None, ("scale out",)), PoolDecision("gpu", 1, (), None, ("scale out",)))
+    monkeypatch.setattr(policy, "decide", lambda env, fleet, now: decisions)
+    deadline = control.Deadline(lambda: end - clock.now, margin_s=5)
+    ports = Ports(queues=MemoryQueues(), fleet=fleet, nodes=MemoryNodes(), stats=MemoryQueues())
+    acted = control.tick(ENV, ports, clock.now, deadline=deadline)
+    assert [d.pool for d in acted] == ["cpu", "gpu"] and deadline.cut is None
+    assert (fleet.groups_["cpu"].desired, fleet.groups_["gpu"].desired) == (2, 1)
+
+
+def test_a_cut_leaves_a_growing_pool_rather_than_the_terminations_the_cost_cap_counted_on(monkeypatch):
+    """The environment's cost cap lets a pool grow on the money another pool's terminations free:
+    those go first, so a cut never leaves the launches done and the terminations undone."""
+    instances = [GroupInstance("i-0", "g5.xlarge", "InService", True, 0.0, protected=False)]
+    fleet = MemoryFleet({"cpu": MemoryGroup("tidefleet-t-cpu", desired=0, max=6),
+                         "gpu": MemoryGroup("tidefleet-t-gpu", desired=1, max=6, instances=instances)})  # fmt: skip
+    clock = Clock()
+    end = clock.now + TIMEOUT_S
+    monkeypatch.setattr(fleet, "set_desired", slowly(clock, TIMEOUT_S - 10, fleet.set_desired))
+    decisions = (  # the policy's order: the growing pool first
+        PoolDecision("cpu", 4, (), None, ("scale out on what gpu's termination frees",)),
+        PoolDecision("gpu", 0, ("i-0",), None, ("idle",)),
+    )
+    monkeypatch.setattr(policy, "decide", lambda env, fleet, now: decisions)
+    deadline = control.Deadline(lambda: end - clock.now, margin_s=5)
+    ports = Ports(queues=MemoryQueues(), fleet=fleet, nodes=MemoryNodes(), stats=MemoryQueues())
+    acted = control.tick(ENV, ports, clock.now, deadline=deadline)
+    assert [d.pool for d in acted] == ["gpu"] and deadline.cut["skipped"] == ["cpu"]
+    assert (fleet.groups_["gpu"].desired, fleet.groups_["cpu"].desired) == (0, 0)

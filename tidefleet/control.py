@@ -64,6 +64,11 @@ class TickError(RuntimeError):
         self.cut = cut
 
 
+# One call's worst case on either cloud, retries included (AWS: 3 tries of 5 s and backoff; GCP:
+# its 20-s retry window and an 8-s try): the most a run's observe counts for as one step.
+STEP_AT_MOST_S = 30.0
+
+
 @dataclass
 class Deadline:
     """A cloud function's run, which must end in its own lines before the platform's timeout ends
@@ -81,7 +86,10 @@ class Deadline:
     cut: dict | None = None
 
     def observed(self, began: float) -> None:
-        self.act_s = self.write_s = max(self.act_s, self.write_s, began - self.time_left())
+        # The observe is several rounds of calls (one at a time on GCP): as a step's estimate, at
+        # most one call's worst case, or a slow observe would leave every pool unacted, every tick.
+        took = min(began - self.time_left(), STEP_AT_MOST_S)
+        self.act_s = self.write_s = max(self.act_s, self.write_s, took)
 
     def act(self, pools: list[str], call: Callable[[], object]) -> bool:
         """call(), the first of these pools' act, if its time fits; else all of them are skipped."""
@@ -475,8 +483,11 @@ def tick(
     seen = observe(env, ports, now, pools if pools is not None else env.pools)
     deadline.observed(began)
     decisions = policy.decide(env, seen.fleet, now)
-    if left_over := _LEFT_OVER.pop(env.name, None):  # first, in the policy's order otherwise
-        decisions = tuple(sorted(decisions, key=lambda d: d.pool not in left_over))
+    # Pools a cut left over last tick first; then those that terminate nodes, before those that
+    # grow: the environment's cost cap counts the money the terminations free, so a cut must not
+    # leave the launches done and the terminations undone. The policy's order otherwise.
+    left_over = _LEFT_OVER.pop(env.name, frozenset())
+    decisions = tuple(sorted(decisions, key=lambda d: (d.pool not in left_over, not d.terminate)))
     failures: list[tuple[str, Exception]] = []  # (<pool>: <action>, what it raised), for TickError
 
     def act_on(decision: PoolDecision) -> None:
