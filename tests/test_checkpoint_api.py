@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -136,6 +137,62 @@ def test_the_readme_workload_runs_outside_the_agent_and_names_its_local_checkpoi
     (folder / "progress.json").write_text('{"step": 99}')
     run = python(str(script), cwd=tmp_path, TIDEFLEET_CHECKPOINT_URI=folder.as_uri() + "/")
     assert (run.returncode, run.stderr) == (0, "") and "starting at step 99" in run.stdout
+
+
+SPAWNS = """
+import multiprocessing, sys
+from tidefleet.agent import checkpoint
+
+def rank(n):
+    checkpoint.save(f"rank-{n}", str(n))
+    return sorted(p.name for p in __import__("pathlib").Path(checkpoint.checkpoint_uri()[7:]).iterdir())
+
+if __name__ == "__main__":
+    assert checkpoint.load("model.pt") is None  # nothing saved yet: no folder made for it
+    checkpoint.save("rank-0", "0")
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        print(pool.map(rank, [1, 2])[-1])
+"""
+
+
+def test_a_local_run_makes_its_folder_at_its_first_save_and_the_processes_it_starts_share_it(tmp_path):
+    script = tmp_path / "spawns.py"
+    script.write_text(SPAWNS)
+    (tmp_path / "tmp").mkdir()
+    run = python(str(script), cwd=tmp_path, TMPDIR=str(tmp_path / "tmp"))
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "['rank-0', 'rank-1', 'rank-2']"  # one folder for all three processes
+    assert len(run.stderr.splitlines()) == 1 and "checkpoints go to" in run.stderr  # named once
+    (made,) = (tmp_path / "tmp").iterdir()
+    only_loads = python("-c", "from tidefleet.agent import checkpoint; print(checkpoint.load('x'))",
+                        TMPDIR=str(tmp_path / "tmp"))  # fmt: skip
+    assert (only_loads.returncode, only_loads.stdout, only_loads.stderr) == (0, "None\n", "")
+    assert list((tmp_path / "tmp").iterdir()) == [made]  # left no empty folder behind
+
+
+IGNORES = """
+import os, signal, sys, time
+from tidefleet.agent import checkpoint
+checkpoint.ignore_stop()
+print("ready", flush=True)
+for _ in range(2):
+    time.sleep(1)
+    print("alive", flush=True)
+"""
+
+
+@pytest.mark.parametrize("asked", [True, False], ids=["the agent's notice", "another SIGTERM"])
+def test_ignore_stop_lives_through_the_agents_notice_only(tmp_path, asked):
+    stop = tmp_path / "stop"
+    if asked:
+        stop.touch()  # the agent makes its stop file before it signals the group
+    plain = {k: v for k, v in os.environ.items() if not k.startswith("TIDEFLEET_")}
+    proc = subprocess.Popen([sys.executable, "-c", IGNORES], env={**plain, "TIDEFLEET_STOP_FILE": str(stop)},
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert proc.stdout.readline() == "ready\n"
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert (proc.returncode, out) == ((0, "alive\nalive\n") if asked else (-signal.SIGTERM, ""))
 
 
 def test_a_workload_given_an_item_but_no_checkpoint_location_is_refused_not_sent_to_a_local_folder():

@@ -25,7 +25,6 @@ the whole process group would end the workers and crash the loop before it saves
 
 from __future__ import annotations
 
-import functools
 import os
 import signal
 import sys
@@ -66,14 +65,26 @@ def should_stop() -> bool:
     return _sigterm.is_set() or bool(stop_file and os.path.exists(stop_file))
 
 
+def _asked_by_agent() -> bool:
+    stop_file = os.environ.get("TIDEFLEET_STOP_FILE")
+    return bool(stop_file and os.path.exists(stop_file))
+
+
 def ignore_stop(*_) -> None:
     """Let this process live through the agent's stop request: for the worker processes of a
     process that polls `should_stop()` and ends them once it has saved, such as a PyTorch
     DataLoader's (`DataLoader(..., worker_init_fn=checkpoint.ignore_stop)`, or call it from your own
-    worker_init_fn). The first SIGTERM, the notice sent to the whole process group, is ignored; a
-    later one (the DataLoader ending a worker) ends it as usual, as does SIGKILL after the grace."""
+    worker_init_fn; not in the process that polls `should_stop()`). The agent's notice (the SIGTERM
+    to the whole process group, once its stop file exists) is ignored; any other SIGTERM, a later
+    one or the DataLoader ending its workers, ends the process as usual, as does SIGKILL."""
+
+    def on_sigterm(signum, frame) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # one notice: the next SIGTERM ends it
+        if not _asked_by_agent():
+            os.kill(os.getpid(), signal.SIGTERM)
+
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, lambda *_: signal.signal(signal.SIGTERM, signal.SIG_DFL))
+        signal.signal(signal.SIGTERM, on_sigterm)
 
 
 def checkpoint_uri() -> str:
@@ -87,15 +98,22 @@ def checkpoint_uri() -> str:
     return _local_uri()
 
 
-@functools.cache
 def _local_uri() -> str:
     # A new folder: a local run starts from nothing, as an item's first attempt does, never from
-    # what an older run left.
+    # what an older run left. Made at the first save (a run that only loads leaves none behind),
+    # and put in the environment, so processes this one starts from then on (torchrun's ranks, a
+    # spawned pool) share it, as an item's processes share its location, and say nothing more.
     folder = Path(tempfile.mkdtemp(prefix="tidefleet-checkpoints-"))
     print(f"tidefleet: not run by the agent (TIDEFLEET_CHECKPOINT_URI is not set): checkpoints go to {folder}; "
           "set TIDEFLEET_CHECKPOINT_URI=file:///path/to/folder/ to choose the folder (and resume from it)",
           file=sys.stderr, flush=True)  # fmt: skip
-    return folder.as_uri() + "/"
+    os.environ["TIDEFLEET_CHECKPOINT_URI"] = folder.as_uri() + "/"
+    return os.environ["TIDEFLEET_CHECKPOINT_URI"]
+
+
+def _nothing_saved_locally(base: str | None) -> bool:
+    """Run outside the agent, before its first save: there is nothing to load yet."""
+    return base is None and not os.environ.get("TIDEFLEET_CHECKPOINT_URI") and not os.environ.get("TIDEFLEET_ITEM_ID")
 
 
 def _location(name: str, base: str | None) -> tuple[str, str, str]:
@@ -127,6 +145,9 @@ def save(name: str, data: bytes | str, *, base: str | None = None) -> None:
 
 def load(name: str, *, base: str | None = None) -> bytes | None:
     """What `save(name, ...)` stored on an earlier attempt of this item, or None."""
+    if _nothing_saved_locally(base):
+        _location(name, base="file:///")  # the name's rules all the same
+        return None
     scheme, where, key = _location(name, base)
     if scheme == "file":
         path = Path(where) / key
