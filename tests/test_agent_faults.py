@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 
 import boto3
@@ -458,6 +459,23 @@ def test_an_agent_that_stops_lifts_its_scale_in_protection_as_it_leaves(h, monke
     node._drain()
     node._leave()
     assert calls == [True, False]
+
+
+def test_an_agent_that_leaves_waits_for_its_attempts_last_log_lines_to_go_out(h):
+    """Its threads are daemons: returning from `_leave` ends the process, and with it a runner
+    still sending an attempt's last lines (a slow log service) as it closes the stream."""
+    node = agent(h)
+    closing = object()  # an attempt's stream whose close takes a second
+    node.streams.add(closing)
+
+    def closed():
+        with node.lock:
+            node.streams.discard(closing)
+
+    threading.Timer(1.0, closed).start()
+    node.request_stop("SIGTERM to the agent")
+    node._leave()
+    assert not node.streams
 
 
 def refusing_oversize(node: Agent, refuse_all: bool = False):

@@ -90,6 +90,7 @@ from tidefleet.cloud import for_env
 from tidefleet.config import NODE_LOSSES_TOLERATED, Environment, Queue
 from tidefleet.jobs.sdk import ItemMessage, send_messages
 from tidefleet.jobs.spec import JobSpec, Resolved, resolve
+from tidefleet.logstream import CLOSE_S
 from tidefleet.policy.model import rate_after, rate_at
 from tidefleet.ports import Delivery, NodeMetadata
 from tidefleet.records import AttemptOutcome, Fence, Heartbeat, Item, ItemWrite, Job
@@ -1336,6 +1337,12 @@ class Agent:
         self._forget(left)
 
     def _leave(self) -> None:
+        # Runners close their attempts' item logs as they end, the last lines going out then (within
+        # logstream.CLOSE_S): the agent's process, whose threads are daemons, must not end under them.
+        streams_by = time.monotonic() + CLOSE_S + 1
+        with self.lock:
+            while self.streams and time.monotonic() < streams_by:
+                self.changed.wait(0.1)
         self.records.flush()
         give_up = time.monotonic() + SETTLE_S  # a store blip as the agent stops must not run items again
         while self.records.waiting() and time.monotonic() < give_up:
