@@ -65,6 +65,17 @@ class Unprocessed(ClientError):
         super().__init__({"Error": {"Code": "ProvisionedThroughputExceededException", "Message": message}}, operation)
 
 
+def still_throttled(left: str, operation: str, table: str, then: str) -> Unprocessed:
+    """What a batch call still left after RETRIES + 1 calls (the first, then RETRIES retries of
+    what it left): botocore retries an error, never a 200 answer with requests left in it. Short:
+    `explain` keeps 200 characters of it."""
+    return Unprocessed(
+        f"DynamoDB table {table} left {left} after {RETRIES + 1} {operation} calls ({RETRIES} retries), "
+        f"throttled: {then}; if it persists, check the table's capacity mode",
+        operation,
+    )
+
+
 def backoff(attempt: int) -> None:
     """Full jitter: concurrent writers throttled together do not retry together."""
     time.sleep(random.uniform(0, BACKOFF_S * 2**attempt))
@@ -370,9 +381,8 @@ class DynamoStore:
                 if not pending:
                     break
                 if attempt == RETRIES:
-                    left = len(pending[self.table.name])
-                    raise Unprocessed(f"DynamoDB left {left} item(s) unprocessed after {RETRIES} retries (throttled); "
-                                      "run the same submit again to continue", "BatchWriteItem")  # fmt: skip
+                    raise still_throttled(f"{len(pending[self.table.name])} item(s) unwritten", "BatchWriteItem",
+                                          self.table.name, "run the same submit again")  # fmt: skip
                 backoff(attempt)
         return [i.item_id for i in items]
 
@@ -382,11 +392,12 @@ class DynamoStore:
 
     def _batch_get(self, keys: list[dict]) -> list[dict]:
         """The records of these keys that exist (BatchGetItem, `GET_BATCH` keys a call, consistent).
-        Keys left unprocessed (throttled) are asked again with backoff, `RETRIES` rounds at most."""
+        Keys left unprocessed (throttled) are asked again with backoff, `RETRIES` times at most."""
         out: list[dict] = []
         client = self.table.meta.client  # the resource's client: plain Python values, not {"S": ...}
         for start in range(0, len(keys), GET_BATCH):
-            pending = {self.table.name: {"Keys": keys[start : start + GET_BATCH], "ConsistentRead": True}}
+            chunk = keys[start : start + GET_BATCH]
+            pending = {self.table.name: {"Keys": chunk, "ConsistentRead": True}}
             for attempt in range(RETRIES + 1):
                 page = client.batch_get_item(RequestItems=pending)
                 out += page["Responses"].get(self.table.name, [])
@@ -394,8 +405,8 @@ class DynamoStore:
                 if not pending:
                     break
                 if attempt == RETRIES:
-                    raise Unprocessed(f"DynamoDB left keys unread after {RETRIES} retries (throttled); try again",
-                                      "BatchGetItem")  # fmt: skip
+                    left = f"keys unread ({len(pending[self.table.name]['Keys'])} of {len(chunk)})"
+                    raise still_throttled(left, "BatchGetItem", self.table.name, "try again")
                 backoff(attempt)
         return out
 
