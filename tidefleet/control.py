@@ -22,7 +22,7 @@ import logging
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 from tidefleet import policy
@@ -51,9 +51,10 @@ MAX_COHORTS = 16  # waiting cohorts a queue's mark keeps (`waiting_ages`); past 
 
 
 class TickError(RuntimeError):
-    """Some actions failed; every other action, in every pool, was still applied. One line per
-    failed action: `<pool>: <action>: <error>`. `failures` keeps each `(<pool>: <action>, the
-    exception)`: a function says the error in its cloud's words (`Cloud.explain`), which the
+    """Some actions failed, or job-store reads the tick went on without (`WITHOUT`); every other
+    action, in every pool, was still applied. One line per failed action, `<pool>: <action>:
+    <error>`, and per read, `job store: <what> not read, ...: <error>`. `failures` keeps each
+    `(<pool>: <action>, the exception)`: a function says the error in its cloud's words (`Cloud.explain`), which the
     core cannot import. `cut`: what a tick out of time left to the next (`Deadline.cut`), or None."""
 
     def __init__(self, failures: list[tuple[str, Exception]], decisions: tuple[PoolDecision, ...],
@@ -229,6 +230,19 @@ class Observation:
     # the marks of nodes that never reported.
     gone: dict[str, tuple[str, ...]]
     waiting_marks: dict[str, Cohorts | None] = field(default_factory=dict)  # per queue: mark (None: clear)
+    unread: dict[str, Exception] = field(default_factory=dict)  # job-store reads gone without (`WITHOUT`)
+
+
+# The job-store reads a tick goes without when they fail (a throttled table, a store out of
+# retries), as the queues and groups it scales on were read: what it decides then. Each errs
+# towards more capacity or towards leaving the store's marks as they are, never a guess written back.
+WITHOUT = {
+    "mean item times": "slots counted without them, as for a queue with no item done yet",
+    # Marks written now would replace the first-seen times with this tick's: items would look younger.
+    "waiting marks": "waiting items aged only by the queue's own oldest age (SQS gives none); marks left as they are",
+    # Sizing reads no hold; a hold or release decided on a guess would flip what the agents obey.
+    "hold marks": "decided as if no queue were held; no hold or release written this tick",
+}
 
 
 def _silent(pool: Pool, heartbeat: Heartbeat, now: float) -> bool:
@@ -289,17 +303,19 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
         if marked:
             gone[name] += tuple(sorted(marked - members.keys()))
     observed = [qname for qname, queue in env.queues.items() if queue.pool in groups]
+    store, unread = ports.stats if observed else None, {}
     # Mean item times feed the policy's boot-horizon rule; without a stats port they are unknown.
-    stats = ports.stats.queue_stats(observed) if ports.stats is not None and observed else {}
+    stats = _read(unread, "mean item times", store.queue_stats, observed) if store is not None else None
     backlogs = dict(zip(observed, each(ports.queues.backlog, observed, ports.calls_in_flight), strict=True))
-    waiting = ports.stats.waiting_cohorts(observed) if ports.stats is not None and observed else {}
+    waiting = _read(unread, "waiting marks", store.waiting_cohorts, observed) if store is not None else None
     # Hold marks are the scaler's own (quota.py), read every tick: a removed [teams] table releases them.
-    held = ports.stats.held_since(observed) if ports.stats is not None and observed else {}
+    held = _read(unread, "hold marks", store.held_since, observed) if store is not None else None
+    stats, held = stats or {}, held or {}
     queue_views, marks = [], {}
     for qname in observed:
         queue, backlog = env.queues[qname], backlogs[qname]
         ages: tuple[tuple[float, int], ...] = ()
-        if ports.stats is not None:  # no marks without it: the age stays what the cloud said
+        if waiting is not None:  # no marks without a store, or unread: the age stays what the cloud said
             ages, mark = waiting_ages(backlog, waiting.get(qname), now)
             if mark != waiting.get(qname):
                 marks[qname] = mark
@@ -327,7 +343,20 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
                 forming_short=min(forming.get(qname, 0), in_flight),
             )
         )
-    return Observation(FleetView(pools=tuple(pool_views), queues=tuple(queue_views)), groups, gone, marks)
+    fleet = FleetView(pools=tuple(pool_views), queues=tuple(queue_views))
+    return Observation(fleet, groups, gone, marks, unread)
+
+
+def _read(unread: dict[str, Exception], what: str, call: Callable[[list[str]], dict], queues: list[str]):
+    """call(queues), one of the job-store reads in `WITHOUT`; None when it failed, logged in one
+    line and kept in `unread` (the tick then goes on without it, and ends in a TickError)."""
+    try:
+        return call(queues)
+    except Exception as err:  # noqa: BLE001 - any cloud's error (the core imports none); reported
+        unread[what] = err
+        line = {"job_store": f"{what} not read: {type(err).__name__}: {err}", "went_on": WITHOUT[what]}
+        log.warning(json.dumps(line))
+        return None
 
 
 def waiting_ages(backlog: Backlog, kept: Cohorts | None, now: float) -> tuple[tuple[tuple[float, int], ...], Cohorts | None]:
@@ -476,19 +505,26 @@ def tick(
     or new leave grant: its last one lapses, as when a tick fails) and is left out of the
     decisions returned and reported; the next tick in this process acts on it first.
 
-    Raises TickError after acting on every other pool if some pool's actions failed."""
+    A job-store read that failed (`WITHOUT`) does not stop the tick: it decides and acts without
+    it, and says so, in its line from `observe` and in the TickError it raises at the end.
+
+    Raises TickError after acting on every other pool if some pool's actions failed, or a read."""
     dry_run = dry_run or env.scaler.dry_run
     deadline = deadline or Deadline()
     deadline.cut, began = None, deadline.time_left()
     seen = observe(env, ports, now, pools if pools is not None else env.pools)
     deadline.observed(began)
     decisions = policy.decide(env, seen.fleet, now)
+    if "hold marks" in seen.unread:  # holds unknown: none decided on a guess is written (`WITHOUT`)
+        decisions = tuple(replace(d, hold=(), release=()) for d in decisions)
     # Pools a cut left over last tick first; then those that terminate nodes, before those that
     # grow: the environment's cost cap counts the money the terminations free, so a cut must not
     # leave the launches done and the terminations undone. The policy's order otherwise.
     left_over = _LEFT_OVER.pop(env.name, frozenset())
     decisions = tuple(sorted(decisions, key=lambda d: (d.pool not in left_over, not d.terminate)))
-    failures: list[tuple[str, Exception]] = []  # (<pool>: <action>, what it raised), for TickError
+    # (<pool>: <action>, what it raised), for TickError; the reads gone without first.
+    failures = [(f"job store: {what} not read, the tick went on without them", err)
+                for what, err in seen.unread.items()]  # fmt: skip
 
     def act_on(decision: PoolDecision) -> None:
         group = seen.groups[decision.pool]

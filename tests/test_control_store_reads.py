@@ -1,0 +1,170 @@
+"""A tick whose job-store reads fail (DynamoDB still throttling a batch read after its retries)
+still scales: it decides without what it could not read (`control.WITHOUT`), writes back no mark
+decided on a guess, says so in one line per read, and ends in a TickError, never a clean tick.
+
+The real AWS ports against the moto server; moto never throttles, so the store's BatchGetItem of
+one kind of queue mark (STATS, WAITING, HELD) is answered at the client's `before-call` hook as
+DynamoDB answers a throttled read: every key unprocessed, round after round."""
+
+from __future__ import annotations
+
+import json
+import logging
+import tomllib
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+
+import boto3
+import pytest
+from botocore.awsrequest import AWSResponse
+
+from tests import test_control as at_tick
+from tidefleet import control, naming
+from tidefleet.cloud.aws import aws_ports, dynamodb
+from tidefleet.cloud.aws.provision import provision
+from tidefleet.cloud.gcp import firestore
+from tidefleet.cloud.memory import MemoryQueues
+from tidefleet.config import load_environment, parse_environment
+from tidefleet.ports import Backlog
+
+ENV = load_environment("sandbox")
+GROUP = naming.group(ENV.name, "cpu")
+# The sandbox with its team's quota one node (2 slots): 2 items running and 3 waiting hold its queue.
+SANDBOX_TOML = Path(__file__).parents[1] / "environments" / "sandbox.toml"
+TEAMS = parse_environment(tomllib.loads(SANDBOX_TOML.read_text()) | {"teams": {"demo": {"quota": {"nodes": 1}}}},
+                          name="sandbox")  # fmt: skip
+# What each read of `observe` asks the table for: the sort key of its records.
+MARK = {"mean item times": "STATS", "waiting marks": "WAITING", "hold marks": "HELD"}
+
+
+@pytest.fixture
+def deployed(aws, monkeypatch):
+    """The sandbox deployed (its cpu group empty), its ports, and the sort keys of the records
+    whose batch reads come back unread, every round, without sleeping; the unread answers given."""
+    provision(ENV, user_data={"cpu": "#!/bin/sh\n"})
+    monkeypatch.setattr(dynamodb.time, "sleep", lambda s: None)
+    ports = aws_ports(ENV)
+    throttled: set[str] = set()
+    unread_answers: list[str] = []
+
+    def answer(params, **_):  # params: the serialized request
+        keys = json.loads(params["body"])["RequestItems"][ports.stats.table.name]["Keys"]
+        if not any(k["sk"]["S"] in throttled for k in keys):
+            return None  # to the moto server
+        unread = {ports.stats.table.name: {"Keys": keys, "ConsistentRead": True}}
+        unread_answers.append(keys[0]["sk"]["S"])
+        return AWSResponse("", 200, {}, None), {"Responses": {}, "UnprocessedKeys": unread}
+
+    ports.stats.table.meta.client.meta.events.register("before-call.dynamodb.BatchGetItem", answer)
+    return ports, throttled, unread_answers
+
+
+def send(items: int, running: int = 0) -> None:
+    """`items` waiting in the demo queue, of which `running` are received (in flight)."""
+    sqs = boto3.client("sqs", region_name=ENV.region)
+    url = sqs.get_queue_url(QueueName=naming.queue(ENV.name, "demo"))["QueueUrl"]
+    for n in range(items):
+        sqs.send_message(QueueUrl=url, MessageBody=str(n))
+    if running:
+        sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=running, VisibilityTimeout=600)
+
+
+def desired() -> int:
+    asg = boto3.client("autoscaling", region_name=ENV.region)
+    (group,) = asg.describe_auto_scaling_groups(AutoScalingGroupNames=[GROUP])["AutoScalingGroups"]
+    return group["DesiredCapacity"]
+
+
+def degraded_tick(env, ports, now: float, caplog) -> tuple[control.TickError, list[str], list]:
+    """One tick of the cpu pool that must end in a TickError: (it, the tick's job-store lines,
+    the queue views the policy saw)."""
+    seen = []
+    with caplog.at_level(logging.INFO, logger=control.log.name), pytest.raises(control.TickError) as raised:
+        control.tick(env, ports, now, pools=["cpu"], report=lambda fleet, _: seen.extend(fleet.queues))
+    lines = [r.getMessage() for r in caplog.records if '"job_store"' in r.getMessage()]
+    return raised.value, lines, seen
+
+
+@pytest.mark.parametrize("read", list(MARK))
+def test_a_job_store_read_that_gave_up_degrades_the_tick_which_still_scales_out_and_says_so(
+    deployed, caplog, read
+):
+    ports, throttled, unread_answers = deployed
+    throttled.add(MARK[read])
+    send(5)
+    err, lines, _ = degraded_tick(ENV, ports, datetime.now(UTC).timestamp(), caplog)
+    assert desired() == 3  # 5 items, 2 slots a node: the queues and the group were read
+    ((where, cause),) = err.failures
+    assert where == f"job store: {read} not read, the tick went on without them"
+    calls = len(unread_answers)  # the message counts what was done: the first call and its retries
+    assert isinstance(cause, dynamodb.Unprocessed)
+    assert f"after {calls} BatchGetItem calls ({calls - 1} retries)" in str(cause)
+    (line,) = lines  # one line per read gone without, naming it and what the tick did instead
+    assert json.loads(line)["job_store"].startswith(f"{read} not read: Unprocessed: ")
+    assert json.loads(line)["went_on"] == control.WITHOUT[read]
+
+
+def test_without_the_waiting_marks_the_tick_ages_nothing_itself_and_leaves_the_marks_as_they_are(
+    deployed, caplog
+):
+    ports, throttled, _ = deployed
+    now = datetime.now(UTC).timestamp()
+    ports.stats.mark_waiting("demo", ((now - 300, 3),))  # 3 items first seen 5 minutes ago
+    send(5)  # 2 more since
+    throttled.add("WAITING")
+    _, _, (queue,) = degraded_tick(ENV, ports, now, caplog)
+    assert (queue.waiting_ages, queue.oldest_age_s) == ((), None)  # SQS says no age: none assumed
+    assert desired() == 3
+    throttled.clear()
+    # Not rewritten with this tick's time: the next tick still sees the 3 as 5 minutes old.
+    assert ports.stats.waiting_cohorts(["demo"]) == {"demo": ((now - 300, 3),)}
+    control.tick(ENV, ports, now + 60, pools=["cpu"])
+    assert ports.stats.waiting_cohorts(["demo"]) == {"demo": ((now - 300, 3), (now + 60, 2))}
+
+
+@pytest.mark.parametrize(
+    ("env", "held_before", "units", "held_once_read"),
+    [
+        # Its team at its quota (2 running, 3 waiting): a tick that reads the marks holds the queue,
+        # and sizes the pool for the running items only.
+        (TEAMS, None, 1, "now"),
+        # No [teams] (quotas removed) and a hold left: a tick that reads the marks releases it.
+        (ENV, 60.0, 3, None),
+    ],
+    ids=["no hold written", "no release written"],
+)
+def test_without_the_hold_marks_the_tick_holds_and_releases_nothing_and_still_scales(
+    deployed, caplog, env, held_before, units, held_once_read
+):
+    ports, throttled, _ = deployed
+    now = datetime.now(UTC).timestamp()
+    if held_before is not None:
+        ports.stats.mark_held("demo", now - held_before)
+    marks = {} if held_before is None else {"demo": now - held_before}
+    send(5, running=2)
+    throttled.add("HELD")
+    err, _, _ = degraded_tick(env, ports, now, caplog)
+    assert desired() == units
+    assert all(not d.hold and not d.release for d in err.decisions)
+    throttled.clear()
+    assert ports.stats.held_since(["demo"]) == marks
+    control.tick(env, ports, now + 60, pools=["cpu"])  # the marks read: what the degraded tick held back
+    assert ports.stats.held_since(["demo"]) == ({"demo": now + 60} if held_once_read else {})
+
+
+def test_a_firestore_read_that_gave_up_degrades_the_tick_as_well(caplog):
+    """The in-memory store of tests/test_control.py, whose hold read raises Firestore's own
+    give-up (the store port is ours): the tick does not depend on which cloud's error a read raises."""
+
+    class GivingUp(MemoryQueues):
+        def held_since(self, queues):
+            raise firestore.GaveUp("Firestore gave up on the hold marks")
+
+    ports = at_tick.ports(at_tick.group("cpu", 1), backlogs={"demo": Backlog(4, 0)})
+    ports = replace(ports, stats=GivingUp())
+    err, lines, _ = degraded_tick(at_tick.ENV, ports, at_tick.NOW, caplog)
+    assert ("set_desired", "cpu", 2) in ports.fleet.calls
+    ((where, _),) = err.failures
+    assert where == "job store: hold marks not read, the tick went on without them"
+    assert len(lines) == 1 and "GaveUp: Firestore gave up on the hold marks" in lines[0]
