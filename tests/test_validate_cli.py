@@ -3,6 +3,7 @@ ends in one clear line and exit status 1, never a traceback."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -164,3 +165,42 @@ def test_env_takes_the_same_paths(tmp_path, monkeypatch):
                         ("/dev/null", "not a regular file")):  # fmt: skip
         result = CliRunner().invoke(main, ["tick", "--env", given, "--pool", "nope"])
         assert result.exit_code in (1, 2) and says in result.output, (given, result.output)
+
+
+def _pool_env(region: str, pool: str, cloud: str = "aws", project: str = "") -> str:
+    """An environment with one CPU pool and one queue on it (GCP: in `project`)."""
+    if cloud == "gcp":
+        return (f'cloud = "gcp"\nregion = "{region}"\nproject = "{project}"\n[pools.{pool}]\nmax = 2\ncommand = "echo"\n'
+                'image = "projects/debian-cloud/global/images/family/debian-12"\n'
+                f'instance_types = [{{ type = "e2-standard-4" }}]\n[queues.work]\npool = "{pool}"\n')
+    return (f'region = "{region}"\n[pools.{pool}]\nmax = 2\ncommand = "echo"\ninstance_types = [{{ type = "c7i.large" }}]\n'
+            f'[queues.work]\npool = "{pool}"\n')
+
+
+@pytest.mark.parametrize(("region_b", "expected"), [
+    ("us-east-1", "would both create the Auto Scaling group 'tidefleet-a-b-c' (and 9 more) if deployed to one AWS account"),
+    # Another region still shares the account's IAM names.
+    ("us-west-2", "would both create the IAM role 'tidefleet-a-b-c-node' (and 1 more) if deployed to one AWS account"),
+])  # fmt: skip
+def test_validate_warns_of_two_environments_whose_cloud_names_clash(tmp_path, region_b, expected):
+    """Env `a` with pool `b-c` and env `a-b` with pool `c` both name `tidefleet-a-b-c`: each file
+    validates alone, and the apply of the second would stop at "already exists"."""
+    (tmp_path / "a.toml").write_text(_pool_env("us-east-1", "b-c"))
+    (tmp_path / "a-b.toml").write_text(_pool_env(region_b, "c"))
+    result = CliRunner().invoke(main, ["validate"], env={"TIDEFLEET_ENVIRONMENTS": str(tmp_path)})
+    assert result.exit_code == 0, result.output  # a warning: validate cannot know the accounts
+    (line,) = [x for x in result.output.splitlines() if x.startswith("warning:")]
+    assert expected in line and "(a: pools.b-c, a-b: pools.c); rename one of them (its file) or the pool" in line
+    as_json = json.loads(CliRunner().invoke(main, ["validate", "--json"], env={"TIDEFLEET_ENVIRONMENTS": str(tmp_path)}).output)
+    assert as_json["ok"] and [expected in w for w in as_json["warnings"]] == [True]
+
+
+def test_validate_sees_no_clash_between_gcp_projects_or_apart_names(tmp_path):
+    (tmp_path / "a.toml").write_text(_pool_env("us-central1", "b-c", "gcp", "acme-one"))
+    (tmp_path / "a-b.toml").write_text(_pool_env("us-central1", "c", "gcp", "acme-two"))
+    (tmp_path / "z.toml").write_text(_pool_env("us-east-1", "b-c"))
+    result = CliRunner().invoke(main, ["validate"], env={"TIDEFLEET_ENVIRONMENTS": str(tmp_path)})
+    assert result.exit_code == 0 and "warning" not in result.output, result.output
+    (tmp_path / "a-b.toml").write_text(_pool_env("us-central1", "c", "gcp", "acme-one"))
+    result = CliRunner().invoke(main, ["validate"], env={"TIDEFLEET_ENVIRONMENTS": str(tmp_path)})
+    assert "would both create the " in result.output and "if deployed to project acme-one" in result.output

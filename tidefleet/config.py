@@ -735,6 +735,43 @@ def _name_clash_problems(env: Environment) -> list[str]:
     return out
 
 
+# Cloud resources named once per account (AWS) or project (GCP), whatever the region: IAM, buckets,
+# and GCP's global ones. Every other kind is named once per region.
+ACCOUNT_WIDE = {("aws", "IAM role"), ("aws", "IAM instance profile"),
+                ("aws", "S3 artifacts bucket (with a 12-digit account id)")}  # fmt: skip
+REGIONAL_GCP = {"Cloud Function", "managed instance group", "MIG base instance", "Cloud Scheduler job", "KMS key ring",
+                "KMS key"}  # fmt: skip
+
+
+def environment_clashes(envs: dict[str, Environment]) -> list[str]:
+    """Pairs of environments (by the name they were loaded as) whose stacks would create a cloud
+    resource of the same name if deployed to one account (AWS: any region for IAM roles and the
+    bucket, the same region otherwise) or one GCP project: env `a` with pool `b-c` and env `a-b`
+    with pool `c` both name a group `tidefleet-a-b-c`; one file name in two folders clashes
+    everywhere. One line per pair, naming the first clash; validate can only warn, as it cannot
+    know the accounts they deploy to."""
+    owners: dict[tuple, tuple[str, str]] = {}
+    clashes: dict[tuple[str, str], list[tuple[str, str, str, str]]] = {}
+    for loaded_as, env in envs.items():
+        for derived in naming.derived_names(env):
+            kind = SAME_NAMESPACE.get(derived.rule.resource, derived.rule.resource)
+            wide = (env.cloud, kind) in ACCOUNT_WIDE or (env.cloud == "gcp" and kind not in REGIONAL_GCP)
+            key = (env.cloud, env.project if env.cloud == "gcp" else None, None if wide else env.region, kind, derived.name)
+            first, field = owners.setdefault(key, (loaded_as, derived.field))
+            if first != loaded_as:
+                clashes.setdefault((first, loaded_as), []).append((kind, derived.name, field, derived.field))
+    out = []
+    for (a, b), found in clashes.items():
+        kind, name, field_a, field_b = found[0]
+        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        where = f"project {envs[a].project}" if envs[a].cloud == "gcp" else "one AWS account"
+        fields = " or ".join(dict.fromkeys(f.split(".")[0][:-1] for f in (field_a, field_b) if f != "name"))
+        rename = f"one of them (its file) or the {fields}" if fields else "one of them (its file)"
+        out.append(f"environments {a} and {b} would both create the {kind} {name!r}{more} if deployed to {where} "
+                   f"({a}: {field_a}, {b}: {field_b}); rename {rename}, or deploy them apart")
+    return out
+
+
 def _network_problems(env: Environment) -> list[str]:
     out = []
     cidr = env.network.vpc_cidr

@@ -8,7 +8,13 @@ from pathlib import Path
 
 import click
 
-from tidefleet.config import ConfigError, environments_dir, known_environments, load_environment
+from tidefleet.config import (
+    ConfigError,
+    environment_clashes,
+    environments_dir,
+    known_environments,
+    load_environment,
+)
 
 
 @click.command()
@@ -19,7 +25,7 @@ def validate(envs: tuple[str, ...], as_json: bool) -> None:
     names = envs or known_environments()
     if not names:  # nothing checked is not "all good"
         raise click.ClickException(_none_found(environments_dir()))
-    results = []
+    results, loaded = [], {}
     for name in names:
         try:
             env = load_environment(name)
@@ -29,13 +35,18 @@ def validate(envs: tuple[str, ...], as_json: bool) -> None:
             if not as_json:
                 click.echo(str(err), err=True)
             continue
+        loaded[name] = env
         results.append({"name": env.name, "ok": True, "error": None, "cloud": env.cloud, "region": env.region,
                         "pools": len(env.pools), "queues": len(env.queues)})
         if not as_json:
             click.echo(f"{env.name}: ok ({env.cloud} {env.region}, {len(env.pools)} pool(s), {len(env.queues)} queue(s))")
     ok = all(r["ok"] for r in results)
-    if as_json:
-        click.echo(json.dumps({"schema": "tidefleet.validate/1", "ok": ok, "environments": results}))
+    warnings = environment_clashes(loaded)
+    if not as_json:
+        for line in warnings:
+            click.echo(f"warning: {line}", err=True)
+    else:
+        click.echo(json.dumps({"schema": "tidefleet.validate/1", "ok": ok, "environments": results, "warnings": warnings}))
     if not ok:
         raise SystemExit(1)
 
