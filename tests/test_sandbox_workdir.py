@@ -93,3 +93,19 @@ def test_a_workdir_that_cannot_be_made_is_a_bad_option_before_anything_starts(
     assert result.exit_code == 2, result.output
     assert f"Invalid value for --workdir: {problem.format(file=file)}" in result.output, result.output
     assert "Traceback" not in result.output and not started
+
+
+def test_a_workdir_an_earlier_sandbox_used_is_refused_before_anything_starts(tmp_path, monkeypatch, handlers):
+    """Its records would count as the new run's: the demo job has the same id every run, so the
+    earlier run's events.jsonl made every item 'ran to success twice' (exit 1), and its items'
+    checkpoints (completion markers) are the new run's. A run going on in it is refused the same way."""
+    started = []
+    monkeypatch.setattr(sandbox_cli, "_run", lambda *a, **k: started.append(a))
+    workdir = tmp_path / "wd"
+    first = CliRunner().invoke(main, ["sandbox", "--workdir", str(workdir), "--items", "1"])
+    again = CliRunner().invoke(main, ["sandbox", "--workdir", str(workdir), "--items", "1"])
+    assert first.exit_code == 0, first.output
+    assert again.exit_code == 2, again.output
+    assert (f"Invalid value for --workdir: {workdir} holds an earlier sandbox run (.tidefleet-sandbox), whose records "
+            "would count as this run's; give a new folder, or remove that one") in " ".join(again.output.split())  # fmt: skip
+    assert "Traceback" not in again.output and len(started) == 1

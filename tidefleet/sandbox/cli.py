@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import random
 import shutil
 import signal
@@ -16,6 +17,8 @@ from pathlib import Path
 import click
 
 from tidefleet.config import ConfigError, environment_path, load_environment
+
+MARKER = ".tidefleet-sandbox"  # in the work folder: a sandbox run claimed it
 
 
 def _finite(ctx, param, value: float | None) -> float | None:
@@ -121,11 +124,13 @@ def sandbox(env_name, items, chaos, keep, train, time_limit, tick, boot_delay, s
 
 
 def _workdir(workdir: Path | None) -> Path:
-    """The work folder, created and tried with a file before anything starts: one that cannot be
-    made or written is a bad --workdir (or TMPDIR), not a traceback once the emulator is up."""
+    """The work folder, created and claimed with a marker file before anything starts: one that
+    cannot be made or written is a bad --workdir (or TMPDIR), not a traceback once the emulator
+    is up; one an earlier (or a running) sandbox claimed is refused, as the demo job has the same
+    id every run: its events and its items' checkpoints there would count as this run's."""
     try:
         if workdir is None:
-            return Path(tempfile.mkdtemp(prefix="tidefleet-sandbox-"))
+            workdir = Path(tempfile.mkdtemp(prefix="tidefleet-sandbox-"))
     except OSError as err:
         raise click.ClickException(f"cannot create a temp folder in {tempfile.gettempdir()} ({err.strerror or err}); "
                                    "set TMPDIR to a folder that can be written, or give --workdir DIR") from None
@@ -133,8 +138,14 @@ def _workdir(workdir: Path | None) -> Path:
     try:
         workdir.mkdir(parents=True, exist_ok=True)
         doing = "write in"
-        with tempfile.TemporaryFile(dir=workdir):
-            pass
+        # Created only if absent, in one step: of two runs started at once, one claims the folder.
+        os.close(os.open(workdir / MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    except FileExistsError:
+        raise click.BadParameter(
+            f"{workdir} holds an earlier sandbox run ({MARKER}), whose records would count as this run's; "
+            "give a new folder, or remove that one",
+            param_hint="--workdir",
+        ) from None
     except OSError as err:
         raise click.BadParameter(f"cannot {doing} {workdir} ({err.strerror or err}); give a folder that can be written",
                                  param_hint="--workdir") from None
