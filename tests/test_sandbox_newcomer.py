@@ -110,16 +110,19 @@ def test_the_live_view_redraws_under_invoke_on_a_terminal(tmp_path):
     assert "tidefleet sandbox · env sandbox" in text and re.search(r"succeeded\s+\S*4", text)
 
 
-def test_the_sandbox_ends_in_one_line_when_its_emulator_dies(tmp_path):
+@pytest.mark.parametrize("own_workdir", [True, False], ids=["--workdir", "a temp folder"])
+def test_the_sandbox_ends_in_one_line_when_its_emulator_dies(tmp_path, own_workdir):
     """The moto server killed under a kept sandbox (the kernel's OOM killer did it): the sandbox
     ends with exit 1 and one line that says so and where moto's log is, instead of staying "up"
-    with no backend; no thread dies with a traceback meanwhile."""
+    with no backend; no thread dies with a traceback meanwhile. The log is there to read, in a
+    temp work folder too: a run that failed keeps it."""
     import psutil
 
     work, temp = tmp_path / "work", tmp_path / "tmp"
     temp.mkdir()
     sandbox = subprocess.Popen(
-        [sys.executable, "-m", "tidefleet.cli", "sandbox", "--items", "0", "--keep", "--workdir", str(work)],
+        [sys.executable, "-m", "tidefleet.cli", "sandbox", "--items", "0", "--keep",
+         *(["--workdir", str(work)] if own_workdir else [])],
         cwd=ROOT, env=process_env(temp), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
@@ -135,5 +138,7 @@ def test_the_sandbox_ends_in_one_line_when_its_emulator_dies(tmp_path):
     assert sandbox.returncode == 1, out + err
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in out + err and "Exception in thread" not in out + err, out + err
+    if not own_workdir:
+        (work,) = temp.glob("tidefleet-sandbox-*")
     assert "emulator (moto server) was killed by SIGKILL" in lines[0] and f"{work / 'moto.log'}" in lines[0], lines
     assert (work / "moto.log").exists()

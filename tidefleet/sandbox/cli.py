@@ -107,14 +107,17 @@ def sandbox(env_name, items, chaos, keep, train, time_limit, tick, boot_delay, s
     # without job control, as in a CI script): Python then leaves it ignored, and `--keep` ran on.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    summary = None
+    summary, failed = None, False
     try:
         summary = _run(env, environment_path(env_name).resolve().parent, workdir, console, items=items, chaos=chaos,
                        keep=keep, train=train, deadline=time.time() + time_limit,
                        timing=Timing(boot_delay_s=boot_delay, tick_s=tick), seed=seed, as_json=as_json)  # fmt: skip
+    except Exception:  # the emulator died (its line names moto.log in the folder), or worse
+        failed = True
+        raise
     finally:
         # A temp workdir goes, unless the run failed: then its node and scaler logs are the evidence.
-        if temporary and (summary is None or summary.ok):
+        if temporary and not failed and (summary is None or summary.ok):
             shutil.rmtree(workdir, ignore_errors=True)
             if summary is not None and not as_json:
                 console.print(f"{workdir} removed (--workdir DIR keeps the work folder)", highlight=False)
