@@ -124,11 +124,35 @@ def _terraform_binary() -> str:
         raise Exit(str(err)) from None
 
 
+def _check_offerings(environment) -> None:
+    """AWS: refuse a pool's instance type that no node can launch as where the pool's subnets are
+    (one line each), warn of one some of its zones lack. A check that cannot ask EC2 (credentials,
+    network, a role without ec2:DescribeInstanceTypeOfferings) says so and lets terraform run."""
+    if environment.cloud != "aws":
+        return
+    from tidefleet.cloud import for_env
+    from tidefleet.cloud.aws.offerings import check
+
+    cloud = for_env(environment)
+    try:
+        refused, warned = check(environment)
+    except cloud.errors as err:
+        print(f"could not check instance type offerings in {environment.region}: {cloud.explain(err)}; "
+              "terraform will run without the check", file=sys.stderr)  # fmt: skip
+        return
+    for line in warned:
+        print(f"warning: {line}", file=sys.stderr)
+    if refused:
+        raise Exit("\n".join(refused), 1)
+
+
 def _terraform(c, env: str | None, *args: str) -> None:
     """init, then `args` (plan, apply or destroy) in the environment's synthesized stack. A failed
     step ends the task with its exit code and one line: which step, and what most likely fixes it."""
     environment = _env(env)  # a bad config stops here, before anything else is asked of the user
-    binary = _terraform_binary()
+    binary = _terraform_binary()  # missing: said before the cloud is asked anything, as destroy does
+    if args[0] in ("plan", "apply"):  # what would create the groups; a destroy goes on whatever is offered
+        _check_offerings(environment)
     build(c, cloud=environment.cloud)
     _, out = _synth(env)
     tty = sys.stdout.isatty()
