@@ -20,7 +20,7 @@ from invoke import Config, Context
 
 import tasks
 from tidefleet.cloud.aws import _fail_fast
-from tidefleet.cloud.aws.offerings import check
+from tidefleet.cloud.aws.offerings import Offerings, check, problems
 from tidefleet.config import load_environment
 from tidefleet.emulator import FAKE_CREDENTIALS, free_port
 
@@ -87,6 +87,13 @@ def test_each_type_not_offered_where_its_pool_launches_is_one_line(aws, tmp_path
                                                                    refused, warned):  # fmt: skip
     env = load_environment(str(environment_file(tmp_path, region, *types, **options)))
     assert check(env) == (refused, warned)
+
+
+def test_an_endpoint_that_lists_no_offerings_checks_nothing_and_says_so(tmp_path):
+    """An emulator without a region's data lists no type at all: every type refused would be wrong."""
+    env = load_environment(str(environment_file(tmp_path, "us-east-1", "c6i.large")))
+    assert problems(env, Offerings("us-east-1", frozenset(), (), {})) == (
+        [], ["EC2 lists no instance type offerings in us-east-1: the pools' types were not checked"])
 
 
 @pytest.fixture

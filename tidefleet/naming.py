@@ -50,6 +50,14 @@ def item_log_stream_prefix(queue_name: str) -> str:
     return f"{queue_name}/"
 
 
+def stack_zones(region: str) -> list[str]:
+    """The zone names a stack-made network may use, in name order (its subnets take the first
+    `network.az_count` of those that exist): a closed set, not "every available zone", so that a
+    zone AWS adds, or one impaired for a while, never shifts the subnets Terraform manages; no
+    Local Zone's."""
+    return [f"{region}{letter}" for letter in "abcdef"]
+
+
 def group(env: str, pool: str) -> str:
     return f"{PREFIX}-{env}-{pool}"
 

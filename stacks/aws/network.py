@@ -82,10 +82,8 @@ class NodeNetwork(Construct):
                   tags={"Name": name})  # fmt: skip
         self.vpc_id = vpc.id
         DefaultSecurityGroup(self, "default-security-group", vpc_id=vpc.id, ingress=[], egress=[])
-        # A closed set of zone names, not "every available zone": a zone that AWS adds, or
-        # one that is impaired for a while, must not shift the subnets Terraform manages.
         zones = DataAwsAvailabilityZones(
-            self, "zones", filter=[DataAwsAvailabilityZonesFilter(name="zone-name", values=[f"{region}{letter}" for letter in "abcdef"])]
+            self, "zones", filter=[DataAwsAvailabilityZonesFilter(name="zone-name", values=naming.stack_zones(region))]
         ).names
         cidrs = ipaddress.ip_network(network.vpc_cidr).subnets(prefixlen_diff=4)
         public = Subnet(

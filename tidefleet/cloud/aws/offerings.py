@@ -18,11 +18,10 @@ from dataclasses import dataclass
 
 import boto3
 
+from tidefleet import naming
 from tidefleet.cloud.aws import _fail_fast
 from tidefleet.config import Environment, Pool
 
-# The zone names the stack's network may use (stacks/aws/network.py): not a Local Zone's.
-STACK_ZONE_LETTERS = "abcdef"
 # At most this many types of the same family are named as a fix.
 ALTERNATIVES = 3
 
@@ -52,8 +51,7 @@ def read_offerings(env: Environment) -> Offerings:
     wanted = sorted({t.type for pool in env.pools.values() for t in pool.instance_types} & types)
     if env.network.subnet_ids or not wanted:
         return Offerings(env.region, types, (), {})
-    names = [f"{env.region}{letter}" for letter in STACK_ZONE_LETTERS]
-    found = ec2.describe_availability_zones(Filters=[{"Name": "zone-name", "Values": names}])
+    found = ec2.describe_availability_zones(Filters=[{"Name": "zone-name", "Values": naming.stack_zones(env.region)}])
     zones = tuple(sorted(z["ZoneName"] for z in found["AvailabilityZones"]))
     in_zone: dict[str, set[str]] = {}
     filters = [{"Name": "instance-type", "Values": wanted}, {"Name": "location", "Values": list(zones)}]
@@ -77,6 +75,8 @@ def problems(env: Environment, offerings: Offerings) -> tuple[list[str], list[st
     Scaling group launches in another zone when one cannot), so its spot capacity is shallower."""
     refused, warned = [], []
     region = offerings.region
+    if not offerings.types:  # no region offers nothing: an endpoint (an emulator) without the data
+        return [], [f"EC2 lists no instance type offerings in {region}: the pools' types were not checked"]
     for name, pool in env.pools.items():
         zones = pool_zones(env, pool, offerings.zones)
         for i, instance in enumerate(pool.instance_types):
