@@ -20,7 +20,7 @@ from google.api_core.exceptions import RetryError
 from google.auth.exceptions import DefaultCredentialsError, RefreshError
 
 from tidefleet.cloud import for_env
-from tidefleet.cloud.aws import EndpointInvalid
+from tidefleet.cloud.aws import EndpointInvalid, dynamodb
 from tidefleet.cloud.aws.endpoint import READ_TIMEOUT_S, NotAws
 from tidefleet.cloud.aws.provision import provision
 from tidefleet.cloud.aws.sqs import QueueMissing, SqsWorkQueues
@@ -156,6 +156,24 @@ def test_inside_a_function_a_cloud_error_says_what_its_operator_should_do(monkey
     line = cloud.explain(err)
     assert says in line and "\n" not in line
     assert not any(cli in line for cli in ("AWS_PROFILE", "sandbox", "emulator", "check AWS_ENDPOINT_URL"))
+
+
+@pytest.mark.parametrize("in_function", [False, True], ids=["outside", "in-a-function"])
+@pytest.mark.parametrize(("left", "operation", "then"), [
+    ("3 item(s) unwritten", "BatchWriteItem", "run the same submit again"),
+    ("keys unread (3 of 3)", "BatchGetItem", "try again"),
+], ids=["write", "read"])  # fmt: skip
+def test_a_dynamodb_batch_still_throttled_is_said_in_its_own_count_of_calls_not_also_in_tries(
+    monkeypatch, in_function, left, operation, then
+):
+    """Its message counts the calls made (dynamodb.RETRIES + 1) and says what to do: the client's
+    ATTEMPTS never applied (botocore does not retry a 200 answer), so no other count is added."""
+    cloud = for_env(AWS)
+    if in_function:
+        monkeypatch.setenv("AWS_LAMBDA_FUNCTION_NAME", FUNCTION)
+    err = dynamodb.still_throttled(left, operation, "tidefleet-dev", then)
+    said = err.response["Error"]["Message"]
+    assert cloud.explain(err) == f"ProvisionedThroughputExceededException: {said} (region us-east-1)"
 
 
 def test_a_page_or_garbled_answer_is_not_printed_whole():

@@ -28,7 +28,7 @@ from botocore.parsers import ResponseParserError
 
 from tidefleet import naming
 from tidefleet.cloud.aws.autoscaling import CALLS_IN_FLIGHT, AutoScalingFleet, _no_active_action
-from tidefleet.cloud.aws.dynamodb import DynamoStore
+from tidefleet.cloud.aws.dynamodb import DynamoStore, Unprocessed
 from tidefleet.cloud.aws.endpoint import READ_TIMEOUT_S, NotAws, looks_like_aws
 from tidefleet.cloud.aws.imds import Metadata
 from tidefleet.cloud.aws.logs import CloudWatchItemLogs
@@ -71,6 +71,8 @@ REFUSED_CREDENTIALS = EXPIRED | {"InvalidClientTokenId", "UnrecognizedClientExce
                                  "InvalidToken", "SignatureDoesNotMatch", "AuthFailure"}  # fmt: skip
 # Throttling, as botocore's standard retry mode counts it (retries/standard.py), less its quota-like
 # codes (LimitExceededException: too many log groups, not too many calls): still so after ATTEMPTS.
+# Not DynamoDB's batch give-up (`Unprocessed`): a 200 answer botocore never retried, whose own
+# message counts the calls made and says what to do.
 THROTTLED = {"Throttling", "ThrottlingException", "ThrottledException", "RequestThrottledException",
              "TooManyRequestsException", "ProvisionedThroughputExceededException", "RequestLimitExceeded",
              "BandwidthLimitExceeded", "RequestThrottled", "SlowDown", "EC2ThrottledException"}  # fmt: skip
@@ -322,7 +324,7 @@ class AwsCloud:
             if code in DENIED:
                 return (f"{said}: this AWS identity may not call {_denied_action(err)}; use one that may (AWS_PROFILE) "
                         f"or have it allowed ({IDENTITIES_DOC})")  # fmt: skip
-            if code in THROTTLED:
+            if code in THROTTLED and not isinstance(err, Unprocessed):  # it says its own count and fix
                 return (f"{said}: AWS still throttled the call after {ATTEMPTS} tries with backoff; wait a minute and "
                         "run it again (other callers in the account share the rate)")  # fmt: skip
             return said
@@ -352,7 +354,7 @@ class AwsCloud:
                 return (f"{_aws_says(err)} (region {region}): AWS refused function {function}'s credentials (its "
                         f"execution role's, which Lambda renews); if it persists, check that role {function} exists, "
                         f"or {redeploy}")  # fmt: skip
-            if code in THROTTLED:
+            if code in THROTTLED and not isinstance(err, Unprocessed):  # as at the CLI: its own words
                 return (f"{_aws_says(err)} (region {region}): AWS still throttled function {function}'s call after "
                         f"{ATTEMPTS} tries; the next run tries again; if it persists, raise the call's quota "
                         "(Service Quotas) or lengthen the environment's tick_s")  # fmt: skip
