@@ -18,33 +18,51 @@ from pathlib import Path
 import boto3
 import pytest
 from botocore.awsrequest import AWSResponse
+from click.testing import CliRunner
 
 from tests import test_control as at_tick
+from tests.test_handlers import RefusingFleet
 from tidefleet import control, naming
-from tidefleet.cloud.aws import aws_ports, dynamodb
+from tidefleet.cli import main
+from tidefleet.cloud.aws import AwsCloud, aws_ports, dynamodb
 from tidefleet.cloud.aws.provision import provision
 from tidefleet.cloud.gcp import firestore
 from tidefleet.cloud.memory import MemoryQueues
 from tidefleet.config import load_environment, parse_environment
 from tidefleet.ports import Backlog
+from tidefleet.records import Heartbeat
+from tidefleet.triggers import function_failure_line
 
 ENV = load_environment("sandbox")
 GROUP = naming.group(ENV.name, "cpu")
-# The sandbox with its team's quota one node (2 slots): 2 items running and 3 waiting hold its queue.
 SANDBOX_TOML = Path(__file__).parents[1] / "environments" / "sandbox.toml"
-TEAMS = parse_environment(tomllib.loads(SANDBOX_TOML.read_text()) | {"teams": {"demo": {"quota": {"nodes": 1}}}},
-                          name="sandbox")  # fmt: skip
+SANDBOX = tomllib.loads(SANDBOX_TOML.read_text())
+# The sandbox with its team's quota one node (2 slots): 2 items running and 3 waiting hold its queue.
+TEAMS = parse_environment(SANDBOX | {"teams": {"demo": {"quota": {"nodes": 1}}}}, name="sandbox")
+# The sandbox at its max (one node) with a preemptible queue below demo's priority (10): a demo
+# item waiting while the node is full of a batch attempt has that attempt preempted.
+BATCH = {"pool": "cpu", "priority": 1, "preemptible": True, "min_runtime_s": 0, "slots_per_item": 2}
+PREEMPTING = parse_environment(
+    SANDBOX
+    | {
+        "pools": {"cpu": SANDBOX["pools"]["cpu"] | {"max": 1}},
+        "queues": SANDBOX["queues"] | {"batch": BATCH},
+    },
+    name="sandbox",
+)
 # What each read of `observe` asks the table for: the sort key of its records.
 MARK = {"mean item times": "STATS", "waiting marks": "WAITING", "hold marks": "HELD"}
 
 
 @pytest.fixture
-def deployed(aws, monkeypatch):
-    """The sandbox deployed (its cpu group empty), its ports, and the sort keys of the records
-    whose batch reads come back unread, every round, without sleeping; the unread answers given."""
-    provision(ENV, user_data={"cpu": "#!/bin/sh\n"})
+def deployed(aws, monkeypatch, request):
+    """The sandbox deployed (its cpu group empty; `PREEMPTING` where a test names it), its ports,
+    and the sort keys of the records whose batch reads come back unread, every round, without
+    sleeping; the unread answers given."""
+    env = getattr(request, "param", ENV)
+    provision(env, user_data={"cpu": "#!/bin/sh\n"})
     monkeypatch.setattr(dynamodb.time, "sleep", lambda s: None)
-    ports = aws_ports(ENV)
+    ports = aws_ports(env)
     throttled: set[str] = set()
     unread_answers: list[str] = []
 
@@ -60,10 +78,10 @@ def deployed(aws, monkeypatch):
     return ports, throttled, unread_answers
 
 
-def send(items: int, running: int = 0) -> None:
-    """`items` waiting in the demo queue, of which `running` are received (in flight)."""
+def send(items: int, running: int = 0, queue: str = "demo") -> None:
+    """`items` waiting in the queue, of which `running` are received (in flight)."""
     sqs = boto3.client("sqs", region_name=ENV.region)
-    url = sqs.get_queue_url(QueueName=naming.queue(ENV.name, "demo"))["QueueUrl"]
+    url = sqs.get_queue_url(QueueName=naming.queue(ENV.name, queue))["QueueUrl"]
     for n in range(items):
         sqs.send_message(QueueUrl=url, MessageBody=str(n))
     if running:
@@ -151,6 +169,93 @@ def test_without_the_hold_marks_the_tick_holds_and_releases_nothing_and_still_sc
     assert ports.stats.held_since(["demo"]) == marks
     control.tick(env, ports, now + 60, pools=["cpu"])  # the marks read: what the degraded tick held back
     assert ports.stats.held_since(["demo"]) == ({"demo": now + 60} if held_once_read else {})
+
+
+@pytest.mark.parametrize("deployed", [PREEMPTING], indirect=True)
+@pytest.mark.parametrize(
+    ("running", "marked", "marked_once_read"),
+    [
+        # A demo item waits and the node is full of a batch attempt: a tick that reads the hold
+        # marks preempts it (demo is not held); one that guesses "nothing held" must not.
+        ("j/000000/1", [], ["j/000000/1"]),
+        # The marked attempt is gone: a tick that reads the hold marks clears the node's mark.
+        (None, ["j/000000/1"], []),
+    ],
+    ids=["no preempt written", "no mark cleared"],
+)
+def test_without_the_hold_marks_the_tick_leaves_every_preemption_mark_as_it_is(
+    deployed, caplog, running, marked, marked_once_read
+):
+    ports, throttled, _ = deployed
+    now = datetime.now(UTC).timestamp()
+    asg = boto3.client("autoscaling", region_name=ENV.region)
+    asg.set_desired_capacity(AutoScalingGroupName=GROUP, DesiredCapacity=1)
+    (node,) = [i["InstanceId"] for i in asg.describe_auto_scaling_groups(AutoScalingGroupNames=[GROUP])
+               ["AutoScalingGroups"][0]["Instances"]]  # fmt: skip
+    runs = [{"key": running, "queue": "batch", "since": now - 100, "slots": 2}] if running else []
+    ports.nodes.put_heartbeat(Heartbeat(node, "cpu", at=now - 5, slots=2, busy_slots=2 if running else 0,
+                                        idle_since=None if running else now - 60, runs=runs))  # fmt: skip
+    ports.nodes.set_preempt("cpu", node, marked)
+    if running:
+        send(1, running=1, queue="batch")
+    send(1)
+    throttled.add("HELD")
+    err, (line,), _ = degraded_tick(PREEMPTING, ports, now, caplog)
+    assert all(not d.preempt for d in err.decisions)
+    assert ports.nodes.heartbeat("cpu", node).preempt == marked
+    assert "preemption marks left as they are" in json.loads(line)["went_on"]
+    throttled.clear()
+    control.tick(PREEMPTING, ports, now + 1, pools=["cpu"])  # the marks read: what the degraded tick left
+    assert ports.nodes.heartbeat("cpu", node).preempt == marked_once_read
+
+
+@pytest.mark.parametrize(
+    ("reads", "refused", "head"),
+    [
+        (True, False, "some job-store reads failed"),  # every pool acted on, without the hold marks
+        (False, True, "some actions failed"),
+        (True, True, "some actions and job-store reads failed"),
+    ],
+    ids=["reads", "actions", "both"],
+)
+def test_a_failed_tick_is_headed_by_what_failed_reads_actions_or_both(
+    deployed, monkeypatch, reads, refused, head
+):
+    """At the CLI (`tidefleet tick`) and in the function's failure line."""
+    ports, throttled, _ = deployed
+    if reads:
+        throttled.add("HELD")
+    if refused:
+        ports = replace(ports, fleet=RefusingFleet(ENV))
+    monkeypatch.setattr(AwsCloud, "control_ports", lambda self: ports)
+    monkeypatch.setenv("TIDEFLEET_ENV", ENV.name)
+    send(5)
+    done = CliRunner().invoke(main, ["tick", "--env", ENV.name])
+    assert done.exit_code == 1 and f"Error: {head}:\n" in done.output, done.output
+    assert desired() == (0 if refused else 3)
+    with pytest.raises(control.TickError) as raised:
+        control.tick(ENV, ports, datetime.now(UTC).timestamp(), pools=["cpu"])
+    assert function_failure_line(raised.value).startswith(f"{head}, the next tick tries them again: ")
+
+
+@pytest.mark.parametrize("in_function", [False, True], ids=["outside", "in-a-function"])
+def test_a_read_dynamodb_still_throttled_is_said_once_in_its_own_count_of_calls(
+    deployed, caplog, monkeypatch, in_function
+):
+    ports, throttled, unread_answers = deployed
+    throttled.add("HELD")
+    send(5)
+    err, _, _ = degraded_tick(ENV, ports, datetime.now(UTC).timestamp(), caplog)
+    monkeypatch.setenv("TIDEFLEET_ENV", ENV.name)
+    if in_function:
+        monkeypatch.setenv("AWS_LAMBDA_FUNCTION_NAME", naming.function(ENV.name, "scaler"))
+    ((_, cause),) = err.failures
+    said = cause.response["Error"]["Message"]
+    assert f"after {len(unread_answers)} BatchGetItem calls" in said
+    assert function_failure_line(err) == (
+        "some job-store reads failed, the next tick tries them again: job store: hold marks not read, the "
+        f"tick went on without them: ProvisionedThroughputExceededException: {said} (region {ENV.region})"
+    )
 
 
 def test_a_firestore_read_that_gave_up_degrades_the_tick_as_well(caplog):

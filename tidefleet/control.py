@@ -55,14 +55,26 @@ class TickError(RuntimeError):
     action, in every pool, was still applied. One line per failed action, `<pool>: <action>:
     <error>`, and per read, `job store: <what> not read, ...: <error>`. `failures` keeps each
     `(<pool>: <action>, the exception)`: a function says the error in its cloud's words (`Cloud.explain`), which the
-    core cannot import. `cut`: what a tick out of time left to the next (`Deadline.cut`), or None."""
+    core cannot import. `unread`: how many of `failures` (the first) are reads. `cut`: what a
+    tick out of time left to the next (`Deadline.cut`), or None."""
 
     def __init__(self, failures: list[tuple[str, Exception]], decisions: tuple[PoolDecision, ...],
-                 cut: dict | None = None):  # fmt: skip
+                 cut: dict | None = None, unread: int = 0):  # fmt: skip
         super().__init__("\n".join(f"{where}: {type(err).__name__}: {err}" for where, err in failures))
         self.failures = tuple(failures)
         self.decisions = decisions
         self.cut = cut
+        self.unread = unread
+
+    @property
+    def summary(self) -> str:
+        """What failed, as the CLI and the function head its lines: a tick that only went without
+        reads changed every pool it acted on, so it does not say that actions failed."""
+        if not self.unread:
+            return "some actions failed"
+        if self.unread == len(self.failures):
+            return "some job-store reads failed"
+        return "some actions and job-store reads failed"
 
 
 # One call's worst case on either cloud, retries included (AWS: 3 tries of 5 s and backoff; GCP:
@@ -240,8 +252,10 @@ WITHOUT = {
     "mean item times": "slots counted without them, as for a queue with no item done yet",
     # Marks written now would replace the first-seen times with this tick's: items would look younger.
     "waiting marks": "waiting items aged only by the queue's own oldest age (SQS gives none); marks left as they are",
-    # Sizing reads no hold; a hold or release decided on a guess would flip what the agents obey.
-    "hold marks": "decided as if no queue were held; no hold or release written this tick",
+    # Sizing reads no hold; a hold or release decided on a guess would flip what the agents obey,
+    # and a preemption would stop (or move) attempts for a queue that may be held.
+    "hold marks": "decided as if no queue were held; no hold or release written and preemption marks left as "
+                  "they are this tick",
 }
 
 
@@ -516,7 +530,8 @@ def tick(
     deadline.observed(began)
     decisions = policy.decide(env, seen.fleet, now)
     if "hold marks" in seen.unread:  # holds unknown: none decided on a guess is written (`WITHOUT`)
-        decisions = tuple(replace(d, hold=(), release=()) for d in decisions)
+        # Nor any preemption: a node with no entry keeps its marks (an entry of () would clear them).
+        decisions = tuple(replace(d, hold=(), release=(), preempt=()) for d in decisions)
     # Pools a cut left over last tick first; then those that terminate nodes, before those that
     # grow: the environment's cost cap counts the money the terminations free, so a cut must not
     # leave the launches done and the terminations undone. The policy's order otherwise.
@@ -567,7 +582,7 @@ def tick(
         log.warning(json.dumps(deadline.cut))
         _LEFT_OVER[env.name] = frozenset(deadline.cut["skipped"])
     if failures:
-        raise TickError(failures, decisions, deadline.cut)
+        raise TickError(failures, decisions, deadline.cut, unread=len(seen.unread))
     return decisions
 
 

@@ -63,12 +63,12 @@ def _function_log(shown: bool):
 
 
 def _tick(env: Environment, dry_run: bool, pools: tuple[str, ...], as_json: bool) -> None:
-    failed = None
+    failed = summary = None
     cloud = for_env(env)
     try:
         decisions = run_tick(env, cloud.control_ports(), time.time(), pools=pools or None, dry_run=dry_run)
-    except TickError as err:  # each failed action in the cloud's words, as a failed observe's
-        decisions = err.decisions
+    except TickError as err:  # each failed action or read in the cloud's words, as a failed observe's
+        decisions, summary = err.decisions, err.summary
         failed = "\n".join(f"{where}: {cloud.explain(e) if isinstance(e, cloud.errors) else f'{type(e).__name__}: {e}'}"
                            for where, e in err.failures)  # fmt: skip
     except cloud.errors as err:
@@ -97,4 +97,4 @@ def _tick(env: Environment, dry_run: bool, pools: tuple[str, ...], as_json: bool
         if d.starved_queues:
             click.echo(f"  waiting because of a cap: {', '.join(d.starved_queues)}")
     if failed is not None:
-        raise click.ClickException(str(failed) if undeployed else f"some pools could not be changed:\n{failed}")
+        raise click.ClickException(str(failed) if undeployed else f"{summary}:\n{failed}")

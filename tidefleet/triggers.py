@@ -146,20 +146,20 @@ def function_environment() -> Environment:
 
 def failure_line(err: BaseException, explain: Callable[[Exception], str | None] | None = None) -> str | None:
     """One line for a function's failure that the library can explain: its settings do not load,
-    some actions of a tick failed, a schedule's run could not be submitted. None for anything else:
-    a cloud's error (the cloud's `explain` says those) or a bug (its traceback says where).
-    `explain(exception)`, the function's cloud's words for one of its errors or None, says each
-    failed action's error, as a failed observe is said."""
+    some actions or job-store reads of a tick failed, a schedule's run could not be submitted.
+    None for anything else: a cloud's error (the cloud's `explain` says those) or a bug (its
+    traceback says where). `explain(exception)`, the function's cloud's words for one of its
+    errors or None, says each failed action's or read's error, as a failed observe is said."""
     from tidefleet.config import ConfigError
     from tidefleet.control import TickError
     from tidefleet.jobs.sdk import JobError
 
     if isinstance(err, ConfigError):
         return f"{err.source}: {'; '.join(err.problems)}"
-    if isinstance(err, TickError):  # `<pool>: <action>: <error>` per failed action, all on one line
+    if isinstance(err, TickError):  # `<pool>: <action>: <error>` per failed action or read, all on one line
         said = [f"{where}: {(explain and explain(e)) or f'{type(e).__name__}: {e}'}" for where, e in err.failures]
         said += [out_of_time(err.cut)] if err.cut else []
-        return f"some actions failed, the next tick tries them again: {'; '.join(' '.join(s.split()) for s in said)}"
+        return f"{err.summary}, the next tick tries them again: {'; '.join(' '.join(s.split()) for s in said)}"
     if isinstance(err, JobError):
         return " ".join(str(err).split())
     return None
