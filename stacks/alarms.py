@@ -39,8 +39,12 @@ RUNBOOKS = {
         "an item has waited longer than the queue's `max_wait_s`",
         "`tidefleet tick --env E --dry-run`: the reasons say cap, spot shortage or boot failures"),
     "scaler-errors": Runbook(
-        "control ticks failed (the next tick retries; nothing scales while they fail)",
-        "the scaler function's log: its last error line names the refused action"),
+        "control ticks failed (the next tick retries): one that could not read the queues, groups or heartbeats "
+        "changed nothing, one whose line starts `some actions failed` still made its other changes, and one whose "
+        "line starts `some job-store reads failed` still scaled, without those reads (no hold, release or preemption "
+        "changed)",
+        "the scaler function's log: its last error line names each refused action and each job-store read the tick "
+        "went without"),
     "scaler-throttles": Runbook(
         f"for {UNSERVED_MINUTES} minutes the scaler was throttled and started no run: nothing ticks "
         "(kicks throttled during a run are normal)",

@@ -17,7 +17,7 @@ import pytest
 
 from stacks.alarms import RUNBOOKS
 from stacks.aws.alarms import dashboard
-from tidefleet import metrics, naming
+from tidefleet import control, metrics, naming
 from tidefleet.config import load_environment
 
 pytestmark = pytest.mark.synth
@@ -137,6 +137,13 @@ def test_the_readme_lists_every_alarm_with_its_meaning_and_first_action():
     for key, runbook in RUNBOOKS.items():
         assert runbook.meaning in rows[key] and runbook.first_action in rows[key], key
         assert ("AWS only" in rows[key]) == (runbook.clouds == ("aws",)), key
+
+
+def test_the_scaler_errors_runbook_tells_a_tick_that_still_scaled_by_its_line():
+    """A tick that only went without job-store reads (`control.WITHOUT`) scaled, and still fails
+    its run, which fires the alarm: the runbook quotes the words its failure line starts with."""
+    degraded = control.TickError([("job store: hold marks not read", RuntimeError("throttled"))], (), unread=1)
+    assert f"`{degraded.summary}` still scaled" in RUNBOOKS["scaler-errors"].meaning
 
 
 def test_the_dashboard_has_a_row_per_pool_and_the_environment_row():
