@@ -110,14 +110,20 @@ def test_the_live_view_redraws_under_invoke_on_a_terminal(tmp_path):
     assert "tidefleet sandbox · env sandbox" in text and re.search(r"succeeded\s+\S*4", text)
 
 
+def emulator_of(pid: int):
+    """The moto server the sandbox in process `pid` started (a psutil.Process)."""
+    import psutil
+
+    (moto,) = [p for p in psutil.Process(pid).children() if "tidefleet.emulator" in " ".join(p.cmdline())]
+    return moto
+
+
 @pytest.mark.parametrize("own_workdir", [True, False], ids=["--workdir", "a temp folder"])
 def test_the_sandbox_ends_in_one_line_when_its_emulator_dies(tmp_path, own_workdir):
     """The moto server killed under a kept sandbox (the kernel's OOM killer did it): the sandbox
     ends with exit 1 and one line that says so and where moto's log is, instead of staying "up"
     with no backend; no thread dies with a traceback meanwhile. The log is there to read, in a
     temp work folder too: a run that failed keeps it."""
-    import psutil
-
     work, temp = tmp_path / "work", tmp_path / "tmp"
     temp.mkdir()
     sandbox = subprocess.Popen(
@@ -127,7 +133,7 @@ def test_the_sandbox_ends_in_one_line_when_its_emulator_dies(tmp_path, own_workd
     )  # fmt: skip
     try:
         read_until(sandbox.stdout, "Ctrl-C stops everything", sandbox, 120)
-        (moto,) = [p for p in psutil.Process(sandbox.pid).children() if "tidefleet.emulator" in " ".join(p.cmdline())]
+        moto = emulator_of(sandbox.pid)
         time.sleep(2)  # the launcher and the control loop are running rounds against it
         moto.kill()
         out, err = sandbox.communicate(timeout=30)
@@ -142,3 +148,37 @@ def test_the_sandbox_ends_in_one_line_when_its_emulator_dies(tmp_path, own_workd
         (work,) = temp.glob("tidefleet-sandbox-*")
     assert "emulator (moto server) was killed by SIGKILL" in lines[0] and f"{work / 'moto.log'}" in lines[0], lines
     assert (work / "moto.log").exists()
+
+
+def test_ctrl_c_mid_run_stops_every_node_and_the_emulator_and_says_so(tmp_path):
+    """Ctrl-C while the demo job runs: every node process and the emulator stop, the temp work
+    folder goes, and the output says so as it starts stopping and once it is done, exit 130 as
+    submit's Ctrl-C (click's bare 'Aborted!', exit 1, said none of it)."""
+    import psutil
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    sandbox = subprocess.Popen(
+        [sys.executable, "-m", "tidefleet.cli", "sandbox", "--items", "60", "--time-limit", "150"],
+        cwd=ROOT, env=process_env(temp), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        shown = read_until(sandbox.stdout, " busy", sandbox, 120)  # nodes are running items
+        (work,) = temp.glob("tidefleet-sandbox-*")
+        processes = psutil.Process(sandbox.pid).children(recursive=True)  # the emulator, the nodes, their items
+        emulator = emulator_of(sandbox.pid)
+        sandbox.send_signal(signal.SIGINT)
+        out, _ = sandbox.communicate(timeout=60)
+    finally:
+        if sandbox.poll() is None:
+            sandbox.kill()
+            sandbox.wait()
+    out = shown + out
+    assert sandbox.returncode == 130, out
+    assert "Ctrl-C: stopping every node and the emulator" in out, out
+    assert f"interrupted: every node and the emulator stopped; {work} removed" in out, out
+    assert "Aborted!" not in out and "Traceback" not in out, out
+    assert emulator in processes, processes
+    left = [p for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not left, left
+    assert list(temp.iterdir()) == []  # its work folder, the nodes' and workloads' temp files: gone

@@ -107,11 +107,13 @@ def sandbox(env_name, items, chaos, keep, train, time_limit, tick, boot_delay, s
     # without job control, as in a CI script): Python then leaves it ignored, and `--keep` ran on.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    summary, failed = None, False
+    summary, failed, interrupted = None, False, False
     try:
         summary = _run(env, environment_path(env_name).resolve().parent, workdir, console, items=items, chaos=chaos,
                        keep=keep, train=train, deadline=time.time() + time_limit,
                        timing=Timing(boot_delay_s=boot_delay, tick_s=tick), seed=seed, as_json=as_json)  # fmt: skip
+    except KeyboardInterrupt:  # Ctrl-C mid-run: on its way out, _run stopped every node and the emulator
+        interrupted = True
     except Exception:  # the emulator died (its line names moto.log in the folder), or worse
         failed = True
         raise
@@ -121,6 +123,10 @@ def sandbox(env_name, items, chaos, keep, train, time_limit, tick, boot_delay, s
             shutil.rmtree(workdir, ignore_errors=True)
             if summary is not None and not as_json:
                 console.print(f"{workdir} removed (--workdir DIR keeps the work folder)", highlight=False)
+    if interrupted:
+        where = f"{workdir} removed (--workdir DIR keeps the work folder)" if temporary else f"work folder {workdir} kept"
+        console.print(f"interrupted: every node and the emulator stopped; {where}", highlight=False, soft_wrap=True)
+        sys.exit(130)
     if summary is not None and not summary.ok:
         console.print(f"node logs and the scaler log are kept in {workdir}", highlight=False)
         sys.exit(2 if summary.time_limit_hit else 1)
@@ -164,6 +170,9 @@ def _run(env, environments: Path, workdir: Path, console, *, items, chaos, keep,
         try:
             return _up(box, env, workdir, console, started=started, items=items, chaos=chaos, keep=keep, train=train,
                        deadline=deadline, seed=seed, as_json=as_json)  # fmt: skip
+        except KeyboardInterrupt:
+            _stopping(console)
+            raise
         except Exception:
             # The emulator died under it: every call fails now, and that is the one thing to say.
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -200,8 +209,15 @@ def _up(box, env, workdir: Path, console, *, started, items, chaos, keep, train,
                 time.sleep(1)
             raise click.ClickException(gone)
         except KeyboardInterrupt:
-            pass
+            _stopping(console)
     return summary
+
+
+def _stopping(console) -> None:
+    """Ctrl-C: say so at once (stopping the nodes and the emulator takes seconds), and let no second
+    Ctrl-C cut that short and leave node processes behind (SIGTERM still ends it the same way)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    console.print("Ctrl-C: stopping every node and the emulator", highlight=False)
 
 
 def _watched(box, console, *, started: float, as_json: bool, run):
