@@ -344,9 +344,6 @@ def lint(c):
 def sandbox(c, env=None, items="200", chaos=False, keep=False, train=False, time_limit="600", tick=None, workdir=None,
             boot_delay=None, seed=None, json=False):  # fmt: skip
     """The whole system on this machine against a moto server: a job in, nodes up, work done, fleet at zero."""
-    from tidefleet.cli import main
-
-    # In this process, not a child: the live view gets this terminal as it is (or plain lines without one).
     args = ["sandbox", *(["--env", env] if env else []), "--items", str(_number("items", items)),
             "--time-limit", str(_number("time-limit", time_limit))]
     args += ["--chaos"] * chaos + ["--keep"] * keep + ["--train"] * train + ["--json"] * json
@@ -354,6 +351,15 @@ def sandbox(c, env=None, items="200", chaos=False, keep=False, train=False, time
     args += ["--boot-delay", str(_number("boot-delay", boot_delay, float))] if boot_delay is not None else []
     args += ["--seed", seed] if seed is not None else []  # any integer, a negative one too: the command checks it
     args += ["--workdir", workdir] if workdir else []
+    _tidefleet(args)
+
+
+def _tidefleet(args: list[str]) -> None:
+    """Run a tidefleet command in this process, not a child: it gets the terminal (a live view, stdin
+    for a trace `-`) and Ctrl-C as it is, and says its own usage; its exit status is the task's. (A
+    child's Ctrl-C ended in invoke's traceback wherever invoke's stdin had reached its end.)"""
+    from tidefleet.cli import main
+
     try:
         main(args, prog_name="tidefleet")
     except SystemExit as done:  # click ends every run with one
@@ -384,11 +390,8 @@ def simulate(c, trace, env=None, pool="gpu", policy=None, extra=""):
         options = shlex.split(extra)
     except ValueError as err:  # an unclosed quote
         raise Exit(f"--extra: cannot split {extra!r} into options ({err}); close its quotes") from None
-    args = [sys.executable, "-m", "tidefleet.cli", "simulate", str(found), "--env", env or _env_default() or "prod",
-            "--pool", pool, *(a for p in policy or ["tidefleet"] for a in ("--policy", p)), *options]
-    result = c.run(shlex.join(args), warn=True)
-    if result.exited:  # the command has said why
-        raise Exit(code=result.exited)
+    _tidefleet(["simulate", str(found), "--env", env or _env_default() or "prod", "--pool", pool,
+                *(a for p in policy or ["tidefleet"] for a in ("--policy", p)), *options])  # fmt: skip
 
 
 @task(help={"out": "folder for the table and plots (default build/bench)",

@@ -4,13 +4,13 @@ traceback; run as a user runs them (a real `invoke` process)."""
 from __future__ import annotations
 
 import os
-import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from invoke import Collection, MockContext, Result
+from invoke import Collection, MockContext
 
 import tasks
 
@@ -99,17 +99,23 @@ def test_simulate_extra_is_options_never_a_shell_command():
     assert "\nINJECTED" not in output and "Traceback" not in output, output
 
 
-def test_simulate_runs_an_argument_list_so_a_space_stays_in_its_word(monkeypatch, tmp_path):
-    monkeypatch.setattr(tasks.sys, "executable", "/opt/my venv/bin/python")
+def simulated(monkeypatch) -> list[list[str]]:
+    """The words each tasks.simulate call hands `tidefleet` (run in the task's own process)."""
+    given: list[list[str]] = []
+    monkeypatch.setattr("tidefleet.cli.main", lambda args, prog_name: given.append(args))
+    return given
+
+
+def test_simulate_hands_tidefleet_simulate_an_argument_list_so_a_space_stays_in_its_word(monkeypatch, tmp_path):
     monkeypatch.delenv("TIDEFLEET_ENV", raising=False)
-    c = MockContext(run=Result(exited=0), repeat=True)
-    tasks.simulate(c, "philly_2017_jobs.csv", policy=["keda", "oracle"], extra=f"--plot '{tmp_path}/my plots/a.png' --seed 3")
-    (command,), _ = c.run.call_args
-    assert shlex.split(command) == [
-        "/opt/my venv/bin/python", "-m", "tidefleet.cli", "simulate", str(ROOT / "traces" / "philly_2017_jobs.csv"),
+    given = simulated(monkeypatch)
+    tasks.simulate(MockContext(), "philly_2017_jobs.csv", policy=["keda", "oracle"],
+                   extra=f"--plot '{tmp_path}/my plots/a.png' --seed 3")  # fmt: skip
+    assert given == [[
+        "simulate", str(ROOT / "traces" / "philly_2017_jobs.csv"),
         "--env", "prod", "--pool", "gpu", "--policy", "keda", "--policy", "oracle",
         "--plot", f"{tmp_path}/my plots/a.png", "--seed", "3",
-    ]  # fmt: skip
+    ]]  # fmt: skip
 
 
 def test_simulate_extra_with_an_unclosed_quote_is_one_line():
@@ -126,10 +132,32 @@ def test_tasks_take_the_environment_from_tidefleet_env_as_the_cli_does(tmp_path,
     assert result.returncode != 0
     assert "unknown environment (got 'nope')" in output and "Traceback" not in output, output
     monkeypatch.setenv("TIDEFLEET_ENV", "dev")
-    c = MockContext(run=Result(exited=0), repeat=True)
-    tasks.simulate(c, "philly_2017_jobs.csv")
-    (command,), _ = c.run.call_args
-    assert shlex.split(command)[5:7] == ["--env", "dev"]
-    tasks.simulate(c, "philly_2017_jobs.csv", env="prod")  # --env given: it wins
-    (command,), _ = c.run.call_args
-    assert shlex.split(command)[5:7] == ["--env", "prod"]
+    given = simulated(monkeypatch)
+    tasks.simulate(MockContext(), "philly_2017_jobs.csv")
+    tasks.simulate(MockContext(), "philly_2017_jobs.csv", env="prod")  # --env given: it wins
+    assert [args[2:4] for args in given] == [["--env", "dev"], ["--env", "prod"]]
+
+
+def test_simulate_shows_its_own_usage_line_for_a_bad_option():
+    result = run_invoke("simulate", "philly_2017_jobs.csv", "--env", "bench", "--pool", "gpu8", "--policy", "kdea")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Usage: tidefleet simulate" in result.stderr and "python -m tidefleet.cli" not in result.stderr, result.stderr
+
+
+def test_ctrl_c_stops_simulate_without_a_traceback_when_stdin_is_not_a_terminal():
+    """As in a CI job or a background job: invoke had closed the simulator's stdin at its own end of
+    file, then wrote Ctrl-C's ^C to it and ended in a ValueError traceback."""
+    run = subprocess.Popen([sys.executable, "-m", "invoke", "simulate", "philly_2017_jobs.csv", "--env", "bench",
+                            "--pool", "gpu8"], cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    try:
+        while "replaying" not in (line := run.stderr.readline()):
+            assert line, run.stdout.read()  # the replay did not start
+        os.killpg(run.pid, signal.SIGINT)  # as a terminal's Ctrl-C: to the whole process group
+        out, err = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+    assert "Traceback" not in out + err and "Aborted!" in err, out + err
+    assert run.returncode == 1
