@@ -358,3 +358,14 @@ def test_the_deploy_hint_names_an_environment_given_as_a_path_by_its_path(tmp_pa
         missing = client_error("ResourceNotFoundException") if name == "dev" else gexc.NotFound("subscription gone")
         assert f"deploy it with `invoke deploy --env {given}`" in cloud.explain(missing)
         assert "deploy it with `invoke deploy --env dev`" in for_env(AWS).explain(client_error("ResourceNotFoundException"))
+
+
+def test_an_unreachable_endpoint_suggests_the_emulator_only_where_one_is_configured(monkeypatch):
+    """Deploying makes no endpoint reachable (the line used to say "or deploy it", mid-deploy too)."""
+    unreachable = EndpointConnectionError(endpoint_url="http://127.0.0.1:9")
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    line = for_env(AWS).explain(unreachable)
+    assert line.endswith("check AWS_ENDPOINT_URL, credentials and network") and "deploy" not in line, line
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    assert for_env(AWS).explain(unreachable).endswith(
+        "check AWS_ENDPOINT_URL, credentials and network, or start the emulator (`tidefleet sandbox --keep`)")

@@ -333,7 +333,9 @@ class AwsCloud:
                     f"{READ_TIMEOUT_S} s ({ATTEMPTS} tries); check AWS_ENDPOINT_URL, or whether the emulator is stuck")
         if isinstance(err, ResponseParserError):  # a garbled answer: its first words, not its bytes
             return f"AWS for {env!r} sent an answer that does not parse ({_one_line(str(err), 80)}); check AWS_ENDPOINT_URL"
-        return f"cannot reach AWS for {env!r} ({_one_line(str(err))}); check AWS_ENDPOINT_URL, credentials and network, or {deploy}"
+        # Deploying makes no endpoint reachable; an emulator's endpoint may just need the emulator.
+        emulator = ", or start the emulator (`tidefleet sandbox --keep`)" if os.environ.get("AWS_ENDPOINT_URL") else ""
+        return f"cannot reach AWS for {env!r} ({_one_line(str(err))}); check AWS_ENDPOINT_URL, credentials and network{emulator}"
 
     def _explain_in_function(self, err: BaseException, function: str) -> str | None:
         """The line for an operator reading a function's log, where the fix is not a person's
