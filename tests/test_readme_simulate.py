@@ -30,5 +30,5 @@ def test_the_readme_simulate_command_runs_as_written(tmp_path):
     for policy in policies:  # a table row with a cost
         row = rf"^\| {re.escape(policy)} \| [\d,.]+ \|"
         assert re.search(row, run.stdout, re.MULTILINE), (policy, run.stdout)
-    assert f"plot: {plot.name}" in run.stdout
+    assert f"plot: {plot.name}" in run.stderr
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 10_000

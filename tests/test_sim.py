@@ -244,7 +244,8 @@ def test_window_keeps_only_items_submitted_inside_it(tmp_path):
 @pytest.mark.parametrize(
     ("csv_text", "message"),
     [
-        ("submit,duration_s\n0,1\n", "missing column(s) submit_s"),
+        ("submit,duration_s\n0,1\n", ("missing column(s) submit_s (got submit, duration_s); a trace needs submit_s and "
+                                      "duration_s, optionally gpus, cpus and group")),
         ("submit_s,duration_s\n0,1\nabc,5\n", "line 3: column 'submit_s' is not a number (got 'abc')"),
         (
             "submit_s,duration_s\n0,-5\n",
@@ -406,8 +407,18 @@ def test_the_command_writes_the_plot_it_is_asked_for(tmp_path):
          "--plot", str(plot)],
     )  # fmt: skip
     assert out.exit_code == 0, out.output
-    assert f"plot: {plot}" in out.output
+    assert f"plot: {plot}" in out.stderr and "plot:" not in out.stdout  # stdout carries the result alone
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 10_000
+
+
+def test_ctrl_c_in_a_replay_says_nothing_was_written_and_exits_130(tmp_path, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("tidefleet.sim.cli.run_simulation", interrupted)
+    out = CliRunner().invoke(simulate_command, [str(write(tmp_path, "submit_s,duration_s\n0,100\n")), "--env", "bench",
+                                                "--pool", "gpu"])  # fmt: skip
+    assert out.exit_code == 130 and out.stderr == "simulate: interrupted; nothing written\n", out.output
 
 
 def test_an_item_killed_max_receive_count_times_is_dead_lettered_not_retried_forever():
@@ -885,3 +896,23 @@ def test_calibration_turnaround_is_an_end_to_the_next_waiting_items_start_on_tha
     }
     sent = {"a": 0.0, "b": 0.0, "c": 8.0, "d": 0.0, "e": 0.0}
     assert turnarounds(runs, sent) == pytest.approx([0.2, 0.1])
+
+
+def test_a_launch_before_the_submit_call_returned_is_a_kick_of_no_delay_not_a_negative_one():
+    """The kicked tick may launch before submit returns (a loaded machine printed kick -0.6 s)."""
+    from tidefleet.sim.calibration import agent_timing
+
+    assert agent_timing({}, {"i-1": 99.4}, {}, 100.0, [], {}).kick_s == 0.0
+
+
+def test_a_calibration_that_disagrees_says_what_load_does_and_to_run_it_again(monkeypatch, capsys):
+    from tidefleet.sim import calibration
+
+    class Apart:
+        def agrees(self) -> bool:
+            return False
+
+    monkeypatch.setattr(calibration, "calibrate", lambda folder: [Apart()])
+    monkeypatch.setattr(calibration, "format_rows", lambda rows: "| table |")
+    assert calibration.main([]) == 1
+    assert "run it again on an idle machine" in capsys.readouterr().err

@@ -140,7 +140,8 @@ def agent_timing(consoles: dict[str, Path], launched_at: dict[str, float], runs:
         if first is not None:
             starts.append(first - _at(up.group(1)))
         finishes += [_at(m.group(1)) - runs[m.group(2)]["end"] for m in _SUCCEEDED.finditer(text) if m.group(2) in runs]
-    kick_s = min(launched_at.values(), default=first_submit) - first_submit
+    # The kicked tick may launch before the submit call returns: that is no delay, not a negative one.
+    kick_s = max(0.0, min(launched_at.values(), default=first_submit) - first_submit)
     start_s = _median(starts)
     from tidefleet.agent.worker import LEAVE_POLL_S
     from tidefleet.sandbox.run import AGENT_CLOCK  # the sandbox agents' long poll: idle_poll_s
@@ -343,7 +344,12 @@ def main(argv: list[str] | None = None) -> int:
         rows = calibrate(Path(tmp))
         print(format_rows(rows))
         print(f"{time.perf_counter() - started:.1f}s wall")
-    return 0 if all(r.agrees() for r in rows) else 1
+    if all(r.agrees() for r in rows):
+        return 0
+    print(f"a scenario is more than {TOLERANCE:.0%} apart; other work on this machine's cores slows the sandbox's "
+          "agents (the simulator's timing is what they measured): run it again on an idle machine, as the test "
+          "measures a disagreeing scenario once more", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

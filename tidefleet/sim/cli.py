@@ -173,6 +173,9 @@ def simulate(
         )  # fmt: skip
     except (ConfigError, TraceError, ValueError) as err:
         raise click.ClickException(str(err)) from None
+    except KeyboardInterrupt:  # click's bare "Aborted!" (exit 1) says nothing of what was lost
+        click.echo("simulate: interrupted; nothing written", err=True)
+        raise SystemExit(130) from None  # the shell's code for Ctrl-C, as submit and invoke bench
     if as_json:
         click.echo(json.dumps(report.to_json()))  # one object on one line, as every --json
     else:
@@ -204,4 +207,4 @@ def simulate(
         except OSError as err:  # the place changed during the replay, a read-only file
             raise cannot_write_plot(plot, err.strerror or str(err)) from None
         if not as_json:
-            click.echo(f"plot: {plot}")
+            click.echo(f"plot: {plot}", err=True)  # stdout carries the result alone

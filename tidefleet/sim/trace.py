@@ -102,7 +102,7 @@ def _read_trace(fh, path: Path, window: tuple[float, float] | None) -> list[Trac
     if missing:
         raise TraceError(
             f"{path}: missing column(s) {', '.join(missing)} (got {', '.join(columns) or 'no header'}); "
-            "a trace needs submit_s and duration_s, optionally gpus and group"
+            "a trace needs submit_s and duration_s, optionally gpus, cpus and group"
         )
     items = []
     for line, row in enumerate(_rows(reader, path), start=2):
