@@ -154,7 +154,7 @@ def test_nodes_json_lists_pools_and_nodes(h):
     has_shape(pool, {"pool": str, "desired": (int, type(None)), "instances": (int, type(None)), "nodes": list})
     (node,) = pool["nodes"]
     has_shape(node, {"node_id": str, "instance_type": str, "spot": bool, "busy_slots": int, "slots": int,
-                     "gpus": int, "draining": bool, "heartbeat_age_s": float})
+                     "gpus": int, "draining": bool, "heartbeat_age_s": float, "gone": bool})
 
 
 def test_logs_json_is_one_object_per_line(h):

@@ -247,7 +247,8 @@ def test_nodes_lists_each_pools_managed_groups_and_heartbeats(gcp):
                                              idle_since=None, instance_type="n2-standard-4"))  # fmt: skip
     rows = {row.pool: row for row in sdk.nodes(ENV, now=130.0)}
     assert (rows["cpu"].desired, rows["cpu"].instances) == (2, 2)
-    assert [(n.node_id, n.busy_slots, n.heartbeat_age_s) for n in rows["cpu"].nodes] == [("tidefleet-gcp-dev-cpu-aaaa", 1, 30.0)]
+    assert [(n.node_id, n.busy_slots, n.heartbeat_age_s, n.gone) for n in rows["cpu"].nodes] == [
+        ("tidefleet-gcp-dev-cpu-aaaa", 1, 30.0, False)]  # fmt: skip
     assert (rows["gpu"].desired, rows["gpu"].instances, rows["gpu"].nodes) == (None, None, [])
 
 

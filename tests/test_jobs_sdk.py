@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import threading
+import time
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -154,6 +155,30 @@ def test_cli_submit_status_and_nodes_from_the_environment_name(h, tmp_path):
         AutoScalingGroupName=naming.group(h.env.name, "cpu"), ForceDelete=True
     )
     assert "group not found" in runner.invoke(main, ["nodes"], env=env).output
+
+
+def test_nodes_shows_a_node_its_group_no_longer_lists_as_gone_after_the_groups_nodes(h):
+    """A terminated node's heartbeat outlives it until the scaler forgets it: `nodes` listed it as
+    draining under its group's 'desired 1, 1 instance(s)', as if it were one of them."""
+    store, now = DynamoStore(h.env.name, h.env.region), time.time()
+    gone = h.group_instance()
+    store.put_heartbeat(Heartbeat(gone, "cpu", at=now, slots=2, busy_slots=0, idle_since=now, draining=True,
+                                  instance_type="c6i.large", spot=False))  # fmt: skip
+    boto3.client("autoscaling", region_name=h.env.region).terminate_instance_in_auto_scaling_group(
+        InstanceId=gone, ShouldDecrementDesiredCapacity=True)  # fmt: skip
+    up = h.group_instance()
+    store.put_heartbeat(Heartbeat(up, "cpu", at=now, slots=2, busy_slots=1, idle_since=None, instance_type="c6i.large",
+                                  spot=False))  # fmt: skip
+    env = {"TIDEFLEET_ENV": str(h.env_path)}
+    out = CliRunner().invoke(main, ["nodes"], env=env)
+    lines = out.output.splitlines()
+    assert out.exit_code == 0 and "pool cpu: desired 1, 1 instance(s)" in lines[0], out.output
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in lines if gone in line or up in line]
+    assert [(row[0], row[4]) for row in rows] == [(up, "busy"), (gone, "gone")], out.output
+    (pool,) = [p for p in json.loads(CliRunner().invoke(main, ["nodes", "--json"], env=env).output)["pools"]
+               if p["pool"] == "cpu"]  # fmt: skip
+    listed = [(n["node_id"], n["draining"], n["gone"]) for n in pool["nodes"]]
+    assert listed == [(up, False, False), (gone, True, True)]
 
 
 def test_cli_errors_say_how_to_deploy_when_the_environment_is_missing(aws, tmp_path):

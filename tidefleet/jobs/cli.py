@@ -351,7 +351,8 @@ def retry_failed(env_name, job_id) -> None:
 @env_option
 @json_option
 def nodes(env_name, as_json) -> None:
-    """Per pool: nodes, type, spot/on-demand, busy/idle, GPUs (from heartbeats and groups)."""
+    """Per pool: nodes, type, spot/on-demand, busy/idle, GPUs (from heartbeats and groups); a node
+    the group no longer lists is shown gone until the scaler forgets its heartbeat."""
     env = _load(env_name)
     with _explained(env):
         pools = sdk.nodes(env)
@@ -365,7 +366,7 @@ def nodes(env_name, as_json) -> None:
         for column in ("node", "type", "lifecycle", "busy/slots", "state", "GPUs", "heartbeat"):
             table.add_column(column)
         for n in pool.nodes:
-            state = "draining" if n.draining else ("busy" if n.busy_slots else "idle")
+            state = "gone" if n.gone else "draining" if n.draining else "busy" if n.busy_slots else "idle"
             table.add_row(escape(n.node_id), escape(n.instance_type), "spot" if n.spot else "on-demand", f"{n.busy_slots}/{n.slots}",
                           state, str(n.gpus), f"{max(0.0, n.heartbeat_age_s):.0f}s ago")
         console.print(table)

@@ -1015,6 +1015,9 @@ class NodeRow:
     gpus: int
     draining: bool
     heartbeat_age_s: float
+    # The group no longer lists it (terminated, reclaimed): its heartbeat record stays until the
+    # control tick forgets it, once silent longer than the pool's boot timeout.
+    gone: bool = False
 
 
 @dataclass(frozen=True)
@@ -1022,20 +1025,26 @@ class PoolRow:
     pool: str
     desired: int | None  # None: the group was not found
     instances: int | None
-    nodes: list[NodeRow]
+    nodes: list[NodeRow]  # the group's nodes, then the gone ones, each by node id
 
 
 def nodes(env: Environment, now: float | None = None) -> list[PoolRow]:
-    """Per pool: the group's desired size and instances, and each node's last heartbeat."""
+    """Per pool: the group's desired size and instances, and each node's last heartbeat, marked
+    `gone` where the group no longer lists the node."""
     now = time.time() if now is None else now
     cloud = for_env(env)
-    store, sizes = cloud.store, cloud.group_sizes()
+    pools = list(env.pools)
+    # Heartbeats before the groups: a node launched between the two reads has no heartbeat yet
+    # rather than one that looks gone.
+    beats = {pool: cloud.store.heartbeats(pool) for pool in pools}
+    groups = cloud.control_ports().fleet.groups(pools, since=now)
     out = []
-    for pool in env.pools:
-        desired, instances = sizes.get(pool, (None, None))
-        rows = [
-            NodeRow(pool, hb.node_id, hb.instance_type, hb.spot, hb.busy_slots, hb.slots, hb.gpus, hb.draining, now - hb.at)
-            for hb in sorted(store.heartbeats(pool).values(), key=lambda h: h.node_id)
-        ]
+    for pool in pools:
+        group = groups.get(pool)
+        members = {i.id for i in group.instances} if group else set()
+        rows = sorted((NodeRow(pool, hb.node_id, hb.instance_type, hb.spot, hb.busy_slots, hb.slots, hb.gpus, hb.draining,
+                               now - hb.at, gone=hb.node_id not in members) for hb in beats[pool].values()),
+                      key=lambda n: (n.gone, n.node_id))  # fmt: skip
+        desired, instances = (group.desired, len(group.instances)) if group else (None, None)
         out.append(PoolRow(pool, desired, instances, rows))
     return out
