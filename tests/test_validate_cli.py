@@ -81,6 +81,26 @@ def test_validate_accepts_every_shipped_environment():
     assert {line.split(":")[0] for line in result.output.splitlines()} >= {"dev", "prod", "sandbox", "gcp-dev", "bench"}
 
 
+def test_an_unknown_environment_is_one_line_naming_the_name_not_a_file_and_several_problems_stay_a_list(tmp_path):
+    """`--env prd` names no file: no made-up environments/prd.toml, no '1 problem(s)' header; a
+    file's one problem is one line under its path; validate lists several, one per line."""
+    folder = ROOT / "environments"
+    known = ", ".join(sorted(p.stem for p in folder.glob("*.toml")))
+    runner = CliRunner(env={"TIDEFLEET_ENVIRONMENTS": str(folder)})
+    result = runner.invoke(main, ["status", "--env", "prd", "some-job"])
+    assert result.exit_code == 1 and result.output == (
+        f"Error: env: unknown environment (got 'prd'); known: {known} (in {folder}; or give a .toml file's path)\n")
+    one = _bad_file(tmp_path, DEV.replace('"us-east-1"', '"us-north-9"').encode())
+    result = runner.invoke(main, ["status", "--env", str(one), "some-job"])
+    assert result.output == f"Error: {one}: region: not a known aws region (got 'us-north-9'); use one like 'us-east-1'\n"
+    several = tmp_path / "several.toml"
+    several.write_text("regoin = 1\nnmae = 2\n" + DEV)
+    result = runner.invoke(main, ["validate", str(several)])
+    assert result.exit_code == 1 and result.output == (
+        f"{several}: 2 problem(s)\n  - regoin: unknown key; did you mean 'region'? (got 1)\n"
+        "  - nmae: unknown key; did you mean 'name'? (got 2)\n")
+
+
 def _invoke(*args: str, path: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "invoke", *args], check=False, cwd=ROOT, capture_output=True,
                           text=True, timeout=300, env={**os.environ, "PATH": path})  # fmt: skip

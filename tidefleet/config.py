@@ -141,12 +141,16 @@ GCP_OLD_PYTHON_IMAGE = r"(?:^|-)(?:debian-(?:[1-9]|1[01])|ubuntu-(?:[a-z]+-)*(?:
 
 
 class ConfigError(Exception):
-    """One or more problems in an environment file; `problems` holds one line each."""
+    """One or more problems in an environment file, or in a setting (`source`: the file, or `env`,
+    TIDEFLEET_ENV); `problems` holds one line each. One problem is one line; several, a list."""
 
     def __init__(self, source: str, problems: list[str]):
         self.source = source
         self.problems = problems
-        super().__init__(f"{source}: {len(problems)} problem(s)\n" + "\n".join(f"  - {p}" for p in problems))
+        if len(problems) == 1:
+            super().__init__(f"{source}: {problems[0]}")
+        else:
+            super().__init__(f"{source}: {len(problems)} problem(s)\n" + "\n".join(f"  - {p}" for p in problems))
 
 
 class _Model(BaseModel):
@@ -1316,8 +1320,9 @@ def load_environment(name: str, root: Path | None = None) -> Environment:
             folder = root or environments_dir()
             known = ", ".join(known_environments(folder)) or f"none (no .toml files in {folder})"
             here = f"; a file {name!r} is here: give ./{name} to load it" if Path(name).is_file() else ""
-            problem = f"env: unknown environment (got {name!r}); known: {known} (in {folder}; or give a .toml file's path){here}"
-            raise ConfigError(str(path), [problem])
+            # No file's problem: the name given to --env is, so no made-up <folder>/<name>.toml names it.
+            problem = f"unknown environment (got {name!r}); known: {known} (in {folder}; or give a .toml file's path){here}"
+            raise ConfigError("env", [problem])
         text = path.read_bytes().decode("utf-8-sig")  # -sig: an editor's byte-order mark
     except UnicodeDecodeError as err:
         raise ConfigError(str(path), [f"{path.name}: not UTF-8 text ({err}); save the file as UTF-8"]) from None
