@@ -42,7 +42,7 @@ RUNBOOKS = {
         "control ticks failed (the next tick retries): one that could not read the queues, groups or heartbeats "
         "changed nothing, one whose line starts `some actions failed` still made its other changes, and one whose "
         "line starts `some job-store reads failed` still scaled, without those reads (no hold, release or preemption "
-        "changed)",
+        "changed); `some actions and job-store reads failed` is both",
         "the scaler function's log: its last error line names each refused action and each job-store read the tick "
         "went without"),
     "scaler-throttles": Runbook(

@@ -113,14 +113,20 @@ def test_a_job_store_read_that_gave_up_degrades_the_tick_which_still_scales_out_
     send(5)
     err, lines, _ = degraded_tick(ENV, ports, datetime.now(UTC).timestamp(), caplog)
     assert desired() == 3  # 5 items, 2 slots a node: the queues and the group were read
-    ((where, cause),) = err.failures
-    assert where == f"job store: {read} not read, the tick went on without them"
+    # The reads after one that gave up are not tried (each would spend the store's retries again).
+    skipped = list(MARK)[list(MARK).index(read) + 1:]
+    assert [where for where, _ in err.failures] == [f"job store: {r} not read, the tick went on without them"
+                                                    for r in [read, *skipped]]  # fmt: skip
+    cause = err.failures[0][1]
     calls = len(unread_answers)  # the message counts what was done: the first call and its retries
-    assert isinstance(cause, dynamodb.Unprocessed)
+    assert set(unread_answers) == {MARK[read]}  # the store was asked for that read alone
+    assert isinstance(cause, dynamodb.Unprocessed) and all(e is cause for _, e in err.failures)
     assert f"after {calls} BatchGetItem calls ({calls - 1} retries)" in str(cause)
-    (line,) = lines  # one line per read gone without, naming it and what the tick did instead
-    assert json.loads(line)["job_store"].startswith(f"{read} not read: Unprocessed: ")
-    assert json.loads(line)["went_on"] == control.WITHOUT[read]
+    # One line per read gone without, naming it and what the tick did instead.
+    said = [json.loads(x)["job_store"] for x in lines]
+    assert said[0].startswith(f"{read} not read: Unprocessed: ")
+    assert said[1:] == [f"{r} not read: {read} gave up first this tick" for r in skipped]
+    assert [json.loads(x)["went_on"] for x in lines] == [control.WITHOUT[r] for r in [read, *skipped]]
 
 
 def test_without_the_waiting_marks_the_tick_ages_nothing_itself_and_leaves_the_marks_as_they_are(
@@ -202,6 +208,9 @@ def test_without_the_hold_marks_the_tick_leaves_every_preemption_mark_as_it_is(
     throttled.add("HELD")
     err, (line,), _ = degraded_tick(PREEMPTING, ports, now, caplog)
     assert all(not d.preempt for d in err.decisions)
+    # The policy's own lines still say what it would preempt or clear: one more says none of it was done.
+    (decision,) = err.decisions
+    assert decision.reasons[-1].startswith("hold marks not read: no hold, release or preemption written this tick")
     assert ports.nodes.heartbeat("cpu", node).preempt == marked
     assert "preemption marks left as they are" in json.loads(line)["went_on"]
     throttled.clear()

@@ -11,6 +11,7 @@ import click
 from tidefleet.config import (
     ConfigError,
     environment_clashes,
+    environment_path,
     environments_dir,
     known_environments,
     load_environment,
@@ -35,13 +36,14 @@ def validate(envs: tuple[str, ...], as_json: bool) -> None:
             if not as_json:
                 click.echo(str(err), err=True)
             continue
-        loaded[name] = env
+        # One file named twice (by name and by path, through a link) is one environment, not a clash.
+        loaded.setdefault(environment_path(name).resolve(), (name, env))
         results.append({"name": env.name, "ok": True, "error": None, "cloud": env.cloud, "region": env.region,
                         "pools": len(env.pools), "queues": len(env.queues)})
         if not as_json:
             click.echo(f"{env.name}: ok ({env.cloud} {env.region}, {len(env.pools)} pool(s), {len(env.queues)} queue(s))")
     ok = all(r["ok"] for r in results)
-    warnings = environment_clashes(loaded)
+    warnings = environment_clashes(dict(loaded.values()))
     if not as_json:
         for line in warnings:
             click.echo(f"warning: {line}", err=True)

@@ -363,7 +363,14 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
 
 def _read(unread: dict[str, Exception], what: str, call: Callable[[list[str]], dict], queues: list[str]):
     """call(queues), one of the job-store reads in `WITHOUT`; None when it failed, logged in one
-    line and kept in `unread` (the tick then goes on without it, and ends in a TickError)."""
+    line and kept in `unread` (the tick then goes on without it, and ends in a TickError). Once
+    one read gave up, the others are not tried: a throttled or unavailable store spends its whole
+    retry budget on each (GCP: 20 s and more), which would leave the tick no time to act."""
+    if unread:
+        first, err = next(iter(unread.items()))
+        unread[what] = err
+        log.warning(json.dumps({"job_store": f"{what} not read: {first} gave up first this tick", "went_on": WITHOUT[what]}))
+        return None
     try:
         return call(queues)
     except Exception as err:  # noqa: BLE001 - any cloud's error (the core imports none); reported
@@ -531,7 +538,11 @@ def tick(
     decisions = policy.decide(env, seen.fleet, now)
     if "hold marks" in seen.unread:  # holds unknown: none decided on a guess is written (`WITHOUT`)
         # Nor any preemption: a node with no entry keeps its marks (an entry of () would clear them).
-        decisions = tuple(replace(d, hold=(), release=(), preempt=()) for d in decisions)
+        # The policy's lines still say what it would hold or preempt: one more line says none of it was done.
+        undone = ("hold marks not read: no hold, release or preemption written this tick (lines above that "
+                  "hold, release, preempt or move are what a tick that read them would do)")  # fmt: skip
+        decisions = tuple(replace(d, hold=(), release=(), preempt=(), reasons=(*d.reasons, undone))
+                          if d.hold or d.release or d.preempt else d for d in decisions)  # fmt: skip
     # Pools a cut left over last tick first; then those that terminate nodes, before those that
     # grow: the environment's cost cap counts the money the terminations free, so a cut must not
     # leave the launches done and the terminations undone. The policy's order otherwise.
