@@ -160,7 +160,7 @@ def test_inside_a_function_a_cloud_error_says_what_its_operator_should_do(monkey
 
 @pytest.mark.parametrize("in_function", [False, True], ids=["outside", "in-a-function"])
 @pytest.mark.parametrize(("left", "operation", "then"), [
-    ("3 item(s) unwritten", "BatchWriteItem", "run the same submit again"),
+    ("3 of 3 item(s) unwritten", "BatchWriteItem", "run the same submit again"),
     ("keys unread (3 of 3)", "BatchGetItem", "try again"),
 ], ids=["write", "read"])  # fmt: skip
 def test_a_dynamodb_batch_still_throttled_is_said_in_its_own_count_of_calls_not_also_in_tries(

@@ -8,6 +8,8 @@ tests/gcp_fake.py."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from botocore.awsrequest import AWSResponse
 
@@ -77,6 +79,34 @@ def test_dynamodb_keys_left_unread_through_every_retry_raise_a_throttling_error_
         read(store)
     assert "keys unread" in one_line(for_env(AWS_ENV), raised.value)
     assert calls == ["BatchGetItem"] * (dynamodb.RETRIES + 1)
+
+
+def test_a_dynamodb_give_up_counts_what_the_batches_after_it_left_too(aws, monkeypatch):
+    """60 items, 25 a batch: the first batch goes through, the second never does, the third is not
+    tried. The message said "25 item(s) unwritten" where 35 were; keys alike."""
+    create_table(AWS_ENV.name, AWS_ENV.region)
+    store = DynamoStore(AWS_ENV.name, AWS_ENV.region)
+    monkeypatch.setattr(dynamodb.time, "sleep", lambda s: None)
+    calls = []
+
+    def answer(model, params, **_):
+        calls.append(model.name)
+        if len(calls) == 1:
+            return None  # to the moto server
+        asked = json.loads(params["body"])["RequestItems"]  # the serialized request: in DynamoDB's wire form
+        if model.name == "BatchWriteItem":
+            return AWSResponse("", 200, {}, None), {"UnprocessedItems": asked}
+        return AWSResponse("", 200, {}, None), {"Responses": {}, "UnprocessedKeys": asked}
+
+    items = [Item("j", f"{i:06d}", args=[]) for i in range(60)]
+    for operation in ("BatchWriteItem", "BatchGetItem"):
+        store.table.meta.client.meta.events.register(f"before-call.dynamodb.{operation}", answer)
+    with pytest.raises(dynamodb.Unprocessed, match="35 of 60 item[(]s[)] unwritten"):
+        store.create_items(items, unseen=True)
+    calls.clear()
+    keys = [f"{i:06d}" for i in range(120)]  # the first chunk of keys answered, the second never
+    with pytest.raises(dynamodb.Unprocessed, match=rf"keys unread [(]{120 - dynamodb.GET_BATCH} of 120[)]"):
+        store.items_by_id("j", keys)
 
 
 @pytest.fixture

@@ -380,8 +380,9 @@ class DynamoStore:
                 pending = client.batch_write_item(RequestItems=pending).get("UnprocessedItems") or {}
                 if not pending:
                     break
-                if attempt == RETRIES:
-                    raise still_throttled(f"{len(pending[self.table.name])} item(s) unwritten", "BatchWriteItem",
+                if attempt == RETRIES:  # the batches after this one are not tried: unwritten too
+                    left = len(pending[self.table.name]) + max(0, len(items) - start - WRITE_BATCH)
+                    raise still_throttled(f"{left} of {len(items)} item(s) unwritten", "BatchWriteItem",
                                           self.table.name, "run the same submit again")  # fmt: skip
                 backoff(attempt)
         return [i.item_id for i in items]
@@ -404,8 +405,9 @@ class DynamoStore:
                 pending = page.get("UnprocessedKeys") or {}
                 if not pending:
                     break
-                if attempt == RETRIES:
-                    left = f"keys unread ({len(pending[self.table.name]['Keys'])} of {len(chunk)})"
+                if attempt == RETRIES:  # the chunks after this one are not asked: unread too
+                    unread = len(pending[self.table.name]["Keys"]) + max(0, len(keys) - start - GET_BATCH)
+                    left = f"keys unread ({unread} of {len(keys)})"
                     raise still_throttled(left, "BatchGetItem", self.table.name, "try again")
                 backoff(attempt)
         return out
