@@ -363,9 +363,15 @@ def test_the_deploy_hint_names_an_environment_given_as_a_path_by_its_path(tmp_pa
 def test_an_unreachable_endpoint_suggests_the_emulator_only_where_one_is_configured(monkeypatch):
     """Deploying makes no endpoint reachable (the line used to say "or deploy it", mid-deploy too)."""
     unreachable = EndpointConnectionError(endpoint_url="http://127.0.0.1:9")
-    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    for variable in [k for k in os.environ if k.startswith("AWS_ENDPOINT_URL")]:
+        monkeypatch.delenv(variable)
     line = for_env(AWS).explain(unreachable)
     assert line.endswith("check AWS_ENDPOINT_URL, credentials and network") and "deploy" not in line, line
-    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
-    assert for_env(AWS).explain(unreachable).endswith(
-        "check AWS_ENDPOINT_URL, credentials and network, or start the emulator (`tidefleet sandbox --keep`)")
+    for variable in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_SQS"):  # botocore reads per-service ones too
+        monkeypatch.setenv(variable, "http://127.0.0.1:9")
+        assert for_env(AWS).explain(unreachable).endswith(
+            "check AWS_ENDPOINT_URL, credentials and network, or start the emulator (`tidefleet sandbox --keep`) and "
+            "export what it prints")
+        monkeypatch.delenv(variable)
+    gcp = for_env(GCP).explain(requests.ConnectionError("refused"))
+    assert gcp.endswith("check credentials and network") and "deploy" not in gcp, gcp

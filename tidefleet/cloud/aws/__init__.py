@@ -333,8 +333,10 @@ class AwsCloud:
                     f"{READ_TIMEOUT_S} s ({ATTEMPTS} tries); check AWS_ENDPOINT_URL, or whether the emulator is stuck")
         if isinstance(err, ResponseParserError):  # a garbled answer: its first words, not its bytes
             return f"AWS for {env!r} sent an answer that does not parse ({_one_line(str(err), 80)}); check AWS_ENDPOINT_URL"
-        # Deploying makes no endpoint reachable; an emulator's endpoint may just need the emulator.
-        emulator = ", or start the emulator (`tidefleet sandbox --keep`)" if os.environ.get("AWS_ENDPOINT_URL") else ""
+        # Deploying makes no endpoint reachable; an emulator's endpoint may just need the emulator,
+        # which comes up on a new port: its printed exports replace the stale ones.
+        emulator = (", or start the emulator (`tidefleet sandbox --keep`) and export what it prints"
+                    if any(k.startswith("AWS_ENDPOINT_URL") for k in os.environ) else "")  # fmt: skip
         return f"cannot reach AWS for {env!r} ({_one_line(str(err))}); check AWS_ENDPOINT_URL, credentials and network{emulator}"
 
     def _explain_in_function(self, err: BaseException, function: str) -> str | None:

@@ -219,7 +219,7 @@ class GcpCloud:
             return f"permission denied in project {project} ({err.message}); check the account's roles"
         if isinstance(err, gexc.GoogleAPICallError):
             return f"{type(err).__name__}: {err.message} (project {project})"
-        return f"cannot reach Google Cloud for {env!r} ({err}); check credentials and network, or {deploy}"
+        return f"cannot reach Google Cloud for {env!r} ({err}); check credentials and network"  # deploying reaches nothing
 
     def _explain_in_function(self, err: BaseException, function: str, retried: bool) -> str | None:
         """The line for an operator reading the function's log, where a person's fixes (gcloud auth,
