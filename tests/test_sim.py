@@ -421,6 +421,20 @@ def test_ctrl_c_in_a_replay_says_nothing_was_written_and_exits_130(tmp_path, mon
     assert out.exit_code == 130 and out.stderr == "simulate: interrupted; nothing written\n", out.output
 
 
+def test_ctrl_c_while_the_plot_is_written_leaves_no_half_plot_and_exits_130(tmp_path, monkeypatch):
+    plot = tmp_path / "run.png"
+
+    def interrupted(report, path):
+        path.write_bytes(b"\x89PNG half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("tidefleet.sim.plot.plot_report", interrupted)
+    out = CliRunner().invoke(simulate_command, [str(write(tmp_path, "submit_s,duration_s\n0,100\n")), "--env", "bench",
+                                                "--pool", "gpu", "--plot", str(plot)])  # fmt: skip
+    assert out.exit_code == 130 and not plot.exists(), out.output
+    assert out.stderr.endswith(f"simulate: interrupted while writing the plot; {plot} not written\n")
+
+
 def test_an_item_killed_max_receive_count_times_is_dead_lettered_not_retried_forever():
     # Target tracking sees no visible backlog while the item runs, scales in to zero after 15
     # datapoints (killing it: no protection), its 0 -> 1 alarm brings a node back, and so on.

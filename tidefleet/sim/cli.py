@@ -206,5 +206,9 @@ def simulate(
             plot_report(report, plot)
         except OSError as err:  # the place changed during the replay, a read-only file
             raise cannot_write_plot(plot, err.strerror or str(err)) from None
+        except KeyboardInterrupt:  # the result is out already; a half-written plot is none
+            plot.unlink(missing_ok=True)
+            click.echo(f"simulate: interrupted while writing the plot; {plot} not written", err=True)
+            raise SystemExit(130) from None
         if not as_json:
             click.echo(f"plot: {plot}", err=True)  # stdout carries the result alone
