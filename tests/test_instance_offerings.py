@@ -11,14 +11,15 @@ import contextlib
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import bad_endpoints
 import boto3
 import pytest
-from invoke import Config, Context
 
 import tasks
+from tests.test_task_terraform import calls, context, fake_terraform  # noqa: F401 - a fixture
 from tidefleet.cloud.aws import _fail_fast
 from tidefleet.cloud.aws.offerings import Offerings, check, problems
 from tidefleet.config import load_environment
@@ -97,29 +98,16 @@ def test_an_endpoint_that_lists_no_offerings_checks_nothing_and_says_so(tmp_path
 
 
 @pytest.fixture
-def terraform(tmp_path, monkeypatch) -> Path:
-    """A terraform that records the step it runs; the functions' build and the synth are
-    skipped (tested elsewhere). Returns the file of recorded steps."""
-    binary = tmp_path / "bin" / "terraform"
-    binary.parent.mkdir()
-    steps = tmp_path / "steps"
-    binary.write_text(f'#!/bin/sh\necho "$2" >> {steps}\n')  # $1 is -chdir=
-    binary.chmod(0o755)
-    monkeypatch.setattr("stacks.terraform.terraform_binary", lambda: str(binary))
-    monkeypatch.setattr(tasks, "build", lambda c, cloud=None: None)
-    monkeypatch.setattr(tasks, "_synth", lambda env: (tasks._env(env), tmp_path / "stack"))
-    monkeypatch.setattr(sys.stdout, "isatty", lambda: False)
-    return steps
-
-
-def context() -> Context:
-    return Context(Config(overrides={"run": {"in_stream": False}}))  # pytest's stdin cannot be read
+def terraform(fake_terraform) -> Callable[[], list[str]]:  # noqa: F811 - the fixture's value
+    """The steps (init, plan, ...) tests/test_task_terraform.py's fake terraform was asked to run
+    so far; the functions' build and the synth are skipped there."""
+    return lambda: [line.split()[1] for line in calls(fake_terraform)]
 
 
 def test_plan_says_nothing_more_when_every_type_is_offered(aws, tmp_path, terraform, capfd):
     tasks.plan(context(), env=str(environment_file(tmp_path, "us-east-1", "c6i.large", "g5.xlarge")))
-    assert terraform.read_text().split() == ["init", "plan"]
-    assert capfd.readouterr() == ("", "")
+    assert terraform() == ["init", "plan"]
+    assert capfd.readouterr() == ("init done\nplan done\n", "")  # the fake's own lines alone
 
 
 def test_deploy_warns_in_one_line_of_a_type_some_zones_lack_and_applies(
@@ -129,7 +117,7 @@ def test_deploy_warns_in_one_line_of_a_type_some_zones_lack_and_applies(
     tasks.deploy(
         context(), env=str(environment_file(tmp_path, "af-south-1", "c6i.large", "g4dn.xlarge")), yes=True
     )
-    assert terraform.read_text().split() == ["init", "apply"]
+    assert terraform() == ["init", "apply"]
     lines = capfd.readouterr().err.splitlines()
     warning = f"warning: {field(1)}: g4dn.xlarge is not offered in af-south-1a"
     assert len(lines) == 1 and lines[0].startswith(warning), lines
@@ -190,7 +178,7 @@ def test_a_check_that_cannot_ask_ec2_says_so_in_one_line_and_terraform_runs(tmp_
     with endpoint as url:
         monkeypatch.setenv("AWS_ENDPOINT_URL", url)
         tasks.plan(context(), env=str(environment_file(tmp_path, "af-south-1", "g5.xlarge")))
-    assert terraform.read_text().split() == ["init", "plan"]
+    assert terraform() == ["init", "plan"]
     lines = capfd.readouterr().err.splitlines()
     assert len(lines) == 1 and lines[0].startswith(COULD_NOT.format(region="af-south-1")), lines
     line = lines[0]
@@ -201,11 +189,11 @@ def test_destroy_asks_nothing_about_offerings(aws, tmp_path, terraform, monkeypa
     """A type gone from the region must not keep its group from being destroyed."""
     monkeypatch.setattr(tasks, "_check_nothing_is_lost", lambda environment, force: None)
     tasks.destroy(context(), env=str(environment_file(tmp_path, "af-south-1", "g5.xlarge")), yes=True)
-    assert terraform.read_text().split() == ["init", "destroy"]
+    assert terraform() == ["init", "destroy"]
 
 
 def test_a_gcp_environment_is_not_checked(tmp_path, terraform, capfd, monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # an AWS call would say so
     tasks.plan(context(), env="gcp-dev")
-    assert terraform.read_text().split() == ["init", "plan"]
-    assert capfd.readouterr() == ("", "")
+    assert terraform() == ["init", "plan"]
+    assert capfd.readouterr() == ("init done\nplan done\n", "")  # the fake's own lines alone
