@@ -6,11 +6,13 @@ and counts never add up to more than the job's items. Against the moto server.""
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
 from agent_harness import Harness
 from click.testing import CliRunner
+from rich.progress import Progress
 
 from tidefleet.cli import main
 from tidefleet.cloud.aws.dynamodb import DynamoStore
@@ -112,6 +114,60 @@ def test_cli_held_line_names_what_the_record_waits_for(h, tmp_path):
     listed.write_text("s3://b/0\n")
     out = run(h, "submit", "--name", "held", "--queue", "work", "--items", str(listed), "--after", first, "--after-finished")
     assert out.exit_code == 0 and out.output.splitlines()[-1].endswith(f"held: sent once job {first} has finished")
+
+
+def test_ctrl_c_says_its_last_line_once_the_bar_is_gone_and_counts_the_chunks_it_gave_up_on(h, monkeypatch):
+    """A bar (1,000 items or more) was drawn again after the `interrupted` line, into it in a
+    terminal; and the chunks still in flight when it stopped waiting went unsaid ('at least 0 of
+    3000 item(s) sent' read as nothing done). Here chunk 0 goes out, Ctrl-C comes as it is counted,
+    and the 7 others in flight never answer."""
+    released, write_chunk, advance = threading.Event(), sdk._write_chunk, Progress.advance
+
+    def first_only(cloud, job, k, *rest):
+        if k:
+            released.wait()
+            raise RuntimeError("the test is over")
+        return write_chunk(cloud, job, k, *rest)
+
+    def counted_then_ctrl_c(bar, task, n):
+        advance(bar, task, n)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sdk, "_write_chunk", first_only)
+    monkeypatch.setattr(sdk, "STOP_WAIT_S", 0)
+    monkeypatch.setattr(Progress, "advance", counted_then_ctrl_c)
+    monkeypatch.setenv("TTY_COMPATIBLE", "1")  # the bar is drawn, as in a terminal
+    try:
+        out = run(h, "submit", "--name", "big", "--queue", "work", "--items", "-",
+                  input="".join(f"s3://b/{i}\n" for i in range(100 * CHUNK)))  # fmt: skip
+    finally:
+        released.set()
+    job_id = sdk.job_id_for("big")
+    assert out.exit_code == 130 and "━━" in out.stderr, out.stderr  # the bar was up
+    assert "stopping: 10 item(s) sent so far; waiting up to 0 s for 7 chunk(s) in flight" in out.stderr
+    # The last thing written, after the bar's last drawing and its erasing: nothing draws over it.
+    assert out.stderr.endswith(
+        f"interrupted: job {job_id}: at least 10 of 1000 item(s) confirmed sent, 7 chunk(s) "
+        "still in flight unconfirmed; run the same command again: it continues the job\n"
+    )
+
+
+def test_a_ctrl_c_while_a_chunks_thread_starts_waits_for_that_chunk_and_counts_it(h, monkeypatch):
+    """The chunk's call may be out before its thread's start returns: a Ctrl-C then found no chunk
+    in flight, waited for none and said none (a stalled endpoint's submit then left without the
+    `stopping` line)."""
+    told, start = [], threading.Thread.start
+
+    def start_then_ctrl_c(thread):
+        start(thread)
+        if thread.name == "submit":
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(threading.Thread, "start", start_then_ctrl_c)
+    with pytest.raises(sdk.SubmitInterrupted) as stopped:
+        sdk.submit(h.env, "starting", "work", items(CHUNK), kick=False, progress=told.append,
+                   on_stop=lambda chunks, _: told.append(f"stopping: {chunks} chunk(s) in flight"))  # fmt: skip
+    assert told == ["stopping: 1 chunk(s) in flight", CHUNK] and stopped.value.unconfirmed == 0
 
 
 def test_running_is_capped_by_the_items_not_settled(h):

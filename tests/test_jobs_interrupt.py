@@ -1,7 +1,8 @@
 """Ctrl-C during `tidefleet submit` when the endpoint stalls or is slow: it says at once what it
 waits for, a second Ctrl-C leaves at once, and the last line counts what was sent, chunks that
-finished after the Ctrl-C included. A real subprocess and SIGINT, boto3 through a proxy on
-loopback in front of the moto server that holds (or delays) every BatchWriteItem."""
+finished after the Ctrl-C included, and the chunks it left unconfirmed. A real subprocess and
+SIGINT, boto3 through a proxy on loopback in front of the moto server that holds (or delays)
+every BatchWriteItem."""
 
 from __future__ import annotations
 
@@ -133,11 +134,13 @@ def test_ctrl_c_on_a_stalled_endpoint_says_what_it_waits_for_and_a_second_leaves
         stopping = submit.line(within_s=5)
         assert stopping.startswith(f"stopping: 0 item(s) sent so far; waiting up to {sdk.STOP_WAIT_S:g} s for ")
         assert stopping.endswith("chunk(s) in flight; Ctrl-C again to leave now")
+        chunks = int(stopping.split(" chunk(s)")[0].rsplit(" ", 1)[1])
         submit.interrupt()
         assert submit.exit_code(within_s=5) == 130
         job_id = job_line.split()[1].rstrip(":")
-        assert submit.line(within_s=5) == (f"interrupted: job {job_id}: at least 0 of {ITEMS} item(s) sent; "
-                                           "run the same command again to finish (nothing is sent twice)")  # fmt: skip
+        assert submit.line(within_s=5) == (f"interrupted: job {job_id}: at least 0 of {ITEMS} item(s) confirmed sent, "
+                                           f"{chunks} chunk(s) still in flight unconfirmed; run the same command again: "
+                                           "it continues the job")  # fmt: skip
     again = resubmitted(h, items_file)
     assert again.sent == ITEMS and h.queue_depth("work") == ITEMS, "nothing lost, nothing twice"
 

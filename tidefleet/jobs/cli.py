@@ -108,17 +108,15 @@ def submit(env_name, name, queue, items_from, job_id, image, command, job_env, s
 
     with _explained(env):
         items = sdk.read_items(items_from)
-        with Progress(TextColumn("sending"), BarColumn(), TextColumn("{task.completed}/{task.total} items"),
-                      console=Console(stderr=True), transient=True, disable=len(items) < 1000) as bar:
-            task = bar.add_task("", total=len(items))
-            try:
+        try:
+            with Progress(TextColumn("sending"), BarColumn(), TextColumn("{task.completed}/{task.total} items"),
+                          console=Console(stderr=True), transient=True, disable=len(items) < 1000) as bar:
+                task = bar.add_task("", total=len(items))
                 result = sdk.submit(env, name, queue, items, job_id=job_id, progress=told, on_job=recorded, spec=spec,
                                     after=after, after_finished=after_finished, flags=True, on_stop=stopping)  # fmt: skip
-            except KeyboardInterrupt:
-                # Chunks cut short may have sent part of their items: counted once marked, so "at least".
-                where = f"job {started.job_id}: at least {done} of {started.total} item(s) sent" if started else "nothing sent"
-                click.echo(f"interrupted: {where}; run the same command again to finish (nothing is sent twice)", err=True)
-                raise SystemExit(130) from None
+        except KeyboardInterrupt as stop:  # said once the bar is gone: a live bar is drawn again over a line
+            click.echo(f"interrupted: {_sent(started, done, stop)}", err=True)
+            raise SystemExit(130) from None
     if result.already:
         click.echo(f"job {result.job_id}: already submitted ({result.total} item(s)); nothing recorded or sent again; "
                    f"`tidefleet status --env {env_argument(env)} {result.job_id}` shows its progress")  # fmt: skip
@@ -127,6 +125,18 @@ def submit(env_name, name, queue, items_from, job_id, image, command, job_env, s
                    f"{started.after} has {'finished' if started.after_finished else 'succeeded'}")  # fmt: skip
     else:
         click.echo(f"job {result.job_id}: {result.total} item(s), {result.new_items} new, {result.sent} sent; {result.kick}")
+
+
+def _sent(job, done: int, stop: KeyboardInterrupt) -> str:
+    """What a stopped submit sent, and that the same command continues it. Items are counted once
+    their chunk is marked; a chunk cut short may have sent some of its items: "at least"."""
+    again = "run the same command again to finish (nothing is sent twice)"
+    if job is None:
+        return f"nothing sent; {again}"
+    if isinstance(stop, sdk.SubmitInterrupted) and stop.unconfirmed:  # given up on: sent or not, unknown
+        return (f"job {job.job_id}: at least {done} of {job.total} item(s) confirmed sent, {stop.unconfirmed} chunk(s) "
+                "still in flight unconfirmed; run the same command again: it continues the job")  # fmt: skip
+    return f"job {job.job_id}: at least {done} of {job.total} item(s) sent; {again}"
 
 
 def _console(**kwargs) -> Console:

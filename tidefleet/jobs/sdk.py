@@ -37,6 +37,7 @@ topic on GCP).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -76,6 +77,15 @@ log = logging.getLogger("tidefleet.jobs")
 
 class JobError(Exception):
     """A user mistake or a missing resource; the message says what to do."""
+
+
+class SubmitInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a submit while `unconfirmed` chunks were still in flight: each may have sent
+    some, all or none of its items; the same submit again continues the job."""
+
+    def __init__(self, unconfirmed: int):
+        super().__init__(unconfirmed)
+        self.unconfirmed = unconfirmed
 
 
 MAX_COUNTER = 2**53 - 1  # an item message's counters (seq, failures, ...); exact in any JSON reader too
@@ -472,8 +482,9 @@ def submit(
     and `deadline` mark a scheduled run, which the watch cancels as timed out past its deadline.
     `flags`: name the spec's problems by the CLI's options (--slots) rather than its fields (spec.slots).
     On Ctrl-C, `on_stop(chunks, seconds)` is told how many chunks are in flight and how long they
-    may finish (and be told to `progress`) before KeyboardInterrupt goes on; a second one goes on
-    at once. Nothing is lost either way: a re-run of the same submit continues it."""
+    may finish (and be told to `progress`) before SubmitInterrupted (a KeyboardInterrupt) goes on,
+    counting those still unconfirmed; a second Ctrl-C goes on at once. Nothing is lost either way:
+    a re-run of the same submit continues it."""
     if queue not in env.queues:
         known = ", ".join(sorted(env.queues))
         raise JobError(f"queue: unknown queue {queue!r} in environment {env.name!r}; known queues: {known}")
@@ -545,16 +556,17 @@ def submit(
                 continue
             while len(running) >= plan.threads:
                 collect(wait(running, return_when=FIRST_COMPLETED).done)
-            running.add(_in_thread(_write_chunk, cloud, stored, k, chunk, plan))
+            _in_thread(running, _write_chunk, cloud, stored, k, chunk, plan)
         while running:
             collect(wait(running, return_when=FIRST_COMPLETED).done)
     except KeyboardInterrupt:  # chunks not started are dropped; started ones may finish (and mark) a while
-        if running and on_stop:
-            on_stop(len(running), STOP_WAIT_S)
-        deadline = time.monotonic() + STOP_WAIT_S
-        while running and (left := deadline - time.monotonic()) > 0:  # a second Ctrl-C leaves at once
-            collect(wait(running, timeout=left, return_when=FIRST_COMPLETED).done, stopping=True)
-        raise
+        with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C (even as on_stop speaks) leaves now
+            if running and on_stop:
+                on_stop(len(running), STOP_WAIT_S)
+            deadline = time.monotonic() + STOP_WAIT_S
+            while running and (left := deadline - time.monotonic()) > 0:
+                collect(wait(running, timeout=left, return_when=FIRST_COMPLETED).done, stopping=True)
+        raise SubmitInterrupted(len(running)) from None
     except Exception:  # an error: started chunks finish (and mark), so a re-run has less to read
         while running:
             collect(wait(running).done, stopping=True)
@@ -564,10 +576,12 @@ def submit(
     return Submitted(job_id, new, sent, len(items), how, held=stored.waiting)
 
 
-def _in_thread(fn: Callable, *args) -> Future:
-    """`fn(*args)` in a daemon thread: a Ctrl-C can leave a call stalled on the network behind,
-    where ThreadPoolExecutor's workers are joined at exit."""
+def _in_thread(running: set[Future], fn: Callable, *args) -> None:
+    """`fn(*args)` in a daemon thread, its future in `running` before the thread starts: a Ctrl-C
+    as it starts (the call may be out already) finds it in flight. A daemon thread: a Ctrl-C can
+    leave a call stalled on the network behind, where ThreadPoolExecutor's workers are joined at exit."""
     future: Future = Future()
+    running.add(future)
 
     def run() -> None:
         try:
@@ -575,8 +589,10 @@ def _in_thread(fn: Callable, *args) -> Future:
         except BaseException as err:  # noqa: BLE001 - the caller gets it from the future
             future.set_exception(err)
 
-    threading.Thread(target=run, name="submit", daemon=True).start()
-    return future
+    try:
+        threading.Thread(target=run, name="submit", daemon=True).start()
+    except RuntimeError as err:  # "can't start new thread": never started, so never waited for
+        future.set_exception(err)
 
 
 def _same_job(cloud: Cloud, stored: Job, name: str, queue: str, spec: JobSpec, items: ItemList, after: str | None,
