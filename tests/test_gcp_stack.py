@@ -28,7 +28,8 @@ queue = "default"
 items = [["--merge", "gs://acme-ml/checkpoints/latest"]]
 admission = "queue"
 """
-ENV_TEXT = environment_path("gcp-dev").read_text() + SCHEDULES
+# Its gpu pool trains across nodes: placement "cluster".
+ENV_TEXT = environment_path("gcp-dev").read_text().replace('disk_gb = 200\n', 'disk_gb = 200\nplacement = "cluster"\n') + SCHEDULES
 ENV = parse_environment(tomllib.loads(ENV_TEXT), name="gcp-dev")
 
 
@@ -74,6 +75,17 @@ def test_group_size_is_left_to_the_scaler(stack):
     for g in groups.values():
         assert g["lifecycle"]["ignore_changes"] == ["target_size"]
         assert g["target_size"] == 0
+
+
+def test_a_cluster_pools_groups_each_keep_their_nodes_in_one_zone_and_other_pools_spread(stack):
+    """Its gangs talk to each other: one zone GCP picks with capacity for the whole group, where a
+    spread pool's Spot VMs go to whichever zones have capacity."""
+    assert ENV.pools["gpu"].placement == "cluster" and ENV.pools["cpu"].placement == "spread"
+    groups = resources(stack, "google_compute_region_instance_group_manager")
+    for kind in ("spot", "on-demand"):
+        assert groups[f"pool-gpu_group-{kind}"]["distribution_policy_target_shape"] == "ANY_SINGLE_ZONE"
+        assert groups[f"pool-cpu_group-{kind}"]["distribution_policy_target_shape"] == "ANY"
+        assert groups[f"pool-gpu_group-{kind}"]["update_policy"]["instance_redistribution_type"] == "NONE"
 
 
 def test_every_queue_dead_letters_after_its_attempts_with_ack_deadline_from_the_item_timeout(stack):

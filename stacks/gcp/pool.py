@@ -113,8 +113,10 @@ class NodePool(Construct):
                 self, f"group-{kind}", name=group_name, base_instance_name=group_name, region=env.region,
                 version=[ComputeRegionInstanceGroupManagerVersion(name=kind, instance_template=template.self_link_unique)],
                 target_size=size // first.weight,
-                # ANY: put Spot VMs in whichever zones have capacity (needs redistribution NONE).
-                distribution_policy_target_shape="ANY",
+                # ANY: put Spot VMs in whichever zones have capacity (needs redistribution NONE);
+                # a cluster pool's in one zone GCP picks with capacity for them all, as its gangs talk
+                # to each other (GCP's compact placement policies fit few machine series and sizes).
+                distribution_policy_target_shape="ANY_SINGLE_ZONE" if pool.placement == "cluster" else "ANY",
                 update_policy={"type": "OPPORTUNISTIC", "minimal_action": "REPLACE",
                                "instance_redistribution_type": "NONE", "max_surge_fixed": 0,
                                "max_unavailable_fixed": MAX_UNAVAILABLE},
