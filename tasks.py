@@ -49,6 +49,14 @@ def _number(flag: str, value, kind: type = int):
     return number
 
 
+def _run(c, command: str, *, reads_stdin: bool = False, **kwargs):
+    """`c.run`, mirroring invoke's stdin into the child only where the child reads it. Mirrored,
+    a Ctrl-C once invoke's stdin was at its end (a CI job, `< /dev/null`) ended in invoke's
+    ValueError traceback: it had closed the child's stdin and wrote ^C into it. Not mirrored, the
+    Ctrl-C reaches the child as the signal alone."""
+    return c.run(command, **kwargs) if reads_stdin else c.run(command, in_stream=False, **kwargs)
+
+
 def _synth(name: str):
     env = _env(name)  # before importing the stacks: a bad config fails in a second, not ten
     from stacks.app import synth as synth_stack
@@ -158,7 +166,9 @@ def _terraform(c, env: str | None, *args: str) -> None:
     tty = sys.stdout.isatty()
     color = [] if tty else ["-no-color"]  # escape codes only for a terminal, not into a file or a CI log
     for step in (["init", "-input=false"], list(args)):
-        result = c.run(shlex.join([binary, f"-chdir={out}", *step, *color]), pty=tty, warn=True)
+        command = shlex.join([binary, f"-chdir={out}", *step, *color])
+        asks = step[0] in ("apply", "destroy") and "-auto-approve" not in step  # its yes/no prompt
+        result = _run(c, command, reads_stdin=asks, pty=tty, warn=True)
         if result.exited:
             said = result.stdout + result.stderr
             fix = next((fix for words, fix in TERRAFORM_FIXES if any(w in said for w in words)), None)
@@ -305,11 +315,13 @@ def test(c, args=""):
     passes = [f"-n auto {args}"]
     if "-m" not in args.split():
         passes = [f"-n auto -m 'not calibration' {args}", f"-n 0 -m calibration {args}"]
-    failed = [
-        r.exited
-        for r in (c.run(f"{sys.executable} -m pytest {p}", warn=True, pty=sys.stdout.isatty()) for p in passes)
-        if r.exited not in (0, 5)
-    ]
+    failed = []
+    for p in passes:  # stdin mirrored at a terminal only, for a debugger (--pdb)
+        code = _run(c, f"{sys.executable} -m pytest {p}", reads_stdin=sys.stdin.isatty(), warn=True,
+                    pty=sys.stdout.isatty()).exited  # fmt: skip
+        if code == 2:  # pytest's "interrupted" (Ctrl-C, or collection errors): no pass after it
+            raise Exit(code=code)
+        failed += [code] if code not in (0, 5) else []
     if failed:
         raise Exit(code=failed[0])
 
@@ -317,7 +329,7 @@ def test(c, args=""):
 @task
 def lint(c):
     """ruff on the code, shellcheck on every environment's rendered node user-data."""
-    c.run(f"{sys.executable} -m ruff check .")
+    _run(c, f"{sys.executable} -m ruff check .")
     from stacks.shellcheck import shellcheck_all
 
     problems = shellcheck_all()
@@ -382,7 +394,7 @@ def simulate(c, trace, env=None, pool="gpu", policy=None, extra=""):
     from tidefleet.sim.trace import traces_dir
 
     if trace in ("-h", "--help"):  # invoke hands a required positional the next word, even --help
-        c.run(f"{sys.executable} -m invoke -r {shlex.quote(str(ROOT))} --help simulate")
+        _run(c, f"{sys.executable} -m invoke -r {shlex.quote(str(ROOT))} --help simulate")
         return
     # A bare name such as philly_2017_jobs.csv means the project's copy, whatever the cwd.
     found = next((p for p in (Path(trace), ROOT / trace, traces_dir() / trace) if p.is_file()), Path(trace))
@@ -437,7 +449,8 @@ def bench_io(c, submit_items="2000", agent_items="300", tick_queues="1000", tick
     ratios = []
     for script, args in runs.items():
         print(f"== {script} {args}", flush=True)
-        result = c.run(f"{sys.executable} {shlex.quote(str(ROOT / 'benchmarks' / script))} {args}", warn=True)
+        path = shlex.quote(str(ROOT / "benchmarks" / script))
+        result = _run(c, f"{sys.executable} {path} {args}", warn=True)
         if result.exited:
             raise Exit(f"{script} failed (exit {result.exited}); its output is above", result.exited)
         ratios += [line for line in result.stdout.splitlines() if line.startswith("ratio ")][-1:]
@@ -460,12 +473,12 @@ def mutate(c, only=None, jobs="2"):
     changed. docs/mutation.md explains the known survivors; `mutmut show NAME` prints one's diff.
     """
     names = " ".join(shlex.quote(glob) for glob in only or [])
-    result = c.run(f"{sys.executable} -m mutmut run --max-children {_number('jobs', jobs)} {names}", warn=True,
-                   pty=sys.stdout.isatty())
+    result = _run(c, f"{sys.executable} -m mutmut run --max-children {_number('jobs', jobs)} {names}", warn=True,
+                  pty=sys.stdout.isatty())
     if result.exited:
         raise Exit("mutmut run failed; see its output above", result.exited)
     # `mutmut results` lists every mutant not killed: "name: status".
-    results = [line.strip().rsplit(": ", 1) for line in c.run(f"{sys.executable} -m mutmut results", hide=True).stdout.splitlines()]
+    results = [line.strip().rsplit(": ", 1) for line in _run(c, f"{sys.executable} -m mutmut results", hide=True).stdout.splitlines()]
     survivors = [name + ": " + status for name, status in results if status not in ("not checked", "timeout")]
     timeouts = sum(status == "timeout" for _, status in results)
     print("\n".join(["survivors:", *survivors]) if survivors else "no survivors")

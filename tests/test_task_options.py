@@ -161,3 +161,27 @@ def test_ctrl_c_stops_simulate_without_a_traceback_when_stdin_is_not_a_terminal(
             run.wait()
     assert "Traceback" not in out + err and "simulate: interrupted; nothing written" in err, out + err
     assert run.returncode == 130
+
+
+def test_ctrl_c_stops_invoke_test_with_no_traceback_nor_a_further_pass_when_stdin_is_not_a_terminal(tmp_path):
+    """A CI job cancelled (SIGINT to the group, stdin at its end) as pytest runs: invoke wrote
+    Ctrl-C's ^C into pytest's stdin, which it had closed, and ended in a ValueError traceback;
+    the calibration pass would then have started after the interrupted one."""
+    slow = tmp_path / "test_slow.py"
+    slow.write_text("import time\n\n\ndef test_slow():\n    print('slow test started', flush=True)\n"
+                    "    time.sleep(120)\n")  # fmt: skip
+    run = subprocess.Popen([sys.executable, "-m", "invoke", "test", "--args", f"-n 0 -p no:randomly -s {slow}"],
+                           cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, start_new_session=True)  # fmt: skip
+    try:
+        while "slow test started" not in (line := run.stdout.readline()):
+            assert line, run.stderr.read()  # pytest did not start the test
+        os.killpg(run.pid, signal.SIGINT)  # as a terminal's Ctrl-C or a CI runner's cancel: the whole group
+        out, err = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+    assert "Traceback" not in out + err and "KeyboardInterrupt" in out, out + err
+    assert "test session starts" not in out, out  # read above for the first pass: none started after it
+    assert run.returncode == 2  # pytest's own "interrupted"
