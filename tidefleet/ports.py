@@ -359,8 +359,8 @@ class Cloud(Protocol):
 
     def node_host(self) -> NodeHost: ...
 
-    def group_sizes(self) -> dict[str, tuple[int, int]]:
-        """(desired capacity units, instances) of each pool whose group exists."""
+    def group_members(self) -> dict[str, tuple[int, tuple[str, ...]]]:
+        """(desired capacity units, the ids of its instances) of each pool whose group exists."""
 
     def kick(self, payload: bytes) -> str:
         """Tell the scaler function there is work; returns what was kicked. Raises on failure."""

@@ -1053,14 +1053,14 @@ def nodes(env: Environment, now: float | None = None) -> list[PoolRow]:
     # Heartbeats before the groups: a node launched between the two reads has no heartbeat yet
     # rather than one that looks gone.
     beats = {pool: cloud.store.heartbeats(pool) for pool in pools}
-    groups = cloud.control_ports().fleet.groups(pools, since=now)
+    groups = cloud.group_members()
     out = []
     for pool in pools:
         group = groups.get(pool)
-        members = {i.id for i in group.instances} if group else set()
+        members = set(group[1]) if group else set()
         rows = sorted((NodeRow(pool, hb.node_id, hb.instance_type, hb.spot, hb.busy_slots, hb.slots, hb.gpus, hb.draining,
                                now - hb.at, gone=hb.node_id not in members) for hb in beats[pool].values()),
                       key=lambda n: (n.gone, n.node_id))  # fmt: skip
-        desired, instances = (group.desired, len(group.instances)) if group else (None, None)
+        desired, instances = (group[0], len(group[1])) if group else (None, None)
         out.append(PoolRow(pool, desired, instances, rows))
     return out

@@ -270,11 +270,13 @@ class AwsCloud:
     def node_host(self, metadata: Metadata | None = None) -> AwsNode:
         return AwsNode(self.env, metadata)
 
-    def group_sizes(self) -> dict[str, tuple[int, int]]:
+    def group_members(self) -> dict[str, tuple[int, tuple[str, ...]]]:
+        """One DescribeAutoScalingGroups call: all `tidefleet nodes` needs (and an operator may)."""
         autoscaling = boto3.client("autoscaling", region_name=self.env.region)
         names = {naming.group(self.env.name, p): p for p in self.env.pools}
         found = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=list(names))["AutoScalingGroups"]
-        return {names[g["AutoScalingGroupName"]]: (g["DesiredCapacity"], len(g["Instances"])) for g in found}
+        return {names[g["AutoScalingGroupName"]]: (g["DesiredCapacity"], tuple(i["InstanceId"] for i in g["Instances"]))
+                for g in found}  # fmt: skip
 
     def kick(self, payload: bytes) -> str:
         function = naming.function(self.env.name, "scaler")

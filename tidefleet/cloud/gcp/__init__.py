@@ -123,11 +123,12 @@ class GcpCloud:
     def node_host(self, metadata=None) -> GceNode:
         return GceNode(self.env, metadata)
 
-    def group_sizes(self) -> dict[str, tuple[int, int]]:
+    def group_members(self) -> dict[str, tuple[int, tuple[str, ...]]]:
         """A pool is a Spot and an on-demand group, shown as one (`MigFleet`)."""
         from tidefleet.cloud.gcp.mig import MigFleet
 
-        return {p: (g.desired, len(g.instances)) for p, g in MigFleet(self.env).groups(list(self.env.pools), 0).items()}
+        groups = MigFleet(self.env).groups(list(self.env.pools), 0)
+        return {p: (g.desired, tuple(i.id for i in g.instances)) for p, g in groups.items()}
 
     def kick(self, payload: bytes) -> str:
         from tidefleet.cloud.gcp.pubsub import publish
