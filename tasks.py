@@ -169,15 +169,19 @@ def _terraform(c, env: str | None, *args: str) -> None:
         command = shlex.join([binary, f"-chdir={out}", *step, *color])
         asks = step[0] in ("apply", "destroy") and "-auto-approve" not in step  # its yes/no prompt
         result = _run(c, command, reads_stdin=asks, pty=tty, warn=True)
+        tool = Path(binary).name
+        said = result.stdout + result.stderr
+        # Ctrl-C (a CI job cancelled): killed by the signal, or terraform's own graceful stop.
+        if result.exited < 0 or result.exited == 130 or (result.exited and "Interrupt received" in said):
+            raise Exit(f"{tool} {step[0]} for {environment.name} was interrupted (Ctrl-C) and nothing after it ran; run "
+                       "the same command again to go on (terraform keeps the state it saved)", 130)  # fmt: skip
         if result.exited:
-            said = result.stdout + result.stderr
             fix = next((fix for words, fix in TERRAFORM_FIXES if any(w in said for w in words)), None)
             if fix is None and step[0] == "init":
                 fix = ("its error is above; most often the provider download (offline, or no provider mirror: "
                        "configure one) or the state backend's access ([state] in the environment)")
             elif fix is None:
                 fix = "its error is above; most often credentials ({credentials}) or a resource changed outside terraform"
-            tool = Path(binary).name
             raise Exit(f"{tool} {step[0]} failed for {environment.name} (exit {result.exited}): "
                        f"{fix.format(credentials=CREDENTIALS[environment.cloud])}", result.exited)
 

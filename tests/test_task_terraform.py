@@ -87,3 +87,22 @@ def test_terraform_keeps_its_colours_on_a_terminal(fake_terraform, monkeypatch):
     monkeypatch.setenv("FAKE_FAIL", "none")
     tasks.plan(context(), env="dev")
     assert [call.split()[1:] for call in calls(fake_terraform)] == [["init", "-input=false"], ["plan", "-input=false"]]
+
+
+@pytest.mark.parametrize(("step", "stops"), [
+    ("plan", 'kill -INT $$'),  # killed by Ctrl-C's signal
+    # terraform's own graceful stop: it says so and exits 1
+    ("apply", 'echo "Interrupt received." >&2; echo "Gracefully shutting down..." >&2; exit 1'),
+], ids=["killed", "graceful"])  # fmt: skip
+def test_a_terraform_step_stopped_by_ctrl_c_says_it_was_interrupted_not_what_most_often_fails(
+    fake_terraform, monkeypatch, step, stops
+):
+    """It said "terraform plan failed for dev (exit -2): its error is above; most often credentials"."""
+    fake_terraform.write_text(FAKE.replace('echo "$2 done"', f'[ "$2" = "{step}" ] && {{ {stops}; }}\necho "$2 done"'))
+    task = tasks.deploy if step == "apply" else tasks.plan
+    with pytest.raises(Exit) as stopped:
+        task(context(), env="dev", **({"yes": True} if step == "apply" else {}))
+    assert stopped.value.code == 130  # the shell's code for Ctrl-C
+    assert stopped.value.message == (f"terraform {step} for dev was interrupted (Ctrl-C) and nothing after it ran; "
+                                     "run the same command again to go on (terraform keeps the state it saved)")
+    assert [call.split()[1] for call in calls(fake_terraform)] == ["init", step]
