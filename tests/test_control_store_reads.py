@@ -120,12 +120,14 @@ def test_a_job_store_read_that_gave_up_degrades_the_tick_which_still_scales_out_
     cause = err.failures[0][1]
     calls = len(unread_answers)  # the message counts what was done: the first call and its retries
     assert set(unread_answers) == {MARK[read]}  # the store was asked for that read alone
-    assert isinstance(cause, dynamodb.Unprocessed) and all(e is cause for _, e in err.failures)
+    assert isinstance(cause, dynamodb.Unprocessed)
+    assert [str(e) for _, e in err.failures[1:]] == [f"not tried: the store refused the {read} read first this tick"
+                                                     for _ in skipped]  # fmt: skip
     assert f"after {calls} BatchGetItem calls ({calls - 1} retries)" in str(cause)
     # One line per read gone without, naming it and what the tick did instead.
     said = [json.loads(x)["job_store"] for x in lines]
     assert said[0].startswith(f"{read} not read: Unprocessed: ")
-    assert said[1:] == [f"{r} not read: {read} gave up first this tick" for r in skipped]
+    assert said[1:] == [f"{r} not read: not tried: the store refused the {read} read first this tick" for r in skipped]
     assert [json.loads(x)["went_on"] for x in lines] == [control.WITHOUT[r] for r in [read, *skipped]]
 
 
@@ -282,3 +284,24 @@ def test_a_firestore_read_that_gave_up_degrades_the_tick_as_well(caplog):
     ((where, _),) = err.failures
     assert where == "job store: hold marks not read, the tick went on without them"
     assert len(lines) == 1 and "GaveUp: Firestore gave up on the hold marks" in lines[0]
+
+
+def test_a_bad_record_fails_its_own_read_alone_and_the_store_is_still_asked_the_others(caplog):
+    """A malformed waiting mark (a ValueError in the adapter's parsing) is no refusal of the store:
+    the hold marks are still read, so holds and preemption still work, tick after tick."""
+
+    asked = []
+
+    class BadMark(MemoryQueues):
+        def waiting_cohorts(self, queues):
+            raise ValueError("waiting mark of demo: not a number")
+
+        def held_since(self, queues):
+            asked.append("held")
+            return super().held_since(queues)
+
+    ports = at_tick.ports(at_tick.group("cpu", 1), backlogs={"demo": Backlog(4, 0)})
+    ports = replace(ports, stats=BadMark())
+    err, lines, _ = degraded_tick(at_tick.ENV, ports, at_tick.NOW, caplog)
+    assert [where for where, _ in err.failures] == ["job store: waiting marks not read, the tick went on without them"]
+    assert asked == ["held"] and len(lines) == 1

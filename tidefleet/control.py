@@ -361,15 +361,24 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
     return Observation(fleet, groups, gone, marks, unread)
 
 
+class NotTried(Exception):
+    """A job-store read the tick did not make: the store refused an earlier one (`_read`)."""
+
+
+# Errors of a record the store gave back, not of the store: the other reads still go on.
+BAD_RECORD = (ValueError, TypeError, LookupError, AttributeError)
+
+
 def _read(unread: dict[str, Exception], what: str, call: Callable[[list[str]], dict], queues: list[str]):
     """call(queues), one of the job-store reads in `WITHOUT`; None when it failed, logged in one
     line and kept in `unread` (the tick then goes on without it, and ends in a TickError). Once
-    one read gave up, the others are not tried: a throttled or unavailable store spends its whole
-    retry budget on each (GCP: 20 s and more), which would leave the tick no time to act."""
-    if unread:
-        first, err = next(iter(unread.items()))
-        unread[what] = err
-        log.warning(json.dumps({"job_store": f"{what} not read: {first} gave up first this tick", "went_on": WITHOUT[what]}))
+    the store refused one read (a cloud's error: throttled past its retries, unavailable), the
+    others are not tried: each would spend its whole retry budget (GCP: 20 s and more), which
+    would leave the tick no time to act. A bad record fails only its own read."""
+    refused = next((w for w, e in unread.items() if not isinstance(e, (NotTried, *BAD_RECORD))), None)
+    if refused is not None:
+        unread[what] = NotTried(f"not tried: the store refused the {refused} read first this tick")
+        log.warning(json.dumps({"job_store": f"{what} not read: {unread[what]}", "went_on": WITHOUT[what]}))
         return None
     try:
         return call(queues)
