@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import sys
 from pathlib import Path
 
@@ -171,10 +172,15 @@ def _terraform(c, env: str | None, *args: str) -> None:
         result = _run(c, command, reads_stdin=asks, pty=tty, warn=True)
         tool = Path(binary).name
         said = result.stdout + result.stderr
-        # Ctrl-C (a CI job cancelled): killed by the signal, or terraform's own graceful stop.
-        if result.exited < 0 or result.exited == 130 or (result.exited and "Interrupt received" in said):
+        # Ctrl-C (a CI job cancelled): killed by SIGINT (the shell's 130), or terraform's own graceful stop.
+        if result.exited in (-signal.SIGINT, 128 + signal.SIGINT) or (result.exited and "Interrupt received" in said):
             raise Exit(f"{tool} {step[0]} for {environment.name} was interrupted (Ctrl-C) and nothing after it ran; run "
                        "the same command again to go on (terraform keeps the state it saved)", 130)  # fmt: skip
+        if result.exited < 0:  # another signal: out of memory (SIGKILL), a crash, a stop from outside
+            name = signal.Signals(-result.exited).name if -result.exited in signal.valid_signals() else -result.exited
+            raise Exit(f"{tool} {step[0]} for {environment.name} was killed by signal {name} (out of memory, a crash, "
+                       "or stopped from outside); a stopped apply may leave its state locked: see its output above, "
+                       "then run the same command again", 1)  # fmt: skip
         if result.exited:
             fix = next((fix for words, fix in TERRAFORM_FIXES if any(w in said for w in words)), None)
             if fix is None and step[0] == "init":

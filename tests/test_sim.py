@@ -423,6 +423,7 @@ def test_ctrl_c_in_a_replay_says_nothing_was_written_and_exits_130(tmp_path, mon
 
 def test_ctrl_c_while_the_plot_is_written_leaves_no_half_plot_and_exits_130(tmp_path, monkeypatch):
     plot = tmp_path / "run.png"
+    plot.write_bytes(b"an earlier run's plot")  # left as it was
 
     def interrupted(report, path):
         path.write_bytes(b"\x89PNG half")
@@ -431,7 +432,8 @@ def test_ctrl_c_while_the_plot_is_written_leaves_no_half_plot_and_exits_130(tmp_
     monkeypatch.setattr("tidefleet.sim.plot.plot_report", interrupted)
     out = CliRunner().invoke(simulate_command, [str(write(tmp_path, "submit_s,duration_s\n0,100\n")), "--env", "bench",
                                                 "--pool", "gpu", "--plot", str(plot)])  # fmt: skip
-    assert out.exit_code == 130 and not plot.exists(), out.output
+    assert out.exit_code == 130 and plot.read_bytes() == b"an earlier run's plot", out.output
+    assert list(tmp_path.glob(".run*")) == []  # nor a half-written one beside it
     assert out.stderr.endswith(f"simulate: interrupted while writing the plot; {plot} not written\n")
 
 

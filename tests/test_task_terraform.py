@@ -106,3 +106,12 @@ def test_a_terraform_step_stopped_by_ctrl_c_says_it_was_interrupted_not_what_mos
     assert stopped.value.message == (f"terraform {step} for dev was interrupted (Ctrl-C) and nothing after it ran; "
                                      "run the same command again to go on (terraform keeps the state it saved)")
     assert [call.split()[1] for call in calls(fake_terraform)] == ["init", step]
+
+
+def test_a_terraform_step_killed_by_another_signal_says_so_not_that_it_was_ctrl_c(fake_terraform):
+    fake_terraform.write_text(FAKE.replace('echo "$2 done"', '[ "$2" = "plan" ] && kill -KILL $$\necho "$2 done"'))
+    with pytest.raises(Exit) as stopped:
+        tasks.plan(context(), env="dev")
+    assert stopped.value.code == 1
+    assert stopped.value.message.startswith("terraform plan for dev was killed by signal SIGKILL (out of memory, a "
+                                            "crash, or stopped from outside)")

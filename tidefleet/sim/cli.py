@@ -202,12 +202,16 @@ def simulate(
     if plot:
         from tidefleet.sim.plot import plot_report
 
+        # Drawn beside it, then put in its place: a Ctrl-C or a full disk leaves an older plot as it was.
+        partial = plot.with_name(f".{plot.stem}.partial{plot.suffix}")  # the suffix names the format
         try:
-            plot_report(report, plot)
+            plot_report(report, partial)
+            partial.replace(plot)
         except OSError as err:  # the place changed during the replay, a read-only file
+            partial.unlink(missing_ok=True)
             raise cannot_write_plot(plot, err.strerror or str(err)) from None
-        except KeyboardInterrupt:  # the result is out already; a half-written plot is none
-            plot.unlink(missing_ok=True)
+        except KeyboardInterrupt:  # the result is out already
+            partial.unlink(missing_ok=True)
             click.echo(f"simulate: interrupted while writing the plot; {plot} not written", err=True)
             raise SystemExit(130) from None
         if not as_json:
