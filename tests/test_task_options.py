@@ -144,23 +144,32 @@ def test_simulate_shows_its_own_usage_line_for_a_bad_option():
     assert "Usage: tidefleet simulate" in result.stderr and "python -m tidefleet.cli" not in result.stderr, result.stderr
 
 
-def test_ctrl_c_stops_simulate_without_a_traceback_when_stdin_is_not_a_terminal():
-    """As in a CI job or a background job: invoke had closed the simulator's stdin at its own end of
-    file, then wrote Ctrl-C's ^C to it and ended in a ValueError traceback."""
-    run = subprocess.Popen([sys.executable, "-m", "invoke", "simulate", "philly_2017_jobs.csv", "--env", "bench",
-                            "--pool", "gpu8"], cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+def ctrl_c_once_started(args: list[str], started: str, *, on_stderr: bool) -> tuple[int, str, str]:
+    """`invoke ARGS` as a CI job runs it (its own process group, stdin at its end): a SIGINT to the
+    whole group, as a terminal's Ctrl-C or a runner's cancel, once `started` is printed (on stderr
+    or stdout); (exit status, the rest of stdout, the rest of stderr)."""
+    run = subprocess.Popen([sys.executable, "-m", "invoke", *args], cwd=ROOT, stdin=subprocess.DEVNULL,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    watched, other = (run.stderr, run.stdout) if on_stderr else (run.stdout, run.stderr)
     try:
-        while "replaying" not in (line := run.stderr.readline()):
-            assert line, run.stdout.read()  # the replay did not start
-        os.killpg(run.pid, signal.SIGINT)  # as a terminal's Ctrl-C: to the whole process group
+        while started not in (line := watched.readline()):
+            assert line, other.read()  # it never started
+        os.killpg(run.pid, signal.SIGINT)
         out, err = run.communicate(timeout=60)
     finally:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
             run.wait()
+    return run.returncode, out, err
+
+
+def test_ctrl_c_stops_simulate_without_a_traceback_when_stdin_is_not_a_terminal():
+    """As in a CI job or a background job: invoke had closed the simulator's stdin at its own end of
+    file, then wrote Ctrl-C's ^C to it and ended in a ValueError traceback."""
+    code, out, err = ctrl_c_once_started(["simulate", "philly_2017_jobs.csv", "--env", "bench", "--pool", "gpu8"],
+                                         "replaying", on_stderr=True)  # fmt: skip
     assert "Traceback" not in out + err and "simulate: interrupted; nothing written" in err, out + err
-    assert run.returncode == 130
+    assert code == 130
 
 
 def test_ctrl_c_stops_invoke_test_with_no_traceback_nor_a_further_pass_when_stdin_is_not_a_terminal(tmp_path):
@@ -170,18 +179,8 @@ def test_ctrl_c_stops_invoke_test_with_no_traceback_nor_a_further_pass_when_stdi
     slow = tmp_path / "test_slow.py"
     slow.write_text("import time\n\n\ndef test_slow():\n    print('slow test started', flush=True)\n"
                     "    time.sleep(120)\n")  # fmt: skip
-    run = subprocess.Popen([sys.executable, "-m", "invoke", "test", "--args", f"-n 0 -p no:randomly -s {slow}"],
-                           cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True, start_new_session=True)  # fmt: skip
-    try:
-        while "slow test started" not in (line := run.stdout.readline()):
-            assert line, run.stderr.read()  # pytest did not start the test
-        os.killpg(run.pid, signal.SIGINT)  # as a terminal's Ctrl-C or a CI runner's cancel: the whole group
-        out, err = run.communicate(timeout=60)
-    finally:
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGKILL)
-            run.wait()
+    code, out, err = ctrl_c_once_started(["test", "--args", f"-n 0 -p no:randomly -s {slow}"], "slow test started",
+                                         on_stderr=False)  # fmt: skip
     assert "Traceback" not in out + err and "KeyboardInterrupt" in out, out + err
     assert "test session starts" not in out, out  # read above for the first pass: none started after it
-    assert run.returncode == 2  # pytest's own "interrupted"
+    assert code == 2  # pytest's own "interrupted"
