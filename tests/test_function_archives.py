@@ -364,7 +364,8 @@ NO_CREDENTIALS = {"AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FIL
                   "AWS_EC2_METADATA_DISABLED": "true", "AWS_DEFAULT_REGION": "us-east-1"}  # fmt: skip
 FAILURES = {  # situation -> (what the process gets besides the moto server's variables, what the line says)
     "TIDEFLEET_ENV unset": ({"TIDEFLEET_ENV": None}, "TIDEFLEET_ENV: not set; the function's stack sets it"),
-    "TIDEFLEET_ENV misspelt": ({"TIDEFLEET_ENV": "sandbx"}, "unknown environment (got 'sandbx'); known: "),
+    "TIDEFLEET_ENV misspelt": ({"TIDEFLEET_ENV": "sandbx"}, ("TIDEFLEET_ENV: no environment 'sandbx' in the "
+                                                             "function's package (it has: ")),
     "no credentials": ({"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None, "AWS_SESSION_TOKEN": None},
                        "no AWS credentials: set AWS_PROFILE or AWS_ACCESS_KEY_ID"),
     "endpoint dead": ({"AWS_ENDPOINT_URL": "dead"}, "cannot reach AWS for 'sandbox' (Could not connect to the endpoint"),

@@ -107,7 +107,8 @@ def test_a_tick_that_fails_is_one_error_line_and_the_function_returns_normally(m
 
 
 @pytest.mark.parametrize("name, problem", [
-    ("gcp-dve", "env: unknown environment (got 'gcp-dve'); known: "),  # no made-up <folder>/gcp-dve.toml
+    # The function's setting, not a --env typed: no made-up <folder>/gcp-dve.toml, no path to give.
+    ("gcp-dve", "TIDEFLEET_ENV: no environment 'gcp-dve' in the function's package (it has: "),
     (None, "TIDEFLEET_ENV: not set; the function's stack sets it to its environment's name: deploy "),
 ])  # fmt: skip
 def test_settings_that_do_not_load_are_one_error_line_naming_the_problem(gcp, monkeypatch, caplog, name, problem):

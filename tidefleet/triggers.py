@@ -135,13 +135,22 @@ def run_jobs(trigger: Trigger, env, cloud, now: float) -> dict:
 def function_environment() -> Environment:
     """The environment a cloud function serves: the one TIDEFLEET_ENV names (its stack sets it).
     Raises ConfigError, as for any environment that does not load."""
-    from tidefleet.config import ConfigError, load_environment
+    from tidefleet.config import ConfigError, environments_dir, known_environments, load_environment
 
     name = os.environ.get("TIDEFLEET_ENV")
     if not name:
         problem = "not set; the function's stack sets it to its environment's name"
         raise ConfigError("TIDEFLEET_ENV", [f"{problem}: deploy the environment again (invoke deploy --env <env>)"])
-    return load_environment(name)
+    try:
+        return load_environment(name)
+    except ConfigError as err:
+        if err.source != "env":  # a file's problems: its path names it
+            raise
+        # The name is the function's setting, not a --env the person typed: no path is a fix here.
+        packaged = ", ".join(known_environments(environments_dir())) or "none"
+        problem = (f"no environment {name!r} in the function's package (it has: {packaged}); the stack sets it to the "
+                   "name it packaged: deploy the environment again (invoke deploy --env <env>)")  # fmt: skip
+        raise ConfigError("TIDEFLEET_ENV", [problem]) from None
 
 
 def failure_line(err: BaseException, explain: Callable[[Exception], str | None] | None = None) -> str | None:
