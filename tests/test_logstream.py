@@ -13,7 +13,8 @@ PUT_LOG_EVENTS_BYTES = 1_048_576  # PutLogEvents: the messages' UTF-8 bytes plus
 
 
 class CloudWatch:
-    """A send that refuses, as PutLogEvents does, a batch over its size or count limit."""
+    """A send that refuses, as PutLogEvents does, a batch over its size or count limit, out of
+    chronological order or spanning more than 24 h."""
 
     def __init__(self, fail: int = 0):
         self.batches: list[list[str]] = []
@@ -26,6 +27,9 @@ class CloudWatch:
         size = sum(len(line.encode()) + 26 for _, line in batch)
         if size > PUT_LOG_EVENTS_BYTES or len(batch) > 10_000:
             raise RuntimeError(f"InvalidParameterException: batch of {size} bytes")
+        stamps = [at for at, _ in batch]
+        if stamps != sorted(stamps) or stamps[-1] - stamps[0] > 24 * 3600:
+            raise RuntimeError("InvalidParameterException: out of order, or more than 24 hours")
         self.batches.append([line for _, line in batch])
 
 

@@ -33,9 +33,17 @@ def cloudwatch_event_bytes(line: str) -> int:
     return len(line.encode(errors="replace")) + 26
 
 
-def dropped_marker(count: int) -> str:
-    """The line that stands in the stream where `count` lines were dropped."""
-    return f"tidefleet: {count} line(s) of output dropped here (the log service did not take them in time)"
+def dropped_marker(count: int, why: str | None = None) -> str:
+    """The line that stands in the stream where `count` lines were dropped, and why."""
+    why = why or "the log service did not take them in time"
+    return f"tidefleet: {count} line(s) of output dropped here ({why})"
+
+
+def never_refused(err: Exception) -> str | None:
+    """An adapter's `refused`: why the service will never take the batch its send failed with
+    (the marker says it), or None for a failure that passes (an outage, throttling): the batch is
+    sent again."""
+    return None
 
 
 class Outage:
@@ -70,20 +78,25 @@ class BufferedStream:
     output nor the heartbeat ever waits on the log service. Shipping logs never fails the item: a
     failed send keeps its lines for a later one (1, 2, 4, ... s later), and past `MAX_BUFFERED`
     lines or `MAX_BUFFERED_BYTES` the oldest are dropped, counted (`dropped`) and stood in for by
-    one line where they were (`dropped_marker`). Lines keep their order.
+    one line where they were (`dropped_marker`). A batch the service will never take (the
+    adapter's `refused` says why) is not sent again: it is dropped, marked with why, with one
+    warning a stream, and the lines after it go on. Lines keep their order, and their times
+    never go back (a batch out of order is refused, and readers order lines by time).
     A batch holds at most `MAX_BATCH_LINES` lines and `batch_bytes` bytes as `event_bytes` counts
-    them: a batch over the service's size limit would fail on every retry. The defaults are
-    CloudWatch's (PutLogEvents: 1,048,576 bytes); GCP's adapter passes its own."""
+    them, and spans at most `MAX_BATCH_SPAN_S`: a batch over the service's limits would fail on
+    every retry. The defaults are CloudWatch's (PutLogEvents: 1,048,576 bytes, 24 h); GCP's
+    adapter passes its own."""
 
     MAX_BUFFERED = 10_000
     # Several batches' worth: a burst of output is sent, not dropped, while the service keeps up.
     MAX_BUFFERED_BYTES = 32 * 1_048_576
     MAX_BATCH_LINES = 500
     MAX_LINE_CHARS = 16_000
+    MAX_BATCH_SPAN_S = 23 * 3600.0  # under PutLogEvents' 24 h: lines held through a long outage
 
     def __init__(self, name: str, send, *, batch_bytes: int = 1_048_576, event_bytes=cloudwatch_event_bytes,
-                 outage: Outage | None = None, flush_s: float = LOG_FLUSH_S):  # fmt: skip
-        self.name, self._send = name, send
+                 refused=never_refused, outage: Outage | None = None, flush_s: float = LOG_FLUSH_S):  # fmt: skip
+        self.name, self._send, self.refused = name, send, refused
         self.batch_bytes, self.event_bytes = batch_bytes, event_bytes
         self.outage = outage or Outage()
         self.flush_s = flush_s
@@ -94,6 +107,9 @@ class BufferedStream:
         self.asked = False  # a flush was asked for
         self.dropped = 0
         self.unmarked = 0  # dropped lines that no marker line counts yet
+        self.why: str | None = None  # why the service refused some of them, if it did
+        self.refused_lines = 0  # dropped because the service refused them (warned at the first)
+        self.last_at = 0.0  # the newest line's time: the next one's is never before it
         self.failures = 0  # failed sends in a row
         self.retry_at = 0.0
         self.sending = 0  # lines of the batch under way
@@ -110,7 +126,8 @@ class BufferedStream:
         size = self.event_bytes(line)
         with self.wake:
             was_empty, was_full = not self.buffer, self._full()
-            self.buffer.append((time.time(), line, size))
+            self.last_at = max(time.time(), self.last_at)  # the node's clock stepped back: hold
+            self.buffer.append((self.last_at, line, size))
             self.bytes += size
             self.since = self.since or time.monotonic()
             self._bound()
@@ -137,9 +154,9 @@ class BufferedStream:
             self.dropped += len(self.buffer) + (self.shipper is not None) * self.sending
             self.buffer.clear()
             self.bytes = 0
-        if self.dropped:
+        if self.dropped > self.refused_lines:  # the refused were warned of when refused
             log.warning("item log %s: %d line(s) of output not sent (the log service did not take them in time)",
-                        self.name, self.dropped)  # fmt: skip
+                        self.name, self.dropped - self.refused_lines)  # fmt: skip
 
     def _full(self) -> bool:
         return len(self.buffer) >= self.MAX_BATCH_LINES or self.bytes > self.batch_bytes
@@ -174,8 +191,11 @@ class BufferedStream:
             try:
                 self._send([(at, line) for at, line, _ in batch])
             except Exception as err:  # noqa: BLE001 - any failure: keep the lines, try again later
-                self._failed(batch[bool(marked) :])
-                self.outage.failed(self.name, err)
+                if (why := self.refused(err)) is not None:
+                    self._refused(batch[bool(marked) :], why)
+                else:
+                    self._failed(batch[bool(marked) :])
+                    self.outage.failed(self.name, err)
             else:
                 self._landed(marked)
                 self.outage.landed(self.name)
@@ -214,12 +234,12 @@ class BufferedStream:
         before them."""
         marked, batch = self.unmarked, []
         if marked:
-            line = dropped_marker(marked)
-            batch.append((self.buffer[0][0] if self.buffer else time.time(), line, self.event_bytes(line)))
+            line = dropped_marker(marked, self.why)
+            batch.append((self.buffer[0][0] if self.buffer else self.last_at, line, self.event_bytes(line)))
         size = sum(entry[2] for entry in batch)
         for entry in islice(self.buffer, self.MAX_BATCH_LINES - len(batch)):
             size += entry[2]
-            if size > self.batch_bytes and batch:
+            if batch and (size > self.batch_bytes or entry[0] - batch[0][0] > self.MAX_BATCH_SPAN_S):
                 break
             batch.append(entry)
         self.sending = len(batch) - bool(marked)
@@ -232,7 +252,26 @@ class BufferedStream:
     def _landed(self, marked: int) -> None:
         with self.wake:
             self.unmarked -= marked  # lines dropped meanwhile are marked in the next batch
+            self.why = self.why if self.unmarked else None
             self.sending = self.failures = 0
+
+    def _refused(self, lines: list[Entry], why: str) -> None:
+        """Drop the lines the service will never take, counted and marked with why: the batch
+        after them is not held up behind them. An answer, not an outage: no backoff."""
+        why = " ".join(why.split())[:300]  # the marker is one line
+        with self.wake:
+            self.sending = self.failures = 0
+            self.close_failures += self.close_by is not None  # its marker may be refused too
+            if self.closed:  # close counted them
+                return
+            first = bool(lines) and not self.refused_lines
+            self.dropped += len(lines)
+            self.unmarked += len(lines)
+            self.refused_lines += len(lines)
+            self.why = why
+        if first:
+            log.warning("item log %s: %d line(s) dropped (%s); marked in the stream where they were, the "
+                        "lines after them still sent", self.name, len(lines), why)  # fmt: skip
 
     def _failed(self, lines: list[Entry]) -> None:
         """Put the lines back in front, where they were; the oldest go first if over the bound."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING
 
 import boto3
@@ -29,20 +31,41 @@ class CloudWatchItemLogs:
 
     def stream(self, queue: str, job: str, item: str, attempt: int) -> BufferedStream:
         name = naming.item_log_stream_prefix(queue) + stream_name(job, item, attempt)
-        created = []
+        created, restamping = [], []
 
         def send(batch: list[tuple[float, str]]) -> None:
             if not created:  # lazily, in the first send: a failure is the stream's to retry
-                try:
-                    self.logs.create_log_stream(logGroupName=self.group, logStreamName=name)
-                except ClientError as err:
-                    if err.response["Error"]["Code"] != "ResourceAlreadyExistsException":
-                        raise
+                self._create(name)
                 created.append(True)
-            self.logs.put_log_events(logGroupName=self.group, logStreamName=name,
-                                     logEvents=[{"timestamp": int(at * 1000), "message": line} for at, line in batch])
+            events = [{"timestamp": int(at * 1000), "message": line} for at, line in batch]
+            answer = self._put(name, events)
+            if rejected := answer.get("rejectedLogEventsInfo"):
+                self._put(name, restamped(events, rejected, answer, said=bool(restamping)))
+                restamping.append(True)
 
-        return BufferedStream(name, send, outage=self.outage)
+        return BufferedStream(name, send, refused=refused, outage=self.outage)
+
+    def _create(self, stream: str) -> None:
+        try:
+            self.logs.create_log_stream(logGroupName=self.group, logStreamName=stream)
+        except ClientError as err:
+            if err.response["Error"]["Code"] != "ResourceAlreadyExistsException":
+                raise
+
+    def _put(self, stream: str, events: list[dict]) -> dict:
+        """PutLogEvents, creating the stream where it is gone (deleted while the attempt ran). A
+        log group gone fails that too, an outage to retry: the group is the stack's (its
+        retention, its key), not the agent's to create."""
+        try:
+            return self.logs.put_log_events(logGroupName=self.group, logStreamName=stream, logEvents=events)
+        except ClientError as err:
+            code = err.response["Error"]["Code"]
+            if code == "DataAlreadyAcceptedException":  # an earlier try of this batch landed
+                return {}
+            if code != "ResourceNotFoundException":
+                raise
+        self._create(stream)
+        return self.logs.put_log_events(logGroupName=self.group, logStreamName=stream, logEvents=events)
 
     def record_outcomes(self, queue: str, outcomes: list[AttemptOutcome]) -> None:
         """The attempts' outcome metrics (`tidefleet.metrics.attempt_points`) as EMF events in the
@@ -57,13 +80,7 @@ class CloudWatchItemLogs:
                   for line in metrics.emf(metrics.attempt_points(self.env_name, queue, o.outcome), int(o.at * 1000))]
         if not events:
             return
-        try:
-            self.logs.put_log_events(logGroupName=self.group, logStreamName=name, logEvents=events)
-        except ClientError as err:
-            if err.response["Error"]["Code"] != "ResourceNotFoundException":
-                raise
-            self.logs.create_log_stream(logGroupName=self.group, logStreamName=name)
-            self.logs.put_log_events(logGroupName=self.group, logStreamName=name, logEvents=events)
+        self._put(name, events)
 
     def lines(self, queue: str, job: str, item: str | None = None) -> Iterator[tuple[str, str]]:
         queue_prefix = naming.item_log_stream_prefix(queue)
@@ -84,3 +101,31 @@ class CloudWatchItemLogs:
                 if not page["events"] or page.get("nextForwardToken") == token:
                     break
                 token = page.get("nextForwardToken")
+
+
+def refused(err: Exception) -> str | None:
+    """Why CloudWatch Logs will never take the batch a send failed with (`BufferedStream`'s
+    `refused`), or None to send it again. InvalidParameterException is about the batch itself;
+    throttling, an outage, AccessDenied (a role fixed while the attempt runs) and a log group
+    deleted (until it is deployed again) pass."""
+    error = err.response["Error"] if isinstance(err, ClientError) else {}
+    if error.get("Code") != "InvalidParameterException":
+        return None
+    return f"CloudWatch Logs refused them: {error['Code']}: {error.get('Message', '')}"
+
+
+RESTAMPED = (
+    "tidefleet: lines from here on whose own time CloudWatch Logs does not take (over 14 days back or 2 h "
+    "ahead: is the node's clock wrong?) are stamped with its time instead"
+)
+
+
+def restamped(events: list[dict], rejected: dict, answer: dict, said: bool) -> list[dict]:
+    """The events PutLogEvents took the request for but rejected for their time (a node whose
+    clock is far off), stamped with CloudWatch's (its answer's Date) so that they are read;
+    after a line saying so where a stream's first are (`said`: it was said before)."""
+    old = max(rejected.get("tooOldLogEventEndIndex", -1), rejected.get("expiredLogEventEndIndex", -1))
+    again = events[: old + 1] + events[rejected.get("tooNewLogEventStartIndex", len(events)) :]
+    date = answer["ResponseMetadata"]["HTTPHeaders"].get("date")
+    at = int((parsedate_to_datetime(date).timestamp() if date else time.time()) * 1000)
+    return [{"timestamp": at, "message": RESTAMPED}][said:] + [{**event, "timestamp": at} for event in again]

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from functools import cached_property
 
+import requests
 from google.auth.transport.requests import AuthorizedSession
 
 from tidefleet import naming
@@ -54,7 +55,7 @@ class CloudLoggingItemLogs:
             self._write(job, item, attempt, [{"textPayload": line, "timestamp": _stamp(at)} for at, line in batch])
 
         return BufferedStream(stream_name(job, item, attempt), send, batch_bytes=WRITE_BATCH_BYTES,
-                              event_bytes=_entry_bytes, outage=self.outage)
+                              event_bytes=_entry_bytes, refused=refused, outage=self.outage)
 
     def record_outcomes(self, queue: str, outcomes: list[AttemptOutcome]) -> None:
         entries = [{"jsonPayload": {"outcome": o.outcome, "queue": queue, "job": o.job, "item": o.item,
@@ -86,6 +87,22 @@ class CloudLoggingItemLogs:
         for name in sorted(by_stream, key=stream_order):
             for line in by_stream[name]:
                 yield name, line
+
+
+def refused(err: Exception) -> str | None:
+    """Why Cloud Logging will never take the entries a send failed with (`BufferedStream`'s
+    `refused`), or None to send them again. A 400 (INVALID_ARGUMENT: an entry over its size, one
+    stamped over a day ahead) is about the request, which wrote nothing; 403 (a service account
+    given logging.logWriter while the attempt runs), 429 and 5xx pass."""
+    response = err.response if isinstance(err, requests.HTTPError) else None
+    if response is None or response.status_code != 400:
+        return None
+    try:
+        error = response.json()["error"]
+        said = f"{error.get('status', 'INVALID_ARGUMENT')}: {error.get('message', '')}"
+    except (ValueError, KeyError, TypeError, AttributeError):  # not Google's JSON error: a proxy's page
+        said = response.reason or "Bad Request"
+    return f"Cloud Logging refused them: 400 {said}"
 
 
 def _entry_bytes(line: str) -> int:

@@ -1,0 +1,283 @@
+"""An item's output against the log services' own limits and refusals: CloudWatch Logs on the moto
+server (what moto does not model, AWS's answers at the client's `before-call` hook), Cloud
+Logging through google-auth against tests/gcp_fake.py. A refusal that passes (throttling, an
+outage, a role or a group not there yet) is retried and the batch lands; one that never will
+(the batch itself is refused) drops that batch, counted and marked where it was, with one
+warning, and the stream goes on; what the sender can fix (order, span, a clock far off, a
+stream deleted) it fixes. None of it ever fails the item."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import time
+
+import boto3
+import google.auth
+import pytest
+import responses
+from agent_harness import wait_until
+from botocore.awsrequest import AWSResponse
+from google.auth.credentials import AnonymousCredentials
+from test_logstream import CloudWatch, stream_of
+
+from tests.gcp_fake import FakeGcp
+from tidefleet import logstream, naming
+from tidefleet.cloud import for_env
+from tidefleet.cloud.aws.logs import RESTAMPED
+from tidefleet.config import load_environment
+from tidefleet.logstream import dropped_marker
+
+QUEUE = "demo"
+AWS_ENV, GCP_ENV = load_environment("sandbox"), load_environment("gcp-dev")
+ENV_NAMES = itertools.count()
+
+
+class NodeClock:
+    """The node's wall clock as logstream reads it, `offset` s off the log service's; its
+    monotonic clock (batches' timing) stays the real one."""
+
+    monotonic = staticmethod(time.monotonic)
+
+    def __init__(self, offset: float = 0.0):
+        self.offset = offset
+
+    def time(self) -> float:
+        return time.time() + self.offset
+
+
+@pytest.fixture
+def clock(monkeypatch) -> NodeClock:
+    node = NodeClock()
+    monkeypatch.setattr(logstream, "time", node)
+    return node
+
+
+@pytest.fixture
+def cloudwatch(moto_server, monkeypatch):
+    """CloudWatch item logs of an environment of its own on the moto server, its group created
+    (the stack's)."""
+    for key, value in moto_server.env().items():
+        monkeypatch.setenv(key, value)
+    env = AWS_ENV.model_copy(update={"name": f"limits-{next(ENV_NAMES)}"})
+    boto3.client("logs", region_name=env.region).create_log_group(
+        logGroupName=naming.item_log_group(env.name)
+    )
+    return for_env(env).logs
+
+
+def output(logs, item: str = "item-a") -> list[str]:
+    return [line for _, line in logs.lines(QUEUE, "job-1", item)]
+
+
+def answer_puts(logs, refuse) -> list[list[str]]:
+    """Answer PutLogEvents as AWS would where `refuse(messages)` gives an error code (with its
+    message after a colon); other calls go to moto. Returns each put's messages, refused or not."""
+    seen: list[list[str]] = []
+
+    def before_put(params, **_):
+        messages = [e["message"] for e in json.loads(params["body"])["logEvents"]]
+        seen.append(messages)
+        if error := refuse(messages):
+            code, _, message = error.partition(": ")
+            return AWSResponse("", 400, {}, None), {"Error": {"Code": code, "Message": message or code}}
+        return None
+
+    logs.logs.meta.events.register("before-call.cloudwatch-logs.PutLogEvents", before_put)
+    return seen
+
+
+# -- CloudWatch Logs ----------------------------------------------------------------------------
+def test_lines_written_while_the_nodes_clock_steps_back_land_in_the_order_written(cloudwatch, clock):
+    stream = cloudwatch.stream(QUEUE, "job-1", "item-a", 1)
+    stream.write("before the step")
+    clock.offset = -60.0  # NTP steps the clock back a minute between two lines of one batch
+    stream.write("after the step")
+    stream.close()
+    assert output(cloudwatch) == ["before the step", "after the step"] and stream.dropped == 0
+
+
+def test_lines_from_a_node_whose_clock_is_weeks_behind_land_at_cloudwatchs_time_after_a_line_saying_so(
+    cloudwatch, clock
+):
+    clock.offset = -15 * 86400.0  # PutLogEvents takes the request and rejects every event in it
+    stream = cloudwatch.stream(QUEUE, "job-1", "item-a", 1)
+    for line in ("epoch 1", "epoch 2"):
+        stream.write(line)
+        stream.flush()  # each its own batch: the line saying so comes once
+        wait_until(lambda line=line: line in output(cloudwatch), 10, f"{line!r} to land")
+    stream.write("epoch 3")
+    stream.close()
+    assert output(cloudwatch) == [RESTAMPED, "epoch 1", "epoch 2", "epoch 3"] and stream.dropped == 0
+
+
+def test_a_line_from_a_node_whose_clock_is_hours_ahead_lands_at_cloudwatchs_time_after_a_line_saying_so(
+    cloudwatch, clock
+):
+    # One line: moto answers tooNewLogEventStartIndex with the last too-new event's index, AWS
+    # with the first's; of one event both are 0.
+    clock.offset = 3 * 3600.0
+    stream = cloudwatch.stream(QUEUE, "job-1", "item-a", 1)
+    stream.write("epoch 1")
+    stream.close()
+    assert output(cloudwatch) == [RESTAMPED, "epoch 1"] and stream.dropped == 0
+
+
+def test_a_log_stream_deleted_while_the_attempt_runs_is_created_again(cloudwatch):
+    stream = cloudwatch.stream(QUEUE, "job-1", "item-a", 1)
+    stream.write("first")
+    stream.flush()
+    wait_until(lambda: output(cloudwatch) == ["first"], 10, "the first line")
+    cloudwatch.logs.delete_log_stream(logGroupName=cloudwatch.group, logStreamName=f"{QUEUE}/job-1/item-a/1")
+    stream.write("second")
+    stream.close()
+    assert output(cloudwatch) == ["second"] and stream.dropped == 0
+
+
+def test_a_log_group_deleted_while_the_attempt_runs_holds_its_lines_until_the_group_is_back(cloudwatch):
+    stream = cloudwatch.stream(QUEUE, "job-1", "item-a", 1)
+    stream.write("first")
+    stream.flush()
+    wait_until(lambda: output(cloudwatch) == ["first"], 10, "the first line")
+    cloudwatch.logs.delete_log_group(logGroupName=cloudwatch.group)  # not the agent's to create: the stack's
+    stream.write("second")
+    stream.flush()
+    wait_until(lambda: stream.failures, 10, "a send to the missing group to fail")
+    cloudwatch.logs.create_log_group(logGroupName=cloudwatch.group)  # deployed again
+    stream.close()
+    assert output(cloudwatch) == ["second"] and stream.dropped == 0
+
+
+def test_a_log_group_gone_for_good_costs_the_attempt_its_lines_counted_and_the_close_returns(
+    cloudwatch, caplog
+):
+    cloudwatch.logs.delete_log_group(logGroupName=cloudwatch.group)
+    stream = cloudwatch.stream(QUEUE, "job-1", "item-a", 1)
+    stream.write("lost")
+    with caplog.at_level(logging.WARNING, logger="tidefleet.agent"):
+        stream.close()
+    assert stream.dropped == 1
+    assert any("log group does not exist" in r.getMessage() for r in caplog.records)
+
+
+def test_a_batch_cloudwatch_refuses_for_good_is_dropped_marked_with_why_and_the_stream_goes_on(
+    cloudwatch, caplog
+):
+    puts = answer_puts(
+        cloudwatch, lambda messages: "poison" in messages and "InvalidParameterException: bad event"
+    )
+    stream = cloudwatch.stream(QUEUE, "job-1", "item-a", 1)
+    with caplog.at_level(logging.WARNING, logger="tidefleet.agent"):
+        for line in ("poison", "fine 1", "poison", "fine 2"):  # each its own batch
+            before = len(puts)
+            stream.write(line)
+            stream.flush()
+            wait_until(lambda before=before: len(puts) > before, 10, f"{line!r} to be sent")
+        stream.close()
+    marker = dropped_marker(1, "CloudWatch Logs refused them: InvalidParameterException: bad event")
+    assert output(cloudwatch) == [marker, "fine 1", marker, "fine 2"]
+    assert stream.dropped == 2 and puts.count(["poison"]) == 2, "a refused batch is not sent again"
+    warned = [r.getMessage() for r in caplog.records if r.name == "tidefleet.agent"]
+    assert len(warned) == 1 and "refused" in warned[0] and "InvalidParameterException" in warned[0]
+
+
+@pytest.mark.parametrize("error", [
+    "ThrottlingException: Rate exceeded",
+    "ServiceUnavailableException: try again",
+    "AccessDeniedException: not authorized to perform: logs:PutLogEvents",  # fixed while it runs: IAM
+    "InvalidSequenceTokenException: The given sequenceToken is invalid",
+])  # fmt: skip
+def test_a_refusal_that_passes_is_retried_and_the_batch_lands_once(cloudwatch, error):
+    answers = iter([error])  # then moto's
+    puts = answer_puts(cloudwatch, lambda _: next(answers, None))
+    stream = cloudwatch.stream(QUEUE, "job-1", "item-a", 1)
+    stream.write("kept")
+    stream.close()  # the refusal, then the same batch again
+    assert output(cloudwatch) == ["kept"] and puts == [["kept"], ["kept"]] and stream.dropped == 0
+
+
+def test_data_already_accepted_is_a_batch_that_landed_not_one_to_send_again(cloudwatch, caplog):
+    puts = answer_puts(cloudwatch, lambda _: "DataAlreadyAcceptedException: already accepted")
+    stream = cloudwatch.stream(QUEUE, "job-1", "item-a", 1)
+    stream.write("landed before")
+    with caplog.at_level(logging.WARNING, logger="tidefleet.agent"):
+        stream.close()
+    assert puts == [["landed before"]] and stream.dropped == 0
+    assert not [r for r in caplog.records if r.name == "tidefleet.agent"]
+
+
+def test_nul_bytes_and_invalid_utf8_in_output_land_as_the_runner_decodes_them(cloudwatch):
+    stream = cloudwatch.stream(QUEUE, "job-1", "item-a", 1)
+    # The runner decodes output with errors="replace": U+FFFD for each byte that is not UTF-8.
+    lines = ["a\x00b", b"caf\xe9 \xff".decode(errors="replace")]
+    for line in lines:
+        stream.write(line)
+    stream.close()
+    assert output(cloudwatch) == lines == ["a\x00b", "caf\ufffd \ufffd"]
+
+
+# -- the sender, whatever the cloud ------------------------------------------------------------
+def test_lines_more_than_a_day_apart_go_in_separate_batches(clock):
+    send = CloudWatch()  # refuses, as PutLogEvents does, a batch that spans more than 24 h
+    stream = stream_of(send)
+    clock.offset = -25 * 3600.0  # held since the service went down a day ago: lines kept for it
+    stream.write("yesterday")
+    clock.offset = 0.0
+    stream.write("today")
+    stream.close()
+    assert send.batches == [["yesterday"], ["today"]] and stream.dropped == 0
+
+
+def test_a_service_that_refuses_every_batch_costs_the_close_at_most_three_sends():
+    sends = []
+
+    def refuse(batch):
+        sends.append(batch)
+        raise ValueError("refused")
+
+    stream = logstream.BufferedStream("j/i/1", refuse, flush_s=3600, refused=lambda err: str(err))
+    for n in range(3):
+        stream.write(f"line {n}")
+    stream.close(timeout_s=30)  # its marker of the refused lines is refused too
+    assert len(sends) == logstream.CLOSE_FAILURES and stream.dropped == 3
+
+
+# -- Cloud Logging --------------------------------------------------------------------------------
+@pytest.fixture
+def gcp(monkeypatch):
+    """Cloud Logging as the fake serves it, but for a request holding a "poison" entry, which it
+    answers as the API answers an entry it will never take: 400 INVALID_ARGUMENT, nothing written."""
+    monkeypatch.setattr(google.auth, "default", lambda *a, **k: (AnonymousCredentials(), GCP_ENV.project))
+    fake = FakeGcp(GCP_ENV.project, GCP_ENV.region)
+    fake.refused, serve = 0, fake._logging
+
+    def refusing(request):
+        entries = json.loads(request.body).get("entries", [])
+        if any(e.get("textPayload") == "poison" for e in entries):
+            fake.refused += 1
+            error = {"code": 400, "message": "Log entry with size 300K exceeds maximum size of 256.0K",
+                     "status": "INVALID_ARGUMENT"}  # fmt: skip
+            return 400, {}, json.dumps({"error": error})
+        return serve(request)
+
+    fake._logging = refusing
+    with responses.RequestsMock(assert_all_requests_are_fired=False) as mock:
+        fake.install(mock)
+        yield fake
+
+
+def test_a_request_cloud_logging_refuses_is_dropped_marked_with_why_and_the_stream_goes_on(gcp, caplog):
+    logs = for_env(GCP_ENV).logs
+    stream = logs.stream(QUEUE, "job-1", "item-a", 1)
+    with caplog.at_level(logging.WARNING, logger="tidefleet.agent"):
+        stream.write("poison")
+        stream.flush()
+        wait_until(lambda: gcp.refused, 10, "the poison entry to be refused")
+        stream.write("after it")
+        stream.close()
+    why = "Cloud Logging refused them: 400 INVALID_ARGUMENT: Log entry with size 300K exceeds maximum size of 256.0K"
+    assert output(logs) == [dropped_marker(1, why), "after it"]
+    assert gcp.refused == 1 and stream.dropped == 1
+    (warned,) = [r.getMessage() for r in caplog.records if r.name == "tidefleet.agent"]
+    assert "refused" in warned and "INVALID_ARGUMENT" in warned
