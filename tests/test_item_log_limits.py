@@ -281,3 +281,19 @@ def test_a_request_cloud_logging_refuses_is_dropped_marked_with_why_and_the_stre
     assert gcp.refused == 1 and stream.dropped == 1
     (warned,) = [r.getMessage() for r in caplog.records if r.name == "tidefleet.agent"]
     assert "refused" in warned and "INVALID_ARGUMENT" in warned
+
+
+def test_a_service_that_refuses_even_the_marker_is_not_asked_again_at_once_while_the_item_runs():
+    """Its lines dropped, what is left to send is their marker alone: refused too, it is sent
+    again after a backoff, as an outage's batch is, not in a loop as fast as the service answers."""
+    sends = []
+
+    def refuse(batch):
+        sends.append(batch)
+        raise ValueError("refused")
+
+    stream = logstream.BufferedStream("j/i/1", refuse, flush_s=0.01, refused=lambda err: str(err))
+    stream.write("line 0")
+    time.sleep(1.5)  # the line's batch refused, then its marker: tried again after 1 s at the soonest
+    assert len(sends) <= 3, len(sends)
+    stream.close(timeout_s=5)
