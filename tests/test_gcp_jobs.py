@@ -19,6 +19,7 @@ from tidefleet.cloud import for_env
 from tidefleet.config import load_environment
 from tidefleet.jobs import sdk
 from tidefleet.jobs.sdk import ItemMessage
+from tidefleet.logstream import cut_line
 from tidefleet.records import AttemptOutcome, Heartbeat, Item
 from tidefleet.resources import redrive_receives
 
@@ -141,7 +142,8 @@ def test_long_non_ascii_output_goes_in_entries_write_requests_under_10_mb(gcp):
     stream.close()
     writes = calls(gcp, "POST", "/entries:write")
     assert max(len(json.dumps(w["body"])) for w in writes) <= 10_000_000  # the API's request limit
-    assert [e["textPayload"] for w in writes for e in w["body"]["entries"]] == [line[:16_000] for line in lines]
+    sent = [e["textPayload"] for w in writes for e in w["body"]["entries"]]
+    assert sent == [cut_line(line, 16_000) for line in lines]  # each cut, its end saying how much
 
 
 def test_a_receive_is_a_pull_whose_client_timeout_is_the_wait_and_a_held_empty_pull_is_nothing(gcp):

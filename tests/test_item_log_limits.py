@@ -11,7 +11,10 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import re
 import time
+from datetime import UTC, datetime
+from email.utils import formatdate
 
 import boto3
 import google.auth
@@ -23,11 +26,14 @@ from google.auth.credentials import AnonymousCredentials
 from test_logstream import CloudWatch, stream_of
 
 from tests.gcp_fake import FakeGcp
-from tidefleet import logstream, naming
+from tidefleet import logstream, metrics, naming
 from tidefleet.cloud import for_env
 from tidefleet.cloud.aws.logs import RESTAMPED
+from tidefleet.cloud.aws.metrics import outcome_stream
+from tidefleet.cloud.gcp import cloud_logging
 from tidefleet.config import load_environment
 from tidefleet.logstream import dropped_marker
+from tidefleet.records import AttemptOutcome
 
 QUEUE = "demo"
 AWS_ENV, GCP_ENV = load_environment("sandbox"), load_environment("gcp-dev")
@@ -122,6 +128,29 @@ def test_a_line_from_a_node_whose_clock_is_hours_ahead_lands_at_cloudwatchs_time
     stream.write("epoch 1")
     stream.close()
     assert output(cloudwatch) == [RESTAMPED, "epoch 1"] and stream.dropped == 0
+
+
+@pytest.mark.parametrize(("offset_s", "attempts"), [
+    (-15 * 86400.0, 2),  # every event rejected as too old
+    (3 * 3600.0, 1),  # too new; one, as above
+])  # fmt: skip
+def test_outcome_metrics_from_a_node_whose_clock_is_far_off_are_put_at_cloudwatchs_time_metrics_and_all(
+    cloudwatch, offset_s, attempts
+):
+    at = time.time() + offset_s
+    cloudwatch.record_outcomes(
+        QUEUE, [AttemptOutcome("job-1", f"item-{n}", 1, "failed", 1.0, at + n) for n in range(attempts)]
+    )
+    events = cloudwatch.logs.get_log_events(
+        logGroupName=cloudwatch.group, logStreamName=outcome_stream(QUEUE), startFromHead=True
+    )["events"]
+    documents = [metrics.from_emf(event["message"]) for event in events]  # no line saying so: metrics only
+    assert [points for _, points in documents] == [
+        metrics.attempt_points(cloudwatch.env_name, QUEUE, "failed")
+    ] * attempts
+    # The metrics' own time (what CloudWatch extracts them at) moved with the event's.
+    assert [stamp for stamp, _ in documents] == [event["timestamp"] for event in events]
+    assert all(abs(event["timestamp"] / 1000 - time.time()) < 600 for event in events)
 
 
 def test_a_log_stream_deleted_while_the_attempt_runs_is_created_again(cloudwatch):
@@ -229,6 +258,27 @@ def test_lines_more_than_a_day_apart_go_in_separate_batches(clock):
     assert send.batches == [["yesterday"], ["today"]] and stream.dropped == 0
 
 
+@pytest.mark.parametrize("char", [
+    "x",
+    "\U0001F600",  # 4 UTF-8 bytes; JSON-escaped as two \\uXXXX: 12 bytes
+    "\x00",  # JSON-escaped as \\u0000: 6 bytes
+])  # fmt: skip
+def test_a_line_too_long_for_one_event_ends_saying_how_much_was_cut_within_both_services_event_limits(char):
+    sent = []
+    stream = logstream.BufferedStream("j/i/1", sent.extend, flush_s=3600)
+    written = "start " + char * 70_000
+    stream.write(written)
+    stream.close()
+    ((_, line),) = sent
+    kept, count = re.fullmatch(
+        r"(.*)\u2026 \[tidefleet: ([\d,]+) more characters cut\]", line, re.DOTALL
+    ).groups()
+    assert written.startswith(kept) and len(kept) + int(count.replace(",", "")) == len(written)
+    assert len(line) <= logstream.BufferedStream.MAX_LINE_CHARS
+    assert logstream.cloudwatch_event_bytes(line) <= 256 * 1024  # a PutLogEvents event, its 26 bytes included
+    assert cloud_logging._entry_bytes(line) <= 256_000  # a Cloud Logging entry, as the batches count it
+
+
 def test_a_service_that_refuses_every_batch_costs_the_close_at_most_three_sends():
     sends = []
 
@@ -244,22 +294,42 @@ def test_a_service_that_refuses_every_batch_costs_the_close_at_most_three_sends(
 
 
 # -- Cloud Logging --------------------------------------------------------------------------------
+def _at(entry: dict) -> float:
+    return datetime.fromisoformat(entry["timestamp"]).timestamp()
+
+
 @pytest.fixture
 def gcp(monkeypatch):
-    """Cloud Logging as the fake serves it, but for a request holding a "poison" entry, which it
-    answers as the API answers an entry it will never take: 400 INVALID_ARGUMENT, nothing written."""
+    """Cloud Logging as the fake serves it, with the API's answers the fake lacks: each dated by
+    its clock; a request holding a "poison" entry, or one stamped over a day ahead, refused (400
+    INVALID_ARGUMENT, nothing written); an entry stamped over 30 days back taken, not stored; one
+    with no timestamp stamped with its time."""
     monkeypatch.setattr(google.auth, "default", lambda *a, **k: (AnonymousCredentials(), GCP_ENV.project))
     fake = FakeGcp(GCP_ENV.project, GCP_ENV.region)
     fake.refused, serve = 0, fake._logging
 
     def refusing(request):
-        entries = json.loads(request.body).get("entries", [])
+        now = time.time()
+        date = {"Date": formatdate(now, usegmt=True)}
+        body = json.loads(request.body)
+        entries = body.get("entries", [])
         if any(e.get("textPayload") == "poison" for e in entries):
             fake.refused += 1
             error = {"code": 400, "message": "Log entry with size 300K exceeds maximum size of 256.0K",
                      "status": "INVALID_ARGUMENT"}  # fmt: skip
-            return 400, {}, json.dumps({"error": error})
-        return serve(request)
+            return 400, date, json.dumps({"error": error})
+        if any("timestamp" in e and _at(e) > now + 86400 for e in entries):
+            error = {
+                "code": 400,
+                "message": "Timestamp is over a day in the future",
+                "status": "INVALID_ARGUMENT",
+            }
+            return 400, date, json.dumps({"error": error})
+        if entries:
+            stamped = [{"timestamp": datetime.fromtimestamp(now, UTC).isoformat(), **e} for e in entries]
+            request.body = json.dumps(body | {"entries": [e for e in stamped if _at(e) >= now - 30 * 86400]})
+        status, headers, text = serve(request)
+        return status, headers | date, text
 
     fake._logging = refusing
     with responses.RequestsMock(assert_all_requests_are_fired=False) as mock:
@@ -297,3 +367,35 @@ def test_a_service_that_refuses_even_the_marker_is_not_asked_again_at_once_while
     time.sleep(1.5)  # the line's batch refused, then its marker: tried again after 1 s at the soonest
     assert len(sends) <= 3, len(sends)
     stream.close(timeout_s=5)
+
+
+def stored_at(gcp) -> list[float]:
+    return [_at(entry) for entry in gcp.log_entries]
+
+
+@pytest.mark.parametrize("offset_s", [
+    2 * 86400.0,  # the request refused: nothing written
+    -45 * 86400.0,  # the request taken, its entries not stored: nothing said
+])  # fmt: skip
+def test_lines_from_a_node_whose_clock_is_far_off_land_at_cloud_loggings_time_after_a_line_saying_so(
+    gcp, clock, offset_s
+):
+    clock.offset = offset_s
+    logs = for_env(GCP_ENV).logs
+    stream = logs.stream(QUEUE, "job-1", "item-a", 1)
+    stream.write("epoch 1")
+    stream.flush()  # its own batch: the line saying so comes once
+    wait_until(lambda: "epoch 1" in output(logs), 10, "'epoch 1' to land")
+    stream.write("epoch 2")
+    stream.close()
+    assert output(logs) == [cloud_logging.RESTAMPED, "epoch 1", "epoch 2"] and stream.dropped == 0
+    assert all(abs(at - time.time()) < 600 for at in stored_at(gcp))
+
+
+def test_outcomes_from_a_node_whose_clock_is_days_ahead_are_counted_at_cloud_loggings_time(gcp):
+    logs = for_env(GCP_ENV).logs
+    logs.record_outcomes(
+        QUEUE, [AttemptOutcome("job-1", "item-a", 1, "failed", 1.0, time.time() + 2 * 86400)]
+    )
+    (entry,) = gcp.log_entries  # no line saying so: no one reads these entries
+    assert entry["jsonPayload"]["outcome"] == "failed" and abs(_at(entry) - time.time()) < 600

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from tidefleet.logstream import BufferedStream, Outage, dropped_marker
+from tidefleet.logstream import BufferedStream, Outage, cloudwatch_event_bytes, cut_line, dropped_marker
 
 PUT_LOG_EVENTS_BYTES = 1_048_576  # PutLogEvents: the messages' UTF-8 bytes plus 26 per event
 
@@ -46,11 +46,11 @@ def stream_of(send, name: str = "j/i/1", **kwargs) -> BufferedStream:
 def test_long_lines_go_in_batches_under_the_put_log_events_byte_limit_and_none_is_lost():
     send = CloudWatch()
     stream = stream_of(send)
-    lines = [f"{n:05d}" + "x" * 20_000 for n in range(500)]  # each cut to 16,000 characters
+    lines = [f"{n:05d}" + "x" * 20_000 for n in range(500)]  # each cut to 16,000 characters, marked
     for line in lines:
         stream.write(line)
     stream.close()
-    assert lines_sent(send) == [line[:16_000] for line in lines] and stream.dropped == 0
+    assert lines_sent(send) == [cut_line(line, 16_000) for line in lines] and stream.dropped == 0
     assert len(send.batches) > 7  # ~8 MB of output: at least 8 batches of at most 1 MiB
 
 
@@ -142,7 +142,8 @@ def test_the_buffer_is_bounded_in_bytes_too():
         for n in range(4_000):  # 4,000 lines of 16,000 characters: 64 MB, twice the bound
             stream.write(f"{n:05d}" + "x" * 20_000)
         assert stream.bytes <= BufferedStream.MAX_BUFFERED_BYTES
-        assert len(stream.buffer) == BufferedStream.MAX_BUFFERED_BYTES // (16_000 + 26)
+        cut = cut_line("00000" + "x" * 20_000, 16_000)
+        assert len(stream.buffer) == BufferedStream.MAX_BUFFERED_BYTES // cloudwatch_event_bytes(cut)
     finally:
         send.answer.set()
     stream.close(timeout_s=60)

@@ -8,6 +8,7 @@ import logging
 import threading
 import time
 from collections import deque
+from email.utils import parsedate_to_datetime
 from itertools import islice
 
 log = logging.getLogger("tidefleet.agent")
@@ -31,6 +32,32 @@ def stream_order(stream: str) -> tuple:
 def cloudwatch_event_bytes(line: str) -> int:
     """What one line counts toward a PutLogEvents batch: its UTF-8 bytes plus 26 per event."""
     return len(line.encode(errors="replace")) + 26
+
+
+def cut_marker(count: int) -> str:
+    """What ends a line cut to fit one log event: `count` characters of it are not there."""
+    return f"… [tidefleet: {count:,} more characters cut]"
+
+
+def cut_line(line: str, limit: int) -> str:
+    """`line` in at most `limit` characters: a longer one is cut, its end saying how much was
+    cut (`cut_marker`, counted at most the line's length: never longer than that room)."""
+    if len(line) <= limit:
+        return line
+    room = limit - len(cut_marker(len(line)))
+    return line[:room] + cut_marker(len(line) - room)
+
+
+def restamped_notice(service: str, bounds: str) -> str:
+    """The line before the first of a stream's lines that `service` took at its own time, not the
+    line's: it does not take or keep lines stamped `bounds`."""
+    return (f"tidefleet: lines from here on whose own time {service} does not take ({bounds}: is the node's "
+            "clock wrong?) are stamped with its time instead")  # fmt: skip
+
+
+def service_time(date: str | None) -> float | None:
+    """The log service's time by its answer's Date header, if it has one."""
+    return parsedate_to_datetime(date).timestamp() if date else None
 
 
 def dropped_marker(count: int, why: str | None = None) -> str:
@@ -91,6 +118,8 @@ class BufferedStream:
     # Several batches' worth: a burst of output is sent, not dropped, while the service keeps up.
     MAX_BUFFERED_BYTES = 32 * 1_048_576
     MAX_BATCH_LINES = 500
+    # A longer line is cut, its end marked (`cut_line`): 4 UTF-8 bytes or 12 JSON-escaped bytes a
+    # character at most, within a CloudWatch event (256 KiB) and a Cloud Logging entry (256 KB).
     MAX_LINE_CHARS = 16_000
     MAX_BATCH_SPAN_S = 23 * 3600.0  # under PutLogEvents' 24 h: lines held through a long outage
 
@@ -122,7 +151,7 @@ class BufferedStream:
         self.shipper: threading.Thread | None = None
 
     def write(self, line: str) -> None:
-        line = line[: self.MAX_LINE_CHARS] or " "
+        line = cut_line(line, self.MAX_LINE_CHARS) or " "
         size = self.event_bytes(line)
         with self.wake:
             was_empty, was_full = not self.buffer, self._full()

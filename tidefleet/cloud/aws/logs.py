@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING
 
 import boto3
 from botocore.exceptions import ClientError
 
 from tidefleet import naming
-from tidefleet.logstream import BufferedStream, Outage, stream_name, stream_order
+from tidefleet.logstream import (
+    BufferedStream,
+    Outage,
+    restamped_notice,
+    service_time,
+    stream_name,
+    stream_order,
+)
 
 if TYPE_CHECKING:  # settings are loaded (pydantic) by the runtime, not on import
     from tidefleet.config import Environment
@@ -38,9 +44,7 @@ class CloudWatchItemLogs:
                 self._create(name)
                 created.append(True)
             events = [{"timestamp": int(at * 1000), "message": line} for at, line in batch]
-            answer = self._put(name, events)
-            if rejected := answer.get("rejectedLogEventsInfo"):
-                self._put(name, restamped(events, rejected, answer, said=bool(restamping)))
+            if self._put_in_time(name, events, said=bool(restamping)):
                 restamping.append(True)
 
         return BufferedStream(name, send, refused=refused, outage=self.outage)
@@ -67,10 +71,21 @@ class CloudWatchItemLogs:
         self._create(stream)
         return self.logs.put_log_events(logGroupName=self.group, logStreamName=stream, logEvents=events)
 
+    def _put_in_time(self, stream: str, events: list[dict], *, said: bool, stamp=None) -> bool:
+        """PutLogEvents, and the events it rejected for their time put again at CloudWatch's
+        (`restamped`); whether there were any."""
+        answer = self._put(stream, events)
+        if not (rejected := answer.get("rejectedLogEventsInfo")):
+            return False
+        self._put(stream, restamped(events, rejected, answer, said=said, stamp=stamp))
+        return True
+
     def record_outcomes(self, queue: str, outcomes: list[AttemptOutcome]) -> None:
         """The attempts' outcome metrics (`tidefleet.metrics.attempt_points`) as EMF events in the
         queue's outcome stream, one PutLogEvents for all: CloudWatch turns them into the metrics
-        the alarms watch."""
+        the alarms watch. Those rejected for their time (a node's clock far off) are put again at
+        CloudWatch's, their metrics' time with them (EMF takes the same 14 days back, 2 h ahead),
+        with no line saying so: the stream is metrics only."""
         from tidefleet import metrics  # the agent's path only: not the scaler's cold import
         from tidefleet.cloud.aws.metrics import outcome_stream
 
@@ -78,9 +93,8 @@ class CloudWatchItemLogs:
         events = [{"timestamp": int(o.at * 1000), "message": line}
                   for o in sorted(outcomes, key=lambda o: o.at)
                   for line in metrics.emf(metrics.attempt_points(self.env_name, queue, o.outcome), int(o.at * 1000))]
-        if not events:
-            return
-        self._put(name, events)
+        if events:
+            self._put_in_time(name, events, said=True, stamp=metrics.emf_at)
 
     def lines(self, queue: str, job: str, item: str | None = None) -> Iterator[tuple[str, str]]:
         queue_prefix = naming.item_log_stream_prefix(queue)
@@ -114,18 +128,18 @@ def refused(err: Exception) -> str | None:
     return f"CloudWatch Logs refused them: {error['Code']}: {error.get('Message', '')}"
 
 
-RESTAMPED = (
-    "tidefleet: lines from here on whose own time CloudWatch Logs does not take (over 14 days back or 2 h "
-    "ahead: is the node's clock wrong?) are stamped with its time instead"
-)
+RESTAMPED = restamped_notice("CloudWatch Logs", "over 14 days back or 2 h ahead")
 
 
-def restamped(events: list[dict], rejected: dict, answer: dict, said: bool) -> list[dict]:
+def restamped(events: list[dict], rejected: dict, answer: dict, *, said: bool, stamp=None) -> list[dict]:
     """The events PutLogEvents took the request for but rejected for their time (a node whose
     clock is far off), stamped with CloudWatch's (its answer's Date) so that they are read;
-    after a line saying so where a stream's first are (`said`: it was said before)."""
+    after a line saying so where a stream's first are (`said`: it was said before). `stamp(message,
+    ms)` puts the new time in a message that carries its own (an EMF document's)."""
     old = max(rejected.get("tooOldLogEventEndIndex", -1), rejected.get("expiredLogEventEndIndex", -1))
     again = events[: old + 1] + events[rejected.get("tooNewLogEventStartIndex", len(events)) :]
-    date = answer["ResponseMetadata"]["HTTPHeaders"].get("date")
-    at = int((parsedate_to_datetime(date).timestamp() if date else time.time()) * 1000)
-    return [{"timestamp": at, "message": RESTAMPED}][said:] + [{**event, "timestamp": at} for event in again]
+    at = int((service_time(answer["ResponseMetadata"]["HTTPHeaders"].get("date")) or time.time()) * 1000)
+    stamp = stamp or (lambda message, _ms: message)
+    return [{"timestamp": at, "message": RESTAMPED}][said:] + [
+        {"timestamp": at, "message": stamp(event["message"], at)} for event in again
+    ]

@@ -4,6 +4,11 @@ Item logs: one Cloud Logging entry per output line, in log naming.item_log(env) 
 log bucket and sink select it), with labels job / item / attempt; a "stream" is
 `job/item/attempt` as on AWS. Each finished attempt also writes one structured entry
 (jsonPayload with its outcome and queue): the stack's `item-outcomes` log-based metric counts those.
+
+Cloud Logging stores an entry only if its timestamp is at most a day ahead of its clock (further:
+the whole request is refused, 400 INVALID_ARGUMENT) and at most 30 days back (older: taken, answered
+200, and not stored: nothing in the answer says so). Entries from a node whose clock is that far off
+are written again at Cloud Logging's time, as CloudWatch's are (`restamp`).
 """
 
 from __future__ import annotations
@@ -19,7 +24,14 @@ from google.auth.transport.requests import AuthorizedSession
 from tidefleet import naming
 from tidefleet.cloud.gcp.calls import TRY_S
 from tidefleet.config import Environment
-from tidefleet.logstream import BufferedStream, Outage, stream_name, stream_order
+from tidefleet.logstream import (
+    BufferedStream,
+    Outage,
+    restamped_notice,
+    service_time,
+    stream_name,
+    stream_order,
+)
 from tidefleet.records import AttemptOutcome
 
 LOGGING = "https://logging.googleapis.com/v2"
@@ -29,6 +41,10 @@ LOGGING = "https://logging.googleapis.com/v2"
 WRITE_BATCH_BYTES = 9_000_000
 ENTRY_OVERHEAD_BYTES = 100
 SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
+# What Cloud Logging stores, by its clock (its answer's Date), with a margin for that header's
+# second and the time the request took: the Logging API's documented bounds.
+AHEAD_S, BACK_S, MARGIN_S = 86_400.0, 30 * 86_400.0, 600.0
+RESTAMPED = restamped_notice("Cloud Logging", "over 30 days back or a day ahead")
 
 
 class CloudLoggingItemLogs:
@@ -45,26 +61,46 @@ class CloudLoggingItemLogs:
 
         return AuthorizedSession(google.auth.default(scopes=SCOPES)[0])
 
-    def _write(self, job: str, item: str, attempt: int, entries: list[dict]) -> None:
-        labels = {"job": job, "item": item, "attempt": str(attempt)}
-        body = {"logName": self.log_name, "resource": {"type": "global"}, "labels": labels, "entries": entries}
-        self.session.post(f"{LOGGING}/entries:write", json=body, timeout=TRY_S).raise_for_status()
+    def _write(self, entries: list[dict], labels: dict | None = None) -> requests.Response:
+        body = {"logName": self.log_name, "resource": {"type": "global"}, "labels": labels or {}, "entries": entries}
+        response = self.session.post(f"{LOGGING}/entries:write", json=body, timeout=TRY_S)
+        response.raise_for_status()
+        return response
+
+    def _write_in_time(self, entries: list[dict], labels: dict | None = None, *, said: bool) -> bool:
+        """entries.write, and the entries Cloud Logging does not store at their own time (`restamp`)
+        written again at its time, after a line saying so unless `said`; whether there were any."""
+        try:
+            answer = self._write(entries, labels)
+        except requests.HTTPError as err:
+            if (again := restamp(entries, err.response, refused=True)) is None:
+                raise
+        else:
+            if (again := restamp(entries, answer, refused=False)) is None:
+                return False
+        self._write([{"textPayload": RESTAMPED}][said:] + again, labels)
+        return True
 
     def stream(self, queue: str, job: str, item: str, attempt: int) -> BufferedStream:
+        labels, restamping = {"job": job, "item": item, "attempt": str(attempt)}, []
+
         def send(batch: list[tuple[float, str]]) -> None:
-            self._write(job, item, attempt, [{"textPayload": line, "timestamp": _stamp(at)} for at, line in batch])
+            entries = [{"textPayload": line, "timestamp": _stamp(at)} for at, line in batch]
+            if self._write_in_time(entries, labels, said=bool(restamping)):
+                restamping.append(True)
 
         return BufferedStream(stream_name(job, item, attempt), send, batch_bytes=WRITE_BATCH_BYTES,
                               event_bytes=_entry_bytes, refused=refused, outage=self.outage)
 
     def record_outcomes(self, queue: str, outcomes: list[AttemptOutcome]) -> None:
+        """One structured entry per attempt; those from a node whose clock is far off are counted at
+        Cloud Logging's time, with no line saying so (no one reads these entries, the metric does)."""
         entries = [{"jsonPayload": {"outcome": o.outcome, "queue": queue, "job": o.job, "item": o.item,
                                     "attempt": o.attempt, "seconds": o.seconds},
                     "labels": {"job": o.job, "item": o.item, "attempt": str(o.attempt)},
                     "timestamp": _stamp(o.at)} for o in outcomes]  # fmt: skip
         if entries:
-            body = {"logName": self.log_name, "resource": {"type": "global"}, "entries": entries}
-            self.session.post(f"{LOGGING}/entries:write", json=body, timeout=TRY_S).raise_for_status()
+            self._write_in_time(entries, said=True)
 
     def lines(self, queue: str, job: str, item: str | None = None) -> Iterator[tuple[str, str]]:
         # textPayload:* leaves out the outcome entries (jsonPayload), which are not output.
@@ -103,6 +139,25 @@ def refused(err: Exception) -> str | None:
     except (ValueError, KeyError, TypeError, AttributeError):  # not Google's JSON error: a proxy's page
         said = response.reason or "Bad Request"
     return f"Cloud Logging refused them: 400 {said}"
+
+
+def restamp(entries: list[dict], answer: requests.Response | None, *, refused: bool) -> list[dict] | None:
+    """What of `entries` to write again, unstamped (Cloud Logging stamps them, in their order), so
+    that it stores them, by its clock (its answer's Date); None: nothing. One over a day ahead
+    got the request a 400 (`refused`): all of it again, those off its time unstamped. One over 30
+    days back was taken and not stored: those again. A request refused for anything else, or an
+    answer without a Date, is left as it was."""
+    now = service_time(answer.headers.get("Date")) if answer is not None else None
+    if now is None or (refused and answer.status_code != 400):
+        return None
+    at = [datetime.fromisoformat(entry["timestamp"]).timestamp() for entry in entries]
+    ahead = [stamp > now + AHEAD_S - MARGIN_S for stamp in at]
+    off = [far or stamp < now - BACK_S + MARGIN_S for far, stamp in zip(ahead, at, strict=True)]
+    if not any(ahead if refused else off):
+        return None
+    unstamped = [{k: v for k, v in entry.items() if k != "timestamp"} if far else entry
+                 for entry, far in zip(entries, off, strict=True)]  # fmt: skip
+    return unstamped if refused else [entry for entry, far in zip(unstamped, off, strict=True) if far]
 
 
 def _entry_bytes(line: str) -> int:
