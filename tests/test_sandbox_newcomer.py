@@ -182,3 +182,64 @@ def test_ctrl_c_mid_run_stops_every_node_and_the_emulator_and_says_so(tmp_path):
     left = [p for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not left, left
     assert list(temp.iterdir()) == []  # its work folder, the nodes' and workloads' temp files: gone
+
+
+# The sandbox with a moto start as slow as the test wants: start_moto's first look at whether its
+# server answers waits for a line on stdin, as on a machine where moto takes seconds to come up.
+SLOW_START = """
+import sys
+import urllib.request
+from tidefleet.cli import main
+look = urllib.request.urlopen
+def first_look(*args, **kwargs):
+    urllib.request.urlopen = look
+    print("emulator starting", flush=True)
+    sys.stdin.readline()
+    return look(*args, **kwargs)
+urllib.request.urlopen = first_look
+main()
+"""
+
+
+@pytest.mark.parametrize(
+    "whole_group", [False, True], ids=["to the sandbox", "to its process group (a terminal)"]
+)
+def test_ctrl_c_while_the_sandbox_starts_says_so_at_once_and_leaves_no_emulator_behind(tmp_path, whole_group):
+    """Ctrl-C while the emulator starts: the stopping line comes at once, a second Ctrl-C is
+    ignored, and once start-up is over everything stops, the same interrupted line, exit 130.
+    It said nothing until the end, and the emulator ran on after the sandbox had exited: the
+    Ctrl-C came before start_moto returned it to the sandbox. A terminal's Ctrl-C also reaches the
+    emulator, whose start then fails: that reads as the Ctrl-C too, not as moto's error."""
+    import psutil
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    sandbox = subprocess.Popen(
+        [sys.executable, "-c", SLOW_START, "sandbox", "--items", "0"], cwd=ROOT, env=process_env(temp),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,  # its own process group: a terminal's Ctrl-C reaches it and the emulator only
+    )  # fmt: skip
+    ctrl_c = (lambda: os.killpg(sandbox.pid, signal.SIGINT)) if whole_group else (
+        lambda: sandbox.send_signal(signal.SIGINT))  # fmt: skip
+    emulator = None
+    try:
+        shown = read_until(sandbox.stdout, "emulator starting", sandbox, 120)
+        (work,) = temp.glob("tidefleet-sandbox-*")
+        emulator = emulator_of(sandbox.pid)
+        ctrl_c()
+        shown += read_until(sandbox.stdout, "Ctrl-C: stopping every node and the emulator", sandbox, 60)
+        ctrl_c()  # ignored: the stopping goes on
+        out, _ = sandbox.communicate("\n", timeout=120)  # start_moto goes on
+    finally:
+        if sandbox.poll() is None:
+            sandbox.kill()
+            sandbox.wait()
+        left = emulator is not None and emulator.is_running() and emulator.status() != psutil.STATUS_ZOMBIE
+        if left:
+            emulator.kill()  # not left running after the test
+    out = shown + out
+    assert sandbox.returncode == 130, out
+    assert f"interrupted: every node and the emulator stopped; {work} removed" in out, out
+    assert out.count("Ctrl-C: stopping") == 1 and "Traceback" not in out, out
+    assert not left, emulator
+    assert list(temp.iterdir()) == []

@@ -102,11 +102,8 @@ def sandbox(env_name, items, chaos, keep, train, time_limit, tick, boot_delay, s
     temporary = workdir is None
     # Absolute once: each node runs in its own folder under it, so a relative one would nest there.
     workdir = _workdir(workdir).absolute()
-    # SIGTERM ends the run like Ctrl-C does, so every node process and the emulator go too. Ctrl-C
-    # itself stops it even where it was started with SIGINT ignored (a background job of a shell
-    # without job control, as in a CI script): Python then leaves it ignored, and `--keep` ran on.
+    # SIGTERM ends the run like Ctrl-C does, so every node process and the emulator go too.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     summary, failed, interrupted = None, False, False
     try:
         summary = _run(env, environment_path(env_name).resolve().parent, workdir, console, items=items, chaos=chaos,
@@ -163,10 +160,9 @@ def _workdir(workdir: Path | None) -> Path:
 
 def _run(env, environments: Path, workdir: Path, console, *, items, chaos, keep, train, deadline, timing, seed, as_json):
     """Bring the sandbox up, run the demo job (unless items is 0), stay up under --keep; the summary."""
-    from tidefleet.sandbox.run import Sandbox
-
     started = time.time()
-    with Sandbox(env, workdir, timing, environments) as box:
+    with contextlib.ExitStack() as stack:
+        box = _started(stack, console, env, workdir, timing, environments)
         try:
             return _up(box, env, workdir, console, started=started, items=items, chaos=chaos, keep=keep, train=train,
                        deadline=deadline, seed=seed, as_json=as_json)  # fmt: skip
@@ -180,6 +176,45 @@ def _run(env, environments: Path, workdir: Path, console, *, items, chaos, keep,
             if (gone := box.emulator_gone()) is not None:
                 raise click.ClickException(gone) from None
             raise
+
+
+def _started(stack: contextlib.ExitStack, console, *args):
+    """A `Sandbox(*args)`, entered on `stack`. A Ctrl-C while it starts (moto, then the queues, table
+    and groups: seconds) is said at once and acted on once it is up: its __enter__ stops only what
+    it has a handle on, and a Ctrl-C while moto was starting (its process running, start_moto not
+    yet returned) left the emulator running after the sandbox had exited."""
+    interrupted, box = False, None
+
+    def defer(*_) -> None:
+        nonlocal interrupted
+        if not interrupted:
+            interrupted = True
+            _stopping(console)
+            signal.signal(signal.SIGINT, defer)
+        # A second one is ignored while the emulator runs: a start cut short would leave it behind.
+        # Once a terminal's Ctrl-C has ended it too, nothing is left to stop, and the start can only
+        # fail on it, seconds later (or never: Sandbox.__exit__ waits on a kick server that never served).
+        elif box is None or box.emulator_gone() is not None:
+            raise KeyboardInterrupt
+
+    # Installed even where it was started with SIGINT ignored (a background job of a shell without
+    # job control, as in a CI script): Python then leaves it ignored, and `--keep` ran on.
+    signal.signal(signal.SIGINT, defer)
+    try:
+        from tidefleet.sandbox.run import Sandbox
+
+        box = Sandbox(*args)
+        stack.enter_context(box)
+    except Exception:
+        if interrupted:  # a terminal's Ctrl-C reached the emulator too, and its start failed on that
+            raise KeyboardInterrupt from None
+        raise
+    finally:
+        # Interrupted: a Ctrl-C from here is ignored while the stack stops what __enter__ started.
+        signal.signal(signal.SIGINT, signal.SIG_IGN if interrupted else signal.default_int_handler)
+    if interrupted:
+        raise KeyboardInterrupt
+    return box
 
 
 def _up(box, env, workdir: Path, console, *, started, items, chaos, keep, train, deadline, seed, as_json):
