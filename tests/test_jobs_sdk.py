@@ -15,7 +15,7 @@ import pytest
 from agent_harness import Harness
 from click.testing import CliRunner
 
-from tidefleet import naming
+from tidefleet import control, naming
 from tidefleet.agent.runner import workload_command
 from tidefleet.cli import main
 from tidefleet.cloud import for_env
@@ -179,6 +179,31 @@ def test_nodes_shows_a_node_its_group_no_longer_lists_as_gone_after_the_groups_n
                if p["pool"] == "cpu"]  # fmt: skip
     listed = [(n["node_id"], n["draining"], n["gone"]) for n in pool["nodes"]]
     assert listed == [(up, False, False), (gone, True, True)]
+
+
+def test_nodes_of_a_pool_without_a_group_are_gone_and_it_says_their_records_stay_until_it_is_deployed(h):
+    """A deleted group's nodes went with it, but the scaler reads no pool without a group, so it
+    never forgets their heartbeats: `nodes` listed them `gone`, which for a node its group dropped
+    means until the scaler forgets it (once silent for a boot), and they stayed for good unexplained."""
+    store = DynamoStore(h.env.name, h.env.region)
+    store.put_heartbeat(Heartbeat("i-old", "cpu", at=0.0, slots=2, busy_slots=0, idle_since=0.0,
+                                  instance_type="c6i.large", spot=True))  # fmt: skip
+    boto3.client("autoscaling", region_name=h.env.region).delete_auto_scaling_group(
+        AutoScalingGroupName=naming.group(h.env.name, "cpu"), ForceDelete=True)  # fmt: skip
+    control.tick(h.env, for_env(h.env).control_ports(), time.time())  # silent far longer than a boot: kept
+    assert "i-old" in store.heartbeats("cpu")
+    env = {"TIDEFLEET_ENV": str(h.env_path)}
+    out = CliRunner().invoke(main, ["nodes"], env=env)
+    (row,) = [[cell.strip() for cell in line.split("│")[1:-1]] for line in out.output.splitlines()
+              if "i-old" in line]  # fmt: skip
+    assert out.exit_code == 0 and "pool cpu: group not found" in out.output and row[4] == "gone", out.output
+    assert (f"pool cpu has no group: its 1 node(s) above went with it, and their heartbeat records stay "
+            f"listed until it is deployed again (invoke deploy --env {h.env_path}), as the scaler forgets "
+            "only the nodes of a group it finds") in out.output.splitlines(), out.output  # fmt: skip
+    (pool,) = [p for p in json.loads(CliRunner().invoke(main, ["nodes", "--json"], env=env).output)["pools"]
+               if p["pool"] == "cpu"]  # fmt: skip
+    assert (pool["desired"], pool["instances"], [(n["node_id"], n["gone"]) for n in pool["nodes"]]) == (
+        None, None, [("i-old", True)])  # fmt: skip
 
 
 def test_cli_errors_say_how_to_deploy_when_the_environment_is_missing(aws, tmp_path):

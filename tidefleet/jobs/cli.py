@@ -362,7 +362,8 @@ def retry_failed(env_name, job_id) -> None:
 @json_option
 def nodes(env_name, as_json) -> None:
     """Per pool: nodes, type, spot/on-demand, busy/idle, GPUs (from heartbeats and groups); a node
-    the group no longer lists is shown gone until the scaler forgets its heartbeat."""
+    the group no longer lists is shown gone until the scaler forgets its heartbeat (not while the
+    pool has no group: the line under its table says so)."""
     env = _load(env_name)
     with _explained(env):
         pools = sdk.nodes(env)
@@ -380,6 +381,12 @@ def nodes(env_name, as_json) -> None:
             table.add_row(escape(n.node_id), escape(n.instance_type), "spot" if n.spot else "on-demand", f"{n.busy_slots}/{n.slots}",
                           state, str(n.gpus), f"{max(0.0, n.heartbeat_age_s):.0f}s ago")
         console.print(table)
+        if pool.desired is None and pool.nodes:  # the scaler skips a pool without a group: its records stay
+            deploy = f"invoke deploy --env {escape(env_argument(env))}"
+            console.print(f"pool {escape(pool.pool)} has no group: its {len(pool.nodes)} node(s) above went "
+                          "with it, and their heartbeat records stay listed until it is deployed again "
+                          f"({deploy}), as the scaler forgets only the nodes of a group it finds",
+                          highlight=False, soft_wrap=True)  # fmt: skip
 
 
 @click.command("jobs")

@@ -1032,7 +1032,9 @@ class NodeRow:
     draining: bool
     heartbeat_age_s: float
     # The group no longer lists it (terminated, reclaimed): its heartbeat record stays until the
-    # control tick forgets it, once silent longer than the pool's boot timeout.
+    # control tick forgets it, once silent longer than the pool's boot timeout. Every node of a pool
+    # whose group is not found (deleted, and its nodes with it) too: the tick skips that pool, so
+    # their records stay until the group exists again.
     gone: bool = False
 
 
@@ -1046,7 +1048,7 @@ class PoolRow:
 
 def nodes(env: Environment, now: float | None = None) -> list[PoolRow]:
     """Per pool: the group's desired size and instances, and each node's last heartbeat, marked
-    `gone` where the group no longer lists the node."""
+    `gone` where the group no longer lists the node (every node where the pool has no group)."""
     now = time.time() if now is None else now
     cloud = for_env(env)
     pools = list(env.pools)
