@@ -368,3 +368,30 @@ def test_a_failed_watch_is_one_log_line_and_the_next_step_watches_again(aws, mon
     jobs.step(2.0)
     assert calls == [1.0, 2.0]
     assert schedules_log == ["watch failed: RuntimeError: the store is unreachable"] * 2
+
+
+def test_a_sandbox_whose_start_fails_part_way_stops_everything_it_started_and_raises(tmp_path, monkeypatch):
+    """A provision that fails (the emulator died under it, a Ctrl-C) hung the sandbox for good: its
+    exit shut down the kick server, whose serve_forever had not been started, and waited for it."""
+    import threading
+
+    from tidefleet.sandbox import run
+
+    def provision_fails(*args, **kwargs):
+        raise RuntimeError("provisioning failed")
+
+    monkeypatch.setattr(run, "provision", provision_fails)
+    box, raised = run.Sandbox(load_environment("sandbox"), tmp_path / "sandbox", run.Timing()), []
+
+    def start() -> None:
+        try:
+            box.__enter__()
+        except RuntimeError as err:
+            raised.append(str(err))
+
+    starting = threading.Thread(target=start, daemon=True)
+    starting.start()
+    starting.join(timeout=60)
+    assert not starting.is_alive(), "the sandbox's exit hung after a failed start"
+    assert raised == ["provisioning failed"]
+    assert box.moto.exited() is not None  # the emulator it had started was stopped too

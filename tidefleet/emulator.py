@@ -188,4 +188,5 @@ def start_moto(port: int | None = None, timeout_s: float = 30.0, log: Path | Non
         except OSError:
             time.sleep(0.1)
     process.kill()
+    process.wait()  # reaped: no zombie left to the caller
     raise RuntimeError(f"moto server did not answer on {url} within {timeout_s:.0f}s")

@@ -159,6 +159,9 @@ class Sandbox:
         kick_handler = type("KickHandler", (_KickHandler,), {"kicked": self.kicked})
         kick_server = ThreadingHTTPServer(("127.0.0.1", 0), kick_handler)
         self._servers.append(kick_server)
+        # Serving at once: __exit__ shuts down every server it holds, and shutdown() waits for a
+        # serve_forever that was never started for good (a failed provision hung the sandbox).
+        self._spawn("kick", kick_server.serve_forever)
         self.kick_url = f"http://127.0.0.1:{kick_server.server_address[1]}/kick"
         os.environ["TIDEFLEET_KICK_URL"] = self.kick_url  # the SDK in this process kicks here
         self.imds = MetadataServer().start()
@@ -212,7 +215,6 @@ class Sandbox:
         scheduled.log.setLevel(logging.INFO)
         scheduled.log.propagate = False
         self.jobs = ScheduledJobs(self.env, time.time())
-        self._spawn("kick", kick_server.serve_forever)
         self._spawn("control", self._control_loop)
         self._spawn("launcher", lambda: self.launcher.run(self.stop))
         self._spawn("jobs", lambda: self.jobs.run(self.stop, self.tick_s))
