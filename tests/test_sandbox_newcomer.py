@@ -243,3 +243,31 @@ def test_ctrl_c_while_the_sandbox_starts_says_so_at_once_and_leaves_no_emulator_
     assert out.count("Ctrl-C: stopping") == 1 and "Traceback" not in out, out
     assert not left, emulator
     assert list(temp.iterdir()) == []
+
+
+def test_sigterm_while_the_emulator_starts_leaves_no_emulator_behind(tmp_path):
+    """SIGTERM ends the run as Ctrl-C does (exit 143), but start_moto had no handle to give back
+    yet: its SystemExit left the emulator running after the sandbox had exited."""
+    import psutil
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    sandbox = subprocess.Popen(
+        [sys.executable, "-c", SLOW_START, "sandbox", "--items", "0"], cwd=ROOT, env=process_env(temp),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+    emulator = None
+    try:
+        read_until(sandbox.stdout, "emulator starting", sandbox, 120)
+        emulator = emulator_of(sandbox.pid)
+        sandbox.send_signal(signal.SIGTERM)
+        out, _ = sandbox.communicate("\n", timeout=120)
+    finally:
+        if sandbox.poll() is None:
+            sandbox.kill()
+            sandbox.wait()
+        left = emulator is not None and emulator.is_running() and emulator.status() != psutil.STATUS_ZOMBIE
+        if left:
+            emulator.kill()
+    assert sandbox.returncode == 143 and "Traceback" not in out, out
+    assert not left, emulator

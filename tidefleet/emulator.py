@@ -177,16 +177,20 @@ def start_moto(port: int | None = None, timeout_s: float = 30.0, log: Path | Non
     finally:
         if log is not None:
             out.close()
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            see = f"; see {log}" if log is not None else ""
-            raise RuntimeError(f"moto server exited at start (code {process.returncode}); is moto[server] installed?{see}")
-        try:
-            urllib.request.urlopen(f"{url}/moto-api/", timeout=1).close()
-            return MotoServer(url=url, process=process, log=log)
-        except OSError:
-            time.sleep(0.1)
-    process.kill()
-    process.wait()  # reaped: no zombie left to the caller
-    raise RuntimeError(f"moto server did not answer on {url} within {timeout_s:.0f}s")
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                see = f"; see {log}" if log is not None else ""
+                raise RuntimeError(f"moto server exited at start (code {process.returncode}); is moto[server] "
+                                   f"installed?{see}")  # fmt: skip
+            try:
+                urllib.request.urlopen(f"{url}/moto-api/", timeout=1).close()
+                return MotoServer(url=url, process=process, log=log)
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError(f"moto server did not answer on {url} within {timeout_s:.0f}s")
+    except BaseException:  # no answer in time, a SIGTERM's SystemExit, a Ctrl-C: the caller has no handle on it
+        process.kill()
+        process.wait()  # reaped: no zombie left behind
+        raise
