@@ -28,7 +28,7 @@ from test_logstream import CloudWatch, stream_of
 from tests.gcp_fake import FakeGcp
 from tidefleet import logstream, metrics, naming
 from tidefleet.cloud import for_env
-from tidefleet.cloud.aws.logs import RESTAMPED
+from tidefleet.cloud.aws.logs import RESTAMPED, restamped
 from tidefleet.cloud.aws.metrics import outcome_stream
 from tidefleet.cloud.gcp import cloud_logging
 from tidefleet.config import load_environment
@@ -151,6 +151,42 @@ def test_outcome_metrics_from_a_node_whose_clock_is_far_off_are_put_at_cloudwatc
     # The metrics' own time (what CloudWatch extracts them at) moved with the event's.
     assert [stamp for stamp, _ in documents] == [event["timestamp"] for event in events]
     assert all(abs(event["timestamp"] / 1000 - time.time()) < 600 for event in events)
+
+
+@pytest.mark.parametrize("end", [1, 0], ids=["exclusive, as AWS documents it", "inclusive, as moto answers"])
+def test_of_a_batch_across_the_14_day_bound_only_the_rejected_events_are_put_again(end):
+    """AWS: tooOldLogEventEndIndex is "the index of the last log event that is too old ... exclusive".
+    Taken as inclusive, an event CloudWatch had stored was put a second time (on the outcome stream,
+    an attempt counted twice); the events' own times settle what an emulator counts otherwise."""
+    now = 1_790_000_000.0
+    day = 86_400_000
+    events = [{"timestamp": int(now * 1000) - 15 * day, "message": "too old"},
+              {"timestamp": int(now * 1000) - 13 * day, "message": "stored"},
+              {"timestamp": int(now * 1000), "message": "stored too"}]  # fmt: skip
+    answer = {"ResponseMetadata": {"HTTPHeaders": {"date": "Mon, 21 Sep 2026 14:13:20 GMT"}}}  # `now`
+    again = restamped(events, {"tooOldLogEventEndIndex": end}, answer, said=True)
+    assert again == [{"timestamp": int(now * 1000), "message": "too old"}]
+
+
+def test_a_batch_whose_second_put_fails_once_lands_each_line_once(cloudwatch, clock):
+    """The second put (the lines rejected for their time) throttled: the send failed, and the whole
+    batch, stored but for those lines, was sent again and stored twice."""
+    failed = []
+
+    def throttle_the_first_second_put(messages):
+        if messages[0] == RESTAMPED and not failed:
+            failed.append(messages)
+            return "ThrottlingException: Rate exceeded"
+        return None
+
+    answer_puts(cloudwatch, throttle_the_first_second_put)
+    stream = cloudwatch.stream(QUEUE, "job-1", "item-a", 1)
+    clock.offset = -14 * 86400.0 - 600
+    stream.write("too old")
+    clock.offset = -14 * 86400.0 + 3600
+    stream.write("stored")
+    stream.close(timeout_s=10)
+    assert failed and sorted(output(cloudwatch)) == sorted([RESTAMPED, "too old", "stored"])
 
 
 def test_a_log_stream_deleted_while_the_attempt_runs_is_created_again(cloudwatch):
@@ -353,22 +389,6 @@ def test_a_request_cloud_logging_refuses_is_dropped_marked_with_why_and_the_stre
     assert "refused" in warned and "INVALID_ARGUMENT" in warned
 
 
-def test_a_service_that_refuses_even_the_marker_is_not_asked_again_at_once_while_the_item_runs():
-    """Its lines dropped, what is left to send is their marker alone: refused too, it is sent
-    again after a backoff, as an outage's batch is, not in a loop as fast as the service answers."""
-    sends = []
-
-    def refuse(batch):
-        sends.append(batch)
-        raise ValueError("refused")
-
-    stream = logstream.BufferedStream("j/i/1", refuse, flush_s=0.01, refused=lambda err: str(err))
-    stream.write("line 0")
-    time.sleep(1.5)  # the line's batch refused, then its marker: tried again after 1 s at the soonest
-    assert len(sends) <= 3, len(sends)
-    stream.close(timeout_s=5)
-
-
 def stored_at(gcp) -> list[float]:
     return [_at(entry) for entry in gcp.log_entries]
 
@@ -399,3 +419,9 @@ def test_outcomes_from_a_node_whose_clock_is_days_ahead_are_counted_at_cloud_log
     )
     (entry,) = gcp.log_entries  # no line saying so: no one reads these entries
     assert entry["jsonPayload"]["outcome"] == "failed" and abs(_at(entry) - time.time()) < 600
+
+
+def test_a_date_header_that_does_not_parse_is_no_time_not_a_failed_send():
+    """A proxy mangling the answer's Date made every stored batch a failure, sent again and stored again."""
+    assert logstream.service_time("not a date") is None and logstream.service_time(None) is None
+    assert logstream.service_time("Mon, 21 Sep 2026 14:13:20 GMT") == 1_790_000_000.0

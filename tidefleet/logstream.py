@@ -56,8 +56,27 @@ def restamped_notice(service: str, bounds: str) -> str:
 
 
 def service_time(date: str | None) -> float | None:
-    """The log service's time by its answer's Date header, if it has one."""
-    return parsedate_to_datetime(date).timestamp() if date else None
+    """The log service's time by its answer's Date header, if it has one that parses (a proxy may
+    mangle it: the answer was still an answer)."""
+    try:
+        return parsedate_to_datetime(date).timestamp() if date else None
+    except (TypeError, ValueError):
+        return None
+
+
+def put_again(call, name: str, lines: int) -> None:
+    """The second put of lines a service took the request for but did not store at their own time:
+    its failure must not fail the send, whose other lines were stored (sent again, they would be
+    stored twice). Tried twice, then said in one warning; the lines are lost."""
+    for attempt in range(2):
+        try:
+            call()
+            return
+        except Exception as err:  # noqa: BLE001 - any failure: the first put's lines stand
+            if attempt:
+                said = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+                log.warning("item log %s: %d line(s) the log service did not store at their own time were not put "
+                            "again at its time (%s)", name, lines, said)  # fmt: skip
 
 
 def dropped_marker(count: int, why: str | None = None) -> str:

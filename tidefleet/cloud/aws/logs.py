@@ -13,6 +13,7 @@ from tidefleet import naming
 from tidefleet.logstream import (
     BufferedStream,
     Outage,
+    put_again,
     restamped_notice,
     service_time,
     stream_name,
@@ -77,7 +78,8 @@ class CloudWatchItemLogs:
         answer = self._put(stream, events)
         if not (rejected := answer.get("rejectedLogEventsInfo")):
             return False
-        self._put(stream, restamped(events, rejected, answer, said=said, stamp=stamp))
+        again = restamped(events, rejected, answer, said=said, stamp=stamp)
+        put_again(lambda: self._put(stream, again), stream, len(again))
         return True
 
     def record_outcomes(self, queue: str, outcomes: list[AttemptOutcome]) -> None:
@@ -129,6 +131,7 @@ def refused(err: Exception) -> str | None:
 
 
 RESTAMPED = restamped_notice("CloudWatch Logs", "over 14 days back or 2 h ahead")
+BACK_S, AHEAD_S = 14 * 86_400.0, 2 * 3_600.0  # what PutLogEvents takes, by its clock
 
 
 def restamped(events: list[dict], rejected: dict, answer: dict, *, said: bool, stamp=None) -> list[dict]:
@@ -136,9 +139,15 @@ def restamped(events: list[dict], rejected: dict, answer: dict, *, said: bool, s
     clock is far off), stamped with CloudWatch's (its answer's Date) so that they are read;
     after a line saying so where a stream's first are (`said`: it was said before). `stamp(message,
     ms)` puts the new time in a message that carries its own (an EMF document's)."""
-    old = max(rejected.get("tooOldLogEventEndIndex", -1), rejected.get("expiredLogEventEndIndex", -1))
-    again = events[: old + 1] + events[rejected.get("tooNewLogEventStartIndex", len(events)) :]
-    at = int((service_time(answer["ResponseMetadata"]["HTTPHeaders"].get("date")) or time.time()) * 1000)
+    now = service_time(answer["ResponseMetadata"]["HTTPHeaders"].get("date")) or time.time()
+    # The indices as AWS documents them (the old ones' end exclusive, the new ones' start inclusive),
+    # and the events its bounds put out by time (14 days back, 2 h ahead): an emulator that counts
+    # the end inclusive loses none, and no stored event is put twice.
+    old = max(rejected.get("tooOldLogEventEndIndex", 0), rejected.get("expiredLogEventEndIndex", 0))
+    new = rejected.get("tooNewLogEventStartIndex", len(events))
+    lo, hi = (now - BACK_S) * 1000, (now + AHEAD_S) * 1000
+    again = [e for i, e in enumerate(events) if i < old or i >= new or not lo <= e["timestamp"] <= hi]
+    at = int(now * 1000)
     stamp = stamp or (lambda message, _ms: message)
     return [{"timestamp": at, "message": RESTAMPED}][said:] + [
         {"timestamp": at, "message": stamp(event["message"], at)} for event in again

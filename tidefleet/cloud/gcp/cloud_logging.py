@@ -27,6 +27,7 @@ from tidefleet.config import Environment
 from tidefleet.logstream import (
     BufferedStream,
     Outage,
+    put_again,
     restamped_notice,
     service_time,
     stream_name,
@@ -72,13 +73,15 @@ class CloudLoggingItemLogs:
         written again at its time, after a line saying so unless `said`; whether there were any."""
         try:
             answer = self._write(entries, labels)
-        except requests.HTTPError as err:
+        except requests.HTTPError as err:  # nothing of the request was stored: a failed rewrite fails the send
             if (again := restamp(entries, err.response, refused=True)) is None:
                 raise
-        else:
-            if (again := restamp(entries, answer, refused=False)) is None:
-                return False
-        self._write([{"textPayload": RESTAMPED}][said:] + again, labels)
+            self._write([{"textPayload": RESTAMPED}][said:] + again, labels)
+            return True
+        if (again := restamp(entries, answer, refused=False)) is None:
+            return False
+        # The rest was stored: a failed rewrite must not send the whole batch again.
+        put_again(lambda: self._write([{"textPayload": RESTAMPED}][said:] + again, labels), self.log_name, len(again))
         return True
 
     def stream(self, queue: str, job: str, item: str, attempt: int) -> BufferedStream:
