@@ -338,7 +338,7 @@ def _at(entry: dict) -> float:
 def gcp(monkeypatch):
     """Cloud Logging as the fake serves it, with the API's answers the fake lacks: each dated by
     its clock; a request holding a "poison" entry, or one stamped over a day ahead, refused (400
-    INVALID_ARGUMENT, nothing written); an entry stamped over 30 days back taken, not stored; one
+    INVALID_ARGUMENT, nothing written); an entry stamped further back than the bucket keeps taken, not stored; one
     with no timestamp stamped with its time."""
     monkeypatch.setattr(google.auth, "default", lambda *a, **k: (AnonymousCredentials(), GCP_ENV.project))
     fake = FakeGcp(GCP_ENV.project, GCP_ENV.region)
@@ -363,7 +363,7 @@ def gcp(monkeypatch):
             return 400, date, json.dumps({"error": error})
         if entries:
             stamped = [{"timestamp": datetime.fromtimestamp(now, UTC).isoformat(), **e} for e in entries]
-            request.body = json.dumps(body | {"entries": [e for e in stamped if _at(e) >= now - 30 * 86400]})
+            request.body = json.dumps(body | {"entries": [e for e in stamped if _at(e) >= now - cloud_logging.BACK_S]})
         status, headers, text = serve(request)
         return status, headers | date, text
 
@@ -395,7 +395,7 @@ def stored_at(gcp) -> list[float]:
 
 @pytest.mark.parametrize("offset_s", [
     2 * 86400.0,  # the request refused: nothing written
-    -45 * 86400.0,  # the request taken, its entries not stored: nothing said
+    -400 * 86400.0,  # past the bucket's 365 days: the request taken, its entries not stored, nothing said
 ])  # fmt: skip
 def test_lines_from_a_node_whose_clock_is_far_off_land_at_cloud_loggings_time_after_a_line_saying_so(
     gcp, clock, offset_s
@@ -425,3 +425,14 @@ def test_a_date_header_that_does_not_parse_is_no_time_not_a_failed_send():
     """A proxy mangling the answer's Date made every stored batch a failure, sent again and stored again."""
     assert logstream.service_time("not a date") is None and logstream.service_time(None) is None
     assert logstream.service_time("Mon, 21 Sep 2026 14:13:20 GMT") == 1_790_000_000.0
+
+
+def test_lines_weeks_behind_but_within_the_buckets_retention_are_stored_once_at_their_own_time(gcp, clock):
+    """30 days is a default bucket's bound; the stack's item-log bucket keeps 365: lines 45 days back
+    were stored, then written again at Cloud Logging's time (each line twice)."""
+    clock.offset = -45 * 86400.0
+    logs = for_env(GCP_ENV).logs
+    stream = logs.stream(QUEUE, "job-1", "item-a", 1)
+    stream.write("epoch 1")
+    stream.close()
+    assert output(logs) == ["epoch 1"] and stream.dropped == 0

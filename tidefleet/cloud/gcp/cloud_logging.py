@@ -6,8 +6,9 @@ log bucket and sink select it), with labels job / item / attempt; a "stream" is
 (jsonPayload with its outcome and queue): the stack's `item-outcomes` log-based metric counts those.
 
 Cloud Logging stores an entry only if its timestamp is at most a day ahead of its clock (further:
-the whole request is refused, 400 INVALID_ARGUMENT) and at most 30 days back (older: taken, answered
-200, and not stored: nothing in the answer says so). Entries from a node whose clock is that far off
+the whole request is refused, 400 INVALID_ARGUMENT) and no further back than the log bucket's
+retention (the stack's item-log bucket: `LOG_RETENTION_DAYS`; older: taken, answered 200, and not
+stored: nothing in the answer says so). Entries from a node whose clock is that far off
 are written again at Cloud Logging's time, as CloudWatch's are (`restamp`).
 """
 
@@ -34,6 +35,7 @@ from tidefleet.logstream import (
     stream_order,
 )
 from tidefleet.records import AttemptOutcome
+from tidefleet.resources import LOG_RETENTION_DAYS
 
 LOGGING = "https://logging.googleapis.com/v2"
 # entries.write takes up to 10 MB a request. A line counts as its JSON text (requests escapes
@@ -43,9 +45,10 @@ WRITE_BATCH_BYTES = 9_000_000
 ENTRY_OVERHEAD_BYTES = 100
 SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
 # What Cloud Logging stores, by its clock (its answer's Date), with a margin for that header's
-# second and the time the request took: the Logging API's documented bounds.
-AHEAD_S, BACK_S, MARGIN_S = 86_400.0, 30 * 86_400.0, 600.0
-RESTAMPED = restamped_notice("Cloud Logging", "over 30 days back or a day ahead")
+# second and the time the request took: the Logging API's documented bounds, back as far as the
+# bucket keeps entries (30 days is only a default bucket's: this one's keeps them longer).
+AHEAD_S, BACK_S, MARGIN_S = 86_400.0, LOG_RETENTION_DAYS * 86_400.0, 600.0
+RESTAMPED = restamped_notice("Cloud Logging", f"over {LOG_RETENTION_DAYS} days back or a day ahead")
 
 
 class CloudLoggingItemLogs:
@@ -147,8 +150,8 @@ def refused(err: Exception) -> str | None:
 def restamp(entries: list[dict], answer: requests.Response | None, *, refused: bool) -> list[dict] | None:
     """What of `entries` to write again, unstamped (Cloud Logging stamps them, in their order), so
     that it stores them, by its clock (its answer's Date); None: nothing. One over a day ahead
-    got the request a 400 (`refused`): all of it again, those off its time unstamped. One over 30
-    days back was taken and not stored: those again. A request refused for anything else, or an
+    got the request a 400 (`refused`): all of it again, those off its time unstamped. One further
+    back than the bucket keeps was taken and not stored: those again. A request refused for anything else, or an
     answer without a Date, is left as it was."""
     now = service_time(answer.headers.get("Date")) if answer is not None else None
     if now is None or (refused and answer.status_code != 400):
