@@ -201,6 +201,29 @@ main()
 """
 
 
+def slow_start(temp: Path) -> subprocess.Popen:
+    """`tidefleet sandbox --items 0` with the slow moto start (`SLOW_START`: a line on its stdin ends
+    the wait), in its own process group: a terminal's Ctrl-C reaches it and the emulator only."""
+    return subprocess.Popen(
+        [sys.executable, "-c", SLOW_START, "sandbox", "--items", "0"], cwd=ROOT, env=process_env(temp),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+
+
+def end_both(sandbox: subprocess.Popen, emulator) -> bool:
+    """After the test: the sandbox killed if it is still running, and whether its emulator (a
+    psutil process, or None) was left running, killed then so no test leaves it behind."""
+    import psutil
+
+    if sandbox.poll() is None:
+        sandbox.kill()
+        sandbox.wait()
+    left = emulator is not None and emulator.is_running() and emulator.status() != psutil.STATUS_ZOMBIE
+    if left:
+        emulator.kill()
+    return left
+
+
 @pytest.mark.parametrize(
     "whole_group", [False, True], ids=["to the sandbox", "to its process group (a terminal)"]
 )
@@ -210,15 +233,9 @@ def test_ctrl_c_while_the_sandbox_starts_says_so_at_once_and_leaves_no_emulator_
     It said nothing until the end, and the emulator ran on after the sandbox had exited: the
     Ctrl-C came before start_moto returned it to the sandbox. A terminal's Ctrl-C also reaches the
     emulator, whose start then fails: that reads as the Ctrl-C too, not as moto's error."""
-    import psutil
-
     temp = tmp_path / "tmp"
     temp.mkdir()
-    sandbox = subprocess.Popen(
-        [sys.executable, "-c", SLOW_START, "sandbox", "--items", "0"], cwd=ROOT, env=process_env(temp),
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True,  # its own process group: a terminal's Ctrl-C reaches it and the emulator only
-    )  # fmt: skip
+    sandbox = slow_start(temp)
     ctrl_c = (lambda: os.killpg(sandbox.pid, signal.SIGINT)) if whole_group else (
         lambda: sandbox.send_signal(signal.SIGINT))  # fmt: skip
     emulator = None
@@ -231,12 +248,7 @@ def test_ctrl_c_while_the_sandbox_starts_says_so_at_once_and_leaves_no_emulator_
         ctrl_c()  # ignored: the stopping goes on
         out, _ = sandbox.communicate("\n", timeout=120)  # start_moto goes on
     finally:
-        if sandbox.poll() is None:
-            sandbox.kill()
-            sandbox.wait()
-        left = emulator is not None and emulator.is_running() and emulator.status() != psutil.STATUS_ZOMBIE
-        if left:
-            emulator.kill()  # not left running after the test
+        left = end_both(sandbox, emulator)
     out = shown + out
     assert sandbox.returncode == 130, out
     assert f"interrupted: every node and the emulator stopped; {work} removed" in out, out
@@ -248,14 +260,9 @@ def test_ctrl_c_while_the_sandbox_starts_says_so_at_once_and_leaves_no_emulator_
 def test_sigterm_while_the_emulator_starts_leaves_no_emulator_behind(tmp_path):
     """SIGTERM ends the run as Ctrl-C does (exit 143), but start_moto had no handle to give back
     yet: its SystemExit left the emulator running after the sandbox had exited."""
-    import psutil
-
     temp = tmp_path / "tmp"
     temp.mkdir()
-    sandbox = subprocess.Popen(
-        [sys.executable, "-c", SLOW_START, "sandbox", "--items", "0"], cwd=ROOT, env=process_env(temp),
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )  # fmt: skip
+    sandbox = slow_start(temp)
     emulator = None
     try:
         read_until(sandbox.stdout, "emulator starting", sandbox, 120)
@@ -263,11 +270,6 @@ def test_sigterm_while_the_emulator_starts_leaves_no_emulator_behind(tmp_path):
         sandbox.send_signal(signal.SIGTERM)
         out, _ = sandbox.communicate("\n", timeout=120)
     finally:
-        if sandbox.poll() is None:
-            sandbox.kill()
-            sandbox.wait()
-        left = emulator is not None and emulator.is_running() and emulator.status() != psutil.STATUS_ZOMBIE
-        if left:
-            emulator.kill()
+        left = end_both(sandbox, emulator)
     assert sandbox.returncode == 143 and "Traceback" not in out, out
     assert not left, emulator
