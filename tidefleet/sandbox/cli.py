@@ -193,7 +193,7 @@ def _started(stack: contextlib.ExitStack, console, *args):
             signal.signal(signal.SIGINT, defer)
         # A second one is ignored while the emulator runs: a start cut short would leave it behind.
         # Once a terminal's Ctrl-C has ended it too, nothing is left to stop, and the start can only
-        # fail on it, seconds later (or never: Sandbox.__exit__ waits on a kick server that never served).
+        # fail on it, seconds later: no reason to wait for that.
         elif box is None or box.emulator_gone() is not None:
             raise KeyboardInterrupt
 

@@ -151,8 +151,8 @@ def restamp(entries: list[dict], answer: requests.Response | None, *, refused: b
     """What of `entries` to write again, unstamped (Cloud Logging stamps them, in their order), so
     that it stores them, by its clock (its answer's Date); None: nothing. One over a day ahead
     got the request a 400 (`refused`): all of it again, those off its time unstamped. One further
-    back than the bucket keeps was taken and not stored: those again. A request refused for anything else, or an
-    answer without a Date, is left as it was."""
+    back than the bucket keeps was taken and not stored: those again. A request refused for
+    anything else, or an answer without a Date, is left as it was."""
     now = service_time(answer.headers.get("Date")) if answer is not None else None
     if now is None or (refused and answer.status_code != 400):
         return None
