@@ -18,7 +18,10 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from tidefleet import emulator
+from tidefleet.cloud.aws.autoscaling import AutoScalingFleet
 from tidefleet.cloud.aws.dynamodb import DynamoStore, create_table
+from tidefleet.cloud.aws.provision import provision
+from tidefleet.config import load_environment
 from tidefleet.cloud.aws.endpoint import READ_TIMEOUT_S
 from tidefleet.emulator import MotoServer, start_moto
 from tidefleet.records import Item, Job
@@ -136,3 +139,37 @@ def test_a_moto_whose_internals_changed_runs_unpatched_and_says_so_in_one_line(m
     assert started == [["-p", "0"]]
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].endswith("running unpatched: its memory grows with every DynamoDB transaction"), err
+
+def test_terminating_a_weighted_node_lowers_desired_by_its_weight_and_stops_no_other(server):
+    """As AWS: desired counts weighted units (a g5.12xlarge is 4), so a terminate with decrement
+    lowers it by 4. moto lowered it by 1, launched a replacement, and the scaler's next
+    set_desired then stopped the first unprotected node: an idle one it had kept, or one that had
+    just joined a gang (the flaky `sandbox --train`)."""
+    env = load_environment("sandbox-train")
+    (pool,) = [name for name, p in env.pools.items() if p.instance_types[0].weight == 4]
+    provision(env, user_data={name: "#!/bin/sh\n" for name in env.pools})
+    fleet = AutoScalingFleet(env)
+    fleet.set_desired(pool, 12)
+    (group,) = fleet.groups([pool], since=0).values()
+    before = sorted(i.id for i in group.instances)
+    assert (group.desired, len(before)) == (12, 3)
+    assert fleet.terminate(pool, (before[0],)) == (before[0],)
+    (group,) = fleet.groups([pool], since=0).values()
+    assert (group.desired, sorted(i.id for i in group.instances)) == (8, before[1:])
+    fleet.set_desired(pool, 8)  # what the tick sets next: nothing more to start or stop
+    (group,) = fleet.groups([pool], since=0).values()
+    assert (group.desired, sorted(i.id for i in group.instances)) == (8, before[1:])
+
+
+def test_a_moto_whose_autoscaling_changed_runs_unpatched_and_says_so_in_one_line(monkeypatch, capsys):
+    from moto import server
+    from moto.autoscaling.models import AutoScalingBackend
+
+    monkeypatch.setattr(AutoScalingBackend, "detach_instances", lambda self, group_name, instance_ids: [])
+    with pytest.raises(RuntimeError, match=r"Auto Scaling internals changed; .* no longer applies"):
+        emulator.patch_weighted_terminate()
+    monkeypatch.setattr(server, "main", lambda argv: None)
+    monkeypatch.setattr(emulator, "patch_moto", lambda: None)
+    emulator.serve([])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].endswith("terminating a weighted node may replace it or stop another"), err

@@ -39,6 +39,11 @@ def serve(argv: list[str]) -> None:
         patch_moto()
     except RuntimeError as err:
         print(f"{err}; running unpatched: its memory grows with every DynamoDB transaction", file=sys.stderr, flush=True)
+    try:
+        patch_weighted_terminate()
+    except RuntimeError as err:
+        print(f"{err}; running unpatched: terminating a weighted node may replace it or stop another",
+              file=sys.stderr, flush=True)  # fmt: skip
     from moto.server import main
 
     main(argv)
@@ -124,6 +129,45 @@ def patch_moto() -> None:
 
     transact_write_items.tidefleet_patched = True
     backend.transact_write_items = transact_write_items
+
+
+def patch_weighted_terminate() -> None:
+    """Terminating a group's instance with a decrement lowers its desired capacity by the
+    instance's weight, as AWS does (desired counts weighted units), not by one (moto 5.2.5).
+
+    Unpatched, moto then finds the group short and launches a replacement, and the scaler's next
+    set_desired stops the surplus: the first instances not protected from scale-in, an idle node the
+    scaler chose to keep or one that just took work. The sandbox's gang and calibration runs lost
+    nodes so. Raises RuntimeError, one line, if moto's code is no longer the one this was written
+    against."""
+    import inspect
+    from importlib.metadata import version
+
+    try:
+        from moto.autoscaling.models import AutoScalingBackend
+
+        original = AutoScalingBackend.detach_instances
+        if getattr(original, "tidefleet_patched", False):
+            return
+        applies = list(inspect.signature(original).parameters) == ["self", "group_name", "instance_ids", "should_decrement"]
+        applies = applies and "group.desired_capacity=original_size-len(instance_ids)" in "".join(inspect.getsource(original).split())
+    except (ImportError, AttributeError, OSError):
+        applies = False
+    if not applies:
+        raise RuntimeError(f"tidefleet.emulator.patch_weighted_terminate: moto {version('moto')}'s Auto Scaling "
+                           "internals changed; the patch for weighted terminations no longer applies: update or remove it")  # fmt: skip
+
+    def detach_instances(self, group_name: str, instance_ids: list[str], should_decrement: bool) -> list:
+        group = self.autoscaling_groups[group_name]
+        if should_decrement:
+            overrides = (group.mixed_instances_policy or {}).get("LaunchTemplate", {}).get("Overrides", [])
+            weights = {o["InstanceType"]: int(o.get("WeightedCapacity") or 1) for o in overrides if "InstanceType" in o}
+            units = sum(weights.get(s.instance.instance_type, 1) for s in group.instance_states if s.instance.id in instance_ids)
+            group.desired_capacity = max(0, (group.desired_capacity or 0) - units)
+        return original(self, group_name, instance_ids, False)  # which sets the group to its (lowered) desired
+
+    detach_instances.tidefleet_patched = True
+    AutoScalingBackend.detach_instances = detach_instances
 
 
 def free_port() -> int:
