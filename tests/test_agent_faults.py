@@ -624,3 +624,60 @@ def test_a_hand_back_sqs_refuses_as_the_agent_stops_still_lets_the_node_go(h, mo
     assert (item.status, item.node, item.interruptions) == ("running", "node-x", 0), "not recorded as handed back"
     assert h.queue_depth("work") == 1 and dead_letters(h) == []
     assert "could not hand back 1 item(s) of work" in caplog.text and "Traceback" not in caplog.text
+
+
+# -- a tick letting an idle node go while it takes an item (`Agent._claim_work`, `let_idle_go`) --
+def test_an_idle_node_the_scaler_lets_go_starts_nothing_it_receives_hands_it_back_whole_and_stops(h, caplog):
+    """The tick saw the node idle and marked it draining; the node received an item before its
+    next heartbeat read the mark. Started, the item would be interrupted by the termination that
+    follows (a gang's whole attempt)."""
+    caplog.set_level(logging.INFO, "tidefleet.agent")
+    node = agent(h)
+    node._beat()  # its heartbeat shows it idle
+    shown = node.store.heartbeat("cpu", "node-x").idle_since
+    assert node.store.let_idle_go("cpu", "node-x", shown) is True  # the tick, as the node receives
+    job = sdk.submit(h.env, "late", "work", sdk.read_items([["steps=1"]]), kick=False).job_id
+    assert node._receive("work", h.env.queues["work"], wait_s=1) == 1
+    assert not node.runs and node.stopping.is_set() and "letting this idle node go" in node.stop_reason
+    item = h.items(job)["000000"]
+    assert (item.status, item.attempts, item.interruptions) == ("queued", 0, 0)
+    assert h.queue_depth("work") == 1 and not h.events("start"), "its message is back, and nothing ran"
+
+
+def test_a_node_that_claimed_work_is_not_let_go_by_a_tick_that_saw_it_idle(h):
+    node = agent(h)
+    node._beat()
+    shown = node.store.heartbeat("cpu", "node-x").idle_since
+    sdk.submit(h.env, "taken", "work", sdk.read_items([["steps=1"]]), kick=False)
+    run_one(node)
+    assert node.store.let_idle_go("cpu", "node-x", shown) is False  # the tick that saw it idle comes too late
+    assert not node.store.heartbeat("cpu", "node-x").draining and not node.stopping.is_set()
+
+
+def test_a_node_claims_work_once_per_idle_period_its_heartbeat_showed_and_not_otherwise(h, monkeypatch):
+    """The claim is one more write, only where a tick could be letting the node go."""
+    node = agent(h)
+    claims = []
+    real = node.store.claim_work
+    monkeypatch.setattr(node.store, "claim_work", lambda *a: claims.append(a) or real(*a))
+    sdk.submit(h.env, "unseen", "work", sdk.read_items([["steps=1"]]), kick=False)
+    run_one(node)  # idle since it started, but no heartbeat showed it: no tick can have seen it idle
+    assert claims == []
+    node._beat()
+    sdk.submit(h.env, "seen", "work", sdk.read_items([["steps=1"], ["steps=1"]]), kick=False)
+    assert node._receive("work", h.env.queues["work"], wait_s=1) == 2  # both slots: one claim for both
+    wait_until(lambda: not node.runs, 30, "the attempts to settle")
+    assert [c[:2] for c in claims] == [("cpu", "node-x")]
+
+
+def test_a_claim_that_starts_nothing_leaves_the_node_idle_from_then_for_a_tick_to_let_go(h):
+    """A claim, then nothing to start (the item's claim refused, a gang already full): kept
+    forever otherwise, its claim newer than the idle time its heartbeats went on showing."""
+    node = agent(h)
+    node._beat()
+    shown = node.store.heartbeat("cpu", "node-x").idle_since
+    assert node._claim_work() and not node.runs
+    assert node.store.let_idle_go("cpu", "node-x", shown) is False
+    node._beat()
+    again = node.store.heartbeat("cpu", "node-x").idle_since
+    assert again > shown and node.store.let_idle_go("cpu", "node-x", again) is True

@@ -262,3 +262,21 @@ def test_a_forming_leads_heartbeat_says_how_many_members_its_gang_still_waits_fo
     lead._beat()
     assert beacon().short == 1
     wait_until(lambda: not lead.runs, 30, "the gang given back: it did not form within the boot timeout")
+
+
+def test_an_idle_node_the_scaler_lets_go_joins_no_gang(gang):
+    """The flaky `sandbox --train`'s second hand-back: a node the tick was terminating as idle joined
+    the gang's next attempt, whose lead then stopped it when the member left."""
+    h = gang
+    job = sdk.submit(h.env, "gang", "train", sdk.read_items([["steps=5"]]), kick=False).job_id
+    store = DynamoStore(h.env.name, h.env.region)
+    store.update_item(job, "000000", status="running", attempts=1, lease_until=9e9, gang="forming",
+                      members=[{"node": "node-lead", "addr": "127.0.0.1", "port": 1}])  # fmt: skip
+    store.put_heartbeat(Heartbeat("node-lead", "cpu", at=time.time(), slots=1, busy_slots=1,
+                                  idle_since=None, gang=Beacon("train", job, "000000", 1, 1.0, True).record()))  # fmt: skip
+    member = _agent(h, "node-m")
+    member._beat()
+    assert store.let_idle_go("cpu", "node-m", store.heartbeat("cpu", "node-m").idle_since)
+    assert not member._join_gang([("train", h.env.queues["train"])])
+    assert not member.members and member.stopping.is_set()
+    assert [m["node"] for m in store.item(job, "000000").members] == ["node-lead"]

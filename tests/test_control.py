@@ -123,6 +123,16 @@ class FakeNodes:
     def mark_draining(self, pool, node_id):
         self.marked.append((pool, node_id))
 
+    let_go: dict[str, bool | Exception] = field(default_factory=dict)  # node -> let_idle_go's answer (default True)
+    asked_let_go: list[tuple[str, str, float]] = field(default_factory=list)
+
+    def let_idle_go(self, pool, node_id, idle_since):
+        self.asked_let_go.append((pool, node_id, idle_since))
+        answer = self.let_go.get(node_id, True)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
     def forget_node(self, pool, node_id):
         del self.beats[pool][node_id]
 
@@ -403,6 +413,37 @@ def test_scale_in_terminates_the_named_node_with_decrement_before_touching_desir
     control.tick(ENV, p, NOW)
     assert p.fleet.calls == [("terminate", "cpu", "i-2"), ("set_desired", "cpu", 1)]
     assert [i.id for i in p.fleet.groups_["cpu"].instances] == ["i-1"]
+
+
+def test_an_idle_node_is_terminated_only_once_marked_draining_on_the_idle_time_the_tick_saw(decide):
+    p = ports(group("cpu", 2, instance("i-1"), instance("i-2")), beats={"cpu": {"i-2": beat("i-2")}})
+    decide(decision("cpu", 1, terminate=["i-2"]))
+    control.tick(ENV, p, NOW)
+    assert p.nodes.asked_let_go == [("cpu", "i-2", NOW - 600)]
+    assert p.fleet.calls == [("terminate", "cpu", "i-2"), ("set_desired", "cpu", 1)]
+
+
+def test_an_idle_node_that_took_work_after_the_tick_saw_it_is_kept_and_holds_desired_up(decide, caplog):
+    """The race the mark closes: its agent claimed an item between the tick's read and its act.
+    Terminating it would interrupt that item (a gang's whole attempt, in the sandbox)."""
+    p = ports(group("cpu", 3, instance("i-1"), instance("i-2"), instance("i-3")),
+              beats={"cpu": {"i-2": beat("i-2"), "i-3": beat("i-3")}})  # fmt: skip
+    p.nodes.let_go["i-2"] = False
+    decide(decision("cpu", 1, terminate=["i-2", "i-3"]))
+    with caplog.at_level(logging.INFO, "tidefleet.control"):
+        control.tick(ENV, p, NOW)
+    assert p.fleet.calls == [("terminate", "cpu", "i-3"), ("set_desired", "cpu", 2)]
+    line = json.loads(next(r.getMessage() for r in caplog.records if r.getMessage().startswith('{"pool": "cpu"')))
+    assert line["kept"] == {"i-2": "took work after this tick saw it idle"} and line["terminated"] == ["i-3"]
+
+
+def test_an_idle_node_whose_mark_fails_is_kept_and_the_tick_says_so(decide):
+    p = ports(group("cpu", 2, instance("i-1"), instance("i-2")), beats={"cpu": {"i-2": beat("i-2")}})
+    p.nodes.let_go["i-2"] = RuntimeError("throttled")
+    decide(decision("cpu", 1, terminate=["i-2"]))
+    with pytest.raises(control.TickError, match="cpu: let idle node i-2 go: RuntimeError: throttled"):
+        control.tick(ENV, p, NOW)
+    assert p.fleet.calls == []  # desired stays 2: lowering it would let the group pick a node
 
 
 def test_scale_out_sets_the_absolute_desired_capacity(decide):

@@ -21,7 +21,7 @@ import json
 import logging
 import math
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import partial
 
@@ -431,8 +431,12 @@ def act(
     decision: PoolDecision,
     group: GroupState,
     raised: list[tuple[str, Exception]] | None = None,
+    idle: Mapping[str, float] | None = None,
 ) -> dict:
     """Apply one pool's decision: terminate (with decrement), the on-demand base, then desired.
+    `idle`: since when the tick saw each idle node idle (its heartbeat): such a node is
+    terminated only once marked draining on that condition (`NodeStatePort.let_idle_go`); one
+    that took work since, or whose mark failed, is kept ("kept" in the result).
     Returns what was done, for the log line; actions that failed are listed under "failed", and
     appended to `raised` as `(action, exception)` (the result stays JSON; the cloud explains these).
 
@@ -456,6 +460,15 @@ def act(
     ours = {i.id for i in group.instances}
     # The policy is pure and trusted, but a stray id must never reach another group's node.
     leaving = tuple(i for i in decision.terminate if i in ours)
+    # An idle node may have taken an item since the tick saw it idle, and Auto Scaling and GCE
+    # terminate busy nodes all the same: its agent's claim and this mark race on one record, and
+    # one of the two wins (the agent then starts nothing).
+    kept = {}
+    for node_id in (i for i in leaving if idle and i in idle):
+        let_go = attempt(f"let idle node {node_id} go", ports.nodes.let_idle_go, decision.pool, node_id, idle[node_id])
+        if not let_go:
+            kept[node_id] = "took work after this tick saw it idle" if let_go is False else "could not be marked draining"
+    leaving = tuple(i for i in leaving if i not in kept)
     terminated = attempt("terminate", ports.fleet.terminate, decision.pool, leaving) if leaving else ()
     # Consolidation marks go to the job store, where the agents read them with their heartbeats.
     for node_id in (i for i in decision.cordon if i in ours):
@@ -474,7 +487,7 @@ def act(
         # undo a decrement (a relaunch) or be low enough for the group to pick a victim. The
         # next tick observes again.
         return {"terminated": [], "desired_after": group.desired, "base_after": base_after, "failed": failed,
-                "skipped": "set_desired: the terminate before it failed"}  # fmt: skip
+                "skipped": "set_desired: the terminate before it failed", **({"kept": kept} if kept else {})}  # fmt: skip
     # Only nodes really terminated leave the floor: one the group refused to terminate (still
     # Pending, say) stays, and a lower desired would let the group pick a victim instead.
     target = max(decision.desired, _live_capacity(env, decision.pool, group, terminated))
@@ -491,6 +504,8 @@ def act(
             gone = (i for i in group.instances if i.id in terminated)
             desired_after = max(0, group.desired - _units(env, decision.pool, gone))
     done: dict = {"terminated": list(terminated), "desired_after": desired_after, "base_after": base_after}
+    if kept:
+        done["kept"] = kept
     if desired_after == target and target != decision.desired:  # (a refused set: its failure says why)
         done["held"] = _held(env, decision, group, target)
     if failed:
@@ -561,13 +576,17 @@ def tick(
     failures = [(f"job store: {what} not read, the tick went on without them", err)
                 for what, err in seen.unread.items()]  # fmt: skip
 
+    views = {p.name: p for p in seen.fleet.pools}
+
     def act_on(decision: PoolDecision) -> None:
         group = seen.groups[decision.pool]
+        nodes = views[decision.pool].nodes if decision.pool in views else ()
+        idle = {n.id: n.idle_since for n in nodes if n.idle_since is not None}
         done: dict = {}  # what act did, for the log line
         if not dry_run:
             try:
                 raised: list[tuple[str, Exception]] = []
-                done |= act(ports, env, decision, group, raised)
+                done |= act(ports, env, decision, group, raised, idle)
                 failures.extend((f"{decision.pool}: {action}", err) for action, err in raised)
                 for node_id in seen.gone.get(decision.pool, ()):
                     ports.nodes.forget_node(decision.pool, node_id)

@@ -105,6 +105,14 @@ class NodeStatePort(Protocol):
 
     def mark_draining(self, pool: str, node_id: str) -> None: ...
 
+    def let_idle_go(self, pool: str, node_id: str, idle_since: float) -> bool:
+        """Before the scaler terminates an idle node: mark it draining if its record still says
+        idle since `idle_since` (the heartbeat the tick decided on) and it claimed no work since
+        (`JobStore.claim_work`; a claim at its idle time itself does not keep it). True: marked,
+        and the node's agent can claim nothing more. False: it took work in between (or went busy
+        and idle again): keep it. One conditional write, so
+        of a scaler letting a node go and the node taking an item, exactly one wins."""
+
     def set_cordon(self, pool: str, node_id: str, cordoned: bool) -> None:
         """Stop (True) or resume (False) the node's intake; its agent reads the mark back with its
         next heartbeat. A later heartbeat never clears it; a node never heard from gets the mark
@@ -220,6 +228,12 @@ class JobStore(NodeStatePort, QueueStatsPort, Protocol):
     def put_heartbeat(self, hb: Heartbeat) -> None: ...
 
     def heartbeat(self, pool: str, node_id: str) -> Heartbeat | None: ...
+
+    def claim_work(self, pool: str, node_id: str, at: float) -> bool:
+        """Before an idle node whose idle time the store may show (a heartbeat wrote it) starts
+        work: note that it took work at `at`, unless the node is marked draining (the scaler let it
+        go, `NodeStatePort.let_idle_go`, or a spot notice came): False then, and it must start
+        nothing. One conditional write."""
 
     def take_leave(self, pool: str, units: int, idle_since: float, now: float, cordoned: bool = False) -> bool:
         """Take `units` from the pool's leave grant for a node idle since `idle_since`: if the

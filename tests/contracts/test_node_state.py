@@ -60,3 +60,49 @@ def test_a_tick_forgets_the_mark_only_rows_of_nodes_gone_from_the_group_and_keep
     beats, marked = nodes.node_rows("cpu")
     assert marked == frozenset({"staying"}), "a node still in the group keeps its mark for its first heartbeat"
     assert set(beats) == {"beating"}, "a heartbeat is forgotten only once silent longer than a boot"
+
+
+# -- the scaler letting an idle node go, against the node taking work (`let_idle_go`, `claim_work`) --
+def test_an_idle_node_let_go_is_marked_draining_and_then_claims_no_work(node_state):
+    nodes = node_state.nodes
+    node_state.beat(beat("n-1"))  # idle since NOW - 10
+    assert nodes.let_idle_go("cpu", "n-1", NOW - 10) is True
+    assert nodes.heartbeats("cpu")["n-1"].draining
+    assert nodes.claim_work("cpu", "n-1", NOW + 1) is False
+
+
+def test_a_node_that_took_work_after_the_idle_time_the_tick_saw_is_not_let_go(node_state):
+    nodes = node_state.nodes
+    node_state.beat(beat("n-1"))
+    assert nodes.claim_work("cpu", "n-1", NOW + 1) is True
+    assert nodes.let_idle_go("cpu", "n-1", NOW - 10) is False
+    assert not nodes.heartbeats("cpu")["n-1"].draining
+    assert nodes.claim_work("cpu", "n-1", NOW + 2) is True, "a node kept goes on taking work"
+
+
+def test_a_node_idle_again_since_is_let_go_only_on_its_new_idle_time(node_state):
+    """Work taken before its idle time does not keep it; an idle time the tick did not see does."""
+    nodes = node_state.nodes
+    node_state.beat(beat("n-1"))
+    assert nodes.claim_work("cpu", "n-1", NOW - 20) is True  # the work it finished before going idle at NOW - 10
+    node_state.beat(beat("n-1", at=NOW + 30))  # busy and idle again: idle since NOW + 20
+    assert nodes.let_idle_go("cpu", "n-1", NOW - 10) is False
+    assert nodes.let_idle_go("cpu", "n-1", NOW + 20) is True
+
+
+def test_a_claim_that_lands_while_the_scaler_lets_the_node_go_wins_and_the_node_is_kept(store):
+    """The agent's claim written between the scaler's read (Firestore) or call (DynamoDB) and its
+    write: of the two, exactly one takes effect."""
+    s = store.store
+    s.put_heartbeat(beat("n-1"))
+    store.before_next_write(lambda: store.other().claim_work("cpu", "n-1", NOW + 1))
+    assert s.let_idle_go("cpu", "n-1", NOW - 10) is False
+    assert not s.heartbeats("cpu")["n-1"].draining
+
+
+def test_a_node_let_go_while_it_claims_work_claims_none(store):
+    s = store.store
+    s.put_heartbeat(beat("n-1"))
+    store.before_next_write(lambda: store.other().let_idle_go("cpu", "n-1", NOW - 10))
+    assert s.claim_work("cpu", "n-1", NOW + 1) is False
+    assert s.heartbeats("cpu")["n-1"].draining

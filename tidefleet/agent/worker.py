@@ -367,6 +367,9 @@ class Agent:
         self.cordoned = False  # the scaler's consolidation mark, read back with each heartbeat
         self.retiring = False  # left the group on the scaler's leave grant: takes nothing more
         self.asked_leave: float | None = None  # the idle period (its idle_since) that asked for the grant
+        # The idle time (idle_since) a heartbeat showed the scaler, which may be letting the node
+        # go on it (`_claim_work`).
+        self.idle_shown: float | None = None
         self.held: set[str] = set()  # queues the scaler holds (their team is at its quota), read likewise
         # (queue, job, item) left to on-demand nodes (`_defer`) -> when its message shows again
         self.deferred: dict[tuple[str, str, str], float] = {}
@@ -600,6 +603,9 @@ class Agent:
             if not self._to_holder(name, delivery, msg):
                 self._requeue([held], interrupted=False)
             return
+        if not self._claim_work():
+            self._requeue([held], interrupted=False)
+            return
         # Delivered before: its last holder may have died mid-attempt (then the record still says
         # running, under a lapsed lease), or the message was only hidden again on purpose.
         before = self.store.item(msg.job, msg.item) if delivery.deliveries > 1 else None
@@ -620,6 +626,26 @@ class Agent:
             self._start(held, queue, item, before, lead=bool(lead))
         except Exception as err:  # noqa: BLE001 - the claim landed: its message is the item's, never poison
             self._stranded(held, err)
+
+    def _claim_work(self) -> bool:
+        """Before this node starts work while idle, if a heartbeat showed it idle: a scaler tick
+        may be letting it go right now, and the group terminates busy nodes too. The claim and the
+        scaler's mark race on the node's record (`JobStore.claim_work`): False if the scaler won,
+        and then this node starts nothing and stops taking items (its termination is coming).
+        A claim that starts nothing (the item's claim refused, no room in the gang) leaves the
+        node idle since the claim: the idle time its next heartbeat shows, which a tick may let go."""
+        with self.lock:
+            idle_since = self.idle_since
+            if idle_since is None or idle_since != self.idle_shown:
+                return True
+        at = time.time()
+        if not self.store.claim_work(self.pool_name, self.s.node_id, at):
+            self.request_stop("the scaler is letting this idle node go")
+            return False
+        with self.lock:
+            if self.idle_since == idle_since:  # still idle: work that starts now clears it
+                self.idle_since = at
+        return True
 
     def _start(self, held: Held, queue: Queue, item: Item, before: Item | None, *, lead: bool) -> None:
         """After the claim landed: record an earlier completion or a lost node, else start the attempt."""
@@ -786,8 +812,11 @@ class Agent:
             return False
         queues = dict(fitting)
         now = time.time()
-        for beacon in gang.beacons(self.store.heartbeats(self.pool_name), own_node=self.s.node_id, queues=set(queues),
-                                   now=now, heartbeat_s=self.s.heartbeat_s):  # fmt: skip
+        beacons = gang.beacons(self.store.heartbeats(self.pool_name), own_node=self.s.node_id, queues=set(queues),
+                               now=now, heartbeat_s=self.s.heartbeat_s)  # fmt: skip
+        if not beacons or not self._claim_work():
+            return False
+        for beacon in beacons:
             item = self.store.update_item(beacon.job, beacon.item, only_from=("running",), fence=Fence(attempt=beacon.attempt),
                                           append={"members": self._member_entry(now)})  # fmt: skip
             verdict = gang.for_member(item, beacon.attempt, self.s.node_id, queues[beacon.queue].gang[1], now)
@@ -1392,7 +1421,7 @@ class Agent:
             runs = [r for r in self.runs if r.state.result is None]  # still holding their messages
             members = list(self.members)
             busy = sum(r.slots for r in self.runs) + sum(m.slots for m in members)
-            idle_since = self.idle_since
+            idle_since = self.idle_shown = self.idle_since
             streams = list(self.streams)
             running = Counter([*(r.message.job for r in self.runs), *(m.job for m in members)])
         unrecorded = self.records.waiting()

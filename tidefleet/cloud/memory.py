@@ -117,6 +117,7 @@ class MemoryNodes:
         self.beats: dict[str, dict[str, Heartbeat]] = {}
         self.cordons: dict[tuple[str, str], bool] = {}  # marks set before a node's first heartbeat
         self.drains: set[tuple[str, str]] = set()  # likewise
+        self.claims: dict[tuple[str, str], float] = {}  # when each node last took work while idle (`claim_work`)
         self.leave: dict[str, LeaveGrant] = {}  # pool -> the leave grant
         for heartbeat in heartbeats:  # the store's state as given, cordon marks included
             self.beats.setdefault(heartbeat.pool, {})[heartbeat.node_id] = heartbeat
@@ -144,6 +145,20 @@ class MemoryNodes:
         else:
             self.beats[pool][node_id] = replace(heartbeat, draining=True)
 
+    def let_idle_go(self, pool: str, node_id: str, idle_since: float) -> bool:
+        heartbeat = self.beats.get(pool, {}).get(node_id)
+        if heartbeat is None or heartbeat.idle_since != idle_since or self.claims.get((pool, node_id), -1.0) > idle_since:
+            return False
+        self.mark_draining(pool, node_id)
+        return True
+
+    def claim_work(self, pool: str, node_id: str, at: float) -> bool:
+        heartbeat = self.beats.get(pool, {}).get(node_id)
+        if (heartbeat.draining if heartbeat is not None else (pool, node_id) in self.drains):
+            return False
+        self.claims[pool, node_id] = at
+        return True
+
     def set_cordon(self, pool: str, node_id: str, cordoned: bool) -> None:
         heartbeat = self.beats.get(pool, {}).get(node_id)
         if heartbeat is None:
@@ -160,6 +175,7 @@ class MemoryNodes:
         self.beats.get(pool, {}).pop(node_id, None)
         self.cordons.pop((pool, node_id), None)
         self.drains.discard((pool, node_id))
+        self.claims.pop((pool, node_id), None)
 
     def grant_leave(self, pool: str, units: int, at: float, until: float, stay: int = 0) -> None:
         self.leave[pool] = (units, at, until, stay)

@@ -10,7 +10,8 @@ Keys (pk, sk), all strings:
   QUEUE#<queue>  STATS            mean_item_s (EWMA of succeeded items' run time), items (count)
 
 Node heartbeats are written by the agent and read by the scaler; `draining` is also set by
-the interruption function. Numbers go through Decimal because DynamoDB wants it.
+the interruption function, and by the scaler before it terminates an idle node (`let_idle_go`),
+against the agent's `claimed_at` (`claim_work`): one conditional write on the one record each. Numbers go through Decimal because DynamoDB wants it.
 """
 
 from __future__ import annotations
@@ -172,6 +173,34 @@ class DynamoStore:
             UpdateExpression="SET draining = :t",
             ExpressionAttributeValues={":t": True},
         )
+
+    def let_idle_go(self, pool: str, node_id: str, idle_since: float) -> bool:
+        try:
+            self.table.update_item(
+                Key={"pk": f"POOL#{pool}", "sk": f"NODE#{node_id}"},
+                UpdateExpression="SET draining = :t",
+                ConditionExpression="idle_since = :i AND (attribute_not_exists(claimed_at) OR claimed_at <= :i)",
+                ExpressionAttributeValues={":t": True, ":i": _to_dynamo(float(idle_since))},
+            )
+        except ClientError as err:
+            if err.response["Error"]["Code"] == "ConditionalCheckFailedException":
+                return False
+            raise
+        return True
+
+    def claim_work(self, pool: str, node_id: str, at: float) -> bool:
+        try:
+            self.table.update_item(
+                Key={"pk": f"POOL#{pool}", "sk": f"NODE#{node_id}"},
+                UpdateExpression="SET claimed_at = :a",
+                ConditionExpression="attribute_not_exists(draining) OR draining = :f",
+                ExpressionAttributeValues={":a": _to_dynamo(float(at)), ":f": False},
+            )
+        except ClientError as err:
+            if err.response["Error"]["Code"] == "ConditionalCheckFailedException":
+                return False
+            raise
+        return True
 
     def set_cordon(self, pool: str, node_id: str, cordoned: bool) -> None:
         """The agent reads it back after each heartbeat write (`heartbeat`), which never sets it."""

@@ -216,6 +216,39 @@ class FirestoreNodes:
             update_mask=DocumentMask(field_paths=["draining"]), retry=RETRY, timeout=TRY_S,
         )
 
+    def let_idle_go(self, pool: str, node_id: str, idle_since: float) -> bool:
+        """As `DynamoStore.let_idle_go`: the read's update time is the write's precondition."""
+        return self._node_if(pool, node_id, {"draining": True}, lambda v: v.get("idle_since") == idle_since
+                             and (v.get("claimed_at") is None or v["claimed_at"] <= idle_since))  # fmt: skip
+
+    def claim_work(self, pool: str, node_id: str, at: float) -> bool:
+        """As `DynamoStore.claim_work`; a node with no document yet gets one holding only the claim."""
+        return self._node_if(pool, node_id, {"claimed_at": float(at)}, lambda v: not v.get("draining"))
+
+    def _node_if(self, pool: str, node_id: str, fields: dict, check) -> bool:
+        """Write `fields` to the node's document if `check(its values)` holds when written (the
+        values are {} where there is no document); False if not. A write that lost a race with
+        another writer (a heartbeat) reads again."""
+        name = self._doc(pool, node_id)
+        for _ in range(STATS_RETRIES):
+            try:
+                doc = self._get_document(name)
+                values, precondition = {k: from_value(v) for k, v in doc.fields.items()}, Precondition(update_time=doc.update_time)
+            except gexc.NotFound:
+                values, precondition = {}, Precondition(exists=False)
+            if not check(values):
+                return False
+            try:
+                self.client.update_document(request={
+                    "document": Document(name=name, fields=_fields(fields)),
+                    "update_mask": DocumentMask(field_paths=list(fields)), "current_document": precondition,
+                }, retry=RETRY_REFUSED, timeout=TRY_S)  # fmt: skip
+                return True
+            except gexc.GoogleAPICallError as err:
+                if not lost_race(err):
+                    raise
+        return False  # the node's heartbeats kept winning: the scaler keeps it, or the agent starts nothing
+
     def set_cordon(self, pool: str, node_id: str, cordoned: bool) -> None:
         """As `DynamoStore.set_cordon`: one field, so the agent's heartbeats never touch it."""
         self.client.update_document(
