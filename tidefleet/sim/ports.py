@@ -135,6 +135,12 @@ class SimulationPorts:
         if node is not None:
             self.sim.stop_intake(node)
 
+    def let_idle_go(self, pool: str, node_id: str, idle_since: float) -> bool:
+        """Always: the engine stands still during a tick, so no node takes work between what the
+        tick saw and what it does (the race the real store's conditional mark settles)."""
+        self._check(pool)
+        return True
+
     def set_cordon(self, pool: str, node_id: str, cordoned: bool) -> None:
         node = self.sim.node_named(node_id) if pool == self.sim.pool_name else None
         if node is not None:
