@@ -222,14 +222,20 @@ def test_an_error_while_a_gang_forms_gives_the_item_back_unspent_and_frees_the_l
     assert h.queue_depth("train") == 1  # the item's message is back: the next node leads it
 
 
-def test_a_member_that_cannot_read_its_gang_waits_and_then_leaves_without_failing_it(gang, monkeypatch):
-    h = gang
+def _forming_gang(h: Harness) -> tuple[str, DynamoStore]:
+    """A gang item of queue train that node-lead leads, forming, its beacon in its heartbeat."""
     job = sdk.submit(h.env, "gang", "train", sdk.read_items([["steps=5"]]), kick=False).job_id
     store = DynamoStore(h.env.name, h.env.region)
     store.update_item(job, "000000", status="running", attempts=1, lease_until=9e9, gang="forming",
                       members=[{"node": "node-lead", "addr": "127.0.0.1", "port": 1}])  # fmt: skip
     store.put_heartbeat(Heartbeat("node-lead", "cpu", at=time.time(), slots=1, busy_slots=1,
                                   idle_since=None, gang=Beacon("train", job, "000000", 1, 1.0, True).record()))  # fmt: skip
+    return job, store
+
+
+def test_a_member_that_cannot_read_its_gang_waits_and_then_leaves_without_failing_it(gang, monkeypatch):
+    h = gang
+    job, store = _forming_gang(h)
     member = _agent(h, "node-m")
     monkeypatch.setattr(worker, "MIN_LEASE_S", 0.0)  # give up as soon as the boot timeout is over
     throttled = ClientError({"Error": {"Code": "ThrottlingException", "Message": "slow down"}}, "GetItem")
@@ -268,12 +274,7 @@ def test_an_idle_node_the_scaler_lets_go_joins_no_gang(gang):
     """The flaky `sandbox --train`'s second hand-back: a node the tick was terminating as idle joined
     the gang's next attempt, whose lead then stopped it when the member left."""
     h = gang
-    job = sdk.submit(h.env, "gang", "train", sdk.read_items([["steps=5"]]), kick=False).job_id
-    store = DynamoStore(h.env.name, h.env.region)
-    store.update_item(job, "000000", status="running", attempts=1, lease_until=9e9, gang="forming",
-                      members=[{"node": "node-lead", "addr": "127.0.0.1", "port": 1}])  # fmt: skip
-    store.put_heartbeat(Heartbeat("node-lead", "cpu", at=time.time(), slots=1, busy_slots=1,
-                                  idle_since=None, gang=Beacon("train", job, "000000", 1, 1.0, True).record()))  # fmt: skip
+    job, store = _forming_gang(h)
     member = _agent(h, "node-m")
     member._beat()
     assert store.let_idle_go("cpu", "node-m", store.heartbeat("cpu", "node-m").idle_since)

@@ -175,27 +175,19 @@ class DynamoStore:
         )
 
     def let_idle_go(self, pool: str, node_id: str, idle_since: float) -> bool:
-        try:
-            self.table.update_item(
-                Key={"pk": f"POOL#{pool}", "sk": f"NODE#{node_id}"},
-                UpdateExpression="SET draining = :t",
-                ConditionExpression="idle_since = :i AND (attribute_not_exists(claimed_at) OR claimed_at <= :i)",
-                ExpressionAttributeValues={":t": True, ":i": _to_dynamo(float(idle_since))},
-            )
-        except ClientError as err:
-            if err.response["Error"]["Code"] == "ConditionalCheckFailedException":
-                return False
-            raise
-        return True
+        return self._node_if(pool, node_id, "SET draining = :t",
+                             "idle_since = :i AND (attribute_not_exists(claimed_at) OR claimed_at <= :i)",
+                             {":t": True, ":i": _to_dynamo(float(idle_since))})  # fmt: skip
 
     def claim_work(self, pool: str, node_id: str, at: float) -> bool:
+        return self._node_if(pool, node_id, "SET claimed_at = :a", "attribute_not_exists(draining) OR draining = :f",
+                             {":a": _to_dynamo(float(at)), ":f": False})  # fmt: skip
+
+    def _node_if(self, pool: str, node_id: str, update: str, condition: str, values: dict) -> bool:
+        """One conditional update of the node's record: False where its condition does not hold."""
         try:
-            self.table.update_item(
-                Key={"pk": f"POOL#{pool}", "sk": f"NODE#{node_id}"},
-                UpdateExpression="SET claimed_at = :a",
-                ConditionExpression="attribute_not_exists(draining) OR draining = :f",
-                ExpressionAttributeValues={":a": _to_dynamo(float(at)), ":f": False},
-            )
+            self.table.update_item(Key={"pk": f"POOL#{pool}", "sk": f"NODE#{node_id}"}, UpdateExpression=update,
+                                   ConditionExpression=condition, ExpressionAttributeValues=values)  # fmt: skip
         except ClientError as err:
             if err.response["Error"]["Code"] == "ConditionalCheckFailedException":
                 return False
