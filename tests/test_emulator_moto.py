@@ -56,9 +56,7 @@ def rss_mb(server: MotoServer) -> float:
 def job_of(n: int) -> DynamoStore:
     """A store whose table holds job "j" with n waiting items; its calls wait READ_TIMEOUT_S, once."""
     create_table(ENV, REGION)
-    store = DynamoStore(
-        ENV, table=boto3.resource("dynamodb", region_name=REGION, config=IMPATIENT).Table(f"tidefleet-{ENV}")
-    )
+    store = DynamoStore(ENV, table=boto3.resource("dynamodb", region_name=REGION, config=IMPATIENT).Table(f"tidefleet-{ENV}"))
     store.put_job(Job("j", "items", "demo", 0.0, n, counted=True))
     store.create_items([Item("j", f"{i:06d}", args=["--seed", str(i)]) for i in range(n)], unseen=True)
     return store
@@ -66,9 +64,7 @@ def job_of(n: int) -> DynamoStore:
 
 def cancel(store: DynamoStore, item_id: str) -> bool:
     """As `tidefleet cancel` cancels a waiting item: one transaction of the item and its job's count."""
-    return (
-        store.update_item("j", item_id, only_from=WAITING, status="cancelled", reason="cancelled") is not None
-    )
+    return store.update_item("j", item_id, only_from=WAITING, status="cancelled", reason="cancelled") is not None
 
 
 def test_transactions_on_a_big_table_keep_the_servers_memory_bounded(server):
@@ -78,9 +74,7 @@ def test_transactions_on_a_big_table_keep_the_servers_memory_bounded(server):
     for n in range(1, 501):
         assert cancel(store, f"{n:06d}")
         if n % 25 == 0:  # unpatched, the bound is crossed within ~50 transactions: stop there
-            assert rss_mb(server) - before < 300, (
-                f"moto grew {rss_mb(server) - before:.0f} MB in {n} transactions"
-            )
+            assert rss_mb(server) - before < 300, f"moto grew {rss_mb(server) - before:.0f} MB in {n} transactions"
     assert store.job("j").n_cancelled == 501
 
 
@@ -92,9 +86,7 @@ def test_cancelling_a_thousand_waiting_items_answers_every_call_within_the_read_
     for n, item_id in enumerate(waiting, 1):
         assert cancel(store, item_id)
         if n % 100 == 0:
-            assert rss_mb(server) - before < 300, (
-                f"moto grew {rss_mb(server) - before:.0f} MB in {n} transactions"
-            )
+            assert rss_mb(server) - before < 300, f"moto grew {rss_mb(server) - before:.0f} MB in {n} transactions"
     assert len(waiting) == 1000 and store.job("j").n_cancelled == 1000
     assert {i.status for i in store.items("j")} == {"cancelled"}
     assert time.monotonic() - started < 60
@@ -146,9 +138,7 @@ def test_a_moto_whose_internals_changed_runs_unpatched_and_says_so_in_one_line(m
     emulator.serve(["-p", "0"])
     assert started == [["-p", "0"]]
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].endswith(
-        "running unpatched: its memory grows with every DynamoDB transaction"
-    ), err
+    assert len(err) == 1 and err[0].endswith("running unpatched: its memory grows with every DynamoDB transaction"), err
 
 
 def test_terminating_a_weighted_node_lowers_desired_by_its_weight_and_stops_no_other(server):

@@ -38,11 +38,7 @@ def serve(argv: list[str]) -> None:
     try:
         patch_moto()
     except RuntimeError as err:
-        print(
-            f"{err}; running unpatched: its memory grows with every DynamoDB transaction",
-            file=sys.stderr,
-            flush=True,
-        )
+        print(f"{err}; running unpatched: its memory grows with every DynamoDB transaction", file=sys.stderr, flush=True)
     try:
         patch_weighted_terminate()
     except RuntimeError as err:
@@ -141,8 +137,8 @@ def patch_weighted_terminate() -> None:
 
     Unpatched, moto then finds the group short and launches a replacement, and the scaler's next
     set_desired stops the surplus: the first instances not protected from scale-in, an idle node the
-    scaler chose to keep or one that just took work. The sandbox's gang and calibration runs lost
-    nodes so. Raises RuntimeError, one line, if moto's code is no longer the one this was written
+    scaler chose to keep or one that just took work. The sandbox's gang runs (4-unit GPU nodes)
+    lost nodes so. Raises RuntimeError, one line, if moto's code is no longer the one this was written
     against."""
     import inspect
     from importlib.metadata import version
@@ -153,15 +149,8 @@ def patch_weighted_terminate() -> None:
         original = AutoScalingBackend.detach_instances
         if getattr(original, "tidefleet_patched", False):
             return
-        applies = list(inspect.signature(original).parameters) == [
-            "self",
-            "group_name",
-            "instance_ids",
-            "should_decrement",
-        ]
-        applies = applies and "group.desired_capacity=original_size-len(instance_ids)" in "".join(
-            inspect.getsource(original).split()
-        )
+        applies = (list(inspect.signature(original).parameters) == ["self", "group_name", "instance_ids", "should_decrement"]
+                   and "group.desired_capacity=original_size-len(instance_ids)" in "".join(inspect.getsource(original).split()))  # fmt: skip
     except (ImportError, AttributeError, OSError):
         applies = False
     if not applies:
@@ -172,20 +161,10 @@ def patch_weighted_terminate() -> None:
         group = self.autoscaling_groups[group_name]
         if should_decrement:
             overrides = (group.mixed_instances_policy or {}).get("LaunchTemplate", {}).get("Overrides", [])
-            weights = {
-                o["InstanceType"]: int(o.get("WeightedCapacity") or 1)
-                for o in overrides
-                if "InstanceType" in o
-            }
-            units = sum(
-                weights.get(s.instance.instance_type, 1)
-                for s in group.instance_states
-                if s.instance.id in instance_ids
-            )
+            weights = {o["InstanceType"]: int(o.get("WeightedCapacity") or 1) for o in overrides if "InstanceType" in o}
+            units = sum(weights.get(s.instance.instance_type, 1) for s in group.instance_states if s.instance.id in instance_ids)
             group.desired_capacity = max(0, (group.desired_capacity or 0) - units)
-        return original(
-            self, group_name, instance_ids, False
-        )  # which sets the group to its (lowered) desired
+        return original(self, group_name, instance_ids, False)  # which sets the group to its (lowered) desired
 
     detach_instances.tidefleet_patched = True
     AutoScalingBackend.detach_instances = detach_instances
@@ -210,9 +189,7 @@ class MotoServer:
             return None
         if code < 0:
             name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
-            return f"was killed by {name}" + (
-                " (out of memory? see dmesg)" if code == -signal.SIGKILL else ""
-            )
+            return f"was killed by {name}" + (" (out of memory? see dmesg)" if code == -signal.SIGKILL else "")
         return f"exited with code {code}"
 
     def env(self, region: str = "us-east-1") -> dict[str, str]:
@@ -257,9 +234,7 @@ def start_moto(port: int | None = None, timeout_s: float = 30.0, log: Path | Non
             except OSError:
                 time.sleep(0.1)
         raise RuntimeError(f"moto server did not answer on {url} within {timeout_s:.0f}s")
-    except (
-        BaseException
-    ):  # no answer in time, a SIGTERM's SystemExit, a Ctrl-C: the caller has no handle on it
+    except BaseException:  # no answer in time, a SIGTERM's SystemExit, a Ctrl-C: the caller has no handle on it
         process.kill()
         process.wait()  # reaped: no zombie left behind
         raise

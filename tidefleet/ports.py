@@ -110,8 +110,8 @@ class NodeStatePort(Protocol):
         idle since `idle_since` (the heartbeat the tick decided on) and it claimed no work since
         (`JobStore.claim_work`; a claim at its idle time itself does not keep it). True: marked,
         and the node's agent can claim nothing more. False: it took work in between (or went busy
-        and idle again): keep it. One conditional write, so
-        of a scaler letting a node go and the node taking an item, exactly one wins."""
+        and idle again): keep it. One conditional write: of a scaler letting a node go and the
+        node taking an item, exactly one wins."""
 
     def set_cordon(self, pool: str, node_id: str, cordoned: bool) -> None:
         """Stop (True) or resume (False) the node's intake; its agent reads the mark back with its
