@@ -34,8 +34,10 @@ def test_the_moves_scenario_moves_an_item_in_the_sandbox_and_in_the_simulator_an
 
 def test_over_the_scenarios_the_simulator_is_within_15_percent_of_the_sandbox(rows, tmp_path_factory):
     """The sandbox side is a real run on a shared 2-core machine: its pooled node-seconds vary by
-    a few percent from run to run (sim/sandbox 0.84-0.92 on 2026-11-24, before and after that
-    day's changes alike). A run that disagrees is measured once more; both must disagree to fail."""
+    a few percent from run to run (sim/sandbox 0.84-0.92 on 2026-11-24; 0.76-0.87 in 7 runs on
+    2026-11-26, then 0.96-0.97 once the simulator kept a finished item in flight until its ack
+    batch's delete and learnt item times a heartbeat late). A run that disagrees is measured once
+    more; both must disagree to fail."""
     if pooled(rows).agrees():
         return
     again = calibrate(tmp_path_factory.mktemp("calibration-again"))

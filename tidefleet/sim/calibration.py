@@ -143,7 +143,7 @@ def agent_timing(consoles: dict[str, Path], launched_at: dict[str, float], runs:
     # The kicked tick may launch before the submit call returns: that is no delay, not a negative one.
     kick_s = max(0.0, min(launched_at.values(), default=first_submit) - first_submit)
     start_s = _median(starts)
-    from tidefleet.agent.worker import LEAVE_POLL_S
+    from tidefleet.agent.worker import ACK_FLUSH_S, LEAVE_POLL_S
     from tidefleet.sandbox.run import AGENT_CLOCK  # the sandbox agents' long poll: idle_poll_s
 
     # resume_s 0: sleep_work resumes where it stopped, its checkpoint is a line in a local file.
@@ -152,9 +152,15 @@ def agent_timing(consoles: dict[str, Path], launched_at: dict[str, float], runs:
     # agent frees it as it queues the record. Held until the log line, the simulator's second
     # wave of a burst started ~1 s late, and the pooled p95 wait ran 1.10-1.17x the sandbox's.
     turnaround = _median(turnarounds(runs, sent))
+    # A success is logged once recorded; its message is deleted with the next ack batch, which goes
+    # ACK_FLUSH_S after its first entry, on a flush thread that looks every ACK_FLUSH_S: 1.5 x
+    # ACK_FLUSH_S later on average. Until then it is in flight, and the scaler counts it as demand:
+    # without it, the simulator's mix scenario launched one node fewer than the sandbox (0.76-0.81
+    # of its node-seconds in 6 runs; 0.99 on the same measurement with it).
+    ack_delete_s = 1.5 * ACK_FLUSH_S
     return Timing(boot_s=_median(list(boots_s)), notice_s=10.0, kick_s=kick_s, start_s=start_s,
-                  finish_s=max(0.0, turnaround - start_s), ack_s=_median(finishes), stop_s=_median(stops),
-                  boots_s=boots_s,
+                  finish_s=max(0.0, turnaround - start_s), ack_s=_median(finishes) + ack_delete_s, stop_s=_median(stops),
+                  boots_s=boots_s, stats_s=float(AGENT_CLOCK["TIDEFLEET_AGENT_HEARTBEAT_S"]),
                   idle_poll_s=float(min(LEAVE_POLL_S, AGENT_CLOCK["TIDEFLEET_AGENT_WAIT_S"])), resume_s=0.0)  # fmt: skip
 
 

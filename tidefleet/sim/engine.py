@@ -27,7 +27,7 @@ from tidefleet.records import take_from_grant
 from tidefleet.sim.trace import SpotTrace, TraceItem
 
 # Event kinds, in the order they are handled when they fall on the same time and sequence.
-BOOTED, DONE, NOTICE, RECLAIM, SPOT_DROP, POLL, KICK, RETRY, SAMPLE, GANG_DONE, RENDEZVOUS, LEAVE, ACKED = range(13)
+BOOTED, DONE, NOTICE, RECLAIM, SPOT_DROP, POLL, KICK, RETRY, SAMPLE, GANG_DONE, RENDEZVOUS, LEAVE, ACKED, TIMED = range(14)
 READS_ONLY = (POLL, KICK, SAMPLE)  # events that change nothing themselves (a tick's actions count apart)
 
 RETRY_LAUNCH_S = 60.0  # the group retries a failed launch on its own about once a minute
@@ -53,6 +53,11 @@ class Timing:
     # stays in flight to the scaler until then (the agent records successes and deletes their
     # messages in batches, `agent.worker.ACK_FLUSH_S`). 0 for traces; the sandbox measures it.
     ack_s: float = 0.0
+    # A finished item's run time to the scaler's view of its queue's mean (QueueStats): the agent
+    # records the times of its items with its next heartbeat (`Agent._record_item_seconds`). Until
+    # the first one lands the boot horizon counts no turnover, and a tick then may launch for items
+    # a known mean would see finish in time. 0 for traces; the calibration's sandbox beats every 1 s.
+    stats_s: float = 0.0
     # The scaler's decision to terminate a node to the node stopping (billed until then): the
     # tick's own observe-and-act time and the shutdown. 0 for traces; the sandbox measures it.
     stop_s: float = 0.0
@@ -459,6 +464,8 @@ class Simulation:
                 self._finish_gang(self.running_gangs[index])
         elif kind == ACKED:  # counted as a change by run(), as every event that is not READS_ONLY
             self.in_flight[payload] -= 1
+        elif kind == TIMED:
+            self._timed(*payload, recorded=True)
         elif kind == RENDEZVOUS:
             if self.forming is payload:
                 self._release_forming(payload)
@@ -674,8 +681,7 @@ class Simulation:
 
     def _finish_gang(self, gang: Gang) -> None:
         index, q = gang.index, self.queue_of[gang.index]
-        self.mean_item_s[q] = item_seconds_mean(self.mean_item_s[q], self.now - gang.started_at)
-        self.finished_items[q] += 1
+        self._timed(q, self.now - gang.started_at)
         del self.running_gangs[index]
         self._ack(q)
         self.outcome.finished[index] = self.now
@@ -741,10 +747,17 @@ class Simulation:
         else:
             self.in_flight[q] -= 1
 
+    def _timed(self, q: int, seconds: float, *, recorded: bool = False) -> None:
+        """A finished item's run time, into its queue's mean once recorded (`Timing.stats_s`)."""
+        if not recorded and self.timing.stats_s > 0:
+            self._push(self.now + self.timing.stats_s, TIMED, (q, seconds))
+            return
+        self.mean_item_s[q] = item_seconds_mean(self.mean_item_s[q], seconds)
+        self.finished_items[q] += 1
+
     def _finish(self, node: Node, index: int) -> None:
         q = self.queue_of[index]
-        self.mean_item_s[q] = item_seconds_mean(self.mean_item_s[q], self.now - node.running[index])
-        self.finished_items[q] += 1
+        self._timed(q, self.now - node.running[index])
         self._release_slots(node, index, finished=True)
         self.outcome.finished[index] = self.now
         self.done += 1
