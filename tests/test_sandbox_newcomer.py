@@ -184,6 +184,47 @@ def test_ctrl_c_mid_run_stops_every_node_and_the_emulator_and_says_so(tmp_path):
     assert list(temp.iterdir()) == []  # its work folder, the nodes' and workloads' temp files: gone
 
 
+def test_a_sigkilled_sandbox_leaves_no_node_workload_or_emulator_running(tmp_path):
+    """kill -9 of the sandbox (or of its terminal's session): nothing outlives it. Its nodes' agents
+    and their items, and its moto server, end with it (`tidefleet.lifeline`); before, five agents of
+    one killed sandbox were still polling a dead emulator 75 minutes later."""
+    import psutil
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    sandbox = subprocess.Popen(
+        [sys.executable, "-m", "tidefleet.cli", "sandbox", "--items", "60", "--time-limit", "150"],
+        cwd=ROOT, env=process_env(temp), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        read_until(sandbox.stdout, " busy", sandbox, 120)  # nodes are running items
+        processes = psutil.Process(sandbox.pid).children(recursive=True)  # the emulator, the nodes, their items
+        emulator = emulator_of(sandbox.pid)
+        sandbox.kill()
+        sandbox.wait()
+    finally:
+        if sandbox.poll() is None:
+            sandbox.kill()
+            sandbox.wait()
+    agents = [p for p in processes if "tidefleet.cli agent" in " ".join(p.cmdline())]
+    assert emulator in processes and agents, processes
+
+    def left() -> list:
+        out = []
+        for p in processes:
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    out.append(p)
+            except psutil.NoSuchProcess:
+                pass
+        return out
+
+    deadline = time.monotonic() + 20
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left(), [(p.pid, " ".join(p.cmdline())[:120]) for p in left()]
+
+
 # The sandbox with a moto start as slow as the test wants: start_moto's first look at whether its
 # server answers waits for a line on stdin, as on a machine where moto takes seconds to come up.
 SLOW_START = """

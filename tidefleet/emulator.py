@@ -16,6 +16,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from tidefleet import lifeline
+
 FAKE_CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
@@ -34,6 +36,7 @@ def serve(argv: list[str]) -> None:
     then keeps memory, which only a big job notices (the sandbox names the log if the server dies)."""
     import logging
 
+    lifeline.watch(lifeline.end_tree)
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     try:
         patch_moto()
@@ -211,12 +214,14 @@ def start_moto(port: int | None = None, timeout_s: float = 30.0, log: Path | Non
     port = port or free_port()
     url = f"http://127.0.0.1:{port}"
     out = open(log, "ab") if log is not None else subprocess.DEVNULL  # noqa: SIM115 - the child keeps its copy
+    tie, fds = lifeline.for_child()
     try:
         process = subprocess.Popen(
             [sys.executable, "-c", _MOTO, "-H", "127.0.0.1", "-p", str(port)],
             stdout=out,
             stderr=subprocess.STDOUT if log is not None else subprocess.DEVNULL,
-            env={**os.environ, **FAKE_CREDENTIALS},
+            env={**os.environ, **FAKE_CREDENTIALS, **tie},
+            pass_fds=fds,  # the server ends with this process, even a SIGKILLed one (`lifeline`)
         )
     finally:
         if log is not None:

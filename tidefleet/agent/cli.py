@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from tidefleet import lifeline
 from tidefleet.agent.gpus import GpuProblem
 from tidefleet.agent.worker import Agent, Settings
 from tidefleet.cloud import for_env
@@ -39,6 +40,7 @@ def agent(env_name, pool, heartbeat_s, imds_poll_s, grace_s, wait_s, item_user, 
     """Run items from POOL's queues on this node until it is interrupted or told to drain."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("botocore").setLevel(logging.WARNING)  # not a line per client it creates
+    lifeline.watch(_sandbox_gone)  # a sandbox's emulated node only: it ends with its sandbox
     try:
         env = load_environment(env_name)
     except ConfigError as err:
@@ -66,3 +68,9 @@ def agent(env_name, pool, heartbeat_s, imds_poll_s, grace_s, wait_s, item_user, 
     except GpuProblem as err:
         raise click.ClickException(str(err)) from None
     sys.exit(code)
+
+
+def _sandbox_gone() -> None:
+    logging.getLogger("tidefleet.agent").warning("the sandbox running this node is gone: ending the agent and its "
+                                                 "workloads (nothing is left to hand items back to)")  # fmt: skip
+    lifeline.end_tree()

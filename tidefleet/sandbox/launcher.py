@@ -22,6 +22,7 @@ from pathlib import Path
 
 import psutil
 
+from tidefleet import lifeline
 from tidefleet.cloud.aws.machines import EmulatedMachines
 from tidefleet.config import Environment
 from tidefleet.sandbox.imds import MetadataServer
@@ -142,11 +143,13 @@ class Launcher:
             "FAKE_GPUS": str(next((t.gpus for t in self.env.pools[node.pool].instance_types
                                    if t.type == node.instance_type), 0)),
         }
+        tie, fds = lifeline.for_child()  # its agent ends with the sandbox, even a SIGKILLed one
         with open(node_dir / "console.log", "ab") as console:
             node.process = subprocess.Popen(
                 ["bash", str(node_dir / "user-data.sh")],
                 cwd=node_dir,
-                env=env,
+                env={**env, **tie},
+                pass_fds=fds,
                 stdin=subprocess.DEVNULL,
                 stdout=console,
                 stderr=subprocess.STDOUT,
