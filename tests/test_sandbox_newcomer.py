@@ -110,6 +110,16 @@ def test_the_live_view_redraws_under_invoke_on_a_terminal(tmp_path):
     assert "tidefleet sandbox · env sandbox" in text and re.search(r"succeeded\s+\S*4", text)
 
 
+def command(process) -> list[str]:
+    """Its command line; [] once it is gone (a workload ends between the listing and the look)."""
+    import psutil
+
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return []
+
+
 def emulator_of(pid: int):
     """The moto server the sandbox in process `pid` started (a psutil.Process)."""
     import psutil
@@ -200,13 +210,13 @@ def test_a_sigkilled_sandbox_leaves_no_node_workload_or_emulator_running(tmp_pat
         read_until(sandbox.stdout, " busy", sandbox, 120)  # nodes are running items
         processes = psutil.Process(sandbox.pid).children(recursive=True)  # the emulator, the nodes, their items
         emulator = emulator_of(sandbox.pid)
+        agents = [p for p in processes if "tidefleet.cli agent" in " ".join(command(p))]
         sandbox.kill()
         sandbox.wait()
     finally:
         if sandbox.poll() is None:
             sandbox.kill()
             sandbox.wait()
-    agents = [p for p in processes if "tidefleet.cli agent" in " ".join(p.cmdline())]
     assert emulator in processes and agents, processes
 
     def left() -> list:
@@ -222,7 +232,7 @@ def test_a_sigkilled_sandbox_leaves_no_node_workload_or_emulator_running(tmp_pat
     deadline = time.monotonic() + 20
     while left() and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not left(), [(p.pid, " ".join(p.cmdline())[:120]) for p in left()]
+    assert not left(), [(p.pid, " ".join(command(p))[:120]) for p in left()]
 
 
 # The sandbox with a moto start as slow as the test wants: start_moto's first look at whether its
