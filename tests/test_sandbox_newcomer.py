@@ -13,6 +13,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -160,6 +162,22 @@ def test_the_sandbox_ends_in_one_line_when_its_emulator_dies(tmp_path, own_workd
     assert (work / "moto.log").exists()
 
 
+@contextmanager
+def busy_sandbox(temp: Path) -> Iterator[tuple[subprocess.Popen, str]]:
+    """The demo job's sandbox once its nodes run items, and what it printed so far; killed on the
+    way out if still running."""
+    sandbox = subprocess.Popen(
+        [sys.executable, "-m", "tidefleet.cli", "sandbox", "--items", "60", "--time-limit", "150"],
+        cwd=ROOT, env=process_env(temp), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        yield sandbox, read_until(sandbox.stdout, " busy", sandbox, 120)
+    finally:
+        if sandbox.poll() is None:
+            sandbox.kill()
+            sandbox.wait()
+
+
 def test_ctrl_c_mid_run_stops_every_node_and_the_emulator_and_says_so(tmp_path):
     """Ctrl-C while the demo job runs: every node process and the emulator stop, the temp work
     folder goes, and the output says so as it starts stopping and once it is done, exit 130 as
@@ -168,21 +186,12 @@ def test_ctrl_c_mid_run_stops_every_node_and_the_emulator_and_says_so(tmp_path):
 
     temp = tmp_path / "tmp"
     temp.mkdir()
-    sandbox = subprocess.Popen(
-        [sys.executable, "-m", "tidefleet.cli", "sandbox", "--items", "60", "--time-limit", "150"],
-        cwd=ROOT, env=process_env(temp), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    try:
-        shown = read_until(sandbox.stdout, " busy", sandbox, 120)  # nodes are running items
+    with busy_sandbox(temp) as (sandbox, shown):
         (work,) = temp.glob("tidefleet-sandbox-*")
         processes = psutil.Process(sandbox.pid).children(recursive=True)  # the emulator, the nodes, their items
         emulator = emulator_of(sandbox.pid)
         sandbox.send_signal(signal.SIGINT)
         out, _ = sandbox.communicate(timeout=60)
-    finally:
-        if sandbox.poll() is None:
-            sandbox.kill()
-            sandbox.wait()
     out = shown + out
     assert sandbox.returncode == 130, out
     assert "Ctrl-C: stopping every node and the emulator" in out, out
@@ -202,21 +211,12 @@ def test_a_sigkilled_sandbox_leaves_no_node_workload_or_emulator_running(tmp_pat
 
     temp = tmp_path / "tmp"
     temp.mkdir()
-    sandbox = subprocess.Popen(
-        [sys.executable, "-m", "tidefleet.cli", "sandbox", "--items", "60", "--time-limit", "150"],
-        cwd=ROOT, env=process_env(temp), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    try:
-        read_until(sandbox.stdout, " busy", sandbox, 120)  # nodes are running items
+    with busy_sandbox(temp) as (sandbox, _):
         processes = psutil.Process(sandbox.pid).children(recursive=True)  # the emulator, the nodes, their items
         emulator = emulator_of(sandbox.pid)
         agents = [p for p in processes if "tidefleet.cli agent" in " ".join(command(p))]
         sandbox.kill()
         sandbox.wait()
-    finally:
-        if sandbox.poll() is None:
-            sandbox.kill()
-            sandbox.wait()
     assert emulator in processes and agents, processes
 
     def left() -> list:
