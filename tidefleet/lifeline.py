@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 
 ENV = "TIDEFLEET_LIFELINE_FD"
-_pipe: tuple[int, int] | None = None  # (read, write): never closed, so only this process's end closes it
+_pipe: tuple[int, int] | None = None  # (read, write): never closed; the write end goes only when this process does
 _lock = threading.Lock()
 
 
