@@ -19,7 +19,7 @@ from tidefleet.agent.worker import Agent, Settings
 from tidefleet.cloud.aws.dynamodb import DynamoStore
 from tidefleet.cloud.aws.imds import Metadata
 from tidefleet.jobs import sdk
-from tidefleet.records import FINAL, Heartbeat
+from tidefleet.records import FINAL, Fence, Heartbeat
 
 pytestmark = pytest.mark.moto
 
@@ -231,6 +231,62 @@ def _forming_gang(h: Harness) -> tuple[str, DynamoStore]:
     store.put_heartbeat(Heartbeat("node-lead", "cpu", at=time.time(), slots=1, busy_slots=1,
                                   idle_since=None, gang=Beacon("train", job, "000000", 1, 1.0, True).record()))  # fmt: skip
     return job, store
+
+
+def test_a_member_that_leaves_as_its_gang_starts_gives_the_item_back_unspent_not_run_short(gang, monkeypatch):
+    """A member's node stopped between the lead's last look at the roster and its "running" write.
+    The lead used to start the gang below min anyway, stop it at its next heartbeat and hand the
+    item back as an interruption of an attempt that never ran whole."""
+    h = gang
+    job = sdk.submit(h.env, "wide", "wide", sdk.read_items([["steps=50"]]), kick=False).job_id
+    store = DynamoStore(h.env.name, h.env.region)
+    lead, member = _agent(h, "node-lead"), _agent(h, "node-m")
+    monkeypatch.setenv("TIDEFLEET_NODE_ID", "in-process")  # the workload's, which both nodes here run
+    write = lead.store.update_item
+
+    def leaves_as_it_starts(job_id, item_id, **kw):
+        if kw.get("gang") != "running":
+            return write(job_id, item_id, **kw)
+        # node-x leaves (as `_mark_left`) right before the write; node-m sees the gang running and
+        # starts its part before the lead looks at what it wrote.
+        store.update_item(job_id, item_id, fence=Fence(attempt=kw["fence"].attempt),
+                          append={"left": {"node": "node-x"}})  # fmt: skip
+        written = write(job_id, item_id, **kw)
+        wait_until(lambda: _starts(h, 1), 20, "node-m to start its part")
+        return written
+
+    monkeypatch.setattr(lead.store, "update_item", leaves_as_it_starts)
+    execute, started = lead._execute, []
+    monkeypatch.setattr(lead, "_execute", lambda run, queue, env=None: (started.append(env), execute(run, queue, env)))
+    fail_gang, failed = member._fail_gang, []
+    monkeypatch.setattr(member, "_fail_gang", lambda part, why: (failed.append(why), fail_gang(part, why)))
+    assert lead._receive("wide", h.env.queues["wide"], wait_s=1) == 1
+    wait_until(lambda: lead.beacon, 10, "the lead's beacon")
+    store.update_item(job, "000000", append={"members": {"node": "node-x", "addr": "127.0.0.1", "port": 1}})
+    assert member._join_gang([("wide", h.env.queues["wide"])])
+
+    def both_free() -> bool:
+        lead._beat()  # the heartbeats that stop a short gang and the member's part
+        member._beat()
+        return not lead.runs and not member.members
+
+    wait_until(both_free, 60, "both nodes' slots to come free")
+    assert started == []  # the lead never started its workload short
+    assert sorted(_starts(h, 1)) == [1]  # node-m's part alone
+    assert not h.events("done") and failed == []  # node-m's part was stopped (the attempt ended), not failed
+    item = store.item(job, "000000")
+    assert (item.status, item.gang, item.interruptions, item.failures, item.gang_failure) == \
+        ("queued", "released", 0, 0, "")  # fmt: skip
+    assert item.history[-1]["outcome"] == "released"
+    assert "2 node(s) left, below min 3" in item.history[-1]["reason"]
+    assert lead.idle_since is not None and member.idle_since is not None
+    lead.acks.flush()
+    assert h.queue_depth("wide") == 1  # its message is back: a full gang runs it
+    for node in ("node-a", "node-b", "node-c"):
+        h.start_agent(node)
+    item = wait_until(lambda: _final(h, job), 90, "a full gang to run it")
+    assert (item.status, item.attempts, item.interruptions, item.failures) == ("succeeded", 2, 0, 0)
+    assert sorted(_starts(h, 2)) == [0, 1, 2]
 
 
 def test_a_member_that_cannot_read_its_gang_waits_and_then_leaves_without_failing_it(gang, monkeypatch):

@@ -906,6 +906,11 @@ class Agent:
             self._free(run)
             return
         members = tuple(gang.roster(started.members, started.left, high))
+        # A member left since the last look (its node stopping): started short, the next beat would
+        # stop it and hand the item back as an interruption. Members that saw it running stop too.
+        if len(members) < low:
+            self._release(run, f"a member left as its gang started: {len(members)} node(s) left, below min {low}")
+            return
         self.beacon = {**self.beacon, "forming": False} if low < high and len(members) < high else {}
         log.info("%s/%s: gang of %d node(s) formed; starting as node rank 0", msg.job, msg.item, len(members))
         self._execute(run, queue, gang.workload_env(members, 0, slots=self.slots, low=low, high=high,
