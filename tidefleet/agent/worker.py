@@ -918,7 +918,8 @@ class Agent:
 
     def _release(self, run: Run, why: str) -> None:
         """Give a gang item back before it ran: a fresh message (seq + 1, so the old one is dropped
-        wherever it turns up), the record queued again; an interruption, never a failure."""
+        wherever it turns up), the record queued again ("released" in its history): counted neither
+        as an interruption nor as a failure."""
         msg = run.message
         self.beacon = {}
         back = replace(msg, seq=msg.seq + 1, copy="")  # a new message, not a fresh copy of the held one
