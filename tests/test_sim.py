@@ -19,6 +19,7 @@ from click.testing import CliRunner
 
 from tidefleet import control
 from tidefleet.config import load_environment, parse_environment
+from tidefleet.policy.model import ITEM_SECONDS_WEIGHT
 from tidefleet.ports import Ports
 from tidefleet.sim import Interruptions, Timing, TraceError, TraceItem, bench, load_trace, simulate
 from tidefleet.sim.bench import check_traces
@@ -464,7 +465,7 @@ def test_the_policy_sees_the_mean_time_of_finished_items_only():
     first_done, second_done = BOOT + 100, BOOT + 200
     assert all(mean is None for t, mean in seen if t < first_done)
     assert {mean for t, mean in seen if first_done <= t < second_done} == {100.0}
-    assert {mean for t, mean in seen if t >= second_done} == {100.0 + 0.1 * (200.0 - 100.0)}
+    assert {mean for t, mean in seen if t >= second_done} == {100.0 + ITEM_SECONDS_WEIGHT * (200.0 - 100.0)}
 
 
 @pytest.mark.parametrize("waiting_tick_s,ticks", [(10, [60, 70, 80, 90, 100, 110]), (0, [60, 77])])

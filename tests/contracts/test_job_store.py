@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from tidefleet.policy.model import ITEM_SECONDS_WEIGHT as W
 from tidefleet.records import Fence, Heartbeat, Item, ItemWrite, Job, QueueStats
 
 NOW = 1000.0
@@ -386,7 +387,7 @@ def test_queue_stats_keep_an_exponentially_weighted_mean_of_succeeded_items(stor
     s.record_item_seconds("render", 40.0)
     s.record_item_seconds("batch", 300.5)
     assert s.queue_stats(["render", "batch", "idle"]) == {
-        "render": QueueStats(mean_item_s=20.0 + 0.1 * (40.0 - 20.0), items=2),
+        "render": QueueStats(mean_item_s=20.0 + W * (40.0 - 20.0), items=2),
         "batch": QueueStats(mean_item_s=300.5, items=1),
     }
 
@@ -433,7 +434,8 @@ def test_queue_stats_are_compare_and_set_so_a_concurrent_sample_is_never_lost(st
     store.before_next_write(lambda: store.other().record_item_seconds("render", 40.0))
     store.store.record_item_seconds("render", 60.0)
     stats = store.store.queue_stats(["render"])["render"]
-    assert stats.items == 3 and stats.mean_item_s == pytest.approx(22.0 + 0.1 * (60.0 - 22.0))
+    second = 20.0 + W * (40.0 - 20.0)
+    assert stats.items == 3 and stats.mean_item_s == pytest.approx(second + W * (60.0 - second))
 
 
 def test_queue_stats_read_more_queues_than_one_batch_holds(store):
