@@ -124,7 +124,7 @@ class PoolDecision:
 # run time within a burst, so the last ten of a burst are its longest: a ten-item mean carried a
 # burst's tail (2-3x the median of log-normal items) into the next burst, which then launched for
 # turnover it did not count (dev shapes unseen/1000-1099 and 2000-2099 against 0.1: mean cost -0.9 %
-# and -0.4 %, up to -14 %, the goal met on one more shape each). A longer memory follows a queue
+# and -0.4 %, up to -24 %, the goal met on one more shape each). A longer memory follows a queue
 # whose items change more slowly: 10-s items turning into 600-s ones waited longer meanwhile
 # (p95 86 -> 112 s on an 8-GPU pool; 0.02 and 0.01 saved more but let items miss a 120-s target).
 ITEM_SECONDS_WEIGHT = 0.03
