@@ -356,3 +356,63 @@ def test_validate_command_exits_non_zero_on_bad_file(tmp_path):
     result = CliRunner().invoke(main, ["validate", str(tmp_path / "bad.toml")])
     assert result.exit_code == 1
     assert "pools: required field is missing" in result.output
+
+
+HUGE = "1" + "0" * 5000  # past Python's 4300-digit limit on reading an integer
+
+
+def _huge_file(tmp_path: Path, old: str, new: str, name: str = "huge-int") -> Path:
+    text = (ROOT / "dev.toml").read_text()
+    assert old in text
+    path = tmp_path / f"{name}.toml"
+    path.write_text(text.replace(old, new, 1))
+    return path
+
+
+@pytest.mark.parametrize(("old", "new", "field"), [
+    ("max = 10\n", f"max = {HUGE}\n", "pools.cpu.max"),
+    ('{ type = "c7i.large", weight = 1 }', f'{{ type = "c7i.large", weight = -{HUGE} }}', "pools.cpu.instance_types[1].weight"),
+    ("item_timeout_s = 1800\n", f"item_timeout_s = {HUGE[:2]}_{HUGE[2:]}\n", "queues.default.item_timeout_s"),
+], ids=["pool max", "in an inline table, negative", "with an underscore"])  # fmt: skip
+def test_an_integer_too_long_to_read_is_one_line_naming_the_file_and_field(tmp_path, old, new, field):
+    """TOML integers have no size limit, but Python reads at most 4300 digits: tomllib raised
+    ValueError (not TOMLDecodeError), a traceback in `tidefleet validate` and every command."""
+    path = _huge_file(tmp_path, old, new)
+    with pytest.raises(ConfigError) as err:
+        load_environment(str(path))
+    (problem,) = err.value.problems
+    assert problem.startswith(f"{field}: a whole number of 5001 digits, too long to read (got ")
+    assert problem.endswith("); no setting takes a number this large: use the value you meant (see the config "
+                            "reference in README.md)")  # fmt: skip
+    assert len(problem) < 300 and str(err.value).startswith(f"{path}: {field}: ")
+
+
+def test_a_long_number_in_a_string_is_not_taken_for_the_one_too_long_to_read(tmp_path):
+    path = _huge_file(tmp_path, 'cost-center = "ml-dev"\n', f'cost-center = "{HUGE}"\nowner = {HUGE}\n')
+    with pytest.raises(ConfigError) as err:
+        load_environment(str(path))
+    assert [p.split(":")[0] for p in err.value.problems] == ["tags.owner"]
+
+
+def test_validate_names_the_file_and_field_of_an_integer_too_long_to_read(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    path = _huge_file(tmp_path, "max = 10\n", f"max = {HUGE}\n")
+    for args in ([], ["--json"]):
+        done = subprocess.run([sys.executable, "-m", "tidefleet.cli", "validate", *args, str(path)], capture_output=True,
+                              text=True, timeout=60, check=False)  # fmt: skip
+        assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+        line = (json.loads(done.stdout)["environments"][0]["error"] if args else done.stderr).strip()
+        assert "\n" not in line and line.startswith(f"{path}: pools.cpu.max: a whole number of 5001 digits"), line
+
+
+def test_an_integer_too_long_to_read_in_a_file_that_is_not_toml_either_names_its_line(tmp_path):
+    path = tmp_path / "broken.toml"
+    path.write_text(f'cloud = "aws"\nregion = "us-east-1"\nx = {HUGE}\ny = [\n')
+    with pytest.raises(ConfigError) as err:
+        load_environment(str(path))
+    assert err.value.problems == [("broken.toml: a whole number of more than 4300 digits (line 3), too long to read; "
+                                   "no setting takes a number this large: use the value you meant (see the config "
+                                   "reference in README.md)")]  # fmt: skip

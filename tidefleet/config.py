@@ -12,6 +12,7 @@ import ipaddress
 import os
 import re
 import shlex
+import sys
 import tomllib
 import types
 import typing
@@ -1303,6 +1304,49 @@ def environment_path(name: str, root: Path | None = None) -> Path:
     return Path(name) if is_environment_path(name) else (root or environments_dir()) / f"{name}.toml"
 
 
+_DIGIT_RUN = re.compile(r"\d(?:_?\d)*")  # a TOML integer's digits, underscores between them allowed
+_MARKER = 7_013_000_000_000_000_000  # stands in for the N-th too-long run of digits as _MARKER + N
+
+
+def _too_long_integer_problems(text: str, file_name: str) -> list[str]:
+    """tomllib reads an integer with int(), which refuses more than sys.get_int_max_str_digits()
+    digits (4300) with a bare ValueError: no line, no key. The fields are found by reading the file
+    again with each such run of digits replaced by a marker number, then looking for the markers
+    (a run inside a string or a float only changes that string or float). One line per field."""
+    limit, runs = sys.get_int_max_str_digits(), []
+
+    def mark(match: re.Match) -> str:
+        digits = match.group().replace("_", "")
+        if limit == 0 or len(digits) <= limit:
+            return match.group()
+        runs.append((digits, text.count("\n", 0, match.start()) + 1))
+        return str(_MARKER + len(runs) - 1)
+
+    marked = _DIGIT_RUN.sub(mark, text)
+    try:
+        data: object = tomllib.loads(marked)
+    except ValueError:
+        data = None
+    found, todo = [], [((), data)]
+    while todo:
+        path, node = todo.pop(0)
+        if isinstance(node, dict):
+            todo += [((*path, key), value) for key, value in node.items()]
+        elif isinstance(node, list):
+            todo += [((*path, i), value) for i, value in enumerate(node)]
+        elif type(node) is int and 0 <= abs(node) - _MARKER < len(runs):
+            digits = runs[abs(node) - _MARKER][0]
+            where = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in path).replace(".[", "[")
+            shown = ("-" if node < 0 else "") + (digits if len(digits) <= 24 else f"{digits[:10]}...{digits[-10:]}")
+            found.append(f"{where}: a whole number of {len(digits)} digits, too long to read (got {shown}); no setting "
+                         "takes a number this large: use the value you meant (see the config reference in README.md)")
+    if found:
+        return found
+    line = f" (line {runs[0][1]})" if runs else ""
+    return [(f"{file_name}: a whole number of more than {limit} digits{line}, too long to read; no setting takes a "
+             "number this large: use the value you meant (see the config reference in README.md)")]
+
+
 def load_environment(name: str, root: Path | None = None) -> Environment:
     """Load `environments/<name>.toml`, or the file at a path (`is_environment_path`): a .toml
     file, or one with another extension that holds an environment's TOML."""
@@ -1336,6 +1380,8 @@ def load_environment(name: str, root: Path | None = None) -> Environment:
         if path.suffix != ".toml":  # a .txt, a .csv: most likely not meant as one
             hint += "; an environment is a TOML file (<name>.toml)"
         raise ConfigError(str(path), [f"{path.name}: not valid TOML ({err}){hint}"]) from None
+    except ValueError:  # an integer longer than Python reads: no TOMLDecodeError, no position
+        raise ConfigError(str(path), _too_long_integer_problems(text, path.name)) from None
     env = parse_environment(data, name=path.stem, source=str(path))
     if given_path:
         env._path = name
