@@ -77,6 +77,8 @@ BAD = [
     ("zero retries above cap", {"queues.default.max_retries": 1000}, "queues.default.max_retries: Input should be less than or equal to 100 (got 1000)"),
     ("gang min above max", {"queues.default.nodes_per_item": {"min": 4, "max": 2}, "queues.default.slots_per_item": 2}, "queues.default.nodes_per_item: min must be <= max (got min 4 > max 2)"),
     ("gang member smaller than a node", {"queues.default.nodes_per_item": 2}, "queues.default.nodes_per_item: each gang member takes a whole node, so slots_per_item must equal every type's slots (got slots_per_item 1, nodes with 2 slots in pool 'cpu'); set slots_per_item to the node's slots"),
+    ("pool of max 0 with a queue", {"pools.cpu.max": 0}, "pools.cpu.max: 0 launches no node, so the items of queue 'default' can never run (got 0); raise max to at least 1 (one c6i.large node) or move the queue to another pool"),
+    ("pool of max 0 with a gang queue", {"pools.cpu.max": 0, "queues.default.nodes_per_item": 2, "queues.default.slots_per_item": 2, "queues.batch": {"pool": "cpu"}}, "pools.cpu.max: 0 launches no node, so the items of queues 'default', 'batch' can never run (got 0); raise max to at least 1 (one c6i.large node) or move the queues to another pool"),
     ("gang larger than its pool", {"queues.default.nodes_per_item": 11, "queues.default.slots_per_item": 2}, "queues.default.nodes_per_item: a gang of 11 nodes needs 11 capacity units at once (got pool 'cpu' max 10); raise the pool's max or lower the gang's size"),
     ("no nodes per item", {"queues.default.nodes_per_item": 0}, "queues.default.nodes_per_item: nodes per item must be 1 to 1000 (got 0)"),
     ("on demand after zero interruptions", {"queues.default.on_demand_after_interruptions": 0}, "queues.default.on_demand_after_interruptions: Input should be greater than or equal to 1 (got 0)"),
@@ -416,3 +418,21 @@ def test_an_integer_too_long_to_read_in_a_file_that_is_not_toml_either_names_its
     assert err.value.problems == [("broken.toml: a whole number of more than 4300 digits (line 3), too long to read; "
                                    "no setting takes a number this large: use the value you meant (see the config "
                                    "reference in README.md)")]  # fmt: skip
+
+
+def test_a_pool_of_max_0_that_no_queue_uses_is_accepted():
+    env = parse_environment(_with(**{"pools.spare": {**BASE["pools"]["cpu"], "max": 0}}), name="dev")
+    assert env.pools["spare"].max == 0
+
+
+def test_validate_refuses_a_pool_of_max_0_with_a_queue(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "zero-max.toml"
+    path.write_text((ROOT / "dev.toml").read_text().replace("max = 10\n", "max = 0\n", 1))
+    done = subprocess.run([sys.executable, "-m", "tidefleet.cli", "validate", str(path)], capture_output=True, text=True,
+                          timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 1 and done.stdout == "", done.stdout
+    assert done.stderr == (f"{path}: pools.cpu.max: 0 launches no node, so the items of queue 'default' can never run "
+                           "(got 0); raise max to at least 1 (one c6i.large node) or move the queue to another pool\n")

@@ -44,7 +44,7 @@ def environments(draw, *, max_pools: int = 2, env_cap: bool = True, pool_caps: b
             "cost_cap_usd_per_hour": draw(st.none() | st.floats(0.05, 3.0)) if pool_caps else None,
             "instance_types": [{"type": t, "weight": w} for t, w in zip(TYPES, weights)],
         }
-        for q in range(draw(st.integers(0, 3))):
+        for q in range(draw(st.integers(0, 3)) if high else 0):  # validation refuses a queue no node can run
             queues[f"{name}-q{q}"] = {
                 "pool": name,
                 "priority": draw(st.integers(0, 3)),
@@ -52,7 +52,8 @@ def environments(draw, *, max_pools: int = 2, env_cap: bool = True, pool_caps: b
                 "target_wait_s": draw(st.sampled_from([0, 60, 120, 600])),
                 "on_demand_after_interruptions": draw(st.none() | st.integers(1, 3)),
             }
-    if not queues:  # the config requires at least one queue
+    if not queues:  # the config requires at least one queue, on a pool that may launch a node
+        pools["p0"]["max"] = max(1, pools["p0"]["max"])
         queues["p0-q0"] = {"pool": "p0"}
     scaler = {
         "scale_in_delay_s": draw(st.sampled_from([None, None, 0, 120, 300])),

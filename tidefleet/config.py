@@ -573,7 +573,7 @@ def _gang_problems(where: str, queue: Queue, pool_name: str, pool: Pool) -> list
                    f"(got slots_per_item {queue.slots_per_item}, nodes with {', '.join(map(str, other))} slots in pool "
                    f"{pool_name!r}); set slots_per_item to the node's slots")  # fmt: skip
     most_units = max(t.weight for t in pool.instance_types)
-    if low * most_units > pool.max:
+    if low * most_units > pool.max > 0:  # max 0: _pool_problems names every queue of the pool
         out.append(f"{at}: a gang of {low} nodes needs {low * most_units} capacity units at once (got pool "
                    f"{pool_name!r} max {pool.max}); raise the pool's max or lower the gang's size")  # fmt: skip
     return out
@@ -918,6 +918,16 @@ def _pool_problems(env: Environment, name: str, pool: Pool) -> list[str]:
         out.append(f"{where}.max: must be >= min (got {pool.max} < {pool.min})")
     if pool.on_demand_base > pool.max:
         out.append(f"{where}.on_demand_base: must be <= max (got {pool.on_demand_base} > {pool.max})")
+    queues = [q for q, queue in env.queues.items() if queue.pool == name]
+    if pool.max == 0 and queues:
+        # Any max >= 1 launches a node of any type (a group fills its desired units even past max by
+        # a node's weight; a GCP group rounds units up to nodes), and every type fits one item
+        # (queues.<name>.slots_per_item); a gang's min nodes are checked by _gang_problems.
+        small = min(pool.instance_types, key=lambda t: t.weight)
+        s = "s" * (len(queues) > 1)
+        out.append(f"{where}.max: 0 launches no node, so the items of queue{s} {', '.join(map(repr, queues))} can "
+                   f"never run (got 0); raise max to at least {small.weight} (one {small.type} node) or move the "
+                   f"queue{s} to another pool")  # fmt: skip
     smallest = min(t.weight for t in pool.instance_types)
     most_nodes, limit = -(-pool.max // smallest), MAX_GROUP_NODES[env.cloud]
     if most_nodes > limit:
