@@ -13,7 +13,14 @@ from pathlib import Path
 import bad_endpoints
 import pytest
 import requests
-from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError, ReadTimeoutError
+from botocore.exceptions import (
+    ClientError,
+    ConfigParseError,
+    EndpointConnectionError,
+    NoCredentialsError,
+    ProfileNotFound,
+    ReadTimeoutError,
+)
 from botocore.parsers import ResponseParserError
 from google.api_core import exceptions as gexc
 from google.api_core.exceptions import RetryError
@@ -198,6 +205,52 @@ def test_building_a_client_on_an_endpoint_without_a_scheme_fails_in_the_clouds_e
     with pytest.raises(cloud.errors) as caught:
         cloud.store.job("x-1")
     assert cloud.explain(caught.value) == "AWS_ENDPOINT_URL 'localhost:4566' is not a URL; write http://localhost:4566"
+
+
+def test_building_a_client_on_an_endpoint_that_does_not_parse_fails_in_the_clouds_errors(monkeypatch):
+    """urlsplit refuses some URLs ("Invalid IPv6 URL") before botocore's own check can name them:
+    still the endpoint named, with why, not a ValueError."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://[::1")
+    cloud = for_env(AWS)
+    with pytest.raises(cloud.errors) as caught:
+        cloud.store.job("x-1")
+    assert cloud.explain(caught.value) == (
+        "AWS_ENDPOINT_URL 'http://[::1' is not a URL (Invalid IPv6 URL); write a URL like http://localhost:4566"
+    )
+
+
+def test_a_profile_no_file_has_names_the_variable_the_files_and_the_fix(monkeypatch, tmp_path):
+    monkeypatch.delenv("AWS_DEFAULT_PROFILE", raising=False)
+    monkeypatch.setenv("AWS_PROFILE", "nosuch")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    monkeypatch.delenv("AWS_SHARED_CREDENTIALS_FILE", raising=False)
+    assert for_env(AWS).explain(ProfileNotFound(profile="nosuch")) == (
+        f"AWS profile 'nosuch' (AWS_PROFILE) is not in the AWS config or credentials file ({tmp_path / 'config'}, "
+        "~/.aws/credentials); create it with `aws configure --profile nosuch`, or unset AWS_PROFILE"
+    )
+
+
+@pytest.mark.parametrize(("text", "where"), [
+    ("[default\nx", "line 1: '[default'"),
+    ("[default]\nx\n", "line 2: 'x'"),
+    ("[a]\nk = 1\nk = 2\n", "line 3: option 'k' in section 'a' already exists"),
+    ("[a]\n[a]\n", "line 2: section 'a' already exists"),
+])
+@pytest.mark.parametrize("variable", ["AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"])
+def test_a_config_file_that_does_not_parse_is_named_with_the_line(monkeypatch, tmp_path, variable, text, where):
+    """botocore reads both files when a client is built: the one named by the variable, where it went wrong."""
+    import boto3
+
+    bad = tmp_path / "badcfg"
+    bad.write_text(text)
+    for name in ("AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
+        monkeypatch.setenv(name, str(bad) if name == variable else str(tmp_path / "none"))
+    with pytest.raises(ConfigParseError) as caught:
+        boto3.session.Session().client("sqs", region_name="us-east-1")
+    what = "config" if variable == "AWS_CONFIG_FILE" else "credentials"
+    assert for_env(AWS).explain(caught.value) == (
+        f"the AWS {what} file {bad} ({variable}) does not parse ({where}); fix it, or point {variable} at another file"
+    )
 
 
 @pytest.fixture

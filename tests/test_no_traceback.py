@@ -130,6 +130,15 @@ def situation(name: str, tmp_path: Path, server, wrong: dict[str, str] | None = 
         return AWS_ENV, {**base, **FAKE_CREDENTIALS, "AWS_ENDPOINT_URL": f"127.0.0.1:{free_port()}"}
     if wrong and name in wrong:
         return AWS_ENV, {**base, **FAKE_CREDENTIALS, "AWS_ENDPOINT_URL": wrong[name]}
+    if name == "aws endpoint that does not parse":  # urlsplit's ValueError, before botocore's own check
+        return AWS_ENV, {**base, **FAKE_CREDENTIALS, "AWS_ENDPOINT_URL": "http://[::1"}
+    if name == "aws profile not found":
+        return AWS_ENV, {**base, "AWS_PROFILE": "nosuch"}
+    if name in ("aws config file does not parse", "aws credentials file does not parse"):
+        bad = tmp_path / "badcfg"
+        bad.write_text("[default\nx")
+        variable = "AWS_CONFIG_FILE" if "config" in name else "AWS_SHARED_CREDENTIALS_FILE"
+        return AWS_ENV, {**base, variable: str(bad)}
     if name == "aws not deployed":
         return AWS_ENV, {**base, **server.env()}
     assert name == "gcp without credentials"
@@ -138,11 +147,22 @@ def situation(name: str, tmp_path: Path, server, wrong: dict[str, str] | None = 
 
 SITUATIONS = ["aws without credentials", "aws endpoint unreachable", "aws not deployed", "gcp without credentials"]
 # What a user types wrong in AWS_ENDPOINT_URL: each must say so in one line, whatever the command.
-ENDPOINT_MISTAKES = ["aws endpoint without a scheme", "aws endpoint answers empty", "aws endpoint serves web pages"]
+ENDPOINT_MISTAKES = ["aws endpoint without a scheme", "aws endpoint answers empty", "aws endpoint serves web pages",
+                     "aws endpoint that does not parse"]  # fmt: skip
+# What a user's own settings may name wrongly: a profile, a file. Each is named, with the fix.
+SETTING_MISTAKES = ["aws profile not found", "aws config file does not parse", "aws credentials file does not parse"]
 SAYS = {
     "aws endpoint without a scheme": "is not a URL; write http://127.0.0.1:",
     "aws endpoint answers empty": "did not answer like the AWS API (HTTP 202); check AWS_ENDPOINT_URL",
     "aws endpoint serves web pages": "did not answer like the AWS API (HTTP 501); check AWS_ENDPOINT_URL",
+    "aws endpoint that does not parse": "AWS_ENDPOINT_URL 'http://[::1' is not a URL (Invalid IPv6 URL); write a URL",
+    "aws profile not found": ("AWS profile 'nosuch' (AWS_PROFILE) is not in the AWS config or credentials file "
+                              "({home}/none); create it with `aws configure --profile nosuch`, or unset AWS_PROFILE"),
+    "aws config file does not parse": ("the AWS config file {home}/badcfg (AWS_CONFIG_FILE) does not parse (line 1: "
+                                       "'[default'); fix it, or point AWS_CONFIG_FILE at another file"),
+    "aws credentials file does not parse": ("the AWS credentials file {home}/badcfg (AWS_SHARED_CREDENTIALS_FILE) does "
+                                            "not parse (line 1: '[default'); fix it, or point "
+                                            "AWS_SHARED_CREDENTIALS_FILE at another file"),
 }
 
 
@@ -154,7 +174,7 @@ def assert_one_clear_line(result: subprocess.CompletedProcess, what: str) -> Non
     assert len(lines) == 1, f"{what}: expected one line on stderr, got\n{result.stderr}"
 
 
-@pytest.mark.parametrize("situation_name", SITUATIONS + ENDPOINT_MISTAKES)
+@pytest.mark.parametrize("situation_name", SITUATIONS + ENDPOINT_MISTAKES + SETTING_MISTAKES)
 @pytest.mark.parametrize(("path", "command"), cloud_commands(), ids=lambda v: " ".join(v) if isinstance(v, tuple) else "")
 def test_every_cloud_command_fails_in_one_clear_line(path, command, situation_name, tmp_path, empty_aws,
                                                      wrong_endpoints):  # fmt: skip
@@ -165,10 +185,11 @@ def test_every_cloud_command_fails_in_one_clear_line(path, command, situation_na
                             capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert_one_clear_line(result, f"tidefleet {' '.join(path)} ({situation_name})")
     if situation_name in SAYS:  # not "job not found", not the page, not a KeyError
-        assert SAYS[situation_name] in result.stderr, f"{' '.join(path)} ({situation_name}): {result.stderr}"
+        says = SAYS[situation_name].format(home=tmp_path)
+        assert says in " ".join(result.stderr.split()), f"{' '.join(path)} ({situation_name}): {result.stderr}"
 
 
-@pytest.mark.parametrize("situation_name", SITUATIONS)
+@pytest.mark.parametrize("situation_name", SITUATIONS + ["aws endpoint that does not parse", *SETTING_MISTAKES])
 @pytest.mark.parametrize("task", cloud_tasks())
 def test_every_cloud_task_fails_in_one_clear_line(task, situation_name, tmp_path, empty_aws):
     env, process_env = situation(situation_name, tmp_path, empty_aws)

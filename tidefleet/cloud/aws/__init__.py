@@ -7,23 +7,30 @@ is the functions' cold start.
 
 from __future__ import annotations
 
+import ast
+import configparser
 import os
 import re
 from functools import cache, cached_property, partial
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 import boto3
 import botocore.session
 from botocore.config import Config
+from botocore.configprovider import ConfiguredEndpointProvider
 from botocore.exceptions import (
     BotoCoreError,
     ClientError,
+    ConfigParseError,
     HTTPClientError,
     NoCredentialsError,
+    ProfileNotFound,
     ReadTimeoutError,
 )
 from botocore.exceptions import ConnectionError as BotoConnectionError
+from botocore.loaders import create_loader
 from botocore.parsers import ResponseParserError
 
 from tidefleet import naming
@@ -84,25 +91,59 @@ IDENTITIES_DOC = 'README "What each identity may do"'
 
 
 class EndpointInvalid(BotoCoreError):
-    """The endpoint URL (AWS_ENDPOINT_URL) is not a URL: botocore's ValueError at client creation."""
+    """The endpoint URL (AWS_ENDPOINT_URL) is not a URL: botocore's ValueError at client creation.
+    `reason`, where given: why it does not parse ("Invalid IPv6 URL")."""
 
     fmt = "invalid endpoint: {endpoint}"
 
 
+# Files a profile lives in, where botocore looks when no variable names another.
+AWS_FILES = {"AWS_CONFIG_FILE": ("config", "~/.aws/config"),
+             "AWS_SHARED_CREDENTIALS_FILE": ("credentials", "~/.aws/credentials")}  # fmt: skip
+
+
 class _Session(botocore.session.Session):
     """Clients that fail in the cloud's errors: a bad endpoint URL is an `EndpointInvalid` (not a
-    ValueError, raised wherever a client is first built), an answer that is not AWS's a `NotAws`."""
+    ValueError, raised wherever a client is first built), an answer that is not AWS's a `NotAws`.
 
-    def create_client(self, *args, **kwargs):
+    Installing it (`_fail_fast`, in every `AwsCloud()`, before any caller's try) reads no profile:
+    boto3 builds the model loader there, whose data_path botocore looks up in the config file, so a
+    missing AWS_PROFILE or a config file that does not parse raised as a traceback. The first client
+    raises them again (`create_client` reads the profile), inside the call its caller explains."""
+
+    def __init__(self):
+        super().__init__()
         try:
-            client = super().create_client(*args, **kwargs)
+            data_path = self.get_config_variable("data_path")
+        except (ProfileNotFound, ConfigParseError):
+            data_path = os.environ.get("AWS_DATA_PATH")
+        self.register_component("data_loader", create_loader(data_path))
+
+    def create_client(self, service_name, *args, **kwargs):
+        try:
+            client = super().create_client(service_name, *args, **kwargs)
         except ValueError as err:
             endpoint = str(err).removeprefix("Invalid endpoint: ")
-            if endpoint == str(err):
+            if endpoint != str(err):
+                raise EndpointInvalid(endpoint=endpoint) from None
+            # urlsplit's own refusal ("Invalid IPv6 URL"), before botocore's check could say which URL
+            endpoint = kwargs.get("endpoint_url") or ConfiguredEndpointProvider(
+                full_config=self.full_config, scoped_config=self.get_scoped_config(), client_name=service_name
+            ).provide()
+            if not endpoint or _unparsable(endpoint) is None:
                 raise
-            raise EndpointInvalid(endpoint=endpoint) from None
+            raise EndpointInvalid(endpoint=endpoint, reason=_unparsable(endpoint)) from None
         client.meta.events.register("before-parse", partial(_check_answer, client.meta.endpoint_url))
         return client
+
+
+def _unparsable(url: str) -> str | None:
+    """Why urlsplit refuses a URL, or None."""
+    try:
+        urlsplit(url)
+    except ValueError as err:
+        return str(err)
+    return None
 
 
 def _check_answer(endpoint: str, operation_model, response_dict, **_) -> None:
@@ -131,12 +172,42 @@ def _fail_fast() -> None:
     boto3.setup_default_session(botocore_session=session)
 
 
-def _endpoint_hint(endpoint: str) -> str:
+def _endpoint_hint(endpoint: str, reason: str | None = None) -> str:
     """'AWS_ENDPOINT_URL 'x' is not a URL; write http://x', naming the variable that set it."""
     variable = next((k for k, v in sorted(os.environ.items()) if k.startswith("AWS_ENDPOINT_URL") and v == endpoint),
                     "the AWS endpoint URL")  # fmt: skip
     fix = f"http://{endpoint}" if re.fullmatch(r"[\w.-]+(:\d+)?(/\S*)?", endpoint) else "a URL like http://localhost:4566"
-    return f"{variable} {endpoint!r} is not a URL; write {fix}"
+    return f"{variable} {endpoint!r} is not a URL{f' ({reason})' if reason else ''}; write {fix}"
+
+
+def _profile_hint(profile: str) -> str:
+    """A profile no file has: the variable that named it, the files looked in, and the fix."""
+    variable = next((k for k in ("AWS_DEFAULT_PROFILE", "AWS_PROFILE") if os.environ.get(k) == profile), None)
+    files = dict.fromkeys(os.environ.get(k) or default for k, (_, default) in AWS_FILES.items())
+    unset = f", or unset {variable}" if variable else ""
+    return (f"AWS profile {profile!r}{f' ({variable})' if variable else ''} is not in the AWS config or credentials "
+            f"file ({', '.join(files)}); create it with `aws configure --profile {profile}`{unset}")  # fmt: skip
+
+
+def _config_file_hint(err: ConfigParseError) -> str:
+    """A config or credentials file that does not parse: which one, the variable that named it, where."""
+    path, problem = err.kwargs["path"], err.kwargs.get("error")
+    what, variable = "config", None
+    for name, (kind, default) in AWS_FILES.items():
+        if os.path.realpath(os.path.expanduser(os.environ.get(name) or default)) == os.path.realpath(path):
+            what, variable = kind, name if os.environ.get(name) else None
+            break
+    if isinstance(problem, configparser.ParsingError) and getattr(problem, "errors", None):
+        lineno, said = problem.errors[0]  # the line as its repr
+        where = f"line {lineno}: {ast.literal_eval(said).strip()!r}"
+    elif isinstance(problem, configparser.MissingSectionHeaderError):
+        where = f"line {problem.lineno}: {problem.line.strip()!r}"
+    elif isinstance(problem, configparser.Error) and getattr(problem, "lineno", None):  # a section or key twice
+        where = f"line {problem.lineno}: {str(problem).rpartition(']: ')[2]}"
+    else:  # not UTF-8, an indented value that is not `key = value`
+        where = _one_line(str(problem or "unreadable"), 100)
+    fix = f"fix it, or point {variable} at another file" if variable else "fix it"
+    return f"the AWS {what} file {path}{f' ({variable})' if variable else ''} does not parse ({where}); {fix}"
 
 
 def _one_line(text: str, limit: int = 200) -> str:
@@ -313,7 +384,11 @@ class AwsCloud:
         if isinstance(err, (QueueMissing, NotAws)):
             return str(err)
         if isinstance(err, EndpointInvalid):
-            return _endpoint_hint(err.kwargs["endpoint"])
+            return _endpoint_hint(err.kwargs["endpoint"], err.kwargs.get("reason"))
+        if isinstance(err, ProfileNotFound):
+            return _profile_hint(err.kwargs["profile"])
+        if isinstance(err, ConfigParseError):
+            return _config_file_hint(err)
         if isinstance(err, ClientError):
             code = err.response["Error"]["Code"]
             if code in MISSING:
