@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import boto3
+import shape_args
 
 from tidefleet import naming
 from tidefleet.cloud.aws.dynamodb import DynamoStore
@@ -152,8 +153,8 @@ def per_item(calls: collections.Counter, items: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--items", type=int, default=300, help="items per run")
-    parser.add_argument("--rounds", type=int, default=1, help="bare/agent pairs per slot setting (best kept)")
+    parser.add_argument("--items", type=shape_args.positive, default=300, help="items per run")
+    parser.add_argument("--rounds", type=shape_args.positive, default=1, help="bare/agent pairs per slot setting (best kept)")
     args = parser.parse_args()
     server = start_moto()
     ratios = {}

@@ -17,6 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import shape_args
+
 ROOT = Path(__file__).resolve().parents[1]
 # label -> the statements timed in a fresh interpreter
 TARGETS = {
@@ -64,7 +66,7 @@ def heaviest(module: str, top: int = 8) -> list[tuple[int, str]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=15, help="fresh interpreters per target")
+    parser.add_argument("--runs", type=shape_args.positive, default=15, help="fresh interpreters per target")
     args = parser.parse_args()
     # Interleaved, so a busy machine slows every target alike; the minimum is the least
     # disturbed sample and the fairest comparison on a shared machine.

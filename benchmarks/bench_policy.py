@@ -15,6 +15,8 @@ import random
 import statistics
 import time
 
+import shape_args
+
 from tidefleet.config import Environment, parse_environment
 from tidefleet.policy import decide
 from tidefleet.policy.model import FleetView, NodeView, PoolView, QueueView
@@ -128,7 +130,7 @@ def seconds(env: Environment, view: FleetView) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=9, help="runs per shape; the median is reported")
+    parser.add_argument("--repeat", type=shape_args.positive, default=9, help="runs per shape; the median is reported")
     args = parser.parse_args()
     shapes = [
         ("baseline", 1000, 100, 10_000),

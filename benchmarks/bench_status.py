@@ -18,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import shape_args
+
 from tidefleet.cloud.aws.dynamodb import DynamoStore
 from tidefleet.cloud.aws.provision import provision
 from tidefleet.config import load_environment
@@ -47,9 +49,9 @@ def timed(fn, repeat: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--total", type=int, default=250_000, help="items the job's counters say")
-    parser.add_argument("--items", type=int, default=5_000, help="item records actually written")
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--total", type=shape_args.positive, default=250_000, help="items the job's counters say")
+    parser.add_argument("--items", type=shape_args.positive, default=5_000, help="item records actually written")
+    parser.add_argument("--repeat", type=shape_args.positive, default=5)
     args = parser.parse_args()
     server = start_moto()
     try:

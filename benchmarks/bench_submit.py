@@ -19,6 +19,8 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import shape_args
+
 from tidefleet.emulator import start_moto
 
 
@@ -55,9 +57,9 @@ def bare(env, n: int, threads: int, job: str = "bare") -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--items", type=int, default=2000)
-    parser.add_argument("--threads", type=int, default=None, help="default: the SDK's THREADS")
-    parser.add_argument("--rounds", type=int, default=3, help="bare loop and submit, alternated, each on empty queues")
+    parser.add_argument("--items", type=shape_args.positive, default=2000)
+    parser.add_argument("--threads", type=shape_args.positive, default=None, help="default: the SDK's THREADS")
+    parser.add_argument("--rounds", type=shape_args.positive, default=3, help="bare loop and submit, alternated, each on empty queues")
     args = parser.parse_args()
     server = start_moto()
     os.environ.update(server.env())

@@ -17,7 +17,7 @@ import time
 from tidefleet.config import load_environment
 from tidefleet.sim.bench import TRACES_DIR
 from tidefleet.sim.run import simulate
-from tidefleet.sim.trace import load_trace, parse_window
+from tidefleet.sim.trace import TraceError, load_trace, parse_window
 
 DEFAULT_WINDOW = "2592000:3801600"  # days 30 to 44
 
@@ -25,7 +25,10 @@ DEFAULT_WINDOW = "2592000:3801600"  # days 30 to 44
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--window", default=DEFAULT_WINDOW, help="START:END seconds into the trace")
-    window = parse_window(parser.parse_args().window)
+    try:
+        window = parse_window(parser.parse_args().window)
+    except TraceError as err:  # its message names --window, the value and the form
+        parser.error(str(err))
     env = load_environment("philly-teams")
     items = load_trace(TRACES_DIR / "philly_2017_jobs.csv", window)
     started = time.perf_counter()

@@ -22,6 +22,8 @@ import os
 import statistics
 import time
 
+import shape_args
+
 from tidefleet.emulator import start_moto
 
 
@@ -142,10 +144,10 @@ def bare(env, urls: list[str]) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--queues", type=int, default=1000)
-    parser.add_argument("--pools", type=int, default=100)
-    parser.add_argument("--nodes", type=int, default=10000, help="instances in all, spread over the pools")
-    parser.add_argument("--rounds", type=int, default=5, help="tick and bare loop, alternated")
+    parser.add_argument("--queues", type=shape_args.positive, default=1000)
+    parser.add_argument("--pools", type=shape_args.positive, default=100)
+    parser.add_argument("--nodes", type=shape_args.at_least(0), default=10000, help="instances in all, spread over the pools")
+    parser.add_argument("--rounds", type=shape_args.positive, default=5, help="tick and bare loop, alternated")
     args = parser.parse_args()
     server = start_moto()
     os.environ.update(server.env())

@@ -43,6 +43,37 @@ def test_bench_moves_refuses_zero_shapes_with_one_line():
     assert "Traceback" not in done.stderr
 
 
+DEGENERATE = [
+    ("bench_agent.py", ["--rounds", "0"], "argument --rounds: must be at least 1 (got 0)"),
+    ("bench_agent.py", ["--items", "0"], "argument --items: must be at least 1 (got 0)"),
+    ("bench_status.py", ["--items", "0", "--total", "10", "--repeat", "1"], "argument --items: must be at least 1 (got 0)"),
+    ("bench_status.py", ["--repeat", "0"], "argument --repeat: must be at least 1 (got 0)"),
+    ("bench_status.py", ["--total", "-1"], "argument --total: must be at least 1 (got -1)"),
+    ("bench_cold_import.py", ["--runs", "0"], "argument --runs: must be at least 1 (got 0)"),
+    ("bench_policy.py", ["--repeat", "0"], "argument --repeat: must be at least 1 (got 0)"),
+    ("bench_policy.py", ["--repeat", "many"], "argument --repeat: expected a whole number, at least 1 (got 'many')"),
+    ("bench_submit.py", ["--rounds", "0"], "argument --rounds: must be at least 1 (got 0)"),
+    ("bench_submit.py", ["--threads", "0"], "argument --threads: must be at least 1 (got 0)"),
+    ("bench_tick.py", ["--pools", "0"], "argument --pools: must be at least 1 (got 0)"),
+    ("bench_tick.py", ["--rounds", "0"], "argument --rounds: must be at least 1 (got 0)"),
+    ("bench_tick.py", ["--nodes", "-1"], "argument --nodes: must be at least 0 (got -1)"),
+    ("bench_teams.py", ["--window", "abc"], "bench_teams.py: error: --window: expected START:END in seconds, e.g. 0:86400 (got 'abc')"),
+    ("bench_teams.py", ["--window", "5:1"], "bench_teams.py: error: --window: END must be after START (got '5:1')"),
+    ("bench_moves.py", ["--workers", "0"], "argument --workers: must be at least 1 (got 0)"),
+]
+
+
+@pytest.mark.parametrize(("script", "args", "message"), DEGENERATE, ids=[f"{s} {' '.join(a)}" for s, a, _ in DEGENERATE])
+def test_a_degenerate_count_or_window_is_refused_in_one_line_before_anything_runs(script, args, message):
+    """Zero rounds, runs or repeats divided by zero or took the median of nothing, after starting
+    moto; a bad --window ended in a traceback whose last line was the right message."""
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 2 and done.stdout == "", done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.stderr.splitlines()[-1].endswith(message) and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith("usage: ") and "moto" not in done.stderr, done.stderr
+
+
 @pytest.mark.parametrize("script", sorted(p.name for p in (ROOT / "benchmarks").glob("bench_*.py")))
 def test_every_benchmark_explains_itself_on_help_rather_than_running(script):
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--help"], cwd=ROOT, capture_output=True,
