@@ -483,7 +483,9 @@ def mutate(c, only=None, jobs="2"):
     changed. docs/mutation.md explains the known survivors; `mutmut show NAME` prints one's diff.
     """
     names = " ".join(shlex.quote(glob) for glob in only or [])
-    result = _run(c, f"{sys.executable} -m mutmut run --max-children {_number('jobs', jobs)} {names}", warn=True,
+    if (children := _number("jobs", jobs)) < 1:  # mutmut would end in its own ValueError (a pool of 0 processes)
+        raise Exit(f"--jobs: must be at least 1 (got {jobs!r}); it is how many mutants are tested at once")
+    result = _run(c, f"{sys.executable} -m mutmut run --max-children {children} {names}", warn=True,
                   pty=sys.stdout.isatty())
     if result.exited:
         raise Exit("mutmut run failed; see its output above", result.exited)

@@ -43,6 +43,7 @@ def test_no_task_option_is_typed_as_a_number_for_invoke_to_convert():
         (("sandbox", "--seed", "x"), "Invalid value for '--seed': 'x' is not a valid integer"),
         (("bench-io", "--submit-items", "x"), "--submit-items: must be a whole number (got 'x')"),
         (("mutate", "--jobs", "x"), "--jobs: must be a whole number (got 'x')"),
+        (("mutate", "--jobs", "0"), "--jobs: must be at least 1 (got '0'); it is how many mutants are tested at once"),
         (("build", "--cloud", "gcp", "--out", "/dev/null/x"), "build: cannot write /dev/null/x (Not a directory)"),
         (("sandbox", "--workdir", "/proc/x"), "Invalid value for --workdir: cannot create /proc/x (No such file or directory)"),
     ],
@@ -52,6 +53,18 @@ def test_a_bad_option_value_is_one_line_naming_it(args, message):
     output = result.stdout + result.stderr
     assert result.returncode != 0
     assert message in output and "Traceback" not in output, output
+
+
+def test_mutate_refuses_zero_jobs_before_running_mutmut(monkeypatch):
+    """mutmut took --max-children 0 and ended in its own ValueError (a pool of 0 processes)."""
+    from invoke import Exit
+
+    ran = []
+    monkeypatch.setattr(tasks, "_run", lambda c, command, **kwargs: ran.append(command))
+    with pytest.raises(Exit) as done:
+        tasks.mutate(MockContext(), jobs="0")
+    assert done.value.message == "--jobs: must be at least 1 (got '0'); it is how many mutants are tested at once"
+    assert ran == []
 
 
 def test_sandbox_passes_boot_delay_seed_and_json_to_tidefleet_sandbox(monkeypatch):
