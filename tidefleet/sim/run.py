@@ -157,8 +157,9 @@ def lower_bound(env: Environment, pool: str, items: list[TraceItem], need: list[
 def _slot_events(items: list[TraceItem], need: list[int]) -> list[tuple[float, int]]:
     """(time, +slots at an item's submit / -slots at its end), in time order, every item started
     at its submit. Ends before starts at one time: a node freed then serves the next item. An
-    item of 0 s holds no slot (its end would come before its own start)."""
-    timed = [(i, n) for i, n in zip(items, need) if i.duration_s > 0]
+    item of 0 s holds no slot (its end would come before its own start), nor one whose end rounds
+    to its start (10 s at 1e18 s: past what the trace reader lets in, not past what callers give)."""
+    timed = [(i, n) for i, n in zip(items, need) if i.submit_s + i.duration_s > i.submit_s]
     return sorted([(i.submit_s + i.duration_s, -n) for i, n in timed] + [(i.submit_s, n) for i, n in timed])
 
 

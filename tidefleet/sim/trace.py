@@ -21,10 +21,20 @@ STDIN = "-"  # the trace argument that reads it from standard input
 # Longer than any workload replays in useful time (the scaler ticks every minute of it): a trace
 # that spans more, or an item that runs longer, has its times in other units than seconds.
 MAX_SPAN_S = 10 * 365 * 86400.0
+# Submit times are below this (3,171 years): a float resolves 1e-5 s there, so a replay at any
+# allowed time gives the waits and costs it gives at 0. A Unix time in seconds passes (1.7e9); one
+# in milliseconds (1.7e12), micro- or nanoseconds does not (at 1e16 an event time rounds to 2 s).
+MAX_SUBMIT_S = 1e11
 
 
 class TraceError(ValueError):
     """A trace file that cannot be replayed; the message names the place and the fix."""
+
+
+def seconds(x: float) -> str:
+    """A number of seconds (or years) as a message says it: with separators, or in exponent form
+    where that would run to more digits than anyone reads (1e+308 s, not 309 of them)."""
+    return f"{x:,.0f}" if x < 1e12 else f"{x:.3g}"
 
 
 def traces_dir() -> Path:
@@ -111,6 +121,13 @@ def _read_trace(fh, path: Path, window: tuple[float, float] | None) -> list[Trac
             raise TraceError(f"{where}: {len(columns) + len(row[None])} fields, the header names {len(columns)}; "
                              "quote fields that hold commas")
         submit = _number(row["submit_s"] or "", where=where, column="submit_s")
+        if submit >= MAX_SUBMIT_S:
+            raise TraceError(
+                f"{where}: column 'submit_s' must be below {seconds(MAX_SUBMIT_S)} s "
+                f"({seconds(MAX_SUBMIT_S / (365 * 86400))} years) (got {row['submit_s']!r}); times that large are "
+                "milliseconds, microseconds or nanoseconds (a Unix time in ms is about 1.7e12): convert the column "
+                "to seconds (divide by 1e3, 1e6 or 1e9)"
+            )
         if window and not window[0] <= submit < window[1]:
             continue
         duration = _number(row["duration_s"] or "", where=where, column="duration_s")
@@ -122,11 +139,11 @@ def _read_trace(fh, path: Path, window: tuple[float, float] | None) -> list[Trac
     items.sort(key=lambda i: i.submit_s)  # stable: equal submit times keep file order
     span = items[-1].submit_s - items[0].submit_s if items else 0.0
     longest = max((i.duration_s for i in items), default=0.0)
-    for what, seconds, fix in (("submit_s spans", span, ", or replay a part with --window START:END"),
-                               ("longest duration_s is", longest, "")):  # fmt: skip
-        if seconds > MAX_SPAN_S:
+    for what, length, fix in (("submit_s spans", span, ", or replay a part with --window START:END"),
+                              ("longest duration_s is", longest, "")):  # fmt: skip
+        if length > MAX_SPAN_S:
             raise TraceError(
-                f"{path}: {what} {seconds:,.0f} s ({seconds / (365 * 86400):,.0f} years, more than 10); "
+                f"{path}: {what} {length:,.0f} s ({length / (365 * 86400):,.0f} years, more than 10); "
                 f"times must be in seconds (milliseconds? divide by 1000){fix}"
             )
     return items

@@ -1,0 +1,93 @@
+"""`tidefleet simulate` on input a user can get wrong: one line naming the field, the value and the fix,
+never a traceback, and exit 2 where the command line is what is wrong (a trace that cannot be read: 1)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tidefleet.config import load_environment
+from tidefleet.sim import TraceItem, simulate
+from tidefleet.sim.cli import simulate as simulate_command
+from tidefleet.sim.run import default_timing
+
+ROOT = Path(__file__).resolve().parent.parent
+LONG = "a" * 300  # longer than any file name the OS takes (255 bytes)
+MAX_SUBMIT_S = 1e11  # submit times are below it
+
+
+def write(tmp_path: Path, text: str, name: str = "trace.csv") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """The installed command as a user runs it: its own process, its exit code and streams."""
+    return subprocess.run([sys.executable, "-m", "tidefleet.cli", "simulate", *args], check=False,
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)  # fmt: skip
+
+
+def error_line(run: subprocess.CompletedProcess, code: int) -> str:
+    """The one `Error:` line of a refused run (a usage error also prints click's usage lines above it)."""
+    assert "Traceback" not in run.stderr and run.stdout == "", run.stdout + run.stderr
+    assert run.returncode == code, run.stderr
+    errors = [line for line in run.stderr.splitlines() if line.startswith("Error: ")]
+    assert len(errors) == 1, run.stderr
+    if code == 1:  # no usage lines: the error alone
+        assert run.stderr.strip().splitlines() == errors, run.stderr
+    return errors[0]
+
+
+# 1. Submit times past what a float resolves to the millisecond.
+
+
+@pytest.mark.parametrize("submit", ["1e18", "1.7e15", "1700000000000", "100000000000", "1e16"])
+def test_a_submit_time_too_large_to_be_seconds_is_refused_naming_the_line_and_the_units(tmp_path, submit):
+    trace = write(tmp_path, f"submit_s,duration_s,gpus\n0,10,1\n{submit},10,1\n")
+    line = error_line(cli(str(trace), "--env", "bench", "--pool", "gpu"), 1)
+    assert line == (
+        f"Error: trace.csv line 3: column 'submit_s' must be below 100,000,000,000 s (3,171 years) (got '{submit}'); "
+        "times that large are milliseconds, microseconds or nanoseconds (a Unix time in ms is about 1.7e12): "
+        "convert the column to seconds (divide by 1e3, 1e6 or 1e9)"
+    )
+
+
+def test_invoke_simulate_refuses_a_nanosecond_submit_time_in_one_line(tmp_path):
+    trace = write(tmp_path, "submit_s,duration_s,gpus\n1e18,10,1\n")
+    run = subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(ROOT), "simulate", "--trace", str(trace),
+                          "--env", "bench"], check=False, cwd=tmp_path, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
+    assert "trace.csv line 2: column 'submit_s' must be below 100,000,000,000 s" in run.stderr
+
+
+def test_the_largest_submit_time_allowed_replays_as_the_same_trace_at_zero(tmp_path):
+    rows = [(0, 10, 1), (0, 10, 1), (30, 200, 1), (95, 10, 1), (4000, 33, 1), (4001, 0, 1)]
+    results = {}
+    for offset in (0, int(MAX_SUBMIT_S) - 4001 - 1):  # the last item 1 s below the limit
+        trace = write(tmp_path, "submit_s,duration_s,gpus\n" + "".join(f"{s + offset},{d},{g}\n" for s, d, g in rows))
+        out = CliRunner().invoke(simulate_command, [str(trace), "--env", "bench", "--pool", "gpu", "--json",
+                                                    "--policy", "tidefleet", "--policy", "keda", "--policy", "oracle"])  # fmt: skip
+        assert out.exit_code == 0, out.output
+        data = json.loads(out.stdout)
+        results[offset] = (data["lower_bound_usd"], data["zero_wait_usd"], data["results"])
+    at_zero, at_limit = results.values()
+    assert at_limit == at_zero and all(r["items_finished"] == len(rows) for r in at_zero[2])
+    # the audit's 10-s item: 45 s and $0.003325 at 0, 44 s and $0.003267 at 1e16 (now refused), and here
+    trace = write(tmp_path, f"submit_s,duration_s,gpus\n{MAX_SUBMIT_S - 1:.0f},10,1\n")
+    out = CliRunner().invoke(simulate_command, [str(trace), "--env", "bench", "--pool", "gpu", "--json"])
+    (result,) = json.loads(out.stdout)["results"]
+    assert (result["wait_s"]["max"], round(result["cost_usd"], 6)) == (45.0, 0.003325)
+
+
+def test_an_item_whose_end_rounds_to_its_start_holds_no_slot_in_the_bounds():
+    # Past the reader's limit (the API takes items as given) a 10-s item's end is its start: the
+    # zero-wait bound counted the end first and fell off its list of nodes (IndexError).
+    env = load_environment("bench")
+    report = simulate(env, "gpu", [TraceItem(1e18, 10.0, 1)], ["oracle"], timing=default_timing(env))
+    assert report.zero_wait_usd == 0.0
