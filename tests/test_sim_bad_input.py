@@ -91,3 +91,39 @@ def test_an_item_whose_end_rounds_to_its_start_holds_no_slot_in_the_bounds():
     env = load_environment("bench")
     report = simulate(env, "gpu", [TraceItem(1e18, 10.0, 1)], ["oracle"], timing=default_timing(env))
     assert report.zero_wait_usd == 0.0
+
+
+# 2. Paths the OS refuses.
+
+
+@pytest.mark.parametrize(
+    ("flag", "name", "message"),
+    [
+        ("", f"{LONG}.csv", "Error: {path}: cannot read it (File name too long); give the path of a CSV trace"),
+        ("--spot-trace", f"{LONG}.json", "Error: {path}: cannot read it (File name too long); give a skypilot spot-traces"),
+        ("--plot", f"{LONG}.png", "Error: --plot: cannot write {path} (File name too long); give a writable path"),
+    ],
+)
+def test_a_path_the_os_refuses_is_one_line_naming_it_and_the_reason(tmp_path, flag, name, message):
+    trace = write(tmp_path, "submit_s,duration_s,gpus\n0,10,1\n")
+    path = tmp_path / name
+    args = [str(path)] if not flag else [str(trace), flag, str(path)]
+    line = error_line(cli(*args, "--env", "bench", "--pool", "gpu"), 2 if flag == "--plot" else 1)
+    assert line.startswith(message.format(path=path)), line
+    assert not list(tmp_path.glob("*.png")) and not list(tmp_path.glob(".*.png"))
+
+
+def test_a_plot_path_that_cannot_be_written_is_a_usage_error_as_every_flag(tmp_path):
+    trace = write(tmp_path, "submit_s,duration_s,gpus\n0,10,1\n")
+    (tmp_path / "a-file").write_text("")
+    line = error_line(cli(str(trace), "--env", "bench", "--pool", "gpu", "--plot", str(tmp_path / "a-file" / "x.png")), 2)
+    assert line == f"Error: --plot: cannot write {tmp_path}/a-file/x.png ({tmp_path}/a-file is a file, not a folder); give a writable path"
+
+
+def test_a_plot_name_the_os_takes_is_written_though_the_partial_file_beside_it_is_named_after_it(tmp_path):
+    trace = write(tmp_path, "submit_s,duration_s,gpus\n0,10,1\n")
+    plot = tmp_path / ("p" * 250 + ".png")  # 254 bytes: ".<stem>.partial.png" beside it would be 263
+    out = CliRunner().invoke(simulate_command, [str(trace), "--env", "bench", "--pool", "gpu", "--plot", str(plot)])
+    assert out.exit_code == 0, out.output
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import tempfile
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from tidefleet.sim.policies import POLICY_NAMES
 from tidefleet.sim.run import PolicyResult, Report, default_timing
 from tidefleet.sim.run import simulate as run_simulation
 from tidefleet.sim.teams import format_team_table
-from tidefleet.sim.trace import TraceError, load_spot_trace, load_trace, parse_window, trace_name
+from tidefleet.sim.trace import TraceError, is_dir, load_spot_trace, load_trace, parse_window, trace_name
 
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")  # formats matplotlib writes by the name's suffix
 # Past these a replay models no cloud (boots take 25-60 s, notices 30-120 s, spot nodes see well under a
@@ -77,14 +78,26 @@ def plural(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
+def partial_file(plot: Path) -> Path:
+    """A new empty file beside `plot` to draw it into, then put in its place: named after it (a few
+    characters of it: a name the OS takes may be too long with `.partial` added) and the format."""
+    fd, name = tempfile.mkstemp(dir=plot.parent, prefix=f".{plot.stem[:32]}.", suffix=f".partial{plot.suffix}")
+    os.close(fd)
+    return Path(name)
+
+
 def unwritable(path: Path) -> str | None:
-    """Why a file cannot be written at path (its folder made, a temp file opened there), else None."""
-    if path.is_dir():
+    """Why a file cannot be written at path (its folder made, its name looked up, a partial file
+    made beside it), else None."""
+    if is_dir(path):
         return "a folder of that name exists"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path.parent):
+        try:
+            path.stat()  # a name the OS refuses (too long) says so here; a missing file is the usual case
+        except FileNotFoundError:
             pass
+        partial_file(path).unlink()
     except FileExistsError as err:  # mkdir's word for a file where a folder goes
         return f"{err.filename} is a file, not a folder"
     except OSError as err:
@@ -145,7 +158,7 @@ def simulate(
     if plot is not None and importlib.util.find_spec("matplotlib") is None:  # before the replay, not after it
         raise click.UsageError("--plot needs matplotlib, which the base install leaves out: pip install matplotlib")
     if plot is not None and (why := unwritable(plot)):  # not after a replay of hours
-        raise cannot_write_plot(plot, why)
+        raise click.UsageError(cannot_write_plot(plot, why).message)
     if spot_trace and interruption_rate is not None:
         raise click.UsageError("use either --spot-trace or --interruption-rate, not both")
     for flag, value in (
@@ -203,15 +216,18 @@ def simulate(
         from tidefleet.sim.plot import plot_report
 
         # Drawn beside it, then put in its place: a Ctrl-C or a full disk leaves an older plot as it was.
-        partial = plot.with_name(f".{plot.stem}.partial{plot.suffix}")  # the suffix names the format
+        partial = None
         try:
+            partial = partial_file(plot)
             plot_report(report, partial)
             partial.replace(plot)
         except OSError as err:  # the place changed during the replay, a read-only file
-            partial.unlink(missing_ok=True)
+            if partial:
+                partial.unlink(missing_ok=True)
             raise cannot_write_plot(plot, err.strerror or str(err)) from None
         except KeyboardInterrupt:  # the result is out already
-            partial.unlink(missing_ok=True)
+            if partial:
+                partial.unlink(missing_ok=True)
             click.echo(f"simulate: interrupted while writing the plot; {plot} not written", err=True)
             raise SystemExit(130) from None
         if not as_json:

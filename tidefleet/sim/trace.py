@@ -37,6 +37,15 @@ def seconds(x: float) -> str:
     return f"{x:,.0f}" if x < 1e12 else f"{x:.3g}"
 
 
+def is_dir(path: Path) -> bool:
+    """Path.is_dir, False where the OS refuses to look (a name too long, a folder not searchable):
+    opening the path then says why, in one line."""
+    try:
+        return path.is_dir()
+    except OSError:
+        return False
+
+
 def traces_dir() -> Path:
     """$TIDEFLEET_TRACES, else the project's traces/ beside the package (whatever the cwd)."""
     if os.environ.get("TIDEFLEET_TRACES"):
@@ -70,7 +79,10 @@ def trace_name(path: Path | str) -> str:
     `<(zcat t.csv.gz)`: its name alone says nothing), <stdin> for `-`."""
     if str(path) == STDIN:
         return "<stdin>"
-    return Path(path).name if Path(path).is_file() else str(path)
+    try:
+        return Path(path).name if Path(path).is_file() else str(path)
+    except OSError:  # a name the OS refuses to look up (too long)
+        return str(path)
 
 
 def load_trace(path: Path | str, window: tuple[float, float] | None = None) -> list[TraceItem]:
@@ -79,7 +91,7 @@ def load_trace(path: Path | str, window: tuple[float, float] | None = None) -> l
     path = Path(path)
     stdin = str(path) == STDIN
     fix = f"give the path of a CSV trace (the project's are in {traces_dir()}), or - to read it from stdin"
-    if path.is_dir():
+    if is_dir(path):
         raise TraceError(f"{path}: is a folder; {fix}")
     try:  # utf-8-sig: a spreadsheet's byte-order mark; newline="": csv reads line ends itself
         fh = (io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8-sig", newline="") if stdin
@@ -250,7 +262,7 @@ def _spot_folder_error(path: Path) -> TraceError:
 def load_spot_trace(path: Path) -> SpotTrace:
     path = Path(path)
     fix = f"give a skypilot spot-traces JSON (the project's are under {traces_dir() / 'spot'})"
-    if path.is_dir():
+    if is_dir(path):
         raise _spot_folder_error(path)
     try:
         raw = json.loads(path.read_text())
