@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from tidefleet.config import load_environment
-from tidefleet.sim import TraceItem, simulate
+from tidefleet.sim import TraceError, TraceItem, load_trace, simulate
 from tidefleet.sim.cli import simulate as simulate_command
 from tidefleet.sim.run import default_timing
 
@@ -127,3 +128,25 @@ def test_a_plot_name_the_os_takes_is_written_though_the_partial_file_beside_it_i
     assert out.exit_code == 0, out.output
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+# 3. A header of very many columns.
+
+
+@pytest.mark.parametrize(
+    ("header", "message"),
+    [
+        ("submit_s,duration_s," + ",".join(f"c{i}" for i in range(100_000)) + ",c7,c99999\n",
+         "column(s) c7, c99999 named twice in the header; keep one of each"),
+        (",".join(f"c{i}" for i in range(100_000)) + "\n",
+         "missing column(s) submit_s, duration_s (got c0, c1, c2, c3, c4, c5, c6, c7, c8, c9 and 99,990 more); "),
+        (",".join(["x"] * 100_000) + "\n", "column(s) x named twice in the header; keep one of each"),
+    ],
+)
+def test_a_header_of_a_hundred_thousand_columns_is_checked_at_once_in_one_short_line(tmp_path, header, message):
+    trace = write(tmp_path, header + ",".join(["0"] * (header.count(",") + 1)) + "\n")
+    started = time.perf_counter()
+    with pytest.raises(TraceError) as err:
+        load_trace(trace)
+    assert time.perf_counter() - started < 5  # took 5.9 s at 30,000 columns, minutes at 100,000
+    assert message in str(err.value) and len(str(err.value)) < 400, str(err.value)[:500]

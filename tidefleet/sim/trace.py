@@ -13,6 +13,7 @@ import json
 import math
 import os
 import sys
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -25,6 +26,7 @@ MAX_SPAN_S = 10 * 365 * 86400.0
 # allowed time gives the waits and costs it gives at 0. A Unix time in seconds passes (1.7e9); one
 # in milliseconds (1.7e12), micro- or nanoseconds does not (at 1e16 an event time rounds to 2 s).
 MAX_SUBMIT_S = 1e11
+MOST_NAMED = 10  # columns a message names before it counts the rest
 
 
 class TraceError(ValueError):
@@ -118,12 +120,12 @@ def _read_trace(fh, path: Path, window: tuple[float, float] | None) -> list[Trac
     # strict: a quote left open is an error at the end of the file, not the rest of it in one field
     reader = csv.DictReader(fh, strict=True)
     columns = reader.fieldnames = [c.strip() for c in _malformed_as_trace_error(lambda: reader.fieldnames, path, 1) or []]
-    if repeated := sorted({c for c in columns if columns.count(c) > 1}):
-        raise TraceError(f"{path}: column(s) {', '.join(repeated)} named twice in the header; keep one of each")
+    if repeated := sorted(c for c, n in Counter(columns).items() if n > 1):  # linear: a header may be huge
+        raise TraceError(f"{path}: column(s) {_some(repeated)} named twice in the header; keep one of each")
     missing = [c for c in REQUIRED_COLUMNS if c not in columns]
     if missing:
         raise TraceError(
-            f"{path}: missing column(s) {', '.join(missing)} (got {', '.join(columns) or 'no header'}); "
+            f"{path}: missing column(s) {', '.join(missing)} (got {_some(columns) or 'no header'}); "
             "a trace needs submit_s and duration_s, optionally gpus, cpus and group"
         )
     items = []
@@ -159,6 +161,12 @@ def _read_trace(fh, path: Path, window: tuple[float, float] | None) -> list[Trac
                 f"times must be in seconds (milliseconds? divide by 1000){fix}"
             )
     return items
+
+
+def _some(names: list[str]) -> str:
+    """The first MOST_NAMED names, and how many more: a header of 100,000 columns is not one message."""
+    more = len(names) - MOST_NAMED
+    return ", ".join(names[:MOST_NAMED]) + (f" and {more:,} more" if more > 0 else "")
 
 
 def _malformed_as_trace_error(read, path: Path, line: int):
