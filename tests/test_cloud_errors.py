@@ -253,6 +253,29 @@ def test_a_config_file_that_does_not_parse_is_named_with_the_line(monkeypatch, t
     )
 
 
+def test_a_google_credentials_file_that_is_missing_or_unusable_is_named(monkeypatch, tmp_path):
+    """google-auth reads the file GOOGLE_APPLICATION_CREDENTIALS names and stops there: "set
+    GOOGLE_APPLICATION_CREDENTIALS" is no advice when it is set. The real error of a real lookup."""
+    import google.auth
+
+    login = "`gcloud auth application-default login`"
+    gone, bad = tmp_path / "gone.json", tmp_path / "bad.json"
+    bad.write_text("{")
+    lines = []
+    for path in (gone, bad):
+        monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(path))
+        with pytest.raises(DefaultCredentialsError) as caught:
+            google.auth.default()
+        lines.append(for_env(GCP).explain(caught.value))
+    assert lines == [
+        (f"GOOGLE_APPLICATION_CREDENTIALS names {gone}, which does not exist; point it at a credentials file, or unset "
+         f"it and run {login}"),
+        (f"GOOGLE_APPLICATION_CREDENTIALS names {bad}, which holds no usable credentials (File {bad} is not a valid json "
+         f"file.); point it at a service account key or an application-default credentials file, or unset it and run "
+         f"{login}"),
+    ]
+
+
 @pytest.fixture
 def sandbox_aws(aws):
     env = load_environment("sandbox")

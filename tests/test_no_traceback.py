@@ -141,6 +141,8 @@ def situation(name: str, tmp_path: Path, server, wrong: dict[str, str] | None = 
         return AWS_ENV, {**base, variable: str(bad)}
     if name == "aws not deployed":
         return AWS_ENV, {**base, **server.env()}
+    if name == "gcp credentials file missing":
+        return GCP_ENV, {**base, "GOOGLE_APPLICATION_CREDENTIALS": str(tmp_path / "gone.json")}
     assert name == "gcp without credentials"
     return GCP_ENV, base
 
@@ -150,7 +152,8 @@ SITUATIONS = ["aws without credentials", "aws endpoint unreachable", "aws not de
 ENDPOINT_MISTAKES = ["aws endpoint without a scheme", "aws endpoint answers empty", "aws endpoint serves web pages",
                      "aws endpoint that does not parse"]  # fmt: skip
 # What a user's own settings may name wrongly: a profile, a file. Each is named, with the fix.
-SETTING_MISTAKES = ["aws profile not found", "aws config file does not parse", "aws credentials file does not parse"]
+SETTING_MISTAKES = ["aws profile not found", "aws config file does not parse", "aws credentials file does not parse",
+                    "gcp credentials file missing"]  # fmt: skip
 SAYS = {
     "aws endpoint without a scheme": "is not a URL; write http://127.0.0.1:",
     "aws endpoint answers empty": "did not answer like the AWS API (HTTP 202); check AWS_ENDPOINT_URL",
@@ -163,6 +166,9 @@ SAYS = {
     "aws credentials file does not parse": ("the AWS credentials file {home}/badcfg (AWS_SHARED_CREDENTIALS_FILE) does "
                                             "not parse (line 1: '[default'); fix it, or point "
                                             "AWS_SHARED_CREDENTIALS_FILE at another file"),
+    "gcp credentials file missing": ("GOOGLE_APPLICATION_CREDENTIALS names {home}/gone.json, which does not exist; "
+                                     "point it at a credentials file, or unset it and run `gcloud auth "
+                                     "application-default login`"),
 }
 
 

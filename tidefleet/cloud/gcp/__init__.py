@@ -204,7 +204,7 @@ class GcpCloud:
             return (f"Google Cloud ({_host(err) or 'its API'}) did not answer {env!r} within {TRY_S:g} s; "
                     "check the network and any HTTPS_PROXY, then try again")  # fmt: skip
         if isinstance(err, DefaultCredentialsError):
-            return "no Google credentials: run `gcloud auth application-default login` or set GOOGLE_APPLICATION_CREDENTIALS"
+            return _credentials_hint(err)
         if _refused_credentials(err):  # 401, or a refresh token that no longer works
             said = err.message if isinstance(err, gexc.Unauthorized) else str(err)
             return (f"Google Cloud did not accept the credentials ({_one_line(said, 150)}): they have expired or were "
@@ -263,6 +263,21 @@ class GcpCloud:
             return (f"function {function} cannot reach Google Cloud ({_host(err) or 'its API'}: {_one_line(str(err))}); "
                     f"{persists}, and that the function sets no HTTPS_PROXY (its stack sets none)")  # fmt: skip
         return None
+
+
+def _credentials_hint(err: BaseException) -> str:
+    """No application-default credentials: the file GOOGLE_APPLICATION_CREDENTIALS names, where
+    it names one (google-auth reads it first and stops there), else how to log in."""
+    login = "`gcloud auth application-default login`"
+    path = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
+    if not path:
+        return f"no Google credentials: run {login} or set GOOGLE_APPLICATION_CREDENTIALS"
+    if not os.path.exists(path):
+        return (f"GOOGLE_APPLICATION_CREDENTIALS names {path}, which does not exist; point it at a credentials file, "
+                f"or unset it and run {login}")  # fmt: skip
+    said = err.args[0] if err.args else err  # google-auth's words, without the parse error it may add
+    return (f"GOOGLE_APPLICATION_CREDENTIALS names {path}, which holds no usable credentials ({_one_line(said, 150)}); "
+            f"point it at a service account key or an application-default credentials file, or unset it and run {login}")
 
 
 def _function(env: Environment) -> str | None:
