@@ -150,3 +150,44 @@ def test_a_header_of_a_hundred_thousand_columns_is_checked_at_once_in_one_short_
         load_trace(trace)
     assert time.perf_counter() - started < 5  # took 5.9 s at 30,000 columns, minutes at 100,000
     assert message in str(err.value) and len(str(err.value)) < 400, str(err.value)[:500]
+
+
+# 4. Numbers past any useful replay.
+
+
+def test_resume_s_is_at_most_a_day_as_boot_s_and_notice_s(tmp_path):
+    trace = write(tmp_path, "submit_s,duration_s,gpus\n0,10,1\n")
+    line = error_line(cli(str(trace), "--env", "bench", "--pool", "gpu", "--resume-s", "1e300"), 2)
+    assert line == ("Error: --resume-s: at most 86400 (s, a day; a checkpoint is saved and loaded again in seconds "
+                    "to minutes) (got 1e+300)")  # fmt: skip
+
+
+@pytest.mark.parametrize("duration", ["1e-300", "0.0009", "5e-324"])
+def test_a_duration_shorter_than_a_millisecond_is_refused_saying_to_give_0(tmp_path, duration):
+    trace = write(tmp_path, f"submit_s,duration_s,gpus\n0,10,1\n5,{duration},1\n")
+    line = error_line(cli(str(trace), "--env", "bench", "--pool", "gpu"), 1)
+    assert line == (f"Error: trace.csv line 3: column 'duration_s' must be 0 or at least 0.001 s (got '{duration}'); "
+                    "the replay resolves milliseconds: give 0 for an item shorter than that (it holds no slot in "
+                    "the bounds) or round it up to 0.001")  # fmt: skip
+
+
+@pytest.mark.parametrize("duration", ["0", "0.001", "0.0010"])
+def test_a_duration_of_0_or_a_millisecond_replays(tmp_path, duration):
+    trace = write(tmp_path, f"submit_s,duration_s,gpus\n0,{duration},1\n")
+    out = CliRunner().invoke(simulate_command, [str(trace), "--env", "bench", "--pool", "gpu", "--json"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.stdout)["results"][0]["items_finished"] == 1
+
+
+@pytest.mark.parametrize(
+    ("csv_text", "message"),
+    [
+        ("submit_s,duration_s\n0,1e308\n", "longest duration_s is 1e+308 s (3.17e+300 years, more than 10); "),
+        ("submit_s,duration_s\n0,5\n9.9e10,5\n", "submit_s spans 99,000,000,000 s (3,139 years, more than 10); "),
+        ("submit_s,duration_s\n0,400000000\n", "longest duration_s is 400,000,000 s (13 years, more than 10); "),
+    ],
+)
+def test_a_span_past_ten_years_is_said_in_a_short_number(tmp_path, csv_text, message):
+    with pytest.raises(TraceError) as err:
+        load_trace(write(tmp_path, csv_text))
+    assert message in str(err.value) and len(str(err.value)) < 200 + len(str(tmp_path)), str(err.value)

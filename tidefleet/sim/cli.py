@@ -26,6 +26,7 @@ PLOT_SUFFIXES = (".png", ".svg", ".pdf")  # formats matplotlib writes by the nam
 MAXIMA = {
     "--boot-s": (86400.0, "s, a day; real boots take 25-60 s"),
     "--notice-s": (86400.0, "s, a day; real spot notices are 30-120 s"),
+    "--resume-s": (86400.0, "s, a day; a checkpoint is saved and loaded again in seconds to minutes"),
     "--interruption-rate": (60.0, "notices per spot node-hour, one a minute; no node boots through more"),
 }
 

@@ -26,6 +26,9 @@ MAX_SPAN_S = 10 * 365 * 86400.0
 # allowed time gives the waits and costs it gives at 0. A Unix time in seconds passes (1.7e9); one
 # in milliseconds (1.7e12), micro- or nanoseconds does not (at 1e16 an event time rounds to 2 s).
 MAX_SUBMIT_S = 1e11
+# A duration is 0 or at least this: the replay resolves milliseconds, and a shorter item's end is
+# no time after its start (at 1e-300 s the work bound is 1e-300 of a cent and costs divide by it).
+MIN_DURATION_S = 0.001
 MOST_NAMED = 10  # columns a message names before it counts the rest
 
 
@@ -145,6 +148,12 @@ def _read_trace(fh, path: Path, window: tuple[float, float] | None) -> list[Trac
         if window and not window[0] <= submit < window[1]:
             continue
         duration = _number(row["duration_s"] or "", where=where, column="duration_s")
+        if 0 < duration < MIN_DURATION_S:
+            raise TraceError(
+                f"{where}: column 'duration_s' must be 0 or at least {MIN_DURATION_S:g} s (got {row['duration_s']!r}); "
+                "the replay resolves milliseconds: give 0 for an item shorter than that (it holds no slot in the "
+                f"bounds) or round it up to {MIN_DURATION_S:g}"
+            )
         gpus = _number(row.get("gpus") or "", where=where, column="gpus", allow_empty=True)
         if gpus != int(gpus):
             raise TraceError(f"{where}: column 'gpus' must be a whole number (got {row['gpus']!r})")
@@ -157,7 +166,7 @@ def _read_trace(fh, path: Path, window: tuple[float, float] | None) -> list[Trac
                               ("longest duration_s is", longest, "")):  # fmt: skip
         if length > MAX_SPAN_S:
             raise TraceError(
-                f"{path}: {what} {length:,.0f} s ({length / (365 * 86400):,.0f} years, more than 10); "
+                f"{path}: {what} {seconds(length)} s ({seconds(length / (365 * 86400))} years, more than 10); "
                 f"times must be in seconds (milliseconds? divide by 1000){fix}"
             )
     return items
