@@ -11,7 +11,7 @@ Each start, resume and success is appended to `<workdir>/events.jsonl` (the inpu
 grandparent): the sandbox's own evidence of what ran where, independent of the job store.
 Standard library and the agent's checkpoint API only: it starts once per item.
 
-    python -m tidefleet.sandbox.demo_work /abs/WORKDIR/inputs/item-0007.txt
+    python -m tidefleet.sandbox.demo_work /abs/WORKDIR/inputs/item-0007.txt    (--help explains it)
 
 The input is named by its absolute path: each item runs in its own folder on a node, which
 cannot know the folder the job was submitted from. A relative or unreadable one fails the item
@@ -36,6 +36,21 @@ EVENTS = "events.jsonl"
 PAGES = 8
 PAGE_FETCH_S = 0.12  # the pretend object-storage latency of one page
 PRIMES_PER_WORD = 1000  # sieve bound per word of input: bigger files, more work
+USAGE = "usage: python -m tidefleet.sandbox.demo_work INPUT_FILE"
+HELP = f"""{USAGE}
+
+The sandbox demo's workload (environments/sandbox.toml), run by the agent with an item's args:
+reads INPUT_FILE in {PAGES} pages (a short wait each, as from object storage) counting its words,
+then prints one JSON line: its words, most common word, sha256 and the primes below {PRIMES_PER_WORD} x
+its words. Asked to stop between pages (a spot notice, a drain), it saves its progress in the
+item's checkpoint and exits interrupted; the next attempt, on any node, resumes there.
+
+  INPUT_FILE  the item's UTF-8 text file, by its absolute path (an item runs in its own folder
+              on a node, which cannot know the folder the job was submitted from)
+
+Each start, resume and success is appended to {EVENTS} in the input's grandparent folder.
+Exit 0: done; 2: bad arguments, or an input it cannot read; 3: not UTF-8 (made to fail);
+75: interrupted (checkpointed)."""
 
 
 def record(workdir: Path, event: str, **fields) -> None:
@@ -109,8 +124,11 @@ def analyse(data: bytes, workdir: Path) -> dict:
 
 
 def main(argv: list[str]) -> int:
+    if "-h" in argv or "--help" in argv:
+        print(HELP)
+        return 0
     if len(argv) != 1:
-        print("usage: python -m tidefleet.sandbox.demo_work INPUT_FILE", file=sys.stderr)
+        print(f"demo_work: takes 1 argument, INPUT_FILE (got {len(argv)}); {USAGE}", file=sys.stderr)
         return 2
     path = Path(argv[0])
     if not path.is_absolute():  # it would be read from this attempt's own folder on the node

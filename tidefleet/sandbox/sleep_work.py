@@ -1,6 +1,6 @@
 """The calibration workload: hold its slots for the item's run time, recording when it ran.
 
-    python -m tidefleet.sandbox.sleep_work SECONDS EVENTS_FILE
+    python -m tidefleet.sandbox.sleep_work SECONDS EVENTS_FILE    (--help explains them)
 
 Appends {"item", "node", "start", "began", "end"} to EVENTS_FILE (one JSON line, written when the
 item is done): the sandbox's own record of when each item first started (`start`), when its last
@@ -14,6 +14,7 @@ interrupted; the next attempt sleeps only the rest. The agent's checkpoint contr
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import sys
@@ -24,6 +25,32 @@ from pathlib import Path
 
 EXIT_INTERRUPTED = 75  # tidefleet.agent.checkpoint.EXIT_INTERRUPTED
 STEP_S = 0.1  # how often it looks for a stop request
+USAGE = "usage: python -m tidefleet.sandbox.sleep_work SECONDS EVENTS_FILE"
+HELP = f"""{USAGE}
+
+The calibration workload (environments/calibration.toml), run by the agent with an item's args:
+holds the item's slots SECONDS, then appends one JSON line {{"item", "node", "start", "began",
+"end"}} to EVENTS_FILE, the sandbox's own record of when the item ran.
+
+  SECONDS      the item's run time: a number of seconds, 0 or more (e.g. 12.5)
+  EVENTS_FILE  the file the line is appended to (created if missing)
+
+Asked to stop (the agent's stop file, or SIGTERM), it keeps how long it slept in the item's
+file:// checkpoint (TIDEFLEET_CHECKPOINT_URI) and exits {EXIT_INTERRUPTED} (interrupted); the next attempt
+sleeps only the rest. Exit 0: done; 2: bad arguments."""
+
+
+def _arguments(argv: list[str]) -> tuple[float, str] | str:
+    """(SECONDS, EVENTS_FILE), or the one line that says what is wrong with them."""
+    if len(argv) != 2:
+        return f"sleep_work: takes 2 arguments, SECONDS and EVENTS_FILE (got {len(argv)}); {USAGE}"
+    try:
+        seconds = float(argv[0])
+    except ValueError:
+        seconds = math.nan
+    if not 0 <= seconds < math.inf:
+        return f"sleep_work: SECONDS must be a number of seconds, 0 or more (got {argv[0]!r}); {USAGE}"
+    return seconds, argv[1]
 
 
 def _progress_file() -> Path | None:
@@ -34,7 +61,13 @@ def _progress_file() -> Path | None:
 
 def main(argv: list[str]) -> int:
     began = time.time()
-    seconds, events = float(argv[0]), argv[1]
+    if "-h" in argv or "--help" in argv:
+        print(HELP)
+        return 0
+    if isinstance(parsed := _arguments(argv), str):
+        print(parsed, file=sys.stderr)
+        return 2
+    seconds, events = parsed
     progress = _progress_file()
     state = json.loads(progress.read_text()) if progress and progress.exists() else {"start": began, "slept_s": 0.0}
     stop = threading.Event()

@@ -1,6 +1,6 @@
 """The workload of `tidefleet sandbox --train`: GPU items and a multi-node training item.
 
-    python -m tidefleet.sandbox.train_work infer SECONDS EVENTS_FILE
+    python -m tidefleet.sandbox.train_work infer SECONDS EVENTS_FILE    (--help explains them)
         holds its GPUs SECONDS and records which ones it saw (CUDA_VISIBLE_DEVICES)
     python -m tidefleet.sandbox.train_work train STEPS EVENTS_FILE
         one node's part of a gang: checks its rank environment, meets the other nodes at
@@ -26,6 +26,42 @@ from tidefleet.agent import checkpoint
 STEP_S = 0.05
 RENDEZVOUS_S = 60.0
 GANG_VARS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "NODE_RANK", "LOCAL_WORLD_SIZE", "TIDEFLEET_NNODES")
+USAGE = "usage: python -m tidefleet.sandbox.train_work {infer SECONDS | train STEPS} EVENTS_FILE"
+HELP = f"""{USAGE}
+
+The workload of `tidefleet sandbox --train` (environments/sandbox-train.toml), run by the agent
+with an item's args; each event is a JSON line appended to EVENTS_FILE (created if missing).
+
+  infer SECONDS EVENTS_FILE  a GPU item: holds its GPUs SECONDS (a number, 0 or more) and records
+                             which ones it saw (CUDA_VISIBLE_DEVICES)
+  train STEPS EVENTS_FILE    one node's part of a gang (a queue with nodes_per_item > 1, whose
+                             agent sets MASTER_ADDR, MASTER_PORT, NODE_RANK, TIDEFLEET_GANG_NODES):
+                             meets the other nodes at MASTER_ADDR:MASTER_PORT, then runs STEPS
+                             steps (a whole number, 0 or more) of {STEP_S} s; on a stop, rank 0 saves
+                             the step in the gang's checkpoint and the next attempt resumes there
+
+Exit 0: done; 2: bad arguments; 75: interrupted (checkpointed)."""
+
+
+def _arguments(argv: list[str]) -> tuple[str, float | int, Path] | str:
+    """(mode, SECONDS or STEPS, EVENTS_FILE), or the one line that says what is wrong with them."""
+    if len(argv) != 3:
+        return f"train_work: takes 3 arguments, infer SECONDS or train STEPS, then EVENTS_FILE (got {len(argv)}); {USAGE}"
+    mode, amount, events = argv
+    if mode not in ("infer", "train"):
+        return f"train_work: the first argument is infer or train (got {mode!r}); {USAGE}"
+    try:
+        value = float(amount) if mode == "infer" else int(amount)
+    except ValueError:
+        value = -1
+    if not 0 <= value < float("inf"):
+        what = "SECONDS must be a number of seconds" if mode == "infer" else "STEPS must be a whole number"
+        return f"train_work: {what}, 0 or more (got {amount!r}); {USAGE}"
+    if mode == "train" and (unset := [k for k in ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "TIDEFLEET_GANG_NODES")
+                                      if not os.environ.get(k)]):  # fmt: skip
+        return (f"train_work: train runs as one node of a gang, and {', '.join(unset)} {'is' if len(unset) == 1 else 'are'} "
+                "not set; run it as an item of a queue with nodes_per_item > 1, whose agent sets them")
+    return mode, value, Path(events)
 
 
 def record(events: Path, event: str, **fields) -> None:
@@ -93,8 +129,14 @@ def train(steps: int, events: Path) -> int:
 
 
 def main(argv: list[str]) -> int:
-    mode, amount, events = argv
-    return infer(float(amount), Path(events)) if mode == "infer" else train(int(amount), Path(events))
+    if "-h" in argv or "--help" in argv:
+        print(HELP)
+        return 0
+    if isinstance(parsed := _arguments(argv), str):
+        print(parsed, file=sys.stderr)
+        return 2
+    mode, amount, events = parsed
+    return infer(amount, events) if mode == "infer" else train(amount, events)
 
 
 if __name__ == "__main__":
