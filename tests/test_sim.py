@@ -862,7 +862,7 @@ def test_a_plot_that_cannot_be_written_is_one_line_not_a_traceback(tmp_path, mon
         (["--boot-s", "1e12"], 2, "--boot-s: at most 86400 (s, a day; real boots take 25-60 s) (got 1e+12)"),
         (["--notice-s", "86401"], 2, "--notice-s: at most 86400 (s, a day; real spot notices are 30-120 s) (got 86401)"),
         (["--interruption-rate", "1e9"], 2, "--interruption-rate: at most 60 (notices per spot node-hour, one a minute"),
-        (["--window", "nan:5"], 1, "--window: START and END must be numbers of seconds, e.g. 0:86400 (got 'nan:5')"),
+        (["--window", "nan:5"], 2, "--window: START and END must be numbers of seconds, e.g. 0:86400 (got 'nan:5')"),
     ],
 )
 def test_a_number_the_replay_cannot_use_is_refused_with_one_line(tmp_path, args, code, message):

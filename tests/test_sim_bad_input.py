@@ -191,3 +191,59 @@ def test_a_span_past_ten_years_is_said_in_a_short_number(tmp_path, csv_text, mes
     with pytest.raises(TraceError) as err:
         load_trace(write(tmp_path, csv_text))
     assert message in str(err.value) and len(str(err.value)) < 200 + len(str(tmp_path)), str(err.value)
+
+
+# 5. --window.
+
+
+@pytest.mark.parametrize(
+    ("window", "message"),
+    [
+        ("1e400:", "Error: --window: START must be a finite number of seconds, e.g. 0:86400 (got '1e400:')"),
+        ("inf:", "Error: --window: START must be a finite number of seconds, e.g. 0:86400 (got 'inf:')"),
+        ("100:5", "Error: --window: END must be after START (got '100:5')"),
+        (":0", "Error: --window: END must be after START (0 where it is left out) (got ':0')"),
+        ("5", "Error: --window: expected START:END in seconds, e.g. 0:86400 (got '5')"),
+        ("nan:5", "Error: --window: START and END must be numbers of seconds, e.g. 0:86400 (got 'nan:5')"),
+        ("100:", "Error: --window: no item of trace.csv has 100 <= submit_s (its 2 items: submit_s 0 to 10); widen --window"),
+        ("-5:0", "Error: --window: no item of trace.csv has -5 <= submit_s < 0 (its 2 items: submit_s 0 to 10); widen --window"),
+    ],
+)
+def test_a_window_the_replay_cannot_use_is_a_usage_error_that_says_what_is_wrong(tmp_path, window, message):
+    trace = write(tmp_path, "submit_s,duration_s,gpus\n0,10,1\n10,10,1\n")
+    assert error_line(cli(str(trace), "--env", "bench", "--pool", "gpu", f"--window={window}"), 2) == message
+
+
+def test_a_window_whose_items_are_all_too_big_says_they_are_in_the_window(tmp_path):
+    trace = write(tmp_path, "submit_s,duration_s,gpus\n0,10,64\n10,10,1\n")
+    out = CliRunner().invoke(simulate_command, [str(trace), "--env", "bench", "--pool", "gpu", "--window", ":5"])
+    assert out.exit_code == 1, out.output
+    assert "trace.csv: no items to replay (1 in --window, 1 too big for pool gpu); " in out.output
+
+
+# 6. Spot traces of the wrong shape.
+
+
+@pytest.mark.parametrize(
+    ("text", "what"),
+    [
+        ("[1, 2]", "the JSON must be an object, got a list"),
+        ('{"data": [1]}', "no 'metadata' field"),
+        ('{"metadata": [], "data": [1]}', "'metadata' must be an object, got a list"),
+        ('{"metadata": {}, "data": [1]}', "no 'metadata.gap_seconds' field"),
+        ('{"metadata": {"gap_seconds": "x"}, "data": [1]}', "'metadata.gap_seconds' must be a number, got 'x'"),
+        ('{"metadata": {"gap_seconds": null}, "data": [1]}', "'metadata.gap_seconds' must be a number, got null"),
+        ('{"metadata": {"gap_seconds": 60}}', "no 'data' field"),
+        ('{"metadata": {"gap_seconds": 60}, "data": 5}', "'data' must be a list, got a number"),
+        ('{"metadata": {"gap_seconds": 60}, "data": [1, [2]]}', "data[1] must be a number, got a list"),
+        ('{"metadata": {"gap_seconds": 60}, "data": [1, "x"]}', "data[1] must be a number, got 'x'"),
+        ("{", "not JSON (Expecting property name enclosed in double quotes: line 1 column 2)"),
+    ],
+)
+def test_a_spot_trace_of_the_wrong_shape_names_the_field_and_what_was_expected(tmp_path, text, what):
+    trace = write(tmp_path, "submit_s,duration_s,gpus\n0,10,1\n")
+    spot = write(tmp_path, text, "spot.json")
+    out = CliRunner().invoke(simulate_command, [str(trace), "--env", "bench", "--pool", "gpu", "--spot-trace", str(spot)])
+    assert out.exit_code == 1 and "Traceback" not in out.output, out.output
+    shape = '{"metadata": {"gap_seconds": N}, "data": [N, ...]} (a skypilot spot-traces file)'
+    assert out.output.strip().splitlines() == [f"Error: {spot}: not a spot trace: {what}; a spot trace is JSON {shape}"]

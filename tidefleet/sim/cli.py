@@ -18,7 +18,15 @@ from tidefleet.sim.policies import POLICY_NAMES
 from tidefleet.sim.run import PolicyResult, Report, default_timing
 from tidefleet.sim.run import simulate as run_simulation
 from tidefleet.sim.teams import format_team_table
-from tidefleet.sim.trace import TraceError, is_dir, load_spot_trace, load_trace, parse_window, trace_name
+from tidefleet.sim.trace import (
+    TraceError,
+    WindowError,
+    is_dir,
+    load_spot_trace,
+    load_trace,
+    parse_window,
+    trace_name,
+)
 
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")  # formats matplotlib writes by the name's suffix
 # Past these a replay models no cloud (boots take 25-60 s, notices 30-120 s, spot nodes see well under a
@@ -185,6 +193,8 @@ def simulate(
             interruptions=interruptions, spot_trace_name=Path(spot_trace).name if spot_trace else None,
             seed=seed, window=bounds, by_team=by_team, progress=lambda line: click.echo(line, err=True),
         )  # fmt: skip
+    except WindowError as err:  # the command line's window, as every other flag: a usage error
+        raise click.UsageError(str(err)) from None
     except (ConfigError, TraceError, ValueError) as err:
         raise click.ClickException(str(err)) from None
     except KeyboardInterrupt:  # click's bare "Aborted!" (exit 1) says nothing of what was lost

@@ -298,7 +298,7 @@ def simulate(
     fits = route(env, pool, fits)
     if not fits:
         too_big = f", {unfittable['count']} too big for pool {pool}" if unfittable["count"] else ""
-        raise ValueError(f"{trace_name}: no items to replay ({len(items)} read{too_big}); "
+        raise ValueError(f"{trace_name}: no items to replay ({len(items)} {'in --window' if window else 'read'}{too_big}); "
                          "check the file, or widen --window")
     span = (fits[-1].submit_s - fits[0].submit_s) if fits else 0.0
     sample_s = max(float(env.scaler.tick_s), span / PLOT_POINTS)

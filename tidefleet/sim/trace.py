@@ -36,10 +36,19 @@ class TraceError(ValueError):
     """A trace file that cannot be replayed; the message names the place and the fix."""
 
 
+class WindowError(TraceError):
+    """`--window` is what is wrong (a usage error): not START:END, or no item of the trace in it."""
+
+
 def seconds(x: float) -> str:
     """A number of seconds (or years) as a message says it: with separators, or in exponent form
     where that would run to more digits than anyone reads (1e+308 s, not 309 of them)."""
     return f"{x:,.0f}" if x < 1e12 else f"{x:.3g}"
+
+
+def plain(x: float) -> str:
+    """A time as the user would type it on the command line: 2592000, 0.5, 1e+20."""
+    return f"{x:.15g}"
 
 
 def is_dir(path: Path) -> bool:
@@ -132,6 +141,7 @@ def _read_trace(fh, path: Path, window: tuple[float, float] | None) -> list[Trac
             "a trace needs submit_s and duration_s, optionally gpus, cpus and group"
         )
     items = []
+    rows, first, last = 0, math.inf, -math.inf  # every row's submit time, in the window or not
     for line, row in enumerate(_rows(reader, path), start=2):
         where = f"{path.name} line {line}"
         if None in row:  # more fields than the header names
@@ -145,6 +155,7 @@ def _read_trace(fh, path: Path, window: tuple[float, float] | None) -> list[Trac
                 "milliseconds, microseconds or nanoseconds (a Unix time in ms is about 1.7e12): convert the column "
                 "to seconds (divide by 1e3, 1e6 or 1e9)"
             )
+        rows, first, last = rows + 1, min(first, submit), max(last, submit)
         if window and not window[0] <= submit < window[1]:
             continue
         duration = _number(row["duration_s"] or "", where=where, column="duration_s")
@@ -159,6 +170,12 @@ def _read_trace(fh, path: Path, window: tuple[float, float] | None) -> list[Trac
             raise TraceError(f"{where}: column 'gpus' must be a whole number (got {row['gpus']!r})")
         cpus = _number(row.get("cpus") or "", where=where, column="cpus", allow_empty=True)
         items.append(TraceItem(submit, duration, max(1, int(gpus)), row.get("group") or "", cpus))
+    if window and rows and not items:
+        where = " ".join(filter(None, [f"{plain(window[0])} <=" if window[0] > -math.inf else "", "submit_s",
+                                       f"< {plain(window[1])}" if window[1] < math.inf else ""]))  # fmt: skip
+        span = plain(first) if first == last else f"{plain(first)} to {plain(last)}"
+        raise WindowError(f"--window: no item of {path.name} has {where} (its {rows} item{'s' * (rows != 1)}: "
+                          f"submit_s {span}); widen --window")  # fmt: skip
     items.sort(key=lambda i: i.submit_s)  # stable: equal submit times keep file order
     span = items[-1].submit_s - items[0].submit_s if items else 0.0
     longest = max((i.duration_s for i in items), default=0.0)
@@ -215,11 +232,14 @@ def parse_window(text: str) -> tuple[float, float]:
         lo = float(start) if start.strip() else 0.0
         hi = float(end) if end.strip() else math.inf
     except ValueError:
-        raise TraceError(f"--window: expected START:END in seconds, e.g. 0:86400 (got {text!r})") from None
+        raise WindowError(f"--window: expected START:END in seconds, e.g. 0:86400 (got {text!r})") from None
     if math.isnan(lo) or math.isnan(hi):
-        raise TraceError(f"--window: START and END must be numbers of seconds, e.g. 0:86400 (got {text!r})")
+        raise WindowError(f"--window: START and END must be numbers of seconds, e.g. 0:86400 (got {text!r})")
+    if lo == math.inf:  # 1e400 reads as inf: after every item, and no END is after it
+        raise WindowError(f"--window: START must be a finite number of seconds, e.g. 0:86400 (got {text!r})")
     if hi <= lo:
-        raise TraceError(f"--window: END must be after START (got {text!r})")
+        raise WindowError(f"--window: END must be after START{'' if start.strip() else ' (0 where it is left out)'} "
+                          f"(got {text!r})")
     return lo, hi
 
 
@@ -276,23 +296,62 @@ def _spot_folder_error(path: Path) -> TraceError:
     )
 
 
+def _json_kind(value) -> str:
+    """How a message names a JSON value it did not expect: its kind, or a short string itself."""
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)  # null, true, false
+    if isinstance(value, str):
+        return repr(value) if len(value) <= 40 else f"a string of {len(value):,} characters"
+    return {dict: "an object", list: "a list"}.get(type(value), "a number")
+
+
+def _spot_number(value, field: str, not_spot) -> float:
+    """A JSON number (or a string of one, as "60"); else `not_spot` naming `field` and what it got."""
+    if isinstance(value, (int, float, str)) and not isinstance(value, bool):
+        try:
+            return float(value)
+        except OverflowError:  # an integer of more digits than a float holds: the range check refuses it
+            return math.inf
+        except ValueError:
+            pass
+    raise not_spot(f"{field} must be a number, got {_json_kind(value)}")
+
+
 def load_spot_trace(path: Path) -> SpotTrace:
     path = Path(path)
     fix = f"give a skypilot spot-traces JSON (the project's are under {traces_dir() / 'spot'})"
     if is_dir(path):
         raise _spot_folder_error(path)
+
+    def not_spot(what: str) -> TraceError:
+        return TraceError(f'{path}: not a spot trace: {what}; a spot trace is JSON {{"metadata": {{"gap_seconds": N}}, '
+                          '"data": [N, ...]} (a skypilot spot-traces file)')  # fmt: skip
+
     try:
-        raw = json.loads(path.read_text())
-        gap = float(raw["metadata"]["gap_seconds"])
-        data = [float(x) for x in raw["data"]]
+        raw = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise TraceError(f"{path}: no such spot trace file; {fix}") from None
     except OSError as err:  # unreadable
         raise TraceError(f"{path}: cannot read it ({err.strerror or err}); {fix}") from None
-    except (ValueError, KeyError, TypeError) as err:
-        raise TraceError(
-            f"{path}: not a spot trace ({err!r}); expected JSON {{'metadata': {{'gap_seconds': N}}, 'data': [...]}}"
-        ) from None
+    except UnicodeDecodeError:
+        raise not_spot("not UTF-8 text (compressed?)") from None
+    except json.JSONDecodeError as err:
+        raise not_spot(f"not JSON ({err.msg}: line {err.lineno} column {err.colno})") from None
+    except RecursionError:
+        raise not_spot("not JSON this reader can take (nested too deep)") from None
+    if not isinstance(raw, dict):
+        raise not_spot(f"the JSON must be an object, got {_json_kind(raw)}")
+    for field in ("metadata", "data"):
+        if field not in raw:
+            raise not_spot(f"no {field!r} field")
+    if not isinstance(raw["metadata"], dict):
+        raise not_spot(f"'metadata' must be an object, got {_json_kind(raw['metadata'])}")
+    if "gap_seconds" not in raw["metadata"]:
+        raise not_spot("no 'metadata.gap_seconds' field")
+    gap = _spot_number(raw["metadata"]["gap_seconds"], "'metadata.gap_seconds'", not_spot)
+    if not isinstance(raw["data"], list):
+        raise not_spot(f"'data' must be a list, got {_json_kind(raw['data'])}")
+    data = [_spot_number(x, f"data[{i}]", not_spot) for i, x in enumerate(raw["data"])]
     top = max(data, default=0.0)
     if not (math.isfinite(gap) and gap >= 1) or not all(math.isfinite(x) and x >= 0 for x in data) or top <= 0:
         raise TraceError(
