@@ -407,13 +407,22 @@ def simulate(c, trace, env=None, pool="gpu", policy=None, extra=""):
         _run(c, f"{sys.executable} -m invoke -r {shlex.quote(str(ROOT))} --help simulate")
         return
     # A bare name such as philly_2017_jobs.csv means the project's copy, whatever the cwd.
-    found = next((p for p in (Path(trace), ROOT / trace, traces_dir() / trace) if p.is_file()), Path(trace))
+    found = next((p for p in (Path(trace), ROOT / trace, traces_dir() / trace) if _is_file(p)), Path(trace))
     try:  # --extra is the simulator's options, split as a shell would: never run by one (no `;`, no `$(...)`)
         options = shlex.split(extra)
     except ValueError as err:  # an unclosed quote
         raise Exit(f"--extra: cannot split {extra!r} into options ({err}); close its quotes") from None
     _tidefleet(["simulate", str(found), "--env", env or _env_default() or "prod", "--pool", pool,
                 *(a for p in policy or ["tidefleet"] for a in ("--policy", p)), *options])  # fmt: skip
+
+
+def _is_file(path: Path) -> bool:
+    """Whether a file is there; a path the OS refuses (a name too long) is not one: the simulator
+    then names it and the reason in its own line."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
 
 
 @task(help={"out": "folder for the table and plots (default build/bench)",

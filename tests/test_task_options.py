@@ -151,6 +151,16 @@ def test_tasks_take_the_environment_from_tidefleet_env_as_the_cli_does(tmp_path,
     assert [args[2:4] for args in given] == [["--env", "dev"], ["--env", "prod"]]
 
 
+def test_simulate_names_a_trace_path_the_os_refuses_in_one_line(tmp_path):
+    """The bare-name lookup asks the OS whether each candidate is a file: a name over 255 bytes
+    raised OSError there, before the simulator could name it."""
+    long = tmp_path / f"{'a' * 300}.csv"
+    result = run_invoke("simulate", "--trace", str(long))
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert f"{long}: cannot read it (File name too long)" in output and "Traceback" not in output, output
+
+
 def test_simulate_shows_its_own_usage_line_for_a_bad_option():
     result = run_invoke("simulate", "philly_2017_jobs.csv", "--env", "bench", "--pool", "gpu8", "--policy", "kdea")
     assert result.returncode == 2, result.stdout + result.stderr
