@@ -20,6 +20,19 @@ ENV_HELP = ("environment: a name from environments/ (or $TIDEFLEET_ENVIRONMENTS)
             "(default: $TIDEFLEET_ENV, as for the tidefleet CLI)")
 
 
+def _reader_left(kind, err, tb, *, _default=sys.excepthook) -> None:
+    """`invoke --list | head -1`: the reader closed the pipe, and invoke's next print raised
+    BrokenPipeError to the top. A Unix tool then says nothing (tasks' own cleanup already ran as it
+    unwound); stdout goes to /dev/null so the interpreter's last flush does not raise it again."""
+    if not issubclass(kind, BrokenPipeError):
+        _default(kind, err, tb)
+        return
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+sys.excepthook = _reader_left
+
+
 def _env_default() -> str | None:
     """$TIDEFLEET_ENV, the environment the tidefleet CLI uses when --env is left out."""
     return os.environ.get("TIDEFLEET_ENV") or None

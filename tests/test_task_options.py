@@ -207,3 +207,14 @@ def test_ctrl_c_stops_invoke_test_with_no_traceback_nor_a_further_pass_when_stdi
     assert "Traceback" not in out + err and "KeyboardInterrupt" in out, out + err
     assert "test session starts" not in out, out  # read above for the first pass: none started after it
     assert code == 2  # pytest's own "interrupted"
+
+
+def test_a_reader_that_leaves_early_ends_invoke_without_a_traceback():
+    """`invoke --list | head -1`: the pipe closes before invoke prints, and its print raised
+    BrokenPipeError to the top."""
+    proc = subprocess.Popen([sys.executable, "-m", "invoke", "--list"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)  # fmt: skip
+    proc.stdout.close()  # the reader left before the first line
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) != 0
+    assert stderr == "", stderr
