@@ -426,6 +426,25 @@ def test_a_queue_added_since_the_deploy_names_the_env_the_user_gave(aws, tmp_pat
             f"first (invoke deploy --env {given})") in out.output, out.output  # fmt: skip
 
 
+def test_an_agent_whose_queue_is_missing_names_it(aws, tmp_path):
+    """The table is there, the queues are not (a deploy that stopped half way): the agent's first
+    queue lookup names the queue, as submit and tick do, not AWS's bare "The specified queue does
+    not exist"."""
+    from tidefleet.cloud.aws.dynamodb import create_table
+    from tidefleet.emulator import free_port
+
+    create_table("dev", "us-east-1")
+    env = {**os.environ, "TIDEFLEET_IMDS_URL": f"http://127.0.0.1:{free_port()}", "TIDEFLEET_NODE_ID": "n-1"}
+    run = subprocess.run([sys.executable, "-m", "tidefleet.cli", "agent", "--env", "dev", "--pool", "cpu",
+                          "--work-dir", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+                         check=False)  # fmt: skip
+    lines = [line for line in run.stderr.splitlines() if line.strip() and " INFO " not in line]
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
+    says = ("Error: queues.default: SQS queue 'tidefleet-dev-default' does not exist in us-east-1; deploy the "
+            "environment first (invoke deploy --env dev)")
+    assert lines == [says], run.stderr
+
+
 def test_the_deploy_hint_names_an_environment_given_as_a_path_by_its_path(tmp_path):
     for name in ("dev", "gcp-dev"):
         given = tmp_path / f"{name}.toml"

@@ -644,8 +644,10 @@ def _resolve_queue(cloud: Cloud, env: Environment, queue: str) -> None:
 
 
 def _not_found(err: BaseException) -> bool:
-    """A cloud's "no such resource": an AWS error code naming a missing thing, or HTTP 404 (Google).
-    (The ports have no error type of their own for a missing queue yet.)"""
+    """A cloud's "no such resource": an adapter's own (a LookupError: AWS's QueueMissing), an AWS
+    error code naming a missing thing, or HTTP 404 (Google)."""
+    if isinstance(err, LookupError):
+        return True
     response = getattr(err, "response", None)
     code = response.get("Error", {}).get("Code", "") if isinstance(response, dict) else ""
     return any(word in code for word in ("NonExistent", "NotFound", "DoesNotExist")) or getattr(err, "code", None) == 404

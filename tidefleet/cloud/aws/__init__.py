@@ -39,17 +39,16 @@ from tidefleet.cloud.aws.dynamodb import DynamoStore, Unprocessed
 from tidefleet.cloud.aws.endpoint import READ_TIMEOUT_S, NotAws, looks_like_aws
 from tidefleet.cloud.aws.imds import Metadata
 from tidefleet.cloud.aws.logs import CloudWatchItemLogs
-from tidefleet.cloud.aws.sqs import QueueMissing, SqsQueues, SqsWorkQueues
+from tidefleet.cloud.aws.sqs import NO_QUEUE, QueueMissing, SqsQueues, SqsWorkQueues
 from tidefleet.ports import Ports
 
 if TYPE_CHECKING:
     from tidefleet.config import Environment
 
 # What a call may raise: API errors, transport errors, a garbled answer (a 500 page);
-# QueueMissing is the backlog port's "not deployed".
+# QueueMissing is a queue lookup's "not deployed", naming the queue.
 ERRORS: tuple[type[BaseException], ...] = (BotoCoreError, ClientError, ResponseParserError, QueueMissing, NotAws)
-MISSING = {"ResourceNotFoundException", "AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist", "NoSuchBucket",
-           "404"}  # a HeadBucket of a missing bucket answers a bare 404
+MISSING = {"ResourceNotFoundException", *NO_QUEUE, "NoSuchBucket", "404"}  # a HeadBucket of a missing bucket: a bare 404
 # From a spot notice to the reclaim AWS gives 2 minutes, of which the notice may be seen up to
 # imds_poll_s late and SETTLE_S may follow the grace: 90 s leaves time to hand items back.
 GRACE_S = 90.0

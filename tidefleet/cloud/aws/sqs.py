@@ -30,8 +30,21 @@ LONG_POLL = Config(read_timeout=SQS_MAX_WAIT_S + READ_TIMEOUT_S)
 MAX_HOLD_S = 12 * 3600
 
 
+# What SQS answers about a queue that is not there (the query protocol's code, the JSON protocol's).
+NO_QUEUE = {"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"}
+
+
 class QueueMissing(LookupError):
-    pass
+    """A queue of the environment file that SQS does not have, named with the fix (AWS's own
+    "The specified queue does not exist" does not say which)."""
+
+    @classmethod
+    def of(cls, env: Environment, queue: str, *, dead_letter: bool = False) -> QueueMissing:
+        from tidefleet.config import env_argument  # settings load at run time, not on import
+
+        name = naming.dead_letter_queue(env.name, queue) if dead_letter else naming.queue(env.name, queue)
+        return cls(f"queues.{queue}: SQS {'dead-letter ' if dead_letter else ''}queue {name!r} does not exist in "
+                   f"{env.region}; deploy the environment first (invoke deploy --env {env_argument(env)})")
 
 
 class SendRefused(ClientError):
@@ -56,13 +69,7 @@ class SqsQueues:
         if queue not in self._urls:
             self._list_urls()
         if queue not in self._urls:
-            from tidefleet.config import env_argument  # settings load at run time, not on import
-
-            name = naming.queue(self.env.name, queue)
-            raise QueueMissing(
-                f"queues.{queue}: SQS queue {name!r} does not exist in {self.env.region}; "
-                f"deploy the environment first (invoke deploy --env {env_argument(self.env)})"
-            )
+            raise QueueMissing.of(self.env, queue)
         return self._urls[queue]
 
     def _list_urls(self) -> None:
@@ -104,7 +111,12 @@ class SqsWorkQueues:
     def url(self, queue: str, *, dead_letter: bool = False) -> str:
         name = naming.dead_letter_queue(self.env.name, queue) if dead_letter else naming.queue(self.env.name, queue)
         if name not in self._urls:
-            url = self.sqs.get_queue_url(QueueName=name).get("QueueUrl")
+            try:
+                url = self.sqs.get_queue_url(QueueName=name).get("QueueUrl")
+            except ClientError as err:
+                if err.response["Error"]["Code"] in NO_QUEUE:
+                    raise QueueMissing.of(self.env, queue, dead_letter=dead_letter) from None
+                raise
             if not url:  # a well-formed answer without it: not SQS
                 raise NotAws(endpoint=self.sqs.meta.endpoint_url, status=200)
             self._urls[name] = url
