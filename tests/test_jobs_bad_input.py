@@ -362,6 +362,17 @@ def test_items_from_a_pipe_are_read_and_a_directory_is_named_as_one(h, tmp_path)
     assert "no such file" in run(h, "submit", "--name", "d", "--queue", "work", "--items", str(tmp_path / "nope")).output
 
 
+def test_an_items_path_the_os_cannot_open_is_named_with_the_os_reason(h, tmp_path):
+    """Any OSError of the items file (here a name longer than the file system allows, where even
+    asking whether it is a directory fails) is one line naming the file and the OS's words."""
+    path = tmp_path / ("a" * 300 + ".txt")
+    out = run(h, "submit", "--name", "d", "--queue", "work", "--items", str(path))
+    refused_cleanly(out)
+    assert (f"items: cannot read '{path}' (File name too long); give the path of a readable file of URIs or JSON "
+            "lines, or '-' for stdin") in " ".join(out.output.split()), out.output
+    assert queued(h) == 0
+
+
 def test_logs_of_an_item_the_job_does_not_have_is_an_error(h):
     job_id = sdk.submit(h.env, "logged", "work", sdk.read_items(["a"]), kick=False).job_id
     out = run(h, "logs", job_id, "000000")

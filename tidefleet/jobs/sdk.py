@@ -336,16 +336,21 @@ def read_items(source: Iterable | str | Path | io.IOBase) -> ItemList:
     if isinstance(source, (str, Path)):
         if str(source) == "-":  # bytes, so a line that is not UTF-8 is reported, not a crash
             return _lines(getattr(sys.stdin, "buffer", sys.stdin), "stdin")
-        path = Path(source)
-        if path.is_dir():
-            raise JobError(f"items: {str(path)!r} is a directory; give a file of URIs or JSON lines, or '-' for stdin")
-        if not path.exists():  # a pipe (<(cmd), /dev/stdin) or a device is read like a file
-            raise JobError(f"items: no such file {str(path)!r}; give a file of URIs or JSON lines, or '-' for stdin")
+        # Every way the OS refuses the file is one line naming it (a pipe, <(cmd) or /dev/stdin, or
+        # a device is read like a file): asking first (is_dir, exists) raises some of them itself.
+        name, give = str(source), "give a file of URIs or JSON lines, or '-' for stdin"
         try:
-            with path.open("rb") as stream:
-                return _lines(stream, str(path))
-        except OSError as err:
-            raise JobError(f"items: cannot read {str(path)!r} ({err.strerror}); check the file's permissions") from None
+            with Path(source).open("rb") as stream:
+                return _lines(stream, name)
+        except IsADirectoryError:
+            raise JobError(f"items: {name!r} is a directory; {give}") from None
+        except FileNotFoundError:
+            raise JobError(f"items: no such file {name!r}; {give}") from None
+        except PermissionError as err:
+            raise JobError(f"items: cannot read {name!r} ({err.strerror}); check the file's permissions") from None
+        except OSError as err:  # a name too long, a loop of links, an I/O error
+            raise JobError(f"items: cannot read {name!r} ({err.strerror}); give the path of a readable file of URIs "
+                           "or JSON lines, or '-' for stdin") from None
     if isinstance(source, io.IOBase) or hasattr(source, "readline"):
         return _lines(source, "stdin")
     reader = _Reader("items", lines=False, spool=False)
