@@ -303,3 +303,19 @@ def test_a_cancel_that_stopped_midway_is_finished_by_the_next(h):
     done = sdk.cancel_job(h.env, job_id)
     assert done.cancelled == 2 and done.already.startswith(f"job {job_id} already cancelled")
     assert sdk.status(h.env, job_id).done
+
+
+def test_an_sdk_cloud_error_keeps_its_type_and_carries_the_clis_line_generators_too(aws):
+    """Callers that catch botocore's errors still do; the note is the line the CLI prints."""
+    from botocore.exceptions import ClientError
+
+    from tidefleet.config import load_environment
+
+    env = load_environment("dev")  # nothing deployed on this moto server
+    says = ("DynamoDB table 'tidefleet-dev' does not exist: environment 'dev' is not (fully) deployed in us-east-1; "
+            "deploy it with `invoke deploy --env dev` or start `tidefleet sandbox --keep`")
+    for call in (lambda: sdk.status(env, "x-1"), lambda: list(sdk.log_lines(env, "x-1")),
+                 lambda: sdk.cancel(env, "x-1")):  # fmt: skip
+        with pytest.raises(ClientError) as caught:
+            call()
+        assert caught.value.__notes__ == [says]

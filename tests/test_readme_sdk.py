@@ -49,3 +49,20 @@ def test_the_readme_sdk_example_submits_its_job_and_prints_its_counts(aws):
     url = sqs.get_queue_url(QueueName=resources(env, account=EMULATOR_ACCOUNT).queues[QUEUE].name)["QueueUrl"]
     attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages"])
     assert int(attributes["Attributes"]["ApproximateNumberOfMessages"]) == TOTAL
+
+
+def test_the_readme_sdk_example_without_credentials_raises_botocores_error_with_the_clis_advice(tmp_path):
+    """A Python API raises, but what it raises says what the CLI would: the same botocore
+    exception (callers that catch it still do), with the CLI's line as its note (PEP 678), so the
+    traceback ends in what to do."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "TIDEFLEET_"))}
+    none = str(tmp_path / "none")
+    env = {**clean, "HOME": str(tmp_path), "AWS_CONFIG_FILE": none, "AWS_SHARED_CREDENTIALS_FILE": none,
+           "AWS_EC2_METADATA_DISABLED": "true"}  # fmt: skip
+    run = subprocess.run([sys.executable, "-c", BLOCK], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env=env, check=False)  # fmt: skip
+    assert run.returncode == 1
+    assert run.stderr.strip().splitlines()[-2:] == [
+        "botocore.exceptions.NoCredentialsError: Unable to locate credentials",
+        "no AWS credentials: set AWS_PROFILE or AWS_ACCESS_KEY_ID (the sandbox prints them)",
+    ], run.stderr

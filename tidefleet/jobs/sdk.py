@@ -38,7 +38,9 @@ topic on GCP).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
+import inspect
 import io
 import json
 import logging
@@ -77,6 +79,41 @@ log = logging.getLogger("tidefleet.jobs")
 
 class JobError(Exception):
     """A user mistake or a missing resource; the message says what to do."""
+
+
+def _advised(fn):
+    """A cloud error that leaves the SDK carries the line the CLI prints for it (`Cloud.explain`)
+    as a note (PEP 678): still the cloud library's own exception, so callers that catch
+    botocore's or Google's types still do, and an uncaught one's traceback ends in what to do."""
+
+    def advise(env: Environment, cloud: Cloud | None, err: BaseException) -> None:
+        line = (cloud or for_env(env)).explain(err)
+        if line not in getattr(err, "__notes__", ()):  # one SDK function calling another
+            err.add_note(line)
+
+    if inspect.isgeneratorfunction(fn):
+
+        @functools.wraps(fn)
+        def generator(env: Environment, *args, **kwargs):
+            errors = (kwargs.get("cloud") or for_env(env)).errors
+            try:
+                return (yield from fn(env, *args, **kwargs))
+            except errors as err:
+                advise(env, kwargs.get("cloud"), err)
+                raise
+
+        return generator
+
+    @functools.wraps(fn)
+    def call(env: Environment, *args, **kwargs):
+        errors = (kwargs.get("cloud") or for_env(env)).errors
+        try:
+            return fn(env, *args, **kwargs)
+        except errors as err:
+            advise(env, kwargs.get("cloud"), err)
+            raise
+
+    return call
 
 
 class SubmitInterrupted(KeyboardInterrupt):
@@ -471,6 +508,7 @@ class _Plan:
     mark: bool  # write progress marks (not on jobs submitted item by item)
 
 
+@_advised
 def submit(
     env: Environment, name: str, queue: str, items: Iterable[ItemSpec], *, job_id: str | None = None,
     kick: bool = True, progress: Callable[[int], None] | None = None, on_job: Callable[[Job], None] | None = None,
@@ -776,6 +814,7 @@ def _job(cloud: Cloud, env: Environment, job_id: str) -> Job:
     return job
 
 
+@_advised
 def status(env: Environment, job_id: str, *, reconcile: bool = True, items: bool = False) -> JobStatus:
     """The job's counts, and its items when `items` is asked or when some failed (to show why);
     first marks failed what redrive moved to its dead-letter queue (`reconcile_dead_letters`),
@@ -833,6 +872,7 @@ def _running(cloud: Cloud, env: Environment, job: Job) -> int:
 JOB_STATES = ("running", "done", "failed")  # JobStatus.state
 
 
+@_advised
 def jobs(env: Environment, *, queue: str | None = None, state: str | None = None,
          since: float = 0.0) -> list[JobStatus]:  # fmt: skip
     """Every job of the environment (or of one queue, in one state, created at `since` or later),
@@ -860,6 +900,7 @@ class Reconciled:
     warnings: list[str]
 
 
+@_advised
 def reconcile_dead_letters(env: Environment, job_id: str | None = None, *, cloud: Cloud | None = None) -> Reconciled:
     """Mark failed every item (of one job, or all) that the queue's redrive moved to its
     dead-letter queue: the backstop when agents keep dying while holding its message, so no
@@ -940,6 +981,7 @@ def cancel(env: Environment, job_id: str, *, reason: str = "cancelled", cloud: C
     return cancel_job(env, job_id, reason=reason, cloud=cloud).cancelled
 
 
+@_advised
 def cancel_job(env: Environment, job_id: str, *, reason: str = "cancelled", cloud: Cloud | None = None) -> Cancelled:
     """`cancel`, saying when there was nothing to do: a job whose every item is final keeps its
     record (a finished job is not marked cancelled, so its idempotent re-submit still works); a
@@ -971,6 +1013,7 @@ def _cancel_waiting(cloud: Cloud, job_id: str, item_ids: list[str], reason: str)
     return sum(cloud.store.update_items(writes))
 
 
+@_advised
 def retry_failed(env: Environment, job_id: str) -> int:
     """Move this job's messages from the dead-letter queue back to its queue with a fresh retry
     budget; returns how many distinct items went back. Each item goes back at most once per call:
@@ -1013,6 +1056,7 @@ def retry_failed(env: Environment, job_id: str) -> int:
             cloud.queues.release(job.queue, others, dead_letter=True)
 
 
+@_advised
 def log_lines(env: Environment, job_id: str, item_id: str | None = None) -> Iterator[tuple[str, str]]:
     """(stream, line) for every attempt of the job's items (or one item), oldest first per stream."""
     cloud = for_env(env)
@@ -1053,6 +1097,7 @@ class PoolRow:
     nodes: list[NodeRow]  # the group's nodes, then the gone ones, each by node id
 
 
+@_advised
 def nodes(env: Environment, now: float | None = None) -> list[PoolRow]:
     """Per pool: the group's desired size and instances, and each node's last heartbeat, marked
     `gone` where the group no longer lists the node (every node where the pool has no group)."""
