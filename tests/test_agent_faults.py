@@ -109,6 +109,8 @@ POISON = [
     ("not an item message", lambda job: json.dumps({"hello": 1}), "not a tidefleet item message"),
     ("an argument that is not a string", lambda job: json.dumps({"job": job, "item": "000000", "args": [1]}), "args"),
     ("an argument with a NUL byte", lambda job: json.dumps({"job": job, "item": "000000", "args": ["a\0b"]}), "NUL"),
+    # json.loads raises RecursionError, not ValueError, for nesting this deep (3 KB of brackets).
+    ("JSON nested too deeply", lambda job: "[" * 1500 + "]" * 1500, "not JSON (nested too deeply"),
     ("an item id that climbs out of its folder", lambda job: json.dumps({"job": job, "item": "../x", "args": []}),
      "item: not a valid id"),
     ("a negative counter", lambda job: json.dumps({"job": job, "item": "000000", "args": [], "failures": -1}),

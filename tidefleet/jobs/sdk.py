@@ -153,6 +153,13 @@ class ItemMessage:
     def parse(cls, body: str) -> ItemMessage:
         """The message, or ValueError saying what is wrong with it (a poison message)."""
         try:
+            return cls._parse(body)
+        except RecursionError:  # json.loads (or printing what it read): a few KB of '[' is enough
+            raise ValueError(f"not JSON (nested too deeply to read): {body[:200]!r}") from None
+
+    @classmethod
+    def _parse(cls, body: str) -> ItemMessage:
+        try:
             data = json.loads(body)
         except ValueError:
             raise ValueError(f"not JSON: {body[:200]!r}") from None
