@@ -64,6 +64,12 @@ def test_schedule_and_kick_messages_run_one_tick(gcp, payload, kind):
     (event({"hello": "world"}), "unknown event"),
     (event({"tidefleet": "kick", "env": "prod"}), "reached the function of 'gcp-dev'"),
     (SimpleNamespace(data=None), "not a Pub/Sub message event"),
+    # data.message not an object: ignored with its reason, not an AttributeError (a 500 Pub/Sub redelivers)
+    (SimpleNamespace(data="hello"), "not a Pub/Sub message event (data is a str, not an object)"),
+    (SimpleNamespace(data={"message": "abc"}), "data.message is a str, not an object"),
+    (SimpleNamespace(data={"message": [1]}), "data.message is a list, not an object"),
+    (SimpleNamespace(data={"message": 5}), "data.message is a int, not an object"),
+    (SimpleNamespace(data={"message": {"data": {"x": 1}}}), "data.message.data is a dict, not a string"),
 ])  # fmt: skip
 def test_malformed_or_foreign_messages_are_logged_and_ignored_without_acting(gcp, cloud_event, reason):
     result = main.on_kick(cloud_event)

@@ -34,11 +34,19 @@ logging.basicConfig(level=logging.INFO, format="%(message)s")
 
 
 def message_of(cloud_event) -> Trigger | Ignored:
-    """The Pub/Sub message inside the CloudEvent, parsed as every scaler function parses its events."""
+    """The Pub/Sub message inside the CloudEvent, parsed as every scaler function parses its events.
+    Any other shape (no data, data.message or its data not what Pub/Sub sends) is `Ignored`, saying which."""
     data = getattr(cloud_event, "data", None)
-    encoded = ((data or {}).get("message") or {}).get("data") if isinstance(data, dict) else None
-    if not isinstance(encoded, str):
+    if data is not None and not isinstance(data, dict):
+        return Ignored(f"not a Pub/Sub message event (data is a {type(data).__name__}, not an object)")
+    message = data.get("message") if data is not None else None
+    if message is not None and not isinstance(message, dict):
+        return Ignored(f"not a Pub/Sub message event (data.message is a {type(message).__name__}, not an object)")
+    encoded = message.get("data") if message is not None else None
+    if encoded is None:
         return Ignored("not a Pub/Sub message event")
+    if not isinstance(encoded, str):
+        return Ignored(f"not a Pub/Sub message event (data.message.data is a {type(encoded).__name__}, not a string)")
     try:
         message = json.loads(base64.b64decode(encoded, validate=True))
     except ValueError:  # not base64 (a non-ASCII character too), not UTF-8, not JSON
