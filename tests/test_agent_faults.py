@@ -109,6 +109,10 @@ POISON = [
     ("not an item message", lambda job: json.dumps({"hello": 1}), "not a tidefleet item message"),
     ("an argument that is not a string", lambda job: json.dumps({"job": job, "item": "000000", "args": [1]}), "args"),
     ("an argument with a NUL byte", lambda job: json.dumps({"job": job, "item": "000000", "args": ["a\0b"]}), "NUL"),
+    # JSON's "\ud800" reads as a str no queue or store can carry: submit refuses it, so must the agent.
+    ("an argument with a lone surrogate", lambda job: json.dumps({"job": job, "item": "000000",
+                                                                  "args": ["steps=1", "x\ud800y"]}),
+     "args[1] is not valid text (a lone surrogate '\\ud800' at character 2)"),
     # json.loads raises RecursionError, not ValueError, for nesting this deep (3 KB of brackets).
     ("JSON nested too deeply", lambda job: "[" * 1500 + "]" * 1500, "not JSON (nested too deeply"),
     ("an item id that climbs out of its folder", lambda job: json.dumps({"job": job, "item": "../x", "args": []}),
@@ -140,7 +144,8 @@ def test_a_poison_message_goes_to_the_dead_letter_queue_once_with_its_reason(h, 
     envelope = json.loads(dead)
     assert reason in envelope["tidefleet_poison"] and envelope["body"] == body(job)
     assert h.queue_depth("work") == 0
-    assert set(h.items(job)) == {"000000"} and h.items(job)["000000"].attempts == 0, "no record created or touched"
+    item = h.items(job)["000000"]
+    assert set(h.items(job)) == {"000000"} and (item.status, item.attempts) == ("queued", 0), "no record created or touched"
     assert h.items("nope-1") == {}
 
 

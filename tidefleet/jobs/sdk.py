@@ -169,8 +169,10 @@ class ItemMessage:
             if not isinstance(data[key], str) or id_problem(data[key]):
                 raise ValueError(f"{key}: not a valid id ({data[key]!r})")
         args = data["args"]
-        if not isinstance(args, list) or not all(isinstance(a, str) and "\0" not in a for a in args):
-            raise ValueError(f"args: must be a list of strings without NUL bytes (got {str(args)[:200]})")
+        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+            raise ValueError(f"args: must be a list of strings (got {str(args)[:200]})")
+        if problems := arg_problems(args):  # submit's check: a NUL byte, a lone surrogate
+            raise ValueError(problems[0])
         counters = {k: data[k] for k in ("failures", "interruptions", "lost", "seq") if k in data}
         for key, value in counters.items():
             # Bounded: the store keeps them as numbers (DynamoDB: 38 digits; Firestore: 64 bits),
@@ -226,7 +228,14 @@ def _problems(spec: ItemSpec) -> list[str]:
     out = []
     if (why := id_problem(spec.item_id)) is not None:
         out.append(f"item id {spec.item_id[:80]!r} {why}; {ID_HELP}")
-    for n, arg in enumerate(spec.args):
+    return out + arg_problems(spec.args)
+
+
+def arg_problems(args: list[str]) -> list[str]:
+    """What no item's arguments may hold: submit refuses them, and the agent takes a message
+    whose args hold them for poison (`ItemMessage.parse`)."""
+    out = []
+    for n, arg in enumerate(args):
         if "\0" in arg:
             out.append(f"args[{n}] contains a NUL byte; remove it (arguments are passed to a command line)")
         # JSON's "\udcff" (a lone surrogate) reads as a str, but no queue or store can carry it.
