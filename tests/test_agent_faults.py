@@ -149,15 +149,24 @@ def test_a_poison_message_goes_to_the_dead_letter_queue_once_with_its_reason(h, 
     assert h.items("nope-1") == {}
 
 
+AGENT_SECONDS = {"--heartbeat-s": "TIDEFLEET_AGENT_HEARTBEAT_S", "--imds-poll-s": "TIDEFLEET_IMDS_POLL_S",
+                 "--grace-s": "TIDEFLEET_AGENT_GRACE_S", "--wait-s": "TIDEFLEET_AGENT_WAIT_S"}
+
+
+# nan passes click's FloatRange (no comparison holds for it): a heartbeat of nan dead-lettered every
+# item as "not in the job store", each loop thread spun, and a grace of nan handed items back at once.
+@pytest.mark.parametrize("given", ["flag", "env"])
 @pytest.mark.parametrize(("flag", "value"), [("--heartbeat-s", "0"), ("--heartbeat-s", "-5"), ("--imds-poll-s", "0"),
-                                             ("--grace-s", "-1")])
-def test_a_zero_or_negative_agent_interval_is_refused_with_its_name(flag, value):
+                                             ("--grace-s", "-1"), *[(f, v) for f in AGENT_SECONDS
+                                                                    for v in ("nan", "inf", "-inf")]])
+def test_a_zero_negative_or_nan_agent_interval_is_refused_with_its_name(flag, value, given):
     from click.testing import CliRunner
 
     from tidefleet.cli import main
 
-    result = CliRunner().invoke(main, ["agent", "--env", "sandbox", "--pool", "cpu", flag, value])
-    assert result.exit_code == 2 and flag in result.output and value in result.output
+    args, env = ([flag, value], {}) if given == "flag" else ([], {AGENT_SECONDS[flag]: value})
+    result = CliRunner().invoke(main, ["agent", "--env", "sandbox", "--pool", "cpu", *args], env=env)
+    assert result.exit_code == 2 and flag in result.output and value in result.output, result.output
     assert "Traceback" not in result.output
 
 

@@ -101,6 +101,14 @@ def test_options_that_are_not_text_are_refused_before_anything_is_written(h, tmp
     assert DynamoStore(h.env.name, h.env.region).job(sdk.job_id_for("bad")) is None and queued(h) == 0
 
 
+@pytest.mark.parametrize("value", ["nan", "inf", "-1"])
+def test_a_watch_time_limit_that_is_not_a_number_of_seconds_is_refused_with_its_name(value):
+    # nan passes click's FloatRange: the deadline never came, and --watch never gave up.
+    out = CliRunner().invoke(main, ["status", "--env", "dev", "some-job", "--watch", "--time-limit", value])
+    assert out.exit_code == 2 and "--time-limit" in out.output and value in out.output, out.output
+    assert "Traceback" not in out.output
+
+
 def test_stdin_that_is_not_utf8_is_refused_with_its_line(h):
     out = run(h, "submit", "--name", "bad", "--queue", "work", "--items", "-", stdin=b"s3://a\ns3://\xe9t\xe9\n")
     refused_cleanly(out)

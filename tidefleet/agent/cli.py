@@ -16,18 +16,22 @@ from tidefleet.agent.gpus import GpuProblem
 from tidefleet.agent.worker import Agent, Settings
 from tidefleet.cloud import for_env
 from tidefleet.config import ConfigError, load_environment
+from tidefleet.options import finite
 
 
 @click.command()
 @click.option("--env", "env_name", envvar="TIDEFLEET_ENV", required=True, help="environment name or .toml path")
 @click.option("--pool", envvar="TIDEFLEET_POOL", required=True, help="the pool this node belongs to")
 @click.option("--heartbeat-s", envvar="TIDEFLEET_AGENT_HEARTBEAT_S", type=click.FloatRange(0.1, 300), default=5.0,
+              callback=finite,
               show_default=True,
               help="heartbeat, visibility extension and cancel check interval")
 @click.option("--imds-poll-s", envvar="TIDEFLEET_IMDS_POLL_S", type=click.FloatRange(0.1, 60), default=5.0,
+              callback=finite,
               show_default=True,
               help="how often to read the spot notice and lifecycle state")
 @click.option("--grace-s", envvar="TIDEFLEET_AGENT_GRACE_S", type=click.FloatRange(0, 3600), default=None,
+              callback=finite,
               help="time workloads get to checkpoint after a stop request "
                    "[default: 90 on AWS (2-minute spot notice), 15 on GCP (about 30 s)]")
 @click.option("--wait-s", envvar="TIDEFLEET_AGENT_WAIT_S", type=click.IntRange(0, 20), default=10, show_default=True,

@@ -25,6 +25,7 @@ from tidefleet.config import ConfigError, Environment, env_argument, load_enviro
 from tidefleet.costs import parse_since
 from tidefleet.jobs import sdk
 from tidefleet.jobs.spec import JobSpec
+from tidefleet.options import finite
 
 json_option = click.option("--json", "as_json", is_flag=True,
                             help="print JSON (schema in the README) instead of text")
@@ -231,7 +232,7 @@ def _finish(status: sdk.JobStatus) -> None:
 @env_option
 @click.argument("job_id")
 @click.option("--watch", is_flag=True, help=f"redraw every {WATCH_S:g} s until every item has a final status")
-@click.option("--time-limit", type=click.FloatRange(min=0), default=None, metavar="S",
+@click.option("--time-limit", type=click.FloatRange(min=0), default=None, metavar="S", callback=finite,
               help="with --watch: give up after S seconds (exit 1)")
 @click.option("--failed", "all_failed", is_flag=True, help=f"list every failed item (default: the first {FAILED_SHOWN})")
 @json_option

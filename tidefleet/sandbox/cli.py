@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import random
 import shutil
@@ -17,15 +16,9 @@ from pathlib import Path
 import click
 
 from tidefleet.config import ConfigError, environment_path, load_environment
+from tidefleet.options import finite
 
 MARKER = ".tidefleet-sandbox"  # in the work folder: a sandbox run claimed it
-
-
-def _finite(ctx, param, value: float | None) -> float | None:
-    """FloatRange lets nan through (no comparison holds for it): a sandbox that never ticks."""
-    if value is not None and not math.isfinite(value):
-        raise click.BadParameter(f"a number of seconds (got {value})")
-    return value
 
 
 @click.command()
@@ -54,7 +47,7 @@ def _finite(ctx, param, value: float | None) -> float | None:
 @click.option(
     "--tick",
     type=click.FloatRange(0.2, 3600),
-    callback=_finite,
+    callback=finite,
     help="control tick in seconds (default: the environment's scaler.tick_s)",
 )
 @click.option(
@@ -62,7 +55,7 @@ def _finite(ctx, param, value: float | None) -> float | None:
     default=1.5,
     show_default=True,
     type=click.FloatRange(0, 3600),
-    callback=_finite,
+    callback=finite,
     help="seconds from in service to the node's boot",
 )
 @click.option("--seed", default=7, show_default=True, help="seed of the generated inputs and of --chaos")
