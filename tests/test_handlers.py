@@ -423,6 +423,46 @@ def test_the_interruption_function_logs_and_ignores_unknown_or_malformed_events(
     assert DynamoStore("sandbox", REGION).heartbeats("cpu") == {} and group()["DesiredCapacity"] == 1
 
 
+HOOK = "EC2 Instance-terminate Lifecycle Action: "
+SPOT = "EC2 Spot Instance Interruption Warning: "
+
+
+@pytest.mark.parametrize("name, detail, reason", [
+    # Fields the function would send to AWS, not as AWS sends them: botocore refused the call after the
+    # node was marked draining, and the invocation failed ("cannot reach AWS") and was retried.
+    ("lifecycle_terminate", {"LifecycleHookName": {"a": 1}},
+     HOOK + "detail.LifecycleHookName is not a hook name (got a dict)"),
+    ("lifecycle_terminate", {"LifecycleHookName": "no spaces, please"},
+     HOOK + "detail.LifecycleHookName is not a hook name (got 'no spaces, please')"),
+    ("lifecycle_terminate", {"LifecycleActionToken": 5},
+     HOOK + "detail.LifecycleActionToken is not a lifecycle action token (got a int)"),
+    ("lifecycle_terminate", {"LifecycleActionToken": "short"},
+     HOOK + "detail.LifecycleActionToken is not a lifecycle action token (got 'short')"),
+    # Not an instance id: a DynamoDB key too large (ValidationException), or one the API answers with a 500.
+    ("lifecycle_terminate", {"EC2InstanceId": "i-" + "b" * 5000},
+     HOOK + f"detail.EC2InstanceId is not an instance id (got 'i-{'b' * 98}... (5002 characters)')"),
+    ("lifecycle_terminate", {"EC2InstanceId": "not-an-instance"},
+     HOOK + "detail.EC2InstanceId is not an instance id (got 'not-an-instance')"),
+    ("spot_warning", {"instance-id": "i-" + "a" * 100_000},
+     SPOT + f"detail.instance-id missing or not an instance id (got 'i-{'a' * 98}... (100002 characters)')"),
+    ("spot_warning", {"instance-id": "i-'; DROP"}, SPOT + "detail.instance-id missing or not an instance id (got \"i-'; DROP\")"),
+    ("lifecycle_terminate", {"AutoScalingGroupName": "g" * 100_000},
+     HOOK + f"group '{'g' * 100}... (100000 characters)' is not a pool of environment 'sandbox'"),
+], ids=["hook-dict", "hook-pattern", "token-int", "token-short", "hook-id-huge", "hook-id-word", "spot-id-huge",
+        "spot-id-chars", "group-huge"])  # fmt: skip
+def test_an_interruption_event_with_a_malformed_field_is_one_ignored_line_and_nothing_is_done(
+    deployed, caplog, name, detail, reason
+):
+    (node,) = grow(1)
+    raw = event(name, node)
+    raw["detail"].update(detail)
+    with caplog.at_level(logging.INFO, "tidefleet"):
+        result = interruption.handler(raw, None)  # returns: EventBridge does not retry it
+    assert result == {"ignored": reason}
+    assert [json.loads(r.getMessage()) for r in caplog.records if r.name.startswith("tidefleet")] == [result]
+    assert DynamoStore("sandbox", REGION).heartbeats("cpu") == {} and group()["DesiredCapacity"] == 1
+
+
 def test_a_notice_for_an_instance_of_no_tidefleet_group_is_ignored(deployed):
     line = interruption.handler(event("spot_warning", "i-0aaaaaaaaaaaaaaaa"), None)
     assert "no group" in line["ignored"]

@@ -94,7 +94,12 @@ def _reason(reason: object) -> str:
         return "kick"
     if not isinstance(reason, str):
         return f"kick (its reason is a {type(reason).__name__}, not a string)"
-    return reason if len(reason) <= DETAIL_CHARS else f"{reason[:DETAIL_CHARS]}... ({len(reason)} characters)"
+    return clip(reason)
+
+
+def clip(text: str) -> str:
+    """An event's free text, for a log line: cut to DETAIL_CHARS, saying how long it was."""
+    return text if len(text) <= DETAIL_CHARS else f"{text[:DETAIL_CHARS]}... ({len(text)} characters)"
 
 
 WATCH_EVENT = {"tidefleet": "watch"}
