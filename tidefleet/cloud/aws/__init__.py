@@ -26,6 +26,7 @@ from botocore.exceptions import (
     ConfigParseError,
     HTTPClientError,
     NoCredentialsError,
+    ParamValidationError,
     ProfileNotFound,
     ReadTimeoutError,
 )
@@ -409,6 +410,8 @@ class AwsCloud:
                     f"{READ_TIMEOUT_S} s ({ATTEMPTS} tries); check AWS_ENDPOINT_URL, or whether the emulator is stuck")
         if isinstance(err, ResponseParserError):  # a garbled answer: its first words, not its bytes
             return f"AWS for {env!r} sent an answer that does not parse ({_one_line(str(err), 80)}); check AWS_ENDPOINT_URL"
+        if isinstance(err, ParamValidationError):  # botocore refused to send it: nothing was unreachable
+            return f"bad request to AWS for {env!r}, not sent ({_one_line(str(err))})"
         # Deploying makes no endpoint reachable; an emulator's endpoint may just need the emulator,
         # which comes up on a new port: its printed exports replace the stale ones.
         emulator = (", or start the emulator (`tidefleet sandbox --keep`) and export what it prints"
