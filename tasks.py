@@ -376,11 +376,11 @@ def lint(c):
         "json": "print only the summary, as JSON (for scripts and tests)",
     }
 )
-def sandbox(c, env=None, items="200", chaos=False, keep=False, train=False, time_limit="600", tick=None, workdir=None,
+def sandbox(c, env=None, items=None, chaos=False, keep=False, train=False, time_limit="600", tick=None, workdir=None,
             boot_delay=None, seed=None, json=False):  # fmt: skip
     """The whole system on this machine against a moto server: a job in, nodes up, work done, fleet at zero."""
-    args = ["sandbox", *(["--env", env] if env else []), "--items", str(_number("items", items)),
-            "--time-limit", str(_number("time-limit", time_limit))]
+    args = ["sandbox", *(["--env", env] if env else []), "--time-limit", str(_number("time-limit", time_limit))]
+    args += ["--items", str(_number("items", items))] if items is not None else []  # given only: --train refuses it
     args += ["--chaos"] * chaos + ["--keep"] * keep + ["--train"] * train + ["--json"] * json
     args += ["--tick", str(_number("tick", tick, float))] if tick is not None else []
     args += ["--boot-delay", str(_number("boot-delay", boot_delay, float))] if boot_delay is not None else []

@@ -70,3 +70,12 @@ def test_a_seconds_option_refuses_what_no_sandbox_could_run_on(option, value):
     # nan passes click's FloatRange (no comparison holds for it): a sandbox that never ticked.
     result = CliRunner().invoke(sandbox, [option, value])
     assert result.exit_code == 2 and option in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("given", [["--items", "5"], ["--chaos"], ["--items", "200", "--chaos"]])
+def test_train_refuses_the_demo_jobs_options_rather_than_ignoring_them(given):
+    """--train runs its own scenario: --items and --chaos shaped nothing and were dropped without a word."""
+    result = CliRunner().invoke(sandbox, ["--train", *given])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    named = [g for g in given if g.startswith("--")]
+    assert f"--train runs its own scenario instead of the demo job, which {' and '.join(named)}" in result.output

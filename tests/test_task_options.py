@@ -82,6 +82,15 @@ def test_sandbox_passes_boot_delay_seed_and_json_to_tidefleet_sandbox(monkeypatc
     assert (params["items"], params["boot_delay"], params["seed"], params["as_json"]) == (3, 0.25, -4, True)
     params = sandbox.make_context("sandbox", plain).params
     assert (params["boot_delay"], params["seed"], params["as_json"]) == (1.5, 7, False)
+    assert "--items" not in plain  # left to the command: `invoke sandbox --train` must not hand it one
+
+
+def test_invoke_sandbox_train_hands_no_items_option_which_train_refuses(monkeypatch):
+    given = []
+    monkeypatch.setattr("tidefleet.cli.main", lambda args, prog_name: given.append(args))
+    tasks.sandbox(MockContext(), train=True)
+    (args,) = given
+    assert "--train" in args and "--items" not in args
 
 
 def test_simulate_help_is_the_tasks_own():

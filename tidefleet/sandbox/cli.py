@@ -75,7 +75,13 @@ def sandbox(env_name, items, chaos, keep, train, time_limit, tick, boot_delay, s
 
     from tidefleet.sandbox.run import Timing
 
-    if train and click.get_current_context().get_parameter_source("env_name") is click.core.ParameterSource.DEFAULT:
+    source = click.get_current_context().get_parameter_source
+    if train:  # its own scenario: options of the demo job would be ignored without a word
+        given = [f"--{name}" for name in ("items", "chaos") if source(name) is not click.core.ParameterSource.DEFAULT]
+        if given:
+            raise click.UsageError(f"--train runs its own scenario instead of the demo job, which {' and '.join(given)} "
+                                   f"{'shape' if len(given) > 1 else 'shapes'}; drop {' and '.join(given)} or --train")
+    if train and source("env_name") is click.core.ParameterSource.DEFAULT:
         env_name = "sandbox-train"
     try:
         env = load_environment(env_name)
