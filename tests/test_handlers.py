@@ -320,6 +320,22 @@ def test_a_kick_with_a_huge_or_non_string_reason_ticks_and_logs_a_short_line(dep
     assert max(len(r.getMessage()) for r in caplog.records) < 500
 
 
+@pytest.mark.parametrize("raw, detail", [
+    ({"source": "aws.cloudwatch", "alarmData": {"alarmName": "x" * 1_000_000, "state": {"value": "ALARM"}}},
+     f"{'x' * 100}... (1000000 characters) -> ALARM"),
+    ({"source": "aws.cloudwatch", "alarmData": {"alarmName": "depth", "state": {"value": "A" * 5000}}},
+     f"depth -> {'A' * 100}... (5000 characters)"),
+    ({"source": "aws.events", "detail-type": "Scheduled Event", "resources": ["r" * 100_000] * 20},
+     f"{'r' * 100}... (2000019 characters)"),
+    ({"tidefleet": "fire", "schedule": "n" * 100_000}, f"{'n' * 100}... (100000 characters)"),
+], ids=["alarm-name", "alarm-state", "schedule-resources", "fire-name"])  # fmt: skip
+def test_an_event_with_huge_text_ticks_and_logs_it_cut_as_a_kicks_reason(deployed, caplog, raw, detail):
+    with caplog.at_level(logging.INFO, "tidefleet.scaler"):
+        summary = scaler.handler(raw, None)
+    assert summary["detail"] == detail
+    assert max(len(r.getMessage()) for r in caplog.records) < 500
+
+
 # -- interruption ---------------------------------------------------------------------------
 
 
@@ -463,6 +479,23 @@ def test_an_interruption_event_with_a_malformed_field_is_one_ignored_line_and_no
     assert DynamoStore("sandbox", REGION).heartbeats("cpu") == {} and group()["DesiredCapacity"] == 1
 
 
+@pytest.mark.parametrize("action, reason", [
+    ({"x": 1}, "the instance goes in 120s (its instance-action is a dict, not a string)"),
+    ("z" * 10_000, f"the instance will {'z' * 100}... (10000 characters) in 120s"),
+    ("stop", "the instance will stop in 120s"),
+], ids=["dict", "huge", "stop"])  # fmt: skip
+def test_a_spot_warnings_instance_action_is_said_checked_and_cut(deployed, caplog, action, reason):
+    (node,) = grow(1)
+    heartbeat(node, busy=1)
+    raw = event("spot_warning", node)
+    raw["detail"]["instance-action"] = action
+    with caplog.at_level(logging.INFO, "tidefleet"):
+        line = interruption.handler(raw, None)
+    assert line["reason"] == f"spot interruption warning: {reason}"
+    assert DynamoStore("sandbox", REGION).heartbeats("cpu")[node].draining  # a warning still: the node goes
+    assert max(len(r.getMessage()) for r in caplog.records) < 500
+
+
 def test_a_notice_for_an_instance_of_no_tidefleet_group_is_ignored(deployed):
     line = interruption.handler(event("spot_warning", "i-0aaaaaaaaaaaaaaaa"), None)
     assert "no group" in line["ignored"]
@@ -498,6 +531,14 @@ def test_a_fire_time_the_schedule_function_cannot_use_is_replaced_by_the_time_it
     fired = schedule.handler({"tidefleet": "fire", "schedule": "hourly"} | ({"at": at} if at else {}), None)
     hours.add(time.strftime("%Y%m%dt%H00", time.gmtime()))  # the run may start as an hour ends
     assert fired["decision"] in {f"submit hourly-{hour}" for hour in hours}
+
+
+def test_the_schedule_function_says_a_huge_schedule_name_it_ignores_cut(scheduled, caplog):
+    with caplog.at_level(logging.WARNING, "tidefleet"):
+        ignored = schedule.handler({"tidefleet": "fire", "schedule": "n" * 100_000}, None)
+    reason = f"fire for schedule '{'n' * 100}... (100000 characters)', which environment 'sandbox' does not have"
+    assert ignored == {"ignored": reason}
+    assert [json.loads(r.getMessage()) for r in caplog.records] == [ignored]
 
 
 def test_the_schedule_function_logs_what_it_ignores_under_its_own_logger(scheduled, caplog):

@@ -47,7 +47,7 @@ FIRE_YEARS = range(1970, 9999)
 @dataclass(frozen=True, slots=True)
 class Trigger:
     kind: str  # schedule | alarm | kick | fire | watch
-    detail: str  # rule, alarm and state, or the kick's reason
+    detail: str  # rule, alarm and state, the kick's reason or the fire's schedule: each cut (`clip`) for the log
     env: str | None = None  # a kick names its environment
     at: float | None = None  # a fire: when the scheduler fired it (EventBridge Scheduler says so)
 
@@ -66,18 +66,19 @@ def parse(event: object) -> Trigger | Ignored:
     if event.get("source") == "aws.events" and event.get("detail-type") == "Scheduled Event":
         resources = event.get("resources")
         names = [r for r in resources if isinstance(r, str)] if isinstance(resources, list) else []
-        return Trigger("schedule", ",".join(names) or "schedule")
+        return Trigger("schedule", clip(",".join(names)) or "schedule")
     if event.get("source") == "aws.cloudwatch" and isinstance(event.get("alarmData"), dict):
         alarm = event["alarmData"]
         state = alarm.get("state")
         value = state.get("value", "?") if isinstance(state, dict) else "?"
-        return Trigger("alarm", f"{alarm.get('alarmName', '?')} -> {value}")
+        return Trigger("alarm", f"{clip(str(alarm.get('alarmName', '?')))} -> {clip(str(value))}")
     if event.get("tidefleet") == "schedule":  # Cloud Scheduler's message on GCP
         return Trigger("schedule", "cloud scheduler")
     if event.get("tidefleet") == "fire":
         if not isinstance(event.get("schedule"), str):
             return Ignored("fire without a string 'schedule'")
-        return Trigger("fire", event["schedule"], env=None, at=_iso_time(event.get("at")))
+        # Cut, a name longer than DETAIL_CHARS still matches no schedule (config.NAME: at most 31 characters).
+        return Trigger("fire", clip(event["schedule"]), env=None, at=_iso_time(event.get("at")))
     if event.get("tidefleet") == "watch":
         return Trigger("watch", "watch")
     if event.get("tidefleet") == "kick":

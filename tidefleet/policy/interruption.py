@@ -92,12 +92,14 @@ def action_for(event: object, env: Environment) -> Action:
             return DrainNode(
                 instance_id, None, None, "rebalance recommendation: spot interruption risk is high"
             )
-        action = detail.get("instance-action", "terminate")
+        action = detail.get("instance-action") or "terminate"
+        goes = (f"will {clip(action)} in {SPOT_NOTICE_S}s" if isinstance(action, str) else
+                f"goes in {SPOT_NOTICE_S}s (its instance-action is a {type(action).__name__}, not a string)")  # fmt: skip
         return DrainNode(
             instance_id,
             None,
             at + SPOT_NOTICE_S if at is not None else None,
-            f"spot interruption warning: the instance will {action} in {SPOT_NOTICE_S}s",
+            f"spot interruption warning: the instance {goes}",
         )
     if kind == TERMINATE_HOOK:
         instance_id, group = detail.get("EC2InstanceId"), detail.get("AutoScalingGroupName")
