@@ -72,6 +72,7 @@ def queued(h: Harness) -> int:
          "items.txt:1: args[1] is not valid text (a lone surrogate '\\udcff' at character 2); give the argument as UTF-8"),
         (b"s3://ok\n" + b"x" * (MB + 1) + b"\ns3://after\n", f"items.txt:2: line longer than {MB} bytes"),
         (b'{"id": \n', "items.txt:1: not valid JSON (Expecting value at column 7)"),
+        (b"[" * 1500 + b"]" * 1500 + b"\n", "items.txt:1: not valid JSON (nested too deeply to read)"),
         (b"# only a comment\n\n", "items.txt: no items given; a job needs at least one item"),
         (GOOD_25 + b'{"id": "x/y", "args": []}\n', "items.txt:26: item id 'x/y' contains '/'"),  # after 3 batches
     ],

@@ -459,6 +459,10 @@ def _lines(stream, name: str) -> ItemList:
                 reader.problem(number, f"not valid JSON ({err.msg} at column {err.colno}); "
                                        "fix the line or give a plain URI")
                 continue
+            except RecursionError:  # '[' x 1500: deeper than the parser goes
+                reader.problem(number, "not valid JSON (nested too deeply to read); an item is a URI, a string, "
+                                       "a list of string arguments or an object")
+                continue
         reader.add(value, number)
     return reader.result()
 
