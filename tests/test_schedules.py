@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from tidefleet.schedules import Cron, JobView, fire, fire_time, fire_time_for, run_id, watch
+from tidefleet.schedules import SUBMIT_STALLED_S, Cron, JobView, fire, fire_time, fire_time_for, run_id, watch
 
 
 def at(text: str) -> float:
@@ -97,3 +97,33 @@ def test_a_queued_run_is_held_behind_the_latest_run_still_going():
     assert (decided.submit, decided.after) == ("m-20250510t1000", "m-20250510t0900")
     assert decided.reason == "submit m-20250510t1000; queued behind m-20250510t0900"
     assert fire("m", admission="queue", timeout_s=None, fired_at=T, now=T + 5, runs=runs[:1]).after == ""
+
+
+# A scheduled run whose submit stopped part-way (an error after its job record was written): fired
+# at T - 1 h, recorded then, still `submitting`.
+STUCK = {"schedule": "m", "submitting": True, "created_at": T - 3600}
+
+
+@pytest.mark.parametrize(("case", "job", "now", "action", "reason"), [
+    ("its submit may still be going", view("m-20250510t0900", **STUCK), T - 3600 + 60, "keep", "still being recorded"),
+    ("stopped part-way: continued", view("m-20250510t0900", **STUCK), T, "resume", "its submit stopped part-way"),
+    ("stopped part-way, past its deadline", view("m-20250510t0900", **STUCK, deadline=T - 1), T, "cancel", "timed out"),
+    ("being recorded, past its deadline: its submit goes on",
+     view("m-20250510t0900", **{**STUCK, "created_at": T - 30}, deadline=T - 1), T, "keep", "still being recorded"),
+    # A record written on another clock than the watch's (a test's, a sandbox's): its fire time counts.
+    ("record ahead of the clock, fired long ago", view("m-20250510t0900", **{**STUCK, "created_at": T + 86400}), T,
+     "resume", "stopped part-way"),
+    ("record ahead of the clock, fired just now", view("m-20250510t1000", **{**STUCK, "created_at": T + 86400}),
+     T + 60, "keep", "still being recorded"),
+    ("a submit --after of a user's: theirs to re-run", view("b", submitting=True, waiting=True, after="a"), T + 86400,
+     "keep", "still being recorded"),
+])  # fmt: skip
+def test_the_watch_continues_a_scheduled_run_whose_submit_stopped_part_way(case, job, now, action, reason):
+    decided = watch(job, now=now, parent=view("a"))
+    assert (decided.action, reason in decided.reason) == (action, True), decided
+
+
+def test_a_run_is_called_stopped_part_way_only_past_any_submits_time():
+    job = view("m-20250510t0900", **STUCK)
+    assert watch(job, now=job.created_at + SUBMIT_STALLED_S - 1, parent=None).action == "keep"
+    assert watch(job, now=job.created_at + SUBMIT_STALLED_S, parent=None).action == "resume"

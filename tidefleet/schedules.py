@@ -155,6 +155,7 @@ class JobView:
     after_finished: bool = False
     deadline: float = 0.0  # 0: no whole-job timeout
     schedule: str = ""
+    created_at: float = 0.0  # when its job record was written: its submit began
 
 
 @dataclass(frozen=True)
@@ -170,6 +171,49 @@ class Fire:
     cancel: tuple[Cancel, ...]
     reason: str
     after: str = ""  # admission "queue": the run it is held behind, released once that one finished
+
+
+# A fire's submit runs within one call of its function (at most 300 s on AWS, 120 s on GCP; the
+# sandbox's in its own loop), and a failed fire is retried within minutes. A scheduled run still
+# `submitting` this long after its submit began has no submit going any more: it stopped part-way
+# (an error after the job record was written: a throttled send, a function cut off), and would
+# hold its schedule for good. The watch or the next fire continues it (the SDK's submit is
+# idempotent and continues a job whose items were not all sent); before this, it might still be
+# running, and a second submit beside it would send its items twice.
+SUBMIT_STALLED_S = 900
+
+
+def submit_began(job: JobView, now: float) -> float:
+    """When a scheduled run's submit began, on the clock of `now`: its record's time, or its fire
+    time (in its id) where the record is over a minute ahead of `now`, a clock not the writer's
+    (a test's or a replay's)."""
+    if job.created_at <= now + FIRE_AHEAD_S:
+        return job.created_at
+    try:
+        fired = datetime.strptime(job.job_id.removeprefix(f"{job.schedule}-"), "%Y%m%dt%H%M")
+    except ValueError:
+        return job.created_at
+    return fired.replace(tzinfo=UTC).timestamp()
+
+
+def stalled(job: JobView, now: float) -> bool:
+    """A scheduled run whose submit stopped part-way: still `submitting` past SUBMIT_STALLED_S.
+    A job submitted `--after` by hand is its submitter's to run again, as the CLI told them."""
+    return (bool(job.schedule) and job.submitting and not job.cancelled and not job.done
+            and now - submit_began(job, now) >= SUBMIT_STALLED_S)  # fmt: skip
+
+
+def _ago(seconds: float) -> str:
+    for unit, size in (("day", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            count = int(seconds // size)
+            return f"{count} {unit}{'s' if unit == 'day' and count > 1 else ''}"
+    return f"{int(seconds)} s"
+
+
+def stopped_part_way(job: JobView, now: float) -> str:
+    """Why a stalled run is continued or cancelled, for the schedule's log line."""
+    return f"its submit stopped part-way (unfinished {_ago(now - submit_began(job, now))} after it began)"
 
 
 def timed_out(job: JobView, now: float) -> Cancel | None:
@@ -197,7 +241,7 @@ def fire(name: str, *, admission: str, timeout_s: int | None, fired_at: float, n
 
 @dataclass(frozen=True)
 class Watch:
-    action: str  # keep | release | cancel | forget
+    action: str  # keep | release | cancel | forget | resume (continue its submit, stopped part-way)
     reason: str
 
 
@@ -205,15 +249,19 @@ def watch(job: JobView | None, *, now: float, parent: JobView | None) -> Watch:
     """What to do with one watched job: release a waiting job once the job it waits for has
     succeeded (or finished, with `after_finished`), cancel it when that can no longer happen,
     cancel a run past its deadline, forget a job that needs no more looking after (a released
-    job; a scheduled run once finished)."""
+    job; a scheduled run once finished). A scheduled run whose submit stopped part-way is
+    continued (`resume`), or cancelled when past its deadline; one whose submit may still be
+    going is left to it."""
     if job is None:
         return Watch("forget", "the job no longer exists")
     if job.cancelled or job.done:
         return Watch("forget", "finished" if job.done else "cancelled")
-    if job.submitting:
+    if job.submitting and not stalled(job, now):
         return Watch("keep", "still being recorded by its submit")
     if (overdue := timed_out(job, now)) is not None:
         return Watch("cancel", overdue.reason)
+    if job.submitting:
+        return Watch("resume", stopped_part_way(job, now))
     if not job.waiting:  # a scheduled run stays watched until seen finished: the next fire looks for it
         return Watch("keep" if job.schedule else "forget", "running")
     if parent is None:

@@ -5,7 +5,9 @@ Events: {"tidefleet": "fire", "schedule": "<name>", "at": "<aws.scheduler.schedu
 {"tidefleet": "watch"}. Parsing and the decisions are the core's (`tidefleet.triggers`,
 `tidefleet.schedules`); the submit is the job SDK's. Anything else is logged and ignored; the
 function returns normally so a bad event is not retried. A fire or watch that fails is one line,
-and fails the invocation (one retry, then the failure queue): `lambdas.lambda_handler`. Its role
+and fails the invocation (one retry, then the failure queue): `lambdas.lambda_handler`. A run
+whose submit stopped part-way (the retry failing too) does not hold its schedule: the watch or
+the next fire continues it once no submit can still be going (`tidefleet.jobs.scheduled.resume`). Its role
 may send to the queues of its environment and write its job store, nothing more.
 """
 
