@@ -150,6 +150,14 @@ def test_since_leaves_out_attempts_that_ended_before_it(run):
     assert doc["rows"] == [] and doc["total_usd"] == 0
 
 
+@pytest.mark.parametrize("since", ["1000000000000d", "99999999999999999999d"])
+def test_a_since_that_reaches_before_1970_is_all_of_it_not_a_traceback(run, since):
+    """now - 1e12 days is before 1970: OSError (EOVERFLOW) there, OverflowError at 1e20 days."""
+    h, _ = run
+    out = cli(h, "cost", "--since", since, "--json")
+    assert out.exit_code == 0 and out.output == cli(h, "cost", "--since", "all", "--json").output, out.output
+
+
 def test_rightsize_reads_the_known_usage_and_flags_the_oom_kill_and_the_timeout(run):
     h, jobs = run
     out = cli(h, "rightsize", "--queue", "work", "--json")

@@ -123,7 +123,7 @@ def test_an_unknown_grouping_is_refused_by_name():
 @pytest.mark.parametrize(
     "text, expected",
     [("7d", 1_000_000 - 7 * 86400), ("12h", 1_000_000 - 43200), ("90s", 1_000_000 - 90), ("all", 0.0),
-     ("2026-01-15", datetime(2026, 1, 15, tzinfo=UTC).timestamp())],
+     ("2026-01-15", datetime(2026, 1, 15, tzinfo=UTC).timestamp()), ("12d", 0.0), ("9" * 40 + "d", 0.0)],
 )  # fmt: skip
 def test_since_reads_durations_dates_and_all(text, expected):
     assert costs.parse_since(text, 1_000_000) == expected

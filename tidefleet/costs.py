@@ -128,13 +128,14 @@ def summarise(found: Iterable[Charge], by: str, *, monthly: bool = False) -> lis
 
 
 def parse_since(text: str, now: float) -> float:
-    """`7d`, `12h`, `30m`, `90s` before `now`, or a date `2026-01-31` (UTC); `all` is the beginning."""
+    """`7d`, `12h`, `30m`, `90s` before `now`, or a date `2026-01-31` (UTC); `all` is the beginning,
+    as is a duration that reaches past it (a time before 1970 is no time: OverflowError, EOVERFLOW)."""
     text = text.strip()
     if text == "all":
         return 0.0
     units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
     if text[-1:] in units and text[:-1].isdigit():
-        return now - int(text[:-1]) * units[text[-1]]
+        return max(0.0, now - min(int(text[:-1]) * units[text[-1]], now))
     try:
         return datetime.strptime(text, "%Y-%m-%d").replace(tzinfo=UTC).timestamp()
     except ValueError:
