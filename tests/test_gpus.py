@@ -139,3 +139,22 @@ def test_a_node_with_more_gpus_than_slots_gives_each_slot_its_share():
     devices = Devices.for_node(gpus(8), slots=2)
     assert devices.take("a", 1) == [0, 1, 2, 3] and devices.take("b", 1) == [4, 5, 6, 7]
     assert Devices.for_node(gpus(2), slots=8).slots_per_gpu == 4
+
+
+def _driver(tmp_path, monkeypatch, script: str) -> None:
+    """An nvidia-smi of this shell script first on PATH."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\n{script}\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+
+
+def test_a_byte_that_is_not_utf8_costs_only_its_own_row_s_reading(tmp_path, monkeypatch):
+    """A driver's Latin-1 byte (0xe9, 0xa5) is read as U+FFFD: the node keeps its GPUs, and only
+    the reading that does not parse is unknown (a UnicodeDecodeError had refused the node)."""
+    _driver(tmp_path, monkeypatch, r"""case "$1" in
+  *uuid*) printf 'WARNING: d\351faut\n0, GPU-a, 81920\n1, GPU-\351, 81920\n' ;;
+  *) printf '0, 40, 1000\n1, 4\2450, 2000\n' ;;
+esac""")
+    assert [(g.index, g.memory_mb) for g in query(2)] == [(0, 81920), (1, 81920)]
+    assert sample() == {0: (40.0, 1000.0), 1: (None, 2000.0)}

@@ -35,9 +35,12 @@ Runner = Callable[[Sequence[str]], str]
 
 
 def run_nvidia_smi(args: Sequence[str]) -> str:
-    """stdout of `nvidia-smi ARGS`; a GpuProblem when it is missing, hangs or fails."""
+    """stdout of `nvidia-smi ARGS`; a GpuProblem when it is missing, hangs or fails. A byte that is
+    not UTF-8 (a driver message in another encoding) reads as U+FFFD: only a row it is in can fail
+    to parse (`_rows`, `_number`), never the whole output."""
     try:
-        done = subprocess.run([NVIDIA_SMI, *args], capture_output=True, text=True, timeout=QUERY_TIMEOUT_S, check=False)
+        done = subprocess.run([NVIDIA_SMI, *args], capture_output=True, text=True, encoding="utf-8", errors="replace",
+                              timeout=QUERY_TIMEOUT_S, check=False)  # fmt: skip
     except FileNotFoundError:
         raise GpuProblem(f"{NVIDIA_SMI} not found: the NVIDIA driver is not installed (use a GPU image)") from None
     except (OSError, subprocess.TimeoutExpired) as err:
@@ -69,8 +72,8 @@ def _number(cell: str) -> float | None:
 
 def query(expected: int, run: Runner = run_nvidia_smi) -> list[Gpu]:
     """The node's GPUs, checked against the `expected` count its instance type has."""
+    rows = _rows(run(["--query-gpu=index,uuid,memory.total", "--format=csv,noheader,nounits"]), 3)
     try:
-        rows = _rows(run(["--query-gpu=index,uuid,memory.total", "--format=csv,noheader,nounits"]), 3)
         gpus = [Gpu(int(index), uuid, None if (total := _number(memory)) is None else int(total))
                 for index, uuid, memory in rows]
     except ValueError as err:
@@ -170,7 +173,8 @@ Reading = tuple[float | None, float | None]  # (utilisation %, memory used MB); 
 def sample(run: Runner = run_nvidia_smi) -> dict[int, Reading]:
     """Per GPU index: its reading now."""
     rows = _rows(run(["--query-gpu=index,utilization.gpu,memory.used", "--format=csv,noheader,nounits"]), 3)
-    return {int(index): (_number(util), _number(used)) for index, util, used in rows if index.isdigit()}
+    return {int(index): (_number(util), _number(used)) for index, util, used in rows
+            if index.isascii() and index.isdigit()}
 
 
 def account(usages: dict[str, Usage], held: dict[str, list[int]], readings: dict[int, Reading]) -> None:
