@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from stacks.shellcheck import EXAMPLE_BUCKET, shellcheck, shellcheck_all
-from tidefleet.config import load_environment
+from tidefleet.config import INIT_SCRIPT_DELIMITER, load_environment
 from tidefleet.userdata import EC2_USER_DATA_LIMIT, LOCAL_PYTHON, render_user_data
 
 # Nothing resolved or fetched at boot: the published wheels, checked against their hashes.
@@ -214,3 +214,56 @@ def test_the_item_user_is_created_once_with_no_login_shell_and_its_own_home(tmp_
     subprocess.run(["bash", "-euo", "pipefail", "-c", line], check=True, env={"PATH": f"{tmp_path}:{os.environ['PATH']}"})
     calls = tmp_path / "calls"
     assert (calls.read_text().splitlines() if calls.exists() else []) == useradd_calls
+
+
+def _init_block(script: str) -> str:
+    """The boot script's init_script step: from its comment to the line that ends its text, and on to the next blank line."""
+    head, text_end, rest = script[script.index("# The pool's init_script") :].partition(f"\n{INIT_SCRIPT_DELIMITER}\n")
+    return head + text_end + rest.split("\n\n", 1)[0]
+
+
+def _run_boot(script: str, local: bool, cwd) -> subprocess.CompletedProcess:
+    """Run the local boot script whole, or the cloud one's init_script step (the rest installs
+    and starts systemd units), with bash, a bare environment and the console's stdin closed."""
+    return subprocess.run(["bash", "-euo", "pipefail", "-c", script if local else _init_block(script)], capture_output=True,
+                          text=True, cwd=cwd, env={"PATH": os.environ["PATH"]}, stdin=subprocess.DEVNULL, check=False)  # fmt: skip
+
+
+def _stand_in_python(tmp_path) -> str:
+    fake_python = tmp_path / "fake python"
+    fake_python.write_text(f"#!/bin/bash\nexec {shlex.quote(sys.executable)} -c "
+                           "'import json, os, sys; print(json.dumps([sys.argv[1:], dict(os.environ)]))' \"$@\"\n")  # fmt: skip
+    fake_python.chmod(0o755)
+    return str(fake_python)
+
+
+BOTH_MODES = pytest.mark.parametrize("env_name,local", [("dev", False), ("gcp-dev", False), ("dev", True)],
+                                     ids=["aws", "gcp", "local"])  # fmt: skip
+
+
+@BOTH_MODES
+def test_a_command_in_the_init_script_that_reads_stdin_does_not_swallow_the_lines_after_it(tmp_path, env_name, local):
+    """ssh, ffmpeg, `docker run -i`, `read`: each reads stdin; the init_script's is /dev/null,
+    not the rest of its own text, so every step runs."""
+    init = ("echo step1 >> steps\n"
+            "cat > swallowed  # stands for any command that reads stdin\n"
+            "read -r line || echo \"read: end of input\" >> steps\n"
+            "echo 'step2 $HOME `x`' >> steps\n"
+            "echo \"step3 $(echo ran)\" >> steps\n")  # fmt: skip
+    bootlocal = {LOCAL_PYTHON: _stand_in_python(tmp_path)} if local else None
+    script = render_user_data(with_pool(env_name, init_script=init), "cpu", artifacts_bucket="b", local=bootlocal)
+    assert shellcheck(script) == ""
+    result = _run_boot(script, local, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "steps").read_text().splitlines() == ["step1", "read: end of input", "step2 $HOME `x`", "step3 ran"]
+    assert (tmp_path / "swallowed").read_text() == ""
+
+
+@BOTH_MODES
+def test_a_failing_init_script_fails_the_boot(tmp_path, env_name, local):
+    bootlocal = {LOCAL_PYTHON: _stand_in_python(tmp_path)} if local else None
+    script = render_user_data(with_pool(env_name, init_script="echo before > steps\nfalse\necho after >> steps"), "cpu",
+                              artifacts_bucket="b", local=bootlocal)  # fmt: skip
+    result = _run_boot(script, local, tmp_path)
+    assert result.returncode != 0 and "tidefleet.cli" not in result.stdout
+    assert (tmp_path / "steps").read_text() == "before\n"
