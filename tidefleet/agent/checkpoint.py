@@ -25,7 +25,9 @@ the whole process group would end the workers and crash the loop before it saves
 
 from __future__ import annotations
 
+import fcntl
 import os
+import secrets
 import signal
 import sys
 import tempfile
@@ -42,6 +44,11 @@ EXIT_INTERRUPTED = 75
 # Beside the item's checkpoints: `complete()` leaves it, and an agent that is about to start an
 # item again (its last node died before recording the end) finds it and records the success.
 COMPLETE_MARKER = ".tidefleet-complete"
+# A save to a local folder writes a file of its own beside its target (so two saves at once never
+# share one), holding a lock on it, then renames it over the target: last writer wins, whole. A
+# killed save's file is unlocked: the next save in that folder removes it. Hidden, and never a
+# name load() or save() accepts.
+PARTIAL = ".tidefleet-{token}.{name}.partial"
 
 _sigterm = threading.Event()
 _watching = False
@@ -134,13 +141,57 @@ def save(name: str, data: bytes | str, *, base: str | None = None) -> None:
     scheme, where, key = _location(name, base)
     body = data.encode() if isinstance(data, str) else data
     if scheme == "file":
-        path = Path(where) / key
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(path.name + ".partial")  # a kill mid-write leaves the old one whole
-        partial.write_bytes(body)
-        partial.replace(path)
+        _save_file(Path(where) / key, body)
     else:
         object_store(scheme).put(where, key, body)
+
+
+def _save_file(path: Path, body: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _sweep(path.parent)
+    fd, partial = _own_partial(path)
+    try:
+        view = memoryview(body)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+        os.replace(partial, path)  # still locked: no sweep removes it before the rename
+    except BaseException:
+        Path(partial).unlink(missing_ok=True)
+        raise
+    finally:
+        os.close(fd)
+
+
+def _own_partial(path: Path) -> tuple[int, str]:
+    """A new file beside `path`, open and locked (a sweep between its creation and its lock
+    removes it: then another)."""
+    while True:
+        partial = str(path.with_name(PARTIAL.format(token=secrets.token_hex(6), name=path.name)))
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if os.stat(partial).st_ino == os.fstat(fd).st_ino:
+                return fd, partial
+        except (BlockingIOError, FileNotFoundError):
+            pass
+        os.close(fd)
+
+
+def _sweep(folder: Path) -> None:
+    """Remove what killed saves left in `folder`: their files, which no save holds locked."""
+    for left in folder.glob(PARTIAL.format(token="*", name="*")):
+        try:
+            fd = os.open(left, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            left.unlink(missing_ok=True)
+        except OSError:  # held by a save under way, or not ours to remove
+            pass
+        finally:
+            os.close(fd)
 
 
 def load(name: str, *, base: str | None = None) -> bytes | None:
