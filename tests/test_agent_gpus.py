@@ -4,8 +4,11 @@ driver is broken takes nothing and asks to be replaced."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -78,3 +81,45 @@ def test_a_node_whose_driver_is_broken_takes_nothing_and_is_marked_draining(gpu_
     beat = DynamoStore(gpu_node.env.name, gpu_node.env.region).heartbeat("gpu", "broken")
     assert beat.draining and beat.busy_slots == 0
     assert gpu_node.queue_depth("train") == 1 and not gpu_node.ledger.exists()
+
+
+def _driver(tmp_path: Path, usage: str) -> str:
+    """PATH with an nvidia-smi first that lists two GPUs and answers the usage query with the
+    shell line `usage`."""
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text(f"""#!/bin/sh
+case "$1" in
+  *uuid*) printf '0, GPU-a, 81920\\n1, GPU-b, 81920\\n' ;;
+  *) {usage} ;;
+esac
+""")
+    smi.chmod(0o755)
+    return f"{smi.parent}{os.pathsep}{os.environ['PATH']}"
+
+
+def test_a_hung_nvidia_smi_does_not_hold_up_the_heartbeat(gpu_node, tmp_path):
+    """The usage sample waits up to 20 s on a hung driver; in the heartbeat it had stretched the
+    beats (and the claim's renewals) from 0.5 s to 20 s apart."""
+    pids = tmp_path / "hung.pids"
+    path = _driver(tmp_path, f"echo $$ >> {pids}; exec sleep 30")
+    job = sdk.submit(gpu_node.env, "hung", "train", sdk.read_items(["a"]), kick=False).job_id
+    store = DynamoStore(gpu_node.env.name, gpu_node.env.region)
+    try:
+        gpu_node.start_agent("gpu-node", PATH=path)
+        wait_until(lambda: gpu_node.ledger.exists(), 30, "the item started")
+        beats: list[float] = []
+        while not sdk.status(gpu_node.env, job).done:
+            beat = store.heartbeat("gpu", "gpu-node")
+            if beat is not None and (not beats or beat.at != beats[-1]):
+                beats.append(beat.at)
+            assert time.time() - beats[-1] < 3, f"no heartbeat for 3 s while the item ran: {beats}"
+            time.sleep(0.1)
+        assert len(beats) >= 4, beats
+        assert {i.status for i in store.items(job)} == {"succeeded"}
+        assert "Traceback" not in gpu_node.agent_log("gpu-node")
+    finally:
+        gpu_node.stop_agents()
+        for pid in pids.read_text().split() if pids.exists() else []:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)

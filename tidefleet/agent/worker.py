@@ -398,7 +398,8 @@ class Agent:
         signal.signal(signal.SIGTERM, lambda *_: self.request_stop("SIGTERM to the agent"))
         threads = [threading.Thread(target=self._loop, args=(f, s), daemon=True) for f, s in (
             (self._beat, self.s.heartbeat_s), (self._watch_metadata, self.s.imds_poll_s),
-            (self._flush_batches, ACK_FLUSH_S), (self._flush_outcomes, ACK_FLUSH_S))]
+            (self._flush_batches, ACK_FLUSH_S), (self._flush_outcomes, ACK_FLUSH_S),
+            *([(self._sample_gpus, self.s.heartbeat_s)] if self.devices is not None else []))]
         for t in threads:
             t.start()
         log.info("agent %s up: pool %s, %d slot(s), queues %s", self.s.node_id, self.pool_name, self.slots,
@@ -1446,8 +1447,6 @@ class Agent:
         recently = idle_since is not None and time.time() - idle_since < self.s.heartbeat_s
         self._step("scale-in protection", self._protect,
                    (busy > 0 or recently or bool(unrecorded)) and not self.finished.is_set())
-        if self.devices is not None and runs:
-            self._step("GPU usage", self._sample_gpus, runs)
         for stream in streams:
             stream.flush()
 
@@ -1548,10 +1547,20 @@ class Agent:
             instance_type=self.s.instance_type, spot=self.s.spot, gpus=self.gpus,
         ))  # fmt: skip
 
-    def _sample_gpus(self, runs: list[Run]) -> None:
-        readings = sample()
+    def _sample_gpus(self) -> None:
+        """A thread of its own, every heartbeat: nvidia-smi may hang for its whole QUERY_TIMEOUT_S
+        (20 s), which in the heartbeat would hold up the claims' renewals (30 s) with it. A sample
+        the driver does not give is one line and a reading fewer; anything else goes to `_loop`."""
         with self.lock:
-            account(self.gpu_usage, {id(r): r.gpus for r in runs if r.gpus and r in self.runs}, readings)
+            if not self.runs:
+                return
+        try:
+            readings = sample()
+        except GpuProblem as err:
+            log.warning("GPU usage not sampled: %s", str(err)[:300])
+            return
+        with self.lock:
+            account(self.gpu_usage, {id(r): r.gpus for r in self.runs if r.gpus and r.state.result is None}, readings)
 
     def _extend_visibility(self, runs: list[Run]) -> None:
         by_queue: dict[str, list[Run]] = defaultdict(list)
