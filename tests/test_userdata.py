@@ -267,3 +267,19 @@ def test_a_failing_init_script_fails_the_boot(tmp_path, env_name, local):
     result = _run_boot(script, local, tmp_path)
     assert result.returncode != 0 and "tidefleet.cli" not in result.stdout
     assert (tmp_path / "steps").read_text() == "before\n"
+
+
+@BOTH_MODES
+def test_the_init_script_sees_the_pools_env_in_both_modes(tmp_path, env_name, local):
+    """The sandbox exported the pool's env before the init_script and EC2/GCE did not: an
+    init_script using $DATA_DIR passed in the sandbox and failed the cloud boot (set -u)."""
+    values = {**HOSTILE_ENV, "DATA_DIR": "/data/ü dir"}
+    init = 'mkdir -p "./$(basename "$DATA_DIR")"\nenv -0 > seen\n'
+    bootlocal = {LOCAL_PYTHON: _stand_in_python(tmp_path)} if local else None
+    script = render_user_data(with_pool(env_name, env=values, init_script=init), "cpu", artifacts_bucket="b", local=bootlocal)
+    assert shellcheck(script) == ""
+    result = _run_boot(script, local, tmp_path)
+    assert result.returncode == 0, result.stderr
+    seen = dict(line.split("=", 1) for line in (tmp_path / "seen").read_text().split("\0") if line)
+    assert {k: seen.get(k) for k in values} == values
+    assert (tmp_path / "ü dir").is_dir() and not (tmp_path / "pwned").exists()

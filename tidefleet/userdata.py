@@ -1,10 +1,12 @@
 """Node boot script: one jinja2 template for a cloud node and for a sandbox node.
 
 Cloud mode (EC2 user-data): install Python 3.11, fetch the agent wheel from the artifacts
-bucket's ``agent/`` prefix, run the pool's init_script, start the agent as the systemd unit
-``tidefleet-agent``. Local mode (``local`` given): export the given variables and the pool's
-env, run the init_script and ``exec`` the agent in the caller's Python, so the sandbox boots
-a node exactly the way EC2 would, minus installation and systemd.
+bucket's ``agent/`` prefix, run the pool's init_script with the pool's env, start the agent as
+the systemd unit ``tidefleet-agent`` (the pool's env in its ``Environment=`` lines). Local mode
+(``local`` given): export the given variables and the pool's env, run the init_script and
+``exec`` the agent in the caller's Python, so the sandbox boots a node exactly the way EC2
+would, minus installation and systemd. In both modes the init_script sees the pool's env and
+runs as ``bash -euo pipefail -c`` with its stdin /dev/null.
 """
 
 from __future__ import annotations
