@@ -283,3 +283,37 @@ def test_the_init_script_sees_the_pools_env_in_both_modes(tmp_path, env_name, lo
     seen = dict(line.split("=", 1) for line in (tmp_path / "seen").read_text().split("\0") if line)
     assert {k: seen.get(k) for k in values} == values
     assert (tmp_path / "ü dir").is_dir() and not (tmp_path / "pwned").exists()
+
+
+# Valid env values with a backslash before a quote (SC1003 in plain single quotes) or other backslashes.
+BACKSLASHED_ENV = {
+    "WIN_PATH": "C:\\data\\",
+    "TRAILING_BS": "C:\\",
+    "ESCAPED_QUOTE": "a\\'b",
+    "BS_QUOTE": "\\'",
+    "BS_ALONE": "\\",
+    "QUOTE_BS_QUOTE": "'\\''",
+    "ANSI_C": "$'\\x41\\n' \\t \\\\ %h\\",
+    "MIXED": "it's \"q\" $(touch pwned) `touch pwned` \\ end\\",
+}
+
+
+@BOTH_MODES
+def test_a_value_with_backslashes_is_shellcheck_clean_and_arrives_literal(tmp_path, env_name, local):
+    """`WIN_PATH = 'C:\\data\\'` drew SC1003 in local mode (`export WIN_PATH='C:\\data\\'`), failing
+    `invoke lint` for a valid environment."""
+    bootlocal = {LOCAL_PYTHON: _stand_in_python(tmp_path), "X": "D:\\x\\"} if local else None
+    env = with_pool(env_name, env=BACKSLASHED_ENV, init_script="env -0 > seen\n")
+    script = render_user_data(env, "cpu", artifacts_bucket="b", local=bootlocal)
+    assert shellcheck(script) == ""
+    result = _run_boot(script, local, tmp_path)
+    assert result.returncode == 0, result.stderr
+    seen = dict(line.split("=", 1) for line in (tmp_path / "seen").read_text().split("\0") if line)
+    assert {k: seen.get(k) for k in BACKSLASHED_ENV} == BACKSLASHED_ENV
+    if local:
+        environ = json.loads(result.stdout)[1]
+        assert {k: environ[k] for k in BACKSLASHED_ENV} == BACKSLASHED_ENV and environ["X"] == "D:\\x\\"
+    else:
+        unit = script.split("<<'UNIT'\n", 1)[1].split("\nUNIT\n", 1)[0]
+        assert {k: _systemd_environment(unit)[k] for k in BACKSLASHED_ENV} == BACKSLASHED_ENV
+    assert not (tmp_path / "pwned").exists()

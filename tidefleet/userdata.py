@@ -35,10 +35,19 @@ def _systemd_quote(assignment: str) -> str:
     return f'"{escaped}"'
 
 
+def _shell_quote(value: str) -> str:
+    """One literal shell word: shlex.quote's single quotes, but a value with a backslash goes in
+    ANSI-C quotes ($'...', each backslash and single quote escaped). A backslash before a quote
+    in plain single quotes ('C:\\data\\') is correct bash but draws shellcheck's SC1003."""
+    if "\\" not in value:
+        return shlex.quote(value)
+    return "$'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 @cache
 def _template() -> jinja2.Template:
     environment = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
-    environment.filters["q"] = shlex.quote
+    environment.filters["q"] = _shell_quote
     environment.filters["systemd_quote"] = _systemd_quote
     return environment.from_string(TEMPLATE.read_text())
 
