@@ -123,3 +123,22 @@ def test_a_hung_nvidia_smi_does_not_hold_up_the_heartbeat(gpu_node, tmp_path):
         for pid in pids.read_text().split() if pids.exists() else []:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(pid), signal.SIGKILL)
+
+
+def test_a_gpu_that_goes_missing_is_warned_of_and_given_to_no_item_until_it_is_back(gpu_node, tmp_path):
+    """Listed at start, then missing from every usage read (fallen off the bus): one warning,
+    items run on the other GPU only, and one line when it is back."""
+    back = tmp_path / "back"
+    path = _driver(tmp_path, f"printf '0, 40, 1000\\n'; [ ! -e {back} ] || printf '1, 50, 2000\\n'")
+    gpu_node.start_agent("gpu-node", PATH=path)
+    missing = "GPU 1 (GPU-b) is missing from nvidia-smi's readings"
+    wait_until(lambda: missing in gpu_node.agent_log("gpu-node"), 15, "the missing GPU warned of")
+    job = sdk.submit(gpu_node.env, "one", "train", sdk.read_items(["a", "b"]), kick=False).job_id
+    wait_until(lambda: sdk.status(gpu_node.env, job).done, 60, "both items done")
+    seen = [json.loads(line) for line in gpu_node.ledger.read_text().splitlines()]
+    assert [s["cuda"] for s in seen] == ["0", "0"], seen
+    back.touch()
+    wait_until(lambda: "GPU 1 (GPU-b) is back" in gpu_node.agent_log("gpu-node"), 15, "the GPU back")
+    log = gpu_node.agent_log("gpu-node")
+    assert log.count(missing) == 1 and log.count("GPU 1 (GPU-b) is back") == 1, log
+    assert "Traceback" not in log

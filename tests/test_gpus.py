@@ -158,3 +158,25 @@ def test_a_byte_that_is_not_utf8_costs_only_its_own_row_s_reading(tmp_path, monk
 esac""")
     assert [(g.index, g.memory_mb) for g in query(2)] == [(0, 81920), (1, 81920)]
     assert sample() == {0: (40.0, 1000.0), 1: (None, 2000.0)}
+
+
+def test_a_gpu_missing_from_the_readings_is_given_to_no_item_until_it_is_back():
+    """A GPU that fell off the bus fails every item given it: while nvidia-smi does not list it,
+    items fit on the others only; `seen` says which went missing and which came back, once each."""
+    devices = Devices(gpus(2), slots_per_gpu=1)
+    assert devices.seen({0: (40.0, 1000.0)}) == ([Gpu(1, "GPU-1", 80000)], [])
+    assert devices.seen({0: (40.0, 1000.0)}) == ([], []), "said once"
+    assert devices.take("a", 1) == [0]
+    assert not devices.fits(1), "GPU 1 is free but missing"
+    assert devices.seen({0: (40.0, 1000.0), 1: (0.0, 0.0)}) == ([], [Gpu(1, "GPU-1", 80000)])
+    assert devices.fits(1) and devices.take("b", 1) == [1]
+
+
+def test_a_gpu_that_went_missing_after_the_fit_check_is_still_handed_out_not_none():
+    """The agent checks `fits` before the claim and `take`s after it; a GPU that went missing
+    in between is given as it would have been, never no device (the workload would see them all)."""
+    devices = Devices(gpus(2), slots_per_gpu=1)
+    devices.take("a", 1)
+    assert devices.fits(1)
+    devices.seen({0: (40.0, 1000.0)})
+    assert devices.take("b", 1) == [1]

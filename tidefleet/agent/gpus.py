@@ -32,6 +32,7 @@ class Gpu:
 
 
 Runner = Callable[[Sequence[str]], str]
+Reading = tuple[float | None, float | None]  # (utilisation %, memory used MB); None: the GPU has no such reading
 
 
 def run_nvidia_smi(args: Sequence[str]) -> str:
@@ -91,6 +92,7 @@ class Devices:
     slots_per_gpu: int = 1
     gpus_per_slot: int = 1
     held: dict[str, dict[int, int]] = field(default_factory=dict)  # holder -> {gpu index: slots}
+    missing: set[int] = field(default_factory=set)  # listed at start, absent from the last readings (`seen`)
 
     @classmethod
     def for_node(cls, gpus: list[Gpu], slots: int) -> Devices:
@@ -101,12 +103,26 @@ class Devices:
     def free(self, index: int) -> int:
         return self.slots_per_gpu - sum(h.get(index, 0) for h in self.held.values())
 
+    def seen(self, readings: dict[int, Reading]) -> tuple[list[Gpu], list[Gpu]]:
+        """The node's GPUs that went missing from nvidia-smi's readings since the last ones, and
+        those back in them. A missing GPU (fallen off the bus) would fail every item given it:
+        while it is missing, items fit on the others only."""
+        now = {g.index for g in self.gpus if g.index not in readings}
+        gone = [g for g in self.gpus if g.index in now - self.missing]
+        back = [g for g in self.gpus if g.index in self.missing - now]
+        self.missing = now
+        return gone, back
+
     def fits(self, slots: int) -> bool:
-        return self._pick(slots) is not None
+        return self._pick(slots, [g for g in self.gpus if g.index not in self.missing]) is not None
 
     def take(self, holder: str, slots: int) -> list[int]:
-        """The GPU indices `holder` gets for an item of `slots` slots (sorted); [] if it does not fit."""
-        picked = self._pick(slots)
+        """The GPU indices `holder` gets for an item of `slots` slots (sorted); [] if it does not fit.
+        GPUs not missing first; one that went missing since the caller's `fits` is still given
+        rather than none, which would let the workload see every GPU."""
+        picked = self._pick(slots, [g for g in self.gpus if g.index not in self.missing])
+        if picked is None:
+            picked = self._pick(slots, self.gpus)
         if picked is None:
             return []
         self.held[holder] = picked
@@ -115,14 +131,14 @@ class Devices:
     def give_back(self, holder: str) -> None:
         self.held.pop(holder, None)
 
-    def _pick(self, slots: int) -> dict[int, int] | None:
+    def _pick(self, slots: int, gpus: list[Gpu]) -> dict[int, int] | None:
         per = self.slots_per_gpu
         if slots >= per:  # whole GPUs, untouched by anyone
             whole = -(-slots // per) * self.gpus_per_slot
-            empty = [g.index for g in self.gpus if self.free(g.index) == per]
+            empty = [g.index for g in gpus if self.free(g.index) == per]
             return {i: per for i in empty[:whole]} if len(empty) >= whole else None
         # Part of one GPU: the fullest one it fits, so whole GPUs stay free for big items.
-        fitting = sorted((self.free(g.index), g.index) for g in self.gpus if self.free(g.index) >= slots)
+        fitting = sorted((self.free(g.index), g.index) for g in gpus if self.free(g.index) >= slots)
         return {fitting[0][1]: slots} if fitting else None
 
 
@@ -165,9 +181,6 @@ class Usage:
         util = round(self.util_sum / self.util_samples, 1) if self.util_samples else None
         peak = None if self.memory_peak_mb is None else round(self.memory_peak_mb, 1)
         return {"gpu_util_pct": util, "gpu_mem_peak_mb": peak}
-
-
-Reading = tuple[float | None, float | None]  # (utilisation %, memory used MB); None: the GPU has no such reading
 
 
 def sample(run: Runner = run_nvidia_smi) -> dict[int, Reading]:

@@ -472,7 +472,8 @@ class Agent:
                     with self.changed:
                         self.changed.wait(timeout=1.0)
                     continue
-                if free == self.slots and self._join_gang([(n, q) for n, q in fitting if q.gang[1] > 1]):
+                whole = free == self.slots and self._gpus_fit(self.slots)  # a member holds all its GPUs
+                if whole and self._join_gang([(n, q) for n, q in fitting if q.gang[1] > 1]):
                     continue  # a gang that forms goes before new items
                 got = sum(self._receive_queue(n, q) for n, q in fitting)  # highest priority first
                 if not got and not self.stopping.is_set():
@@ -1550,17 +1551,22 @@ class Agent:
     def _sample_gpus(self) -> None:
         """A thread of its own, every heartbeat: nvidia-smi may hang for its whole QUERY_TIMEOUT_S
         (20 s), which in the heartbeat would hold up the claims' renewals (30 s) with it. A sample
-        the driver does not give is one line and a reading fewer; anything else goes to `_loop`."""
-        with self.lock:
-            if not self.runs:
-                return
+        the driver does not give is one line and a reading fewer; anything else goes to `_loop`.
+        Idle too: a GPU missing from the readings (fallen off the bus) is said once, and given to
+        no item until it is back (`Devices.seen`), so the next item does not fail on it."""
         try:
             readings = sample()
         except GpuProblem as err:
             log.warning("GPU usage not sampled: %s", str(err)[:300])
             return
         with self.lock:
+            gone, back = self.devices.seen(readings)
             account(self.gpu_usage, {id(r): r.gpus for r in self.runs if r.gpus and r.state.result is None}, readings)
+        for gpu in gone:
+            log.warning("GPU %d (%s) is missing from nvidia-smi's readings: no item is given it until it is back",
+                        gpu.index, gpu.uuid)  # fmt: skip
+        for gpu in back:
+            log.warning("GPU %d (%s) is back in nvidia-smi's readings: items are given it again", gpu.index, gpu.uuid)
 
     def _extend_visibility(self, runs: list[Run]) -> None:
         by_queue: dict[str, list[Run]] = defaultdict(list)
