@@ -7,6 +7,15 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+
+import pytest
+import requests
 
 from tidefleet.agent import checkpoint
 
@@ -54,3 +63,96 @@ def test_a_killed_saves_leftovers_are_swept_by_the_next_save_and_never_loaded(tm
     checkpoint.save("other", b"x", base=base)  # any save in the folder sweeps them
     assert sorted(p.name for p in tmp_path.iterdir()) == ["other", "state.bin"]
     assert checkpoint.load("state.bin", base=base) == b"kept"
+
+
+AWS_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+def test_a_save_to_an_s3_endpoint_that_never_answers_gives_up_within_half_a_minute(tmp_path):
+    silent = socket.create_server(("127.0.0.1", 0), backlog=16)  # takes connections, never answers
+    try:
+        plain = {k: v for k, v in os.environ.items() if not k.startswith(("TIDEFLEET_", "AWS_"))}
+        env = {**plain, **AWS_ENV, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{silent.getsockname()[1]}"}
+        code = "from tidefleet.agent import checkpoint; checkpoint.save('state.json', '{}', base='s3://b/run/')"
+        began = time.monotonic()
+        try:
+            run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=45, check=False)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the save was still waiting after 45 s")
+        took = time.monotonic() - began
+    finally:
+        silent.close()
+    assert run.returncode == 1 and "ReadTimeoutError" in run.stderr, run.stderr[-500:]
+    assert 3 * 8 <= took < 35, took  # 3 attempts of 8 s without an answer, and standard backoff
+
+
+def _slow_s3(server: socket.socket, got: list[int]) -> None:
+    """Reads a PutObject's body at 1 MB/s, then answers as S3 does."""
+    conn, _ = server.accept()
+    with conn:
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += conn.recv(65536)
+        head, body = head.split(b"\r\n\r\n", 1)
+        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+        received = len(body)
+        while received < length:
+            received += len(conn.recv(min(100_000, length - received)))
+            time.sleep(0.1)
+        got.append(received)
+        conn.sendall(b'HTTP/1.1 200 OK\r\nx-amz-request-id: r1\r\nETag: "e"\r\nContent-Length: 0\r\n\r\n')
+
+
+def test_an_upload_longer_than_the_read_timeout_is_not_cut_while_it_is_sending(monkeypatch):
+    server = socket.create_server(("127.0.0.1", 0))
+    got: list[int] = []
+    reader = threading.Thread(target=_slow_s3, args=(server, got), daemon=True)
+    reader.start()
+    for key, value in {**AWS_ENV, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{server.getsockname()[1]}"}.items():
+        monkeypatch.setenv(key, value)
+    try:
+        began = time.monotonic()
+        checkpoint.save("model.pt", b"w" * (10 << 20), base="s3://b/run/")  # ~10 s to send
+        assert time.monotonic() - began > 8 and got == [10 << 20]
+    finally:
+        server.close()
+
+
+class _SilentOnce:
+    """A Cloud Storage session whose first try of each call goes unanswered."""
+
+    def __init__(self):
+        self.timeouts: list[float] = []
+        self.stored: dict[str, bytes] = {}
+
+    def _try(self, kwargs) -> None:
+        self.timeouts.append(kwargs["timeout"])
+        if len(self.timeouts) % 2:
+            raise requests.ReadTimeout("no answer")
+
+    def post(self, url, params, data, **kwargs):
+        self._try(kwargs)
+        self.stored[params["name"]] = data
+        return _reply(200, b"{}")
+
+    def get(self, url, params, **kwargs):
+        self._try(kwargs)
+        key = urllib.parse.unquote(url.rsplit("/o/", 1)[1])
+        return _reply(200, self.stored[key]) if key in self.stored else _reply(404, b"{}")
+
+
+def _reply(status: int, content: bytes) -> requests.Response:
+    reply = requests.Response()
+    reply.status_code, reply._content = status, content
+    return reply
+
+
+def test_a_cloud_storage_call_gives_up_a_try_after_8_s_without_an_answer_and_tries_again():
+    from tidefleet.cloud.gcp.objects import GcsObjects
+
+    store = GcsObjects.__new__(GcsObjects)
+    store.session = _SilentOnce()
+    store.put("b", "run/state.json", b"{}")
+    assert store.get("b", "run/state.json") == b"{}"
+    assert store.get("b", "run/other") is None
+    assert store.session.timeouts == [8] * 6
