@@ -156,3 +156,25 @@ def test_a_cloud_storage_call_gives_up_a_try_after_8_s_without_an_answer_and_tri
     assert store.get("b", "run/state.json") == b"{}"
     assert store.get("b", "run/other") is None
     assert store.session.timeouts == [8] * 6
+
+
+def test_a_file_uri_with_a_host_is_refused_naming_it_and_the_three_slash_form(monkeypatch):
+    monkeypatch.setenv("TIDEFLEET_CHECKPOINT_URI", "file://runA/")
+    for call in (lambda: checkpoint.load("state.json"), lambda: checkpoint.save("state.json", b"v")):
+        with pytest.raises(ValueError) as refused:
+            call()
+        assert str(refused.value) == (
+            "TIDEFLEET_CHECKPOINT_URI 'file://runA/' names the host 'runA': a file:// location is a folder on this "
+            "machine, written with three slashes: file:///absolute/path/"
+        )
+    with pytest.raises(ValueError, match=r"^checkpoint location 'file:runs/' is a relative path: .*file:///absolute"):
+        checkpoint.load("state.json", base="file:runs/")
+    with pytest.raises(ValueError, match=r"^checkpoint location 's3:///runs/' names no bucket: write s3://bucket/"):
+        checkpoint.load("state.json", base="s3:///runs/")
+    with pytest.raises(ValueError, match=r"^checkpoint location 'http://x/' is not file://, s3:// or gs://"):
+        checkpoint.load("state.json", base="http://x/")
+
+
+def test_a_file_uri_on_localhost_is_this_machine(tmp_path):
+    checkpoint.save("state.json", b"v", base=f"file://localhost{tmp_path}/")
+    assert (tmp_path / "state.json").read_bytes() == b"v"

@@ -127,12 +127,23 @@ def _location(name: str, base: str | None) -> tuple[str, str, str]:
     """(scheme, bucket or directory, key) of `name` under this item's checkpoint location."""
     if not name or name.startswith("/") or ".." in name.split("/"):
         raise ValueError(f"checkpoint name {name!r}: give a relative name such as 'state.json'")
-    uri = urllib.parse.urlparse(base or checkpoint_uri())
+    given = base or checkpoint_uri()
+    what = f"checkpoint location {given!r}" if base else f"TIDEFLEET_CHECKPOINT_URI {given!r}"
+    uri = urllib.parse.urlparse(given)
     if uri.scheme == "file":
+        # file://runA/ is the host runA and the folder /: two runs would share (and load) one folder
+        if uri.netloc not in ("", "localhost"):
+            raise ValueError(f"{what} names the host {uri.netloc!r}: a file:// location is a folder on this machine, "
+                             "written with three slashes: file:///absolute/path/")  # fmt: skip
+        if not uri.path.startswith("/"):
+            raise ValueError(f"{what} is a relative path: write the folder's absolute path, file:///absolute/path/")
         return "file", urllib.request.url2pathname(uri.path), name
     if uri.scheme in ("s3", "gs"):
+        if not uri.netloc:
+            raise ValueError(f"{what} names no bucket: write {uri.scheme}://bucket/prefix/")
         return uri.scheme, uri.netloc, uri.path.lstrip("/") + name
-    raise RuntimeError(f"TIDEFLEET_CHECKPOINT_URI {checkpoint_uri()!r}: only file://, s3:// and gs:// are supported")
+    raise ValueError(f"{what} is not file://, s3:// or gs://: write file:///absolute/path/, s3://bucket/prefix/ "
+                     "or gs://bucket/prefix/")  # fmt: skip
 
 
 def save(name: str, data: bytes | str, *, base: str | None = None) -> None:
