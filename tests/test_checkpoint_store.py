@@ -178,3 +178,19 @@ def test_a_file_uri_with_a_host_is_refused_naming_it_and_the_three_slash_form(mo
 def test_a_file_uri_on_localhost_is_this_machine(tmp_path):
     checkpoint.save("state.json", b"v", base=f"file://localhost{tmp_path}/")
     assert (tmp_path / "state.json").read_bytes() == b"v"
+
+
+@pytest.mark.moto
+def test_an_s3_location_without_a_trailing_slash_is_a_folder_as_on_file(aws, tmp_path):
+    import boto3
+
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket="ckpts")
+    checkpoint.save("state.json", b"1", base="s3://ckpts/runs/exp1")
+    assert [o["Key"] for o in s3.list_objects_v2(Bucket="ckpts")["Contents"]] == ["runs/exp1/state.json"]
+    assert checkpoint.load("state.json", base="s3://ckpts/runs/exp1/") == b"1"
+    checkpoint.save("state.json", b"2", base="s3://ckpts")  # the bucket's top
+    assert checkpoint.load("state.json", base="s3://ckpts/") == b"2"
+    assert checkpoint._location("state.json", "gs://b/runs/exp1") == ("gs", "b", "runs/exp1/state.json")
+    checkpoint.save("state.json", b"3", base=tmp_path.as_uri())
+    assert (tmp_path / "state.json").read_bytes() == b"3"

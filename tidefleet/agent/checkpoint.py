@@ -141,7 +141,9 @@ def _location(name: str, base: str | None) -> tuple[str, str, str]:
     if uri.scheme in ("s3", "gs"):
         if not uri.netloc:
             raise ValueError(f"{what} names no bucket: write {uri.scheme}://bucket/prefix/")
-        return uri.scheme, uri.netloc, uri.path.lstrip("/") + name
+        # A folder, as a file:// location is: s3://b/runs/exp1 + state.json is runs/exp1/state.json
+        prefix = uri.path.strip("/")
+        return uri.scheme, uri.netloc, f"{prefix}/{name}" if prefix else name
     raise ValueError(f"{what} is not file://, s3:// or gs://: write file:///absolute/path/, s3://bucket/prefix/ "
                      "or gs://bucket/prefix/")  # fmt: skip
 
