@@ -50,8 +50,12 @@ def test_a_node_whose_driver_does_not_work_is_unhealthy(fake_driver, setup, expe
 def test_garbage_from_the_driver_is_a_problem_not_a_crash():
     with pytest.raises(GpuProblem, match="unexpected"):
         query(1, run=lambda args: "0, GPU-x\n")
-    with pytest.raises(GpuProblem, match="not a number"):
+    with pytest.raises(GpuProblem, match="not a GPU's number"):
         query(1, run=lambda args: "zero, GPU-x, 100\n")
+    # CUDA_VISIBLE_DEVICES=-1 would hide every GPU from the item given it
+    with pytest.raises(GpuProblem, match=r"index that is not a GPU's number \('-1'\)"):
+        query(1, run=lambda args: "-1, GPU-x, 100\n")
+    assert query(1, run=lambda args: "0, GPU-x, inf\n") == [Gpu(0, "GPU-x", None)]  # int(inf) raised OverflowError
 
 
 def test_a_driver_warning_among_the_rows_loses_no_gpu():

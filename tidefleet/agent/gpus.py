@@ -12,6 +12,7 @@ wherever the driver is) and turns any failure into a `GpuProblem`.
 
 from __future__ import annotations
 
+import math
 import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -74,11 +75,11 @@ def _number(cell: str) -> float | None:
 def query(expected: int, run: Runner = run_nvidia_smi) -> list[Gpu]:
     """The node's GPUs, checked against the `expected` count its instance type has."""
     rows = _rows(run(["--query-gpu=index,uuid,memory.total", "--format=csv,noheader,nounits"]), 3)
-    try:
-        gpus = [Gpu(int(index), uuid, None if (total := _number(memory)) is None else int(total))
-                for index, uuid, memory in rows]
-    except ValueError as err:
-        raise GpuProblem(f"{NVIDIA_SMI} printed an index that is not a number ({err})") from None
+    # An index is what CUDA_VISIBLE_DEVICES names: plain digits (-1 there hides every GPU).
+    if bad := next((index for index, _, _ in rows if not (index.isascii() and index.isdigit())), None):
+        raise GpuProblem(f"{NVIDIA_SMI} printed an index that is not a GPU's number ({bad!r})")
+    gpus = [Gpu(int(index), uuid, int(total) if (total := _number(memory)) is not None and math.isfinite(total) else None)
+            for index, uuid, memory in rows]  # fmt: skip
     if len(gpus) < expected:
         raise GpuProblem(f"{len(gpus)} of the {expected} GPUs of this instance type are visible to the driver")
     return gpus[:expected]
