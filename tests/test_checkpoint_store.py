@@ -194,3 +194,68 @@ def test_an_s3_location_without_a_trailing_slash_is_a_folder_as_on_file(aws, tmp
     assert checkpoint._location("state.json", "gs://b/runs/exp1") == ("gs", "b", "runs/exp1/state.json")
     checkpoint.save("state.json", b"3", base=tmp_path.as_uri())
     assert (tmp_path / "state.json").read_bytes() == b"3"
+
+
+BAD_NAMES = ["", ".", "./", "..", "x/.", "./x", "a/", "a//b", "/abs", "a/../b", "a\x00b", "x" * 300,
+             "d/" + "y" * 201, ".tidefleet-complete", ".tidefleet-0a1b2c3d4e5f.state.bin.partial"]  # fmt: skip
+
+
+@pytest.mark.moto
+@pytest.mark.parametrize("name", BAD_NAMES, ids=lambda n: repr(n[:24]))
+def test_a_name_outside_the_one_rule_is_refused_on_every_backend_before_anything_is_written(aws, tmp_path, name):
+    import boto3
+
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket="ckpts")
+    folder = tmp_path / "item"
+    for base in (folder.as_uri() + "/", "s3://ckpts/item/"):
+        with pytest.raises(ValueError, match=r"^checkpoint name .*: a checkpoint name is a relative path such as"):
+            checkpoint.save(name, b"v", base=base)
+        if name != checkpoint.COMPLETE_MARKER:  # the agent reads the marker
+            with pytest.raises(ValueError, match=r"^checkpoint name "):
+                checkpoint.load(name, base=base)
+    assert not folder.exists() and "Contents" not in s3.list_objects_v2(Bucket="ckpts")
+
+
+def test_the_refusal_names_the_name_why_and_the_rule_in_one_line(tmp_path):
+    with pytest.raises(ValueError) as refused:
+        checkpoint.save("ckpt/./model.pt", b"v", base=tmp_path.as_uri())
+    assert str(refused.value) == (
+        "checkpoint name 'ckpt/./model.pt': a part is '.': a checkpoint name is a relative path such as 'state.json' or "
+        "'ckpt/step-100.pt': parts between single slashes, none empty, '.' or '..', no NUL, at most 200 bytes a "
+        "part and 512 in all, not starting with '.tidefleet-' (tidefleet's own files)"
+    )
+    with pytest.raises(ValueError, match=r"^checkpoint name 'xxxxxxxxxx\.\.\.' \(300 characters\): a part is over 200 "):
+        checkpoint.save("x" * 300, b"v", base=tmp_path.as_uri())
+    with pytest.raises(TypeError, match=r"^checkpoint name 7: a name is a str such as 'state.json', not a int$"):
+        checkpoint.save(7, b"v", base=tmp_path.as_uri())
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.moto
+@pytest.mark.parametrize("data", [{"step": 1}, None, 3], ids=["dict", "None", "int"])
+def test_a_value_that_is_not_bytes_or_str_is_a_type_error_before_anything_is_written(aws, tmp_path, data):
+    import boto3
+
+    boto3.client("s3").create_bucket(Bucket="ckpts")
+    for base in (tmp_path.as_uri(), "s3://ckpts/item/"):
+        with pytest.raises(TypeError) as refused:
+            checkpoint.save("state.json", data, base=base)
+        assert str(refused.value) == (
+            f"checkpoint.save('state.json', ...) got a {type(data).__name__}: save takes bytes or str "
+            "(json.dumps(...) a dict; torch.save(...) into an io.BytesIO and give its getvalue())"
+        )
+    assert list(tmp_path.iterdir()) == []
+    checkpoint.save("state.json", bytearray(b"ok"), base=tmp_path.as_uri())
+    assert checkpoint.load("state.json", base=tmp_path.as_uri()) == b"ok"
+
+
+def test_complete_still_leaves_its_marker_and_the_agent_reads_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("TIDEFLEET_CHECKPOINT_URI", tmp_path.as_uri() + "/")
+    monkeypatch.setenv("TIDEFLEET_ATTEMPT", "2")
+    monkeypatch.delenv("TIDEFLEET_DONE_FILE", raising=False)
+    checkpoint.complete()
+    assert checkpoint.load(checkpoint.COMPLETE_MARKER, base=tmp_path.as_uri() + "/") == b"2"
+    for name in ("x/.", "d/./e", "a//b"):  # the same file as 'x', 'd/e', 'a/b' on disk; other keys on S3
+        with pytest.raises(ValueError):
+            checkpoint.save(name, b"v")

@@ -123,10 +123,41 @@ def _nothing_saved_locally(base: str | None) -> bool:
     return base is None and not os.environ.get("TIDEFLEET_CHECKPOINT_URI") and not os.environ.get("TIDEFLEET_ITEM_ID")
 
 
-def _location(name: str, base: str | None) -> tuple[str, str, str]:
+# One rule on every backend, so a name means one file, the same on a laptop and in a bucket.
+NAME_RULE = ("a checkpoint name is a relative path such as 'state.json' or 'ckpt/step-100.pt': parts between single "
+             "slashes, none empty, '.' or '..', no NUL, at most 200 bytes a part and 512 in all, not starting with "
+             "'.tidefleet-' (tidefleet's own files)")  # fmt: skip
+RESERVED = ".tidefleet-"
+MAX_PART, MAX_NAME = 200, 512  # bytes (UTF-8): a file name's limit is 255, a key's 1024 with its prefix
+
+
+def _check_name(name: str, *, marker: bool = False) -> None:
+    """Refuse a name outside NAME_RULE (`marker`: the completion marker is allowed), before
+    anything is written."""
+    if not isinstance(name, str):
+        raise TypeError(f"checkpoint name {name!r}: a name is a str such as 'state.json', not a {type(name).__name__}")
+    parts = name.split("/")
+    why = (
+        "it is empty" if not name
+        else "it has a NUL character" if "\0" in name
+        else "it starts with '/'" if name.startswith("/")
+        else "it ends with '/'" if name.endswith("/")
+        else "it has an empty part ('//')" if "" in parts
+        else f"a part is {next(p for p in parts if p in ('.', '..'))!r}" if {".", ".."} & set(parts)
+        else f"a part is over {MAX_PART} bytes" if any(len(p.encode()) > MAX_PART for p in parts)
+        else f"it is over {MAX_NAME} bytes" if len(name.encode()) > MAX_NAME
+        else f"a part starts with {RESERVED!r}" if any(p.startswith(RESERVED) for p in parts)
+        and not (marker and name == COMPLETE_MARKER)
+        else None
+    )  # fmt: skip
+    if why:
+        shown = repr(name) if len(name) <= 60 else f"{name[:10] + '...'!r} ({len(name)} characters)"
+        raise ValueError(f"checkpoint name {shown}: {why}: {NAME_RULE}")
+
+
+def _location(name: str, base: str | None, *, marker: bool = False) -> tuple[str, str, str]:
     """(scheme, bucket or directory, key) of `name` under this item's checkpoint location."""
-    if not name or name.startswith("/") or ".." in name.split("/"):
-        raise ValueError(f"checkpoint name {name!r}: give a relative name such as 'state.json'")
+    _check_name(name, marker=marker)
     given = base or checkpoint_uri()
     what = f"checkpoint location {given!r}" if base else f"TIDEFLEET_CHECKPOINT_URI {given!r}"
     uri = urllib.parse.urlparse(given)
@@ -150,9 +181,21 @@ def _location(name: str, base: str | None) -> tuple[str, str, str]:
 
 def save(name: str, data: bytes | str, *, base: str | None = None) -> None:
     """Store `data` as `name` in this item's checkpoint location (a local file in the sandbox,
-    S3 on AWS, GCS on GCP), replacing what was there. `base`: another item's location."""
-    scheme, where, key = _location(name, base)
-    body = data.encode() if isinstance(data, str) else data
+    S3 on AWS, GCS on GCP), replacing what was there. `base`: another item's location. `name`
+    follows NAME_RULE; `data` is bytes (or a bytearray, a memoryview) or str (saved as UTF-8)."""
+    _save(name, data, base)
+
+
+def _save(name: str, data: bytes | str, base: str | None, *, marker: bool = False) -> None:
+    _check_name(name, marker=marker)
+    if isinstance(data, str):
+        body = data.encode()
+    elif isinstance(data, bytes | bytearray | memoryview):
+        body = bytes(data)
+    else:
+        raise TypeError(f"checkpoint.save({name!r}, ...) got a {type(data).__name__}: save takes bytes or str "
+                        "(json.dumps(...) a dict; torch.save(...) into an io.BytesIO and give its getvalue())")  # fmt: skip
+    scheme, where, key = _location(name, base, marker=marker)
     if scheme == "file":
         _save_file(Path(where) / key, body)
     else:
@@ -210,9 +253,9 @@ def _sweep(folder: Path) -> None:
 def load(name: str, *, base: str | None = None) -> bytes | None:
     """What `save(name, ...)` stored on an earlier attempt of this item, or None."""
     if _nothing_saved_locally(base):
-        _location(name, base="file:///")  # the name's rules all the same
+        _check_name(name, marker=True)  # the name's rules all the same
         return None
-    scheme, where, key = _location(name, base)
+    scheme, where, key = _location(name, base, marker=True)  # the agent reads the marker
     if scheme == "file":
         path = Path(where) / key
         return path.read_bytes() if path.exists() else None
@@ -236,7 +279,7 @@ def complete() -> None:
             pass
     if os.environ.get("TIDEFLEET_CHECKPOINT_URI"):
         try:
-            save(COMPLETE_MARKER, str(attempt()))  # which attempt: only a lost one's counts
+            _save(COMPLETE_MARKER, str(attempt()), None, marker=True)  # which attempt: only a lost one's counts
         except Exception as err:  # noqa: BLE001 - the work is done; only the crash shortcut is lost
             print(f"tidefleet: could not leave the completion marker ({err})", file=sys.stderr)
 
