@@ -230,6 +230,21 @@ def test_a_profile_no_file_has_names_the_variable_the_files_and_the_fix(monkeypa
     )
 
 
+def test_a_key_id_without_its_secret_is_said_as_incomplete_credentials_not_an_unreachable_aws(monkeypatch, tmp_path):
+    import boto3
+
+    for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAEXAMPLE")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
+    with pytest.raises(for_env(AWS).errors) as refused:
+        boto3.Session().client("sts", region_name="us-east-1").get_caller_identity()
+    assert for_env(AWS).explain(refused.value) == (
+        "incomplete AWS credentials: the environment has no AWS_SECRET_ACCESS_KEY; set it too, or use a profile "
+        "with both keys (AWS_PROFILE)")
+
+
 @pytest.mark.parametrize(("text", "where"), [
     ("[default\nx", "line 1: '[default'"),
     ("[default]\nx\n", "line 2: 'x'"),

@@ -27,6 +27,7 @@ from botocore.exceptions import (
     HTTPClientError,
     NoCredentialsError,
     ParamValidationError,
+    PartialCredentialsError,
     ProfileNotFound,
     ReadTimeoutError,
 )
@@ -387,6 +388,10 @@ class AwsCloud:
             return _endpoint_hint(err.kwargs["endpoint"], err.kwargs.get("reason"))
         if isinstance(err, ProfileNotFound):
             return _profile_hint(err.kwargs["profile"])
+        if isinstance(err, PartialCredentialsError):  # a key id without its secret: nothing unreachable
+            where = "the environment" if err.kwargs["provider"] == "env" else f"the {err.kwargs['provider']} credentials"
+            return (f"incomplete AWS credentials: {where} has no {err.kwargs['cred_var']}; set it too, or use a "
+                    "profile with both keys (AWS_PROFILE)")  # fmt: skip
         if isinstance(err, ConfigParseError):
             return _config_file_hint(err)
         if isinstance(err, ClientError):
