@@ -86,8 +86,8 @@ def _advised(fn):
     as a note (PEP 678): still the cloud library's own exception, so callers that catch
     botocore's or Google's types still do, and an uncaught one's traceback ends in what to do."""
 
-    def advise(env: Environment, cloud: Cloud | None, err: BaseException) -> None:
-        line = (cloud or for_env(env)).explain(err)
+    def advise(cloud: Cloud, err: BaseException) -> None:
+        line = cloud.explain(err)
         if line not in getattr(err, "__notes__", ()):  # one SDK function calling another
             err.add_note(line)
 
@@ -95,22 +95,22 @@ def _advised(fn):
 
         @functools.wraps(fn)
         def generator(env: Environment, *args, **kwargs):
-            errors = (kwargs.get("cloud") or for_env(env)).errors
+            cloud = kwargs.get("cloud") or for_env(env)  # the caller's, else one for its errors and words
             try:
                 return (yield from fn(env, *args, **kwargs))
-            except errors as err:
-                advise(env, kwargs.get("cloud"), err)
+            except cloud.errors as err:
+                advise(cloud, err)
                 raise
 
         return generator
 
     @functools.wraps(fn)
     def call(env: Environment, *args, **kwargs):
-        errors = (kwargs.get("cloud") or for_env(env)).errors
+        cloud = kwargs.get("cloud") or for_env(env)  # the caller's, else one for its errors and words
         try:
             return fn(env, *args, **kwargs)
-        except errors as err:
-            advise(env, kwargs.get("cloud"), err)
+        except cloud.errors as err:
+            advise(cloud, err)
             raise
 
     return call
