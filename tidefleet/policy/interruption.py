@@ -72,7 +72,13 @@ def _shown(value: object) -> str:
     """A field's value for an ignore's reason: a string quoted and cut (`triggers.clip`), else its type."""
     if value is None or isinstance(value, str):
         return repr(clip(value) if value else value)
-    return f"a {type(value).__name__}"
+    return _a_type(value)
+
+
+def _a_type(value: object) -> str:
+    """The value's type with its article: "an int", "a dict"."""
+    name = type(value).__name__
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
 
 
 def pool_of_group(env: Environment, group: str) -> str | None:
@@ -94,7 +100,7 @@ def action_for(event: object, env: Environment) -> Action:
             )
         action = detail.get("instance-action") or "terminate"
         goes = (f"will {clip(action)} in {SPOT_NOTICE_S}s" if isinstance(action, str) else
-                f"goes in {SPOT_NOTICE_S}s (its instance-action is a {type(action).__name__}, not a string)")  # fmt: skip
+                f"goes in {SPOT_NOTICE_S}s (its instance-action is {_a_type(action)}, not a string)")  # fmt: skip
         return DrainNode(
             instance_id,
             None,
