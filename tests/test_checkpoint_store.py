@@ -259,3 +259,26 @@ def test_complete_still_leaves_its_marker_and_the_agent_reads_it(tmp_path, monke
     for name in ("x/.", "d/./e", "a//b"):  # the same file as 'x', 'd/e', 'a/b' on disk; other keys on S3
         with pytest.raises(ValueError):
             checkpoint.save(name, b"v")
+
+
+@pytest.mark.parametrize(("saved", "then"), [("a", "a/b"), ("a", "a/b/c"), ("a/b", "a"), ("a/b/c", "a")])
+def test_a_name_that_is_both_a_checkpoint_and_a_folder_of_checkpoints_on_file_is_one_clear_error(tmp_path, saved, then):
+    base = tmp_path.as_uri() + "/"
+    checkpoint.save(saved, b"kept", base=base)
+    before = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*"))
+    checkpoint_first = "/" in then  # 'a' was saved, then a name under 'a/'
+    for call in (lambda: checkpoint.save(then, b"v", base=base), lambda: checkpoint.load(then, base=base)):
+        with pytest.raises(ValueError) as refused:
+            call()
+        where = f"checkpoint location {base!r}"
+        rule = "on file:// a name cannot be both a checkpoint and a folder of checkpoints (S3 and GCS allow it)"
+        assert str(refused.value) == (
+            f"checkpoint name {then!r}: 'a' is already a checkpoint in {where}, and {rule}: give {then!r} a name "
+            "outside 'a/' (or remove the checkpoint 'a' first)"
+            if checkpoint_first
+            else f"checkpoint name 'a': 'a' is already a folder of checkpoints in {where} (it holds {saved!r}), and "
+            f"{rule}: give 'a' another name (or remove the folder 'a' first)"
+        )
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == before  # nothing written
+    assert checkpoint.load(saved, base=base) == b"kept"
+

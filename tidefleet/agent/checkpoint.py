@@ -168,7 +168,9 @@ def _location(name: str, base: str | None, *, marker: bool = False) -> tuple[str
                              "written with three slashes: file:///absolute/path/")  # fmt: skip
         if not uri.path.startswith("/"):
             raise ValueError(f"{what} is a relative path: write the folder's absolute path, file:///absolute/path/")
-        return "file", urllib.request.url2pathname(uri.path), name
+        folder = urllib.request.url2pathname(uri.path)
+        _check_not_nested(Path(folder), name, what)
+        return "file", folder, name
     if uri.scheme in ("s3", "gs"):
         if not uri.netloc:
             raise ValueError(f"{what} names no bucket: write {uri.scheme}://bucket/prefix/")
@@ -177,6 +179,32 @@ def _location(name: str, base: str | None, *, marker: bool = False) -> tuple[str
         return uri.scheme, uri.netloc, f"{prefix}/{name}" if prefix else name
     raise ValueError(f"{what} is not file://, s3:// or gs://: write file:///absolute/path/, s3://bucket/prefix/ "
                      "or gs://bucket/prefix/")  # fmt: skip
+
+
+def _check_not_nested(folder: Path, name: str, what: str) -> None:
+    """Refuse, before anything is written, a name that is a checkpoint on one side and a folder of
+    checkpoints on the other ('a' and 'a/b'): S3 and GCS keys can be both, a file cannot."""
+    rule = "on file:// a name cannot be both a checkpoint and a folder of checkpoints (S3 and GCS allow it)"
+    parts = name.split("/")
+    for depth in range(1, len(parts)):
+        above = "/".join(parts[:depth])
+        if (folder / above).exists() and not (folder / above).is_dir():
+            raise ValueError(f"checkpoint name {name!r}: {above!r} is already a checkpoint in {what}, and {rule}: "
+                             f"give {name!r} a name outside {above + '/'!r} (or remove the checkpoint {above!r} first)")  # fmt: skip
+    if (folder / name).is_dir():
+        held = _a_checkpoint_under(folder, name)
+        holds = f" (it holds {held!r})" if held else ""
+        raise ValueError(f"checkpoint name {name!r}: {name!r} is already a folder of checkpoints in {what}{holds}, "
+                         f"and {rule}: give {name!r} another name (or remove the folder {name!r} first)")  # fmt: skip
+
+
+def _a_checkpoint_under(folder: Path, name: str) -> str | None:
+    """The name of one checkpoint saved under the folder `name` (not a partial), to show it."""
+    for inside, _, files in os.walk(folder / name):
+        for file in files:
+            if not file.startswith(RESERVED):
+                return Path(inside, file).relative_to(folder).as_posix()
+    return None
 
 
 def save(name: str, data: bytes | str, *, base: str | None = None) -> None:
