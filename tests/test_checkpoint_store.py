@@ -5,9 +5,11 @@ clear error before anything is written."""
 
 from __future__ import annotations
 
+import errno
 import multiprocessing
 import os
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -282,3 +284,44 @@ def test_a_name_that_is_both_a_checkpoint_and_a_folder_of_checkpoints_on_file_is
     assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == before  # nothing written
     assert checkpoint.load(saved, base=base) == b"kept"
 
+
+
+def test_a_save_fsyncs_its_folder_after_the_rename_so_a_power_loss_keeps_it(tmp_path, monkeypatch):
+    folder = tmp_path / "ckpt"
+    target = folder / "state.bin"
+    real_fsync, synced_folders = os.fsync, []
+
+    def fsync(fd):
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            synced_folders.append((os.fstat(fd).st_ino, target.exists() and target.read_bytes()))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    checkpoint.save("ckpt/state.bin", b"new", base=tmp_path.as_uri())
+    assert (folder.stat().st_ino, b"new") in synced_folders, "the folder was not fsynced after the rename"
+
+
+@pytest.mark.parametrize("code", [errno.EINVAL, errno.EOPNOTSUPP], ids=errno.errorcode.get)
+def test_a_filesystem_that_refuses_to_fsync_a_folder_still_saves(tmp_path, monkeypatch, code):
+    real_fsync, refused = os.fsync, []
+
+    def fsync(fd):
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            refused.append(fd)
+            raise OSError(code, os.strerror(code))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    checkpoint.save("state.bin", b"v", base=tmp_path.as_uri())
+    assert refused and checkpoint.load("state.bin", base=tmp_path.as_uri()) == b"v"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.bin"]
+
+
+
+
+def test_the_first_save_into_new_folders_fsyncs_the_folders_that_hold_them(tmp_path, monkeypatch):
+    real_fsync, synced = os.fsync, []
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.fstat(fd).st_ino), real_fsync(fd)))
+    checkpoint.save("ckpt/step-1/model.pt", b"w", base=(tmp_path / "run").as_uri())  # makes run/, ckpt/, step-1/
+    holders = [tmp_path, tmp_path / "run", tmp_path / "run" / "ckpt", tmp_path / "run" / "ckpt" / "step-1"]
+    assert [folder.name for folder in holders if folder.stat().st_ino not in synced] == []

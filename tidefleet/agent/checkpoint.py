@@ -25,7 +25,9 @@ the whole process group would end the workers and crash the loop before it saves
 
 from __future__ import annotations
 
+import errno
 import fcntl
+import itertools
 import os
 import secrets
 import signal
@@ -231,6 +233,7 @@ def _save(name: str, data: bytes | str, base: str | None, *, marker: bool = Fals
 
 
 def _save_file(path: Path, body: bytes) -> None:
+    new_folders = list(itertools.takewhile(lambda folder: not folder.exists(), [path.parent, *path.parent.parents]))
     path.parent.mkdir(parents=True, exist_ok=True)
     _sweep(path.parent)
     fd, partial = _own_partial(path)
@@ -245,6 +248,27 @@ def _save_file(path: Path, body: bytes) -> None:
         raise
     finally:
         os.close(fd)
+    # The rename is an entry of its folder, and a new folder an entry of the one above: a power loss
+    # can undo them until those folders are synced.
+    for folder in [path.parent, *(new.parent for new in new_folders)]:
+        _fsync_folder(folder)
+
+
+# Some filesystems refuse to fsync a folder (EINVAL, ENOTSUP), and a folder may be writable but not
+# readable (EACCES): there the rename is as durable as the filesystem makes it, and the save stands.
+NO_FOLDER_FSYNC = {errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EACCES}
+
+
+def _fsync_folder(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as err:
+        if err.errno not in NO_FOLDER_FSYNC:
+            raise
 
 
 def _own_partial(path: Path) -> tuple[int, str]:
