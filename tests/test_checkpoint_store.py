@@ -325,3 +325,12 @@ def test_the_first_save_into_new_folders_fsyncs_the_folders_that_hold_them(tmp_p
     checkpoint.save("ckpt/step-1/model.pt", b"w", base=(tmp_path / "run").as_uri())  # makes run/, ckpt/, step-1/
     holders = [tmp_path, tmp_path / "run", tmp_path / "run" / "ckpt", tmp_path / "run" / "ckpt" / "step-1"]
     assert [folder.name for folder in holders if folder.stat().st_ino not in synced] == []
+
+
+def test_a_checkpoint_named_like_an_older_versions_partial_is_the_users_and_is_kept(tmp_path):
+    # Before the '.tidefleet-' partials, a save wrote '<name>.partial'; such a file may be one a
+    # killed old save left, or a checkpoint the user named 'x.partial': no save removes it.
+    base = tmp_path.as_uri() + "/"
+    checkpoint.save("x.partial", b"mine", base=base)
+    checkpoint.save("x", b"other", base=base)
+    assert checkpoint.load("x.partial", base=base) == b"mine"

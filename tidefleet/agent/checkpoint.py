@@ -49,7 +49,8 @@ COMPLETE_MARKER = ".tidefleet-complete"
 # A save to a local folder writes a file of its own beside its target (so two saves at once never
 # share one), holding a lock on it, then renames it over the target: last writer wins, whole. A
 # killed save's file is unlocked: the next save in that folder removes it. Hidden, and never a
-# name load() or save() accepts.
+# name load() or save() accepts. An older version's '<name>.partial' is never swept: 'x.partial' is
+# also a name a user may save, and it was unlocked, so one a running old save holds looks the same.
 PARTIAL = ".tidefleet-{token}.{name}.partial"
 
 _sigterm = threading.Event()
