@@ -291,6 +291,49 @@ def test_a_google_credentials_file_that_is_missing_or_unusable_is_named(monkeypa
     ]
 
 
+def test_a_google_credentials_variable_naming_a_directory_is_one_line_from_every_kind_of_command(tmp_path):
+    """google-auth opens the file GOOGLE_APPLICATION_CREDENTIALS names when a client is built and
+    let the IsADirectoryError through: a traceback from every GCP command. A job command, the tick
+    (the scaler's clients) and the agent (a node's)."""
+    folder = tmp_path / "keys"
+    folder.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GOOGLE_", "CLOUDSDK_", "TIDEFLEET_"))}
+    env |= {"GOOGLE_APPLICATION_CREDENTIALS": str(folder), "HOME": str(tmp_path), "NO_GCE_CHECK": "True"}
+    commands = [["nodes"], ["tick", "--dry-run"], ["agent", "--pool", "cpu", "--work-dir", str(tmp_path)]]
+    runs = [subprocess.Popen([sys.executable, "-m", "tidefleet.cli", *c, "--env", "gcp-dev"], cwd=ROOT, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for c in commands]  # fmt: skip
+    says = (f"GOOGLE_APPLICATION_CREDENTIALS names {folder}, which is a directory, not a credentials file; point it "
+            "at the key file (.json) in it, or unset it and run `gcloud auth application-default login`")
+    for command, run in zip(commands, runs, strict=True):
+        out, err = run.communicate(timeout=90)
+        lines = [line for line in err.splitlines() if line.strip() and " INFO " not in line]
+        assert run.returncode == 1 and "Traceback" not in out + err, (command, err[-2000:])
+        assert lines == [f"Error: {says}"], (command, err[-2000:])
+
+
+def test_a_google_credentials_file_that_cannot_be_read_is_named_with_why(monkeypatch, tmp_path):
+    """No permission to read the file: google-auth lets the PermissionError through as it does a
+    directory's error (made here by google-auth's open, as root reads any file)."""
+    import google.auth._default
+    from google.auth.exceptions import DefaultCredentialsError
+
+    key = tmp_path / "key.json"
+    key.write_text("{}")
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(key))
+
+    def unreadable(filename, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", filename)
+
+    monkeypatch.setattr(google.auth._default.io, "open", unreadable)
+    cloud = for_env(GCP)
+    with pytest.raises(DefaultCredentialsError) as caught:
+        cloud.store  # noqa: B018 (building the client reads the credentials)
+    assert cloud.explain(caught.value) == (
+        f"GOOGLE_APPLICATION_CREDENTIALS names {key}, which cannot be read (Permission denied); let this user read "
+        "it, point it at another credentials file, or unset it and run `gcloud auth application-default login`"
+    )
+
+
 @pytest.fixture
 def sandbox_aws(aws):
     env = load_environment("sandbox")
