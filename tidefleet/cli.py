@@ -3,7 +3,11 @@ so `tidefleet status` never pays for the simulator's imports."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
+import sys
+from collections.abc import Iterator
 
 import click
 
@@ -46,7 +50,37 @@ SUMMARIES = {
 }
 
 
+# `tidefleet status JOB | head -1`: the reader left before the output ended. A Unix tool is killed
+# by SIGPIPE then, which a shell reports as 128 + 13; click would exit 1, which `status` gives a job
+# done with failed items. SIGPIPE itself stays ignored: it would kill us on a dropped connection too.
+READER_LEFT = 141
+
+
+@contextlib.contextmanager
+def _reader_may_leave() -> Iterator[None]:
+    """A closed stdout ends the command quietly with READER_LEFT (the `signal` docs' "Note on
+    SIGPIPE" recipe), whatever wrote to it: click, rich, or the flush of what is still buffered."""
+    try:
+        try:
+            yield
+        finally:  # what is left in the buffer meets the closed pipe here, not in the interpreter's last flush
+            sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit fails
+        raise SystemExit(READER_LEFT) from None
+
+
 class LazyGroup(click.Group):
+    # Before click's own EPIPE handling (exit 1): `tidefleet --help` writes in make_context, every
+    # subcommand (its --help too) in invoke.
+    def make_context(self, *args, **kwargs) -> click.Context:
+        with _reader_may_leave():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: click.Context):
+        with _reader_may_leave():
+            return super().invoke(ctx)
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)
 

@@ -111,7 +111,7 @@ def submit(env_name, name, queue, items_from, job_id, image, command, job_env, s
         items = sdk.read_items(items_from)
         try:
             with Progress(TextColumn("sending"), BarColumn(), TextColumn("{task.completed}/{task.total} items"),
-                          console=Console(stderr=True), transient=True, disable=len(items) < 1000) as bar:
+                          console=CliConsole(stderr=True), transient=True, disable=len(items) < 1000) as bar:
                 task = bar.add_task("", total=len(items))
                 result = sdk.submit(env, name, queue, items, job_id=job_id, progress=told, on_job=recorded, spec=spec,
                                     after=after, after_finished=after_finished, flags=True, on_stop=stopping)  # fmt: skip
@@ -140,11 +140,18 @@ def _sent(job, done: int, stop: KeyboardInterrupt) -> str:
     return f"job {job.job_id}: at least {done} of {job.total} item(s) sent; {again}"
 
 
+class CliConsole(Console):
+    def on_broken_pipe(self) -> None:
+        """rich's own exits 1, the code `status` gives a job done with failed items: the closed pipe
+        goes on to the CLI's main instead, which ends every command alike (tidefleet.cli)."""
+        raise BrokenPipeError
+
+
 def _console(**kwargs) -> Console:
     # User text (ids, reasons, output) goes through escape(); emoji codes like :x: stay as typed.
     # Piped (CI logs, grep), lines and tables are as wide as their text: rich would fold them at 80
     # columns and cut node ids short.
-    console = Console(emoji=False, **kwargs)
+    console = CliConsole(emoji=False, **kwargs)
     if not console.is_terminal:
         console.width = PIPED_WIDTH
     return console
@@ -240,7 +247,8 @@ def status(env_name, job_id, watch, time_limit, all_failed, as_json) -> None:
     """Counts of succeeded / running / queued / failed / cancelled items, with a progress bar.
 
     Exit status: 0 when the job is done with no failed item, or still running; 1 when it is done
-    with failed items, when --watch gives up at --time-limit, or on an error."""
+    with failed items, when --watch gives up at --time-limit, or on an error; 141 when its reader
+    leaves before the output ends (| head -1), as every tidefleet command."""
     env, console = _load(env_name), _console()
     if time_limit is not None and not watch:
         raise click.BadParameter("only applies with --watch; add --watch or drop it", param_hint="--time-limit")
