@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 
+import boto3
 import pytest
 from agent_harness import Harness
 from click.testing import CliRunner
 
+from tidefleet import naming
 from tidefleet.cli import main
 from tidefleet.cloud import for_env
 from tidefleet.cloud.aws.dynamodb import DynamoStore
@@ -86,6 +88,25 @@ def test_piped_tables_keep_long_ids_whole_and_a_heartbeat_ahead_of_the_clock_is_
     out = run(h, "nodes")
     assert out.exit_code == 0 and node_id in out.output, out.output
     assert "0s ago" in out.output and "-0s" not in out.output and "-" not in out.output.split(node_id)[1].split("ago")[0]
+
+
+def test_a_pool_without_nodes_is_one_line_saying_why_and_json_keeps_its_shape(h):
+    out = run(h, "nodes")
+    assert out.exit_code == 0 and "┃" not in out.output, out.output  # no empty table
+    assert out.output.splitlines() == [
+        ("pool cpu: desired 0, 0 instance(s): no nodes; normal with nothing to run: the pool scales to zero, "
+         "and the scaler starts nodes when items are queued")]
+    (obj,) = json_lines(run(h, "nodes", "--json"))
+    assert obj["pools"] == [{"pool": "cpu", "desired": 0, "instances": 0, "nodes": []}]
+    h.group_instance()  # launched, its agent not started yet: no heartbeat
+    assert run(h, "nodes").output.splitlines() == [
+        ("pool cpu: desired 1, 1 instance(s): no node has reported yet; each is listed from its agent's first "
+         "heartbeat, typically 60 s after launch")]
+    group = naming.group(h.env.name, "cpu")
+    boto3.client("autoscaling", region_name=h.env.region).delete_auto_scaling_group(AutoScalingGroupName=group,
+                                                                                    ForceDelete=True)  # fmt: skip
+    assert run(h, "nodes").output.splitlines() == [
+        f"pool cpu: group not found, no nodes; `invoke deploy --env {h.env_path}` creates it"]
 
 
 def test_status_summarises_failures_and_lists_them_all_with_failed(h):

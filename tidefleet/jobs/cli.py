@@ -382,6 +382,9 @@ def nodes(env_name, as_json) -> None:
     console = _console()
     for pool in pools:
         group = "group not found" if pool.desired is None else f"desired {pool.desired}, {pool.instances} instance(s)"
+        if not pool.nodes:  # an empty table under its title would leave the user to guess why
+            console.print(f"pool {escape(pool.pool)}: {group}{_no_nodes(env, pool)}", highlight=False, soft_wrap=True)
+            continue
         table = Table(title=f"pool {escape(pool.pool)}: {group}", title_justify="left")
         for column in ("node", "type", "lifecycle", "busy/slots", "state", "GPUs", "heartbeat"):
             table.add_column(column)
@@ -396,6 +399,17 @@ def nodes(env_name, as_json) -> None:
                           "with it, and their heartbeat records stay listed until it is deployed again "
                           f"({deploy}), as the scaler forgets only the nodes of a group it finds",
                           highlight=False, soft_wrap=True)  # fmt: skip
+
+
+def _no_nodes(env: Environment, pool: sdk.PoolRow) -> str:
+    """Why a pool lists no node, and whether that is normal."""
+    if pool.desired is None:
+        return f", no nodes; `invoke deploy --env {escape(env_argument(env))}` creates it"
+    if pool.desired == 0:
+        return (": no nodes; normal with nothing to run: the pool scales to zero, and the scaler starts nodes "
+                "when items are queued")
+    return (": no node has reported yet; each is listed from its agent's first heartbeat, typically "
+            f"{env.pools[pool.pool].boot_estimate_s} s after launch")
 
 
 @click.command("jobs")
