@@ -82,3 +82,14 @@ def test_a_reader_gone_before_the_first_word_ends_every_command_with_141(args, t
 def test_status_help_lists_141_with_its_other_exit_statuses():
     text = " ".join(CliRunner().invoke(main, ["status", "--help"]).output.split())
     assert "141 when its reader leaves before the output ends (| head -1), as every tidefleet command" in text
+
+
+def test_the_sandbox_read_by_head_exits_141_and_takes_its_moto_server_with_it(tmp_path):
+    """Its lines go through its own rich console, whose closed pipe would exit 1: after `| head -1`
+    it stops as on Ctrl-C (its emulator and nodes go) and ends with 141 like every command."""
+    line, code, stderr = head_1("sandbox", "--items", "4", "--workdir", str(tmp_path / "run"))
+    assert line.startswith(b"tidefleet sandbox: moto on http://127.0.0.1:")
+    port = line.split(b"127.0.0.1:")[1].split()[0].decode()
+    assert code == READER_LEFT and "Traceback" not in stderr, stderr
+    left = subprocess.run(["pgrep", "-f", f"emulator.*-p {port}"], check=False, capture_output=True, text=True)
+    assert left.stdout == "", left.stdout

@@ -71,8 +71,7 @@ def sandbox(env_name, items, chaos, keep, train, time_limit, tick, boot_delay, s
     """A moto server, the environment's queues, table and groups, the scaler on a fast clock,
     nodes as local processes running their real user-data, and a demo job: watch machines
     appear, do the work and go back to zero. Exit 0 when every item is accounted for."""
-    from rich.console import Console
-
+    from tidefleet.jobs.cli import CliConsole
     from tidefleet.sandbox.run import Timing
 
     source = click.get_current_context().get_parameter_source
@@ -97,7 +96,7 @@ def sandbox(env_name, items, chaos, keep, train, time_limit, tick, boot_delay, s
             Queues.of(env)
         except NotATrainingEnvironment as err:
             raise click.BadParameter(str(err), param_hint="--env") from None
-    console = Console(stderr=as_json)
+    console = CliConsole(stderr=as_json)
     temporary = workdir is None
     # Absolute once: each node runs in its own folder under it, so a relative one would nest there.
     workdir = _workdir(workdir).absolute()
