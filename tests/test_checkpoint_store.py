@@ -285,6 +285,14 @@ def test_a_name_that_is_both_a_checkpoint_and_a_folder_of_checkpoints_on_file_is
     assert checkpoint.load(saved, base=base) == b"kept"
 
 
+def test_a_file_location_that_is_a_file_is_refused_on_save_and_load(tmp_path):
+    (tmp_path / "run").write_bytes(b"not a folder")
+    base = (tmp_path / "run").as_uri()
+    for call in (lambda: checkpoint.save("state.json", b"v", base=base), lambda: checkpoint.load("state.json", base=base)):
+        with pytest.raises(ValueError, match=r"is a file, not a folder: point it at a folder \(file:///absolute/path/\)"):
+            call()
+    assert (tmp_path / "run").read_bytes() == b"not a folder"
+
 
 def test_a_save_fsyncs_its_folder_after_the_rename_so_a_power_loss_keeps_it(tmp_path, monkeypatch):
     folder = tmp_path / "ckpt"

@@ -172,6 +172,9 @@ def _location(name: str, base: str | None, *, marker: bool = False) -> tuple[str
         if not uri.path.startswith("/"):
             raise ValueError(f"{what} is a relative path: write the folder's absolute path, file:///absolute/path/")
         folder = urllib.request.url2pathname(uri.path)
+        if os.path.exists(folder) and not os.path.isdir(folder):  # save would fail mid-mkdir, load find nothing
+            raise ValueError(f"{what} is a file, not a folder: point it at a folder (file:///absolute/path/), "
+                             "where the checkpoints go")  # fmt: skip
         _check_not_nested(Path(folder), name, what)
         return "file", folder, name
     if uri.scheme in ("s3", "gs"):
