@@ -451,7 +451,7 @@ SPOT = "EC2 Spot Instance Interruption Warning: "
     ("lifecycle_terminate", {"LifecycleHookName": "no spaces, please"},
      HOOK + "detail.LifecycleHookName is not a hook name (got 'no spaces, please')"),
     ("lifecycle_terminate", {"LifecycleActionToken": 5},
-     HOOK + "detail.LifecycleActionToken is not a lifecycle action token (got a int)"),
+     HOOK + "detail.LifecycleActionToken is not a lifecycle action token (got an int)"),
     ("lifecycle_terminate", {"LifecycleActionToken": "short"},
      HOOK + "detail.LifecycleActionToken is not a lifecycle action token (got 'short')"),
     # Not an instance id: a DynamoDB key too large (ValidationException), or one the API answers with a 500.
