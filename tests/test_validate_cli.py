@@ -231,3 +231,50 @@ def test_one_file_named_twice_is_one_environment_not_a_clash(monkeypatch):
     monkeypatch.chdir(ROOT)
     result = CliRunner().invoke(main, ["validate", "dev", "environments/dev.toml"])
     assert result.exit_code == 0 and "warning" not in result.output, result.output
+
+
+def _typed_env(tmp_path: Path, *types: str) -> Path:
+    """An AWS environment whose one pool has `types`, each with its own prices (as a type SPECS lacks needs)."""
+    listed = ", ".join(f'{{ type = "{t}", on_demand_price = 1.0, spot_price = 0.4 }}' for t in types)
+    path = tmp_path / "typed.toml"
+    path.write_text(f'region = "us-east-1"\n[pools.cpu]\nmax = 2\ncommand = "echo"\ninstance_types = [{listed}]\n'
+                    '[queues.work]\npool = "cpu"\n')  # fmt: skip
+    return path
+
+
+@pytest.fixture
+def typed(tmp_path):
+    return lambda *types: str(_typed_env(tmp_path, *types))
+
+
+def test_validate_warns_of_an_aws_type_botocore_does_not_know_with_the_closest_name(typed):
+    """A typo with prices set passed validate and synth; only plan's EC2 check (credentials) caught it.
+    A warning, as a type newer than the installed botocore is real: the fix names both cases."""
+    import botocore
+
+    path = typed("g5.xlarg", "m5.hyper", "p5.48xlarge")  # p5.48xlarge: real, not in prices.SPECS
+    result = CliRunner().invoke(main, ["validate", path])
+    assert result.exit_code == 0, result.output
+    botocore_x = f"botocore {botocore.__version__}"
+    fix = f"fix the type, or if it is a type newer than {botocore_x} knows, upgrade boto3"
+    assert [x for x in result.output.splitlines() if x.startswith("warning:")] == [
+        (f"warning: {path}: pools.cpu.instance_types[0].type: {botocore_x} knows no EC2 instance type 'g5.xlarg' (did "
+         f"you mean 'g5.xlarge'?); {fix}"),
+        f"warning: {path}: pools.cpu.instance_types[1].type: {botocore_x} knows no EC2 instance type 'm5.hyper'; {fix}",
+    ]
+    as_json = json.loads(CliRunner().invoke(main, ["validate", "--json", path]).output)
+    assert as_json["ok"] and len(as_json["warnings"]) == 2 and "'g5.xlarg' (did you mean" in as_json["warnings"][0]
+
+
+def test_botocores_types_are_read_only_for_a_type_prices_lacks_and_then_once(monkeypatch, typed):
+    """Loading botocore's EC2 model takes about 0.2 s, and validate runs in many tests."""
+    import tidefleet.cloud
+    from tidefleet.cloud.aws.offerings import known_types
+
+    monkeypatch.setattr(tidefleet.cloud, "aws_instance_types", lambda: pytest.fail("read botocore's types"))
+    assert CliRunner().invoke(main, ["validate", "dev", "prod"]).exit_code == 0
+    monkeypatch.undo()
+    known_types.cache_clear()
+    for _ in range(2):
+        assert CliRunner().invoke(main, ["validate", typed("p5.48xlarge")]).exit_code == 0
+    assert known_types.cache_info().misses == 1

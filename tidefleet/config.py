@@ -777,6 +777,29 @@ def environment_clashes(envs: dict[str, Environment]) -> list[str]:
     return out
 
 
+def instance_type_warnings(env: Environment) -> list[str]:
+    """AWS instance types neither prices.SPECS nor the installed botocore knows: a typo (g5.xlarg) that
+    passes with prices set, until plan asks EC2. Warnings, not problems: a type newer than the
+    installed botocore is real, and refusing it would stop a valid file (and, in load_environment,
+    the scaler and the agents). botocore's list is loaded only for a type SPECS lacks."""
+    unknown = [(f"pools.{name}.instance_types[{i}].type", t.type) for name, pool in env.pools.items()
+               for i, t in enumerate(pool.instance_types) if env.cloud == "aws" and t.type not in prices.SPECS]  # fmt: skip
+    if not unknown:
+        return []
+    from tidefleet.cloud import aws_instance_types
+
+    botocore, known = aws_instance_types()
+    out = []
+    for at, name in unknown:
+        if name in known:
+            continue
+        close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.75)
+        guess = f" (did you mean {close[0]!r}?)" if close else ""
+        out.append(f"{at}: {botocore} knows no EC2 instance type {name!r}{guess}; fix the type, or if it is a type "
+                   f"newer than {botocore} knows, upgrade boto3")  # fmt: skip
+    return out
+
+
 def _network_problems(env: Environment) -> list[str]:
     out = []
     cidr = env.network.vpc_cidr

@@ -23,6 +23,13 @@ def for_env(env: Environment) -> Cloud:
     return AwsCloud(env)
 
 
+def aws_instance_types() -> tuple[str, frozenset[str]]:
+    """('botocore X.Y.Z', the EC2 instance types it knows), for validate; no credentials, no network."""
+    from tidefleet.cloud.aws.offerings import known_types
+
+    return known_types()
+
+
 def object_store(scheme: str) -> Objects:
     """The object store of a URI scheme (s3 or gs), for checkpoints."""
     if scheme == "gs":

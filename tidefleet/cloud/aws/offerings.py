@@ -15,8 +15,11 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from functools import cache
 
 import boto3
+import botocore
+import botocore.session
 
 from tidefleet import naming
 from tidefleet.cloud.aws import _fail_fast
@@ -32,6 +35,14 @@ class Offerings:
     types: frozenset[str]  # every type the region offers
     zones: tuple[str, ...]  # the stack's zones, in name order; () with the environment's own subnets
     in_zone: dict[str, frozenset[str]]  # pool type -> those of `zones` that offer it
+
+
+@cache
+def known_types() -> tuple[str, frozenset[str]]:
+    """('botocore X.Y.Z', every EC2 instance type its EC2 model lists): offline, so a type newer than
+    the installed botocore is missing. The model loads once, in about 0.2 s."""
+    model = botocore.session.get_session().get_service_model("ec2")
+    return f"botocore {botocore.__version__}", frozenset(model.shape_for("InstanceType").enum)
 
 
 def read_offerings(env: Environment) -> Offerings:
