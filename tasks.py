@@ -542,11 +542,34 @@ def bootstrap(c, repo=None, ci="github", branch="main", env="prod", deploy_envs=
         raise Exit(f"--repo: give the repository as OWNER/NAME (got {repo!r})")
     if ci not in ("github", "gitlab"):
         raise Exit(f"--ci: must be github or gitlab (got {ci!r})")
+    environments = tuple(e.strip() for e in deploy_envs.split(","))
+    if not deploy_envs.strip():
+        raise Exit("--deploy-envs: '' names no environment, and a deploy role that no environment may assume deploys "
+                   "nothing; give the deploy environments, comma-separated, such as dev,prod")  # fmt: skip
+    _ci_name("branch", branch, "branch", "give the one deploy branch ({chars}), such as main", "/")
+    for name in environments:
+        _ci_name("deploy-envs", name, "environment",
+                 "give the deploy environments, comma-separated (each {chars}), such as dev,prod")  # fmt: skip
     state_env = _env(env)
     if state_env.cloud != "aws" or state_env.state.backend != "s3":
         raise Exit(f"--env: {state_env.name} has no S3 state backend; give an environment with [state] backend = \"s3\"")
     out = synth_bootstrap(OUT / "synth" / "bootstrap", ci=ci, repo=repo, branch=branch, state=state_env.state,
-                          region=state_env.region, environments=tuple(e for e in deploy_envs.split(",") if e))  # fmt: skip
+                          region=state_env.region, environments=environments)
     print(f"synthesized the CI bootstrap stack -> {out}")
     if run_scan(out, "ci-bootstrap"):
         raise Exit("checkov: the bootstrap stack has failed checks; fix them or add a reasoned suppression", 1)
+
+
+def _ci_name(option: str, value: str, kind: str, fix: str, also: str = "") -> None:
+    """Refuse a branch or environment name that the deploy role's trust must not hold. Its `sub`
+    condition is StringLike where a subject holds `*` or `?`: one of those lets every matching
+    branch or environment assume the role that deploys prod. The rule is kept simple: letters,
+    digits, '.', '_', '-' (and '/' in a branch), which every GitHub or GitLab name of the kind can be."""
+    import re
+
+    if re.fullmatch(rf"[A-Za-z0-9._{re.escape(also)}-]+", value):
+        return
+    chars = ", ".join(["letters", "digits", *(repr(c) for c in "._-" + also)])
+    article = "an" if kind[0] in "aeiou" else "a"
+    wildcard = f": '*' and '?' would let every matching {kind} assume the deploy role" if set("*?") & set(value) else ""
+    raise Exit(f"--{option}: {value!r} is not {article} {kind} name{wildcard}; {fix.format(chars=chars)}")

@@ -1,0 +1,53 @@
+"""invoke bootstrap refuses a --branch or --deploy-envs value that would widen the deploy role's
+trust (a `*` or `?` is a StringLike wildcard: any branch or any environment could deploy), that
+names nothing, or that no branch or environment can be called, before anything is synthesized."""
+
+from __future__ import annotations
+
+import pytest
+from invoke import Exit, MockContext
+
+import tasks
+
+
+@pytest.fixture
+def synthesized(monkeypatch) -> list[dict]:
+    """synth_bootstrap, replaced: the options of each call (none for a refused value)."""
+    calls: list[dict] = []
+    monkeypatch.setattr("stacks.aws.bootstrap.synth_bootstrap", lambda out, **options: calls.append(options) or out)
+    monkeypatch.setattr("stacks.scan.scan", lambda out, name: 0)
+    return calls
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"ci": "gitlab", "branch": "*"},
+         ("--branch: '*' is not a branch name: '*' and '?' would let every matching branch assume the deploy role; "
+          "give the one deploy branch (letters, digits, '.', '_', '-', '/'), such as main")),
+        ({"ci": "gitlab", "branch": "rel?"}, "--branch: 'rel?' is not a branch name"),
+        ({"branch": ""}, "--branch: '' is not a branch name"),
+        ({"branch": "a b"}, "--branch: 'a b' is not a branch name"),
+        ({"deploy_envs": "*"},
+         ("--deploy-envs: '*' is not an environment name: '*' and '?' would let every matching environment assume "
+          "the deploy role; give the deploy environments, comma-separated (each letters, digits, '.', '_', '-'), "
+          "such as dev,prod")),
+        ({"deploy_envs": ""},
+         ("--deploy-envs: '' names no environment, and a deploy role that no environment may assume deploys "
+          "nothing; give the deploy environments, comma-separated, such as dev,prod")),
+        ({"deploy_envs": "no pe,$x"}, "--deploy-envs: 'no pe' is not an environment name"),
+        ({"deploy_envs": "dev,,prod"}, "--deploy-envs: '' is not an environment name"),
+    ],
+)
+def test_a_wildcard_empty_or_impossible_name_is_refused_before_synthesizing(synthesized, options, message):
+    with pytest.raises(Exit) as refused:
+        tasks.bootstrap(MockContext(), repo="a/b", **options)
+    assert refused.value.code == 1
+    assert refused.value.message.startswith(message), refused.value.message
+    assert synthesized == []
+
+
+def test_plain_names_are_synthesized_as_given(synthesized):
+    tasks.bootstrap(MockContext(), repo="a/b", ci="gitlab", branch="release/v1.2", deploy_envs="dev, prod-eu")
+    (options,) = synthesized
+    assert options["branch"] == "release/v1.2" and options["environments"] == ("dev", "prod-eu")
