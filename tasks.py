@@ -6,6 +6,7 @@ a message that says what to do, never a traceback.
 
 from __future__ import annotations
 
+import errno
 import os
 import shlex
 import signal
@@ -71,11 +72,27 @@ def _run(c, command: str, *, reads_stdin: bool = False, **kwargs):
     return c.run(command, **kwargs) if reads_stdin else c.run(command, in_stream=False, **kwargs)
 
 
+def _output_folder(folder: Path) -> Path:
+    """`folder` under build/, made; where build/ is a file or cannot be written, one line naming it
+    and what to do (the stacks' own mkdir ended in a NotADirectoryError traceback)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if not os.access(folder, os.W_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(folder))
+    except OSError as err:
+        raise Exit(f"cannot write {err.filename or folder} ({err.strerror or err}); {_out_fix()}") from None
+    return folder
+
+
+def _out_fix() -> str:
+    return f"the tasks write under {OUT}: make it a folder you can write (move away a file of that name)"
+
+
 def _synth(name: str):
     env = _env(name)  # before importing the stacks: a bad config fails in a second, not ten
     from stacks.app import synth as synth_stack
 
-    out = synth_stack(env, OUT / "synth" / env.name)
+    out = synth_stack(env, _output_folder(OUT / "synth" / env.name))
     print(f"synthesized {env.name} -> {out}")
     return env, out
 
@@ -114,8 +131,8 @@ def build(c, cloud=None, out=None):
         except RuntimeError as err:  # the Lambda wheels could not be downloaded
             raise Exit(str(err)) from None
         except OSError as err:  # --out names a file, or a place that cannot be written
-            raise Exit(f"build: cannot write {err.filename or out} ({err.strerror or err}); "
-                       "give --out a folder that can be written") from None
+            fix = "give --out a folder that can be written" if out else _out_fix()  # plan/deploy build without --out
+            raise Exit(f"build: cannot write {err.filename or out or OUT} ({err.strerror or err}); {fix}") from None
         print(f"{path} sha256={digest}")
 
 
@@ -553,7 +570,7 @@ def bootstrap(c, repo=None, ci="github", branch="main", env="prod", deploy_envs=
     state_env = _env(env)
     if state_env.cloud != "aws" or state_env.state.backend != "s3":
         raise Exit(f"--env: {state_env.name} has no S3 state backend; give an environment with [state] backend = \"s3\"")
-    out = synth_bootstrap(OUT / "synth" / "bootstrap", ci=ci, repo=repo, branch=branch, state=state_env.state,
+    out = synth_bootstrap(_output_folder(OUT / "synth" / "bootstrap"), ci=ci, repo=repo, branch=branch, state=state_env.state,
                           region=state_env.region, environments=environments)
     print(f"synthesized the CI bootstrap stack -> {out}")
     if run_scan(out, "ci-bootstrap"):
