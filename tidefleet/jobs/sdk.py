@@ -551,6 +551,9 @@ def submit(
     if queue not in env.queues:
         known = ", ".join(sorted(env.queues))
         raise JobError(f"queue: unknown queue {queue!r} in environment {env.name!r}; known queues: {known}")
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:  # 0: no chunk could ever start
+        raise JobError(f"threads: must be a whole number of 1 or more (got {threads!r}); "
+                       f"leave it out for {THREADS}, or give 1 to write one chunk at a time")  # fmt: skip
     if not isinstance(name, str) or not name.strip():
         raise JobError(f"name: a job needs a name (got {name!r}); give --name a few words, e.g. --name nightly-eval")
     if (bad := not_text(name)) is not None:
@@ -726,8 +729,10 @@ def _plan(cloud: Cloud, job: Job, *, fresh: bool, threads: int) -> _Plan:
     chunks = -(-job.total // job.chunk)
     unmarked = [k for k in range(chunks) if k not in done]
     # At most `window` chunks were in flight: no later chunk can hold a record. Not more threads
-    # than that now either, or a crash of this run could leave more.
-    return _Plan(job.chunk, min(threads, job.window), done, set(unmarked[: job.window]), ("pending", "queued"),
+    # than that now either, or a crash of this run could leave more. A window of 0 (stored by
+    # versions that took threads=0, whose submit then never started a chunk) is taken for 1.
+    window = max(job.window, 1)
+    return _Plan(job.chunk, min(threads, window), done, set(unmarked[:window]), ("pending", "queued"),
                  mark=True)  # fmt: skip
 
 
