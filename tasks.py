@@ -138,6 +138,8 @@ def build(c, cloud=None, out=None):
 
 # What a failed terraform/tofu step most likely needs, found in its output: (words, fix).
 TERRAFORM_FIXES = (
+    (("error asking for approval",),  # its yes/no prompt read the end of stdin (a CI job, `< /dev/null`)
+     "{tool} asked for approval and got no answer (stdin is not a terminal): pass --yes in a non-interactive run"),
     (("Failed to query available provider packages", "Failed to install provider", "registry.terraform.io",
       "registry.opentofu.org"),
      ("the providers could not be downloaded (offline, or no provider mirror); configure a provider mirror "
@@ -211,6 +213,9 @@ def _terraform(c, env: str | None, *args: str) -> None:
             raise Exit(f"{tool} {step[0]} for {environment.name} was killed by signal {name} (out of memory, a crash, "
                        "or stopped from outside); a stopped apply may leave its state locked: see its output above, "
                        "then run the same command again", 1)  # fmt: skip
+        if result.exited and asks and f"{step[0].capitalize()} cancelled." in said:  # not 'yes' at its prompt
+            raise Exit(f"{tool} {step[0]} for {environment.name} was cancelled at its prompt (only 'yes' approves): "
+                       "nothing was changed", result.exited)  # fmt: skip
         if result.exited:
             fix = next((fix for words, fix in TERRAFORM_FIXES if any(w in said for w in words)), None)
             if fix is None and step[0] == "init":
@@ -219,7 +224,7 @@ def _terraform(c, env: str | None, *args: str) -> None:
             elif fix is None:
                 fix = "its error is above; most often credentials ({credentials}) or a resource changed outside terraform"
             raise Exit(f"{tool} {step[0]} failed for {environment.name} (exit {result.exited}): "
-                       f"{fix.format(credentials=CREDENTIALS[environment.cloud])}", result.exited)
+                       f"{fix.format(credentials=CREDENTIALS[environment.cloud], tool=tool)}", result.exited)
 
 
 @task(help={"env": ENV_HELP})

@@ -115,3 +115,28 @@ def test_a_terraform_step_killed_by_another_signal_says_so_not_that_it_was_ctrl_
     assert stopped.value.code == 1
     assert stopped.value.message.startswith("terraform plan for dev was killed by signal SIGKILL (out of memory, a "
                                             "crash, or stopped from outside)")
+
+
+@pytest.mark.parametrize("step", ["apply", "destroy"])
+def test_a_prompt_with_no_answer_says_to_pass_yes_not_that_credentials_most_often_fail(fake_terraform, step):
+    """deploy/destroy without --yes in CI (stdin at its end): terraform says "Error: error asking for
+    approval: EOF" and exits 1; the line after it blamed credentials."""
+    fake_terraform.write_text(FAKE.replace('echo "$2 done"', f'[ "$2" = "{step}" ] && {{ echo "Error: error asking for '
+                                           'approval: EOF" >&2; exit 1; }\necho "$2 done"'))  # fmt: skip
+    with pytest.raises(Exit) as stopped:
+        tasks._terraform(context(), "dev", step, "-input=false")
+    assert stopped.value.code == 1
+    assert stopped.value.message == (f"terraform {step} failed for dev (exit 1): terraform asked for approval and got "
+                                     "no answer (stdin is not a terminal): pass --yes in a non-interactive run")
+
+
+@pytest.mark.parametrize("step", ["apply", "destroy"])
+def test_a_no_at_the_prompt_is_said_as_cancelled(fake_terraform, step):
+    """terraform prints "Apply cancelled." (or "Destroy cancelled.") on stdout and exits 1."""
+    fake_terraform.write_text(FAKE.replace('echo "$2 done"', f'[ "$2" = "{step}" ] && {{ echo "{step.capitalize()} '
+                                           'cancelled."; exit 1; }\necho "$2 done"'))  # fmt: skip
+    with pytest.raises(Exit) as stopped:
+        tasks._terraform(context(), "dev", step, "-input=false")
+    assert stopped.value.code == 1
+    assert stopped.value.message == (f"terraform {step} for dev was cancelled at its prompt (only 'yes' approves): "
+                                     "nothing was changed")
