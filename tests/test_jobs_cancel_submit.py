@@ -9,11 +9,13 @@ import json
 import threading
 import time
 
+import boto3
 import pytest
 from agent_harness import Harness
 from click.testing import CliRunner
 from rich.progress import Progress
 
+from tidefleet import naming
 from tidefleet.cli import main
 from tidefleet.cloud.aws.dynamodb import DynamoStore
 from tidefleet.jobs import sdk
@@ -216,3 +218,25 @@ def test_a_cancel_settles_a_big_jobs_waiting_items_many_to_a_store_call(h, monke
     assert calls == [119], calls
     counts = sdk.status(h.env, job_id).counts
     assert counts["cancelled"] == 119 and counts["running"] + counts["queued"] == 1, counts
+
+
+def test_retry_failed_refuses_a_cancelled_job_and_keeps_its_failures(h):
+    """Sent back, its items would only be cancelled by the agent, erasing why they failed."""
+    job_id = sdk.submit(h.env, "failed-then-cancelled", "work", items(2), kick=False).job_id
+    store = DynamoStore(h.env.name, h.env.region)
+    store.update_item(job_id, "000000", status="failed", reason="exit 3: boom")
+    sqs = boto3.client("sqs", region_name=h.env.region)
+    sqs.send_message(QueueUrl=sqs.get_queue_url(QueueName=naming.dead_letter_queue(h.env.name, "work"))["QueueUrl"],
+                     MessageBody=sdk.ItemMessage(job_id, "000000", ["s3://b/0"], failures=3).body())
+    assert sdk.cancel(h.env, job_id) == 1
+    refusal = (f"job {job_id} was cancelled: its failed items stay failed and are not sent back; to rerun them, "
+               f"submit them again as a new job (another --name or --job-id); `tidefleet status --env {h.env_path} "
+               f"{job_id} --failed` lists them")
+    with pytest.raises(sdk.JobError) as refused:
+        sdk.retry_failed(h.env, job_id)
+    assert str(refused.value) == refusal
+    out = run(h, "retry-failed", job_id)
+    assert out.exit_code == 1 and out.output == f"Error: {refusal}\n", out.output
+    failed = store.item(job_id, "000000")
+    assert (failed.status, failed.reason) == ("failed", "exit 3: boom")
+    assert h.queue_depth("work", dead_letter=True) == 1, "its dead letter stays for the record"

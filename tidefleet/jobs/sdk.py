@@ -1044,9 +1044,14 @@ def retry_failed(env: Environment, job_id: str) -> int:
     budget; returns how many distinct items went back. Each item goes back at most once per call:
     one that fails again while the call still scans (the agent dead-letters it anew) is left in
     the dead-letter queue for the next call, as is a second message of the same item, instead of
-    being sent back again with yet another fresh budget."""
+    being sent back again with yet another fresh budget. A cancelled job is refused (JobError):
+    its failed items stay failed."""
     cloud = for_env(env)
     job = _job(cloud, env, job_id)
+    if job.cancelled:  # the agent would cancel what goes back, erasing why it failed
+        raise JobError(f"job {job_id} was cancelled: its failed items stay failed and are not sent back; to rerun them, "
+                       f"submit them again as a new job (another --name or --job-id); `tidefleet status --env "
+                       f"{env_argument(env)} {job_id} --failed` lists them")  # fmt: skip
     others: list[str] = []  # other jobs' messages, and items moved already: hidden while we scan, released at the end
     moved: set[str] = set()
     try:
