@@ -237,7 +237,13 @@ def plan(c, env=None):
 def deploy(c, env=None, yes=False):
     """Build the functions, synthesize, terraform/tofu apply, then publish the agent nodes install."""
     _terraform(c, env, "apply", "-input=false", *(["-auto-approve"] if yes else []))
-    publish(c, env)
+    name = env or _env_default()
+    try:
+        publish(c, env)
+    except Exit as failed:  # its line alone read as if nothing had been deployed
+        raise Exit(f"deploy: {_env(env).name}'s infrastructure is applied, but publishing the agent failed, so its "
+                   f"nodes cannot fetch the agent at boot: {failed.message}; once that is fixed, run "
+                   f"`invoke publish --env {shlex.quote(name)}`", failed.code) from None  # fmt: skip
 
 
 @task(help={"env": ENV_HELP})
