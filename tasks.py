@@ -337,9 +337,13 @@ def _check_nothing_is_lost(environment, force: bool) -> None:
         return
     held = ", ".join(f"{n} {state}" for state, n in items.items() if n)
     what = " and ".join([*([f"{held} item(s)"] if held else []), *([f"{unfinished} unfinished job(s)"] if unfinished else [])])
+    live = items["queued"] or items["in flight"] or unfinished
+    advice = [f"let them finish or cancel them (tidefleet jobs --env {name} --state running)"] if live else []
+    if items["dead-lettered"]:  # items that gave up, often of a finished job: nothing to cancel, retry-failed reruns them
+        advice.append(f"rerun {'the dead-lettered ones' if live else 'them'} (tidefleet retry-failed --env {name} JOB)")
     if not force:
-        raise Exit(f"destroy: {name} still holds {what}, lost with its queues and job table; let them finish or cancel "
-                   f"them (tidefleet jobs --env {name} --state running), {override}", 1)  # fmt: skip
+        raise Exit(f"destroy: {name} still holds {what}, lost with its queues and job table; {', '.join(advice)}, "
+                   f"{override}", 1)  # fmt: skip
     print(f"destroy: {name} still holds {what}; destroying them with it (--force)")
 
 

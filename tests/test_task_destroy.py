@@ -72,8 +72,8 @@ def test_queued_in_flight_and_dead_lettered_items_and_an_unfinished_job_stop_it(
     assert refused.value.code == 1
     assert refused.value.message == (
         "destroy: dev still holds 2 queued, 1 in flight, 1 dead-lettered item(s) and 1 unfinished job(s), lost with "
-        "its queues and job table; let them finish or cancel them (tidefleet jobs --env dev --state running), or "
-        "pass --force to destroy it anyway"
+        "its queues and job table; let them finish or cancel them (tidefleet jobs --env dev --state running), rerun "
+        "the dead-lettered ones (tidefleet retry-failed --env dev JOB), or pass --force to destroy it anyway"
     )
     assert terraform_runs == []
 
@@ -83,7 +83,11 @@ def test_dead_letters_alone_stop_it(aws, terraform_runs):
     for_env(env).queues.send("default", ["a", "b"], dead_letter=True)
     with pytest.raises(Exit) as refused:
         destroy()
-    assert refused.value.message.startswith("destroy: dev still holds 2 dead-lettered item(s), lost with its queues")
+    # no unfinished job to let finish or cancel (that list is empty): retry-failed reruns them
+    assert refused.value.message == (
+        "destroy: dev still holds 2 dead-lettered item(s), lost with its queues and job table; rerun them "
+        "(tidefleet retry-failed --env dev JOB), or pass --force to destroy it anyway"
+    )
     assert terraform_runs == []
 
 
