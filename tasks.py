@@ -42,14 +42,24 @@ def _env_default() -> str | None:
 def _env(name: str | None):
     from tidefleet.config import ConfigError, environments_dir, known_environments, load_environment
 
+    known = ", ".join(known_environments()) or f"none (no .toml files in {environments_dir()})"
+    _refuse_empty_env(name, known)
     name = name or _env_default()
     if not name:
-        known = ", ".join(known_environments()) or f"none (no .toml files in {environments_dir()})"
         raise Exit(f"--env is required (or set TIDEFLEET_ENV); known environments: {known}")
     try:
         return load_environment(name)
     except ConfigError as err:
         raise Exit(str(err)) from None
+
+
+def _refuse_empty_env(name: str | None, known: str) -> None:
+    """`--env ''` (in CI, `--env "$EMPTY"`) is a mistake, not "left out": it would quietly run on
+    whatever $TIDEFLEET_ENV names, a deploy --yes included."""
+    if name == "":
+        fallback = f" ({_env_default()!r})" if _env_default() else ""
+        raise Exit(f"--env: '' names no environment; give one (known: {known}), or leave the option out to use "
+                   f"$TIDEFLEET_ENV{fallback}")  # fmt: skip
 
 
 def _number(flag: str, value, kind: type = int):
@@ -446,8 +456,10 @@ def _tidefleet(args: list[str]) -> None:
 )
 def simulate(c, trace, env=None, pool="gpu", policy=None, extra=""):
     """Replay a workload trace through scaling policies; print cost and wait per policy."""
+    from tidefleet.config import known_environments
     from tidefleet.sim.trace import traces_dir
 
+    _refuse_empty_env(env, ", ".join(known_environments()))
     if trace in ("-h", "--help"):  # invoke hands a required positional the next word, even --help
         _run(c, f"{sys.executable} -m invoke -r {shlex.quote(str(ROOT))} --help simulate")
         return
