@@ -240,3 +240,26 @@ def test_retry_failed_refuses_a_cancelled_job_and_keeps_its_failures(h):
     failed = store.item(job_id, "000000")
     assert (failed.status, failed.reason) == ("failed", "exit 3: boom")
     assert h.queue_depth("work", dead_letter=True) == 1, "its dead letter stays for the record"
+
+
+def test_submit_after_a_job_that_can_no_longer_succeed_is_refused_before_anything_is_written(h):
+    """The watch would cancel it within a tick: a cancelled job, or one finished with failures,
+    never succeeds. With --after-finished it runs after them, so that is still taken."""
+    store = DynamoStore(h.env.name, h.env.region)
+    cancelled = sdk.submit(h.env, "cancelled-parent", "work", items(1), kick=False).job_id
+    sdk.cancel(h.env, cancelled)
+    failed = sdk.submit(h.env, "failed-parent", "work", items(1), kick=False).job_id
+    store.update_item(failed, "000000", status="failed", reason="exit 3")
+    why = {cancelled: "was cancelled", failed: "finished with 1 failed item(s)"}
+    for parent in (cancelled, failed):
+        refusal = (f"after: job {parent} {why[parent]}, so it can never succeed and this job would only be cancelled; "
+                   f"submit without --after, or with --after-finished to run after {parent} whatever its outcome")
+        if parent == failed:
+            refusal += f", or send its failed items back first (tidefleet retry-failed --env {h.env_path} {failed})"
+        with pytest.raises(sdk.JobError) as refused:
+            sdk.submit(h.env, "child", "work", items(1), kick=False, after=parent)
+        assert str(refused.value) == refusal
+        out = run(h, "submit", "--name", "child", "--queue", "work", "--items", "-", "--after", parent, input="s3://b/0\n")
+        assert out.exit_code == 1 and out.output == f"Error: {refusal}\n", out.output
+        assert store.job(sdk.job_id_for("child")) is None, "nothing written"
+        assert sdk.submit(h.env, f"after-{parent}", "work", items(1), kick=False, after=parent, after_finished=True).held

@@ -541,7 +541,9 @@ def submit(
     again creates and sends nothing twice. `on_job(job)` is told once the job is recorded;
     `progress(n)` as items go out (first with those an earlier submit already sent).
     `after`: record the items `pending` and send nothing; the minute watch sends them once that
-    job has succeeded (or finished, `after_finished`); see tidefleet.jobs.scheduled. `schedule`
+    job has succeeded (or finished, `after_finished`); see tidefleet.jobs.scheduled. A new job
+    `after` one that can no longer succeed (cancelled, or finished with failures) is refused
+    unless `after_finished`. `schedule`
     and `deadline` mark a scheduled run, which the watch cancels as timed out past its deadline.
     `flags`: name the spec's problems by the CLI's options (--slots) rather than its fields (spec.slots).
     On Ctrl-C, `on_stop(chunks, seconds)` is told how many chunks are in flight and how long they
@@ -568,7 +570,8 @@ def submit(
         raise JobError("; ".join(wrong))
     items = check_items(items)  # everything is checked before the first write
     cloud = for_env(env)
-    if after is not None and cloud.store.job(after) is None:
+    parent = cloud.store.job(after) if after is not None else None
+    if after is not None and parent is None:
         raise JobError(f"after: job {after!r} not found in environment {env.name!r}; give the id its submit printed")
     # The store answers first (an error there means the environment is not deployed); a job that
     # exists is checked, and reused, without a write; a new one is recorded only once its queue is
@@ -579,6 +582,8 @@ def submit(
         if existing.submitting or not existing.chunk:  # it has items to send: its queue must be there
             _resolve_queue(cloud, env, queue)
     else:
+        if parent is not None and not after_finished:
+            _can_succeed(cloud, env, parent)
         _resolve_queue(cloud, env, queue)
         who, unknown_why = identify(cloud)  # said only once the store answered: else its error is the one line
         ours = Job(job_id, name, queue, time.time(), len(items), items_digest=items.digest, chunk=CHUNK, window=threads,
@@ -684,6 +689,21 @@ def _same_job(cloud: Cloud, stored: Job, name: str, queue: str, spec: JobSpec, i
             f"job {job_id!r} already exists with different items ({stored.total} item(s) recorded, "
             f"{len(items)} given); re-submit the same items in the same order, or use another --name or --job-id"
         )
+
+
+def _can_succeed(cloud: Cloud, env: Environment, parent: Job) -> None:
+    """JobError if `parent` can never succeed, so a job held until it has would only be cancelled
+    by the watch (`schedules.watch`): it was cancelled, or it finished with failed items."""
+    why = fix = ""
+    if parent.cancelled:
+        why = "was cancelled"
+    elif not parent.waiting and not parent.submitting and (now := _status(cloud, env, parent)).state == "failed":
+        why = f"finished with {now.counts['failed']} failed item(s)"
+        fix = f", or send its failed items back first (tidefleet retry-failed --env {env_argument(env)} {parent.job_id})"
+    if why:
+        raise JobError(f"after: job {parent.job_id} {why}, so it can never succeed and this job would only be cancelled; "
+                       f"submit without --after, or with --after-finished to run after {parent.job_id} whatever its "
+                       f"outcome{fix}")  # fmt: skip
 
 
 def _held(after: str | None, after_finished: bool) -> str:
