@@ -422,13 +422,29 @@ def sandbox(c, env=None, items=None, chaos=False, keep=False, train=False, time_
             boot_delay=None, seed=None, json=False):  # fmt: skip
     """The whole system on this machine against a moto server: a job in, nodes up, work done, fleet at zero."""
     args = ["sandbox", *(["--env", env] if env else []), "--time-limit", str(_number("time-limit", time_limit))]
-    args += ["--items", str(_number("items", items))] if items is not None else []  # given only: --train refuses it
+    # --items given only: --train refuses it
+    args += ["--items", str(_sandbox_items(items, keep=keep, train=train))] if items is not None else []
     args += ["--chaos"] * chaos + ["--keep"] * keep + ["--train"] * train + ["--json"] * json
     args += ["--tick", str(_number("tick", tick, float))] if tick is not None else []
     args += ["--boot-delay", str(_number("boot-delay", boot_delay, float))] if boot_delay is not None else []
     args += ["--seed", seed] if seed is not None else []  # any integer, a negative one too: the command checks it
     args += ["--workdir", workdir] if workdir else []
     _tidefleet(args)
+
+
+def _sandbox_items(items: str, *, keep: bool, train: bool) -> int:
+    """--items checked here, as every other option of the tasks (exit 1), not by the command's own
+    range (click's usage error, exit 2)."""
+    from tidefleet.sandbox.cli import sandbox as sandbox_command
+
+    number = _number("items", items)
+    most = next(p for p in sandbox_command.params if p.name == "items").type.max  # the command's own limit
+    if number > most:
+        raise Exit(f"--items: must be at most {most} (got {items!r})")
+    if number == 0 and not keep and not train:  # --train refuses --items itself
+        raise Exit("--items: 0 runs no demo job, so the sandbox would start and stop with nothing to show; give at "
+                   "least 1, or add --keep to start just the system")  # fmt: skip
+    return number
 
 
 def _tidefleet(args: list[str]) -> None:
