@@ -51,12 +51,35 @@ def test_reads_items_from_lists_uris_and_json_lines(source, expected):
         ([3], "items[0]: not an item (got 3)"),
         (io.StringIO('{"id": \n'), "stdin:1: not valid JSON"),
         ("/no/such/file", "no such file '/no/such/file'"),
+        # Not a list of items: a dict's keys, a set's order (it changes from run to run), bytes' ints.
+        ({"id": "x", "args": ["--foo"]}, ("items: a dict is not a list of items (got {'id': 'x', 'args': ['--foo']}); "
+                                         "give a list of them, e.g. read_items([{'id': 'x', 'args': ['--foo']}])")),
+        ({"s3://b/a", "s3://b/b"}, ("items: a set has no order, and items are numbered by their position (a re-submit "
+                                   "must give them in the same order); give a list, e.g. read_items(sorted(items))")),
+        (frozenset({"s3://b/a"}), "items: a frozenset has no order"),
+        (b"s3://b/a\n", ("items: bytes are not a list of items (got b's3://b/a\\n'); give a list, a file path, or "
+                         "the bytes as a stream: read_items(io.BytesIO(data))")),
+        (bytearray(b"s3://b/a"), "items: bytearray is not a list of items"),
     ],
 )
 def test_bad_items_are_refused_with_what_to_do(source, message):
     with pytest.raises(sdk.JobError) as err:
         sdk.read_items(source)
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize("source", [{"s3://b/a": 1}, {"s3://b/a"}, b"s3://b/a\n", "items.txt"])
+def test_submit_refuses_what_read_items_refuses_as_not_a_list_of_items(source):
+    with pytest.raises(sdk.JobError, match=r"^items: (a dict|a set|bytes|a str) "):
+        sdk.check_items(source)
+
+
+def test_items_built_in_code_that_are_not_item_specs_point_at_read_items():
+    with pytest.raises(sdk.JobError) as err:
+        sdk.check_items(["s3://b/a"])
+    assert str(err.value) == ("items[0]: not an ItemSpec(item_id: str, args: list[str]) (got 's3://b/a'); give "
+                              "sdk.read_items(...) of URIs, lists of args or {'id': ..., 'args': [...]} objects, "
+                              "or ItemSpec objects; nothing submitted")
 
 
 def test_job_id_is_deterministic_and_readable():

@@ -385,7 +385,8 @@ def read_items(source: Iterable | str | Path | io.IOBase) -> ItemList:
     line is a URI (one argument, surrounding whitespace removed). Blank lines and lines starting
     with '#' are skipped. The whole input is checked first: any problem (each listed with its
     line) refuses it all, so a bad line never leaves half a job behind. A file or stream is read
-    once, into a spool file on disk (`ItemList`): memory stays flat however many items."""
+    once, into a spool file on disk (`ItemList`): memory stays flat however many items. A dict,
+    a set or bytes is refused: none is a list of items."""
     if isinstance(source, (str, Path)):
         if str(source) == "-":  # bytes, so a line that is not UTF-8 is reported, not a crash
             return _lines(getattr(sys.stdin, "buffer", sys.stdin), "stdin")
@@ -406,10 +407,30 @@ def read_items(source: Iterable | str | Path | io.IOBase) -> ItemList:
                            "or JSON lines, or '-' for stdin") from None
     if isinstance(source, io.IOBase) or hasattr(source, "readline"):
         return _lines(source, "stdin")
+    _a_list(source)
     reader = _Reader("items", lines=False, spool=False)
     for i, value in enumerate(source):
         reader.add(value, i)
     return reader.result()
+
+
+def _a_list(source) -> None:
+    """JobError for what iterates but is no list of items: a dict (its keys), a set (its order
+    changes from run to run, and items are numbered by position), bytes (their ints), a str in
+    code that takes items, not a path (its characters)."""
+    kind = type(source).__name__
+    if isinstance(source, dict):
+        raise JobError(f"items: a {kind} is not a list of items (got {_short(source)}); give a list of them, "
+                       f"e.g. read_items([{_short(source)}])")  # fmt: skip
+    if isinstance(source, (set, frozenset)):
+        raise JobError(f"items: a {kind} has no order, and items are numbered by their position (a re-submit must "
+                       "give them in the same order); give a list, e.g. read_items(sorted(items))")  # fmt: skip
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        raise JobError(f"items: {kind} {'are' if kind == 'bytes' else 'is'} not a list of items (got {_short(source)}); "
+                       "give a list, a file path, or the bytes as a stream: read_items(io.BytesIO(data))")  # fmt: skip
+    if isinstance(source, str):
+        raise JobError(f"items: a str is not a list of items (got {_short(source)}); give read_items({source[:40]!r}) "
+                       "to read a file of that path, or a list")  # fmt: skip
 
 
 def _raw_lines(stream, name: str) -> Iterator[tuple[int, bytes | None]]:
@@ -471,11 +492,14 @@ def check_items(items: Iterable[ItemSpec]) -> ItemList:
     """The rules `read_items` applies, for items built in code: raises JobError listing every problem."""
     if isinstance(items, ItemList):
         return items
+    _a_list(items)
     reader = _Reader("items", lines=False, spool=False)
     for i, spec in enumerate(items):
         if not isinstance(spec, ItemSpec) or not isinstance(spec.item_id, str) or not isinstance(spec.args, list) \
                 or not all(isinstance(a, str) for a in spec.args):
-            reader.problem(i, f"not an ItemSpec(item_id: str, args: list[str]) (got {_short(spec)})")
+            reader.problem(i, f"not an ItemSpec(item_id: str, args: list[str]) (got {_short(spec)}); give "
+                              "sdk.read_items(...) of URIs, lists of args or {'id': ..., 'args': [...]} objects, "
+                              "or ItemSpec objects")  # fmt: skip
             continue
         reader.add(spec, i)
     return reader.result()
