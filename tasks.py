@@ -421,7 +421,7 @@ def lint(c):
 def sandbox(c, env=None, items=None, chaos=False, keep=False, train=False, time_limit="600", tick=None, workdir=None,
             boot_delay=None, seed=None, json=False):  # fmt: skip
     """The whole system on this machine against a moto server: a job in, nodes up, work done, fleet at zero."""
-    args = ["sandbox", *(["--env", env] if env else []), "--time-limit", str(_number("time-limit", time_limit))]
+    args = ["sandbox", *(["--env", env] if env is not None else []), "--time-limit", str(_number("time-limit", time_limit))]
     # --items given only: --train refuses it
     args += ["--items", str(_sandbox_items(items, keep=keep, train=train))] if items is not None else []
     args += ["--chaos"] * chaos + ["--keep"] * keep + ["--train"] * train + ["--json"] * json

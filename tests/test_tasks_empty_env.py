@@ -31,3 +31,12 @@ def test_simulate_refuses_an_empty_env_too(monkeypatch):
 def test_left_out_it_is_tidefleet_env(monkeypatch):
     monkeypatch.setenv("TIDEFLEET_ENV", "dev")
     assert tasks._env(None).name == "dev"
+
+
+def test_sandbox_hands_an_empty_env_to_the_command_which_refuses_it(monkeypatch):
+    """Left out, the sandbox runs its own environment; given empty, the command says what is wrong."""
+    seen = []
+    monkeypatch.setattr("tidefleet.cli.main", lambda args, prog_name: seen.append(args))
+    tasks.sandbox(MockContext(), env="")
+    tasks.sandbox(MockContext())
+    assert seen[0][:3] == ["sandbox", "--env", ""] and "--env" not in seen[1]
