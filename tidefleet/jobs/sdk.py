@@ -95,6 +95,7 @@ def _advised(fn):
 
         @functools.wraps(fn)
         def generator(env: Environment, *args, **kwargs):
+            _an_environment(env)
             cloud = kwargs.get("cloud") or for_env(env)  # the caller's, else one for its errors and words
             try:
                 return (yield from fn(env, *args, **kwargs))
@@ -106,6 +107,7 @@ def _advised(fn):
 
     @functools.wraps(fn)
     def call(env: Environment, *args, **kwargs):
+        _an_environment(env)
         cloud = kwargs.get("cloud") or for_env(env)  # the caller's, else one for its errors and words
         try:
             return fn(env, *args, **kwargs)
@@ -114,6 +116,15 @@ def _advised(fn):
             raise
 
     return call
+
+
+def _an_environment(env) -> None:
+    """TypeError for an environment given by name or path (the CLI's --env), not loaded: every
+    public function that takes one checks it here (`_advised`), before it is used."""
+    if not isinstance(env, Environment):
+        name = str(env) if isinstance(env, (str, os.PathLike)) else "NAME"
+        raise TypeError(f"env: must be an Environment (got {_short(env)}); load it first: "
+                        f"env = tidefleet.config.load_environment({name!r})")  # fmt: skip
 
 
 class SubmitInterrupted(KeyboardInterrupt):
