@@ -591,7 +591,9 @@ def submit(
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:  # 0: no chunk could ever start
         raise JobError(f"threads: must be a whole number of 1 or more (got {threads!r}); "
                        f"leave it out for {THREADS}, or give 1 to write one chunk at a time")  # fmt: skip
-    if not isinstance(name, str) or not name.strip():
+    if not isinstance(name, str):
+        raise JobError(f"name: must be a string (got {_short(name)}); give a few words, e.g. name='nightly-eval'")
+    if not name.strip():
         raise JobError(f"name: a job needs a name (got {name!r}); give --name a few words, e.g. --name nightly-eval")
     if (bad := not_text(name)) is not None:
         raise JobError(f"name: not valid text (a lone surrogate {name[bad]!r} at character {bad + 1}); "
@@ -599,6 +601,10 @@ def submit(
     job_id = job_id_for(name) if job_id is None else job_id
     if (why := id_problem(job_id)) is not None:
         raise JobError(f"job id: {job_id[:80]!r} {why}; {ID_HELP}")
+    if spec is not None and not isinstance(spec, JobSpec):
+        raise JobError(f"spec: must be a JobSpec (got {_short(spec)}); e.g. spec=JobSpec(**{_short(spec)})"
+                       if isinstance(spec, dict) else f"spec: must be a JobSpec (got {_short(spec)}); "
+                       "e.g. spec=JobSpec(command='python train.py')")  # fmt: skip
     spec = spec or JobSpec()
     q = env.queues[queue]
     if wrong := spec_problems(spec, queue, q, env.pools[q.pool], flags=flags):
@@ -887,7 +893,16 @@ class JobStatus:
         return "running" if not self.done else ("failed" if self.counts["failed"] else "done")
 
 
+def _a_job_id(job_id) -> None:
+    """JobError for a job id that is not a string: most often the Submitted that submit returned."""
+    if isinstance(job_id, Submitted):
+        raise JobError(f"job id: must be a string (got a Submitted); give its .job_id ({job_id.job_id!r})")
+    if not isinstance(job_id, str):
+        raise JobError(f"job id: must be a string (got {_short(job_id)}); give the id submit printed")
+
+
 def _job(cloud: Cloud, env: Environment, job_id: str) -> Job:
+    _a_job_id(job_id)
     job = cloud.store.job(job_id)
     if job is None:
         raise JobError(f"job {job_id!r} not found in environment {env.name!r}; check the id printed by submit")
@@ -1066,6 +1081,7 @@ def cancel_job(env: Environment, job_id: str, *, reason: str = "cancelled", clou
     """`cancel`, saying when there was nothing to do: a job whose every item is final keeps its
     record (a finished job is not marked cancelled, so its idempotent re-submit still works); a
     job cancelled before has its waiting items cancelled again (a cancel that stopped midway)."""
+    _a_job_id(job_id)
     cloud = cloud or for_env(env)
     store = cloud.store
     job = store.job(job_id)
@@ -1147,6 +1163,9 @@ def log_lines(env: Environment, job_id: str, item_id: str | None = None) -> Iter
     cloud = for_env(env)
     job = _job(cloud, env, job_id)
     if item_id is not None:
+        if not isinstance(item_id, str):
+            raise JobError(f"item id: must be a string (got {_short(item_id)}); give an item id of job {job_id}, "
+                           "e.g. '000000' for its first item when submit numbered them")  # fmt: skip
         failed = f"tidefleet status --env {env_argument(env)} {job_id} --failed"
         if (why := id_problem(item_id)) is not None:
             raise JobError(f"item id {item_id[:80]!r} {why}; give an item id of job {job_id} (`{failed}` lists failed ones)")

@@ -85,7 +85,10 @@ def problems(spec: JobSpec, queue_name: str, queue: Queue, pool: Pool, *, flags:
     out = []
     q = f"queues.{queue_name}"
     at = FLAGS if flags else FIELDS
-    if spec.image is not None:
+    # Types first: a JobSpec built in code is not checked as it is made.
+    if spec.image is not None and not isinstance(spec.image, str):
+        out.append(f"{at['image']}: must be a string (got {spec.image!r}); e.g. 'ghcr.io/acme/train:v2' or ':v2'")
+    elif spec.image is not None:
         image = _image(spec, pool)
         if pool.container is None:
             out.append(f"{at['image']}: queue {queue_name!r} runs a command, not a container (got {spec.image!r}); "
@@ -95,7 +98,10 @@ def problems(spec: JobSpec, queue_name: str, queue: Queue, pool: Pool, *, flags:
         elif not _same_repository(image, pool.container) and not _accepted(image, queue.accept_images):
             out.append(f"{at['image']}: queue {queue_name!r} does not accept this image (got {image!r}); "
                        f"add a pattern to {q}.accept_images or use a tag of {pool.container!r}")  # fmt: skip
-    if spec.command is not None:
+    if spec.command is not None and not isinstance(spec.command, str):
+        out.append(f"{at['command']}: must be a string of shell words (got {spec.command!r}); e.g. 'python train.py --fast' "
+                   "(the item's args are appended)")  # fmt: skip
+    elif spec.command is not None:
         try:
             words = shlex.split(spec.command)
         except ValueError as err:
@@ -110,12 +116,16 @@ def problems(spec: JobSpec, queue_name: str, queue: Queue, pool: Pool, *, flags:
         elif words and not _accepted(spec.command, queue.accept_commands):
             out.append(f"{at['command']}: queue {queue_name!r} does not accept this command (got {spec.command!r}); "
                        f"add a pattern to {q}.accept_commands")  # fmt: skip
-    for key, value in spec.env.items():
+    env = spec.env if isinstance(spec.env, dict) else {}
+    if env is not spec.env:
+        out.append(f"{at['env'].strip(' .')}: must be a dict of variable names to values (got {spec.env!r}); "
+                   "e.g. {'SEED': '1'}")  # fmt: skip
+    for key, value in env.items():
         if not isinstance(key, str) or not re.fullmatch(ENV_VAR, key) or key.startswith("TIDEFLEET_"):
             out.append(f"{at['env']}{key}: not a usable variable name (got {key!r}); letters, digits, '_'; TIDEFLEET_* is reserved")
         elif not isinstance(value, str) or "\0" in value or not_text(value) is not None:
             out.append(f"{at['env']}{key}: a value must be UTF-8 text without NUL (got {value!r})")
-    sizes = [len(str(k).encode("utf-8", "surrogatepass")) + len(v.encode("utf-8", "surrogatepass")) for k, v in spec.env.items() if isinstance(v, str)]
+    sizes = [len(str(k).encode("utf-8", "surrogatepass")) + len(v.encode("utf-8", "surrogatepass")) for k, v in env.items() if isinstance(v, str)]
     if sum(sizes) > MAX_ENV_BYTES:
         out.append(f"{at['env'].strip(' .')}: {len(sizes)} variable(s) of {sum(sizes)} bytes in all, over the "
                    f"{MAX_ENV_BYTES // 1024} KiB a job's environment may hold; pass large data by URI, not inline")  # fmt: skip
