@@ -367,7 +367,7 @@ FAILURES = {  # situation -> (what the process gets besides the moto server's va
     "TIDEFLEET_ENV misspelt": ({"TIDEFLEET_ENV": "sandbx"}, ("TIDEFLEET_ENV: no environment 'sandbx' in the "
                                                              "function's package (it has: ")),
     "no credentials": ({"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None, "AWS_SESSION_TOKEN": None},
-                       "no AWS credentials: set AWS_PROFILE or AWS_ACCESS_KEY_ID"),
+                       "no AWS credentials: set AWS_PROFILE, or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"),
     "endpoint dead": ({"AWS_ENDPOINT_URL": "dead"}, "cannot reach AWS for 'sandbox' (Could not connect to the endpoint"),
     "not deployed": ({}, ("DynamoDB table 'tidefleet-sandbox' does not exist: environment 'sandbox' is not (fully) "
                          "deployed in us-east-1; deploy it with `invoke deploy --env sandbox`")),

@@ -159,7 +159,7 @@ DENIED = ("UnauthorizedOperation", ("You are not authorized to perform this oper
     ("denied", "this AWS identity may not call ec2:DescribeInstanceTypeOfferings"),
     ("throttled", "AWS still throttled the call after 3 tries with backoff"),
     ("unreachable", "cannot reach AWS for 'offerings' (Could not connect to the endpoint URL"),
-    ("no credentials", "no AWS credentials: set AWS_PROFILE or AWS_ACCESS_KEY_ID"),
+    ("no credentials", "no AWS credentials: set AWS_PROFILE, or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"),
 ])  # fmt: skip
 def test_a_check_that_cannot_ask_ec2_says_so_in_one_line_and_terraform_runs(tmp_path, terraform, capfd, monkeypatch,
                                                                             fresh_session, situation, says):  # fmt: skip

@@ -64,5 +64,6 @@ def test_the_readme_sdk_example_without_credentials_raises_botocores_error_with_
     assert run.returncode == 1
     assert run.stderr.strip().splitlines()[-2:] == [
         "botocore.exceptions.NoCredentialsError: Unable to locate credentials",
-        "no AWS credentials: set AWS_PROFILE or AWS_ACCESS_KEY_ID (the sandbox prints them)",
+        ("no AWS credentials: set AWS_PROFILE, or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (for the sandbox: the "
+         "export lines `tidefleet sandbox --keep` prints)"),
     ], run.stderr

@@ -381,7 +381,8 @@ class AwsCloud:
         env = self.env.name
         deploy = f"deploy it with `invoke deploy --env {env_argument(self.env)}` or start `tidefleet sandbox --keep`"
         if isinstance(err, NoCredentialsError):
-            return "no AWS credentials: set AWS_PROFILE or AWS_ACCESS_KEY_ID (the sandbox prints them)"
+            return ("no AWS credentials: set AWS_PROFILE, or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (for the sandbox: "
+                    "the export lines `tidefleet sandbox --keep` prints)")
         if isinstance(err, (QueueMissing, NotAws)):
             return str(err)
         if isinstance(err, EndpointInvalid):
