@@ -250,6 +250,22 @@ def test_jobs_lists_every_job_with_its_state_and_filters_by_queue_and_state(h):
     assert out.exit_code == 1 and "unknown queue 'nope'" in out.output and "Traceback" not in out.output
 
 
+def test_jobs_filters_by_every_state_it_prints_cancelled_and_cancelling_too(h):
+    done = job_with(h, "list-done", "succeeded")
+    cancelled = job_with(h, "list-cancelled", "queued")
+    cancelling = job_with(h, "list-cancelling", "running", "queued")  # its running item stops within a heartbeat
+    for job_id in (cancelled, cancelling):
+        sdk.cancel(h.env, job_id)
+    for state, expected in (("cancelled", cancelled), ("cancelling", cancelling), ("done", done)):
+        text = run(h, "jobs", "--state", state)
+        assert text.exit_code == 0 and [line.split("  ")[:3] for line in text.output.splitlines()] == \
+            [[expected, "work", state]], text.output
+        (obj,) = json_lines(run(h, "jobs", "--json", "--state", state))
+        assert [j["job_id"] for j in obj["jobs"]] == [expected]
+    assert [s.job.job_id for s in sdk.jobs(h.env, state="cancelled")] == [cancelled]
+    assert run(h, "jobs", "--state", "running").output == "no jobs in state running\n", "a cancelling job is not listed as running"
+
+
 def test_jobs_since_leaves_out_older_jobs_and_a_bad_value_names_the_option(h):
     job_with(h, "since-old", "succeeded")
     assert [j["name"] for j in json_lines(run(h, "jobs", "--json", "--since", "1d"))[0]["jobs"]] == ["since-old"]

@@ -416,7 +416,8 @@ def _no_nodes(env: Environment, pool: sdk.PoolRow) -> str:
 @env_option
 @click.option("--queue", default=None, help="only this queue's jobs")
 @click.option("--state", type=click.Choice(sdk.JOB_STATES), default=None,
-              help="running (items not final yet), done (none failed) or failed (done with failed items)")
+              help="running (items not final yet), done (none failed), failed (done with failed items), "
+              "cancelling (cancelled, its running items stopping) or cancelled")
 @click.option("--since", "since_text", default="all", show_default=True,
               help="only jobs created this long ago or later: 7d, 12h, a date (2026-01-31, UTC) or all")
 @json_option
@@ -443,6 +444,5 @@ def jobs(env_name, queue, state, since_text, as_json) -> None:
     for s in found:  # one line per job, however long: for grep and cut
         c = s.counts
         created = time.strftime("%Y-%m-%d %H:%M", time.gmtime(s.job.created_at))
-        state = s.state if not s.job.cancelled else ("cancelled" if s.done else "cancelling")
-        click.echo(f"{s.job.job_id}  {s.job.queue}  {state}  {c['succeeded'] + c['failed'] + c['cancelled']}/{s.job.total} "
+        click.echo(f"{s.job.job_id}  {s.job.queue}  {sdk.listed_state(s)}  {c['succeeded'] + c['failed'] + c['cancelled']}/{s.job.total} "
                    f"final ({c['failed']} failed, {c['running']} running)  created {created}  {s.job.name}")

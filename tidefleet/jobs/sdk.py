@@ -964,13 +964,21 @@ def _running(cloud: Cloud, env: Environment, job: Job) -> int:
     return sum(hb.running.get(job.job_id, 0) for hb in cloud.store.heartbeats(queue.pool).values() if hb.at >= fresh)
 
 
-JOB_STATES = ("running", "done", "failed")  # JobStatus.state
+# What `tidefleet jobs` shows of a job, and `jobs(state=...)` filters on: JobStatus.state, or for
+# a cancelled job, cancelling until its running items have stopped, then cancelled.
+JOB_STATES = ("running", "done", "failed", "cancelling", "cancelled")
+
+
+def listed_state(status: JobStatus) -> str:
+    if status.job.cancelled:
+        return "cancelled" if status.done else "cancelling"
+    return status.state
 
 
 @_advised
 def jobs(env: Environment, *, queue: str | None = None, state: str | None = None,
          since: float = 0.0) -> list[JobStatus]:  # fmt: skip
-    """Every job of the environment (or of one queue, in one state, created at `since` or later),
+    """Every job of the environment (or of one queue, in one of JOB_STATES, created at `since` or later),
     oldest first. Costly by design for now: the DynamoDB store scans the whole table, and the
     items of a job with failed items (or one submitted before the counters) are read; dead
     letters are not reconciled here (`status` does that)."""
@@ -981,7 +989,7 @@ def jobs(env: Environment, *, queue: str | None = None, state: str | None = None
         raise JobError(f"state: unknown state {state!r}; use one of {', '.join(JOB_STATES)}")
     cloud = for_env(env)
     found = (_status(cloud, env, job) for job in cloud.store.jobs(queue) if job.created_at >= since)
-    return [s for s in found if state is None or s.state == state]
+    return [s for s in found if state is None or listed_state(s) == state]
 
 
 # -- dead letters -------------------------------------------------------------------------
