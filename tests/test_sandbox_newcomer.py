@@ -324,3 +324,26 @@ def test_sigterm_while_the_emulator_starts_leaves_no_emulator_behind(tmp_path):
         left = end_both(sandbox, emulator)
     assert sandbox.returncode == 143 and "Traceback" not in out, out
     assert not left, emulator
+
+
+def test_an_emulator_error_the_sandbox_meets_is_one_line_naming_moto_s_log_and_the_work_is_kept(tmp_path, monkeypatch):
+    """Under load moto answered a status read with its own HTTP 500 page; the sandbox ended in a
+    botocore traceback. Now one line: what failed, the emulator's log, and the work folder kept."""
+    from click.testing import CliRunner
+
+    from tidefleet.cli import main
+    from tidefleet.cloud.aws.endpoint import NotAws
+    from tidefleet.sandbox import cli as sandbox_cli
+
+    def fails(box, *_, **__):
+        raise NotAws(endpoint=os.environ["AWS_ENDPOINT_URL"], status=500)
+
+    monkeypatch.setattr(sandbox_cli, "_up", fails)
+    work = tmp_path / "work"
+    result = CliRunner().invoke(main, ["sandbox", "--items", "4", "--workdir", str(work)])
+    assert result.exit_code == 1 and result.exception is not None and isinstance(result.exception, SystemExit)
+    (line,) = [x for x in result.output.splitlines() if x.startswith("Error:")]
+    assert line.startswith("Error: the emulator failed a call the sandbox made: the endpoint http://127.0.0.1:")
+    assert line.endswith(f"did not answer like the AWS API (HTTP 500); check AWS_ENDPOINT_URL; its log is "
+                         f"{work / 'moto.log'}; start the sandbox again")  # fmt: skip
+    assert (work / "moto.log").exists()

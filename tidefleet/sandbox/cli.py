@@ -15,6 +15,7 @@ from pathlib import Path
 
 import click
 
+from tidefleet.cloud import for_env
 from tidefleet.config import ConfigError, environment_path, load_environment
 from tidefleet.options import finite
 
@@ -167,12 +168,16 @@ def _run(env, environments: Path, workdir: Path, console, *, items, chaos, keep,
         except KeyboardInterrupt:
             _stopping(console)
             raise
-        except Exception:
+        except Exception as err:
             # The emulator died under it: every call fails now, and that is the one thing to say.
             with contextlib.suppress(subprocess.TimeoutExpired):
                 box.moto.process.wait(timeout=2)  # a refused call may beat the exit's reaping
             if (gone := box.emulator_gone()) is not None:
                 raise click.ClickException(gone) from None
+            cloud = for_env(env)
+            if isinstance(err, cloud.errors):  # an emulator's error under load (moto's HTTP 500), its own
+                raise click.ClickException(f"the emulator failed a call the sandbox made: {cloud.explain(err)}; "
+                                           f"its log is {box.moto.log}; start the sandbox again") from None  # fmt: skip
             raise
 
 
