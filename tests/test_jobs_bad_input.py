@@ -394,6 +394,20 @@ def test_logs_of_an_item_the_job_does_not_have_is_an_error(h):
         assert message in out.output and failed in out.output and "no logs yet" not in out.output, out.output
 
 
+def test_logs_of_an_item_that_ran_and_printed_nothing_say_so_not_no_logs_yet(h):
+    """"no logs yet" reads as "never ran": an item whose record shows an attempt ran."""
+    job_id = sdk.submit(h.env, "quiet", "work", sdk.read_items(["a", "b"]), kick=False).job_id
+    store = DynamoStore(h.env.name, h.env.region)
+    store.update_item(job_id, "000000", status="succeeded", attempts=1)
+    store.update_item(job_id, "000001", status="running", attempts=2)
+    out = run(h, "logs", job_id, "000000")
+    assert out.exit_code == 0 and out.output == (f"no output from {job_id}/000000: it ran (1 attempt, now succeeded) "
+                                                 "and printed nothing\n"), out.output
+    out = run(h, "logs", job_id, "000001")
+    assert out.exit_code == 0 and out.output == (f"no output from {job_id}/000001 yet: it is running (attempt 2) "
+                                                 "and has printed nothing so far\n"), out.output
+
+
 # -- what submit says it does --------------------------------------------------------------------
 def test_submit_says_held_for_an_after_job_and_already_submitted_for_a_no_op(h, tmp_path):
     items = tmp_path / "items.txt"

@@ -334,7 +334,20 @@ def logs(env_name, job_id, item_id, as_json) -> None:
                 click.echo(line)
             current = stream
         if current is None:
-            click.echo(f"no logs yet for {job_id}{'/' + item_id if item_id else ''}", err=True)
+            click.echo(_no_logs(env, job_id, item_id), err=True)
+
+
+def _no_logs(env: Environment, job_id: str, item_id: str | None) -> str:
+    """Why an item has no lines: "no logs yet" reads as "never ran", so one whose record shows
+    an attempt says it ran and printed nothing."""
+    item = for_env(env).store.item(job_id, item_id) if item_id else None
+    if item is None or not item.attempts:
+        return f"no logs yet for {job_id}{'/' + item_id if item_id else ''}"
+    if item.status == "running":
+        return (f"no output from {job_id}/{item_id} yet: it is running (attempt {item.attempts}) "
+                "and has printed nothing so far")
+    return (f"no output from {job_id}/{item_id}: it ran ({item.attempts} attempt{'s' if item.attempts > 1 else ''}, "
+            f"now {item.status}) and printed nothing")
 
 
 @click.command()
