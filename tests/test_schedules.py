@@ -7,7 +7,17 @@ from datetime import UTC, datetime
 
 import pytest
 
-from tidefleet.schedules import SUBMIT_STALLED_S, Cron, JobView, fire, fire_time, fire_time_for, run_id, watch
+from tidefleet.schedules import (
+    SUBMIT_STALLED_S,
+    Cron,
+    JobView,
+    fire,
+    fire_time,
+    fire_time_for,
+    run_id,
+    submit_began,
+    watch,
+)
 
 
 def at(text: str) -> float:
@@ -127,3 +137,14 @@ def test_a_run_is_called_stopped_part_way_only_past_any_submits_time():
     job = view("m-20250510t0900", **STUCK)
     assert watch(job, now=job.created_at + SUBMIT_STALLED_S - 1, parent=None).action == "keep"
     assert watch(job, now=job.created_at + SUBMIT_STALLED_S, parent=None).action == "resume"
+
+
+def test_a_continuation_that_began_holds_off_the_next_for_as_long_as_a_submit_could_go():
+    """A continuation of a stopped submit claims the run (`resumed_at`, `claim_resume`): another
+    only once it too may have stopped, as for the first submit."""
+    job = view("m-20250510t0900", **STUCK, resumed_at=T)
+    assert submit_began(job, T + 60) == T, "the later of the record's time and its continuation's"
+    assert watch(job, now=T + SUBMIT_STALLED_S - 1, parent=None).action == "keep"
+    assert watch(job, now=T + SUBMIT_STALLED_S, parent=None).action == "resume"
+    fired_ahead = view("m-20250510t0900", **{**STUCK, "created_at": T + 86400}, resumed_at=T)
+    assert submit_began(fired_ahead, T + 60) == T, "a record ahead of the clock: its fire time, or a later continuation"

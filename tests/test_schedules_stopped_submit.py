@@ -16,7 +16,7 @@ from tidefleet.cloud import for_env
 from tidefleet.cloud.aws.dynamodb import DynamoStore
 from tidefleet.cloud.aws.sqs import SqsWorkQueues
 from tidefleet.config import load_environment
-from tidefleet.jobs import sdk
+from tidefleet.jobs import scheduled, sdk
 from tidefleet.schedules import SUBMIT_STALLED_S
 from tidefleet.triggers import parse, run_jobs
 
@@ -150,3 +150,46 @@ def test_a_fire_that_cannot_continue_it_yet_still_queues_its_own_run_and_loses_n
              "schedule 'nightly': 2 item(s) sent, 2 in all",
         NEXT: f"keep: waiting for {RUN}"}  # fmt: skip
     assert sent(h) == 2
+
+
+def beside_the_first_send(other) -> tuple[list, object]:
+    """SqsWorkQueues.send that runs `other()` once, as its first send goes: another continuation
+    starting while this one is still sending (what it returns is kept in the list)."""
+    real, beside = SqsWorkQueues.send, []
+
+    def send(self, queue, bodies, **kwargs):
+        if not beside:
+            beside.append(None)  # first, so that the other's own sends do not start a third
+            beside[0] = other()
+        return real(self, queue, bodies, **kwargs)
+
+    return beside, send
+
+
+def test_the_next_watch_leaves_a_run_to_the_continuation_still_going(tmp_path, aws, monkeypatch):
+    """A big run's continuation takes minutes, past the next watch's tick: that watch must not start
+    another beside it (two submits of one job at once write its items twice)."""
+    h = harness(tmp_path, aws)
+    fire_failing_after_its_record(h, monkeypatch)
+    beside, send = beside_the_first_send(lambda: watch(h, LATER + 60))
+    with monkeypatch.context() as m:
+        m.setattr(SqsWorkQueues, "send", send)
+        assert watch(h, LATER)[RUN].startswith("resumed: its submit stopped part-way")
+    assert beside == [{RUN: "keep: still being recorded by its submit"}]
+    assert sent(h) == 2, "every item of the run was sent, once"
+
+
+def test_two_continuations_of_the_same_read_submit_once(tmp_path, aws, monkeypatch):
+    """The watch and a fire (or two ticks) that both read the run stalled before either began: the
+    first to claim it continues it, the other does nothing and says so."""
+    h = harness(tmp_path, aws)
+    fire_failing_after_its_record(h, monkeypatch)
+    stalled = for_env(h.env).store.job(RUN)
+    why = "its submit stopped part-way"
+    beside, send = beside_the_first_send(lambda: scheduled.resume(h.env, for_env(h.env), stalled, why, LATER))
+    with monkeypatch.context() as m:
+        m.setattr(SqsWorkQueues, "send", send)
+        assert scheduled.resume(h.env, for_env(h.env), stalled, why, LATER)[0] == "resumed"
+    assert beside == [("skipped", f"{why}; another continuation of it began under 15 min ago: left to it")]
+    assert sent(h) == 2, "every item of the run was sent, once"
+    assert watch(h, LATER + 60) == {RUN: "keep: running"}

@@ -288,6 +288,16 @@ class JobStore(NodeStatePort, QueueStatsPort, Protocol):
     def end_submit(self, job_id: str, total: int) -> None:
         """Every item is recorded and sent: set the job's total and clear `submitting`."""
 
+    def claim_resume(self, job_id: str, at: float, stale_before: float) -> bool:
+        """Before a continuation of the job's stopped submit (`jobs.scheduled.resume`): set its
+        `resumed_at` to `at` if the job exists, is still `submitting` and its `resumed_at` is before
+        `stale_before` (no other continuation may still be going). False if not: nothing written.
+        One conditional write, so of two continuations racing one wins."""
+
+    def release_resume(self, job_id: str, at: float) -> None:
+        """A continuation that claimed at `at` ended without finishing (an error): clear its claim
+        (`resumed_at` 0), unless another continuation claimed since."""
+
     def item(self, job_id: str, item_id: str) -> Item | None: ...
 
     def items(self, job_id: str) -> list[Item]:

@@ -239,6 +239,9 @@ class Job:
     # A scheduled run (tidefleet.schedules): its schedule, and its whole-job deadline (0 = none).
     schedule: str = ""
     deadline: float = 0.0
+    # When a continuation of its stopped submit last began (`JobStore.claim_resume`): one at a
+    # time, as the SDK's submit is written for. 0: none yet (and on older records).
+    resumed_at: float = 0.0
     cancel_reason: str = ""  # why it was cancelled when not by a user: "timed out: ..."
     # Items settled in each final status, kept by the store in the same transaction as the item's
     # write (`settled_moves`); `counted` is False on jobs submitted before these counters existed.

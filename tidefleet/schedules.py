@@ -156,6 +156,7 @@ class JobView:
     deadline: float = 0.0  # 0: no whole-job timeout
     schedule: str = ""
     created_at: float = 0.0  # when its job record was written: its submit began
+    resumed_at: float = 0.0  # when a continuation of its stopped submit last began; 0: none
 
 
 @dataclass(frozen=True)
@@ -179,14 +180,21 @@ class Fire:
 # (an error after the job record was written: a throttled send, a function cut off), and would
 # hold its schedule for good. The watch or the next fire continues it (the SDK's submit is
 # idempotent and continues a job whose items were not all sent); before this, it might still be
-# running, and a second submit beside it would send its items twice.
+# running, and a second submit beside it would send its items twice. A continuation claims the
+# run first (`resumed_at`) and counts as its submit beginning anew: the SDK's submit is written for
+# one at a time, and a big run's continuation goes on past the next watch.
 SUBMIT_STALLED_S = 900
 
 
 def submit_began(job: JobView, now: float) -> float:
-    """When a scheduled run's submit began, on the clock of `now`: its record's time, or its fire
-    time (in its id) where the record is over a minute ahead of `now`, a clock not the writer's
-    (a test's or a replay's)."""
+    """When a scheduled run's submit, or the latest continuation of it, began, on the clock of
+    `now`: its record's time, or its fire time (in its id) where the record is over a minute ahead
+    of `now`, a clock not the writer's (a test's or a replay's); or its continuation's, if later
+    (written on the clock of the watch or fire that began it)."""
+    return max(_recorded(job, now), job.resumed_at)
+
+
+def _recorded(job: JobView, now: float) -> float:
     if job.created_at <= now + FIRE_AHEAD_S:
         return job.created_at
     try:

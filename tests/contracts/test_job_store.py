@@ -467,6 +467,36 @@ def test_a_waiting_job_keeps_its_dependency_and_a_timed_out_one_says_why(store):
                              cancelled=True, cancel_reason="timed out: past its deadline")  # fmt: skip
 
 
+def test_one_continuation_at_a_time_claims_a_stalled_submit_until_its_claim_is_stale(store):
+    """`claim_resume` (`jobs.scheduled.resume`): a continuation of a stopped submit claims the job
+    first; a second one is refused until the claim is older than `stale_before`. A job whose submit
+    finished, or that does not exist, is never claimed; a continuation that failed gives its own
+    claim back (`release_resume`), never a later one's."""
+    s = store.store
+    s.put_job(Job("r", "r", "work", 10.0, 0, submitting=True, schedule="m"))
+    assert s.job("r").resumed_at == 0.0, "a job nobody continued yet"
+    assert s.claim_resume("r", NOW, stale_before=NOW - 900) is True
+    assert s.job("r").resumed_at == NOW
+    assert store.other().claim_resume("r", NOW + 1, stale_before=NOW + 1 - 900) is False, "the first is going"
+    assert s.claim_resume("r", NOW + 900, stale_before=NOW + 1) is True, "past stale_before: that one is over"
+    s.release_resume("r", NOW)  # an older continuation's release leaves the newer claim
+    assert s.job("r").resumed_at == NOW + 900
+    s.release_resume("r", NOW + 900)
+    assert s.claim_resume("r", NOW + 901, stale_before=NOW + 1) is True, "a released claim is free at once"
+    s.end_submit("r", 2)
+    assert s.claim_resume("r", NOW + 5000, stale_before=NOW + 4000) is False, "its submit finished"
+    assert s.claim_resume("never-put", NOW, stale_before=NOW) is False
+    assert s.job("never-put") is None, "a claim creates no job"
+
+
+def test_a_continuation_claim_is_taken_once_when_two_race(store):
+    s = store.store
+    s.put_job(Job("r", "r", "work", 10.0, 0, submitting=True, schedule="m"))
+    store.before_next_write(lambda: store.other().claim_resume("r", NOW, stale_before=NOW - 900))
+    assert s.claim_resume("r", NOW, stale_before=NOW - 900) is False
+    assert s.job("r").resumed_at == NOW
+
+
 def test_a_leave_grant_is_taken_in_units_by_one_node_at_a_time_until_it_runs_out_or_expires(store):
     s, at = store.store, 1_800_000_000.0
     idle, now = at + 5, at + 15  # went idle after the tick that granted

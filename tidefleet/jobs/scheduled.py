@@ -16,6 +16,7 @@ next watch (the items it already sent get a duplicate message, which the agent's
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from dataclasses import replace
@@ -51,7 +52,8 @@ def view(env: Environment, cloud: Cloud, job: Job | None) -> schedules.JobView |
         done, failed = status.done, status.state == "failed"
     return schedules.JobView(job.job_id, done=done, failed=failed, cancelled=job.cancelled, submitting=job.submitting,
                              waiting=job.waiting, after=job.after, after_finished=job.after_finished,
-                             deadline=job.deadline, schedule=job.schedule, created_at=job.created_at)  # fmt: skip
+                             deadline=job.deadline, schedule=job.schedule, created_at=job.created_at,
+                             resumed_at=job.resumed_at)  # fmt: skip
 
 
 def fire(env: Environment, cloud: Cloud, name: str, at: float, *, fired_at: float | None = None) -> schedules.Fire:
@@ -69,7 +71,7 @@ def fire(env: Environment, cloud: Cloud, name: str, at: float, *, fired_at: floa
             job = cloud.store.job(run.job_id)
             if job is None:  # deleted since it was read: nothing to continue
                 continue
-            action, detail = resume(env, cloud, job, schedules.stopped_part_way(run, at))
+            action, detail = resume(env, cloud, job, schedules.stopped_part_way(run, at), at)
         except cloud.errors as err:  # still stuck: counted as going; the watch or the next fire tries again
             said.append(f"failed to continue {run.job_id}, whose submit stopped part-way: {_one_line(err)}")
             continue
@@ -107,13 +109,17 @@ def fire(env: Environment, cloud: Cloud, name: str, at: float, *, fired_at: floa
     return decided
 
 
-def resume(env: Environment, cloud: Cloud, job: Job, why: str) -> tuple[str, str]:
+def resume(env: Environment, cloud: Cloud, job: Job, why: str, now: float) -> tuple[str, str]:
     """Continue a scheduled run whose submit stopped part-way (`why`), with its schedule's items,
     as its fire submitted them: the SDK's submit sends what the stopped one did not, and nothing
     twice. A run the SDK will not continue (its schedule gone, or its items or queue changed since
     it fired) is cancelled with the reason, so it no longer holds the schedule. Returns what was
-    done ("resumed" or "cancelled") and why; a cloud's error goes to the caller (the run stays for
-    the next try)."""
+    done ("resumed", "cancelled", or "skipped": another continuation claimed it first) and why; a
+    cloud's error goes to the caller (the run stays for the next try)."""
+    # One continuation at a time (the SDK's submit writes a job's later chunks unconditionally):
+    # the watch and a fire, or two ticks, may both have read the run stalled.
+    if not cloud.store.claim_resume(job.job_id, now, stale_before=now - schedules.SUBMIT_STALLED_S):
+        return "skipped", f"{why}; another continuation of it began under {schedules.SUBMIT_STALLED_S // 60} min ago: left to it"
     schedule = env.schedules.get(job.schedule)
     try:
         if schedule is None:
@@ -125,6 +131,12 @@ def resume(env: Environment, cloud: Cloud, job: Job, why: str) -> tuple[str, str
         cancel(env, job.job_id, reason=reason, cloud=cloud)
         cloud.store.unwatch(job.job_id)
         return "cancelled", reason
+    except Exception:
+        # Over: the SDK's submit lets the chunks it started finish before it raises. The next
+        # watch may try again at once; should this write fail too, the claim lapses on its own.
+        with contextlib.suppress(*cloud.errors):
+            cloud.store.release_resume(job.job_id, now)
+        raise
     what = (f"{done.total} item(s) recorded, held behind {job.after}" if done.held
             else f"{done.sent} item(s) sent, {done.total} in all")  # fmt: skip
     return "resumed", f"{why}; continued it from schedule {job.schedule!r}: {what}"
@@ -155,7 +167,7 @@ def watch(env: Environment, cloud: Cloud, now: float) -> dict[str, str]:
         decided = schedules.watch(mine, now=now, parent=parent)
         try:
             if decided.action == "resume":
-                out[job_id] = ": ".join(resume(env, cloud, job, decided.reason))
+                out[job_id] = ": ".join(resume(env, cloud, job, decided.reason, now))
                 continue
             if decided.action == "release":
                 sent = release(env, cloud, job)

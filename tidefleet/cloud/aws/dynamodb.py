@@ -449,6 +449,26 @@ class DynamoStore:
             ExpressionAttributeValues={":t": total, ":f": False},
         )
 
+    def claim_resume(self, job_id: str, at: float, stale_before: float) -> bool:
+        return self._job_if(job_id, "SET resumed_at = :at",
+                            "submitting = :t AND (attribute_not_exists(resumed_at) OR resumed_at < :stale)",
+                            {":at": _to_dynamo(float(at)), ":t": True, ":stale": _to_dynamo(float(stale_before))})  # fmt: skip
+
+    def release_resume(self, job_id: str, at: float) -> None:
+        self._job_if(job_id, "SET resumed_at = :zero", "resumed_at = :at", {":zero": 0, ":at": _to_dynamo(float(at))})
+
+    def _job_if(self, job_id: str, update: str, condition: str, values: dict) -> bool:
+        """One conditional update of an existing job's record: False where its condition does not hold."""
+        try:
+            self.table.update_item(Key={"pk": f"JOB#{job_id}", "sk": "JOB"}, UpdateExpression=update,
+                                   ConditionExpression=f"attribute_exists(pk) AND {condition}",
+                                   ExpressionAttributeValues=values)  # fmt: skip
+        except ClientError as err:
+            if err.response["Error"]["Code"] == "ConditionalCheckFailedException":
+                return False
+            raise
+        return True
+
     def item(self, job_id: str, item_id: str) -> Item | None:
         raw = self.table.get_item(Key={"pk": f"JOB#{job_id}", "sk": f"ITEM#{item_id}"}, ConsistentRead=True).get("Item")
         return None if raw is None else _record(Item, raw)

@@ -444,6 +444,35 @@ class FirestoreStore(FirestoreNodes):
     def end_submit(self, job_id: str, total: int) -> None:
         self._set(self._job_doc(job_id), {"total": total, "submitting": False})
 
+    def claim_resume(self, job_id: str, at: float, stale_before: float) -> bool:
+        """As `DynamoStore.claim_resume`: the read's update time is the write's precondition."""
+        return self._job_if(job_id, {"resumed_at": float(at)},
+                            lambda v: v.get("submitting") and (v.get("resumed_at") or 0.0) < stale_before)
+
+    def release_resume(self, job_id: str, at: float) -> None:
+        self._job_if(job_id, {"resumed_at": 0.0}, lambda v: v.get("resumed_at") == at)
+
+    def _job_if(self, job_id: str, fields: dict, check) -> bool:
+        """Write `fields` to the job's document if it exists and `check(its values)` holds when
+        written; False if not. A write that lost a race with another writer (an agent counting a
+        settled item on the job) reads again."""
+        name = self._job_doc(job_id)
+        for _ in range(WRITE_RACES):
+            doc = self._get(name)
+            if doc is None or not check(self._values(doc)):
+                return False
+            try:
+                self.client.update_document(request={
+                    "document": Document(name=name, fields=_fields(fields)),
+                    "update_mask": DocumentMask(field_paths=list(fields)),
+                    "current_document": Precondition(update_time=doc.update_time),
+                }, retry=RETRY_REFUSED, timeout=TRY_S)  # fmt: skip
+                return True
+            except gexc.GoogleAPICallError as err:
+                if not lost_race(err):
+                    raise
+        raise GaveUp(f"job {job_id}: its record still changing after {WRITE_RACES} attempts; try again")
+
     def item(self, job_id: str, item_id: str) -> Item | None:
         doc = self._get(self._item_doc(job_id, item_id))
         return None if doc is None else self._item(job_id, item_id, self._values(doc))
