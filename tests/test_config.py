@@ -198,6 +198,7 @@ BAD = [
     ("timeout under a minute", {"schedules.merge": {"rate": "10 hours", "queue": "default", "items": ["x"], "timeout_s": 5}}, "schedules.merge.timeout_s: Input should be greater than or equal to 60 (got 5)"),
     ("schedule name in capitals", {"schedules.Merge": {"rate": "10 hours", "queue": "default", "items": ["x"]}}, "schedules.Merge: bad name (got 'Merge')"),
     # what the stack would drop or the cloud refuse at apply time
+    ("a zone on aws", {"pools.cpu.zone": "us-east-1a"}, "pools.cpu.zone: only for cloud 'gcp' (got 'us-east-1a'); an AWS pool launches in its subnets' zones, a cluster pool in the first one's: remove zone"),
     ("gcs state on aws", {"state": {"backend": "gcs", "bucket": "acme-state"}}, "state.backend: not available on aws (got 'gcs'); use 'local' or 's3'"),
     ("lock table on local state", {"state": {"lock_table": "locks"}}, "state.lock_table: not read by backend 'local' (got 'locks'); remove it, or use backend 's3'"),
     ("state path on s3", {"state": {"backend": "s3", "bucket": "acme-state", "path": "x.tfstate"}}, "state.path: not read by backend 's3' (got 'x.tfstate'); remove it, or use backend 'local'"),
@@ -252,6 +253,8 @@ GCP_BAD = [
     ("tick that does not divide an hour", {"scaler.tick_s": 2040}, "scaler.tick_s: above 60 it must be a whole number of minutes that divides an hour, as the scheduler fires on minutes (got 2040); use e.g. 300"),
     ("pool without an image", {"pools.cpu.image": None}, "pools.cpu.image: required on gcp (got nothing); set a GCE image such as projects/debian-cloud/global/images/family/debian-12"),
     ("a spot price cap on gcp", {"pools.cpu.spot_max_price": 1.0}, "pools.cpu.spot_max_price: not read on gcp, where a Spot VM has no price cap or allocation strategy (got 1.0); remove it"),
+    ("a zone of another region", {"pools.cpu.zone": "europe-west4-a"}, "pools.cpu.zone: not a zone of the environment's region us-central1 (got 'europe-west4-a'); write us-central1-<letter>, e.g. us-central1-b"),
+    ("a region as the zone", {"pools.cpu.zone": "us-central1"}, "pools.cpu.zone: not a zone of the environment's region us-central1 (got 'us-central1')"),
     ("zones on gcp", {"network.az_count": 3}, "network.az_count: not read on gcp (got 3); a regional managed instance group spreads over the region's zones itself; remove it"),
     ("s3 state on gcp", {"state": {"backend": "s3", "bucket": "acme-state"}}, "state.backend: not available on gcp (got 's3'); use 'local' or 'gcs'"),
     ("a region for gcs state", {"state": {"backend": "gcs", "bucket": "acme-state", "region": "us-central1"}}, "state.region: not read by backend 'gcs' (got 'us-central1'); remove it, or use backend 's3'"),

@@ -29,7 +29,8 @@ items = [["--merge", "gs://acme-ml/checkpoints/latest"]]
 admission = "queue"
 """
 # Its gpu pool trains across nodes: placement "cluster".
-ENV_TEXT = environment_path("gcp-dev").read_text().replace('disk_gb = 200\n', 'disk_gb = 200\nplacement = "cluster"\n') + SCHEDULES
+ENV_TEXT = environment_path("gcp-dev").read_text().replace(
+    'disk_gb = 200\n', 'disk_gb = 200\nplacement = "cluster"\nzone = "us-central1-b"\n') + SCHEDULES
 ENV = parse_environment(tomllib.loads(ENV_TEXT), name="gcp-dev")
 
 
@@ -86,6 +87,9 @@ def test_a_cluster_pools_groups_each_keep_their_nodes_in_one_zone_and_other_pool
         assert groups[f"pool-gpu_group-{kind}"]["distribution_policy_target_shape"] == "ANY_SINGLE_ZONE"
         assert groups[f"pool-cpu_group-{kind}"]["distribution_policy_target_shape"] == "ANY"
         assert groups[f"pool-gpu_group-{kind}"]["update_policy"]["instance_redistribution_type"] == "NONE"
+        # `zone`: both groups in it, so a gang on Spot and on-demand nodes does not span two zones
+        assert groups[f"pool-gpu_group-{kind}"]["distribution_policy_zones"] == ["us-central1-b"]
+        assert "distribution_policy_zones" not in groups[f"pool-cpu_group-{kind}"]
 
 
 def test_every_queue_dead_letters_after_its_attempts_with_ack_deadline_from_the_item_timeout(stack):

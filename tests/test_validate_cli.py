@@ -278,3 +278,19 @@ def test_botocores_types_are_read_only_for_a_type_prices_lacks_and_then_once(mon
     for _ in range(2):
         assert CliRunner().invoke(main, ["validate", typed("p5.48xlarge")]).exit_code == 0
     assert known_types.cache_info().misses == 1
+
+
+@pytest.mark.parametrize("zone", [None, "us-central1-b"])
+def test_validate_warns_of_a_gcp_cluster_pool_whose_gangs_may_span_two_zones_until_it_has_a_zone(tmp_path, zone):
+    """Its Spot and on-demand groups each pick a zone of their own (ANY_SINGLE_ZONE): a gang on
+    both kinds of node may span two. `zone` pins both; without it the file still deploys."""
+    text = _pool_env("us-central1", "train", "gcp", "acme-one").replace(
+        'max = 2\n', 'max = 2\nplacement = "cluster"\n' + (f'zone = "{zone}"\n' if zone else ""))
+    (tmp_path / "train.toml").write_text(text)
+    result = CliRunner().invoke(main, ["validate", str(tmp_path / "train.toml")])
+    assert result.exit_code == 0, result.output
+    warnings = [x for x in result.output.splitlines() if x.startswith("warning:")]
+    assert warnings == ([] if zone else [
+        (f"warning: {tmp_path / 'train.toml'}: pools.train.zone: a cluster pool on gcp without a zone: its Spot and "
+        "on-demand groups each pick their own, so a gang on both kinds of node may span two zones; set zone (e.g. "
+        "us-central1-b, a zone that offers its types) to keep every node in one")])

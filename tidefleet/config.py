@@ -237,6 +237,8 @@ class Pool(_Model):
     placement: Literal["spread", "cluster"] = Field(
         "spread", description="cluster: nodes close together for multi-node training (one zone, AWS placement group)"
     )
+    zone: str | None = Field(None, description="GCP: every node of the pool, Spot and on-demand, in this zone of "
+                             "the region (e.g. us-central1-a); keeps a cluster pool's gangs in one zone")
     efa: bool = Field(False, description="AWS: Elastic Fabric Adapter on every node (needs placement 'cluster')")
     checkpoint_and_move: bool = Field(
         False,
@@ -777,6 +779,21 @@ def environment_clashes(envs: dict[str, Environment]) -> list[str]:
     return out
 
 
+def environment_warnings(env: Environment) -> list[str]:
+    """What validate says of a file that can deploy but may not do what its author expects."""
+    return instance_type_warnings(env) + _split_gang_warnings(env)
+
+
+def _split_gang_warnings(env: Environment) -> list[str]:
+    """A GCP cluster pool without a zone: its Spot and on-demand groups each pick their own zone
+    (ANY_SINGLE_ZONE), so a gang on both kinds of node (a Spot shortage moves capacity to the
+    on-demand group) may span two zones: slower and billed traffic between its ranks."""
+    return [f"pools.{name}.zone: a cluster pool on gcp without a zone: its Spot and on-demand groups each pick their "
+            f"own, so a gang on both kinds of node may span two zones; set zone (e.g. {env.region}-b, a zone that "
+            f"offers its types) to keep every node in one"
+            for name, pool in env.pools.items() if env.cloud == "gcp" and pool.placement == "cluster" and not pool.zone]  # fmt: skip
+
+
 def instance_type_warnings(env: Environment) -> list[str]:
     """AWS instance types neither prices.SPECS nor the installed botocore knows: a typo (g5.xlarg) that
     passes with prices set, until plan asks EC2. Warnings, not problems: a type newer than the
@@ -1109,6 +1126,12 @@ def _data_problems(env: Environment, where: str, pool: Pool) -> list[str]:
     if pool.placement == "cluster" and env.cloud == "gcp" and env.network.subnet_ids:
         out.append(f"{where}.placement: 'cluster' opens traffic among the pool's nodes on the network the stack "
                    f"creates (got network.subnet_ids {env.network.subnet_ids}); remove subnet_ids or use 'spread'")  # fmt: skip
+    if pool.zone is not None and env.cloud != "gcp":
+        out.append(f"{where}.zone: only for cloud 'gcp' (got {pool.zone!r}); an AWS pool launches in its subnets' "
+                   "zones, a cluster pool in the first one's: remove zone")  # fmt: skip
+    elif pool.zone is not None and not re.fullmatch(rf"{re.escape(env.region)}-[a-z][a-z0-9]*", pool.zone):
+        out.append(f"{where}.zone: not a zone of the environment's region {env.region} (got {pool.zone!r}); "
+                   f"write {env.region}-<letter>, e.g. {env.region}-b, a zone that offers the pool's types")  # fmt: skip
     if pool.placement == "cluster" and env.cloud == "aws":
         burstable = [t.type for t in pool.instance_types if t.type.startswith("t")]
         if burstable:

@@ -12,8 +12,8 @@ from tidefleet.config import (
     ConfigError,
     environment_clashes,
     environment_path,
+    environment_warnings,
     environments_dir,
-    instance_type_warnings,
     known_environments,
     load_environment,
 )
@@ -44,7 +44,7 @@ def validate(envs: tuple[str, ...], as_json: bool) -> None:
         if not as_json:
             click.echo(f"{env.name}: ok ({env.cloud} {env.region}, {len(env.pools)} pool(s), {len(env.queues)} queue(s))")
     ok = all(r["ok"] for r in results)
-    warnings = [f"{name}: {line}" for name, env in loaded.values() for line in instance_type_warnings(env)]
+    warnings = [f"{name}: {line}" for name, env in loaded.values() for line in environment_warnings(env)]
     warnings += environment_clashes(dict(loaded.values()))
     if not as_json:
         for line in warnings:

@@ -117,6 +117,8 @@ class NodePool(Construct):
                 # a cluster pool's in one zone GCP picks with capacity for them all, as its gangs talk
                 # to each other (GCP's compact placement policies fit few machine series and sizes).
                 distribution_policy_target_shape="ANY_SINGLE_ZONE" if pool.placement == "cluster" else "ANY",
+                # Both groups pick their zone on their own: `zone` keeps them in one (a gang on both kinds).
+                distribution_policy_zones=[pool.zone] if pool.zone else None,
                 update_policy={"type": "OPPORTUNISTIC", "minimal_action": "REPLACE",
                                "instance_redistribution_type": "NONE", "max_surge_fixed": 0,
                                "max_unavailable_fixed": MAX_UNAVAILABLE},
