@@ -342,3 +342,17 @@ def test_a_checkpoint_named_like_an_older_versions_partial_is_the_users_and_is_k
     checkpoint.save("x.partial", b"mine", base=base)
     checkpoint.save("x", b"other", base=base)
     assert checkpoint.load("x.partial", base=base) == b"mine"
+
+
+def test_a_gs_checkpoint_with_a_key_directory_says_so_not_is_a_directory_error(tmp_path, monkeypatch):
+    """A workload's gs:// save where GOOGLE_APPLICATION_CREDENTIALS names a folder: google-auth's
+    IsADirectoryError said nothing of the variable; the CLIs' line is the error now."""
+    from google.auth.exceptions import DefaultCredentialsError
+
+    for name in [k for k in os.environ if k.startswith(("GOOGLE_", "CLOUDSDK_"))]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path))
+    monkeypatch.setenv("NO_GCE_CHECK", "True")
+    with pytest.raises(DefaultCredentialsError, match=f"^GOOGLE_APPLICATION_CREDENTIALS names {tmp_path}, which is a "
+                                                      "directory, not a credentials file; point it at the key file"):
+        checkpoint.save("state.json", b"v", base="gs://bucket/run/")

@@ -35,7 +35,7 @@ def errors() -> tuple[type[BaseException], ...]:
 
 
 @contextmanager
-def _reading_credentials():
+def reading_credentials():
     """google-auth opens the file GOOGLE_APPLICATION_CREDENTIALS names when a client is built and
     names a missing one, but lets any other OSError through (a directory, a file this user may not
     read): one of `errors()` instead, which the CLIs catch and say in one line (`_credentials_hint`).
@@ -58,7 +58,7 @@ def _reading_credentials():
 
 
 @cache
-@_reading_credentials()
+@reading_credentials()
 def function_runtime() -> tuple[Environment, Ports]:
     """Settings and clients, once per cold start: the environment named by TIDEFLEET_ENV (unset or
     unknown: a ConfigError, which the function says in one line)."""
@@ -72,14 +72,14 @@ def function_metrics(env: Environment, points: list) -> None:
 
 
 @cache
-@_reading_credentials()
+@reading_credentials()
 def _monitoring():
     from tidefleet.cloud.gcp.monitoring import MonitoringMetrics
 
     return MonitoringMetrics(function_runtime()[0])
 
 
-@_reading_credentials()
+@reading_credentials()
 def control_ports(env: Environment) -> Ports:
     from tidefleet.cloud.gcp.firestore import FirestoreStore
     from tidefleet.cloud.gcp.mig import MigFleet, MonitoringQueues
@@ -106,7 +106,7 @@ class GceNode:
     def leave(self, pool: str, node_id: str) -> None:
         """Nothing to do: no hook holds the VM."""
 
-    @_reading_credentials()
+    @reading_credentials()
     def retire(self, pool: str, node_id: str) -> None:
         """Delete this VM from its group, whose target size drops with it (the group stops it as
         it stops any VM it deletes: the shutdown reaches the agent as SIGTERM)."""
@@ -128,21 +128,21 @@ class GcpCloud:
 
     # Built when first used: a kick or a status call needs only some of them.
     @cached_property
-    @_reading_credentials()
+    @reading_credentials()
     def queues(self):
         from tidefleet.cloud.gcp.pubsub import PubSubWorkQueues
 
         return PubSubWorkQueues(self.env)
 
     @cached_property
-    @_reading_credentials()
+    @reading_credentials()
     def store(self):
         from tidefleet.cloud.gcp.firestore import FirestoreStore
 
         return FirestoreStore(self.env)
 
     @cached_property
-    @_reading_credentials()
+    @reading_credentials()
     def logs(self):
         from tidefleet.cloud.gcp.cloud_logging import CloudLoggingItemLogs
 
@@ -154,7 +154,7 @@ class GcpCloud:
     def node_host(self, metadata=None) -> GceNode:
         return GceNode(self.env, metadata)
 
-    @_reading_credentials()
+    @reading_credentials()
     def group_members(self) -> dict[str, tuple[int, tuple[str, ...]]]:
         """A pool is a Spot and an on-demand group, shown as one (`MigFleet`)."""
         from tidefleet.cloud.gcp.mig import MigFleet
@@ -162,7 +162,7 @@ class GcpCloud:
         groups = MigFleet(self.env).groups(list(self.env.pools), 0)
         return {p: (g.desired, tuple(i.id for i in g.instances)) for p, g in groups.items()}
 
-    @_reading_credentials()
+    @reading_credentials()
     def kick(self, payload: bytes) -> str:
         from tidefleet.cloud.gcp.pubsub import publish
 
@@ -170,7 +170,7 @@ class GcpCloud:
         publish(self.env, topic, [payload])
         return topic
 
-    @_reading_credentials()
+    @reading_credentials()
     def upload(self, key: str, path: Path) -> str:
         """The GCS JSON API's single-request upload through google-auth (a wheel is small; no
         google-cloud-storage dependency for a few objects)."""
@@ -185,7 +185,7 @@ class GcpCloud:
                      headers={"Content-Type": "application/octet-stream"}, timeout=120).raise_for_status()  # fmt: skip
         return f"gs://{bucket}/{key}"
 
-    @_reading_credentials()
+    @reading_credentials()
     def artifacts_location(self) -> str:
         import google.auth
         from google.api_core.exceptions import from_http_response
@@ -200,7 +200,7 @@ class GcpCloud:
             raise from_http_response(found)  # NotFound, PermissionDenied, ...: explained below
         return f"gs://{bucket}"
 
-    @_reading_credentials()
+    @reading_credentials()
     def identity(self) -> str:
         """The account of the application default credentials (a service account's email, or the
         user account gcloud recorded); compute credentials learn theirs on refresh."""
@@ -308,7 +308,7 @@ def _credentials_hint(err: BaseException) -> str:
     path = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
     if not path:
         return f"no Google credentials: run {login} or set GOOGLE_APPLICATION_CREDENTIALS"
-    if isinstance(err.__cause__, OSError):  # _reading_credentials: said with the fix already
+    if isinstance(err.__cause__, OSError):  # reading_credentials: said with the fix already
         return str(err)
     if not os.path.exists(path):
         return (f"GOOGLE_APPLICATION_CREDENTIALS names {path}, which does not exist; point it at a credentials file, "

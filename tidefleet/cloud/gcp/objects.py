@@ -9,6 +9,7 @@ import google.auth
 from google.api_core.exceptions import from_http_response
 from google.auth.transport.requests import AuthorizedSession
 
+from tidefleet.cloud.gcp import reading_credentials
 from tidefleet.cloud.gcp.calls import RETRY, TRY_S
 
 GCS = "https://storage.googleapis.com"
@@ -22,7 +23,9 @@ class GcsObjects:
 
     def __init__(self):
         scopes = ["https://www.googleapis.com/auth/devstorage.read_write"]
-        self.session = AuthorizedSession(google.auth.default(scopes=scopes)[0], refresh_timeout=TRY_S)
+        with reading_credentials():  # a directory or unreadable key file: said as the credentials' fault
+            credentials = google.auth.default(scopes=scopes)[0]
+        self.session = AuthorizedSession(credentials, refresh_timeout=TRY_S)
 
     def put(self, bucket: str, key: str, body: bytes) -> None:
         RETRY(self._put)(bucket, key, body)
