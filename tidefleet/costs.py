@@ -22,8 +22,9 @@ from tidefleet.config import Environment
 from tidefleet.records import Item, Job
 
 BY = ("team", "job", "queue", "user", "pool")
-IDLE_NOTE = ("busy time only: nodes' idle and boot time is not charged (no record of it outlives a node); "
-             "the bill for the same tags minus this total is that idle time")  # fmt: skip
+IDLE_NOTE = ("busy time only: nodes' idle and boot time, and the free slots of busy nodes, are not charged (no "
+             "record of them outlives a node); the bill for the same tags minus this total is mostly that time, "
+             "and the gap between the configured and the paid spot price")  # fmt: skip
 
 
 @dataclass(frozen=True)
