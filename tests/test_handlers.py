@@ -507,7 +507,7 @@ def test_a_failed_kick_for_a_replacement_says_when_the_scaler_ticks_anyway(deplo
     heartbeat(node, busy=2)
     put_items(4, receive=2)
     replacement = interruption.handler(event("spot_warning", node), None)["replacement"]
-    assert replacement.startswith("warning: could not kick the scaler (")
+    assert replacement.startswith("warning: could not kick the scaler at TIDEFLEET_KICK_URL=http://127.0.0.1:")
     assert replacement.endswith("its next scheduled tick comes within 2s") and "job" not in replacement
 
 

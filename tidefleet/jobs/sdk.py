@@ -847,7 +847,10 @@ def kick_scaler(env: Environment, reason: str) -> str:
             return f"kicked {url}"
         return f"kicked {for_env(env).kick(payload)}"
     except Exception as err:  # noqa: BLE001 - any failure here only delays scaling by a tick
-        return f"warning: could not kick the scaler ({err}); its next scheduled tick comes within {env.scaler.tick_s}s"
+        # The variable is the sandbox's (`--keep` prints it): a stale one outlives its sandbox.
+        where = f" at TIDEFLEET_KICK_URL={url} (a sandbox's; unset it to kick the deployed scaler)" if url else ""
+        return (f"warning: could not kick the scaler{where} ({err}); its next scheduled tick comes within "
+                f"{env.scaler.tick_s}s")  # fmt: skip
 
 
 # -- progress -----------------------------------------------------------------------------
