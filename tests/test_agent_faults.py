@@ -73,7 +73,6 @@ def dead_letters(h: Harness) -> list[str]:
 FAULTS = [
     ("a command with an unclosed quote", {"command": "python -c 'print(1)"}, ["x"], "No closing quotation"),
     ("a program that does not exist", {"command": "/no/such/program"}, ["x"], "could not start '/no/such/program'"),
-    ("an item user the node lacks", {"item_user": "no-such-user"}, ["x"], "item user 'no-such-user' does not exist"),
 ]
 
 

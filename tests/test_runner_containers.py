@@ -348,11 +348,23 @@ def test_at_start_the_agent_removes_the_containers_an_agent_before_it_left(docke
     neighbour.remove()
 
 
-def test_with_no_docker_on_the_node_the_start_up_sweep_is_one_log_line(tmp_path, caplog, monkeypatch):
+def test_with_no_docker_on_the_node_the_start_up_sweep_says_docker_does_not_answer(tmp_path, caplog, monkeypatch):
+    """The agent makes it the one line of a node that takes nothing (tests/test_agent_node_faults.py)."""
     monkeypatch.setenv("PATH", str(tmp_path))  # no docker there
     with caplog.at_level(logging.INFO):
-        runner.remove_leftover_containers(CONTAINER, tmp_path / "work")
-    assert [r.levelno for r in caplog.records] == [logging.WARNING] and "docker" in caplog.text, caplog.text
+        unanswered = runner.remove_leftover_containers(CONTAINER, tmp_path / "work")
+    assert "No such file or directory: 'docker'" in unanswered and caplog.records == [], caplog.text
+
+
+def test_a_removal_that_fails_at_start_is_one_log_line_not_an_unanswering_docker(docker, tmp_path, caplog):
+    left = start(tmp_path / "work", ["sleep", "600"])
+    wait_until(lambda: docker.running(), 10, "the container to start")
+    docker.answer("rm", 1, "Error response from daemon: removal of container {id} is not permitted")
+    with caplog.at_level(logging.INFO):
+        assert runner.remove_leftover_containers(CONTAINER, tmp_path / "work") == ""
+    assert [r.levelno for r in caplog.records] == [logging.WARNING] and "not permitted" in caplog.text, caplog.text
+    left.signal(Signal.KILL)
+    left.wait(Lines())
 
 
 def test_command_pools_never_call_docker(docker, tmp_path, caplog):

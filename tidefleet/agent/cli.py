@@ -13,6 +13,7 @@ import click
 
 from tidefleet import lifeline
 from tidefleet.agent.gpus import GpuProblem
+from tidefleet.agent.runner import NodeFault
 from tidefleet.agent.worker import Agent, Settings
 from tidefleet.cloud import for_env
 from tidefleet.config import ConfigError, load_environment
@@ -69,7 +70,7 @@ def agent(env_name, pool, heartbeat_s, imds_poll_s, grace_s, wait_s, item_user, 
         code = Agent(env, pool, settings, metadata).run()
     except cloud.errors as err:
         raise click.ClickException(cloud.explain(err)) from None
-    except GpuProblem as err:
+    except (GpuProblem, NodeFault) as err:  # it takes nothing, marked draining: one line says why
         raise click.ClickException(str(err)) from None
     sys.exit(code)
 

@@ -40,6 +40,17 @@ CID_FILE = "container.id"
 LABEL = "tidefleet.workdir"
 DOCKER_S = 30  # at most, per docker command: a hung dockerd must not hold an attempt for ever
 GONE = ("No such container", "is already in progress")  # docker: its --rm removed it, or is removing it
+# docker run's own failure (exit 125) ends with a hint under the line that explains it; the
+# explaining line is the one an item's reason keeps. "Run ... for more information": docker 25+.
+DOCKER_HINT = re.compile(r"(See|Run) 'docker [a-z -]*--help'.*")
+# How docker run says its daemon does not answer: the node's fault, not the item's.
+DAEMON_DOWN = "docker: Cannot connect to the Docker daemon"
+DAEMON_DOWN_EXIT = 125  # docker run's exit code for its own errors
+
+
+class NodeFault(Exception):
+    """This node cannot run any item (its docker daemon does not answer, its item user is
+    missing): failing the items it takes would dead-letter them all within a second."""
 
 
 def workload_command(what: Pool | Resolved, args: list[str], env_names: list[str], mounts: list[Path],
@@ -80,34 +91,38 @@ def _docker(*args: str) -> tuple[str, str]:
     return done.stdout, ""
 
 
-def remove_leftover_containers(pool: Pool, work_dir: Path) -> None:
+def remove_leftover_containers(pool: Pool, work_dir: Path) -> str:
     """At the agent's start: remove the containers of attempts under `work_dir` that an agent before
     it on this node left running (killed -9, restarted), which hold the GPUs and memory its items
-    need. Another agent sharing this docker (the sandbox's nodes) has another work_dir."""
+    need. Another agent sharing this docker (the sandbox's nodes) has another work_dir.
+    Returns why docker does not answer (its `docker ps` failed: no docker, dockerd down or hung),
+    "" when it does: every `docker run` of the pool's items would fail the same way."""
     if pool.container is None:
-        return
+        return ""
     each = '{{.ID}} {{.Label "' + LABEL + '"}}'  # a container's id and its attempt's folder
-    listed, why = _docker("ps", "-a", "--filter", f"label={LABEL}", "--format", each)
+    listed, unanswered = _docker("ps", "-a", "--filter", f"label={LABEL}", "--format", each)
+    if unanswered:
+        return unanswered
     ids = [cid for cid, _, folder in (line.partition(" ") for line in listed.splitlines())
            if folder and Path(folder).is_relative_to(work_dir.absolute())]  # fmt: skip
-    if ids and not why:
-        _, why = _docker("rm", "-f", *ids)
+    why = _docker("rm", "-f", *ids)[1] if ids else ""
     if why:
         log.warning("could not remove the containers a previous agent on this node left: %s", why)
     elif ids:
         log.info("removed %d container(s) a previous agent on this node left running: %s",
                  len(ids), " ".join(ids))  # fmt: skip
+    return ""
 
 
 def item_user(name: str | None) -> pwd.struct_passwd | None:
     """The account workloads run as; None: the agent's own. A named user that does not exist is
-    an error (the node would otherwise run items as root without saying so)."""
+    the node's fault (it would otherwise run items as root without saying so)."""
     if not name:
         return None
     try:
         return pwd.getpwnam(name)
     except KeyError:
-        raise RuntimeError(
+        raise NodeFault(
             f"the item user {name!r} does not exist on this node: its user-data creates it "
             "(or set run_as_root = true on the pool)"
         ) from None
@@ -200,6 +215,7 @@ class Workload:
         self.leftover: list[tuple[float, int]] | None = None  # ended on its own: (when, signal) to come
         self.exited_at: float | None = None  # when its own process was seen to have exited (monotonic)
         self.killed_at: float | None = None  # when its group was first sent SIGKILL (monotonic)
+        self.in_container = False  # its process is the `docker run` client of a container
 
     @property
     def stop_file(self) -> Path:
@@ -222,10 +238,11 @@ class Workload:
         `what`: the job's command or container and env over the pool's (`jobs.spec.resolve`);
         `gpu_indices`: the item's own GPUs, the only ones it sees; `extra_env`: a gang's rank and
         rendezvous (`agent.gang.workload_env`).
-        Raises CannotStart when the program cannot be started; anything else it raises (a command
-        that does not parse, a missing item user) is as much the item's failure."""
+        Raises CannotStart when the program cannot be started, NodeFault for a missing item user;
+        anything else it raises (a command that does not parse) is as much the item's failure."""
         self.workdir.mkdir(parents=True, exist_ok=True)
-        if what.container is not None:  # docker run refuses an old id file (an agent died in this folder)
+        self.in_container = what.container is not None
+        if self.in_container:  # docker run refuses an old id file (an agent died in this folder)
             self.cid_file.unlink(missing_ok=True)
         item_env = {
             **what.env,
@@ -257,7 +274,8 @@ class Workload:
 
     def wait(self, stream: LogStream) -> tuple[int, dict, str]:
         """Copy its output to `stream`, line by line (`OutputLines`), until its process group has
-        exited: (exit code of its own process, usage, last line of output). A wrapper script the
+        exited: (exit code of its own process, usage, last line of output, not docker's hint
+        under its own error: `DOCKER_HINT`). A wrapper script the
         spot notice's SIGTERM ended at once is not the end: its child may still be saving its
         checkpoint, and an item handed back before that is saved resumes from an older one. What
         is left in the group of a workload asked to stop has the grace the agent gives it (the
@@ -300,11 +318,9 @@ class Workload:
                     if chunk == b"":  # EOF: every holder of the pipe has closed it; it is exiting
                         reading, look_at = False, 0.0
                     for raw in output.feed(chunk):
-                        last_line = raw.decode(errors="replace")
-                        stream.write(last_line)
+                        last_line = self._logged(raw, stream, last_line)
             if output.pending:  # a last line with no newline
-                last_line = output.pending.decode(errors="replace")
-                stream.write(last_line)
+                last_line = self._logged(bytes(output.pending), stream, last_line)
         finally:
             self.proc.stdout.close()
             if drain_until is None:  # reading failed: leave nothing running
@@ -317,6 +333,20 @@ class Workload:
             "peak_rss_mb": round(rusage.ru_maxrss / 1024, 1),
         }
         return self.proc.returncode, usage, last_line
+
+    def _logged(self, raw: bytes, stream: LogStream, last_line: str) -> str:
+        """Write one line of its output; the last line so far, which docker's hint is not."""
+        line = raw.decode(errors="replace")
+        stream.write(line)
+        return last_line if self.in_container and DOCKER_HINT.fullmatch(line) else line
+
+    def daemon_unreachable(self, code: int, last_line: str) -> bool:
+        """Whether its `docker run` failed because dockerd does not answer: docker's own error
+        (125) saying so, before any container was created (no id in its cid file; a workload
+        that prints those words ran in one). A bad image name, an image that does not exist:
+        the same exit code, the item's failure."""
+        return (self.in_container and code == DAEMON_DOWN_EXIT and last_line.startswith(DAEMON_DOWN)
+                and not self._container_id())  # fmt: skip
 
     def _group_ended(self, now: float) -> bool:
         """Whether its process and all its group have exited; stops what a workload that ended

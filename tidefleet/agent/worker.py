@@ -81,9 +81,11 @@ from tidefleet.agent.attempt import (
 from tidefleet.agent.gpus import Devices, GpuProblem, Usage, account, query, sample
 from tidefleet.agent.runner import (
     CannotStart,
+    NodeFault,
     Workload,
     checkpoint_uri,
     free_port,
+    item_user,
     remove_leftover_containers,
 )
 from tidefleet.cloud import for_env
@@ -423,7 +425,18 @@ class Agent:
             self.changed.notify_all()
 
     def _prepare(self) -> None:
-        remove_leftover_containers(self.pool, self.s.work_dir)  # before any item: ones a killed agent left hold GPUs
+        # Before any item: containers a killed agent left hold GPUs. A docker that does not answer,
+        # or a missing item user, would fail every item it takes: take none (as a broken GPU driver).
+        unanswered = remove_leftover_containers(self.pool, self.s.work_dir)
+        faults = [f"its docker does not answer ({unanswered})"] if unanswered else []
+        try:
+            item_user(self.s.item_user)
+        except NodeFault as err:
+            faults.append(str(err))
+        if faults:
+            self._step("heartbeat", self._write_unhealthy)
+            raise NodeFault(f"this node cannot run items: {'; '.join(faults)}; it takes no items and is marked "
+                            "draining, so the scaler replaces it")  # fmt: skip
         for name, _ in self.queues:
             # Extend by what the queue itself uses: the deployed queue is the truth.
             self.visibility[name] = self.cloud.queues.lease_s(name)
@@ -1142,6 +1155,8 @@ class Agent:
                 code, usage, last_line = run.workload.wait(stream)
             finally:
                 timer.cancel()
+            if run.workload.daemon_unreachable(code, last_line):  # dockerd died since the agent started
+                raise NodeFault(f"its docker daemon does not answer: {last_line}")
             with self.lock:
                 gpu = self.gpu_usage.pop(id(run), None)
             usage |= gpu.record() if gpu else {}
@@ -1152,7 +1167,9 @@ class Agent:
                 # attempt's, a local checkpoint's: disk full, read-only, a file in the way): the
                 # node's fault, which every item would meet here. Failing them would dead-letter
                 # them all within a second.
-                unfit = err
+                unfit = f"this node cannot prepare the attempt's folder ({type(err).__name__}: {err})"
+            elif isinstance(err, NodeFault):  # as much the node's: its dockerd, its item user
+                unfit = f"this node cannot run items: {err}"
             else:
                 if not isinstance(err, CannotStart):
                     log.exception("%s/%s attempt %d could not run", msg.job, msg.item, run.attempt)
@@ -1183,20 +1200,18 @@ class Agent:
             else:
                 self._free(run)
 
-    def _unfit(self, run: Run, err: OSError) -> None:
-        """This node cannot prepare an attempt's folder: hand the item back unstarted (an
-        interruption, never a failure) and stop taking items; its heartbeat says draining, so
-        the scaler replaces the node."""
+    def _unfit(self, run: Run, why: str) -> None:
+        """This node cannot run the attempt (`why`: its folder, its dockerd, its item user): hand
+        the item back (an interruption, never a failure) and stop taking items; its heartbeat
+        says draining, so the scaler replaces the node."""
         msg = run.message
-        log.error("%s/%s: this node cannot prepare the attempt's folder (%s: %s); handing the item back",
-                  msg.job, msg.item, type(err).__name__, err)  # fmt: skip
-        self.request_stop("this node cannot prepare its work folders; it takes no more items and is marked "
-                          "draining, so the scaler replaces it")  # fmt: skip
+        log.error("%s/%s: %s; handing the item back", msg.job, msg.item, why)
+        self.request_stop(f"{why}; it takes no more items and is marked draining, so the scaler replaces it")
         self._feed(run, StopAsked(Stop.INTERRUPT, time.monotonic()))
         self._feed(run, Exited(-signal.SIGTERM, False))
         # Whoever ends the grace hands it back: this thread, or a drain that began meanwhile.
         if Record(Outcome.HANDED_BACK) in self._feed(run, GraceOver()):
-            self._requeue([run], interrupted=True, reason="this node cannot prepare its work folders")
+            self._requeue([run], interrupted=True, reason=why[:300])
             self._forget([run])
 
     def _settle(self, run: Run, queue: Queue, ended: Exited | Crashed, usage: dict) -> None:
