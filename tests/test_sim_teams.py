@@ -7,10 +7,10 @@ import pytest
 
 from tidefleet.config import Quota, Team, parse_environment
 from tidefleet.sim import Timing, TraceItem, simulate
-from tidefleet.sim.cli import stop_notes
+from tidefleet.sim.cli import format_team_table, stop_notes
 from tidefleet.sim.engine import BOOTED, Simulation, placement, pool_queues
 from tidefleet.sim.policies import TidefleetPolicy
-from tidefleet.sim.teams import TeamRow, format_team_table, route
+from tidefleet.sim.teams import TeamRow, route
 
 TIMING = Timing(boot_s=45.0, notice_s=120.0, kick_s=0.0)
 HOUR = 3600.0
@@ -74,22 +74,60 @@ def test_fair_share_bounds_an_owners_wait_by_one_borrowed_item(case, teams, smal
     assert rows["small"].wait_p95_s < small_waits_under_h * HOUR
     assert rows["small"].wait_p95_s > (small_waits_under_h - 1) * HOUR  # the other case's bound does not hold
     assert report.results[0].items_finished == 14
-    # The teams' shares of the bills never exceed the bills (idle time is no team's).
-    assert sum(r.cost_usd for r in rows.values()) <= report.results[0].cost_usd + 1e-9
-    assert rows["big"].cost_usd == pytest.approx(12 * HOUR / HOUR * 1.0, rel=0.01)
+    # A team's cost is its work at the lowest $/slot-h (a spot slot at $1 an hour): the lower bound's.
+    assert sum(r.cost_usd for r in rows.values()) == pytest.approx(report.lower_bound_usd)
+    assert rows["big"].cost_usd == pytest.approx(12 * HOUR / HOUR * 1.0)
 
 
 def test_the_team_table_shows_waits_in_seconds_and_work_to_a_tenth_of_a_slot_hour():
-    """As the policies' table: 13 s and 4,500 s waits, not 0.00 and 1.25 h; 0.46 slot-h is 0.5, not 0."""
+    """As the policies' table: 13 s and 4,500 s waits, not 0.00 and 1.25 h; 0.46 slot-h is 0.5, not 0.
+    The last row is what the policy paid beyond the teams' work, so the column adds up to its cost;
+    every cost in the column to as many decimals (0.4567 beside 1,234.5000, not 1,234.50)."""
     rows = [TeamRow("small", "2 nodes", 2, 1, 50, 0.46, 13.0, 4500.0, 0.4567),
-            TeamRow("big", "-", None, 1, 3, 1234.5, 0.0, 45.0, 1234.5)]  # fmt: skip
-    assert format_team_table("tidefleet", rows).splitlines() == [
+            TeamRow("big", "-", None, 1, 3500, 1234.5, 0.0, 45.0, 1234.5)]  # fmt: skip
+    assert format_team_table("tidefleet", rows, policy_cost_usd=1300.0).splitlines() == [
         "tidefleet, by team:",
-        "| team | quota | weight | items | slot-h of work | wait p50 s | wait p95 s | cost $ |",
+        "| team | quota | weight | items | slot-h of work | wait p50 s | wait p95 s | cost of work $ |",
         "|---|---|---|---|---|---|---|---|",
         "| small | 2 nodes | 1 | 50 | 0.5 | 13 | 4,500 | 0.4567 |",
-        "| big | - | 1 | 3 | 1,234.5 | 0 | 45 | 1,234.50 |",
+        "| big | - | 1 | 3,500 | 1,234.5 | 0 | 45 | 1,234.5000 |",
+        "| (no team: idle nodes, unused slots, boots, redone work, dearer nodes) | | | | | | | 65.0433 |",
+        ("cost of work: a team's slot-h at the pool's lowest $/slot-h, as the lower bound counts it (the same under "
+         "every policy); with the last row the column adds up to what tidefleet paid, $1,300.0000"),
     ]
+
+
+def gang_env(teams: dict | None = None):
+    """4-slot nodes; queue "one" takes 1-slot items, "gang" 8-slot items on 2 whole nodes."""
+    return parse_environment({
+        "region": "us-east-1",
+        "scaler": {"tick_s": 60, "scale_in_delay_s": 60, "scale_out_cooldown_s": 0},
+        "pools": {"p": {"max": 4, "command": "run", "slots_per_unit": 4, "capacity_unit": "nodes",
+                        "instance_types": [{"type": "c6i.2xlarge", "weight": 1, "spot_price": 1.0}]}},
+        "queues": {"one": {"pool": "p"}, "gang": {"pool": "p", "slots_per_item": 4, "nodes_per_item": 2}},
+    }, name="t")  # fmt: skip
+
+
+def test_a_gang_items_work_is_every_slot_of_every_node_it_spans():
+    """One 8-slot item on 2 nodes of 4 slots for an hour is 8 slot-h, not one node's 4; with a 1-slot
+    hour beside it the team's work is 9 slot-h, priced as the lower bound ($0.25 a slot-h)."""
+    items = [TraceItem(0.0, HOUR, 8), TraceItem(0.0, HOUR, 1)]
+    report = simulate(gang_env(), "p", items, ["tidefleet"], timing=TIMING, by_team=True)
+    (row,) = report.teams["tidefleet"]
+    assert report.gangs["count"] == 1 and report.results[0].items_finished == 2
+    assert row.slot_hours == pytest.approx(9.0)
+    assert row.cost_usd == pytest.approx(report.lower_bound_usd) == pytest.approx(9 * 0.25)
+
+
+def test_the_teams_costs_and_the_rest_add_up_to_each_policys_cost():
+    """The teams' work is the same under every policy; what differs is the rest (idle nodes, boots)."""
+    report = simulate(make_env(), "p", backlog_then_owner(), ["tidefleet", "keda"], timing=TIMING, by_team=True)
+    for result in report.results:
+        rows = report.teams[result.policy]
+        assert sum(r.cost_usd for r in rows) == pytest.approx(report.lower_bound_usd)
+        last = format_team_table(result.policy, rows, result.cost_usd).splitlines()[-2]
+        rest = float(last.rsplit("|", 2)[1].replace(",", ""))
+        assert rest == pytest.approx(result.cost_usd - report.lower_bound_usd, abs=1e-4) and rest > 0
 
 
 def test_a_pool_with_one_team_serves_it_as_without_teams():

@@ -17,7 +17,7 @@ from tidefleet.sim.money import usd
 from tidefleet.sim.policies import POLICY_NAMES
 from tidefleet.sim.run import PolicyResult, Report, default_timing
 from tidefleet.sim.run import simulate as run_simulation
-from tidefleet.sim.teams import format_team_table
+from tidefleet.sim.teams import TeamRow
 from tidefleet.sim.trace import (
     TraceError,
     WindowError,
@@ -44,6 +44,21 @@ def ratio(x: float) -> str:
     return f"{x:.2f}" if math.isfinite(x) else "-"
 
 
+def usd_column(costs: list[float]) -> list[str]:
+    """Dollar amounts of one column, all to the decimals `usd` gives the one that needs most
+    (`0.8183` beside `1.6700`, not `1.67`): a column reads as one precision."""
+    decimals = max((len(text) - text.index(".") - 1 for text in map(usd, costs) if "." in text), default=2)
+    return [f"{x:,.{decimals}f}" for x in costs]
+
+
+def window_words(report: Report) -> str:
+    """`window START:END s` as --window was given (an open END left out), or nothing without one."""
+    if report.window is None:
+        return ""
+    start, end = (f"{x:.15g}" if math.isfinite(x) else "" for x in report.window)
+    return f"window {start}:{end} s"
+
+
 def format_table(report: Report) -> str:
     """A markdown table, one row per policy."""
     head = (
@@ -51,15 +66,45 @@ def format_table(report: Report) -> str:
         "| interrupted (by scale-in) | redone h | unfinished (dead-lettered) |"
     )
     rows = [head, "|" + "---|" * (head.count("|") - 1)]
-    for r in report.results:
+    costs = usd_column([r.cost_usd for r in report.results])
+    for r, cost in zip(report.results, costs):
         w = r.wait_s
         rows.append(
-            f"| {r.policy} | {usd(r.cost_usd)} | {ratio(r.cost_vs_lower_bound)} | {ratio(r.cost_vs_zero_wait)} | {r.node_hours:,.1f} | "
+            f"| {r.policy} | {cost} | {ratio(r.cost_vs_lower_bound)} | {ratio(r.cost_vs_zero_wait)} | {r.node_hours:,.1f} | "
             f"{r.idle_node_hours:,.1f} | {w['p50']:,.0f}/{w['p95']:,.0f}/{w['p99']:,.0f}/{w['max']:,.0f} | "
-            f"{r.makespan_s / 3600:,.1f} | {r.items_interrupted} ({r.busy_items_killed_by_scale_in}) | "
-            f"{r.work_redone_s / 3600:,.1f} | {r.items_unfinished} ({r.items_dead_lettered}) |"
+            f"{r.makespan_s / 3600:,.1f} | {r.items_interrupted:,} ({r.busy_items_killed_by_scale_in:,}) | "
+            f"{r.work_redone_s / 3600:,.1f} | {r.items_unfinished:,} ({r.items_dead_lettered:,}) |"
         )
     return "\n".join(rows)
+
+
+def format_team_table(policy: str, rows: list[TeamRow], policy_cost_usd: float) -> str:
+    """A markdown table, one row per team, and a last row for what the policy paid beyond the teams'
+    work (`teams.py`: a team's cost is its work at the lower bound's price), so the cost column adds
+    up to the policy's cost; negative only where items were left unfinished (their work is counted whole)."""
+    costs = usd_column([r.cost_usd for r in rows] + [policy_cost_usd - sum(r.cost_usd for r in rows), policy_cost_usd])
+    head = "| team | quota | weight | items | slot-h of work | wait p50 s | wait p95 s | cost of work $ |"
+    out = [f"{policy}, by team:", head, "|" + "---|" * (head.count("|") - 1)]
+    for r, cost in zip(rows, costs):  # waits in seconds, as in the policies' table and the JSON
+        out.append(f"| {r.team} | {r.quota} | {r.weight} | {r.items:,} | {r.slot_hours:,.1f} | "
+                   f"{r.wait_p50_s:,.0f} | {r.wait_p95_s:,.0f} | {cost} |")  # fmt: skip
+    out.append(f"| (no team: idle nodes, unused slots, boots, redone work, dearer nodes) | | | | | | | {costs[-2]} |")
+    out.append(f"cost of work: a team's slot-h at the pool's lowest $/slot-h, as the lower bound counts it (the same "
+               f"under every policy); with the last row the column adds up to what {policy} paid, ${costs[-1]}")
+    return "\n".join(out)
+
+
+def rounded_json(report: Report) -> dict:
+    """The report's JSON with its waits and durations to 0.1 s: the replay's times are whole seconds
+    plus boots and ticks, and a p95 of 324.144567101519 s claims a precision nothing has."""
+    data = report.to_json()
+    for result in data["results"]:
+        result["wait_s"] = {key: round(value, 1) for key, value in result["wait_s"].items()}
+        result["makespan_s"], result["work_redone_s"] = round(result["makespan_s"], 1), round(result["work_redone_s"], 1)
+    for rows in data["teams"].values():
+        for row in rows:
+            row["wait_p50_s"], row["wait_p95_s"] = round(row["wait_p50_s"], 1), round(row["wait_p95_s"], 1)
+    return data
 
 
 def stop_notes(report: Report) -> list[str]:
@@ -84,7 +129,7 @@ def _held(r: PolicyResult) -> str:
 
 
 def plural(count: int, noun: str) -> str:
-    return f"{count} {noun}{'' if count == 1 else 's'}"
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
 
 
 def partial_file(plot: Path) -> Path:
@@ -201,11 +246,11 @@ def simulate(
         click.echo("simulate: interrupted; nothing written", err=True)
         raise SystemExit(130) from None  # the shell's code for Ctrl-C, as submit and invoke bench
     if as_json:
-        click.echo(json.dumps(report.to_json()))  # one object on one line, as every --json
+        click.echo(json.dumps(rounded_json(report)))  # one object on one line, as every --json
     else:
         unfit = report.unfittable
-        click.echo(f"{report.trace} on {report.env}/{report.pool}: {report.items} item{'s' * (report.items != 1)}, "
-                   f"lower bound ${usd(report.lower_bound_usd)}, zero-wait bound ${usd(report.zero_wait_usd)}")  # fmt: skip
+        where = ", ".join(filter(None, [f"{report.trace} on {report.env}/{report.pool}", window_words(report)]))
+        click.echo(f"{where}: {plural(report.items, 'item')}, lower bound ${usd(report.lower_bound_usd)}, zero-wait bound ${usd(report.zero_wait_usd)}")  # fmt: skip
         if report.gangs["count"]:
             click.echo(f"gangs: {plural(report.gangs['count'], 'item')} replayed on whole nodes at once "
                        f"(by nodes: {report.gangs['by_nodes']})")  # fmt: skip
@@ -221,8 +266,9 @@ def simulate(
         click.echo(format_table(report))
         for note in stop_notes(report):
             click.echo(note)
+        paid = {r.policy: r.cost_usd for r in report.results}
         for policy, rows in report.teams.items():
-            click.echo("\n" + format_team_table(policy, rows))
+            click.echo("\n" + format_team_table(policy, rows, paid[policy]))
     if plot:
         from tidefleet.sim.plot import plot_report
 

@@ -4,30 +4,44 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tidefleet.sim.money import usd
 from tidefleet.sim.run import Report
 
 
 def plot_report(report: Report, out: Path) -> None:
+    """`draw` the report into the file `out` (its suffix names the format)."""
+    import matplotlib.pyplot as plt
+
+    fig = draw(report)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def draw(report: Report):
     """Left: cost against p95 wait per policy. Right: queue depth and running capacity over time."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    from tidefleet.sim.cli import usd_column, window_words
 
     fig, (costs, timeline) = plt.subplots(1, 2, figsize=(13, 4.8))
-    for r in report.results:
-        # Log axes: the oracle waits 0 s and a baseline may wait days; 1 s stands for "no wait".
+    for r, cost in zip(report.results, usd_column([r.cost_usd for r in report.results])):
+        # Log axes: the oracle waits 0 s and a baseline may wait days; a wait under 1 s is drawn at
+        # 1 s, and its label says so.
         p95 = max(1.0, r.wait_s["p95"])
-        label = r.policy + (f" ({r.items_unfinished} unfinished)" if r.items_unfinished else "")
-        costs.scatter(p95, r.cost_usd, s=40, label=f"{label}: ${usd(r.cost_usd)}, {r.cost_vs_lower_bound:.2f}x")
+        label = r.policy + (f" ({r.items_unfinished:,} unfinished)" if r.items_unfinished else "")
+        label += " (p95 < 1 s, drawn at 1 s)" if r.wait_s["p95"] < 1.0 else ""
+        costs.scatter(p95, r.cost_usd, s=40, label=f"{label}: ${cost}, {r.cost_vs_lower_bound:.2f}x")
     costs.set_xscale("log")
     # A log axis leaves out a cost of $0 (an oracle of 0-s items), and warns when all are.
     log_cost = all(r.cost_usd > 0 for r in report.results)
     costs.set_yscale("log" if log_cost else "linear")
     costs.set_xlabel("p95 wait, submit to start (s, log)")
     costs.set_ylabel("cost (USD, log)" if log_cost else "cost (USD)")
-    costs.set_title(f"{report.trace} on {report.env}/{report.pool}")
+    costs.set_title(", ".join(filter(None, [f"{report.trace} on {report.env}/{report.pool}", window_words(report)])))
     costs.grid(alpha=0.3)
     costs.legend(title="policy: cost, x lower bound", fontsize=8)
     queued = timeline.twinx()  # items waiting are few next to the slots serving: own scale
@@ -43,11 +57,11 @@ def plot_report(report: Report, out: Path) -> None:
     timeline.set_ylabel("capacity running (slots, solid)")
     queued.set_ylabel("queue depth (items, dotted)")
     timeline.set_title("capacity and queue depth over time")
+    for counts in (timeline, queued):  # slots and items: whole numbers, not 0.25 of a slot
+        counts.yaxis.set_major_locator(MaxNLocator(integer=True))
     timeline.grid(alpha=0.3)
     lines = timeline.get_lines() + queued.get_lines()
     if lines:
         timeline.legend(lines, [line.get_label() for line in lines], fontsize=8, loc="upper right")
     fig.tight_layout()
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    return fig
