@@ -4,11 +4,12 @@ one table: each case asserts the pool's decision, the holds and the reason text.
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 
 from tidefleet.config import parse_environment
-from tidefleet.policy import decide
+from tidefleet.policy import decide, quota
 from tidefleet.policy.model import FleetView, NodeView, PoolView, QueueView
 from tidefleet.policy.quota import Share, TeamDemand, share
 
@@ -170,3 +171,44 @@ SHARES = [
 def test_share_by_quota_then_weight(case, capacity, teams, expected):
     demands = [TeamDemand(n, q, w, d, 0, u) for n, q, w, d, u in teams]
     assert share(capacity, demands) == {n: Share(*v) for n, v in expected.items()}
+
+
+def test_a_held_teams_items_in_flight_on_no_node_launch_nothing():
+    """In flight yet on no node (finished items not yet deleted, a lost node's items not yet back):
+    a held team cannot use a node they would launch, so the pool stays within the quotas' sum."""
+    env = environment()
+    view = fleet(env, {"vision-train": (12, 16)})
+    view = FleetView((replace(view.pools[0], nodes=busy(8), desired=8),), view.queues)  # 8 of the 16 run
+    (d,) = decide(env, view, NOW)
+    assert d.desired == 8, d.reasons  # vision's 4 and nlp's 4 idle: not 16
+    assert d.hold == ("vision-train",)
+    assert "team vision: 8 of its 16 slots in flight are on no node (finished or lost): they launch nothing" in d.reasons
+
+
+def test_a_held_teams_items_running_on_nodes_still_count():
+    """The borrower's items that run keep their nodes, and the owner's items get new ones beside them."""
+    env = environment()
+    view = fleet(env, {"vision-train": (2, 7), "nlp-train": (4, 0)})
+    view = FleetView((replace(view.pools[0], nodes=busy(5), desired=5),), view.queues)  # 2 of vision's 7 on no node
+    (d,) = decide(env, view, NOW)
+    assert d.desired == 9, d.reasons  # vision's 5 on nodes, nlp's 4
+
+
+def test_a_held_teams_items_left_for_on_demand_nodes_launch_none():
+    """Spot agents hide them (in flight, on no node); on-demand nodes could take none of them while held."""
+    env = environment()
+    view = fleet(env, {"vision-train": (2, 6), "nlp-train": (4, 0)})
+    queues = tuple(replace(q, on_demand_wanted=2) if q.name == "vision-train" else q for q in view.queues)
+    view = FleetView((replace(view.pools[0], nodes=busy(4), desired=4),), queues)  # vision's 4 that run
+    (d,) = decide(env, view, NOW)
+    assert (d.desired, d.on_demand_base, d.hold) == (8, None, ("vision-train",)), d.reasons
+
+
+@pytest.mark.parametrize(("forming", "kept"), [(0, 4), (3, 4), (5, 5), (6, 6)])
+def test_members_gangs_still_form_are_never_left_out(forming, kept):
+    """They are in flight on no node because they wait for nodes: leaving them out would stall the gang."""
+    env = environment()
+    view = fleet(env, {"vision-train": (2, 6), "nlp-train": (4, 0)})
+    queues = tuple(replace(q, forming_short=forming) if q.name == "vision-train" else q for q in view.queues)
+    got = quota.apply(env, FleetView((replace(view.pools[0], nodes=()),), queues))["gpu"]
+    assert {q.name: q.in_flight for q in got.queues}["vision-train"] == kept, got.reasons

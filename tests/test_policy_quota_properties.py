@@ -145,3 +145,28 @@ def test_properties_a_pool_with_one_team_and_no_quota_is_never_held(case):
     else:  # ...unless it has a quota of its own there, which holds it once it runs all of it
         at_quota = sum(q.in_flight for q in queues) >= owed
         assert set(got.hold) == ({q.name for q in queues if not q.held} if at_quota else set()), got.reasons
+
+
+@st.composite
+def lost_in_flight(draw):
+    """Team t0 has items in flight on fewer busy nodes than it has items (finished items not yet
+    deleted, a lost node's items not yet back); the other teams have only waiting items."""
+    n = draw(st.integers(2, 4))
+    quotas = [draw(st.integers(1, 6)) for _ in range(n)]
+    env = environment(quotas, [draw(st.integers(1, 3)) for _ in range(n)], max_slots=60)
+    in_flight = draw(st.integers(0, 30))
+    depth = {f"q{i}": (draw(st.integers(0, 8)), 0) for i in range(1, n)}
+    depth["q0"] = (draw(st.integers(0, 10)), in_flight)
+    return env, depth, draw(st.integers(0, in_flight)), quotas
+
+
+@EXAMPLES
+@given(lost_in_flight())
+def test_properties_items_in_flight_on_no_node_launch_nothing_beyond_the_quotas(case):
+    env, depth, on_nodes, quotas = case
+    base = view(env, depth, set())
+    nodes = base.pools[0].nodes[:on_nodes]
+    (d,) = decide(env, FleetView((PoolView("gpu", nodes, on_nodes, 0),), base.queues), NOW)
+    assert d.desired <= on_nodes + sum(quotas), d.reasons
+    if not any(v for q, (v, _) in depth.items() if q != "q0"):
+        assert d.desired <= max(on_nodes, sum(quotas)), d.reasons

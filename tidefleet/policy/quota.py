@@ -29,7 +29,13 @@ held (a mark in the job store, read by each agent with its heartbeat): held whil
 reach its share and it has waiting items (or runs at its full quota: a new item then waits for the
 next tick, which the submit's kick brings within seconds, to be lent idle quota). Between ticks an
 agent may still take a few items past a share: quotas are exact at each tick, not between them.
-Waiting items beyond a team's share are left out of the demand the pool is sized for.
+Waiting items beyond a team's share are left out of the demand the pool is sized for, and so are a
+held team's items in flight beyond its share that no node runs (the pool's in-flight slots beyond
+its busy ones: finished items not yet deleted, a lost node's items not yet visible again, items
+spot agents left for on-demand nodes): a node launched for them could take none of the held team's
+items, and its items left for on-demand nodes raise no on-demand base.
+Those a node runs still count, so a borrower's running items keep their nodes and the owner's
+items get new ones beside them. Members forming gangs wait for are never left out (they need nodes).
 """
 
 from __future__ import annotations
@@ -185,11 +191,15 @@ def apply(env: Environment, fleet: FleetView) -> dict[str, PoolQuota]:
     for q in fleet.queues:
         if q.pool in env.pools:
             running[q.team, q.pool] = running.get((q.team, q.pool), 0) + q.in_flight * q.slots_per_item
+    busy = {p.name: sum(n.busy_slots for n in p.nodes if n.state != "terminating") for p in fleet.pools}
     out = {}
     for pool_name, queues in by_pool.items():
         if pool_name not in env.pools:
             continue
-        out[pool_name] = _pool(env, pool_name, queues, slot, running)
+        # In-flight slots no node reports busy; unknown (none) where the fleet has no view of the pool.
+        in_flight = sum(q.in_flight * q.slots_per_item for q in queues)
+        unbacked = max(0, in_flight - busy[pool_name]) if pool_name in busy else 0
+        out[pool_name] = _pool(env, pool_name, queues, slot, running, unbacked)
     return out
 
 
@@ -199,6 +209,7 @@ def _pool(
     queues: list[QueueView],
     slot: dict[str, dict[str, float]],
     running: dict[tuple[str, str], int],
+    unbacked: int = 0,
 ) -> PoolQuota:
     teams: dict[str, list[QueueView]] = {}
     for q in queues:
@@ -228,10 +239,18 @@ def _pool(
     for t in demands:
         s, qs = shares[t.team], teams[t.team]
         kept = _trim(qs, s.allowed - t.running)
-        trimmed += kept
         waiting = sum(q.visible for q in qs)
         at_quota = t.quota is not None and t.running >= t.quota
         held = t.running >= s.allowed and (waiting > 0 or at_quota)
+        if held:  # its items left for on-demand nodes wait like any: none of its agents takes one now
+            kept = [replace(q, on_demand_wanted=0) if q.on_demand_wanted else q for q in kept]
+        if held and unbacked:
+            kept, cut = _drop_unbacked(kept, min(unbacked, t.running - s.allowed))
+            unbacked -= cut
+            if cut:
+                reasons.append(f"team {t.team}: {cut} of its {t.running} slots in flight are on no node "
+                               f"(finished or lost): they launch nothing")  # fmt: skip
+        trimmed += kept
         for q in qs:
             if held and not q.held:
                 hold.append(q.name)
@@ -255,6 +274,18 @@ def _trim(queues: list[QueueView], room: int) -> list[QueueView]:
         room -= keep * q.slots_per_item
         out.append(q if keep == q.visible else replace(q, visible=keep))
     return out
+
+
+def _drop_unbacked(queues: list[QueueView], slots: int) -> tuple[list[QueueView], int]:
+    """Up to `slots` of a held team's in-flight slots left out of demand, lowest priority first, whole
+    items, never members gangs still form; and the slots left out."""
+    out, cut = {q.name: q for q in queues}, 0
+    for q in sorted(queues, key=lambda q: (q.priority, q.name)):
+        items = min(q.in_flight - q.forming_short, (slots - cut) // q.slots_per_item)
+        if items > 0:
+            cut += items * q.slots_per_item
+            out[q.name] = replace(q, in_flight=q.in_flight - items)
+    return list(out.values()), cut
 
 
 def _lines(
