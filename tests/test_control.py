@@ -808,3 +808,28 @@ def test_a_drain_of_an_instance_outside_the_environment_is_ignored():
     p = drain_ports()
     line = control.drain(ENV, p, DrainNode("i-stranger", None, None, "spot"), NOW)
     assert "no group" in line["ignored"] and p.nodes.marked == []
+
+
+# -- a node's clock ahead of the scaler's --------------------------------------------------
+
+
+def ahead(id_, seconds, busy=0):
+    """A heartbeat from a node whose clock is `seconds` ahead: written 5 s ago, idle 600 s, by its clock."""
+    return replace(beat(id_, busy=busy), at=NOW - 5 + seconds, idle_since=None if busy else NOW - 600 + seconds)
+
+
+def test_a_heartbeat_from_a_clock_ahead_is_read_as_written_now_with_the_nodes_own_idle_time():
+    view = control.node_view(ENV.pools["cpu"], instance("i-1"), ahead("i-1", 3600), NOW)
+    assert (view.last_heartbeat, view.idle_since) == (NOW, NOW - 595)  # idle 595 s by its own clock
+    small = control.node_view(ENV.pools["cpu"], instance("i-1"), ahead("i-1", 30), NOW)
+    assert (small.last_heartbeat, small.idle_since) == (NOW + 25, NOW - 570)  # within the slack: as written
+
+
+def test_the_tick_says_which_node_clock_is_ahead_and_never_a_negative_idle_time():
+    p = ports(group("cpu", 2, instance("i-1"), instance("i-2")), beats={"cpu": {"i-1": ahead("i-1", 3600), "i-2": beat("i-2")}})
+    (d,) = control.tick(ENV, p, NOW, pools=["cpu"], dry_run=True)
+    assert ("node i-1's clock is 3595s ahead of the scaler's: its heartbeat is read as written now, and if it dies "
+            "it is replaced 3595s late (fix the node's clock: NTP)") in d.reasons, d.reasons
+    assert [r for r in d.reasons if r.startswith("terminate i-1: idle 595s")], d.reasons  # its own idle time, not -3005s
+    control.tick(ENV, p, NOW, pools=["cpu"])
+    assert ("cpu", "i-1", NOW + 3000) in p.nodes.asked_let_go  # the idle time as written: the store compares it

@@ -48,6 +48,9 @@ CAPACITY = LAUNCHING | IN_SERVICE  # what holds desired capacity up
 # comes (a failed or stopped scaler) lets it lapse.
 LEAVE_GRANT_TICKS = 1.5
 MAX_COHORTS = 16  # waiting cohorts a queue's mark keeps (`waiting_ages`); past it the oldest two merge
+# A heartbeat further ahead of the scaler's clock than this is from a node whose clock is wrong: it
+# is read as written now (`node_view`). Within it, clocks that differ by an NTP step read as written.
+CLOCK_SLACK_S = 60.0
 
 
 class TickError(RuntimeError):
@@ -174,6 +177,9 @@ def node_view(
         return None
     itype = _instance_type(pool, instance)
     weight = _weight(itype, instance)
+    # A clock ahead: the heartbeat is read as written now, and its other times (the node's own
+    # clock) moved back by as much, so idle and run times are the node's, never negative.
+    ahead = heartbeat.at - now if heartbeat is not None and heartbeat.at - now > CLOCK_SLACK_S else 0.0
     return NodeView(
         id=instance.id,
         instance_type=instance.instance_type,
@@ -185,21 +191,22 @@ def node_view(
         # heartbeat past the boot timeout" because EC2 had not listed it yet.
         launched_at=now if instance.launched_at is None else instance.launched_at,
         busy_slots=heartbeat.busy_slots if heartbeat else 0,
-        last_heartbeat=heartbeat.at if heartbeat else None,
-        idle_since=heartbeat.idle_since if heartbeat else None,
+        last_heartbeat=heartbeat.at - ahead if heartbeat else None,
+        idle_since=heartbeat.idle_since - ahead if heartbeat and heartbeat.idle_since is not None else None,
         protected=instance.protected,
         cordoned=heartbeat.cordoned if heartbeat else False,
-        runs=_runs(heartbeat),
+        runs=_runs(heartbeat, ahead),
         preempting=tuple(heartbeat.preempt) if heartbeat else (),
     )
 
 
-def _runs(heartbeat: Heartbeat | None) -> tuple[RunView, ...]:
-    """The preemptible attempts a heartbeat lists; a malformed entry is skipped (never preempted)."""
+def _runs(heartbeat: Heartbeat | None, ahead: float = 0.0) -> tuple[RunView, ...]:
+    """The preemptible attempts a heartbeat lists, their start times moved back by how far the
+    node's clock is `ahead`; a malformed entry is skipped (never preempted)."""
     out = []
     for run in heartbeat.runs if heartbeat else ():
         try:
-            out.append(RunView(str(run["key"]), str(run["queue"]), float(run["since"]), int(run["slots"])))
+            out.append(RunView(str(run["key"]), str(run["queue"]), float(run["since"]) - ahead, int(run["slots"])))
         except (KeyError, TypeError, ValueError):
             continue
     return tuple(out)
@@ -225,7 +232,8 @@ def _node_views(
     for instance in instances:
         heartbeat = beat_of(instance.id)
         hit = last_of(instance.id)
-        if hit is None or hit[0] is not instance or hit[1] is not heartbeat or instance.launched_at is None:
+        stale = hit is None or hit[0] is not instance or hit[1] is not heartbeat or instance.launched_at is None
+        if stale or (heartbeat is not None and heartbeat.at - now > CLOCK_SLACK_S):  # read as written now: `now` used
             hit = (instance, heartbeat, node_view(pool, instance, heartbeat, now))
         seen[instance.id] = hit
         if hit[2] is not None:
@@ -243,6 +251,8 @@ class Observation:
     gone: dict[str, tuple[str, ...]]
     waiting_marks: dict[str, Cohorts | None] = field(default_factory=dict)  # per queue: mark (None: clear)
     unread: dict[str, Exception] = field(default_factory=dict)  # job-store reads gone without (`WITHOUT`)
+    # Per pool: the heartbeats of its nodes whose clock is ahead (`CLOCK_SLACK_S`), by node id, as written.
+    clock_ahead: dict[str, dict[str, Heartbeat]] = field(default_factory=dict)
 
 
 # The job-store reads a tick goes without when they fail (a throttled table, a store out of
@@ -272,7 +282,7 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
     groups = ports.fleet.groups(names, since=now - env.scaler.spot_failure_window_s)
     for missing in sorted(set(names) - set(groups)):
         log.warning(json.dumps({"pool": missing, "skipped": "no auto scaling group; deploy the environment"}))
-    pool_views, gone = [], {}
+    pool_views, gone, clock_ahead = [], {}, {}
     intake: defaultdict[str, float] = defaultdict(float)  # per queue: 0.0 until an agent took from it
     # Items spot agents left to on-demand nodes, by queue: distinct, as several spot nodes see the same item.
     on_demand: dict[str, set[str]] = {}
@@ -282,8 +292,10 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
     for name, group in groups.items():
         beats, marked = rows[name]
         decays: dict[float, float] = {}  # many agents beat at the same time: one exp() for them
-        leads = []
+        leads, ahead = [], {}
         for hb in beats.values():  # each agent's smoothed rate, decayed to now: the queues' arrivals
+            if hb.at - now > CLOCK_SLACK_S:
+                ahead[hb.node_id] = hb
             if hb.gang and (beacon := Beacon.parse(hb.gang)) is not None and beacon.forming:
                 leads.append((hb.node_id, beacon))
             if rates := hb.intake:
@@ -296,6 +308,8 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
                 for qname, keys in hb.on_demand_wanted.items():
                     on_demand.setdefault(qname, set()).update(keys)
         nodes, members = _node_views(name, env.pools[name], group.instances, beats, now)
+        if ahead := {node_id: hb for node_id, hb in ahead.items() if node_id in members}:
+            clock_ahead[name] = ahead
         for node_id, beacon in leads:  # a forming gang's lead still in the group: the members it waits for
             if node_id in members:
                 forming[beacon.queue] += beacon.short
@@ -358,7 +372,7 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
             )
         )
     fleet = FleetView(pools=tuple(pool_views), queues=tuple(queue_views))
-    return Observation(fleet, groups, gone, marks, unread)
+    return Observation(fleet, groups, gone, marks, unread, clock_ahead)
 
 
 class NotTried(Exception):
@@ -560,6 +574,9 @@ def tick(
     seen = observe(env, ports, now, pools if pools is not None else env.pools)
     deadline.observed(began)
     decisions = policy.decide(env, seen.fleet, now)
+    if seen.clock_ahead:
+        decisions = tuple(replace(d, reasons=(*d.reasons, *_clock_lines(seen.clock_ahead.get(d.pool, {}), now)))
+                          for d in decisions)  # fmt: skip
     if "hold marks" in seen.unread:  # holds unknown: none decided on a guess is written (`WITHOUT`)
         # Nor any preemption: a node with no entry keeps its marks (an entry of () would clear them).
         # The policy's lines still say what it would hold or preempt: one more line says none of it was done.
@@ -582,6 +599,8 @@ def tick(
         group = seen.groups[decision.pool]
         nodes = views[decision.pool].nodes if decision.pool in views else ()
         idle = {n.id: n.idle_since for n in nodes if n.idle_since is not None}
+        # A node's idle time as its heartbeat wrote it (let_idle_go compares it), not moved back.
+        idle |= {i: hb.idle_since for i, hb in seen.clock_ahead.get(decision.pool, {}).items() if i in idle}
         done: dict = {}  # what act did, for the log line
         if not dry_run:
             try:
@@ -623,6 +642,13 @@ def tick(
     if failures:
         raise TickError(failures, decisions, deadline.cut, unread=len(seen.unread))
     return decisions
+
+
+def _clock_lines(ahead: dict[str, Heartbeat], now: float) -> list[str]:
+    """One line per node whose clock is ahead of the scaler's (`node_view` reads it as written now)."""
+    return [f"node {node_id}'s clock is {hb.at - now:.0f}s ahead of the scaler's: its heartbeat is read as "
+            f"written now, and if it dies it is replaced {hb.at - now:.0f}s late (fix the node's clock: NTP)"
+            for node_id, hb in sorted(ahead.items())]  # fmt: skip
 
 
 def retick_in(env: Environment, fleet: FleetView) -> float | None:
