@@ -62,6 +62,33 @@ def _function_log(shown: bool):
         log.setLevel(level)
 
 
+def _missing_groups(env: Environment, cloud, missing: list[str], ticked: list[str]) -> str:
+    """What follows the deploy hint when only some pools' groups are missing: which, that the others
+    were ticked, and the items waiting in the missing pools' queues (read here: the tick skipped them)."""
+    waiting, in_flight, unread = [], 0, []
+    queues = cloud.control_ports().queues
+    for name in (q for q, queue in env.queues.items() if queue.pool in missing):
+        try:
+            backlog = queues.backlog(name)
+        except Exception:  # noqa: BLE001 - a count only: the line goes on without it
+            unread.append(name)
+            continue
+        in_flight += backlog.in_flight
+        if backlog.visible:
+            waiting.append((name, backlog.visible))
+    groups = ", ".join(f"pool {p}'s group" for p in missing)
+    line = (f", which recreates the missing group ({groups} is gone: deleted outside terraform, or the pool "
+            f"was added since the deploy); the other pools ({', '.join(ticked)}) were ticked; "
+            f"{sum(n for _, n in waiting)} items wait for it")
+    if waiting:
+        line += f" ({', '.join(f'{q} {n}' for q, n in waiting)})"
+    if in_flight:
+        line += f", {in_flight} in flight"
+    if unread:
+        line += f" (queue(s) {', '.join(unread)} not read)"
+    return line
+
+
 def _tick(env: Environment, dry_run: bool, pools: tuple[str, ...], as_json: bool) -> None:
     failed = summary = None
     cloud = for_env(env)
@@ -78,6 +105,8 @@ def _tick(env: Environment, dry_run: bool, pools: tuple[str, ...], as_json: bool
     if undeployed and failed is None:
         failed = f"no group for pool(s) {', '.join(undeployed)}: {env.name} is not deployed in {env.region}; " \
                  f"deploy it with `invoke deploy --env {env_argument(env)}`"
+        if decisions:  # the others are there: only these groups are missing
+            failed += _missing_groups(env, cloud, undeployed, [d.pool for d in decisions])
     if as_json:
         click.echo(json.dumps({"schema": "tidefleet.tick/1", "env": env.name, "dry_run": dry,
                                "decisions": [asdict(d) for d in decisions],
