@@ -122,12 +122,30 @@ def command(process) -> list[str]:
         return []
 
 
-def emulator_of(pid: int):
-    """The moto server the sandbox in process `pid` started (a psutil.Process)."""
+def _status(process) -> str:
     import psutil
 
-    (moto,) = [p for p in psutil.Process(pid).children() if "tidefleet.emulator" in " ".join(p.cmdline())]
-    return moto
+    try:
+        return process.status()
+    except psutil.Error:
+        return "gone"
+
+
+def emulator_of(pid: int, wait_s: float = 10.0):
+    """The moto server the sandbox in process `pid` started (a psutil.Process); what its children
+    are if none is found within `wait_s`."""
+    import psutil
+
+    deadline, seen = time.monotonic() + wait_s, []
+    while True:
+        children = psutil.Process(pid).children()
+        found = [p for p in children if "tidefleet.emulator" in " ".join(command(p))]
+        if len(found) == 1 or time.monotonic() > deadline:
+            break
+        seen = [(p.pid, _status(p), command(p)[:4]) for p in children]
+        time.sleep(0.2)
+    assert len(found) == 1, f"the sandbox {pid} has no emulator child; its children: {seen}"
+    return found[0]
 
 
 @pytest.mark.parametrize("own_workdir", [True, False], ids=["--workdir", "a temp folder"])
