@@ -404,7 +404,7 @@ def nodes(env_name, as_json) -> None:
         for n in pool.nodes:
             state = "gone" if n.gone else "draining" if n.draining else "busy" if n.busy_slots else "idle"
             table.add_row(escape(n.node_id), escape(n.instance_type), "spot" if n.spot else "on-demand", f"{n.busy_slots}/{n.slots}",
-                          state, str(n.gpus), f"{max(0.0, n.heartbeat_age_s):.0f}s ago")
+                          state, str(n.gpus), _heartbeat_age(n.heartbeat_age_s))
         console.print(table)
         if pool.desired is None and pool.nodes:  # the scaler skips a pool without a group: its records stay
             deploy = f"invoke deploy --env {escape(env_argument(env))}"
@@ -412,6 +412,16 @@ def nodes(env_name, as_json) -> None:
                           "with it, and their heartbeat records stay listed until it is deployed again "
                           f"({deploy}), as the scaler forgets only the nodes of a group it finds",
                           highlight=False, soft_wrap=True)  # fmt: skip
+
+
+def _heartbeat_age(age_s: float) -> str:
+    """'12s ago'; a heartbeat from a node whose clock is ahead (the scaler reads it as written now,
+    `control.CLOCK_SLACK_S`) says so rather than '0s ago'."""
+    from tidefleet.control import CLOCK_SLACK_S
+
+    if -age_s > CLOCK_SLACK_S:
+        return f"now (its clock is {-age_s:.0f}s ahead)"
+    return f"{max(0.0, age_s):.0f}s ago"
 
 
 def _no_nodes(env: Environment, pool: sdk.PoolRow) -> str:
