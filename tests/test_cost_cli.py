@@ -265,3 +265,21 @@ def test_the_readmes_cost_commands_run_as_written(run):
             args = [*args[:at], "work", *args[at + 1:]]
         out = cli(h, *args)
         assert out.exit_code == 0 and "attempt" in out.output, (args, out.output)
+
+
+def test_rightsize_says_how_much_of_its_saving_packing_the_same_type_gives():
+    """The audit's case: 2 items per c6i.large where 22 fit, cheapest fit c6i.4xlarge: nearly all the
+    saving was packing, which the line credited to the type change, and it printed $0.0000."""
+    from tidefleet import rightsize
+    from tidefleet.jobs.cost_cli import _advice_lines
+
+    fits_now = rightsize.Fit("c6i.large", 22, 0.003864, "memory")
+    best = rightsize.Fit("c6i.4xlarge", 177, 0.003842, "memory")
+    advice = rightsize.Advice(
+        scope="queue work", attempts=18, cores_p95=0.01, peak_rss_mb=50, gpu_util_pct=None, gpu_mem_peak_mb=None,
+        need=rightsize.Need(0.05, 60, 0, 0), now=(rightsize.Now("c6i.large", 2, fits_now, 22),), best=best,
+        spot=True, item_hours=0.005, spent_usd=0.005 * 0.0425, expected_usd=0.005 * 0.003842,
+        hit_memory=(), hit_time=())  # fmt: skip
+    (line,) = [x for x in _advice_lines(advice) if x.startswith("  cheapest fit")]
+    assert line == ("  cheapest fit: c6i.4xlarge, 177 item(s) per node, $0.003842 per item-hour: $0.00001921 for the "
+                    "same work, saving $0.0001933, of which $0.0001932 by packing c6i.large as it fits")  # fmt: skip

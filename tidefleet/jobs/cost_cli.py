@@ -148,8 +148,18 @@ def _advice_json(a: rightsize.Advice) -> dict:
     }  # fmt: skip
 
 
+def _by_packing(a: rightsize.Advice) -> str:
+    """How much of the saving packing the one type the items ran on as it fits gives alone (set
+    slots_per_unit), so a change of type is not credited with it; '' where it is not one type."""
+    (now, *others) = a.now or (None,)
+    if others or now is None or now.fits is None or now.fits.items_per_node == now.items or not a.saving_usd:
+        return ""
+    packed = max(0.0, a.spent_usd - a.item_hours * now.fits.usd_per_item_hour)
+    return f", of which ${costs.usd(min(packed, a.saving_usd))} by packing {now.instance_type} as it fits"
+
+
 def _advice_lines(a: rightsize.Advice) -> list[str]:
-    lines = [(f"{a.scope}: {a.attempts} attempt(s) measured, {a.item_hours:.3f} item-hour(s), ${a.spent_usd:.4f} "
+    lines = [(f"{a.scope}: {a.attempts} attempt(s) measured, {a.item_hours:.3f} item-hour(s), ${costs.usd(a.spent_usd)} "
               f"({'spot' if a.spot else 'on-demand'})"),
              f"  each item used {a.cores_p95:.2f} cores (p95) and {a.peak_rss_mb:,.0f} MiB (peak); sized for "
              f"{a.need.cores:.2f} cores, {a.need.mem_mb:,.0f} MiB" + (f", {a.need.gpus:g} GPU(s)" if a.need.gpus else "")]
@@ -168,8 +178,8 @@ def _advice_lines(a: rightsize.Advice) -> list[str]:
             lines.append(f"  {itype}: {items} item(s) per node now, which is what fits ({f.limited_by} bound)")
     if a.best is not None:
         lines.append(f"  cheapest fit: {a.best.instance_type}, {a.best.items_per_node} item(s) per node, "
-                     f"${a.best.usd_per_item_hour:.4f} per item-hour: ${a.expected_usd:.4f} for the same work, "
-                     f"saving ${a.saving_usd:.4f}")
+                     f"${costs.usd(a.best.usd_per_item_hour)} per item-hour: ${costs.usd(a.expected_usd)} for the same work, "
+                     f"saving ${costs.usd(a.saving_usd)}{_by_packing(a)}")
     else:
         lines.append("  no sized type fits one item")
     for what, ids, fix in (("memory", a.hit_memory, ("give items more memory: fewer items per node or a type "

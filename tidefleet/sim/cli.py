@@ -12,8 +12,8 @@ from pathlib import Path
 import click
 
 from tidefleet.config import ConfigError, load_environment
+from tidefleet.costs import usd
 from tidefleet.sim.engine import HORIZON, STALL_S, STALLED, Interruptions
-from tidefleet.sim.money import usd
 from tidefleet.sim.policies import POLICY_NAMES
 from tidefleet.sim.run import PolicyResult, Report, default_timing
 from tidefleet.sim.run import simulate as run_simulation
