@@ -523,7 +523,8 @@ def test_a_node_whose_agent_went_silent_is_replaced_and_not_counted(case, silent
     assert decision.terminate == ("i-x",)
     assert reason in decision.reasons
     assert decision.desired == 2  # i-ok stays; a replacement covers the 2 slots i-x no longer does
-    assert decision.reasons[0].endswith("> capacity 2 slots; 1 unit(s) to launch")
+    assert decision.reasons[0].endswith("> capacity 2 slots; 1 unit(s) to launch, 1 of them short in the group already "
+                                         "(replacements, launches under way)")
     assert_settled(env, view)
 
 
@@ -532,7 +533,8 @@ def test_a_replacement_is_launched_for_a_timed_out_node():
     decision = decide_pool(env, fleet(env, [node("i-x", booted=False, age=640)], render=(2, 0)))
     assert (
         decision.reasons[0]
-        == "keep 1 units: demand 2 slots (queue render: 2 visible + 0 in flight) > capacity 0 slots; 1 unit(s) to launch"
+        == "keep 1 units: demand 2 slots (queue render: 2 visible + 0 in flight) > capacity 0 slots; 1 unit(s) to "
+        "launch, 1 of them short in the group already (replacements, launches under way)"
     )
 
 

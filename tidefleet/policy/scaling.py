@@ -898,7 +898,9 @@ def _desired_reason(plan: _Plan, desired: int) -> str:
     line = f"{verb} {change}: {_demand_text(plan)} {compare} capacity {plan.capacity} slots"
     to_launch = desired - plan.group_units
     if to_launch > 0:
-        line += f"; {to_launch} unit(s) to launch"
+        # Beyond what desired grows by, the group refills units it lost: nodes replaced or gone.
+        replacing = to_launch - max(0, desired - before)
+        line += f"; {to_launch} unit(s) to launch" + (f", {replacing} of them short in the group already (replacements, launches under way)" if replacing else "")
     if plan.forced and plan.granted == plan.forced and plan.forced > plan.wanted:
         line += f"; pool min {plan.pool.min} units"
     return line
