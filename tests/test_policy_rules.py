@@ -615,7 +615,8 @@ CAPS = [
      "cost cap: pool cpu capped at 3 units ($0.17/h of $0.20/h), demand needs 10 units; waiting: render (priority 20)"),
     ("nodes already costing more than the cap launch nothing", {"pools.cpu.cost_cap_usd_per_hour": 0.2},
      [node(f"i-{i}", spot=False, type="m6i.large", busy=2) for i in range(3)], {"render": (20, 0)}, 3, ("render",),
-     "cost cap: pool cpu capped at 3 units ($0.29/h of $0.20/h), demand needs 10 units; waiting: render (priority 20)"),
+     ("cost cap: pool cpu capped at 3 units ($0.29/h of $0.20/h: over the cap already, by nodes it keeps; it launches "
+     "none), demand needs 10 units; waiting: render (priority 20)")),
     # (A cap below every node's price is refused at validation; on demand only, the spot price is no help.)
     ("a cap below one unit's price launches nothing", {"pools.cpu.cost_cap_usd_per_hour": 0.05,
      "pools.cpu.on_demand_percent": 100}, [], {"render": (20, 0)}, 0, ("render",),

@@ -932,7 +932,9 @@ def _cap_reason(plan: _Plan, desired: int, starved: tuple[str, ...], env_cap: st
     if plan.env_limited:
         why = f"cost cap: pool {plan.name} capped at {desired} units ({_usd(cost)}) by the {env_cap}"
     elif plan.limited_by == "pool cost cap":
-        why = f"cost cap: pool {plan.name} capped at {desired} units ({_usd(cost)} of {_usd(plan.pool.cost_cap_usd_per_hour)})"
+        cap = plan.pool.cost_cap_usd_per_hour
+        over = ": over the cap already, by nodes it keeps; it launches none" if cost > cap else ""
+        why = f"cost cap: pool {plan.name} capped at {desired} units ({_usd(cost)} of {_usd(cap)}{over})"
     else:
         why = f"at max: pool {plan.name} capped at {plan.pool.max} units"
     return f"{why}, {needs}; waiting: {waiting}"
