@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import subprocess
 import sys
 import time
@@ -410,6 +411,9 @@ def test_the_command_writes_the_plot_it_is_asked_for(tmp_path):
     assert out.exit_code == 0, out.output
     assert f"plot: {plot}" in out.stderr and "plot:" not in out.stdout  # stdout carries the result alone
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 10_000
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(plot.stat().st_mode) == 0o666 & ~umask  # as any file it writes: not mkstemp's 0600
 
 
 def test_ctrl_c_in_a_replay_says_nothing_was_written_and_exits_130(tmp_path, monkeypatch):

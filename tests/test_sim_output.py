@@ -4,6 +4,7 @@ the window named, and a plot that says what it cannot show."""
 from __future__ import annotations
 
 import json
+import re
 
 from click.testing import CliRunner
 
@@ -77,6 +78,9 @@ def test_the_plot_names_the_window_says_a_wait_under_1_s_is_drawn_at_1_s_and_cou
     labels = [text.get_text() for text in costs.get_legend().get_texts()]
     assert [label for label in labels if "< 1 s" in label] == [next(x for x in labels if x.startswith("oracle"))]
     assert not any("< 1 s" in label for label in labels if label.startswith("tidefleet"))
+    figure.canvas.draw()  # tick labels are made when drawn
+    cost_labels = [t.get_text() for t in costs.get_yticklabels() + costs.get_yticklabels(minor=True) if t.get_text()]
+    assert cost_labels and all(re.fullmatch(r"\$[\d,]+(\.\d+)?", label) for label in cost_labels), cost_labels
     for axis in (timeline, queued):
         ticks = axis.get_yticks()
         assert isinstance(axis.yaxis.get_major_locator(), MaxNLocator)

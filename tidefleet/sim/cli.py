@@ -137,6 +137,9 @@ def partial_file(plot: Path) -> Path:
     characters of it: a name the OS takes may be too long with `.partial` added) and the format."""
     fd, name = tempfile.mkstemp(dir=plot.parent, prefix=f".{plot.stem[:32]}.", suffix=f".partial{plot.suffix}")
     os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(name, 0o666 & ~umask)  # as a plain open() makes it: mkstemp's 0600 would hide the plot from others
     return Path(name)
 
 

@@ -23,7 +23,7 @@ def draw(report: Report):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
 
     from tidefleet.sim.cli import usd_column, window_words
 
@@ -41,6 +41,10 @@ def draw(report: Report):
     costs.set_yscale("log" if log_cost else "linear")
     costs.set_xlabel("p95 wait, submit to start (s, log)")
     costs.set_ylabel("cost (USD, log)" if log_cost else "cost (USD)")
+    # Dollars, not matplotlib's log labels (3.75x10^3); a narrow log range labels its minor ticks too.
+    dollars = FuncFormatter(lambda value, _: f"${value:,.0f}" if value >= 100 else f"${value:.3g}")
+    costs.yaxis.set_major_formatter(dollars)
+    costs.yaxis.set_minor_formatter(dollars if log_cost else FuncFormatter(lambda *_: ""))
     costs.set_title(", ".join(filter(None, [f"{report.trace} on {report.env}/{report.pool}", window_words(report)])))
     costs.grid(alpha=0.3)
     costs.legend(title="policy: cost, x lower bound", fontsize=8)
