@@ -11,7 +11,8 @@ one call per pool whose desired changes. The bare loop makes the tick's observe 
 plain boto3 and no parsing, the same number in flight (`CALLS_IN_FLIGHT`): groups 100 names a
 call, instances 200 ids a call, each group's scaling activities, each pool's heartbeats (a
 query), each queue's attributes, the queue statistics 100 keys a call. Each side's best round
-is compared; the last line is `ratio tick/bare` (1.00: the tick costs what its calls cost).
+is compared; the last line is `ratio tick/bare` of their times (1.00: the tick costs what its
+calls cost; below 1: it is quicker, as a warm tick describes only instances it has not seen).
 """
 
 from __future__ import annotations
@@ -182,7 +183,7 @@ def main() -> None:
         for name, times in (("bare", bares), ("tick", ticks)):
             print(f"{name}     warm: best {min(times):6.2f} s  median {statistics.median(times):6.2f} s  "
                   f"({args.rounds} rounds)")  # fmt: skip
-        print(f"ratio tick/bare: {min(bares) / min(ticks):.2f}")
+        print(f"ratio tick/bare: {min(ticks) / min(bares):.2f}")  # of times: below 1, quicker than its bare calls
     finally:
         server.stop()
 
