@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from tidefleet.cloud import for_env
@@ -56,8 +56,9 @@ class TrainingSummary:
     gpu_items_succeeded: int
     overlapping_pairs: int  # GPU items that ran at the same time on the same node
     devices_disjoint: bool  # every such pair saw different GPUs
+    gang_size: int  # the nodes the gang queue's item needs (nodes_per_item)
     gang_nodes: int  # nodes of the gang's first attempt
-    ranks_on_distinct_nodes: bool
+    ranks_on_distinct_nodes: bool  # gang_size ranks, each on a node of its own
     rendezvous_ok: bool  # every attempt's rank 0 was reached by every other rank
     noticed_node: str
     interruptions: int
@@ -73,7 +74,7 @@ class TrainingSummary:
     @property
     def ok(self) -> bool:
         return (self.gpu_items_succeeded == self.gpu_items and self.overlapping_pairs > 0 and self.devices_disjoint
-                and self.gang_nodes >= 2 and self.ranks_on_distinct_nodes and self.rendezvous_ok
+                and self.gang_nodes == self.gang_size and self.ranks_on_distinct_nodes and self.rendezvous_ok
                 and bool(self.noticed_node) and self.interruptions == 1 and self.failures == 0
                 and self.resumed_from > 0 and self.succeeded_once and self.fleet_at_zero
                 and not self.time_limit_hit)  # fmt: skip
@@ -89,13 +90,16 @@ class TrainingSummary:
             ("GPU items succeeded", f"{self.gpu_items_succeeded} of {self.gpu_items}"),
             ("GPU items side by side on a node", f"{self.overlapping_pairs} pair(s); disjoint GPUs: {yes(self.devices_disjoint)}"),
             ("gang: nodes, distinct ranks, rendezvous",
-             f"{self.gang_nodes}, {yes(self.ranks_on_distinct_nodes)}, {yes(self.rendezvous_ok)}"),
+             f"{self.gang_nodes} of {self.gang_size}, {yes(self.ranks_on_distinct_nodes)}, {yes(self.rendezvous_ok)}"),
             ("spot notice sent to", self.noticed_node or "NO ONE"),
             ("gang handed back / failed", f"{self.interruptions} / {self.failures}"),
             ("resumed from step", str(self.resumed_from)),
             ("training succeeded once", yes(self.succeeded_once)),
             ("fleet back at zero", yes(self.fleet_at_zero)),
-            ("wall time", f"{self.wall_s:.1f}s"),
+            # Cut short, every NO above may be the limit's, not a fault: say so, as the exit status 2 does.
+            ("time limit (--time-limit) hit", "YES: the run was cut short" if self.time_limit_hit else "no"),
+            # The progress lines count from the command's start (as --time-limit does), before the sandbox came up.
+            ("wall time, sandbox up to the end", f"{self.wall_s:.1f}s"),
         ]
 
 
@@ -125,12 +129,21 @@ def run_training(sandbox: Sandbox, *, deadline: float, on_progress: Callable[[di
                     sandbox.launcher.send_spot_notice(noticed)
         if train.done and gpu.done and done_at is None:
             done_at = now
-        on_progress({"status": train, "queues": sandbox.queue_depths(), "job": train_job.job_id})
+        on_progress({"status": both(gpu, train), "queues": sandbox.queue_depths(), "job": train_job.job_id})
         if done_at is not None and sandbox.fleet_at_zero():
             zero_at = now
             break
         time.sleep(0.5)
-    return _summarise(sandbox, events, store.item(train_job.job_id, "train"), gpu, noticed, started, zero_at)
+    return _summarise(sandbox, events, store.item(train_job.job_id, "train"), gpu, noticed, started, zero_at,
+                      gang_size=env.queues[queues.train].gang[1])
+
+
+def both(gpu: sdk.JobStatus, train: sdk.JobStatus) -> sdk.JobStatus:
+    """The scenario's two jobs as one for the progress view, so its 'N/M final' counts every item
+    submitted, as its 'waiting' (the queues' depths) does."""
+    counts = {state: n + gpu.counts.get(state, 0) for state, n in train.counts.items()}
+    job = replace(train.job, job_id=f"{gpu.job.job_id} + {train.job.job_id}", total=gpu.job.total + train.job.total)
+    return replace(train, job=job, counts=counts, items=[*gpu.items, *train.items])
 
 
 def _events(path: Path, kind: str) -> list[dict]:
@@ -141,19 +154,16 @@ def _events(path: Path, kind: str) -> list[dict]:
 
 
 def _summarise(sandbox: Sandbox, events: Path, train_item, gpu: sdk.JobStatus, noticed: str, started: float,
-               zero_at: float | None) -> TrainingSummary:  # fmt: skip
+               zero_at: float | None, *, gang_size: int) -> TrainingSummary:  # fmt: skip
     runs = _events(events, "gpu")
     pairs = [(a, b) for i, a in enumerate(runs) for b in runs[i + 1:]
              if a["node"] == b["node"] and a["start"] < b["end"] and b["start"] < a["end"]]  # fmt: skip
     disjoint = all(not set(a["devices"].split(",")) & set(b["devices"].split(",")) for a, b in pairs)
     starts = _events(events, "start")
     first = [e for e in starts if e["attempt"] == 1]
-    by_attempt: dict[int, int] = {}
-    for e in starts:
-        by_attempt[e["attempt"]] = by_attempt.get(e["attempt"], 0) + 1
     rendezvous = {e["attempt"]: e["peers"] for e in _events(events, "rendezvous")}
-    rendezvous_ok = bool(rendezvous) and all(rendezvous.get(a) == list(range(1, n)) for a, n in by_attempt.items()
-                                             if a in rendezvous)  # fmt: skip
+    # Against the gang's size, not the ranks that started: a lone rank 0 meets no one and would pass.
+    rendezvous_ok = bool(rendezvous) and all(peers == list(range(1, gang_size)) for peers in rendezvous.values())
     later = [e["resumed_from"] for e in starts if e["attempt"] > 1]
     done_by_lead = [e for e in _events(events, "done") if e["rank"] == 0]
     notes = [] if sandbox.tick_error == "" else [f"scaler error: {sandbox.tick_error}"]
@@ -162,8 +172,9 @@ def _summarise(sandbox: Sandbox, events: Path, train_item, gpu: sdk.JobStatus, n
         gpu_items_succeeded=sum(1 for i in gpu.items if i.status == "succeeded"),
         overlapping_pairs=len(pairs),
         devices_disjoint=disjoint,
+        gang_size=gang_size,
         gang_nodes=len(first),
-        ranks_on_distinct_nodes=len({e["node"] for e in first}) == len(first) == len({e["rank"] for e in first}),
+        ranks_on_distinct_nodes=len(first) == len({e["node"] for e in first}) == len({e["rank"] for e in first}) == gang_size,
         rendezvous_ok=rendezvous_ok,
         noticed_node=noticed,
         interruptions=train_item.interruptions if train_item else 0,
