@@ -141,6 +141,7 @@ def summary_table(summary) -> Table:
         ("chaos: SIGKILLs / notices / dup. messages",
          f"{summary.nodes_killed} / {summary.spot_notices} / {summary.duplicate_messages}"),
         ("fleet back at zero", "yes" if summary.fleet_at_zero else "[red]no[/red]"),
+        ("time limit (--time-limit) hit", "[red]YES: the run was cut short[/red]" if summary.time_limit_hit else "no"),
         ("wall time", _seconds(summary.wall_s)),
         ("node logs, scaler log", summary.workdir),
     ]
