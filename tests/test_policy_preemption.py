@@ -298,3 +298,32 @@ def test_a_node_cordoned_in_the_same_decision_is_no_room_for_a_move():
     (decision,) = decide(env(max_nodes=10, move=True), view, NOW)
     assert decision.cordon == ("n2",)
     assert decision.preempt == ()
+
+
+def test_a_mark_whose_attempt_has_ended_does_not_keep_a_cordoned_node_from_moving():
+    """A mark left from a preemption made before the node was cordoned, for an attempt since ended
+    (no longer in its heartbeat), is not a move under way: the node moves, and the stale key goes."""
+    stale = full("n1", run("a/1/1"), busy=1, cordoned=True, preempting=("a/0/1",))
+    assert preemption.moves(env(move=True).queues, [stale], [1], 0, NOW).marks == {"n1": ("a/1/1",)}
+    marks, _ = moved(stale, ROOM)
+    assert marks == {"n1": {"a/1/1"}}
+
+
+
+def test_a_stale_mark_on_a_cordoned_node_neither_counts_as_moving_nor_stays():
+    """n1 cannot move (its attempt is young), but its ended attempt's mark does not make its busy
+    slot 'already moving', which would keep n3 from the one free slot; the decision drops the key."""
+    stale = full("n1", run("a/1/1", ran=100), busy=1, cordoned=True, preempting=("a/0/1",))
+    cordoned = full("n3", run("a/3/1"), busy=1, cordoned=True)
+    assert preemption.moves(env(move=True).queues, [stale, cordoned], [1], 0, NOW).marks == {"n3": ("a/3/1",)}
+    marks, _ = moved(stale, ROOM)
+    assert marks == {"n1": set()}
+
+
+def test_a_marked_attempt_checkpointing_unlisted_still_counts_as_moving():
+    """The agent stops listing an attempt once asked to stop; while it checkpoints, its busy slot
+    is still room already promised, so the next cordoned node does not take it too."""
+    stopping = full("n1", busy=1, cordoned=True, preempting=("a/1/1",))
+    cordoned = full("n3", run("a/3/1"), busy=1, cordoned=True)
+    assert preemption.moves(env(move=True).queues, [stopping, cordoned], [1], 0, NOW).marks == {}
+

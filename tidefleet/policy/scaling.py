@@ -179,13 +179,14 @@ def decide(env: Environment, fleet: FleetView, now: float) -> tuple[PoolDecision
 
 def _with_preemption(env: Environment, view: PoolView, fleet: FleetView, decision: PoolDecision,
                      moves: dict[str, tuple[str, ...]], now: float) -> PoolDecision:  # fmt: skip
-    """Rule 12: the marks of attempts to preempt, where they change; a cordoned node keeps its
-    marks and gains rule 9b's moves."""
+    """Rule 12: the marks of attempts to preempt, where they change; a cordoned node keeps the
+    marks of attempts still running there (one that ended has no use for its mark) and gains rule
+    9b's moves."""
     if not any(n.runs or n.preempting for n in view.nodes):
         return decision
     starved = [q for q in fleet.queues if q.name in decision.starved_queues and q.visible and not q.held]
     chosen = preemption.choose(env.queues, starved, list(view.nodes), now)
-    marks = chosen.marks | {n.id: tuple(sorted({*n.preempting, *moves.get(n.id, ())}))
+    marks = chosen.marks | {n.id: tuple(sorted({*preemption.running_marks(n), *moves.get(n.id, ())}))
                             for n in view.nodes if n.cordoned and (n.preempting or n.id in moves)}  # fmt: skip
     changed = tuple((n.id, marks.get(n.id, ())) for n in view.nodes
                     if n.state == "running" and set(marks.get(n.id, ())) != set(n.preempting))  # fmt: skip
