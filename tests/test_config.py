@@ -84,6 +84,7 @@ BAD = [
     ("on demand after zero interruptions", {"queues.default.on_demand_after_interruptions": 0}, "queues.default.on_demand_after_interruptions: Input should be greater than or equal to 1 (got 0)"),
     ("on demand after too many interruptions", {"queues.default.on_demand_after_interruptions": 101}, "queues.default.on_demand_after_interruptions: Input should be less than or equal to 100 (got 101)"),
     ("on demand placement for a gang", {"queues.default.on_demand_after_interruptions": 2, "queues.default.nodes_per_item": 2, "queues.default.slots_per_item": 2}, "queues.default.on_demand_after_interruptions: a multi-node item's members join on any node, spot or not (got 2 with nodes_per_item 2); remove it or run the item on one node"),
+    ("a preemptible gang", {"queues.default.preemptible": True, "queues.default.nodes_per_item": 2, "queues.default.slots_per_item": 2}, "queues.default.preemptible: preempting a multi-node item would stop its lead alone, not its members on the other nodes (got true with nodes_per_item 2); remove preemptible or run the item on one node"),
     ("s3 state without bucket", {"state.backend": "s3"}, "state.bucket: required for backend 's3' (got nothing)"),
     ("unknown state backend", {"state.backend": "consul"}, "state.backend: Input should be 'local', 's3' or 'gcs' (got 'consul')"),
     ("gpu weight not gpu count", {"pools.cpu.capacity_unit": "gpus", "pools.cpu.instance_types": [{"type": "g5.xlarge", "weight": 1}]}, "pools.cpu.instance_types[0].weight: with capacity_unit 'gpus' the weight is the GPU count"),

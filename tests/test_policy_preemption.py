@@ -327,3 +327,13 @@ def test_a_marked_attempt_checkpointing_unlisted_still_counts_as_moving():
     cordoned = full("n3", run("a/3/1"), busy=1, cordoned=True)
     assert preemption.moves(env(move=True).queues, [stopping, cordoned], [1], 0, NOW).marks == {}
 
+
+def test_an_attempt_of_a_gang_is_never_preempted():
+    """(Config refuses `preemptible` with `nodes_per_item` > 1: stopping the lead alone would leave
+    its members running on other nodes.)"""
+    queues = dict(env().queues)
+    queues["batch"] = queues["batch"].model_copy(update={"nodes_per_item": 2})
+    urgent = QueueView("urgent", "cpu", 50, 2, visible=1, in_flight=0)
+    gang_lead = full("n1", run("a/1/1", slots=2))
+    assert preemption.choose(queues, [urgent], [gang_lead], NOW).marks == {}
+    assert preemption.choose(env().queues, [urgent], [gang_lead], NOW).marks == {"n1": ("a/1/1",)}

@@ -501,6 +501,11 @@ def _semantic_problems(env: Environment) -> list[str]:
                 out.append(f"{where}.on_demand_after_interruptions: a multi-node item's members join on any node, "
                            f"spot or not (got {queue.on_demand_after_interruptions} with nodes_per_item "
                            f"{queue.nodes_per_item!r}); remove it or run the item on one node")  # fmt: skip
+            if queue.preemptible and queue.gang[1] > 1:
+                # The scaler marks the attempt on the lead's node; nothing stops the gang with it.
+                out.append(f"{where}.preemptible: preempting a multi-node item would stop its lead alone, not its "
+                           f"members on the other nodes (got true with nodes_per_item {queue.nodes_per_item!r}); "
+                           "remove preemptible or run the item on one node")  # fmt: skip
     for name, schedule in env.schedules.items():
         out += _schedule_problems(env, name, schedule)
     for name, team in env.teams.items():

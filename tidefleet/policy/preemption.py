@@ -5,8 +5,8 @@ A preempted attempt is asked to checkpoint and is handed back whole (an interrup
 failed attempt: the agent's stop file and SIGTERM, as on a spot notice); its item waits in its
 queue again. Rules:
   * only queues whose items wait because capacity is capped (`starved`), highest priority first;
-  * only attempts of preemptible queues of strictly lower priority that ran `min_runtime_s` or
-    more, on nodes that take items (running, not cordoned);
+  * only attempts of preemptible, single-node queues of strictly lower priority that ran
+    `min_runtime_s` or more, on nodes that take items (running, not cordoned);
   * for each waiting item, the node where the fewest slots are taken (free slots and attempts
     already being preempted first), then the fewest attempts, then the least run time stopped
     (what may be lost since their last checkpoint); on a node, the lowest-priority, most
@@ -75,8 +75,9 @@ def _victims(node: NodeView, queue: QueueView, queues: dict[str, Queue], marked:
 
 
 def _preemptible(run: RunView, queue: QueueView, queues: dict[str, Queue], now: float) -> bool:
-    own = queues.get(run.queue)
-    return bool(own and own.preemptible and own.priority < queue.priority and now - run.since >= own.min_runtime_s)
+    own = queues.get(run.queue)  # a gang's lead alone is never stopped: config refuses preemptible gangs
+    return bool(own and own.preemptible and own.gang == (1, 1) and own.priority < queue.priority
+                and now - run.since >= own.min_runtime_s)  # fmt: skip
 
 
 def _cost(victims: list[RunView], now: float) -> tuple[int, int, float]:
