@@ -57,3 +57,21 @@ def test_an_item_goes_to_the_fullest_busy_node_with_room_before_an_idle_one(env)
 
 def test_an_item_of_no_time_holds_no_node(env):
     assert duration_blind(env, "gpu", [TraceItem(0, 0, 1)]) == 0.0
+
+
+def test_a_baseline_that_leaves_work_unfinished_counts_neither_as_cheaper_nor_as_quicker():
+    """The goal: cheaper than every baseline at an equal or better p95 wait, a baseline that leaves
+    work unfinished not counting; a tie in cost counts against tidefleet."""
+    from bench_unseen import BASELINES, misses
+
+    from tidefleet.sim.run import PolicyResult
+
+    def result(policy, cost, p95, unfinished=0):
+        return PolicyResult(policy, cost, 1.0, 0.0, {"p50": 0.0, "p95": p95, "p99": p95, "max": p95}, 1.0, 10, unfinished,
+                            0, 0, 0.0, 0, 0, 1, 1.0, 1.0)  # fmt: skip
+
+    ours = {"tidefleet": result("tidefleet", 10.0, 60.0)}
+    quick_but_unfinished = {b: result(b, 20.0, 60.0) for b in BASELINES} | {"clearml": result("clearml", 20.0, 5.0, 3)}
+    assert misses(ours | quick_but_unfinished) == ([], [])
+    tie = {b: result(b, 20.0, 60.0) for b in BASELINES} | {"keda": result("keda", 10.0, 900.0)}
+    assert [b.policy for b in misses(ours | tie)[0]] == ["keda"]
