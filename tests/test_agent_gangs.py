@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 from agent_harness import Harness, Imds, wait_until
@@ -338,3 +339,30 @@ def test_an_idle_node_the_scaler_lets_go_joins_no_gang(gang):
     assert not member._join_gang([("train", h.env.queues["train"])])
     assert not member.members and member.stopping.is_set()
     assert [m["node"] for m in store.item(job, "000000").members] == ["node-lead"]
+
+
+def test_a_member_whose_node_cannot_run_items_leaves_its_gang_without_failing_it_and_stops_taking_items(gang, monkeypatch):
+    """Its item user gone since the agent started (or its dockerd): the node's fault, as for an item
+    of its own (`_unfit`): the gang's attempt is not failed for it, and the node drains."""
+    h = gang
+    job = sdk.submit(h.env, "gang", "train", sdk.read_items([["steps=50"]]), kick=False).job_id
+    store = DynamoStore(h.env.name, h.env.region)
+    lead, member = _agent(h, "node-lead"), _agent(h, "node-m")
+    monkeypatch.setenv("TIDEFLEET_NODE_ID", "in-process")  # the workload's, which both nodes here run
+    member.s = replace(member.s, item_user="gone-user")  # userdel after the agent started
+    fail_gang, failed = member._fail_gang, []
+    monkeypatch.setattr(member, "_fail_gang", lambda part, why: (failed.append(why), fail_gang(part, why)))
+    assert lead._receive("train", h.env.queues["train"], wait_s=1) == 1
+    wait_until(lambda: lead.beacon, 10, "the lead's beacon")
+    lead._beat()  # its beacon in the heartbeat the member reads
+    assert member._join_gang([("train", h.env.queues["train"])])
+
+    def both_free() -> bool:
+        lead._beat()
+        member._beat()
+        return not lead.runs and not member.members
+
+    wait_until(both_free, 60, "both nodes' slots to come free")
+    assert failed == [] and member.stopping.is_set()
+    item = store.item(job, "000000")
+    assert (item.failures, item.gang_failure) == (0, ""), (item.status, item.reason, item.history)

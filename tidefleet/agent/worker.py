@@ -997,6 +997,8 @@ class Agent:
             self._feed(member, Started())
             log.info("%s/%s: started as node rank %d of %d", member.job, member.item, member.rank, len(verdict.members))
             code, _, last_line = member.workload.wait(stream)
+            if member.workload.daemon_unreachable(code, last_line):  # dockerd died since the agent started
+                raise NodeFault(f"its docker daemon does not answer: {last_line}")
             self._feed(member, Exited(code, member.workload.completed(), last_line))
             if code != 0 and member.state.stop is None:  # its failure is the item's: the lead records it
                 tail = f": {last_line[:200]}" if last_line else ""
@@ -1004,6 +1006,11 @@ class Agent:
         except self.cloud.errors as err:  # the cloud, not the item: leave, the gang goes on or re-forms
             log.warning("%s/%s: could not run this node's part of the gang (%s); leaving it", member.job, member.item,
                         str(err).splitlines()[0][:300])  # fmt: skip
+            self._feed(member, Crashed(str(err)))
+        except NodeFault as err:  # the node's, not the item's (as `_unfit`): leave, and take no more items
+            log.error("%s/%s: this node cannot run items: %s; leaving its gang", member.job, member.item, err)
+            self.request_stop(f"this node cannot run items: {err}; it takes no more items and is marked draining, "
+                              "so the scaler replaces it")  # fmt: skip
             self._feed(member, Crashed(str(err)))
         except Exception as err:  # the item's failure (a program that does not start): never the node's
             log.exception("%s/%s: this node's part of the gang failed", member.job, member.item)
