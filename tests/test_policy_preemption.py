@@ -337,3 +337,28 @@ def test_an_attempt_of_a_gang_is_never_preempted():
     gang_lead = full("n1", run("a/1/1", slots=2))
     assert preemption.choose(queues, [urgent], [gang_lead], NOW).marks == {}
     assert preemption.choose(env().queues, [urgent], [gang_lead], NOW).marks == {"n1": ("a/1/1",)}
+
+
+def test_the_tick_that_moves_grants_no_leave_so_the_moves_room_stays():
+    """n1's attempt moves to idle n2's free slots. Break-even scale-in would let idle nodes leave
+    on their own until the next tick ('idle nodes may leave ... up to 2 unit(s)', intake slow),
+    and n2, the move's room, could go before n1's agent hands the attempt back: the item would
+    wait for a new node. A tick that moves grants no leave."""
+    cordoned = full("n1", run("a/1/1"), busy=1, cordoned=True)
+    room = replace(full("n2", busy=0), idle_since=NOW - 5)
+    view = FleetView((PoolView("cpu", (cordoned, room), desired=2, on_demand_base=0),),
+                     (QueueView("batch", "cpu", 5, 1, visible=0, in_flight=1, intake_per_s=0.001),))  # fmt: skip
+    environment = env(max_nodes=10, move=True)
+    assert environment.idle_timeout_s("cpu") is None  # break-even scale-in: the rule that grants leave
+    (decision,) = decide(environment, view, NOW)
+    assert decision.preempt == (("n1", ("a/1/1",)),)
+    assert (decision.leave, decision.stay_first, decision.terminate) == (0, 0, ())
+    assert not any(r.startswith("idle nodes may leave") for r in decision.reasons), decision.reasons
+    # The next ticks, while the attempt checkpoints (listed and marked, or unlisted with its slot
+    # still busy): no new move, and still no leave; once it is back in its queue, leave again.
+    for still in (replace(cordoned, preempting=("a/1/1",)), replace(cordoned, runs=(), preempting=("a/1/1",))):
+        (decision,) = decide(environment, replace(view, pools=(replace(view.pools[0], nodes=(still, room)),)), NOW)
+        assert (decision.leave, decision.terminate) == (0, ()), decision.reasons
+    gone = replace(cordoned, runs=(), busy_slots=0, idle_since=NOW - 1, preempting=("a/1/1",))
+    (decision,) = decide(environment, replace(view, pools=(replace(view.pools[0], nodes=(gone, room)),)), NOW)
+    assert decision.leave > 0 or decision.terminate, decision.reasons

@@ -104,9 +104,9 @@ def moves(queues: dict[str, Queue], cordoned: list[NodeView], room: list[int], w
     to the same slots. An attempt of a `held` queue (its team at its share) stays: back in its
     queue, no agent would take it until the hold ends."""
     room = sorted(room)
-    waiting_slots += sum(n.busy_slots for n in cordoned if _moving(n))
+    waiting_slots += sum(n.busy_slots for n in cordoned if moving(n))
     marks, reasons = {}, []
-    for node in sorted((n for n in cordoned if not _moving(n) and n.busy_slots),
+    for node in sorted((n for n in cordoned if not moving(n) and n.busy_slots),
                        key=lambda n: (n.busy_slots, n.id)):  # fmt: skip
         runs = node.runs
         if sum(r.slots for r in runs) != node.busy_slots or not all(_movable(r, queues, held, now) for r in runs):
@@ -131,9 +131,10 @@ def running_marks(node: NodeView) -> tuple[str, ...]:
     return tuple(key for key in node.preempting if key in running)
 
 
-def _moving(node: NodeView) -> bool:
-    """Marked attempts still listed, or busy slots its listed attempts do not explain (a marked
-    attempt stops unlisted while it checkpoints): not a mark left from an attempt that ended."""
+def moving(node: NodeView) -> bool:
+    """A move (or preemption) under way on the node: marked attempts still listed, or busy slots
+    its listed attempts do not explain (a marked attempt stops unlisted while it checkpoints): not
+    a mark left from an attempt that ended."""
     return bool(running_marks(node) or node.preempting and node.busy_slots > sum(r.slots for r in node.runs))
 
 

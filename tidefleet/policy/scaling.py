@@ -50,7 +50,9 @@ Rules
    cordoned while demand (and what intake brings within a relaunch) fits on the others; they
    drain and leave idle. 9b, pools with `checkpoint_and_move`: a cordoned node whose every busy
    slot is an attempt of a preemptible queue past its `min_runtime_s` has them preempted when the
-   free slots of the other nodes hold them (`preemption.moves`), so it is idle at once.
+   free slots of the other nodes hold them (`preemption.moves`), so it is idle at once. While a
+   move is decided or under way (its attempts checkpointing), no idle node is let leave between
+   ticks (rule 4's `leave`): its free slots may be the move's room.
 10. Team quotas and fair share (`quota.py`, with `[teams]`): before rule 1, waiting items beyond
    their team's share of the pool are left out of demand, and queues of a team at its share are
    held (`PoolDecision.hold` / `release`): its agents take no new items from them.
@@ -335,7 +337,10 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
             reasons += moves.reasons
     in_cooldown = last_launch is not None and now - last_launch < scaler.scale_out_cooldown_s
     leave = stay_first = 0
-    if break_even is not None and not (wanted or forced or in_cooldown or any(for_on_demand.new_nodes)):
+    # Rule 9b's room is free slots, often an idle node's: while a move is decided or under way (its
+    # attempts still checkpointing), no idle node may leave before they are back in their queue.
+    moving = bool(moves.marks) or any(map(preemption.moving, nodes.cordoned))
+    if break_even is not None and not (wanted or forced or in_cooldown or any(for_on_demand.new_nodes) or moving):
         leave, stay_first, leave_reason = _leave_units(break_even, _without(nodes.serving, gone), group_units - pool.min)
         reasons += leave_reason
     reasons += _horizon_reason(horizon, demand, staying_serving_slots, pool)
