@@ -8,6 +8,9 @@
   default source; the Functions Framework puts its directory on sys.path, so `tidefleet/` beside
   it imports), `tidefleet/`, `environments/`, and `requirements.txt`, which the buildpack
   installs for the function's own runtime. No wheels: Lambda's binaries would shadow them.
+
+Neither holds `tidefleet/sim/` or `tidefleet/sandbox/` (LEFT_OUT): no function imports the
+simulator or the sandbox (tests/test_function_archives.py runs the archives without them).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ ARCHIVES = {"aws": "functions.zip", "gcp": "gcp-scaler.zip"}  # under build/, by
 LIBRARY = ("tidefleet", "environments")  # in both archives
 AWS_SOURCES = ("lambdas", *LIBRARY)
 GCP_MAIN = "lambdas/gcp_scaler"  # its main.py is the GCP archive's main.py; the AWS archive leaves it out
+LEFT_OUT = ("tidefleet/sim", "tidefleet/sandbox")  # in neither archive: no function imports them
 # What the AWS functions import beyond the standard library and boto3 (pydantic brings
 # pydantic_core, annotated_types, typing_extensions, typing_inspection).
 LAMBDA_REQUIREMENTS = ("pydantic>=2.7,<3",)
@@ -65,15 +69,22 @@ def runtime_wheels(cache: Path = WHEEL_CACHE) -> list[Path]:
     return sorted(cache.glob("*.whl"))
 
 
-def _tree(root: Path, top: str, *, leave_out: str | None = None) -> dict[str, bytes]:
-    """The files under root/top by archive name, without caches and bytecode."""
-    entries = {}
-    for path in (root / top).rglob("*"):
-        name = path.relative_to(root).as_posix()
-        left_out = leave_out is not None and name.startswith(f"{leave_out}/")
-        if path.is_file() and not SKIP_PARTS & set(path.parts) and path.suffix != ".pyc" and not left_out:
-            entries[name] = path.read_bytes()
-    return entries
+def packaged(cloud: str, name: str) -> bool:
+    """Whether the repository file `name` (a path from the root, with '/') goes into `cloud`'s
+    archive; wheels and requirements.txt aside."""
+    parts = name.split("/")
+    if SKIP_PARTS & set(parts) or name.endswith(".pyc") or name.startswith(tuple(f"{p}/" for p in LEFT_OUT)):
+        return False
+    if cloud == "gcp":
+        return parts[0] in LIBRARY or name == f"{GCP_MAIN}/main.py"
+    return parts[0] in AWS_SOURCES and not name.startswith(f"{GCP_MAIN}/")
+
+
+def sources(root: Path, cloud: str) -> dict[str, bytes]:
+    """The repository files `cloud`'s archive packages, by their path from `root`."""
+    tops = AWS_SOURCES if cloud == "aws" else (*LIBRARY, GCP_MAIN)
+    files = (p for top in tops for p in (root / top).rglob("*") if p.is_file())
+    return {name: path.read_bytes() for path in files if packaged(cloud, name := path.relative_to(root).as_posix())}
 
 
 def aws_entries(root: Path, wheels: list[Path]) -> dict[str, bytes]:
@@ -83,14 +94,12 @@ def aws_entries(root: Path, wheels: list[Path]) -> dict[str, bytes]:
             for name in archive.namelist():
                 if not name.endswith("/") and not SKIP_PARTS & set(name.split("/")):
                     entries[name] = archive.read(name)
-    for top in AWS_SOURCES:
-        entries |= _tree(root, top, leave_out=GCP_MAIN)
-    return entries
+    return entries | sources(root, "aws")
 
 
 def gcp_entries(root: Path) -> dict[str, bytes]:
-    entries = {name: data for top in LIBRARY for name, data in _tree(root, top).items()}
-    entries["main.py"] = (root / GCP_MAIN / "main.py").read_bytes()
+    entries = sources(root, "gcp")
+    entries["main.py"] = entries.pop(f"{GCP_MAIN}/main.py")
     entries["requirements.txt"] = "".join(f"{r}\n" for r in GCP_FUNCTION_REQUIREMENTS).encode()
     return entries
 

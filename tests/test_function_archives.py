@@ -411,3 +411,22 @@ def test_the_built_lambda_handlers_fail_the_invocation_with_one_line_and_no_trac
         errors = [line for line in log.splitlines() if line.startswith("ERROR ")]
         assert len(errors) == 1, (target, log)
         assert json.loads(errors[0].split(" ", 2)[2]) == {"failed": report["errorMessage"]}, (target, log)
+
+
+# -- what the archives leave out ---------------------------------------------------------------
+
+
+def packaged_files(folder: Path) -> set[str]:
+    return {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_the_archives_hold_no_simulator_or_sandbox_and_only_environment_files(cloud_function, lambda_archive):
+    """The functions never import tidefleet.sim or tidefleet.sandbox (the tests above run them
+    from archives without either); the environments/ folder holds the environments' .toml files
+    and nothing else (the function loads environments/<TIDEFLEET_ENV>.toml)."""
+    for folder in (cloud_function.source, lambda_archive[0]):
+        names = packaged_files(folder)
+        assert not {n for n in names if n.startswith(("tidefleet/sim/", "tidefleet/sandbox/"))}, folder
+        assert {n for n in names if n.startswith("environments/")} == {
+            f"environments/{p.name}" for p in (ROOT / "environments").glob("*.toml")
+        }
