@@ -2,18 +2,36 @@
 
 from __future__ import annotations
 
+import os
+
 import boto3
 
 from tidefleet.cloud.aws import CLIENT_CONFIG
+from tidefleet.cloud.per_process import PerProcess
+
+# What a client is built from besides the session: the AWS_ variables (endpoint, region, profile,
+# files, keys) and the proxies botocore reads once, when it builds the client.
+PROXY_VARIABLES = {"http_proxy", "https_proxy", "no_proxy"}
+_CLIENTS: PerProcess = PerProcess()
+
+
+def _client():
+    """This process's S3 client for the checkpoints: one, built at the first save or load and kept
+    while the default boto3 session and the variables it reads stay the same (`PerProcess`)."""
+    if boto3.DEFAULT_SESSION is None:
+        boto3.setup_default_session()
+    session = boto3.DEFAULT_SESSION
+    read = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_") or k.lower() in PROXY_VARIABLES))
+    # The agent's and the CLI's bounds (connect 5 s, 8 s without an answer, 3 attempts), not
+    # botocore's 60 s per try and legacy retries: a silent endpoint held a save for minutes.
+    # The read timeout is per socket operation, so a long upload that keeps sending is not cut.
+    # Passed here, not installed (`_fail_fast`): the workload's own boto3 clients keep theirs.
+    return _CLIENTS.get((session, read), lambda: session.client("s3", config=CLIENT_CONFIG))
 
 
 class S3Objects:
     def __init__(self):
-        # The agent's and the CLI's bounds (connect 5 s, 8 s without an answer, 3 attempts), not
-        # botocore's 60 s per try and legacy retries: a silent endpoint held a save for minutes.
-        # The read timeout is per socket operation, so a long upload that keeps sending is not cut.
-        # Passed here, not installed (`_fail_fast`): the workload's own boto3 clients keep theirs.
-        self.s3 = boto3.client("s3", config=CLIENT_CONFIG)
+        self.s3 = _client()
 
     def put(self, bucket: str, key: str, body: bytes) -> None:
         self.s3.put_object(Bucket=bucket, Key=key, Body=body)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import urllib.parse
 
 import google.auth
@@ -11,8 +12,28 @@ from google.auth.transport.requests import AuthorizedSession
 
 from tidefleet.cloud.gcp import reading_credentials
 from tidefleet.cloud.gcp.calls import RETRY, TRY_S
+from tidefleet.cloud.per_process import PerProcess
 
 GCS = "https://storage.googleapis.com"
+# What the credentials are found from: the variables google-auth reads (the key file, gcloud's
+# folder, the project, the metadata server's address and whether to ask it).
+READ = ("GOOGLE_", "CLOUDSDK_", "GCE_", "NO_GCE_CHECK")
+_SESSIONS: PerProcess = PerProcess()
+
+
+def _session() -> AuthorizedSession:
+    """This process's Cloud Storage session for the checkpoints: one, built at the first save or
+    load and kept while the variables it was found from stay the same (`PerProcess`), so its access
+    token is fetched once and refreshed when it expires, not fetched again for every call."""
+    read = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(READ)))
+    return _SESSIONS.get(read, _new_session)
+
+
+def _new_session() -> AuthorizedSession:
+    scopes = ["https://www.googleapis.com/auth/devstorage.read_write"]
+    with reading_credentials():  # a directory or unreadable key file: said as the credentials' fault
+        credentials = google.auth.default(scopes=scopes)[0]
+    return AuthorizedSession(credentials, refresh_timeout=TRY_S)
 
 
 class GcsObjects:
@@ -22,10 +43,7 @@ class GcsObjects:
     making it twice changes nothing."""
 
     def __init__(self):
-        scopes = ["https://www.googleapis.com/auth/devstorage.read_write"]
-        with reading_credentials():  # a directory or unreadable key file: said as the credentials' fault
-            credentials = google.auth.default(scopes=scopes)[0]
-        self.session = AuthorizedSession(credentials, refresh_timeout=TRY_S)
+        self.session = _session()
 
     def put(self, bucket: str, key: str, body: bytes) -> None:
         RETRY(self._put)(bucket, key, body)
