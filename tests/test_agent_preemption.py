@@ -10,7 +10,7 @@ from collections import Counter
 
 import boto3
 import pytest
-from agent_harness import Harness, wait_until
+from agent_harness import WORKLOAD, Harness, wait_until
 
 from tidefleet import control, naming
 from tidefleet.cloud import for_env
@@ -137,5 +137,50 @@ def test_a_cordoned_nodes_attempt_moves_to_a_node_with_room_and_resumes_there_fr
         assert [e["resumed_from"] > 0 for e in h.events("start") if e["attempt"] == 2] == [True]
         assert len(h.events("done")) == 1
         assert store.heartbeat("cpu", a).busy_slots == 0
+    finally:
+        h.stop_agents()
+
+
+# Two slots, both running batch items; one urgent item waits and the pool is at its max.
+TWO_SLOTS_ENV = ENV.replace('instance_types = [{{ type = "c6i.large", weight = 1 }}]',
+                            'slots_per_unit = 2\ninstance_types = [{{ type = "c6i.large", weight = 1 }}]')
+# A workload whose checkpoint takes `stop_s` seconds after it is asked to stop (a large model's).
+SLOW_CHECKPOINT = WORKLOAD.replace(
+    "    if checkpoint.should_stop():\n",
+    "    if checkpoint.should_stop():\n        record(\"stopping\")\n        time.sleep(float(args.get(\"stop_s\", 0)))\n",
+)
+
+
+def test_an_attempt_checkpointing_after_its_mark_stays_listed_and_marked_so_the_next_tick_stops_no_other(tmp_path, aws):
+    """The agent stopped listing an attempt once asked to stop: over a checkpoint longer than a
+    tick, the next tick saw neither the marked attempt nor the room it makes (its slot still busy),
+    cleared its mark and preempted the node's other attempt for the same waiting item (a move's
+    node, likewise, stopped counting as moving and its room went to another node). It stays
+    listed, marked, until it is handed back."""
+    assert SLOW_CHECKPOINT != WORKLOAD
+    h = Harness(tmp_path, aws, env_toml=TWO_SLOTS_ENV, workload=SLOW_CHECKPOINT, max_retries=1)
+    try:
+        node = h.group_instance()
+        batch = sdk.submit(h.env, "batch", "batch", sdk.read_items([["steps=150", "stop_s=6"]] * 2), kick=False).job_id
+        h.start_agent(node, TIDEFLEET_AGENT_GRACE_S="20")
+        wait_until(lambda: len(h.events("start")) == 2, 30, "both batch items to start")
+        store, ports = for_env(h.env).store, for_env(h.env).control_ports()
+        wait_until(lambda: len(store.heartbeat("cpu", node).runs) == 2, 30, "the heartbeat to list both attempts")
+        sdk.submit(h.env, "urgent", "urgent", sdk.read_items([["steps=5"]]), kick=False)
+        (decision,) = wait_until(lambda: (d := control.tick(h.env, ports, time.time())) and d[0].preempt and d, 30,
+                                 "the tick to preempt one attempt for the urgent item")  # fmt: skip
+        ((marked_node, (key,)),) = decision.preempt
+        assert marked_node == node
+        wait_until(lambda: h.events("stopping"), 10, "the marked attempt to begin its checkpoint")
+        time.sleep(1.5)  # three heartbeats into a six-second checkpoint
+        beat = store.heartbeat("cpu", node)
+        assert (beat.busy_slots, beat.preempt) == (2, [key])
+        assert key in [r["key"] for r in beat.runs], beat.runs
+        (again,) = control.tick(h.env, ports, time.time())
+        assert again.preempt == (), again.reasons  # the mark stays, and nothing else is stopped
+        assert store.heartbeat("cpu", node).preempt == [key]
+        assert len(h.events("stopping")) == 1
+        wait_until(lambda: all(i.status == "succeeded" for i in h.items(batch).values()), 90, "both batch items to finish")
+        assert len(h.events("stopping")) == 1
     finally:
         h.stop_agents()

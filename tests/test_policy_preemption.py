@@ -321,8 +321,9 @@ def test_a_stale_mark_on_a_cordoned_node_neither_counts_as_moving_nor_stays():
 
 
 def test_a_marked_attempt_checkpointing_unlisted_still_counts_as_moving():
-    """The agent stops listing an attempt once asked to stop; while it checkpoints, its busy slot
-    is still room already promised, so the next cordoned node does not take it too."""
+    """Agents before `Agent._preemptible` listed marked attempts stopped listing one once asked to
+    stop; while it checkpoints, its busy slot is still room already promised, so the next cordoned
+    node does not take it too."""
     stopping = full("n1", busy=1, cordoned=True, preempting=("a/1/1",))
     cordoned = full("n3", run("a/3/1"), busy=1, cordoned=True)
     assert preemption.moves(env(move=True).queues, [stopping, cordoned], [1], 0, NOW).marks == {}
@@ -362,3 +363,32 @@ def test_the_tick_that_moves_grants_no_leave_so_the_moves_room_stays():
     gone = replace(cordoned, runs=(), busy_slots=0, idle_since=NOW - 1, preempting=("a/1/1",))
     (decision,) = decide(environment, replace(view, pools=(replace(view.pools[0], nodes=(gone, room)),)), NOW)
     assert decision.leave > 0 or decision.terminate, decision.reasons
+
+
+def test_a_move_under_way_counts_over_consecutive_ticks_while_its_attempt_checkpoints():
+    """The agent lists a marked attempt until it is handed back (`Agent._preemptible`), so every
+    tick of a long checkpoint sees the move under way: the mark stays and the room it takes (n2's
+    free slots, after what intake brings within a relaunch) is not given to n3 as well. Unlisted
+    (agents before that), only the first such tick saw it (busy slots its listed attempts do not
+    explain), and cleared the mark; the next moved n3 into the same room."""
+    environment = env(max_nodes=10, move=True)
+    room = replace(full("n2", run("b/1/1"), busy=1), slots=4, weight=2)  # three free slots
+
+    def tick(n1, n3, now):
+        view = FleetView((PoolView("cpu", (n1, n3, room), desired=4, on_demand_base=0),),
+                         (QueueView("batch", "cpu", 5, 1, visible=0, in_flight=3, intake_per_s=0.015),))  # fmt: skip
+        (decision,) = decide(environment, view, now)
+        return dict(decision.preempt)
+
+    n1 = full("n1", run("a/1/1"), busy=1, cordoned=True)
+    n3 = full("n3", run("a/3/1", ran=500), busy=1, cordoned=True)  # past min_runtime_s from the next tick on
+    assert tick(n1, n3, NOW) == {"n1": ("a/1/1",)}
+    moving = replace(n1, preempting=("a/1/1",))  # as its heartbeat reads while the attempt checkpoints
+    for later in (200, 230, 260):
+        assert preemption.moving(moving)
+        assert tick(moving, n3, NOW + later) == {}  # no change: the mark stays, n3 stays
+    # What agents that unlisted it showed: moving on the first such tick, which dropped the mark...
+    unlisted = replace(moving, runs=())
+    assert preemption.moving(unlisted) and tick(unlisted, n3, NOW + 200) == {"n1": ()}
+    # ... and the next tick sent n3's attempt to the same room.
+    assert tick(replace(unlisted, preempting=()), n3, NOW + 230) == {"n3": ("a/3/1",)}

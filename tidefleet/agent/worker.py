@@ -191,6 +191,9 @@ class Run(Held):
     # (then the item goes back whole, an interruption), and when (SIGKILL after the grace).
     stop_note: str = ""
     stop_at: float | None = None
+    # The scaler's preempt mark stopped it (a preemption, or checkpoint-and-move): its heartbeat
+    # still lists it while it checkpoints (`_preemptible`).
+    preempted: bool = False
 
 
 @dataclass(eq=False)
@@ -1104,7 +1107,7 @@ class Agent:
         for run in runs:
             run.stop_note = ("moved off this cordoned node by the scaler (checkpoint-and-move)" if moved
                              else "preempted by the scaler for a higher-priority queue's items")  # fmt: skip
-            run.stop_at = time.monotonic()
+            run.stop_at, run.preempted = time.monotonic(), True
             log.info("%s/%s: %s", run.message.job, run.message.item, run.stop_note)
             self._feed(run, StopAsked(Stop.INTERRUPT, run.stop_at))
 
@@ -1538,11 +1541,15 @@ class Agent:
                 self.changed.notify_all()
 
     def _preemptible(self) -> list[dict]:
-        """This node's started attempts of preemptible queues, for the scaler's preemption rule."""
+        """This node's started attempts of preemptible queues, for the scaler's preemption rule: those
+        not asked to stop, and those its mark stopped until they are handed back. Unlisted while it
+        checkpoints, a marked attempt was neither room being made nor a move under way to the next
+        tick, which cleared its mark and stopped another attempt for the same waiting item (or sent
+        another node's attempts to the moving node's room)."""
         with self.lock:
             return [{"key": self._run_key(r), "queue": r.queue, "since": r.began, "slots": r.slots} for r in self.runs
-                    if self.env.queues[r.queue].preemptible and r.state.started and r.state.stop is None
-                    and r.state.result is None]  # fmt: skip
+                    if self.env.queues[r.queue].preemptible and r.state.started
+                    and (r.state.stop is None or r.preempted) and r.state.result is None]  # fmt: skip
 
     def _forget_placed(self) -> None:
         """Items left to on-demand nodes that no longer wait (an on-demand node claimed them, or they
