@@ -344,6 +344,27 @@ def test_a_checkpoint_named_like_an_older_versions_partial_is_the_users_and_is_k
     assert checkpoint.load("x.partial", base=base) == b"mine"
 
 
+@pytest.mark.parametrize("fault", [OSError(errno.ENOSPC, "No space left on device"), KeyboardInterrupt()],
+                         ids=["ENOSPC", "KeyboardInterrupt"])  # fmt: skip
+def test_a_save_that_fails_mid_write_leaves_no_partial_and_the_last_checkpoint_whole(tmp_path, monkeypatch, fault):
+    base = tmp_path.as_uri() + "/"
+    checkpoint.save("x.partial", b"mine", base=base)  # a user's name, as an older version's partials were
+    checkpoint.save("x", b"kept", base=base)
+    real_write = os.write
+
+    def write(fd, data):
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(".partial"):
+            real_write(fd, bytes(data[:10]))
+            raise fault
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    with pytest.raises(type(fault)):
+        checkpoint.save("x", b"new" * 100_000, base=base)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x", "x.partial"]  # before any later save's sweep
+    assert (checkpoint.load("x", base=base), checkpoint.load("x.partial", base=base)) == (b"kept", b"mine")
+
+
 @pytest.fixture
 def s3_clients(aws, monkeypatch):
     """boto3 clients built from here on, each still a real one (against the moto server)."""
