@@ -130,20 +130,39 @@ def scan(c, env=None):
 @task(help={"cloud": "aws or gcp: build only that cloud's archive (default: both)",
             "out": "directory for the archives (default build/)"})
 def build(c, cloud=None, out=None):
-    """Package the functions into deterministic zips: functions.zip (AWS Lambda), gcp-scaler.zip (Cloud Function)."""
+    """Package the functions into deterministic zips: functions.zip (AWS Lambda), gcp-scaler.zip (Cloud Function).
+
+    They are built from the working tree; each records the commit it was built from, and the
+    packaged files that differ from it, in tidefleet/build_info.json, and a line here names those files."""
     from stacks.package import ARCHIVES, build_archive
 
     if cloud is not None and cloud not in ARCHIVES:
         raise Exit(f"--cloud: must be one of {', '.join(ARCHIVES)} (got {cloud!r}); leave it out to build both")
     for name in [cloud] if cloud else ARCHIVES:
         try:
-            path, digest = build_archive(name, Path(out) if out else OUT)
+            path, digest, info = build_archive(name, Path(out) if out else OUT)
         except RuntimeError as err:  # the Lambda wheels could not be downloaded
             raise Exit(str(err)) from None
         except OSError as err:  # --out names a file, or a place that cannot be written
             fix = "give --out a folder that can be written" if out else _out_fix()  # plan/deploy build without --out
             raise Exit(f"build: cannot write {err.filename or out or OUT} ({err.strerror or err}); {fix}") from None
-        print(f"{path} sha256={digest}")
+        print(f"{path} sha256={digest}" + (f" commit={info['commit'][:12]}" if info["commit"] else ""))
+        _say_source(path, info)
+
+
+def _say_source(path: Path, info: dict) -> None:
+    """One line where the archive holds what no commit does (a deploy from a dirty tree), or
+    where there is no commit to record; nothing for a clean checkout."""
+    from stacks.package import BUILD_INFO
+
+    if info.get("note"):
+        print(f"note: {path}: {info['note']}, so the archive records no commit", file=sys.stderr)
+    elif info["dirty"]:
+        files = info["changed"]
+        shown = ", ".join(files[:5]) + (f" and {len(files) - 5} more" if len(files) > 5 else "")
+        print(f"warning: {path} is built from uncommitted changes in {len(files)} file{'s' * (len(files) != 1)}: "
+              f"{shown} (the archive records commit {info['commit'][:12]} and these files in {BUILD_INFO})",
+              file=sys.stderr)  # fmt: skip
 
 
 # What a failed terraform/tofu step most likely needs, found in its output: (words, fix).

@@ -11,11 +11,16 @@
 
 Neither holds `tidefleet/sim/` or `tidefleet/sandbox/` (LEFT_OUT): no function imports the
 simulator or the sandbox (tests/test_function_archives.py runs the archives without them).
+
+Both are built from the working tree, uncommitted edits included, and say so: BUILD_INFO inside
+each names the newest commit that changed a file it packages and the packaged files that differ
+from that commit (`build_info`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -29,6 +34,7 @@ LIBRARY = ("tidefleet", "environments")  # in both archives
 AWS_SOURCES = ("lambdas", *LIBRARY)
 GCP_MAIN = "lambdas/gcp_scaler"  # its main.py is the GCP archive's main.py; the AWS archive leaves it out
 LEFT_OUT = ("tidefleet/sim", "tidefleet/sandbox")  # in neither archive: no function imports them
+BUILD_INFO = "tidefleet/build_info.json"  # in both archives: what they were built from (build_info)
 # What the AWS functions import beyond the standard library and boto3 (pydantic brings
 # pydantic_core, annotated_types, typing_extensions, typing_inspection).
 LAMBDA_REQUIREMENTS = ("pydantic>=2.7,<3",)
@@ -87,6 +93,51 @@ def sources(root: Path, cloud: str) -> dict[str, bytes]:
     return {name: path.read_bytes() for path in files if packaged(cloud, name := path.relative_to(root).as_posix())}
 
 
+def _git(root: Path, *args: str) -> str | None:
+    """git's output in `root`, or None where git is missing or fails (no checkout, no commit yet)."""
+    try:
+        done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def build_info(root: Path, cloud: str, files: dict[str, bytes]) -> dict:
+    """What `cloud`'s archive of `files` (sources()) is built from: `commit`, the newest commit that
+    changed a packaged file, and `changed`, the packaged files whose bytes differ from HEAD's
+    (edited, staged, untracked, deleted); `dirty` is whether there are any. Not HEAD itself: a
+    commit that changes nothing packaged must leave the archive's bytes, and so the deployed
+    functions, as they were. Outside a git checkout, or without git: no commit, and a note."""
+    head = (_git(root, "rev-parse", "--verify", "--quiet", "HEAD^{commit}") or "").strip()
+    tops = AWS_SOURCES if cloud == "aws" else (*LIBRARY, GCP_MAIN)
+    listing = _git(root, "ls-tree", "-r", "-z", "HEAD", "--", *tops) if head else None  # paths from root
+    if listing is None:
+        return {"commit": None, "dirty": None, "changed": [], "note": "not a git checkout"}
+    committed = {}
+    for record in filter(None, listing.split("\0")):
+        meta, name = record.split("\t", 1)
+        _, kind, blob = meta.split()
+        if kind == "blob" and packaged(cloud, name):
+            committed[name] = blob
+    algorithm = "sha1" if len(head) == 40 else "sha256"  # git's object format
+
+    def blob_of(data: bytes) -> str:
+        return hashlib.new(algorithm, b"blob %d\0" % len(data) + data).hexdigest()
+
+    changed = {name for name, data in files.items() if committed.get(name) != blob_of(data)}
+    changed |= committed.keys() - files.keys()
+    leave_out = [*LEFT_OUT, GCP_MAIN] if cloud == "aws" else LEFT_OUT
+    paths = [*(AWS_SOURCES if cloud == "aws" else (*LIBRARY, f"{GCP_MAIN}/main.py")),
+             *(f":(exclude){p}" for p in leave_out)]  # fmt: skip
+    commit = (_git(root, "log", "-1", "--format=%H", "HEAD", "--", *paths) or "").strip() or head
+    return {"commit": commit, "dirty": bool(changed), "changed": sorted(changed)}
+
+
+def _with_build_info(root: Path, cloud: str, entries: dict[str, bytes], files: dict[str, bytes]) -> dict[str, bytes]:
+    entries[BUILD_INFO] = (json.dumps(build_info(root, cloud, files), indent=2) + "\n").encode()
+    return entries
+
+
 def aws_entries(root: Path, wheels: list[Path]) -> dict[str, bytes]:
     entries: dict[str, bytes] = {}
     for wheel in wheels:
@@ -94,11 +145,13 @@ def aws_entries(root: Path, wheels: list[Path]) -> dict[str, bytes]:
             for name in archive.namelist():
                 if not name.endswith("/") and not SKIP_PARTS & set(name.split("/")):
                     entries[name] = archive.read(name)
-    return entries | sources(root, "aws")
+    files = sources(root, "aws")
+    return _with_build_info(root, "aws", entries | files, files)
 
 
 def gcp_entries(root: Path) -> dict[str, bytes]:
-    entries = sources(root, "gcp")
+    files = sources(root, "gcp")
+    entries = _with_build_info(root, "gcp", dict(files), files)
     entries["main.py"] = entries.pop(f"{GCP_MAIN}/main.py")
     entries["requirements.txt"] = "".join(f"{r}\n" for r in GCP_FUNCTION_REQUIREMENTS).encode()
     return entries
@@ -127,7 +180,10 @@ def build_gcp_archive(out: Path, *, root: Path = ROOT) -> tuple[Path, str]:
     return write_zip(out, gcp_entries(root))
 
 
-def build_archive(cloud: str, out_dir: Path = ROOT / "build") -> tuple[Path, str]:
-    """The archive of `cloud` ("aws" or "gcp") under `out_dir`, by its name in ARCHIVES."""
+def build_archive(cloud: str, out_dir: Path = ROOT / "build", *, root: Path | None = None) -> tuple[Path, str, dict]:
+    """The archive of `cloud` ("aws" or "gcp") under `out_dir`, by its name in ARCHIVES: its path,
+    sha256 hex digest, and the BUILD_INFO it records."""
     builder = {"aws": build_aws_archive, "gcp": build_gcp_archive}[cloud]
-    return builder(Path(out_dir) / ARCHIVES[cloud])
+    path, digest = builder(Path(out_dir) / ARCHIVES[cloud], root=root or ROOT)
+    with zipfile.ZipFile(path) as archive:
+        return path, digest, json.loads(archive.read(BUILD_INFO))
