@@ -8,6 +8,7 @@ import re
 
 from click.testing import CliRunner
 
+from tidefleet.config import parse_environment
 from tidefleet.sim import Timing, TraceItem, simulate
 from tidefleet.sim.cli import simulate as simulate_command
 
@@ -22,6 +23,12 @@ instance_types = [{ type = "c6i.large", weight = 1, on_demand_price = 2.0, spot_
 [queues.q]
 pool = "p"
 """
+
+
+def one_pool_env(max_nodes: int = 1):
+    return parse_environment({"region": "us-east-1", "scaler": {"tick_s": 60, "scale_in_delay_s": 60},
+                              "pools": {"p": {"max": max_nodes, "command": "run", "instance_types": [{"type": "c6i.large"}]}},
+                              "queues": {"q": {"pool": "p"}}}, name="one")  # fmt: skip
 
 
 def run(tmp_path, trace: str, *args: str):
@@ -52,6 +59,18 @@ def test_the_json_waits_are_to_a_tenth_of_a_second(tmp_path):
     assert (team["wait_p50_s"], team["wait_p95_s"]) == (45.1, 45.1)
 
 
+def test_the_reports_json_has_its_waits_and_durations_to_a_tenth_of_a_second():
+    """`Report.to_json` rounds, so simulate --json and bench.json read alike; the report itself keeps
+    the replay's times as they came out."""
+    report = simulate(one_pool_env(), "p", [TraceItem(0.0, 100.0, 1)], ["tidefleet"],
+                      timing=Timing(45.123456, 120.0, kick_s=0.0), by_team=True)  # fmt: skip
+    data, kept = report.to_json(), report.results[0]
+    (result,), (team,) = data["results"], data["teams"]["tidefleet"]
+    assert result["wait_s"] == {"p50": 45.1, "p95": 45.1, "p99": 45.1, "max": 45.1} and kept.wait_s["p95"] == 45.123456
+    assert (result["makespan_s"], result["work_redone_s"]) == (round(kept.makespan_s, 1), round(kept.work_redone_s, 1))
+    assert (team["wait_p50_s"], team["wait_p95_s"]) == (45.1, 45.1)
+
+
 def test_the_window_is_named_in_the_head_line(tmp_path):
     head = run(tmp_path, "0,100,1\n50,100,1\n", "--window", "10:3600").splitlines()[0]
     assert head.startswith("t.csv on one/p, window 10:3600 s: 1 item,")
@@ -63,12 +82,9 @@ def test_the_plot_names_the_window_says_a_wait_under_1_s_is_drawn_at_1_s_and_cou
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    from tidefleet.config import parse_environment
     from tidefleet.sim.plot import draw
 
-    env = parse_environment({"region": "us-east-1", "scaler": {"tick_s": 60, "scale_in_delay_s": 60},
-                             "pools": {"p": {"max": 2, "command": "run", "instance_types": [{"type": "c6i.large"}]}},
-                             "queues": {"q": {"pool": "p"}}}, name="one")  # fmt: skip
+    env = one_pool_env(max_nodes=2)
     items = [TraceItem(0.0, 600.0, 1), TraceItem(30.0, 600.0, 1)]
     report = simulate(env, "p", items, ["tidefleet", "oracle"], timing=Timing(45.0, 120.0, kick_s=0.0),
                       window=(0.0, 86400.0))  # fmt: skip

@@ -94,19 +94,6 @@ def format_team_table(policy: str, rows: list[TeamRow], policy_cost_usd: float) 
     return "\n".join(out)
 
 
-def rounded_json(report: Report) -> dict:
-    """The report's JSON with its waits and durations to 0.1 s: the replay's times are whole seconds
-    plus boots and ticks, and a p95 of 324.144567101519 s claims a precision nothing has."""
-    data = report.to_json()
-    for result in data["results"]:
-        result["wait_s"] = {key: round(value, 1) for key, value in result["wait_s"].items()}
-        result["makespan_s"], result["work_redone_s"] = round(result["makespan_s"], 1), round(result["work_redone_s"], 1)
-    for rows in data["teams"].values():
-        for row in rows:
-            row["wait_p50_s"], row["wait_p95_s"] = round(row["wait_p50_s"], 1), round(row["wait_p95_s"], 1)
-    return data
-
-
 def stop_notes(report: Report) -> list[str]:
     """A line per policy whose replay gave up with items unfinished (its waits run to the give-up)."""
     why = {
@@ -249,7 +236,7 @@ def simulate(
         click.echo("simulate: interrupted; nothing written", err=True)
         raise SystemExit(130) from None  # the shell's code for Ctrl-C, as submit and invoke bench
     if as_json:
-        click.echo(json.dumps(rounded_json(report)))  # one object on one line, as every --json
+        click.echo(json.dumps(report.to_json()))  # one object on one line, as every --json
     else:
         unfit = report.unfittable
         where = ", ".join(filter(None, [f"{report.trace} on {report.env}/{report.pool}", window_words(report)]))

@@ -85,18 +85,30 @@ class Report:
     teams: dict[str, list[TeamRow]] = field(default_factory=dict)  # per policy, with by_team
 
     def to_json(self) -> dict:
+        """The report as JSON data (the schema in tidefleet.sim), its waits and durations to 0.1 s: the
+        replay's times are whole seconds plus boots and ticks, and a p95 of 324.144567101519 s claims a
+        precision nothing has."""
         data = asdict(self)
         del data["timelines"]
         data["window"] = None if self.window is None else [_finite(end) for end in self.window]
-        for result in data["results"]:  # a ratio to a bound of 0 (every item 0 s long): null, as JSON has no inf
-            for key, value in result.items():
+        for result in data["results"]:
+            result["wait_s"] = _tenths(result["wait_s"])
+            result.update(_tenths({key: result[key] for key in ("makespan_s", "work_redone_s")}))
+            for key, value in result.items():  # a ratio to a bound of 0 (every item 0 s long): null, as JSON has no inf
                 if isinstance(value, float):
                     result[key] = _finite(value)
+        for rows in data["teams"].values():
+            for row in rows:
+                row.update(_tenths({key: row[key] for key in ("wait_p50_s", "wait_p95_s")}))
         return {"schema": SCHEMA, **data}
 
 
 def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
+
+
+def _tenths(seconds: dict[str, float]) -> dict[str, float]:
+    return {key: round(value, 1) for key, value in seconds.items()}
 
 
 def split_unfittable(env: Environment, pool: str, items: list[TraceItem]) -> tuple[list[TraceItem], dict]:
