@@ -141,7 +141,7 @@ def build(c, cloud=None, out=None):
     for name in [cloud] if cloud else ARCHIVES:
         try:
             path, digest, info = build_archive(name, Path(out) if out else OUT)
-        except RuntimeError as err:  # the Lambda wheels could not be downloaded
+        except RuntimeError as err:  # the Lambda wheels could not be downloaded, a library's version is out of range
             raise Exit(str(err)) from None
         except OSError as err:  # --out names a file, or a place that cannot be written
             fix = "give --out a folder that can be written" if out else _out_fix()  # plan/deploy build without --out

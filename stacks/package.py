@@ -2,12 +2,15 @@
 
 - AWS Lambda (`build/functions.zip`): `lambdas/` (the AWS handlers), `tidefleet/`,
   `environments/`, and the third-party runtime dependencies as wheels for Lambda's python3.12
-  on x86_64, fetched once with `pip download` into build/wheels/ and unpacked into the zip;
+  on x86_64, at the versions installed here (`pinned`), fetched once with `pip download` into
+  build/wheels/ and unpacked into the zip;
   boto3 is left out because the Lambda runtime provides it. Nothing is vendored into git.
 - GCP Cloud Function (`build/gcp-scaler.zip`): `main.py` at the root (the Python buildpack's
   default source; the Functions Framework puts its directory on sys.path, so `tidefleet/` beside
   it imports), `tidefleet/`, `environments/`, and `requirements.txt`, which the buildpack
-  installs for the function's own runtime. No wheels: Lambda's binaries would shadow them.
+  installs for the function's own runtime: every library pinned to the version installed here
+  (`pinned`), so a redeploy months later installs what was tested. No wheels: Lambda's
+  binaries would shadow them.
 
 Neither holds `tidefleet/sim/` or `tidefleet/sandbox/` (LEFT_OUT): no function imports the
 simulator or the sandbox (tests/test_function_archives.py runs the archives without them).
@@ -20,12 +23,14 @@ from that commit (`build_info`).
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import os
 import shutil
 import subprocess
 import sys
 import zipfile
+from collections.abc import Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,12 +41,16 @@ GCP_MAIN = "lambdas/gcp_scaler"  # its main.py is the GCP archive's main.py; the
 LEFT_OUT = ("tidefleet/sim", "tidefleet/sandbox")  # in neither archive: no function imports them
 BUILD_INFO = "tidefleet/build_info.json"  # in both archives: what they were built from (build_info)
 # What the AWS functions import beyond the standard library and boto3 (pydantic brings
-# pydantic_core, annotated_types, typing_extensions, typing_inspection).
+# pydantic_core, annotated_types, typing_extensions, typing_inspection). Declared ranges: what
+# is packaged is pinned to the versions installed here (`pinned`), for both clouds.
 LAMBDA_REQUIREMENTS = ("pydantic>=2.7,<3",)
 PLATFORM = ("--platform", "manylinux2014_x86_64", "--python-version", "3.12", "--implementation", "cp")
-# Keyed by what is asked for, so changing a requirement never reuses old wheels.
-WHEEL_CACHE = ROOT / "build" / "wheels" / hashlib.sha256(repr((LAMBDA_REQUIREMENTS, PLATFORM)).encode()).hexdigest()[:12]
-# What the GCP scaler function imports; the buildpack installs them from requirements.txt.
+# Both runtimes (Lambda's python3.12 on x86_64, the Cloud Function's python312), for the
+# environment markers of the dependencies (`pinned`).
+RUNTIME_MARKERS = {"python_version": "3.12", "python_full_version": "3.12.0", "implementation_name": "cpython",
+                   "platform_python_implementation": "CPython", "sys_platform": "linux", "platform_system": "Linux",
+                   "os_name": "posix", "platform_machine": "x86_64"}  # fmt: skip
+# What the GCP scaler function imports; the buildpack installs them, pinned, from requirements.txt.
 GCP_FUNCTION_REQUIREMENTS = (
     "functions-framework>=3.5,<4",  # the entry point's host; Google asks for it to be listed
     "google-cloud-compute>=1.19,<2",  # the managed instance groups
@@ -53,8 +62,51 @@ FILE_MODE = 0o644 << 16
 SKIP_PARTS = {"__pycache__", ".pytest_cache"}
 
 
-def runtime_wheels(cache: Path = WHEEL_CACHE) -> list[Path]:
-    """Binary wheels of LAMBDA_REQUIREMENTS for the Lambda platform, downloaded once."""
+def pinned(requirements: Iterable[str]) -> tuple[list[str], list[str]]:
+    """`requirements` and everything they depend on in the functions' runtime (RUNTIME_MARKERS),
+    each as `name==version` at the version installed here, where the tests ran: sorted pins, and
+    the requirements that are not installed here, as given (nothing to pin them to; their own
+    dependencies are then resolved by pip where they are installed). A version installed outside
+    its requirement's range is an error: the archive would hold what the range excludes."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    pins: dict[str, str] = {}
+    missing, done, todo = [], set(), [(r, Requirement(r)) for r in requirements]
+    while todo:
+        text, requirement = todo.pop(0)
+        name = canonicalize_name(requirement.name)
+        if (name, frozenset(requirement.extras)) in done:
+            continue
+        done.add((name, frozenset(requirement.extras)))
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            missing += [text] if name not in {canonicalize_name(Requirement(m).name) for m in missing} else []
+            continue
+        if not requirement.specifier.contains(dist.version, prereleases=True):
+            raise RuntimeError(f"{name} {dist.version} is installed here, outside {requirement} that the functions "
+                               "need: install a version in that range (pip install -e '.[dev,gcp]'), then build again")
+        pins[name] = dist.version
+        for line in dist.requires or []:
+            needed = Requirement(line)
+            extras = ("", *requirement.extras)
+            if needed.marker is None or any(needed.marker.evaluate({**RUNTIME_MARKERS, "extra": e}) for e in extras):
+                todo.append((line, needed))
+    return [f"{name}=={version}" for name, version in sorted(pins.items())], missing
+
+
+def wheel_cache(requirements: Iterable[str]) -> Path:
+    """Keyed by what is asked for, so a new pin or platform never reuses old wheels."""
+    key = hashlib.sha256(repr((tuple(requirements), PLATFORM)).encode()).hexdigest()[:12]
+    return ROOT / "build" / "wheels" / key
+
+
+def runtime_wheels(cache: Path | None = None) -> list[Path]:
+    """Binary wheels of LAMBDA_REQUIREMENTS, pinned, for the Lambda platform, downloaded once."""
+    pins, missing = pinned(LAMBDA_REQUIREMENTS)
+    requirements = [*pins, *missing]
+    cache = cache or wheel_cache(requirements)
     wheels = sorted(cache.glob("*.whl"))
     if wheels:
         return wheels
@@ -63,7 +115,7 @@ def runtime_wheels(cache: Path = WHEEL_CACHE) -> list[Path]:
     shutil.rmtree(partial, ignore_errors=True)
     result = subprocess.run(
         [sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", *PLATFORM,
-         "--dest", str(partial), *LAMBDA_REQUIREMENTS],
+         "--dest", str(partial), *requirements],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     if result.returncode:
@@ -153,8 +205,17 @@ def gcp_entries(root: Path) -> dict[str, bytes]:
     files = sources(root, "gcp")
     entries = _with_build_info(root, "gcp", dict(files), files)
     entries["main.py"] = entries.pop(f"{GCP_MAIN}/main.py")
-    entries["requirements.txt"] = "".join(f"{r}\n" for r in GCP_FUNCTION_REQUIREMENTS).encode()
+    entries["requirements.txt"] = gcp_requirements().encode()
     return entries
+
+
+def gcp_requirements() -> str:
+    """The Cloud Function's requirements.txt: GCP_FUNCTION_REQUIREMENTS and their dependencies,
+    pinned (`pinned`); one not installed here stays a range, and says so."""
+    pins, missing = pinned(GCP_FUNCTION_REQUIREMENTS)
+    lines = ["# The versions installed where this archive was built (stacks/package.py)", *pins]
+    lines += [f"{r}  # not installed where this archive was built, so not pinned" for r in missing]
+    return "".join(f"{line}\n" for line in lines)
 
 
 def write_zip(out: Path, entries: dict[str, bytes]) -> tuple[Path, str]:

@@ -160,7 +160,8 @@ def cloud_function(tmp_path_factory, google_door):
     """The built Cloud Function archive served by functions-framework: its url, log, source and venv."""
     work = tmp_path_factory.mktemp("gcp-function")
     source = unzip(build_gcp_archive(work / "gcp-scaler.zip")[0], work / "workspace")
-    python = venv_with(lambda_python() or sys.executable, (source / "requirements.txt").read_text().split())
+    wanted = [line.split("#")[0].strip() for line in (source / "requirements.txt").read_text().splitlines()]
+    python = venv_with(lambda_python() or sys.executable, [w for w in wanted if w])  # pip -r's lines, comments aside
     door = f"http://127.0.0.1:{google_door.server_address[1]}"
     credentials = work / "key.json"  # a service account key, as Google issues them, its token_uri aside
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048).private_bytes(
