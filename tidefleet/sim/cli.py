@@ -27,6 +27,7 @@ from tidefleet.sim.trace import (
     parse_window,
     trace_name,
 )
+from tidefleet.sim.words import replay_title, usd_column
 
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")  # formats matplotlib writes by the name's suffix
 # Past these a replay models no cloud (boots take 25-60 s, notices 30-120 s, spot nodes see well under a
@@ -42,21 +43,6 @@ MAXIMA = {
 def ratio(x: float) -> str:
     """A cost over a bound, or - where the bound is $0 (every item 0 s long): no multiple of it."""
     return f"{x:.2f}" if math.isfinite(x) else "-"
-
-
-def usd_column(costs: list[float]) -> list[str]:
-    """Dollar amounts of one column, all to the decimals `usd` gives the one that needs most
-    (`0.8183` beside `1.6700`, not `1.67`): a column reads as one precision."""
-    decimals = max((len(text) - text.index(".") - 1 for text in map(usd, costs) if "." in text), default=2)
-    return [f"{x:,.{decimals}f}" for x in costs]
-
-
-def window_words(report: Report) -> str:
-    """`window START:END s` as --window was given (an open END left out), or nothing without one."""
-    if report.window is None:
-        return ""
-    start, end = (f"{x:.15g}" if math.isfinite(x) else "" for x in report.window)
-    return f"window {start}:{end} s"
 
 
 def format_table(report: Report) -> str:
@@ -239,8 +225,7 @@ def simulate(
         click.echo(json.dumps(report.to_json()))  # one object on one line, as every --json
     else:
         unfit = report.unfittable
-        where = ", ".join(filter(None, [f"{report.trace} on {report.env}/{report.pool}", window_words(report)]))
-        click.echo(f"{where}: {plural(report.items, 'item')}, lower bound ${usd(report.lower_bound_usd)}, zero-wait bound ${usd(report.zero_wait_usd)}")  # fmt: skip
+        click.echo(f"{replay_title(report)}: {plural(report.items, 'item')}, lower bound ${usd(report.lower_bound_usd)}, zero-wait bound ${usd(report.zero_wait_usd)}")  # fmt: skip
         if report.gangs["count"]:
             click.echo(f"gangs: {plural(report.gangs['count'], 'item')} replayed on whole nodes at once "
                        f"(by nodes: {report.gangs['by_nodes']})")  # fmt: skip

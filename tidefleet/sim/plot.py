@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tidefleet.sim.run import Report
+from tidefleet.sim.words import replay_title, usd_column
 
 
 def plot_report(report: Report, out: Path) -> None:
@@ -25,8 +26,6 @@ def draw(report: Report):
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter, MaxNLocator
 
-    from tidefleet.sim.cli import usd_column, window_words
-
     fig, (costs, timeline) = plt.subplots(1, 2, figsize=(13, 4.8))
     for r, cost in zip(report.results, usd_column([r.cost_usd for r in report.results])):
         # Log axes: the oracle waits 0 s and a baseline may wait days; a wait under 1 s is drawn at
@@ -45,7 +44,7 @@ def draw(report: Report):
     dollars = FuncFormatter(lambda value, _: f"${value:,.0f}" if value >= 100 else f"${value:.3g}")
     costs.yaxis.set_major_formatter(dollars)
     costs.yaxis.set_minor_formatter(dollars if log_cost else FuncFormatter(lambda *_: ""))
-    costs.set_title(", ".join(filter(None, [f"{report.trace} on {report.env}/{report.pool}", window_words(report)])))
+    costs.set_title(replay_title(report))
     costs.grid(alpha=0.3)
     costs.legend(title="policy: cost, x lower bound", fontsize=8)
     queued = timeline.twinx()  # items waiting are few next to the slots serving: own scale
