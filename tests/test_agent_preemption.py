@@ -10,7 +10,7 @@ from collections import Counter
 
 import boto3
 import pytest
-from agent_harness import WORKLOAD, Harness, wait_until
+from agent_harness import WORKLOAD, Harness, Imds, wait_until
 
 from tidefleet import control, naming
 from tidefleet.cloud import for_env
@@ -70,8 +70,8 @@ def test_a_high_priority_item_preempts_a_running_preemptible_one_which_resumes_a
     assert _final(h, urgent) or wait_until(lambda: _final(h, urgent), 60, "the urgent item to run")
     assert _final(h, urgent).status == "succeeded"
     item = wait_until(lambda: _final(h, batch), 90, "the preempted item to resume and finish")
-    assert (item.status, item.interruptions, item.failures) == ("succeeded", 1, 0)
-    assert item.history[0]["outcome"] == "interrupted" and "preempted by the scaler for a higher-priority" in item.history[0]["reason"]
+    assert (item.status, item.interruptions, item.failures) == ("succeeded", 0, 0)  # the scaler's, not spot's
+    assert item.history[0]["outcome"] == "preempted" and "preempted by the scaler for a higher-priority" in item.history[0]["reason"]
     assert [e["resumed_from"] > 0 for e in h.events("start") if e["item"] == "000000" and e["attempt"] == 2] == [True]
     assert Counter(e["item"] for e in h.events("done")) == {"000000": 2}  # each job's one item, once
     # The mark goes once the attempt has: the next tick clears it.
@@ -131,8 +131,8 @@ def test_a_cordoned_nodes_attempt_moves_to_a_node_with_room_and_resumes_there_fr
         assert decision.preempt == ((a, (key,)),)
         assert any(r.startswith(f"move {key} off {a}: cordoned") for r in decision.reasons), decision.reasons
         item = wait_until(lambda: _final(h, job), 90, "the moved item to resume and finish")
-        assert (item.status, item.interruptions, item.failures) == ("succeeded", 1, 0)
-        assert item.history[0]["outcome"] == "interrupted" and "moved off this cordoned node" in item.history[0]["reason"]
+        assert (item.status, item.interruptions, item.failures) == ("succeeded", 0, 0)  # the scaler's, not spot's
+        assert item.history[0]["outcome"] == "preempted" and "moved off this cordoned node" in item.history[0]["reason"]
         assert item.history[-1]["node"] == b
         assert [e["resumed_from"] > 0 for e in h.events("start") if e["attempt"] == 2] == [True]
         assert len(h.events("done")) == 1
@@ -182,5 +182,33 @@ def test_an_attempt_checkpointing_after_its_mark_stays_listed_and_marked_so_the_
         assert len(h.events("stopping")) == 1
         wait_until(lambda: all(i.status == "succeeded" for i in h.items(batch).values()), 90, "both batch items to finish")
         assert len(h.events("stopping")) == 1
+    finally:
+        h.stop_agents()
+
+
+def test_a_preempted_item_counts_no_interruption_so_a_spot_node_still_takes_it(tmp_path, aws):
+    """batch's items go to on-demand nodes after one interruption. Preempted on the pool's only
+    node (spot) for the urgent item, its item went back counted as one, and that spot node then left
+    it to an on-demand node the pool did not have. A preemption (or a move) is the scaler's choice,
+    not spot's: it counts no interruption, and the spot node resumes it."""
+    env_toml = ENV.replace("min_runtime_s = 0\n", "min_runtime_s = 0\non_demand_after_interruptions = 1\n")
+    assert env_toml != ENV
+    h = Harness(tmp_path, aws, env_toml=env_toml, max_retries=1)
+    try:
+        node = h.group_instance()
+        imds = Imds(node, spot=True)
+        batch = sdk.submit(h.env, "batch", "batch", sdk.read_items([["steps=100"]]), kick=False).job_id
+        h.start_agent(node, imds.url)
+        wait_until(lambda: h.events("start"), 30, "the batch item to start")
+        urgent = sdk.submit(h.env, "urgent", "urgent", sdk.read_items([["steps=5"]]), kick=False).job_id
+        ports = for_env(h.env).control_ports()
+        wait_until(lambda: (d := control.tick(h.env, ports, time.time())) and d[0].preempt, 30,
+                   "the tick to preempt the batch attempt")  # fmt: skip
+        wait_until(lambda: _final(h, urgent), 60, "the urgent item to run")
+        item = wait_until(lambda: _final(h, batch), 60, "the spot node to resume the preempted item and finish it")
+        assert (item.status, item.interruptions, item.failures) == ("succeeded", 0, 0)
+        assert [e["outcome"] for e in item.history] == ["preempted", "succeeded"]
+        assert "preempted by the scaler for a higher-priority" in item.history[0]["reason"]
+        assert "left to an on-demand node" not in h.agent_log(node)
     finally:
         h.stop_agents()

@@ -197,3 +197,11 @@ def test_a_hand_back_counts_an_interruption_and_a_message_never_started_goes_bac
     back = handed_back(MSG, interrupted=True)
     assert (back.interruptions, back.seq, back.failures) == (3, 5, 1)
     assert handed_back(MSG, interrupted=False) == MSG
+
+
+def test_a_hand_back_the_scalers_mark_asked_for_counts_no_interruption():
+    """A preemption or a checkpoint-and-move is the policy's choice, not spot's: it goes back as a
+    new message (seq + 1) with its counts as they were, so on_demand_after_interruptions counts only
+    spot reclaims and drains."""
+    back = handed_back(MSG, interrupted=True, preempted=True)
+    assert (back.interruptions, back.seq, back.failures, back.copy) == (2, 5, 1, "")

@@ -259,7 +259,9 @@ class Item:
     status: str = "pending"
     attempts: int = 0  # attempts started (including interrupted ones)
     failures: int = 0  # failed attempts: these count toward the queue's max_retries
-    interruptions: int = 0  # attempts handed back on a spot notice / drain: never counted
+    # Attempts handed back on a spot notice / drain (what on_demand_after_interruptions counts),
+    # never toward max_retries; a preemption or checkpoint-and-move is not one ("preempted" in history).
+    interruptions: int = 0
     lost: int = 0  # attempts whose node died holding the item: their own, larger budget
     exit_code: int | None = None
     reason: str = ""

@@ -236,7 +236,12 @@ def after_failure(msg: ItemMessage, reason: str, *, max_retries: int, losses_tol
     return Retry(replace(msg, failures=failures, lost=losses, seq=msg.seq + 1, copy=""), final, reason)
 
 
-def handed_back(msg: ItemMessage, *, interrupted: bool) -> ItemMessage:
+def handed_back(msg: ItemMessage, *, interrupted: bool, preempted: bool = False) -> ItemMessage:
     """The message that hands an item back: an interruption is counted (and is a new message, seq
-    + 1); a message received while stopping, never started, goes back as it was."""
-    return replace(msg, interruptions=msg.interruptions + 1, seq=msg.seq + 1, copy="") if interrupted else msg
+    + 1); one the scaler's preempt mark stopped (a preemption, a checkpoint-and-move: the policy's
+    choice, not spot's) is a new message with its counts as they were, so that
+    `on_demand_after_interruptions` counts spot reclaims and drains only; a message received while
+    stopping, never started, goes back as it was."""
+    if not interrupted:
+        return msg
+    return replace(msg, interruptions=msg.interruptions + (not preempted), seq=msg.seq + 1, copy="")

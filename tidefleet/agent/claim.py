@@ -97,7 +97,8 @@ def on_receipt(msg: ItemMessage, job: Job | None) -> Intake:
 
 def on_spot(msg: ItemMessage, delivery: Delivery, *, after: int | None, max_receives: int) -> Defer | None:
     """A message received on a spot node, of a queue whose items go on demand once interrupted
-    `after` times (None: never); `max_receives`: the queue's redrive count."""
+    `after` times (None: never): spot reclaims and drains, never the scaler's preemptions or moves
+    (`attempt.handed_back`); `max_receives`: the queue's redrive count."""
     if after is None or msg.interruptions < after:
         return None
     why = (f"{msg.job}/{msg.item} was interrupted {msg.interruptions} time(s) (on_demand_after_interruptions "

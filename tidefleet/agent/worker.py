@@ -16,6 +16,9 @@ How an item's attempts are counted, on SQS and Pub/Sub alike:
     Pub/Sub max_delivery_attempts) never sees polite interruptions: an item interrupted five
     times is simply queued a sixth time. On Pub/Sub this is why a hand-back is not a nack: a
     nack raises the delivery attempt and Pub/Sub would dead-letter the item by itself.
+    `interruptions` (read by `on_demand_after_interruptions`) counts spot reclaims and drains
+    only: an attempt the scaler's preempt mark stopped (a preemption, a checkpoint-and-move) goes
+    back as a new message with its counts unchanged, "preempted" in the item's history.
   * When `failures` exceeds the queue's max_retries the agent itself sends the message to
     the dead-letter queue and marks the item failed with the reason.
   * An attempt that outruns how long the queue hides a message (SQS: 12 h from a receive,
@@ -126,6 +129,13 @@ def _first_line(err: BaseException) -> str:
     return str(err).splitlines()[0][:300] if str(err) else type(err).__name__
 
 
+def _preempted(held: Held) -> bool:
+    """An attempt the scaler's preempt mark stopped (`Run.preempted`): handed back without counting
+    an interruption (`attempt.handed_back`), whoever hands it back (its own exit, or a drain that
+    began while it checkpointed)."""
+    return isinstance(held, Run) and held.preempted
+
+
 def poison_envelope(reason: str, body: str) -> str:
     """The dead-letter message of a poison body: its reason and the body, cut (and said so) to fit
     `POISON_ENVELOPE_MAX`."""
@@ -188,7 +198,8 @@ class Run(Held):
     gang: tuple[int, int] | None = None
     gang_failure: str = ""
     # Stopped alone, while the node goes on (its gang stopped, or the scaler preempted it): why
-    # (then the item goes back whole, an interruption), and when (SIGKILL after the grace).
+    # (then the item goes back whole: an interruption, or a preemption, `preempted`), and when
+    # (SIGKILL after the grace).
     stop_note: str = ""
     stop_at: float | None = None
     # The scaler's preempt mark stopped it (a preemption, or checkpoint-and-move): its heartbeat
@@ -952,8 +963,8 @@ class Agent:
 
     def _after_exit(self, run: Run, queue: Queue, usage: dict) -> None:
         """After a workload ended: a gang it led takes no members any more; an attempt stopped
-        alone while the node goes on (its gang stopped, a preemption) goes back whole, as an
-        interruption, or fails if a member of its gang failed."""
+        alone while the node goes on (its gang stopped, a preemption) goes back whole (an
+        interruption; a preemption counts none), or fails if a member of its gang failed."""
         if run.gang is not None:
             self.beacon = {}
         if not run.state.exited or self.stopping.is_set():
@@ -1340,7 +1351,8 @@ class Agent:
         sent: list[Held] = []
         for queue, group in by_queue.items():
             try:
-                send_messages(self.cloud, queue, [handed_back(h.message, interrupted=interrupted) for h in group])
+                send_messages(self.cloud, queue, [handed_back(h.message, interrupted=interrupted, preempted=_preempted(h))
+                                                  for h in group])  # fmt: skip
             except Exception as err:  # noqa: BLE001 - nothing sent is recorded: the held messages stay the items'
                 log.error("could not hand back %d item(s) of %s (%s); the queue redelivers them after their visibility "
                           "timeout", len(group), queue, _first_line(err))  # fmt: skip
@@ -1353,10 +1365,14 @@ class Agent:
         for h in sent:
             if interrupted and h.attempt:
                 ran = {"seconds": round(time.time() - h.began, 3), **self._placement(h)} if isinstance(h, Run) else {}
+                # The scaler's mark: "preempted" in its history (its reason says why: a higher-priority
+                # queue, or checkpoint-and-move), not counted in `interruptions`, as its message.
+                counted = {} if _preempted(h) else {"add": {"interruptions": 1}}
                 try:
-                    self._record(h, status="queued", seq=h.message.seq + 1, add={"interruptions": 1},
-                                 history={"attempt": h.attempt, "node": self.s.node_id, "outcome": "interrupted",
-                                          "reason": reason, **ran})  # fmt: skip
+                    self._record(h, status="queued", seq=h.message.seq + 1, **counted,
+                                 history={"attempt": h.attempt, "node": self.s.node_id,
+                                          "outcome": "preempted" if _preempted(h) else "interrupted",
+                                          "reason": h.stop_note if _preempted(h) else reason, **ran})  # fmt: skip
                 except Exception as err:  # noqa: BLE001 - its new message is out: a claim of it counts a lost node
                     unrecorded.append(err)
         if unrecorded:

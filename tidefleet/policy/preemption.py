@@ -1,9 +1,10 @@
 """Preemption: when a pool cannot grow, a higher-priority queue's waiting items may take the slots
 of lower-priority running items of queues that opted in (`preemptible = true`). Pure.
 
-A preempted attempt is asked to checkpoint and is handed back whole (an interruption, never a
-failed attempt: the agent's stop file and SIGTERM, as on a spot notice); its item waits in its
-queue again. Rules:
+A preempted attempt is asked to checkpoint and is handed back whole (never a failed attempt, nor
+an interruption for `on_demand_after_interruptions`, which counts spot's: the agent's stop file
+and SIGTERM, as on a spot notice; "preempted" in the item's history); its item waits in its queue
+again. Rules:
   * only queues whose items wait because capacity is capped (`starved`), highest priority first;
   * only attempts of preemptible, single-node queues of strictly lower priority that ran
     `min_runtime_s` or more, on nodes that take items (running, not cordoned);
