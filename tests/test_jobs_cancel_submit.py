@@ -242,6 +242,20 @@ def test_retry_failed_refuses_a_cancelled_job_and_keeps_its_failures(h):
     assert h.queue_depth("work", dead_letter=True) == 1, "its dead letter stays for the record"
 
 
+def test_submit_after_a_job_is_checked_from_its_counters_without_reading_its_items(h, monkeypatch):
+    """Whether the job it waits for finished with failures is in that job's record: its items are
+    not read (a big job's are many), nor its nodes' heartbeats once every item settled."""
+    store = DynamoStore(h.env.name, h.env.region)
+    parent = sdk.submit(h.env, "big-parent", "work", items(2), kick=False).job_id
+    store.update_item(parent, "000000", status="failed", reason="exit 3")
+    monkeypatch.setattr(DynamoStore, "items", lambda *_: pytest.fail("read every item of the job it waits for"))
+    assert sdk.submit(h.env, "while-it-runs", "work", items(1), kick=False, after=parent).held, "it may still succeed"
+    store.update_item(parent, "000001", status="succeeded")
+    monkeypatch.setattr(DynamoStore, "heartbeats", lambda *_: pytest.fail("read the heartbeats of a finished job"))
+    with pytest.raises(sdk.JobError, match=f"after: job {parent} finished with 1 failed item"):
+        sdk.submit(h.env, "once-it-failed", "work", items(1), kick=False, after=parent)
+
+
 def test_submit_after_a_job_that_can_no_longer_succeed_is_refused_before_anything_is_written(h):
     """The watch would cancel it within a tick: a cancelled job, or one finished with failures,
     never succeeds. With --after-finished it runs after them, so that is still taken."""

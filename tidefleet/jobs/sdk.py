@@ -738,9 +738,11 @@ def _can_succeed(cloud: Cloud, env: Environment, parent: Job) -> None:
     why = fix = ""
     if parent.cancelled:
         why = "was cancelled"
-    elif not parent.waiting and not parent.submitting and (now := _status(cloud, env, parent)).state == "failed":
-        why = f"finished with {now.counts['failed']} failed item(s)"
-        fix = f", or send its failed items back first (tidefleet retry-failed --env {env_argument(env)} {parent.job_id})"
+    elif not parent.waiting and not parent.submitting:
+        now = _status(cloud, env, parent, failed_items=False)  # counts alone: its failures' reasons are not shown
+        if now.state == "failed":
+            why = f"finished with {now.counts['failed']} failed item(s)"
+            fix = f", or send its failed items back first (tidefleet retry-failed --env {env_argument(env)} {parent.job_id})"
     if why:
         raise JobError(f"after: job {parent.job_id} {why}, so it can never succeed and this job would only be cancelled; "
                        f"submit without --after, or with --after-finished to run after {parent.job_id} whatever its "
@@ -937,14 +939,19 @@ def status(env: Environment, job_id: str, *, reconcile: bool = True, items: bool
 RUNNING_FRESH_S = 60.0  # a node silent this long is gone: what it ran is not running (its lease lapsed)
 
 
-def _status(cloud: Cloud, env: Environment, job: Job, warnings: list[str] = (), *, items: bool = False) -> JobStatus:
+def _status(cloud: Cloud, env: Environment, job: Job, warnings: list[str] = (), *, items: bool = False,
+            failed_items: bool = True) -> JobStatus:  # fmt: skip
+    """`items`: read every item; `failed_items`: read every item of a job with failed items, whose
+    reasons `status` shows (False where the counts are all that is needed)."""
     sent = sum(cloud.store.sent_chunks(job.job_id).values()) if job.submitting else None
     every: list[Item] = []
-    if job.counted and not items and not job.n_failed:
+    if job.counted and not items and not (failed_items and job.n_failed):
         recorded = job.total if sent is None else sent
         settled = {"succeeded": job.n_succeeded, "failed": job.n_failed, "cancelled": job.n_cancelled}
-        # An item that settled is not running: a heartbeat may still name one that finished since.
-        running = min(_running(cloud, env, job), max(job.total - sum(settled.values()), 0))
+        # An item that settled is not running: a heartbeat may still name one that finished since
+        # (and a job whose items all settled reads none).
+        unsettled = max(job.total - sum(settled.values()), 0)
+        running = min(_running(cloud, env, job), unsettled) if unsettled else 0
         counts = {**settled, "running": running, "queued": max(recorded - sum(settled.values()) - running, 0)}
     else:
         every = cloud.store.items(job.job_id)
