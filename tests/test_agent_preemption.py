@@ -79,14 +79,10 @@ def test_a_high_priority_item_preempts_a_running_preemptible_one_which_resumes_a
     assert for_env(h.env).store.heartbeat("cpu", node).preempt == []
 
 
-# A fixed scale-in delay: no leave grant, so idle node B cannot leave before the moved attempt
-# comes back to the queue (with break-even scale-in the tick that moves also lets idle nodes go:
-# a race this test is not about; see the closing note of session 27).
+# Break-even scale-in (the default): the tick that moves grants idle nodes no leave (scaling rule
+# 9b), so idle node B, the move's room, is still there when A hands the attempt back.
 MOVE_ENV = """
 region = "us-east-1"
-
-[scaler]
-scale_in_delay_s = 600
 
 [pools.cpu]
 max = 2
@@ -130,6 +126,7 @@ def test_a_cordoned_nodes_attempt_moves_to_a_node_with_room_and_resumes_there_fr
                                  "the tick to move the cordoned node's attempt")  # fmt: skip
         assert decision.preempt == ((a, (key,)),)
         assert any(r.startswith(f"move {key} off {a}: cordoned") for r in decision.reasons), decision.reasons
+        assert decision.leave == 0, decision.reasons  # B, the move's room, may not leave meanwhile
         item = wait_until(lambda: _final(h, job), 90, "the moved item to resume and finish")
         assert (item.status, item.interruptions, item.failures) == ("succeeded", 0, 0)  # the scaler's, not spot's
         assert item.history[0]["outcome"] == "preempted" and "moved off this cordoned node" in item.history[0]["reason"]
