@@ -363,6 +363,11 @@ def test_the_tick_that_moves_grants_no_leave_so_the_moves_room_stays():
     gone = replace(cordoned, runs=(), busy_slots=0, idle_since=NOW - 1, preempting=("a/1/1",))
     (decision,) = decide(environment, replace(view, pools=(replace(view.pools[0], nodes=(gone, room)),)), NOW)
     assert decision.leave > 0 or decision.terminate, decision.reasons
+    # A pool without checkpoint_and_move moves nothing: a priority preemption's mark left on a node
+    # cordoned since keeps no idle node from leaving (its room is on its own node).
+    marked = replace(view, pools=(replace(view.pools[0], nodes=(replace(cordoned, preempting=("a/1/1",)), room)),))
+    (decision,) = decide(env(max_nodes=10), marked, NOW)
+    assert decision.leave == 2, decision.reasons
 
 
 def test_a_move_under_way_counts_over_consecutive_ticks_while_its_attempt_checkpoints():

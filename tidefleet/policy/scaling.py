@@ -339,7 +339,7 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
     leave = stay_first = 0
     # Rule 9b's room is free slots, often an idle node's: while a move is decided or under way (its
     # attempts still checkpointing), no idle node may leave before they are back in their queue.
-    moving = bool(moves.marks) or any(map(preemption.moving, nodes.cordoned))
+    moving = bool(moves.marks) or pool.checkpoint_and_move and any(map(preemption.moving, nodes.cordoned))
     if break_even is not None and not (wanted or forced or in_cooldown or any(for_on_demand.new_nodes) or moving):
         leave, stay_first, leave_reason = _leave_units(break_even, _without(nodes.serving, gone), group_units - pool.min)
         reasons += leave_reason
