@@ -456,8 +456,12 @@ def _semantic_problems(env: Environment) -> list[str]:
     out += _tag_problems(env)
     out += _shared_fs_problems(env)
     out += _alert_problems(env.alerts)
+    boot_values_ok = names_ok and not _region_problems(env)
     for name, pool in env.pools.items():
-        out += _pool_problems(env, name, pool)
+        pool_problems = _pool_problems(env, name, pool)
+        out += pool_problems
+        if boot_values_ok and not pool_problems:  # the boot script renders only from valid values
+            out += _boot_script_size_problems(env, name)
     for name, queue in env.queues.items():
         where = f"queues.{name}"
         if blank := [i for i, pattern in enumerate(queue.accept_images) if not pattern.strip()]:
@@ -652,6 +656,16 @@ def boot_script_problems(env: Environment, pool_name: str) -> list[str]:
     """The rules for every value the node boot script carries (names, region, project,
     init_script, env), for a caller that renders one without having loaded it from a file."""
     return _name_problems(env) + _region_problems(env) + _workload_problems(f"pools.{pool_name}", env.pools[pool_name])
+
+
+def _boot_script_size_problems(env: Environment, pool_name: str) -> list[str]:
+    """The pool's boot script over its cloud's limit (EC2 user data, a GCE metadata value): measured by
+    rendering it (tidefleet.userdata.boot_script_size_problem), as synth and the sandbox will."""
+    try:
+        from tidefleet.userdata import boot_script_size_problem
+    except ImportError:  # no jinja2: a function's archive, which renders no boot script
+        return []
+    return [problem] if (problem := boot_script_size_problem(env, pool_name)) else []
 
 
 # What SNS and Cloud Monitoring accept as an address; the rest is the mail system's business.
