@@ -24,12 +24,12 @@ from tidefleet.policy.model import ITEM_SECONDS_WEIGHT
 from tidefleet.ports import Ports
 from tidefleet.sim import Interruptions, Timing, TraceError, TraceItem, bench, load_trace, simulate
 from tidefleet.sim.bench import check_traces
-from tidefleet.sim.cli import format_table
 from tidefleet.sim.cli import simulate as simulate_command
 from tidefleet.sim.engine import Simulation
 from tidefleet.sim.policies import POLICY_NAMES, TidefleetPolicy
 from tidefleet.sim.ports import SimulationPorts
 from tidefleet.sim.trace import SpotTrace, traces_dir
+from tidefleet.sim.words import format_table
 
 BOOT = 45.0
 NO_KICK = Timing(boot_s=BOOT, notice_s=120.0, kick_s=0.0)

@@ -29,12 +29,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tidefleet.config import Environment, load_environment
-from tidefleet.sim.cli import format_table, ratio
 from tidefleet.sim.policies import POLICY_NAMES
 from tidefleet.sim.run import PolicyResult, Report, default_timing, simulate
 from tidefleet.sim.shapes import SHAPES
 from tidefleet.sim.trace import TraceError, TraceItem, load_trace
 from tidefleet.sim.trace import traces_dir as default_traces_dir
+from tidefleet.sim.words import format_table, ratio
 
 TRACES_DIR = default_traces_dir()  # $TIDEFLEET_TRACES, else the project's traces/
 ENV = "bench"

@@ -27,7 +27,7 @@ from tidefleet.sim.trace import (
     parse_window,
     trace_name,
 )
-from tidefleet.sim.words import replay_title, usd_column
+from tidefleet.sim.words import format_table, replay_title, usd_column
 
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")  # formats matplotlib writes by the name's suffix
 # Past these a replay models no cloud (boots take 25-60 s, notices 30-120 s, spot nodes see well under a
@@ -38,30 +38,6 @@ MAXIMA = {
     "--resume-s": (86400.0, "s, a day; a checkpoint is saved and loaded again in seconds to minutes"),
     "--interruption-rate": (60.0, "notices per spot node-hour, one a minute; no node boots through more"),
 }
-
-
-def ratio(x: float) -> str:
-    """A cost over a bound, or - where the bound is $0 (every item 0 s long): no multiple of it."""
-    return f"{x:.2f}" if math.isfinite(x) else "-"
-
-
-def format_table(report: Report) -> str:
-    """A markdown table, one row per policy."""
-    head = (
-        "| policy | cost $ | ÷ lower bound | ÷ zero-wait bound | node-h | idle node-h | wait p50/p95/p99/max s | makespan h "
-        "| interrupted (by scale-in) | redone h | unfinished (dead-lettered) |"
-    )
-    rows = [head, "|" + "---|" * (head.count("|") - 1)]
-    costs = usd_column([r.cost_usd for r in report.results])
-    for r, cost in zip(report.results, costs):
-        w = r.wait_s
-        rows.append(
-            f"| {r.policy} | {cost} | {ratio(r.cost_vs_lower_bound)} | {ratio(r.cost_vs_zero_wait)} | {r.node_hours:,.1f} | "
-            f"{r.idle_node_hours:,.1f} | {w['p50']:,.0f}/{w['p95']:,.0f}/{w['p99']:,.0f}/{w['max']:,.0f} | "
-            f"{r.makespan_s / 3600:,.1f} | {r.items_interrupted:,} ({r.busy_items_killed_by_scale_in:,}) | "
-            f"{r.work_redone_s / 3600:,.1f} | {r.items_unfinished:,} ({r.items_dead_lettered:,}) |"
-        )
-    return "\n".join(rows)
 
 
 def format_team_table(policy: str, rows: list[TeamRow], policy_cost_usd: float) -> str:

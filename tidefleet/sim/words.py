@@ -1,5 +1,5 @@
-"""A simulation report in words, alike wherever it is shown (`tidefleet simulate`'s table, its plot):
-a column of dollars to one precision, and which replay it was."""
+"""A simulation report in words, alike wherever it is shown (`tidefleet simulate`'s table, its plot,
+the bench's files): the policies' table, a column of dollars to one precision, and which replay it was."""
 
 from __future__ import annotations
 
@@ -23,3 +23,27 @@ def replay_title(report: Report) -> str:
         return title
     start, end = (f"{x:.15g}" if math.isfinite(x) else "" for x in report.window)
     return f"{title}, window {start}:{end} s"
+
+
+def ratio(x: float) -> str:
+    """A cost over a bound, or - where the bound is $0 (every item 0 s long): no multiple of it."""
+    return f"{x:.2f}" if math.isfinite(x) else "-"
+
+
+def format_table(report: Report) -> str:
+    """A markdown table, one row per policy."""
+    head = (
+        "| policy | cost $ | ÷ lower bound | ÷ zero-wait bound | node-h | idle node-h | wait p50/p95/p99/max s | makespan h "
+        "| interrupted (by scale-in) | redone h | unfinished (dead-lettered) |"
+    )
+    rows = [head, "|" + "---|" * (head.count("|") - 1)]
+    costs = usd_column([r.cost_usd for r in report.results])
+    for r, cost in zip(report.results, costs):
+        w = r.wait_s
+        rows.append(
+            f"| {r.policy} | {cost} | {ratio(r.cost_vs_lower_bound)} | {ratio(r.cost_vs_zero_wait)} | {r.node_hours:,.1f} | "
+            f"{r.idle_node_hours:,.1f} | {w['p50']:,.0f}/{w['p95']:,.0f}/{w['p99']:,.0f}/{w['max']:,.0f} | "
+            f"{r.makespan_s / 3600:,.1f} | {r.items_interrupted:,} ({r.busy_items_killed_by_scale_in:,}) | "
+            f"{r.work_redone_s / 3600:,.1f} | {r.items_unfinished:,} ({r.items_dead_lettered:,}) |"
+        )
+    return "\n".join(rows)
