@@ -160,3 +160,18 @@ def test_after_a_job_that_does_not_exist_is_refused_before_anything_is_written(h
     with pytest.raises(sdk.JobError, match="after: job 'ghost' not found in environment .*give the id its submit printed"):
         sdk.submit(h.env, "x", "work", sdk.read_items(["a"]), kick=False, after="ghost")
     assert h.queue_depth("work") == 0
+
+
+def test_the_watch_reads_a_finished_jobs_counters_not_its_items(h, monkeypatch):
+    """Every minute's watch looks at each watched job: whether it is done and failed is in its
+    record's settled-item counters, so a big job with failures is not read item by item each time."""
+    from tidefleet.cloud.aws.dynamodb import DynamoStore
+    from tidefleet.jobs.scheduled import view
+
+    store = DynamoStore(h.env.name, h.env.region)
+    job_id = sdk.submit(h.env, "big", "work", sdk.read_items(["steps=1", "steps=2"]), kick=False).job_id
+    store.update_item(job_id, "000000", status="failed", reason="exit 3")
+    store.update_item(job_id, "000001", status="succeeded")
+    monkeypatch.setattr(DynamoStore, "items", lambda *_: pytest.fail("read every item of a watched job"))
+    seen = view(h.env, for_env(h.env), store.job(job_id))
+    assert seen.done and seen.failed

@@ -48,7 +48,7 @@ def view(env: Environment, cloud: Cloud, job: Job | None) -> schedules.JobView |
         return None
     done = failed = False
     if not job.waiting and not job.submitting:
-        status = _status(cloud, env, job)
+        status = _status(cloud, env, job, failed_items=False)
         done, failed = status.done, status.state == "failed"
     return schedules.JobView(job.job_id, done=done, failed=failed, cancelled=job.cancelled, submitting=job.submitting,
                              waiting=job.waiting, after=job.after, after_finished=job.after_finished,
