@@ -67,6 +67,20 @@ GCP_LABEL_KEY = r"[a-z][a-z0-9_-]{0,62}"
 GCP_LABEL_VALUE = r"[a-z0-9_-]{0,63}"
 # aws: is AWS's own; the stacks set tidefleet:env/pool/team (AWS) and tidefleet-env/pool/... (GCP labels).
 RESERVED_TAG_PREFIXES = ("aws:", "tidefleet:", "tidefleet-")
+# How many tags a resource may carry: on AWS 50 of the user's own (aws: ones do not count), on GCP 64 labels.
+# The stacks add theirs to [tags]: on AWS a node, its volume and its Auto Scaling group carry tidefleet:env,
+# tidefleet:pool and tidefleet:team (tidefleet/resources.py; the others add only tidefleet:env and a Name); on
+# GCP an instance template carries tidefleet-env/pool/team/lifecycle (stacks/gcp/stack.py, pool.py) and the
+# google provider labels every resource goog-terraform-provisioned (add_terraform_attribution_label's default).
+TAG_LIMITS = {"aws": 50, "gcp": 64}
+STACK_TAGS = {
+    "aws": ("tidefleet:env", "tidefleet:pool", "tidefleet:team"),
+    "gcp": ("tidefleet-env", "tidefleet-pool", "tidefleet-team", "tidefleet-lifecycle", "goog-terraform-provisioned"),
+}
+# An Auto Scaling group's mixed instances policy: at most 40 instance types (overrides), each weight
+# (WeightedCapacity) 1-999.
+AWS_MAX_INSTANCE_TYPES = 40
+AWS_MAX_WEIGHT = 999
 # Largest group the scaler may ask for: an Auto Scaling group (AWS), a regional managed
 # instance group (GCP: 2000 VMs).
 MAX_GROUP_NODES = {"aws": 10000, "gcp": 2000}
@@ -967,6 +981,12 @@ def _tag_problems(env: Environment) -> list[str]:
                        "starting with a letter")  # fmt: skip
         elif env.cloud == "gcp" and not re.fullmatch(GCP_LABEL_VALUE, value):
             out.append(f"{where}: not a GCP label value (got {value!r}); use at most 63 lowercase a-z, 0-9, '_' and '-'")
+    limit, added = TAG_LIMITS[env.cloud], STACK_TAGS[env.cloud]
+    if len(env.tags) + len(added) > limit:
+        kind, cloud = ("tags", "AWS's") if env.cloud == "aws" else ("labels", "GCP's")
+        out.append(f"tags: with the {len(added)} {kind} deploying adds ({', '.join(added)}) a resource would carry "
+                   f"{len(env.tags) + len(added)}, over {cloud} {limit} {kind} per resource (got {len(env.tags)}); "
+                   f"keep at most {limit - len(added)}")  # fmt: skip
     return out
 
 
@@ -1002,6 +1022,10 @@ def _pool_problems(env: Environment, name: str, pool: Pool) -> list[str]:
     if not re.fullmatch(NAME, pool.team):
         out.append(f"{where}.team: bad team name (got {pool.team!r}); {NAME_RULE}")
     out += _workload_problems(where, pool)
+    if env.cloud == "aws" and len(pool.instance_types) > AWS_MAX_INSTANCE_TYPES:
+        out.append(f"{where}.instance_types: an Auto Scaling group's mixed instances policy takes at most "
+                   f"{AWS_MAX_INSTANCE_TYPES} instance types (got {len(pool.instance_types)}); drop the least wanted "
+                   "or split them into two pools")  # fmt: skip
     seen: set[str] = set()
     type_rule = AWS_INSTANCE_TYPE if env.cloud == "aws" else GCP_MACHINE_TYPE
     for i, itype in enumerate(pool.instance_types):
@@ -1012,6 +1036,10 @@ def _pool_problems(env: Environment, name: str, pool: Pool) -> list[str]:
         if not re.fullmatch(type_rule, itype.type):
             out.append(f"{at}.type: not {_a(env.cloud)} instance type (got {itype.type!r})")
             continue
+        if env.cloud == "aws" and itype.weight > AWS_MAX_WEIGHT:
+            out.append(f"{at}.weight: an Auto Scaling group takes a type's weight (WeightedCapacity) up to "
+                       f"{AWS_MAX_WEIGHT} (got {itype.weight}); count capacity in a larger unit (capacity_unit "
+                       "'nodes' or 'gpus') or scale every weight of the pool down")  # fmt: skip
         if pool.capacity_unit == "gpus" and itype.weight != itype.gpus:
             out.append(
                 f"{at}.weight: with capacity_unit 'gpus' the weight is the GPU count "
