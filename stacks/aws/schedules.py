@@ -8,7 +8,6 @@ queues, write its job store and kick the scaler; the scheduler's role may only i
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 
 from cdktn import Fn
@@ -23,7 +22,7 @@ from stacks.aws.storage import log_group
 from tidefleet import naming
 from tidefleet.config import Environment
 from tidefleet.resources import EnvResources
-from tidefleet.schedules import CRON_FIELDS
+from tidefleet.schedules import CRON_FIELDS, Cron
 from tidefleet.triggers import WATCH_EVENT, fire_event
 
 ROLE = "schedule"
@@ -40,16 +39,22 @@ def expression(cron: str | None, rate: str | None) -> str:
         return f"rate({count} {unit.rstrip('s')}{'s' if int(count) > 1 else ''})"  # AWS wants "1 hour", "2 hours"
     # AWS writes a step from the field's first value ("0/15"), not "*/15".
     minute, hour, dom, month, dow = (f.replace("*/", f"{low}/") for f, (_, low, _) in zip(cron.split(), CRON_FIELDS))
-    dow = "?" if dow == "*" else ",".join(_aws_weekdays(part) for part in dow.split(","))
+    dow = "?" if dow == "*" else _aws_weekdays(Cron.parse(cron).weekdays)
     dom = "?" if dow != "?" and dom == "*" else dom
     return f"cron({minute} {hour} {dom} {month} {dow} *)"
 
 
-def _aws_weekdays(part: str) -> str:
-    """AWS numbers days of the week 1-7 from Sunday; cron 0-6 (7 is Sunday too). Only the days
-    move: a step after '/' is a count of days ("1-5/2" is "2-6/2", not "2-6/3")."""
-    days, slash, step = part.partition("/")
-    return re.sub(r"\d+", lambda n: str(int(n.group()) % 7 + 1), days) + slash + step
+def _aws_weekdays(days: frozenset[int]) -> str:
+    """The days tidefleet's cron reads (0-6 from Sunday, 7 read as Sunday too) in AWS's numbering, 1-7
+    from Sunday, as ranges and a list: EventBridge's day-of-week field takes , - * ? L # but no '/'
+    step, so "*/2" is written "1,3,5,7" and "1-5" stays a range, "2-6"."""
+    runs: list[list[int]] = []
+    for day in sorted(d + 1 for d in days):
+        if runs and day == runs[-1][-1] + 1:
+            runs[-1].append(day)
+        else:
+            runs.append([day])
+    return ",".join(f"{run[0]}-{run[-1]}" if len(run) > 2 else ",".join(map(str, run)) for run in runs)
 
 
 class ScheduledJobs(Construct):
