@@ -127,20 +127,24 @@ def scan(c, env=None):
         raise Exit(f"checkov: {failed} failed check(s) in {env.name}; fix them or add a reasoned suppression", 1)
 
 
-@task(help={"cloud": "aws or gcp: build only that cloud's archive (default: both)",
+@task(help={"env": ("environment whose archive to build: a name from environments/ (or $TIDEFLEET_ENVIRONMENTS), or a "
+                   ".toml file's path (default: $TIDEFLEET_ENV; neither: every environment in that folder)"),
+            "cloud": "aws or gcp: only that cloud's environments (default: both)",
             "out": "directory for the archives (default build/)"})
-def build(c, cloud=None, out=None):
-    """Package the functions into deterministic zips: functions.zip (AWS Lambda), gcp-scaler.zip (Cloud Function).
+def build(c, cloud=None, out=None, env=None):
+    """Package an environment's functions into a deterministic zip: functions-<env>.zip (AWS Lambda) or gcp-scaler-<env>.zip (Cloud Function).
 
-    They are built from the working tree; each records the commit it was built from, and the
-    packaged files that differ from it, in tidefleet/build_info.json, and a line here names those files."""
+    Each holds the functions, the library and that environment's file alone, as it was validated
+    (whatever folder it came from). They are built from the working tree; each records the commit
+    it was built from, and the packaged files that differ from it, in tidefleet/build_info.json,
+    and a line here names those files."""
     from stacks.package import ARCHIVES, build_archive
 
     if cloud is not None and cloud not in ARCHIVES:
         raise Exit(f"--cloud: must be one of {', '.join(ARCHIVES)} (got {cloud!r}); leave it out to build both")
-    for name in [cloud] if cloud else ARCHIVES:
+    for environment in _build_environments(env, cloud):
         try:
-            path, digest, info = build_archive(name, Path(out) if out else OUT)
+            path, digest, info = build_archive(environment, Path(out) if out else OUT)
         except RuntimeError as err:  # the Lambda wheels could not be downloaded, a library's version is out of range
             raise Exit(str(err)) from None
         except OSError as err:  # --out names a file, or a place that cannot be written
@@ -150,11 +154,30 @@ def build(c, cloud=None, out=None):
         _say_source(path, info)
 
 
+def _build_environments(name: str | None, cloud: str | None) -> list:
+    """The environments `invoke build` packages: the one --env (or $TIDEFLEET_ENV) names, else every
+    one in the environments folder; of --cloud only, where given."""
+    from tidefleet.config import known_environments
+
+    if name is not None or _env_default():
+        environment = _env(name)
+        if cloud is not None and environment.cloud != cloud:
+            raise Exit(f"--cloud: environment {environment.name} is on {environment.cloud}, not {cloud}; leave "
+                       "--cloud out to build its archive")  # fmt: skip
+        return [environment]
+    every = [_env(known) for known in known_environments()]
+    return [e for e in every if cloud is None or e.cloud == cloud]
+
+
 def _say_source(path: Path, info: dict) -> None:
-    """One line where the archive holds what no commit does (a deploy from a dirty tree), or
-    where there is no commit to record; nothing for a clean checkout."""
+    """One line where the archive holds what no commit does (a deploy from a dirty tree, an
+    environment's file from outside the checkout), or where there is no commit to record; nothing
+    for a clean checkout."""
     from stacks.package import BUILD_INFO
 
+    if info.get("outside_checkout"):
+        print(f"note: {path}: {', '.join(info['outside_checkout'])} is packaged from outside this checkout, so no "
+              "commit records it", file=sys.stderr)  # fmt: skip
     if info.get("note"):
         print(f"note: {path}: {info['note']}, so the archive records no commit", file=sys.stderr)
     elif info["dirty"]:
@@ -223,8 +246,11 @@ def _terraform(c, env: str | None, *args: str) -> None:
     binary = _terraform_binary()  # missing: said before the cloud is asked anything, as destroy does
     if args[0] in ("plan", "apply"):  # what would create the groups; a destroy goes on whatever is offered
         _check_offerings(environment)
-    build(c, cloud=environment.cloud)
-    _, out = _synth(env)
+    build(c, cloud=environment.cloud, env=env)  # this environment's archive: its file, as validated above
+    synthesized, out = _synth(env)
+    if synthesized.model_dump() != environment.model_dump():  # its file was edited since: the archive holds another
+        raise Exit(f"the file of environment {environment.name} changed while it was being built and synthesized; run "
+                   "the same command again")  # fmt: skip
     tty = sys.stdout.isatty()
     color = [] if tty else ["-no-color"]  # escape codes only for a terminal, not into a file or a CI log
     for step in (["init", "-input=false"], list(args)):

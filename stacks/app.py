@@ -14,7 +14,7 @@ from cdktn import App
 
 import stacks  # noqa: F401  (points jsii at the bundled Node before cdktn loads)
 from stacks.aws.stack import AwsFleetStack
-from stacks.package import ARCHIVES
+from stacks.package import archive_name
 from tidefleet.config import Environment
 from tidefleet.userdata import render_user_data
 
@@ -43,7 +43,7 @@ def synth(env: Environment, outdir: Path) -> Path:
         app,
         stack_id(env),
         env=env,
-        archive_path=os.path.relpath(BUILD / ARCHIVES[env.cloud], stack_dir),
+        archive_path=os.path.relpath(BUILD / archive_name(env), stack_dir),  # env's own: `invoke build --env`
         local_state_path=os.path.relpath(ROOT / state, stack_dir),
         user_data=lambda pool, bucket: render_user_data(env, pool, artifacts_bucket=bucket),
     )

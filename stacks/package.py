@@ -1,16 +1,23 @@
-"""The function archives, one per cloud, each a deterministic zip (same inputs -> same sha256).
+"""The function archives, one per environment, each a deterministic zip (same inputs -> same sha256).
 
-- AWS Lambda (`build/functions.zip`): `lambdas/` (the AWS handlers), `tidefleet/`,
-  `environments/`, and the third-party runtime dependencies as wheels for Lambda's python3.12
+- AWS Lambda (`build/functions-<env>.zip`): `lambdas/` (the AWS handlers), `tidefleet/`, the
+  environment's file, and the third-party runtime dependencies as wheels for Lambda's python3.12
   on x86_64, at the versions installed here (`pinned`), fetched once with `pip download` into
   build/wheels/ and unpacked into the zip;
   boto3 is left out because the Lambda runtime provides it. Nothing is vendored into git.
-- GCP Cloud Function (`build/gcp-scaler.zip`): `main.py` at the root (the Python buildpack's
+- GCP Cloud Function (`build/gcp-scaler-<env>.zip`): `main.py` at the root (the Python buildpack's
   default source; the Functions Framework puts its directory on sys.path, so `tidefleet/` beside
-  it imports), `tidefleet/`, `environments/`, and `requirements.txt`, which the buildpack
+  it imports), `tidefleet/`, the environment's file, and `requirements.txt`, which the buildpack
   installs for the function's own runtime: every library pinned to the version installed here
   (`pinned`), so a redeploy months later installs what was tested. No wheels: Lambda's
   binaries would shadow them.
+
+The environment's file is the one it was loaded from (the repository's environments/, the
+folder $TIDEFLEET_ENVIRONMENTS names, or a path given to --env), its bytes checked to load as the
+very environment being deployed, and packaged as `environments/<name>.toml`: the name the stacks
+set TIDEFLEET_ENV to, and the file the function loads (`tidefleet.triggers.function_environment`).
+No other environment's file is packaged: an edit of prod.toml leaves dev's archive, and so dev's
+functions, byte for byte as they were.
 
 Neither holds `tidefleet/sim/` or `tidefleet/sandbox/` (LEFT_OUT): no function imports the
 simulator or the sandbox (tests/test_function_archives.py runs the archives without them).
@@ -29,13 +36,21 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tidefleet.config import Environment
 
 ROOT = Path(__file__).resolve().parents[1]
-ARCHIVES = {"aws": "functions.zip", "gcp": "gcp-scaler.zip"}  # under build/, by the environment's cloud
-LIBRARY = ("tidefleet", "environments")  # in both archives
+# Under build/, one per environment (`archive_name`): by the environment's cloud, with its name.
+ARCHIVES = {"aws": "functions-{env}.zip", "gcp": "gcp-scaler-{env}.zip"}
+LIBRARY = ("tidefleet",)  # in both archives
+ENVIRONMENTS = "environments"  # where the function loads environments/<TIDEFLEET_ENV>.toml from (one file)
 AWS_SOURCES = ("lambdas", *LIBRARY)
 GCP_MAIN = "lambdas/gcp_scaler"  # its main.py is the GCP archive's main.py; the AWS archive leaves it out
 LEFT_OUT = ("tidefleet/sim", "tidefleet/sandbox")  # in neither archive: no function imports them
@@ -129,7 +144,7 @@ def runtime_wheels(cache: Path | None = None) -> list[Path]:
 
 def packaged(cloud: str, name: str) -> bool:
     """Whether the repository file `name` (a path from the root, with '/') goes into `cloud`'s
-    archive; wheels and requirements.txt aside."""
+    archive; wheels, requirements.txt and the environment's file aside."""
     parts = name.split("/")
     if SKIP_PARTS & set(parts) or name.endswith(".pyc") or name.startswith(tuple(f"{p}/" for p in LEFT_OUT)):
         return False
@@ -145,6 +160,44 @@ def sources(root: Path, cloud: str) -> dict[str, bytes]:
     return {name: path.read_bytes() for path in files if packaged(cloud, name := path.relative_to(root).as_posix())}
 
 
+def archive_name(env: Environment) -> str:
+    """The file name of `env`'s archive: its cloud's, with the environment's name."""
+    return ARCHIVES[env.cloud].format(env=env.name)
+
+
+@dataclass(frozen=True)
+class EnvironmentFile:
+    """An environment's file as an archive packages it: `name` in the archive
+    (environments/<environment's name>.toml), its bytes, and the file they were read from."""
+
+    name: str
+    data: bytes
+    source: Path
+
+
+def environment_file(env: Environment, source: Path | None = None) -> EnvironmentFile:
+    """The file `env` was loaded from (`source`, else the path given to --env, else
+    <environments folder>/<name>.toml as `load_environment` found it), read once. Its bytes are
+    checked to load as `env` itself: the archive never holds another file of the same name, nor
+    one edited since `env` was validated (then: RuntimeError, run again)."""
+    from tidefleet.config import ConfigError, environment_path, parse_environment
+
+    path = Path(source) if source is not None else environment_path(env._path or env.name)
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise RuntimeError(f"cannot read {path}, the file of environment {env.name!r} ({err.strerror or err})") from None
+    try:
+        again = parse_environment(tomllib.loads(data.decode("utf-8-sig")), name=path.stem, source=str(path))
+    except (ConfigError, ValueError) as err:  # ValueError: not UTF-8, not TOML
+        again = str(err).splitlines()[0]
+    if isinstance(again, str) or again.model_dump() != env.model_dump():
+        said = f" ({again})" if isinstance(again, str) else ""
+        raise RuntimeError(f"{path} no longer holds environment {env.name!r} as it was validated{said}; it was edited "
+                           "meanwhile: run the command again")  # fmt: skip
+    return EnvironmentFile(f"{ENVIRONMENTS}/{env.name}.toml", data, path)
+
+
 def _git(root: Path, *args: str) -> str | None:
     """git's output in `root`, or None where git is missing or fails (no checkout, no commit yet)."""
     try:
@@ -154,56 +207,81 @@ def _git(root: Path, *args: str) -> str | None:
     return done.stdout if done.returncode == 0 else None
 
 
-def build_info(root: Path, cloud: str, files: dict[str, bytes]) -> dict:
-    """What `cloud`'s archive of `files` (sources()) is built from: `commit`, the newest commit that
-    changed a packaged file, and `changed`, the packaged files whose bytes differ from HEAD's
-    (edited, staged, untracked, deleted); `dirty` is whether there are any. Not HEAD itself: a
-    commit that changes nothing packaged must leave the archive's bytes, and so the deployed
-    functions, as they were. Outside a git checkout, or without git: no commit, and a note."""
+def _in_checkout(root: Path, path: Path) -> str | None:
+    """`path` from `root`, with '/', if it lies under `root`; else None."""
+    try:
+        return path.resolve().relative_to(root.resolve()).as_posix()
+    except (OSError, ValueError):
+        return None
+
+
+def build_info(root: Path, cloud: str, files: dict[str, bytes], environment: EnvironmentFile | None = None) -> dict:
+    """What `cloud`'s archive of `files` (sources()) and `environment` is built from: `commit`, the
+    newest commit that changed a packaged file, and `changed`, the packaged files whose bytes
+    differ from HEAD's (edited, staged, untracked, deleted), by their paths in the checkout;
+    `dirty` is whether there are any. Not HEAD itself: a commit that changes nothing packaged (the
+    docs, another environment's file) must leave the archive's bytes, and so the deployed
+    functions, as they were. An environment file from outside the checkout is no commit's: it is
+    named, by its name in the archive, in `outside_checkout`. Outside a git checkout, or without
+    git: no commit, and a note."""
     head = (_git(root, "rev-parse", "--verify", "--quiet", "HEAD^{commit}") or "").strip()
     tops = AWS_SOURCES if cloud == "aws" else (*LIBRARY, GCP_MAIN)
-    listing = _git(root, "ls-tree", "-r", "-z", "HEAD", "--", *tops) if head else None  # paths from root
+    own, outside = dict(files), []  # by path from root
+    if environment is not None:
+        where = _in_checkout(root, environment.source)
+        if where is None:
+            outside.append(environment.name)
+        else:
+            own[where] = environment.data
+    environments = sorted(own.keys() - files.keys())
+    listing = _git(root, "ls-tree", "-r", "-z", "HEAD", "--", *tops, *environments) if head else None
     if listing is None:
         return {"commit": None, "dirty": None, "changed": [], "note": "not a git checkout"}
     committed = {}
     for record in filter(None, listing.split("\0")):
         meta, name = record.split("\t", 1)
         _, kind, blob = meta.split()
-        if kind == "blob" and packaged(cloud, name):
+        if kind == "blob" and (packaged(cloud, name) or name in environments):
             committed[name] = blob
     algorithm = "sha1" if len(head) == 40 else "sha256"  # git's object format
 
     def blob_of(data: bytes) -> str:
         return hashlib.new(algorithm, b"blob %d\0" % len(data) + data).hexdigest()
 
-    changed = {name for name, data in files.items() if committed.get(name) != blob_of(data)}
-    changed |= committed.keys() - files.keys()
+    changed = {name for name, data in own.items() if committed.get(name) != blob_of(data)}
+    changed |= committed.keys() - own.keys()
     leave_out = [*LEFT_OUT, GCP_MAIN] if cloud == "aws" else LEFT_OUT
-    paths = [*(AWS_SOURCES if cloud == "aws" else (*LIBRARY, f"{GCP_MAIN}/main.py")),
+    paths = [*(AWS_SOURCES if cloud == "aws" else (*LIBRARY, f"{GCP_MAIN}/main.py")), *environments,
              *(f":(exclude){p}" for p in leave_out)]  # fmt: skip
     commit = (_git(root, "log", "-1", "--format=%H", "HEAD", "--", *paths) or "").strip() or head
-    return {"commit": commit, "dirty": bool(changed), "changed": sorted(changed)}
+    return {"commit": commit, "dirty": bool(changed), "changed": sorted(changed)} | (
+        {"outside_checkout": outside} if outside else {}
+    )
 
 
-def _with_build_info(root: Path, cloud: str, entries: dict[str, bytes], files: dict[str, bytes]) -> dict[str, bytes]:
-    entries[BUILD_INFO] = (json.dumps(build_info(root, cloud, files), indent=2) + "\n").encode()
+def _packaged(root: Path, cloud: str, entries: dict[str, bytes], env: Environment | None,
+              env_file: Path | None) -> dict[str, bytes]:  # fmt: skip
+    """`entries` with `cloud`'s sources from `root`, `env`'s file (`environment_file`) and BUILD_INFO."""
+    files = sources(root, cloud)
+    environment = environment_file(env, env_file) if env is not None else None
+    entries |= files | ({environment.name: environment.data} if environment else {})
+    entries[BUILD_INFO] = (json.dumps(build_info(root, cloud, files, environment), indent=2) + "\n").encode()
     return entries
 
 
-def aws_entries(root: Path, wheels: list[Path]) -> dict[str, bytes]:
+def aws_entries(root: Path, wheels: list[Path], env: Environment | None = None,
+                env_file: Path | None = None) -> dict[str, bytes]:  # fmt: skip
     entries: dict[str, bytes] = {}
     for wheel in wheels:
         with zipfile.ZipFile(wheel) as archive:
             for name in archive.namelist():
                 if not name.endswith("/") and not SKIP_PARTS & set(name.split("/")):
                     entries[name] = archive.read(name)
-    files = sources(root, "aws")
-    return _with_build_info(root, "aws", entries | files, files)
+    return _packaged(root, "aws", entries, env, env_file)
 
 
-def gcp_entries(root: Path) -> dict[str, bytes]:
-    files = sources(root, "gcp")
-    entries = _with_build_info(root, "gcp", dict(files), files)
+def gcp_entries(root: Path, env: Environment | None = None, env_file: Path | None = None) -> dict[str, bytes]:
+    entries = _packaged(root, "gcp", {}, env, env_file)
     entries["main.py"] = entries.pop(f"{GCP_MAIN}/main.py")
     entries["requirements.txt"] = gcp_requirements().encode()
     return entries
@@ -231,20 +309,25 @@ def write_zip(out: Path, entries: dict[str, bytes]) -> tuple[Path, str]:
     return out, hashlib.sha256(out.read_bytes()).hexdigest()
 
 
-def build_aws_archive(out: Path, *, root: Path = ROOT, wheels: list[Path] | None = None) -> tuple[Path, str]:
-    """Write the Lambda zip to `out`; return its path and sha256 hex digest."""
-    return write_zip(out, aws_entries(root, runtime_wheels() if wheels is None else wheels))
+def build_aws_archive(out: Path, *, root: Path = ROOT, wheels: list[Path] | None = None, env: Environment | None = None,
+                      env_file: Path | None = None) -> tuple[Path, str]:  # fmt: skip
+    """Write the Lambda zip of `env` (its file: `environment_file`) to `out`; return its path and
+    sha256 hex digest. Without `env`, no environment's file: an archive no function can run."""
+    return write_zip(out, aws_entries(root, runtime_wheels() if wheels is None else wheels, env, env_file))
 
 
-def build_gcp_archive(out: Path, *, root: Path = ROOT) -> tuple[Path, str]:
-    """Write the Cloud Function zip to `out`; return its path and sha256 hex digest."""
-    return write_zip(out, gcp_entries(root))
+def build_gcp_archive(out: Path, *, root: Path = ROOT, env: Environment | None = None,
+                      env_file: Path | None = None) -> tuple[Path, str]:  # fmt: skip
+    """Write the Cloud Function zip of `env` to `out`; return its path and sha256 hex digest.
+    Without `env`, no environment's file: an archive no function can run."""
+    return write_zip(out, gcp_entries(root, env, env_file))
 
 
-def build_archive(cloud: str, out_dir: Path = ROOT / "build", *, root: Path | None = None) -> tuple[Path, str, dict]:
-    """The archive of `cloud` ("aws" or "gcp") under `out_dir`, by its name in ARCHIVES: its path,
-    sha256 hex digest, and the BUILD_INFO it records."""
-    builder = {"aws": build_aws_archive, "gcp": build_gcp_archive}[cloud]
-    path, digest = builder(Path(out_dir) / ARCHIVES[cloud], root=root or ROOT)
+def build_archive(env: Environment, out_dir: Path = ROOT / "build", *, root: Path | None = None,
+                  env_file: Path | None = None) -> tuple[Path, str, dict]:  # fmt: skip
+    """`env`'s archive under `out_dir`, by `archive_name` (where stacks/app.py points the stack):
+    its path, sha256 hex digest, and the BUILD_INFO it records."""
+    builder = {"aws": build_aws_archive, "gcp": build_gcp_archive}[env.cloud]
+    path, digest = builder(Path(out_dir) / archive_name(env), root=root or ROOT, env=env, env_file=env_file)
     with zipfile.ZipFile(path) as archive:
         return path, digest, json.loads(archive.read(BUILD_INFO))

@@ -159,7 +159,7 @@ def google_door():
 def cloud_function(tmp_path_factory, google_door):
     """The built Cloud Function archive served by functions-framework: its url, log, source and venv."""
     work = tmp_path_factory.mktemp("gcp-function")
-    source = unzip(build_gcp_archive(work / "gcp-scaler.zip")[0], work / "workspace")
+    source = unzip(build_gcp_archive(work / "gcp-scaler-gcp-dev.zip", env=GCP_ENV)[0], work / "workspace")
     wanted = [line.split("#")[0].strip() for line in (source / "requirements.txt").read_text().splitlines()]
     python = venv_with(lambda_python() or sys.executable, [w for w in wanted if w])  # pip -r's lines, comments aside
     door = f"http://127.0.0.1:{google_door.server_address[1]}"
@@ -303,7 +303,8 @@ def lambda_archive(tmp_path_factory):
     except RuntimeError as err:
         pytest.skip(f"cannot pip download the Lambda wheels here: {err}")
     work = tmp_path_factory.mktemp("lambda")
-    task_root = unzip(build_aws_archive(work / "functions.zip", wheels=wheels)[0], work / "task")
+    archive = build_aws_archive(work / "functions-sandbox.zip", wheels=wheels, env=load_environment("sandbox"))[0]
+    task_root = unzip(archive, work / "task")
     return task_root, venv_with(python, ["boto3>=1.34,<2"])
 
 
@@ -366,7 +367,7 @@ NO_CREDENTIALS = {"AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FIL
 FAILURES = {  # situation -> (what the process gets besides the moto server's variables, what the line says)
     "TIDEFLEET_ENV unset": ({"TIDEFLEET_ENV": None}, "TIDEFLEET_ENV: not set; the function's stack sets it"),
     "TIDEFLEET_ENV misspelt": ({"TIDEFLEET_ENV": "sandbx"}, ("TIDEFLEET_ENV: no environment 'sandbx' in the "
-                                                             "function's package (it has: ")),
+                                                             "function's package (it has: sandbox); ")),
     "no credentials": ({"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None, "AWS_SESSION_TOKEN": None},
                        "no AWS credentials: set AWS_PROFILE, or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"),
     "endpoint dead": ({"AWS_ENDPOINT_URL": "dead"}, "cannot reach AWS for 'sandbox' (Could not connect to the endpoint"),
@@ -421,13 +422,12 @@ def packaged_files(folder: Path) -> set[str]:
     return {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
 
 
-def test_the_archives_hold_no_simulator_or_sandbox_and_only_environment_files(cloud_function, lambda_archive):
+def test_the_archives_hold_no_simulator_or_sandbox_and_only_their_environments_file(cloud_function, lambda_archive):
     """The functions never import tidefleet.sim or tidefleet.sandbox (the tests above run them
-    from archives without either); the environments/ folder holds the environments' .toml files
-    and nothing else (the function loads environments/<TIDEFLEET_ENV>.toml)."""
-    for folder in (cloud_function.source, lambda_archive[0]):
+    from archives without either); the environments/ folder holds the file of the environment
+    the archive was built for and nothing else (the function loads environments/<TIDEFLEET_ENV>.toml)."""
+    for folder, name in ((cloud_function.source, GCP_ENV.name), (lambda_archive[0], "sandbox")):
         names = packaged_files(folder)
         assert not {n for n in names if n.startswith(("tidefleet/sim/", "tidefleet/sandbox/"))}, folder
-        assert {n for n in names if n.startswith("environments/")} == {
-            f"environments/{p.name}" for p in (ROOT / "environments").glob("*.toml")
-        }
+        assert {n for n in names if n.startswith("environments/")} == {f"environments/{name}.toml"}
+        assert (folder / "environments" / f"{name}.toml").read_bytes() == (ROOT / "environments" / f"{name}.toml").read_bytes()

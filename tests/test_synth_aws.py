@@ -224,7 +224,7 @@ def test_functions_run_from_the_archive_pinned_by_its_hash(shipped):
     for function, handler in ((scaler, "lambdas.scaler.handler.handler"),
                               (interruption, "lambdas.interruption.handler.handler")):  # fmt: skip
         assert function["runtime"] == "python3.12" and function["handler"] == handler
-        assert function["filename"].endswith("build/functions.zip")
+        assert function["filename"].endswith(f"build/functions-{env.name}.zip")  # its own: its file alone
         assert function["source_code_hash"] == f'${{filebase64sha256("{function["filename"]}")}}'
         assert function["environment"]["variables"] == {"TIDEFLEET_ENV": env.name}
     assert scaler["reserved_concurrent_executions"] == 1
