@@ -66,7 +66,7 @@ from tidefleet.config import NODE_LOSSES_TOLERATED, Environment, Queue, env_argu
 from tidefleet.jobs.identity import identify
 from tidefleet.jobs.spec import JobSpec, not_text
 from tidefleet.jobs.spec import problems as spec_problems
-from tidefleet.ports import Cloud
+from tidefleet.ports import Backlog, Cloud
 from tidefleet.records import FINAL, Item, ItemWrite, Job
 from tidefleet.resources import redrive_receives
 
@@ -1127,6 +1127,23 @@ def _cancel_waiting(cloud: Cloud, job_id: str, item_ids: list[str], reason: str)
     return sum(cloud.store.update_items(writes))
 
 
+RETRY_HOLD_S = 120  # retry-failed hides the dead letters it looks at this long (released at its end)
+
+
+def _dead_letter_counts(cloud: Cloud, queue: str) -> Backlog | None:
+    """The dead-letter queue's visible and hidden (held) messages where the cloud's queues count
+    them (SQS's `counts`; not on the port: Pub/Sub cannot say), else None. None too when the
+    count cannot be read (a caller without sqs:GetQueueAttributes): nothing is concluded from it."""
+    count = getattr(cloud.queues, "counts", None)
+    if count is None:
+        return None
+    try:
+        return count(queue, dead_letter=True)
+    except cloud.errors as err:
+        log.debug("could not count the dead-letter queue of %r: %s", queue, err)
+        return None
+
+
 @_advised
 def retry_failed(env: Environment, job_id: str) -> int:
     """Move this job's messages from the dead-letter queue back to its queue with a fresh retry
@@ -1134,7 +1151,22 @@ def retry_failed(env: Environment, job_id: str) -> int:
     one that fails again while the call still scans (the agent dead-letters it anew) is left in
     the dead-letter queue for the next call, as is a second message of the same item, instead of
     being sent back again with yet another fresh budget. A cancelled job is refused (JobError):
-    its failed items stay failed."""
+    its failed items stay failed. So is a call that found none while the dead-letter queue holds
+    messages hidden by an earlier call (or a status) and the job is not finished: JobError says
+    how many and when to run it again, instead of "nothing to do".
+
+    Each batch: its items are marked queued, sent, then their dead letters deleted. At each stop:
+      - Not the other order: an agent drops a message whose item is still final (failed) by its
+        claim, so a send before the mark could be dropped, leaving the item queued, no message.
+      - An error (a send throttled past its retries) or Ctrl-C after the mark: the batch's dead
+        letters are released in `finally`, visible at once, and a rerun sends them (an item
+        already marked queued is queued again: the second update).
+      - The process dies there (no `finally`): they come back when RETRY_HOLD_S ends; a rerun
+        before then is told so, as above. Records say queued until then, the job stays running.
+      - Sent, not deleted (died, or the delete failed): they come back after the hold and a
+        rerun sends them again: a duplicate of the same seq, which costs one receive: the
+        agent's claim drops it when the item is final or runs under the other message, and a
+        queued item is claimed once."""
     cloud = for_env(env)
     job = _job(cloud, env, job_id)
     if job.cancelled:  # the agent would cancel what goes back, erasing why it failed
@@ -1142,12 +1174,13 @@ def retry_failed(env: Environment, job_id: str) -> int:
                        f"submit them again as a new job (another --name or --job-id); `tidefleet status --env "
                        f"{env_argument(env)} {job_id} --failed` lists them")  # fmt: skip
     others: list[str] = []  # other jobs' messages, and items moved already: hidden while we scan, released at the end
+    unsent: list[str] = []  # the batch in hand until its send returns: released if it never does
     moved: set[str] = set()
     try:
         while True:
-            got = cloud.queues.receive(job.queue, SEND_BATCH, 0, dead_letter=True, hold_s=120)
+            got = cloud.queues.receive(job.queue, SEND_BATCH, 0, dead_letter=True, hold_s=RETRY_HOLD_S)
             if not got:
-                return len(moved)
+                break
             mine = []
             for m in got:
                 try:
@@ -1161,6 +1194,7 @@ def retry_failed(env: Environment, job_id: str) -> int:
                 else:
                     others.append(m.handle)
             if mine:
+                unsent = [r for _, r in mine]
                 # Store first: an agent drops a message whose item is still final, so the item
                 # must be queued again before its message can be received (an item with no
                 # record gets none: the store never creates one in an update).
@@ -1169,10 +1203,33 @@ def retry_failed(env: Environment, job_id: str) -> int:
                                                failures=0, reason="") is None:  # fmt: skip
                         cloud.store.update_item(job_id, msg.item, status="queued", failures=0, reason="")
                 send_messages(cloud, job.queue, [replace(msg, failures=0) for msg, _ in mine])
+                unsent = []
                 cloud.queues.delete(job.queue, [r for _, r in mine], dead_letter=True)
+        if not moved:
+            _held_by_another_run(cloud, env, job_id, job.queue, ours=len(others))
+        return len(moved)
     finally:
-        if others:
-            cloud.queues.release(job.queue, others, dead_letter=True)
+        if others or unsent:
+            cloud.queues.release(job.queue, others + unsent, dead_letter=True)
+
+
+def _held_by_another_run(cloud: Cloud, env: Environment, job_id: str, queue: str, *, ours: int) -> None:
+    """JobError where retry-failed found none of the job's dead letters, yet the queue has messages
+    hidden by another call (`ours` are this call's): an earlier retry-failed that stopped (it died,
+    it is still running) or a status holds them, maybe this job's. Not for a job that is finished
+    without failures (nothing of it can be there), nor where the queue cannot count (Pub/Sub)."""
+    counts = _dead_letter_counts(cloud, queue)
+    hidden = (counts.in_flight - ours) if counts is not None else 0
+    if hidden <= 0:
+        return
+    job = cloud.store.job(job_id)
+    if job is not None and job.counted and not job.submitting and not job.n_failed \
+            and job.n_succeeded + job.n_cancelled >= job.total:  # fmt: skip
+        return
+    again = time.strftime("%H:%M:%S UTC", time.gmtime(time.time() + RETRY_HOLD_S))
+    raise JobError(f"job {job_id}: no item sent back, but {hidden} message(s) in the dead-letter queue of {queue!r} are "
+                   f"hidden by an earlier retry-failed or status (this job's or another's) for up to {RETRY_HOLD_S}s; "
+                   f"run it again after {again} (tidefleet retry-failed --env {env_argument(env)} {job_id})")  # fmt: skip
 
 
 @_advised

@@ -1,0 +1,102 @@
+"""retry-failed and status's dead-letter check against the moto server: a send that fails or a
+run that dies strands nothing, a rerun within an earlier run's hold says so instead of "nothing to
+do", and an empty short poll is not taken for an empty dead-letter queue."""
+
+from __future__ import annotations
+
+import boto3
+import pytest
+from agent_harness import Harness
+from botocore.exceptions import ClientError
+from click.testing import CliRunner
+
+from tidefleet import naming
+from tidefleet.cli import main
+from tidefleet.cloud import for_env
+from tidefleet.cloud.aws.sqs import SqsWorkQueues
+from tidefleet.jobs import sdk
+
+
+@pytest.fixture
+def h(tmp_path, aws):
+    return Harness(tmp_path, aws)
+
+
+def run(h: Harness, *args: str):
+    env = {"TIDEFLEET_ENV": str(h.env_path), "TIDEFLEET_KICK_URL": "http://127.0.0.1:9/"}
+    return CliRunner().invoke(main, list(args), env=env)
+
+
+def visible(h: Harness, queue: str, *, dead_letter: bool = False) -> tuple[int, int]:
+    sqs = boto3.client("sqs", region_name=h.env.region)
+    name = naming.dead_letter_queue(h.env.name, queue) if dead_letter else naming.queue(h.env.name, queue)
+    attrs = sqs.get_queue_attributes(
+        QueueUrl=sqs.get_queue_url(QueueName=name)["QueueUrl"],
+        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+    )["Attributes"]
+    return int(attrs["ApproximateNumberOfMessages"]), int(attrs["ApproximateNumberOfMessagesNotVisible"])
+
+
+def failed_job(h: Harness, name: str, n: int = 2) -> str:
+    """A job whose n items the agent gave up on: recorded failed, their messages in the dead-letter queue."""
+    cloud = for_env(h.env)
+    job = sdk.submit(h.env, name, "work", sdk.read_items([f"s3://b/{i}" for i in range(n)]), kick=False).job_id
+    cloud.queues.delete("work", [d.handle for d in cloud.queues.receive("work", 10, 0)])
+    for i in range(n):
+        item = f"{i:06d}"
+        cloud.store.update_item(job, item, status="failed", failures=3, reason="exit code 1")
+        sdk.send_messages(cloud, "work", [sdk.ItemMessage(job, item, [f"s3://b/{i}"], failures=3)], dead_letter=True)
+    return job
+
+
+def throttled_sends(monkeypatch):
+    real = SqsWorkQueues.send
+
+    def send(self, queue, bodies, *, dead_letter=False):
+        if not dead_letter:
+            raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"}}, "SendMessageBatch")
+        return real(self, queue, bodies, dead_letter=dead_letter)
+
+    monkeypatch.setattr(SqsWorkQueues, "send", send)
+    return real
+
+
+# -- 1. nothing stranded ------------------------------------------------------------------
+def test_a_retry_failed_whose_send_fails_releases_its_messages_and_a_rerun_sends_them_back(h, monkeypatch):
+    job = failed_job(h, "throttled")
+    real = throttled_sends(monkeypatch)
+    out = run(h, "retry-failed", job)
+    assert out.exit_code == 1 and "Traceback" not in out.output, out.output
+    assert visible(h, "work", dead_letter=True) == (2, 0), "released at once, not hidden for the hold"
+    monkeypatch.setattr(SqsWorkQueues, "send", real)
+    out = run(h, "retry-failed", job)  # at once, as the error advises
+    assert out.exit_code == 0 and f"job {job}: 2 item(s) sent back" in out.output, out.output
+    assert visible(h, "work") == (2, 0) and visible(h, "work", dead_letter=True) == (0, 0)
+    assert {i.status for i in h.items(job).values()} == {"queued"}
+
+
+def test_a_rerun_while_an_earlier_run_holds_the_dead_letters_says_when_to_run_again(h):
+    job = failed_job(h, "held")
+    queues = for_env(h.env).queues
+    # An earlier run that died after receiving them: hidden for its hold, not released.
+    held = queues.receive("work", 10, 0, dead_letter=True, hold_s=120)
+    assert len(held) == 2
+    with pytest.raises(sdk.JobError) as err:
+        sdk.retry_failed(h.env, job)
+    assert "2 message(s)" in str(err.value) and "earlier" in str(err.value) and "run it again" in str(err.value)
+    out = run(h, "retry-failed", job)
+    assert out.exit_code == 1 and "nothing to do" not in out.output and len(out.output.strip().splitlines()) == 1
+    queues.release("work", [d.handle for d in held], dead_letter=True)  # the hold ran out
+    assert sdk.retry_failed(h.env, job) == 2
+
+
+def test_a_finished_job_is_told_nothing_to_do_whatever_other_runs_hold(h):
+    job = sdk.submit(h.env, "fine", "work", sdk.read_items(["a"]), kick=False).job_id
+    cloud = for_env(h.env)
+    cloud.queues.delete("work", [d.handle for d in cloud.queues.receive("work", 10, 0)])
+    cloud.store.update_item(job, "000000", status="succeeded")
+    other = failed_job(h, "other", 1)
+    cloud.queues.receive("work", 10, 0, dead_letter=True, hold_s=120)  # another job's, held by another run
+    out = run(h, "retry-failed", job)
+    assert out.exit_code == 0 and "0 item(s) sent back; nothing to do" in out.output, out.output
+    assert other
