@@ -36,7 +36,7 @@ def fake_terraform(tmp_path, monkeypatch) -> Path:
     binary.write_text(FAKE)
     binary.chmod(binary.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setattr("stacks.terraform.terraform_binary", lambda: str(binary))
-    monkeypatch.setattr(tasks, "build", lambda c, cloud=None: None)
+    monkeypatch.setattr(tasks, "build", lambda c, cloud=None, env=None: None)
     monkeypatch.setattr(tasks, "_synth", lambda env: (tasks._env(env), tmp_path / "stack"))
     monkeypatch.setattr(sys.stdout, "isatty", lambda: False)
     return binary
