@@ -72,6 +72,7 @@ def assert_took_nothing_and_drains(h: Harness, node_id: str, why: str) -> None:
     assert "Traceback" not in log and "WARNING" not in log, log
     beat = DynamoStore(h.env.name, h.env.region).heartbeat("cpu", node_id)
     assert beat.draining and beat.busy_slots == 0
+    assert why in beat.fault, "its heartbeat says why: the scaler holds launches after several (policy.faults)"
     assert h.queue_depth("work") == 1 and h.queue_depth("work", dead_letter=True) == 0
 
 

@@ -833,3 +833,25 @@ def test_the_tick_says_which_node_clock_is_ahead_and_never_a_negative_idle_time(
     assert [r for r in d.reasons if r.startswith("terminate i-1: idle 595s")], d.reasons  # its own idle time, not -3005s
     control.tick(ENV, p, NOW, pools=["cpu"])
     assert ("cpu", "i-1", NOW + 3000) in p.nodes.asked_let_go  # the idle time as written: the store compares it
+
+
+def test_nodes_that_could_not_run_items_hold_the_pools_launches_and_are_remembered_an_hour():
+    """Rule 14 through the tick, real policy: three gone nodes whose agents said at start they
+    cannot run items hold launches for waiting work; ten minutes after the newest, one node tries.
+    Their heartbeats are kept past the boot timeout (a gone node's without a fault is forgotten
+    then) while the fault is under an hour old."""
+    why = "the item user 'tidefleet-item' does not exist on this node"
+    faulted = {f"i-bad{k}": replace(beat(f"i-bad{k}", draining=True), at=NOW - 300 + 100 * k, fault=why)
+               for k in range(3)}  # fmt: skip
+    p = ports(group("cpu", 0), beats={"cpu": dict(faulted)}, backlogs={"demo": Backlog(5, 0)})
+    (held,) = control.tick(ENV, p, NOW, pools=["cpu"])
+    assert held.desired == 0
+    assert f"pool cpu: launches held: the last 3 nodes could not run items (newest i-bad2, 100s ago: {why}); " \
+           "fix the node image or setup, then redeploy; one node tries again in 500s" in held.reasons, held.reasons
+    assert any(r.startswith("launches held: pool cpu at 0 units") for r in held.reasons), held.reasons
+    (retry,) = control.tick(ENV, p, NOW - 100 + control.policy.faults.RETRY_AFTER_S, pools=["cpu"])
+    assert retry.desired == 1, "one node tries again"
+    control.tick(ENV, p, NOW + ENV.pools["cpu"].boot_timeout_s + 1, pools=["cpu"])
+    assert set(p.nodes.beats["cpu"]) == set(faulted), "kept past the boot timeout: the hold counts them"
+    control.tick(ENV, p, NOW + control.FAULT_MEMORY_S, pools=["cpu"])
+    assert p.nodes.beats["cpu"] == {}, "forgotten an hour after they said it"

@@ -31,7 +31,16 @@ from tidefleet.config import Environment, InstanceType, Pool
 from tidefleet.fanout import each
 from tidefleet.policy.demand import drop_oldest, gang_counts
 from tidefleet.policy.interruption import DrainNode, pool_of_group
-from tidefleet.policy.model import FleetView, NodeView, PoolDecision, PoolView, QueueView, RunView, rate_decay
+from tidefleet.policy.model import (
+    FleetView,
+    NodeFault,
+    NodeView,
+    PoolDecision,
+    PoolView,
+    QueueView,
+    RunView,
+    rate_decay,
+)
 from tidefleet.ports import Backlog, GroupInstance, GroupState, Ports
 from tidefleet.records import Cohorts, Heartbeat
 
@@ -51,6 +60,9 @@ MAX_COHORTS = 16  # waiting cohorts a queue's mark keeps (`waiting_ages`); past 
 # A heartbeat further ahead of the scaler's clock than this is from a node whose clock is wrong: it
 # is read as written now (`node_view`). Within it, clocks that differ by an NTP step read as written.
 CLOCK_SLACK_S = 60.0
+# A gone node's heartbeat that said it could not run items stays this long (rule 14 counts it; `tidefleet
+# nodes` shows it), where other gone nodes' are forgotten once silent longer than a boot.
+FAULT_MEMORY_S = 3600.0
 
 
 class TickError(RuntimeError):
@@ -275,6 +287,11 @@ def _silent(pool: Pool, heartbeat: Heartbeat, now: float) -> bool:
     return now - heartbeat.at > pool.boot_timeout_s
 
 
+def _remembered(heartbeat: Heartbeat, now: float) -> bool:
+    """A fault (rule 14) is kept `FAULT_MEMORY_S` after its node said it, its node gone or not."""
+    return bool(heartbeat.fault) and now - heartbeat.at < FAULT_MEMORY_S
+
+
 def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) -> Observation:
     """The policy's view of these pools. A pool whose group does not exist (not deployed yet)
     is left out and logged."""
@@ -320,6 +337,7 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
                 desired=group.desired,
                 on_demand_base=group.on_demand_base,
                 spot_failures=group.spot_failures,
+                faults=tuple(NodeFault(n, hb.at, hb.fault) for n, hb in beats.items() if hb.fault),
             )
         )
         # A node the group no longer lists and that has been silent longer than a boot: its
@@ -327,7 +345,8 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
         # that never reported has only a mark (a spot notice's draining) and no heartbeat to age.
         strays = beats.keys() - members.keys()  # usually none: a set difference, not a scan
         pool = env.pools[name]
-        gone[name] = tuple(n for n, hb in beats.items() if n in strays and _silent(pool, hb, now)) if strays else ()
+        gone[name] = tuple(n for n, hb in beats.items()
+                           if n in strays and _silent(pool, hb, now) and not _remembered(hb, now)) if strays else ()  # fmt: skip
         if marked:
             gone[name] += tuple(sorted(marked - members.keys()))
     observed = [qname for qname, queue in env.queues.items() if queue.pool in groups]

@@ -48,6 +48,9 @@ class Heartbeat:
     # On a spot node: the items of queues with `on_demand_after_interruptions` it left for on-demand
     # capacity (interrupted that often), by queue, as job/item keys, while their records say queued.
     on_demand_wanted: dict[str, list[str]] = field(default_factory=dict)
+    # Why this node takes no items, found by its agent at start (GPUs, docker, the item user); "" when it
+    # can run them. The scaler holds the pool's launches after several in a row (`policy.faults`).
+    fault: str = ""
 
 
 SCALER_OWNED = ("cordoned", "preempt")  # heartbeat fields only the scaler writes

@@ -448,7 +448,7 @@ class Agent:
         except NodeFault as err:
             faults.append(str(err))
         if faults:
-            self._step("heartbeat", self._write_unhealthy)
+            self._step("heartbeat", self._write_unhealthy, "; ".join(faults))
             raise NodeFault(f"this node cannot run items: {'; '.join(faults)}; it takes no items and is marked "
                             "draining, so the scaler replaces it")  # fmt: skip
         for name, _ in self.queues:
@@ -461,7 +461,7 @@ class Agent:
             try:
                 self.devices = Devices.for_node(query(self.gpus), self.slots)
             except GpuProblem as err:  # take nothing; the scaler replaces a draining idle node
-                self._step("heartbeat", self._write_unhealthy)
+                self._step("heartbeat", self._write_unhealthy, f"its GPUs are not usable: {err}")
                 raise GpuProblem(f"this node's GPUs are not usable: {err}; it takes no items and is marked "
                                  "draining, so the scaler replaces it") from None  # fmt: skip
             log.info("GPUs %s, %d slot(s) each", [g.index for g in self.devices.gpus], self.devices.slots_per_gpu)
@@ -1585,12 +1585,13 @@ class Agent:
                 out[queue].append(f"{job}/{item}")
         return dict(out)
 
-    def _write_unhealthy(self) -> None:
-        """A node that must not take items says so: draining and idle, the scaler removes it."""
+    def _write_unhealthy(self, fault: str) -> None:
+        """A node that must not take items says so, and why: draining and idle, the scaler removes it
+        (and holds the pool's launches after several in a row, `policy.faults`)."""
         now = time.time()
         self.store.put_heartbeat(Heartbeat(
             self.s.node_id, self.pool_name, at=now, slots=self.slots, busy_slots=0, idle_since=now, draining=True,
-            instance_type=self.s.instance_type, spot=self.s.spot, gpus=self.gpus,
+            instance_type=self.s.instance_type, spot=self.s.spot, gpus=self.gpus, fault=fault[:500],
         ))  # fmt: skip
 
     def _sample_gpus(self) -> None:

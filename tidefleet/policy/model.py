@@ -77,12 +77,22 @@ class QueueView:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeFault:
+    """A node whose agent found at start it cannot run items (`Heartbeat.fault`)."""
+
+    node_id: str
+    at: float  # when its agent said so
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
 class PoolView:
     name: str
     nodes: tuple[NodeView, ...]
     desired: int  # the group's current desired capacity, in units
     on_demand_base: int  # the group's current on-demand base, in units
     spot_failures: tuple[float, ...] = ()  # times of recent failed spot launches
+    faults: tuple[NodeFault, ...] = ()  # recent nodes that could not run items, gone ones too (rule 14)
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,7 +40,7 @@ def unchanged_until(env: Environment, fleet: FleetView, decisions: tuple[PoolDec
     for view in fleet.pools:
         steady = all(n.state == "running" and n.busy_slots > 0 and n.last_heartbeat is not None
                      and not n.runs and not n.preempting for n in view.nodes)  # fmt: skip
-        if not steady or view.name not in env.pools:
+        if not steady or view.faults or view.name not in env.pools:  # rule 14's hold reads the clock
             return now
         until = min(until, _clock_deadline(env, view, now))
     at_rest = replace(fleet, queues=tuple(replace(q, intake_per_s=0.0) for q in fleet.queues))

@@ -71,6 +71,11 @@ Rules
    nodes are kept from scale-in and consolidation); the rest need new on-demand nodes, launched
    like any (within max and the caps), with the on-demand base raised so the group buys them on
    demand. The base is not lowered while such items wait, and returns to the configured one after.
+14. Node faults (`faults.py`): after 3 nodes in a row said at start they cannot run items (GPUs,
+   docker, the item user: `Heartbeat.fault`), with no healthy node launched since, the pool
+   launches nothing, its min included, until the newest fault is 10 minutes old; then one node
+   at a time tries, and a healthy one ends the hold. A broken image is not paid a boot per node
+   for as long as work waits.
 No decision both scales in and out: idle nodes go only when there is surplus, and growth
 happens only when there is none.
 """
@@ -83,7 +88,7 @@ from dataclasses import dataclass, field, replace
 from operator import attrgetter
 
 from tidefleet.config import Environment, Pool
-from tidefleet.policy import preemption, quota
+from tidefleet.policy import faults, preemption, quota
 from tidefleet.policy.cost import LaunchCost, PoolPrices
 from tidefleet.policy.demand import (
     Horizon,
@@ -132,7 +137,7 @@ class _Plan:
     wanted: int  # units demand still needs
     forced: int  # units pool min forces
     limit: int  # units allowed by max and the pool cost cap
-    limited_by: str  # which of them binds: "max" or "pool cost cap"
+    limited_by: str  # which of them binds: "max", "pool cost cap" or "node faults" (rule 14)
     shortage: list[str]  # spot shortage signals, empty when spot is healthy
     on_demand_items: str  # rule 13: the items that wait for on-demand nodes, in words; "" when none
     on_demand_needed: int  # rule 13: units of new on-demand nodes they need
@@ -354,6 +359,11 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
         affordable = launch_cost.affordable(budget, min(limit, wanted))
         if affordable < min(limit, wanted):
             limit, limited_by = affordable, "pool cost cap"
+    if view.faults and (held := faults.hold(view.name, view.faults, view.nodes, now)) is not None:
+        reasons.append(held.reason)  # rule 14: min too; nodes that cannot run items are no capacity
+        if held.launch * smallest < limit:
+            limit, limited_by = held.launch * smallest, "node faults"
+        forced = min(forced, held.launch * smallest)
     return _Plan(
         name=view.name,
         pool=pool,
@@ -941,6 +951,8 @@ def _cap_reason(plan: _Plan, desired: int, starved: tuple[str, ...], env_cap: st
         cap = plan.pool.cost_cap_usd_per_hour
         over = ": over the cap already, by nodes it keeps; it launches none" if cost > cap else ""
         why = f"cost cap: pool {plan.name} capped at {desired} units ({_usd(cost)} of {_usd(cap)}{over})"
+    elif plan.limited_by == "node faults":
+        why = f"launches held: pool {plan.name} at {desired} units, its last nodes could not run items"
     else:
         why = f"at max: pool {plan.name} capped at {plan.pool.max} units"
     return f"{why}, {needs}; waiting: {waiting}"

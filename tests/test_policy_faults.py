@@ -1,0 +1,49 @@
+"""Rule 14 (`tidefleet.policy.faults`): nodes that could not run items hold the pool's launches."""
+
+from tidefleet.policy.faults import FAULTS_IN_A_ROW, RETRY_AFTER_S, hold, in_a_row
+from tidefleet.policy.model import NodeFault, NodeView
+
+NOW = 100_000.0
+WHY = "its docker does not answer (Cannot connect to the Docker daemon)"
+
+
+def node(id_, launched_at, *, state="running", heartbeat=True):
+    return NodeView(id=id_, instance_type="g5.xlarge", weight=1, slots=1, spot=True, state=state,
+                    launched_at=launched_at, last_heartbeat=NOW - 5 if heartbeat else None)  # fmt: skip
+
+
+def faults(*ats):
+    return [NodeFault(f"i-bad{k}", at, WHY) for k, at in enumerate(ats)]
+
+
+def test_fewer_faults_than_the_row_hold_nothing():
+    assert hold("gpu", faults(NOW - 300, NOW - 200), [], NOW) is None
+
+
+def test_three_faults_in_a_row_hold_launches_and_say_why_and_when_one_node_tries_again():
+    held = hold("gpu", faults(NOW - 300, NOW - 200, NOW - 100), [], NOW)
+    assert held is not None and held.launch == 0
+    assert "launches held: the last 3 nodes could not run items (newest i-bad2, 100s ago: its docker" in held.reason
+    assert f"one node tries again in {RETRY_AFTER_S - 100}s" in held.reason
+
+
+def test_past_the_retry_time_one_node_tries_but_not_while_one_boots():
+    row = faults(NOW - 3 * RETRY_AFTER_S, NOW - 2 * RETRY_AFTER_S, NOW - RETRY_AFTER_S - 1)
+    assert hold("gpu", row, [], NOW).launch == 1
+    booting = hold("gpu", row, [node("i-new", NOW - 30, state="pending", heartbeat=False)], NOW)
+    assert booting.launch == 0 and "i-new boots and tells whether it runs items" in booting.reason
+
+
+def test_a_healthy_node_launched_after_the_faults_ends_the_hold_one_launched_before_does_not():
+    row = faults(NOW - 300, NOW - 200, NOW - 100)
+    assert hold("gpu", row, [node("i-good", NOW - 50)], NOW) is None
+    assert hold("gpu", row, [node("i-old", NOW - 5000)], NOW).launch == 0
+    # A fault after the healthy node's launch counts again; the two before it do not.
+    assert len(in_a_row(row, [node("i-good", NOW - 150)])) == 1
+
+
+def test_a_faulted_node_still_in_the_group_is_not_the_healthy_node_that_ends_the_hold():
+    row = faults(NOW - 300, NOW - 200, NOW - 100)
+    still_there = node("i-bad2", NOW - 160, state="draining")
+    assert hold("gpu", row, [still_there], NOW).launch == 0
+    assert FAULTS_IN_A_ROW == 3
