@@ -47,3 +47,14 @@ def test_a_faulted_node_still_in_the_group_is_not_the_healthy_node_that_ends_the
     still_there = node("i-bad2", NOW - 160, state="draining")
     assert hold("gpu", row, [still_there], NOW).launch == 0
     assert FAULTS_IN_A_ROW == 3
+
+
+def test_the_readmes_launches_held_line_is_what_the_rule_says():
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    (line,) = re.findall(r"^pool gpu: launches held: .*$", readme, re.M)
+    why = "its GPUs are not usable: nvidia-smi not found: the NVIDIA driver is not installed"
+    row = [NodeFault("i-0a17", NOW - 400, why), NodeFault("i-0b29", NOW - 250, why), NodeFault("i-0c41", NOW - 95, why)]
+    assert hold("gpu", row, [], NOW).reason == line
