@@ -67,12 +67,12 @@ class Cron:
             raise ValueError(f"has {len(words)} field(s), not 5 (minute hour day-of-month month day-of-week)")
         values = []
         for word, (what, low, high) in zip(words, CRON_FIELDS, strict=True):
-            # 7 is Sunday too in most crons
-            word = re.sub(r"\b7\b", "0", word) if what == "day of week" and "-" not in word else word
+            weekday = what == "day of week"  # read over 0-7: 7 is Sunday too in most crons ('5-7', '*/7')
             try:
-                values.append(_cron_field(word, low, high))
+                allowed = _cron_field(word, low, 7 if weekday else high)
             except ValueError as err:
                 raise ValueError(f"{what}: {err}") from None
+            values.append(frozenset(day % 7 for day in allowed) if weekday else allowed)
         return cls(*values, any_day=words[2] == "*", any_weekday=words[4] == "*")
 
     def _day_matches(self, day: datetime) -> bool:
