@@ -302,7 +302,7 @@ class Queue(_Model):
     min_runtime_s: int = Field(600, ge=0, le=DAY_S, description="a preemptible item runs this long before it may be preempted")
     on_demand_after_interruptions: int | None = Field(
         None, ge=1, le=100,
-        description="an item handed back this many times (spot reclaims, drains, preemptions) runs next on an "
+        description="an item handed back this many times (spot reclaims and drains; not the scaler's preemptions or moves) runs next on an "
         "on-demand node of its pool; None = wherever it lands",
     )
 
