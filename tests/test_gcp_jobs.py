@@ -295,6 +295,35 @@ def test_an_item_pubsub_dead_lettered_after_its_delivery_attempts_is_failed_and_
     assert sdk.retry_failed(ENV, job) == 1 and for_env(ENV).store.item(job, "000000").status == "queued"
 
 
+def test_retry_failed_confirms_an_empty_pull_of_the_dead_letters_with_a_longer_one(gcp, monkeypatch):
+    # A pull answers nothing when none came back before its timeout, messages or not (PullResponse:
+    # "empty if there are no more messages available in the backlog, or if no messages could be
+    # returned before the request timeout"); Pub/Sub has no count to ask instead.
+    from tidefleet.cloud.gcp.pubsub import PubSubWorkQueues
+
+    job = sdk.submit(ENV, "slow pull", "default", sdk.read_items(["a"]), kick=False).job_id
+    cloud = for_env(ENV)
+    cloud.queues.delete("default", [d.handle for d in cloud.queues.receive("default", 10, 0)])
+    cloud.store.update_item(job, "000000", status="failed", failures=4, reason="exit code 1")
+    sdk.send_messages(cloud, "default", [ItemMessage(job, "000000", ["a"], failures=4)], dead_letter=True)
+    real = PubSubWorkQueues.receive
+
+    def timed_out_short(self, queue, max_messages, wait_s, *, dead_letter=False, hold_s=None):
+        if dead_letter and not wait_s:
+            return []  # the 1-s pull's timeout came first
+        return real(self, queue, max_messages, wait_s, dead_letter=dead_letter, hold_s=hold_s)
+
+    monkeypatch.setattr(PubSubWorkQueues, "receive", timed_out_short)
+    assert sdk.retry_failed(ENV, job) == 1
+    assert cloud.store.item(job, "000000").status == "queued" and gcp.bodies(DLQ) == []
+
+
+def test_status_pulls_an_empty_dead_letter_subscription_once(gcp):
+    job = sdk.submit(ENV, "quick", "default", sdk.read_items(["a"]), kick=False).job_id
+    assert sdk.status(ENV, job).counts["queued"] == 1
+    assert len(calls(gcp, "POST", f"{DLQ}:pull")) == 1, "interactive: no longer pull to confirm"
+
+
 def test_a_queue_whose_subscription_is_not_deployed_is_named_and_leaves_no_job(gcp):
     del gcp.subscriptions[SUB]
     with pytest.raises(sdk.JobError) as err:

@@ -66,7 +66,7 @@ from tidefleet.config import NODE_LOSSES_TOLERATED, Environment, Queue, env_argu
 from tidefleet.jobs.identity import identify
 from tidefleet.jobs.spec import JobSpec, not_text
 from tidefleet.jobs.spec import problems as spec_problems
-from tidefleet.ports import Backlog, Cloud
+from tidefleet.ports import Backlog, Cloud, Delivery
 from tidefleet.records import FINAL, Item, ItemWrite, Job
 from tidefleet.resources import redrive_receives
 
@@ -918,7 +918,8 @@ def _job(cloud: Cloud, env: Environment, job_id: str) -> Job:
 def status(env: Environment, job_id: str, *, reconcile: bool = True, items: bool = False) -> JobStatus:
     """The job's counts, and its items when `items` is asked or when some failed (to show why);
     first marks failed what redrive moved to its dead-letter queue (`reconcile_dead_letters`),
-    which costs one empty receive when there is none. Counts come from the job's counters of
+    which costs one empty receive when there is none (and on SQS one count of the queue, which
+    confirms it: `_receive_dead_letters`). Counts come from the job's counters of
     settled items and its nodes' heartbeats (running), in a few reads however big the job;
     from every item when those are read anyway, or the job predates the counters."""
     cloud = for_env(env)
@@ -1005,6 +1006,8 @@ def jobs(env: Environment, *, queue: str | None = None, state: str | None = None
 # -- dead letters -------------------------------------------------------------------------
 REDRIVE_SCAN_MAX = 1000  # dead-letter messages looked at per queue and call: normally there are none
 REDRIVE_HOLD_S = 30  # hidden from others while one call looks; released at its end
+CONFIRM_WAIT_S = 2  # the long poll that confirms an empty receive of a dead-letter queue (`_receive_dead_letters`)
+RETRY_HOLD_S = 120  # retry-failed hides the dead letters it looks at this long (released at its end)
 
 
 @dataclass(frozen=True)
@@ -1037,7 +1040,7 @@ def _reconcile(cloud: Cloud, env: Environment, queues: list[str], job_id: str | 
         unreadable = 0
         try:
             while len(held) < REDRIVE_SCAN_MAX:
-                got = cloud.queues.receive(name, SEND_BATCH, 0, dead_letter=True, hold_s=REDRIVE_HOLD_S)
+                got = _receive_dead_letters(cloud, name, REDRIVE_HOLD_S, confirm=False)
                 if not got:
                     break
                 held += [d.handle for d in got]
@@ -1127,9 +1130,6 @@ def _cancel_waiting(cloud: Cloud, job_id: str, item_ids: list[str], reason: str)
     return sum(cloud.store.update_items(writes))
 
 
-RETRY_HOLD_S = 120  # retry-failed hides the dead letters it looks at this long (released at its end)
-
-
 def _dead_letter_counts(cloud: Cloud, queue: str) -> Backlog | None:
     """The dead-letter queue's visible and hidden (held) messages where the cloud's queues count
     them (SQS's `counts`; not on the port: Pub/Sub cannot say), else None. None too when the
@@ -1142,6 +1142,24 @@ def _dead_letter_counts(cloud: Cloud, queue: str) -> Backlog | None:
     except cloud.errors as err:
         log.debug("could not count the dead-letter queue of %r: %s", queue, err)
         return None
+
+
+def _receive_dead_letters(cloud: Cloud, queue: str, hold_s: int, *, confirm: bool) -> list[Delivery]:
+    """A batch of the queue's dead letters, hidden `hold_s`; [] once none is left to see. A receive
+    without a wait may answer nothing while some wait: an SQS short poll asks a sample of its
+    servers ("repeat the request"), a Pub/Sub pull answers nothing when none came back before its
+    timeout (SHORT_PULL_S). So an empty answer is confirmed: where the queue counts its messages
+    (SQS), by the count first (none visible: [] at the cost of one read, so `status` stays quick
+    on the usual empty queue), then by a long poll of CONFIRM_WAIT_S (SQS asks every server);
+    where it cannot (Pub/Sub), by that longer pull only when `confirm`: retry-failed, whose
+    "nothing to do" must be true, not status, which counts what it missed at its next call."""
+    got = cloud.queues.receive(queue, SEND_BATCH, 0, dead_letter=True, hold_s=hold_s)
+    if got:
+        return got
+    counts = _dead_letter_counts(cloud, queue)
+    if (counts is not None and counts.visible == 0) or (counts is None and not confirm):
+        return []
+    return cloud.queues.receive(queue, SEND_BATCH, CONFIRM_WAIT_S, dead_letter=True, hold_s=hold_s)
 
 
 @_advised
@@ -1178,7 +1196,7 @@ def retry_failed(env: Environment, job_id: str) -> int:
     moved: set[str] = set()
     try:
         while True:
-            got = cloud.queues.receive(job.queue, SEND_BATCH, 0, dead_letter=True, hold_s=RETRY_HOLD_S)
+            got = _receive_dead_letters(cloud, job.queue, RETRY_HOLD_S, confirm=True)
             if not got:
                 break
             mine = []
