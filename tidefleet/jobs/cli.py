@@ -160,6 +160,13 @@ def _console(**kwargs) -> Console:
 PIPED_WIDTH = 10_000
 
 
+def one_line(text: str) -> str:
+    """Stored text on one line as it was written, each control character (a line break, a tab, an
+    escape sequence's ESC) as its escape ('\\n', '\\x1b'): a workload's coloured last line in a
+    failure reason, or a name recorded before submit refused them, reaches no terminal raw."""
+    return sdk.CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+
+
 FAILED_SHOWN = 10  # failed items listed by `status` before --failed is needed
 REASONS_SHOWN = 5  # most common failure reasons, with counts
 WATCH_S = 2.0  # seconds between refreshes under --watch
@@ -175,9 +182,9 @@ def _view(status: sdk.JobStatus, *, all_failed: bool) -> list:
     cancelled = "  [cancelled job]" if status.job.cancelled else ""
     lines: list = [progress.get_renderable(), Text("  ".join(f"{k} {v}" for k, v in c.items()) + cancelled)]
     if status.job.spec:
-        lines.append(Text("  spec: " + "  ".join(f"{k} {v}" for k, v in status.job.spec.items())))
+        lines.append(Text("  spec: " + "  ".join(f"{k} {one_line(str(v))}" for k, v in status.job.spec.items())))
     if status.job.cancel_reason not in ("", "cancelled"):  # not by a user: a timeout, a failed dependency
-        lines.append(Text(f"  cancelled: {status.job.cancel_reason}"))
+        lines.append(Text(f"  cancelled: {one_line(status.job.cancel_reason)}"))
     if status.job.waiting and not status.job.cancelled:
         until = "finish" if status.job.after_finished else "succeed"
         lines.append(Text(f"  waiting for {status.job.after} to {until}: its items are recorded, not sent yet"))
@@ -192,11 +199,11 @@ def _view(status: sdk.JobStatus, *, all_failed: bool) -> list:
     reasons = Counter(i.reason for i in failed).most_common()
     if len(reasons) > 1 and reasons[0][1] > 1:  # all different (a reason naming its item): the list below says it
         lines.append(Text("  top failure reasons:"))
-        lines += [Text(f"    {n} x {reason}") for reason, n in reasons[:REASONS_SHOWN]]
+        lines += [Text(f"    {n} x {one_line(reason)}") for reason, n in reasons[:REASONS_SHOWN]]
         if len(reasons) > REASONS_SHOWN:
             lines.append(Text(f"    ... and {len(reasons) - REASONS_SHOWN} other reason(s)"))
     shown = failed if all_failed else failed[:FAILED_SHOWN]
-    lines += [Text(f"  failed {i.item_id}: {i.reason}") for i in shown]
+    lines += [Text(f"  failed {i.item_id}: {one_line(i.reason)}") for i in shown]
     if len(shown) < len(failed):
         lines.append(Text(f"  ... and {len(failed) - len(shown)} more failed item(s): --failed lists them all"))
     return lines
@@ -468,4 +475,4 @@ def jobs(env_name, queue, state, since_text, as_json) -> None:
         c = s.counts
         created = time.strftime("%Y-%m-%d %H:%M", time.gmtime(s.job.created_at))
         click.echo(f"{s.job.job_id}  {s.job.queue}  {sdk.listed_state(s)}  {c['succeeded'] + c['failed'] + c['cancelled']}/{s.job.total} "
-                   f"final ({c['failed']} failed, {c['running']} running)  created {created}  {s.job.name}")
+                   f"final ({c['failed']} failed, {c['running']} running)  created {created}  {one_line(s.job.name)}")

@@ -534,6 +534,28 @@ def job_id_for(name: str) -> str:
     return f"{slug}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 
 
+# C0 controls, DEL and C1 controls: what breaks a line, moves a terminal's cursor or starts an
+# escape sequence (ESC, and CSI U+009B on terminals that take 8-bit controls).
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def control_at(text: str) -> int | None:
+    """Where `text` has its first control character (`CONTROL`), or None."""
+    found = CONTROL.search(text)
+    return found.start() if found else None
+
+
+def _one_line_of_text(field: str, text: str, what: str) -> None:
+    """JobError for free text a user gives that is printed back (a job name, a cancel reason) with
+    a control character or a lone surrogate: one line of text, shown on one line."""
+    if (bad := not_text(text)) is not None:
+        raise JobError(f"{field}: not valid text (a lone surrogate {text[bad]!r} at character {bad + 1}); "
+                       f"give the {field} as UTF-8 text")  # fmt: skip
+    if (bad := control_at(text)) is not None:
+        raise JobError(f"{field}: a control character {text[bad]!r} at character {bad + 1} (got {text[:80]!r}); "
+                       f"a {what} is one line of text: give it without line breaks, tabs or escape sequences")  # fmt: skip
+
+
 # -- cloud access -------------------------------------------------------------------------
 def send_messages(cloud: Cloud, queue: str, messages: list[ItemMessage], *, dead_letter: bool = False) -> None:
     cloud.queues.send(queue, [m.body() for m in messages], dead_letter=dead_letter)
@@ -595,9 +617,7 @@ def submit(
         raise JobError(f"name: must be a string (got {_short(name)}); give a few words, e.g. name='nightly-eval'")
     if not name.strip():
         raise JobError(f"name: a job needs a name (got {name!r}); give --name a few words, e.g. --name nightly-eval")
-    if (bad := not_text(name)) is not None:
-        raise JobError(f"name: not valid text (a lone surrogate {name[bad]!r} at character {bad + 1}); "
-                       "give the name as UTF-8 text")  # fmt: skip
+    _one_line_of_text("name", name, "job name")
     job_id = job_id_for(name) if job_id is None else job_id
     if (why := id_problem(job_id)) is not None:
         raise JobError(f"job id: {job_id[:80]!r} {why}; {ID_HELP}")
@@ -1103,6 +1123,9 @@ def cancel_job(env: Environment, job_id: str, *, reason: str = "cancelled", clou
     record (a finished job is not marked cancelled, so its idempotent re-submit still works); a
     job cancelled before has its waiting items cancelled again (a cancel that stopped midway)."""
     _a_job_id(job_id)
+    if not isinstance(reason, str):
+        raise JobError(f"reason: must be a string (got {_short(reason)}); e.g. reason='superseded by v2'")
+    _one_line_of_text("reason", reason, "cancel reason")
     cloud = cloud or for_env(env)
     store = cloud.store
     job = store.job(job_id)
