@@ -318,6 +318,33 @@ def test_retry_failed_confirms_an_empty_pull_of_the_dead_letters_with_a_longer_o
     assert cloud.store.item(job, "000000").status == "queued" and gcp.bodies(DLQ) == []
 
 
+def test_a_retry_failed_whose_publish_fails_nacks_its_dead_letters_and_a_rerun_sends_them(gcp, monkeypatch):
+    from google.api_core import exceptions as gexc
+
+    from tidefleet.cloud.gcp.pubsub import PubSubWorkQueues
+
+    job = sdk.submit(ENV, "throttled", "default", sdk.read_items(["a"]), kick=False).job_id
+    cloud = for_env(ENV)
+    cloud.queues.delete("default", [d.handle for d in cloud.queues.receive("default", 10, 0)])
+    cloud.store.update_item(job, "000000", status="failed", failures=4, reason="exit code 1")
+    sdk.send_messages(cloud, "default", [ItemMessage(job, "000000", ["a"], failures=4)], dead_letter=True)
+    real = PubSubWorkQueues.send
+
+    def refused(self, queue, bodies, *, dead_letter=False):
+        if not dead_letter:
+            raise gexc.TooManyRequests("quota exceeded")
+        return real(self, queue, bodies, dead_letter=dead_letter)
+
+    monkeypatch.setattr(PubSubWorkQueues, "send", refused)
+    with pytest.raises(gexc.TooManyRequests):
+        sdk.retry_failed(ENV, job)
+    hold, release = calls(gcp, "POST", f"/subscriptions/{DLQ}:modifyAckDeadline")
+    assert hold["body"]["ackDeadlineSeconds"] == sdk.RETRY_HOLD_S and "ackDeadlineSeconds" not in release["body"]
+    monkeypatch.setattr(PubSubWorkQueues, "send", real)
+    assert sdk.retry_failed(ENV, job) == 1, "nacked: the rerun finds it at once"
+    assert cloud.store.item(job, "000000").status == "queued" and gcp.bodies(DLQ) == [] and len(gcp.bodies(SUB)) == 1
+
+
 def test_status_pulls_an_empty_dead_letter_subscription_once(gcp):
     job = sdk.submit(ENV, "quick", "default", sdk.read_items(["a"]), kick=False).job_id
     assert sdk.status(ENV, job).counts["queued"] == 1
