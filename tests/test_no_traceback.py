@@ -35,6 +35,7 @@ LOCAL = {
     "synth": "writes Terraform JSON only",
     "scan": "runs checkov on the synthesized JSON only",
     "bootstrap": "synthesizes and scans the CI bootstrap stack only",
+    "build": "packages the function archives only (its --env picks the environment file to package)",
 }
 # A sample value for each required argument a cloud command may have, by parameter name.
 SAMPLES = {
