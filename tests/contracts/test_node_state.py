@@ -106,3 +106,17 @@ def test_a_node_let_go_while_it_claims_work_claims_none(store):
     store.before_next_write(lambda: store.other().let_idle_go("cpu", "n-1", NOW - 10))
     assert s.claim_work("cpu", "n-1", NOW + 1) is False
     assert s.heartbeats("cpu")["n-1"].draining
+
+
+def test_a_heartbeat_written_while_a_node_claims_work_never_refuses_the_claim(store):
+    """False from `claim_work` means draining, and the agent stops the node for it: a write of the
+    node's own heartbeat in between (Firestore: between the read and the conditional write) is
+    no drain mark. Where such writes never stop, Firestore raises a refused call instead
+    (tests/test_gcp_node_claim_contention.py)."""
+    s = store.store
+    s.put_heartbeat(beat("n-1"))
+    later = Heartbeat("n-1", "cpu", at=NOW + 1, slots=2, busy_slots=0, idle_since=NOW - 10)  # still idle since then
+    store.before_next_write(lambda: store.other().put_heartbeat(later))
+    assert s.claim_work("cpu", "n-1", NOW + 2) is True
+    assert not s.heartbeats("cpu")["n-1"].draining
+    assert s.let_idle_go("cpu", "n-1", NOW - 10) is False, "the claim keeps it"

@@ -222,15 +222,23 @@ class FirestoreNodes:
                              and (v.get("claimed_at") is None or v["claimed_at"] <= idle_since))  # fmt: skip
 
     def claim_work(self, pool: str, node_id: str, at: float) -> bool:
-        """As `DynamoStore.claim_work`; a node with no document yet gets one holding only the claim."""
-        return self._node_if(pool, node_id, {"claimed_at": float(at)}, lambda v: not v.get("draining"))
+        """As `DynamoStore.claim_work`; a node with no document yet gets one holding only the claim.
+        False only where the document says draining. The write is conditioned on the document's
+        update time (Firestore has no condition on a field), so any write in between (the node's
+        own heartbeat, a cordon, a preempt) makes it lose and read again; a claim that loses every
+        round raises `GaveUp` (a refused call: the agent hands the item back and stays), never
+        False, which the agent reads as the scaler letting the node go."""
+        return self._node_if(pool, node_id, {"claimed_at": float(at)}, lambda v: not v.get("draining"),
+                             rounds=WRITE_RACES, give_up=True)  # fmt: skip
 
-    def _node_if(self, pool: str, node_id: str, fields: dict, check) -> bool:
+    def _node_if(self, pool: str, node_id: str, fields: dict, check, *, rounds: int = STATS_RETRIES,
+                 give_up: bool = False) -> bool:  # fmt: skip
         """Write `fields` to the node's document if `check(its values)` holds when written (the
         values are {} where there is no document); False if not. A write that lost a race with
-        another writer (a heartbeat) reads again."""
+        another writer (a heartbeat) reads again, `rounds` times; then False (the check's
+        failure), or with `give_up` a `GaveUp`."""
         name = self._doc(pool, node_id)
-        for _ in range(STATS_RETRIES):
+        for _ in range(rounds):
             try:
                 doc = self._get_document(name)
                 values, precondition = {k: from_value(v) for k, v in doc.fields.items()}, Precondition(update_time=doc.update_time)
@@ -247,7 +255,9 @@ class FirestoreNodes:
             except gexc.GoogleAPICallError as err:
                 if not lost_race(err):
                     raise
-        return False  # the node's heartbeats kept winning: the scaler keeps it, or the agent starts nothing
+        if give_up:
+            raise GaveUp(f"node {pool}/{node_id}: its record still changing after {rounds} attempts; try again")
+        return False  # the node's heartbeats kept winning: the scaler keeps it
 
     def set_cordon(self, pool: str, node_id: str, cordoned: bool) -> None:
         """As `DynamoStore.set_cordon`: one field, so the agent's heartbeats never touch it."""
