@@ -16,7 +16,8 @@ from google.auth.transport.requests import AuthorizedSession
 from tests.gcp_fake import COMPUTE, FakeGcp, FakeVm
 from tidefleet.cloud.gcp import control_ports
 from tidefleet.cloud.gcp.firestore import FirestoreNodes, FirestoreStore
-from tidefleet.cloud.gcp.mig import MigFleet, MonitoringQueues
+from tidefleet.cloud.gcp.mig import MigFleet
+from tidefleet.cloud.gcp.monitoring import MonitoringQueues
 from tidefleet.config import load_environment
 from tidefleet.control import tick
 from tidefleet.ports import Ports

@@ -82,7 +82,8 @@ def _monitoring():
 @reading_credentials()
 def control_ports(env: Environment) -> Ports:
     from tidefleet.cloud.gcp.firestore import FirestoreStore
-    from tidefleet.cloud.gcp.mig import MigFleet, MonitoringQueues
+    from tidefleet.cloud.gcp.mig import MigFleet
+    from tidefleet.cloud.gcp.monitoring import MonitoringQueues
 
     store = FirestoreStore(env)  # heartbeats, and the queue stats the agents record
     return Ports(queues=MonitoringQueues(env), fleet=MigFleet(env), nodes=store, stats=store)

@@ -1,5 +1,6 @@
-"""The control tick's ports on GCP: the pool's managed instance groups (`MigFleet`) and the
-Pub/Sub backlog from Cloud Monitoring (`MonitoringQueues`). The tick and the policy are the AWS ones.
+"""The control tick's ports on GCP: the pool's managed instance groups (`MigFleet`). The Pub/Sub
+backlog from Cloud Monitoring (`MonitoringQueues`) is in `tidefleet.cloud.gcp.monitoring`. The tick
+and the policy are the AWS ones.
 
 - Fleet (google-cloud-compute, REST): a pool is two regional managed instance groups, Spot
   and on-demand (a template is one or the other). The port shows them as one group: desired =
@@ -10,13 +11,6 @@ Pub/Sub backlog from Cloud Monitoring (`MonitoringQueues`). The tick and the pol
   is skipped instead of failing the call; a target size is never lowered below the instances
   left (the tick guarantees it for desired; `set_on_demand_base` for the on-demand group), so
   the group never picks a victim of its own.
-- Backlog: Pub/Sub has no API that counts a subscription's messages; Cloud Monitoring's
-  `subscription/num_undelivered_messages` is the count (delivered-but-unacked included). It is
-  sampled every minute and visible up to ~2 minutes later, so a scale-out from zero can trail a
-  submit by that much on GCP (AWS reads SQS attributes directly). A pull-based estimate was
-  rejected: pulling to count, then nacking, raises each message's delivery attempt and walks
-  items toward the dead-letter topic. Undelivered messages are reported as `visible`, in-flight
-  0: the policy's demand is their sum, which is exactly the undelivered count.
 - Heartbeats (google-cloud-firestore's GAPIC client, REST): documents
   `pools/<pool>/nodes/<node>` in the environment's database, the same fields as DynamoDB's.
 """
@@ -24,21 +18,16 @@ Pub/Sub backlog from Cloud Monitoring (`MonitoringQueues`). The tick and the pol
 from __future__ import annotations
 
 import math
-import time
-from datetime import UTC, datetime
+from datetime import datetime
 
 from google.api_core import exceptions as gexc
-from google.auth.transport.requests import AuthorizedSession
 from google.cloud import compute_v1
 
 from tidefleet import naming
 from tidefleet.cloud.gcp.calls import RETRY, RETRY_REFUSED, TRY_S
 from tidefleet.config import Environment
-from tidefleet.ports import Backlog, GroupInstance, GroupState
+from tidefleet.ports import GroupInstance, GroupState
 
-MONITORING = "https://monitoring.googleapis.com/v3"
-UNDELIVERED = "pubsub.googleapis.com/subscription/num_undelivered_messages"
-BACKLOG_WINDOW_S = 300  # newest point within the last five minutes; none = an empty, quiet subscription
 # What a managed instance is doing, in the tick's (Auto Scaling's) words.
 PENDING_ACTIONS = frozenset({"CREATING", "CREATING_WITHOUT_RETRIES", "RECREATING", "VERIFYING", "RESTARTING",
                              "REFRESHING", "RESUMING", "STARTING"})  # fmt: skip
@@ -64,39 +53,6 @@ def lifecycle_state(managed: compute_v1.ManagedInstance) -> str:
     if action in PENDING_ACTIONS or status != "RUNNING":
         return "Pending"
     return "InService"
-
-
-class MonitoringQueues:
-    """QueuePort: a subscription's undelivered messages from Cloud Monitoring."""
-
-    def __init__(self, env: Environment, *, session: AuthorizedSession | None = None, credentials=None):
-        self.env = env
-        if session is None:
-            import google.auth
-
-            creds = credentials or google.auth.default(scopes=["https://www.googleapis.com/auth/monitoring.read"])[0]
-            session = AuthorizedSession(creds)
-        self.session = session
-
-    def backlog(self, queue: str) -> Backlog:
-        now = time.time()
-        stamp = lambda t: datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        response = self.session.get(
-            f"{MONITORING}/projects/{self.env.project}/timeSeries",
-            params={
-                "filter": f'metric.type = "{UNDELIVERED}" AND '
-                          f'resource.labels.subscription_id = "{naming.queue(self.env.name, queue)}"',
-                "interval.startTime": stamp(now - BACKLOG_WINDOW_S),
-                "interval.endTime": stamp(now),
-                "view": "FULL",
-            },
-            timeout=10,
-        )  # fmt: skip
-        response.raise_for_status()
-        newest = [p for series in response.json().get("timeSeries", []) for p in series.get("points", [])[:1]]
-        # Points come newest first; a subscription has one series (several only while labels change).
-        visible = max((int(p["value"].get("int64Value", 0)) for p in newest), default=0)
-        return Backlog(visible=visible, in_flight=0)
 
 
 class MigFleet:

@@ -1,6 +1,16 @@
-"""Writing `tidefleet.metrics` points on GCP: Cloud Monitoring custom metrics (timeSeries.create),
-through a google-auth session. The stack declares each metric's descriptor, so alert policies
-and the dashboard can name them before the first tick writes one."""
+"""Cloud Monitoring on GCP, through a google-auth session.
+
+- Metrics (`MonitoringMetrics`): `tidefleet.metrics` points written as custom metrics
+  (timeSeries.create). The stack declares each metric's descriptor, so alert policies and the
+  dashboard can name them before the first tick writes one.
+- Backlog (`MonitoringQueues`, the control tick's queue port): Pub/Sub has no API that counts a subscription's messages; Cloud Monitoring's
+  `subscription/num_undelivered_messages` is the count (delivered-but-unacked included). It is
+  sampled every minute and visible up to ~2 minutes later, so a scale-out from zero can trail a
+  submit by that much on GCP (AWS reads SQS attributes directly). A pull-based estimate was
+  rejected: pulling to count, then nacking, raises each message's delivery attempt and walks
+  items toward the dead-letter topic. Undelivered messages are reported as `visible`, in-flight
+  0: the policy's demand is their sum, which is exactly the undelivered count.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +19,13 @@ from datetime import UTC, datetime
 
 from google.auth.transport.requests import AuthorizedSession
 
-from tidefleet import metrics
+from tidefleet import metrics, naming
 from tidefleet.config import Environment
+from tidefleet.ports import Backlog
 
 MONITORING = "https://monitoring.googleapis.com/v3"
+UNDELIVERED = "pubsub.googleapis.com/subscription/num_undelivered_messages"
+BACKLOG_WINDOW_S = 300  # newest point within the last five minutes; none = an empty, quiet subscription
 SCOPES = ["https://www.googleapis.com/auth/monitoring.write"]
 SERIES_PER_REQUEST = 200  # timeSeries.create's limit
 
@@ -44,3 +57,36 @@ class MonitoringMetrics:
             response = self.session.post(f"{MONITORING}/projects/{self.project}/timeSeries",
                                          json={"timeSeries": series[at : at + SERIES_PER_REQUEST]}, timeout=10)  # fmt: skip
             response.raise_for_status()
+
+
+class MonitoringQueues:
+    """QueuePort: a subscription's undelivered messages from Cloud Monitoring."""
+
+    def __init__(self, env: Environment, *, session: AuthorizedSession | None = None, credentials=None):
+        self.env = env
+        if session is None:
+            import google.auth
+
+            creds = credentials or google.auth.default(scopes=["https://www.googleapis.com/auth/monitoring.read"])[0]
+            session = AuthorizedSession(creds)
+        self.session = session
+
+    def backlog(self, queue: str) -> Backlog:
+        now = time.time()
+        stamp = lambda t: datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        response = self.session.get(
+            f"{MONITORING}/projects/{self.env.project}/timeSeries",
+            params={
+                "filter": f'metric.type = "{UNDELIVERED}" AND '
+                          f'resource.labels.subscription_id = "{naming.queue(self.env.name, queue)}"',
+                "interval.startTime": stamp(now - BACKLOG_WINDOW_S),
+                "interval.endTime": stamp(now),
+                "view": "FULL",
+            },
+            timeout=10,
+        )  # fmt: skip
+        response.raise_for_status()
+        newest = [p for series in response.json().get("timeSeries", []) for p in series.get("points", [])[:1]]
+        # Points come newest first; a subscription has one series (several only while labels change).
+        visible = max((int(p["value"].get("int64Value", 0)) for p in newest), default=0)
+        return Backlog(visible=visible, in_flight=0)
