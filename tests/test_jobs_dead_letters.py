@@ -100,3 +100,36 @@ def test_a_finished_job_is_told_nothing_to_do_whatever_other_runs_hold(h):
     out = run(h, "retry-failed", job)
     assert out.exit_code == 0 and "0 item(s) sent back; nothing to do" in out.output, out.output
     assert other
+
+
+# -- a dead letter of an item that runs -----------------------------------------------------
+def test_a_dead_letter_of_an_item_running_under_a_live_lease_is_left_to_its_holder(h):
+    """On Pub/Sub a running item's message is redelivered, and may be dead-lettered, while its
+    holder's ack-deadline extensions fail. status must not mark such an item failed (its holder's
+    next renewal would then stop the workload), nor retry-failed queue it and send it again (a
+    second node would run it beside the first)."""
+    import time
+
+    from tidefleet.records import Fence
+
+    cloud = for_env(h.env)
+    job = sdk.submit(h.env, "one-runs", "work", sdk.read_items(["s3://b/0", "s3://b/1"]), kick=False).job_id
+    cloud.queues.delete("work", [d.handle for d in cloud.queues.receive("work", 10, 0)])
+    cloud.store.update_item(job, "000000", status="failed", failures=3, reason="exit code 1")
+    sdk.send_messages(cloud, "work", [sdk.ItemMessage(job, "000000", ["s3://b/0"], failures=3),  # its agent gave up
+                                      sdk.ItemMessage(job, "000001", ["s3://b/1"])], dead_letter=True)  # the redrive's
+    now = time.time()
+    claimed = cloud.store.update_item(job, "000001", status="running", node="node-a", lease_until=now + 300,
+                                      add={"attempts": 1}, fence=Fence(claim_at=now))  # fmt: skip
+    assert claimed is not None and claimed.status == "running"
+    sdk.status(h.env, job)
+    assert h.items(job)["000001"].status == "running", "status marked a running item failed"
+    assert sdk.retry_failed(h.env, job) == 1, "only the failed item goes back"
+    items = h.items(job)
+    assert (items["000000"].status, items["000001"].status, items["000001"].node) == ("queued", "running", "node-a")
+    assert visible(h, "work") == (1, 0), "one message sent: the failed item's"
+    assert visible(h, "work", dead_letter=True) == (1, 0), "the running item's dead letter stays, visible again"
+    cloud.store.update_item(job, "000001", status="succeeded", fence=Fence(attempt=1))
+    assert sdk.retry_failed(h.env, job) == 0
+    assert visible(h, "work", dead_letter=True) == (0, 0), "a finished item's dead letter is spent: deleted, not sent"
+    assert visible(h, "work") == (1, 0)

@@ -67,7 +67,7 @@ from tidefleet.jobs.identity import identify
 from tidefleet.jobs.spec import JobSpec, not_text
 from tidefleet.jobs.spec import problems as spec_problems
 from tidefleet.ports import Backlog, Cloud, Delivery
-from tidefleet.records import FINAL, Item, ItemWrite, Job
+from tidefleet.records import FINAL, Fence, Item, ItemWrite, Job
 from tidefleet.resources import redrive_receives
 
 SEND_BATCH = 10  # messages per receive of the dead-letter queue (SQS's most)
@@ -1069,8 +1069,11 @@ def _reconcile(cloud: Cloud, env: Environment, queues: list[str], job_id: str | 
                 for msg in messages:
                     if msg is None or (job_id is not None and msg.job != job_id) or _agent_gave_up(msg, _max_retries(cloud, queue, msg.job, budgets)):
                         continue
-                    # Only a waiting record changes: a missing item is never created, a final one stays.
-                    if cloud.store.update_item(msg.job, msg.item, only_from=WAITING, status="failed", reason=reason):
+                    # Only a waiting record changes: a missing item is never created, a final one stays,
+                    # and one running under a live lease is its holder's (on Pub/Sub a message whose
+                    # ack deadline extensions failed is redelivered, and dead-lettered, while it runs).
+                    if cloud.store.update_item(msg.job, msg.item, only_from=WAITING, status="failed", reason=reason,
+                                               fence=Fence(claim_at=time.time())):  # fmt: skip
                         failed.append((msg.job, msg.item))
         finally:
             if held:
@@ -1239,13 +1242,23 @@ def retry_failed(env: Environment, job_id: str) -> int:
                 # Store first: an agent drops a message whose item is still final, so the item
                 # must be queued again before its message can be received (an item with no
                 # record gets none: the store never creates one in an update).
-                for msg, _ in mine:  # from failed (uncounted on the job), else from waiting
+                back, dropped = [], []
+                for msg, handle in mine:  # from failed (uncounted on the job), else from waiting
                     if cloud.store.update_item(job_id, msg.item, only_from=("failed",), never_from=(), status="queued",
-                                               failures=0, reason="") is None:  # fmt: skip
-                        cloud.store.update_item(job_id, msg.item, status="queued", failures=0, reason="")
-                send_messages(cloud, job.queue, [replace(msg, failures=0) for msg, _ in mine])
+                                               failures=0, reason="") is None and cloud.store.update_item(
+                            job_id, msg.item, status="queued", failures=0, reason="",
+                            fence=Fence(claim_at=time.time())) is None:  # fmt: skip
+                        # Final (its dead letter is spent), missing, or running under a live lease:
+                        # its holder's, whose message Pub/Sub dead-lettered while it ran; left.
+                        running = (record := cloud.store.item(job_id, msg.item)) is not None and record.status == "running"
+                        (others if running else dropped).append(handle)
+                        moved.discard(msg.item)
+                        continue
+                    back.append((msg, handle))
+                if back:
+                    send_messages(cloud, job.queue, [replace(msg, failures=0) for msg, _ in back])
                 unsent = []
-                cloud.queues.delete(job.queue, [r for _, r in mine], dead_letter=True)
+                cloud.queues.delete(job.queue, [r for _, r in back] + dropped, dead_letter=True)
         if not moved:
             _held_by_another_run(cloud, env, job_id, job.queue, ours=len(others))
         return len(moved)
