@@ -250,6 +250,16 @@ class GcpCloud:
             tried = f", tried again for {RETRY_FOR_S:g} s" if retried else ""
             return (f"{type(err).__name__}: {_one_line(err.message)} (project {project}): Google Cloud throttled "
                     f"the call{tried}; wait a minute and run it again")  # fmt: skip
+        if isinstance(err, gexc.ServerError):  # 500, 502, 503, 504: Google's side, mostly passing
+            tried = f", tried again for {RETRY_FOR_S:g} s" if retried else ""
+            return (f"{type(err).__name__}: {_one_line(err.message)} (project {project}): Google Cloud failed on its "
+                    f"side{tried}; this usually passes: try again in a minute; if it persists, see {STATUS_PAGE} "
+                    f"for {self.env.region}")  # fmt: skip
+        # 409: another change to the resource still under way (a group being resized or updated, a
+        # contended Firestore document: Aborted). AlreadyExists is a 409 too, but waiting fixes nothing.
+        if isinstance(err, gexc.Conflict) and not isinstance(err, gexc.AlreadyExists):
+            return (f"{type(err).__name__}: {_one_line(err.message)} (project {project}): another change to it is "
+                    "still in progress; wait for it to finish and run it again")  # fmt: skip
         if isinstance(err, gexc.NotFound):
             return f"{err.message}: environment {env!r} is not deployed in project {project}; {deploy}"
         # REST clients raise a 403 as Forbidden, gRPC ones as PermissionDenied (a Forbidden).
