@@ -206,6 +206,24 @@ def test_nodes_shows_a_node_its_group_no_longer_lists_as_gone_after_the_groups_n
     assert listed == [(up, False, False), (gone, True, True)]
 
 
+def test_nodes_says_why_a_node_could_not_run_items_gone_or_not(h):
+    """A node whose agent found at start it cannot run items says why in its heartbeat (the
+    scaler holds the pool's launches after several): `nodes` shows it, whole, under the table."""
+    store, now = DynamoStore(h.env.name, h.env.region), time.time()
+    why = "its docker does not answer (Cannot connect to the Docker daemon at unix:///var/run/docker.sock)"
+    store.put_heartbeat(Heartbeat("i-bad", "cpu", at=now, slots=2, busy_slots=0, idle_since=now, draining=True,
+                                  instance_type="c6i.large", fault=why))  # fmt: skip
+    env = {"TIDEFLEET_ENV": str(h.env_path)}
+    out = CliRunner().invoke(main, ["nodes"], env=env)
+    (row,) = [[cell.strip() for cell in line.split("│")[1:-1]] for line in out.output.splitlines() if "i-bad" in line
+              and "│" in line]  # fmt: skip
+    assert out.exit_code == 0 and row[4] == "gone, cannot run items", out.output
+    assert f"i-bad could not run items: {why}" in out.output.splitlines(), out.output
+    (pool,) = [p for p in json.loads(CliRunner().invoke(main, ["nodes", "--json"], env=env).output)["pools"]
+               if p["pool"] == "cpu"]  # fmt: skip
+    assert [(n["node_id"], n["fault"]) for n in pool["nodes"]] == [("i-bad", why)]
+
+
 def test_nodes_of_a_pool_without_a_group_are_gone_and_it_says_their_records_stay_until_it_is_deployed(h):
     """A deleted group's nodes went with it, but the scaler reads no pool without a group, so it
     never forgets their heartbeats: `nodes` listed them `gone`, which for a node its group dropped

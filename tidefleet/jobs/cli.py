@@ -409,10 +409,15 @@ def nodes(env_name, as_json) -> None:
         for column in ("node", "type", "lifecycle", "busy/slots", "state", "GPUs", "heartbeat"):
             table.add_column(column)
         for n in pool.nodes:
-            state = "gone" if n.gone else "draining" if n.draining else "busy" if n.busy_slots else "idle"
+            state = ("gone, " if n.gone else "") + "cannot run items" if n.fault else \
+                "gone" if n.gone else "draining" if n.draining else "busy" if n.busy_slots else "idle"
             table.add_row(escape(n.node_id), escape(n.instance_type), "spot" if n.spot else "on-demand", f"{n.busy_slots}/{n.slots}",
                           state, str(n.gpus), _heartbeat_age(n.heartbeat_age_s))
         console.print(table)
+        for n in pool.nodes:  # why it took no items, whole: a table cell would cut it
+            if n.fault:
+                console.print(f"{escape(n.node_id)} could not run items: {escape(one_line(n.fault))}", highlight=False,
+                              soft_wrap=True)  # fmt: skip
         if pool.desired is None and pool.nodes:  # the scaler skips a pool without a group: its records stay
             deploy = f"invoke deploy --env {escape(env_argument(env))}"
             console.print(f"pool {escape(pool.pool)} has no group: its {len(pool.nodes)} node(s) above went "

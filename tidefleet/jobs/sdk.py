@@ -1320,6 +1320,9 @@ class NodeRow:
     # whose group is not found (deleted, and its nodes with it) too: the tick skips that pool, so
     # their records stay until the group exists again.
     gone: bool = False
+    # Why its agent took no items (GPUs, docker, the item user), found at start; "" if none. Such a
+    # node's record stays an hour after it is gone: the scaler holds launches after several.
+    fault: str = ""
 
 
 @dataclass(frozen=True)
@@ -1346,7 +1349,7 @@ def nodes(env: Environment, now: float | None = None) -> list[PoolRow]:
         group = groups.get(pool)
         members = set(group[1]) if group else set()
         rows = sorted((NodeRow(pool, hb.node_id, hb.instance_type, hb.spot, hb.busy_slots, hb.slots, hb.gpus, hb.draining,
-                               now - hb.at, gone=hb.node_id not in members) for hb in beats[pool].values()),
+                               now - hb.at, gone=hb.node_id not in members, fault=hb.fault) for hb in beats[pool].values()),
                       key=lambda n: (n.gone, n.node_id))  # fmt: skip
         desired, instances = (group[0], len(group[1])) if group else (None, None)
         out.append(PoolRow(pool, desired, instances, rows))
