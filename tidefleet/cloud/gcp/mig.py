@@ -11,6 +11,11 @@ and the policy are the AWS ones.
   is skipped instead of failing the call; a target size is never lowered below the instances
   left (the tick guarantees it for desired; `set_on_demand_base` for the on-demand group), so
   the group never picks a victim of its own.
+  A managed instance the group is still creating has no VM yet (none listed, so no creation
+  time) and may have none for long (a quota, a stockout: the group keeps trying): its launch
+  time is when this adapter first saw it, the same on every tick of a warm function (a cold
+  start sees it anew, as just launched), so the boot timeout and the spot fallback count from
+  then instead of from 1970 or from each tick.
 - Heartbeats (google-cloud-firestore's GAPIC client, REST): documents
   `pools/<pool>/nodes/<node>` in the environment's database, the same fields as DynamoDB's.
 """
@@ -18,6 +23,7 @@ and the policy are the AWS ones.
 from __future__ import annotations
 
 import math
+import time
 from datetime import datetime
 
 from google.api_core import exceptions as gexc
@@ -62,6 +68,8 @@ class MigFleet:
         self.env, self.project, self.region = env, env.project, env.region
         self.migs = groups or compute_v1.RegionInstanceGroupManagersClient(credentials=credentials)
         self.instances = instances or compute_v1.InstancesClient(credentials=credentials)
+        # Per group: when each of its instances without a VM yet was first seen, by instance URL.
+        self._first_seen: dict[str, dict[str, float]] = {}
 
     def _names(self, pool: str) -> tuple[str, str]:
         return naming.group(self.env.name, pool), naming.on_demand_group(self.env.name, pool)
@@ -107,12 +115,18 @@ class MigFleet:
             for group, spot in ((spot_group, True), (od_group, False)):
                 if group is None:
                     continue
+                seen, self._first_seen[group.name] = self._first_seen.get(group.name, {}), {}
                 for managed in self._managed(group.name):
                     fact = facts.get(managed.instance)
+                    if fact and fact.creation_timestamp:
+                        launched_at = _epoch(fact.creation_timestamp)
+                    else:  # no VM yet: when first seen (kept only while it is still without one)
+                        launched_at = self._first_seen[group.name][managed.instance] = seen.get(managed.instance,
+                                                                                                time.time())
                     instances.append(GroupInstance(
                         id=_last(managed.instance), lifecycle_state=lifecycle_state(managed), spot=spot,
                         instance_type=_last(fact.machine_type) if fact else self.env.pools[pool].instance_types[0].type,
-                        launched_at=_epoch(fact.creation_timestamp) if fact else 0.0,
+                        launched_at=launched_at,
                         protected=False,  # GCE has none; busy nodes are kept by their heartbeats
                         weight=weight,
                     ))  # fmt: skip
