@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tidefleet.policy.faults import FAULTS_IN_A_ROW, RETRY_AFTER_S
+
 # An item failure rate above this, over at least MIN_ATTEMPTS finished attempts in 15 minutes.
 FAILURE_RATE_PERCENT = 20
 MIN_ATTEMPTS = 5
@@ -72,6 +74,12 @@ RUNBOOKS = {
         "running nodes whose agent stopped sending heartbeats (they are replaced after the boot timeout; "
         "a drain hook holding one releases it at once)",
         "the node's agent log (journalctl -u tidefleet-agent): a crashed agent or a lost network"),
+    "launches-held": Runbook(
+        f"{FAULTS_IN_A_ROW} or more of the pool's nodes in a row said at start they cannot run items (GPUs unusable, "
+        "docker down, the item user missing) and no healthy node came since: the pool's launches are held (none "
+        f"until the newest fault is {RETRY_AFTER_S // 60} minutes old, then one node at a time), so its items wait",
+        "`tidefleet nodes --env E` shows each node's fault; fix the image (AMI), GPU driver, docker or item user and "
+        "redeploy; launches resume by themselves once a node runs items"),
     "cost-over-cap": Runbook(
         "the nodes cost more per hour than the environment's (or the pool's) `cost_cap_usd_per_hour`",
         "`tidefleet nodes --env E`: prices changed or on-demand fallback; lower `max` or raise the cap"),

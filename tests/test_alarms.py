@@ -92,6 +92,24 @@ def test_prod_has_every_aws_alarm_with_its_runbook_and_each_notifies_the_encrypt
     assert found[naming.stack_resource("prod", "gpu-cost-over-cap")]["threshold"] == env.pools["gpu"].cost_cap_usd_per_hour
 
 
+def test_each_pool_alarms_once_its_launches_are_held_for_nodes_that_cannot_run_items(synthesized):
+    """Rule 14 holds a pool's launches at `FAULTS_IN_A_ROW` faults in a row, from that tick on:
+    the pool's `launches-held` alarm watches that count (`NodesFaulted`) and fires at it, not below."""
+    from tidefleet.policy.faults import FAULTS_IN_A_ROW
+
+    for env_name in ("prod", "dev"):
+        found = alarms(synthesized, env_name)
+        for pool in load_environment(env_name).pools:
+            alarm = found[naming.stack_resource(env_name, f"{pool}-launches-held")]
+            assert (alarm["namespace"], alarm["metric_name"], alarm["dimensions"]) == (
+                metrics.NAMESPACE, "NodesFaulted", {"Environment": env_name, "Pool": pool})  # fmt: skip
+            assert (alarm["statistic"], alarm["period"], alarm["evaluation_periods"]) == ("Maximum", 60, 1)
+            assert alarm["comparison_operator"] == "GreaterThanThreshold"
+            assert FAULTS_IN_A_ROW > alarm["threshold"] >= FAULTS_IN_A_ROW - 1  # a whole count: fires at 3, not at 2
+            assert alarm["alarm_description"].startswith(f"{pool}: {RUNBOOKS['launches-held'].text()}")
+    assert "launches-held" in naming.POOL_ALARMS
+
+
 def test_scaler_throttles_fire_only_after_15_minutes_of_throttles_that_started_no_run(synthesized):
     found = alarms(synthesized, "prod")
     alarm = found[naming.stack_resource("prod", "scaler-throttles")]
@@ -139,6 +157,17 @@ def test_the_readme_lists_every_alarm_with_its_meaning_and_first_action():
         assert ("AWS only" in rows[key]) == (runbook.clouds == ("aws",)), key
 
 
+def test_the_readme_lists_every_metric_with_its_dimensions_and_meaning():
+    text = README.read_text()
+    section = text[text.index("## Alarms and dashboard"):text.index("## Configuration reference")]
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `([A-Za-z]+)` \|.*$", section, re.MULTILINE)}
+    assert set(rows) == set(metrics.METRICS)
+    for name, metric in metrics.METRICS.items():
+        cells = [c.strip() for c in rows[name].strip("|").split("|")]
+        assert cells[1] == (", ".join(metric.dimensions[1:]) or "—"), name
+        assert metric.help in cells[2] and cells[3] == metric.source, name
+
+
 def test_the_scaler_errors_runbook_tells_a_tick_that_still_scaled_by_its_line():
     """A tick that only went without job-store reads (`control.WITHOUT`) scaled, and still fails
     its run, which fires the alarm: the runbook quotes the words its failure line starts with."""
@@ -151,6 +180,9 @@ def test_the_dashboard_has_a_row_per_pool_and_the_environment_row():
     titles = [w["properties"]["title"] for w in dashboard(env)["widgets"]]
     for pool in env.pools:
         assert any(t.startswith(f"{pool}: nodes by lifecycle x activity") for t in titles)
+        (trouble,) = [w for w in dashboard(env)["widgets"] if w["properties"]["title"] == f"{pool}: decisions and trouble"]
+        shown = {line[1] for line in trouble["properties"]["metrics"]}
+        assert {"NodesStuckBooting", "NodesSilent", "NodesFaulted"} <= shown
         assert any(t.startswith(f"{pool}: oldest waiting item") for t in titles)
     assert {"$/hour (configured prices)", "attempts: succeeded, failed, interrupted"} <= set(titles)
 

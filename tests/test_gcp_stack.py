@@ -306,6 +306,19 @@ def test_every_alert_policy_has_its_runbook_notifies_the_channels_and_watches_an
                 assert known_gcp_metric(threshold["denominator_filter"])
 
 
+def test_each_pool_has_a_launches_held_condition_that_fires_at_rule_14s_count(stack):
+    from tidefleet import metrics
+    from tidefleet.policy.faults import FAULTS_IN_A_ROW
+
+    policy = resources(stack, "google_monitoring_alert_policy")["alerts_launches-held"]
+    thresholds = [c["condition_threshold"] for c in policy["conditions"]]
+    assert [t["filter"] for t in thresholds] == [metrics.gcp_filter("NodesFaulted", ENV.name, Pool=p) for p in sorted(ENV.pools)]
+    for threshold in thresholds:
+        assert threshold["comparison"] == "COMPARISON_GT" and threshold["duration"] == "60s"
+        assert FAULTS_IN_A_ROW > threshold["threshold_value"] >= FAULTS_IN_A_ROW - 1  # a whole count: fires at 3, not 2
+        assert threshold["aggregations"][0]["per_series_aligner"] == "ALIGN_MAX"
+
+
 def test_every_scaler_metric_has_a_descriptor_and_every_dashboard_chart_an_emitted_metric(stack):
     from tidefleet import metrics
 

@@ -9,7 +9,8 @@ import pytest
 
 from tidefleet import metrics
 from tidefleet.config import parse_environment
-from tidefleet.policy.model import FleetView, NodeView, PoolDecision, PoolView, QueueView
+from tidefleet.policy import faults
+from tidefleet.policy.model import FleetView, NodeFault, NodeView, PoolDecision, PoolView, QueueView
 
 NOW = 10_000.0
 ENV = parse_environment({
@@ -150,3 +151,37 @@ def test_what_act_did_is_reported_not_what_the_policy_decided(done, expected):
 def test_a_dry_run_reports_what_was_decided():
     """Nothing is set in a dry run: `control.tick` tells `acted` nothing, and the points are the decision's."""
     assert metrics.tick_points(ENV, FLEET, [DECISION], NOW, acted={}) == metrics.tick_points(ENV, FLEET, [DECISION], NOW)
+
+
+# Three nodes said at start they cannot run items; the first is still in the group (draining), the
+# others are gone and only their remembered heartbeats say so (`control.FAULT_MEMORY_S`).
+FAULTS = (NodeFault("bad-1", NOW - 900, "its GPUs are not usable: no driver"),
+          NodeFault("bad-2", NOW - 600, "docker does not answer"), NodeFault("bad-3", NOW - 300, "no user 'item'"))  # fmt: skip
+
+
+def faulted(*nodes: NodeView, faults: tuple[NodeFault, ...] = FAULTS) -> float:
+    fleet = FleetView(pools=(PoolView("cpu", nodes, desired=1, on_demand_base=0, faults=faults),), queues=())
+    return values(metrics.tick_points(ENV, fleet, [], NOW))[("NodesFaulted", "cpu")]
+
+
+def test_nodes_faulted_counts_the_faults_in_a_row_that_hold_the_pools_launches():
+    """Rule 14's count (`faults.in_a_row`): the alarm `launches-held` fires on it."""
+    bad = node("bad-1", state="draining", launched=NOW - 1000, beat=NOW - 900)
+    assert faulted() == faulted(bad) == 3
+    # A healthy node launched before the faults, or one still booting, does not end the row.
+    assert faulted(bad, node("old", busy=1, launched=NOW - 5000), node("new", state="pending", launched=NOW - 60)) == 3
+    # A node launched after them that reports without a fault does: nothing in a row.
+    assert faulted(bad, node("fixed", launched=NOW - 200)) == 0
+    # Faults since that healthy node count again, from one.
+    later = (*FAULTS, NodeFault("bad-4", NOW - 100, "no user 'item'"))
+    assert faulted(bad, node("fixed", launched=NOW - 200), faults=later) == 1
+    assert faulted(faults=FAULTS[:2]) == 2
+    assert faulted(faults=()) == 0
+    assert metrics.METRICS["NodesFaulted"].dimensions == metrics.POOL
+
+
+@pytest.mark.parametrize("count", range(6))
+def test_nodes_faulted_reaches_faults_in_a_row_exactly_when_rule_14_holds_launches(count):
+    row = tuple(NodeFault(f"bad-{i}", NOW - 100 * (6 - i), "docker does not answer") for i in range(count))
+    held = faults.hold("cpu", row, (), NOW) is not None
+    assert held == (faulted(faults=row) >= faults.FAULTS_IN_A_ROW)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from tidefleet import naming
 from tidefleet.config import Environment
+from tidefleet.policy import faults
 from tidefleet.policy.cost import PoolPrices
 from tidefleet.policy.model import FleetView, NodeView, PoolDecision, PoolView, on_demand_units
 
@@ -52,6 +53,8 @@ METRICS = {m.name: m for m in (
     Metric("OnDemandFallbackUnits", "Count", POOL, "units moved to on-demand above the configured base: spot is short"),
     Metric("NodesStuckBooting", "Count", POOL, "nodes launched longer ago than boot_timeout_s with no heartbeat yet"),
     Metric("NodesSilent", "Count", POOL, f"running nodes whose agent has not reported for {SILENT_AFTER_S} s"),
+    Metric("NodesFaulted", "Count", POOL, "nodes in a row that said at start they cannot run items, no healthy node "
+           f"launched since; at {faults.FAULTS_IN_A_ROW} the pool's launches are held (scaling rule 14)"),
     Metric("PoolCostPerHour", "None", POOL, "USD per hour of the pool's nodes, at the configured prices"),
     Metric("CostPerHour", "None", ("Environment",), "USD per hour of every node, at the configured prices"),
     Metric("QueueVisible", "Count", QUEUE, "items waiting in the queue"),
@@ -178,6 +181,7 @@ def tick_points(
         silent = sum(1 for n in live if n.state == "running" and n.last_heartbeat is not None
                      and now - n.last_heartbeat > SILENT_AFTER_S)  # fmt: skip
         stuck = sum(1 for n in live if n.state == "pending" and now - n.launched_at > config.boot_timeout_s)
+        faulted = len(faults.in_a_row(pool.faults, pool.nodes)) if pool.faults else 0  # what rule 14 counts
         out += [
             point("DemandSlots", demand, Environment=e, Pool=p),
             point("StarvedQueues", len(decision.starved_queues) if decision else 0, Environment=e, Pool=p),
@@ -187,6 +191,7 @@ def tick_points(
             point("OnDemandFallbackUnits", max(0, base - config.on_demand_base), Environment=e, Pool=p),
             point("NodesStuckBooting", stuck, Environment=e, Pool=p),
             point("NodesSilent", silent, Environment=e, Pool=p),
+            point("NodesFaulted", faulted, Environment=e, Pool=p),
             point("PoolCostPerHour", round(cost, 4), Environment=e, Pool=p),
         ]
     for queue in fleet.queues:

@@ -187,7 +187,8 @@ _ALARM = (255, r"[^\x00-\x1f]+", "free of control characters")
 # The functions and the alarms the AWS stack names (stacks/aws/functions.py, schedules.py, alarms.py).
 FUNCTION_ROLES = ("scaler", "interruption", "schedule")
 ENV_ALARMS = ("scaler-errors", "scaler-throttles", "scaler-duration", "interruption-errors", "cost-over-cap")
-POOL_ALARMS = ("stuck-booting", "silent-nodes", "spot-launch-failures", "on-demand-fallback", "cost-over-cap")
+POOL_ALARMS = ("stuck-booting", "silent-nodes", "launches-held", "spot-launch-failures", "on-demand-fallback",
+               "cost-over-cap")
 QUEUE_ALARMS = ("backlog", "dead-letters", "failure-rate", "oldest-item")
 _PUBSUB = (255, r"(?!goog)[A-Za-z][A-Za-z0-9\-_.~+%]*", "a letter then a-z, A-Z, 0-9 and '-_.~+%', not starting 'goog'")
 _CLOUD_SCHEDULER = (500, r"[A-Za-z0-9_-]+", "a-z, A-Z, 0-9, '_' and '-'")

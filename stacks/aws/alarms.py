@@ -29,6 +29,7 @@ from stacks.aws.functions import TIMEOUT_S
 from stacks.aws.iam import AwsContext, policy_document
 from tidefleet import metrics, naming
 from tidefleet.config import Environment
+from tidefleet.policy.faults import FAULTS_IN_A_ROW
 
 # Standard SQS queues publish to CloudWatch every 5 minutes; the scaler every tick; Lambda every minute.
 SQS_PERIOD_S = 300
@@ -114,6 +115,9 @@ class Alarms(Construct):
                                        ("stuck-booting", "NodesStuckBooting", 2),
                                        ("silent-nodes", "NodesSilent", 3)):  # fmt: skip
                 self._ours(key, p, name, {"Pool": p}, 0, periods)
+            # Rule 14 holds the pool's launches from the first tick with FAULTS_IN_A_ROW faults in a row
+            # (a whole count: over one fewer), and they stay until a healthy node or an hour: one tick.
+            self._ours("launches-held", p, "NodesFaulted", {"Pool": p}, FAULTS_IN_A_ROW - 1, 1)
             if env.pools[p].cost_cap_usd_per_hour is not None:
                 self._ours("cost-over-cap", p, "PoolCostPerHour", {"Pool": p}, env.pools[p].cost_cap_usd_per_hour, 5)
         if env.scaler.cost_cap_usd_per_hour is not None:
@@ -173,7 +177,7 @@ def dashboard(env: Environment) -> dict:
         add(f"{p}: demand (slots) and starved queues", [ours("DemandSlots", Pool=p), ours("StarvedQueues", Pool=p)])
         add(f"{p}: decisions and trouble", [ours(n, Pool=p) for n in (
             "TerminatedNodes", "LeaveGrantUnits", "OnDemandFallbackUnits", "SpotLaunchFailures", "NodesStuckBooting",
-            "NodesSilent")])
+            "NodesSilent", "NodesFaulted")])
         row += 6
     caps = [{"label": "cap", "value": env.scaler.cost_cap_usd_per_hour}] if env.scaler.cost_cap_usd_per_hour else []
     add("$/hour (configured prices)", [ours("CostPerHour"), *[ours("PoolCostPerHour", Pool=p) for p in sorted(env.pools)]],

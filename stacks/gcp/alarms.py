@@ -33,6 +33,7 @@ from stacks.alarms import FAILURE_RATE_PERCENT, RUNBOOKS, SLOW_TICK_SHARE
 from stacks.gcp.control import TIMEOUT_S
 from tidefleet import metrics, naming
 from tidefleet.config import Environment
+from tidefleet.policy.faults import FAULTS_IN_A_ROW
 
 UNDELIVERED = "pubsub.googleapis.com/subscription/num_undelivered_messages"
 OLDEST = "pubsub.googleapis.com/subscription/oldest_unacked_message_age"
@@ -104,6 +105,9 @@ class Alerts(Construct):
                                    ("stuck-booting", "NodesStuckBooting", 2),
                                    ("silent-nodes", "NodesSilent", 3)):  # fmt: skip
             self._policy(key, [self._ours(f"{p}: {name}", name, 0, periods, Pool=p) for p in pools])
+        # Rule 14 holds launches at FAULTS_IN_A_ROW faults in a row (a whole count: over one fewer), from that tick on.
+        self._policy("launches-held", [self._ours(f"{p}: NodesFaulted at {FAULTS_IN_A_ROW} or more", "NodesFaulted",
+                                                  FAULTS_IN_A_ROW - 1, 1, Pool=p) for p in pools])  # fmt: skip
         caps = [self._ours(f"{p}: over {c} USD/h", "PoolCostPerHour", c, 5, Pool=p)
                 for p in pools if (c := env.pools[p].cost_cap_usd_per_hour) is not None]  # fmt: skip
         if env.scaler.cost_cap_usd_per_hour is not None:
@@ -170,7 +174,7 @@ def dashboard(env: Environment) -> dict:
         chart(f"{p}: demand (slots) and starved queues", [ours("DemandSlots", Pool=p), ours("StarvedQueues", Pool=p)])
         chart(f"{p}: decisions and trouble", [ours(n, Pool=p) for n in (
             "TerminatedNodes", "LeaveGrantUnits", "OnDemandFallbackUnits", "SpotLaunchFailures", "NodesStuckBooting",
-            "NodesSilent")])
+            "NodesSilent", "NodesFaulted")])
     cap = [env.scaler.cost_cap_usd_per_hour] if env.scaler.cost_cap_usd_per_hour else []
     chart("$/hour (configured prices)", [ours("CostPerHour"), *[ours("PoolCostPerHour", Pool=p) for p in sorted(env.pools)]],
           thresholds=cap)
