@@ -300,6 +300,7 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
     for missing in sorted(set(names) - set(groups)):
         log.warning(json.dumps({"pool": missing, "skipped": "no auto scaling group; deploy the environment"}))
     pool_views, gone, clock_ahead = [], {}, {}
+    in_group: dict[str, tuple[dict[str, Heartbeat], dict]] = {}  # per pool: (heartbeats, the group's members)
     intake: defaultdict[str, float] = defaultdict(float)  # per queue: 0.0 until an agent took from it
     # Items spot agents left to on-demand nodes, by queue: distinct, as several spot nodes see the same item.
     on_demand: dict[str, set[str]] = {}
@@ -325,6 +326,7 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
                 for qname, keys in hb.on_demand_wanted.items():
                     on_demand.setdefault(qname, set()).update(keys)
         nodes, members = _node_views(name, env.pools[name], group.instances, beats, now)
+        in_group[name] = (beats, members)
         if ahead := {node_id: hb for node_id, hb in ahead.items() if node_id in members}:
             clock_ahead[name] = ahead
         for node_id, beacon in leads:  # a forming gang's lead still in the group: the members it waits for
@@ -354,6 +356,8 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
     # Mean item times feed the policy's boot-horizon rule; without a stats port they are unknown.
     stats = _read(unread, "mean item times", store.queue_stats, observed) if store is not None else None
     backlogs = dict(zip(observed, each(ports.queues.backlog, observed, ports.calls_in_flight), strict=True))
+    if any(b.counts_leased for b in backlogs.values()):  # never in the simulator: its backlog says in-flight
+        backlogs = _leased_in_flight(env, backlogs, in_group, now)
     waiting = _read(unread, "waiting marks", store.waiting_cohorts, observed) if store is not None else None
     # Hold marks are the scaler's own (quota.py), read every tick: a removed [teams] table releases them.
     held = _read(unread, "hold marks", store.held_since, observed) if store is not None else None
@@ -392,6 +396,26 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
         )
     fleet = FleetView(pools=tuple(pool_views), queues=tuple(queue_views))
     return Observation(fleet, groups, gone, marks, unread, clock_ahead)
+
+
+def _leased_in_flight(env: Environment, backlogs: dict[str, Backlog], in_group: dict, now: float) -> dict[str, Backlog]:
+    """Backlogs that count the messages agents hold as waiting (`Backlog.counts_leased`: Pub/Sub's
+    undelivered messages include those leased to running items) with what the agents of the
+    queue's pool say they hold (`Heartbeat.leased`) moved to in flight, before the waiting items
+    are aged: running items are no waiting demand. Only nodes the group still lists count, and
+    only while their heartbeat is younger than the queue's visibility timeout (past it, a silent
+    node's leases lapsed and its messages wait again)."""
+    out = dict(backlogs)
+    for qname, backlog in backlogs.items():
+        if not backlog.counts_leased:
+            continue
+        queue = env.queues[qname]
+        beats, members = in_group.get(queue.pool, ({}, {}))
+        held = sum(hb.leased.get(qname, 0) for node_id, hb in beats.items()
+                   if hb.leased and node_id in members and now - hb.at <= queue.visibility_timeout_s)  # fmt: skip
+        held = min(held, backlog.visible)  # the count trails the agents by a minute or two: never below 0 waiting
+        out[qname] = replace(backlog, visible=backlog.visible - held, in_flight=backlog.in_flight + held)
+    return out
 
 
 class NotTried(Exception):

@@ -40,6 +40,10 @@ class Backlog:
     visible: int  # waiting items
     in_flight: int  # received by an agent, not yet deleted
     oldest_age_s: float | None = None  # the oldest waiting item's age; None = the cloud did not say
+    # True: `visible` also counts messages agents hold (received, not yet deleted), as Pub/Sub's
+    # num_undelivered_messages does, and `in_flight` is 0; the control tick moves the count the
+    # agents' heartbeats say they hold (`Heartbeat.leased`) from visible to in_flight.
+    counts_leased: bool = False
 
 
 @dataclass(frozen=True, slots=True)

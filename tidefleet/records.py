@@ -51,6 +51,10 @@ class Heartbeat:
     # Why this node takes no items, found by its agent at start (GPUs, docker, the item user); "" when it
     # can run them. The scaler holds the pool's launches after several in a row (`policy.faults`).
     fault: str = ""
+    # Messages this agent holds, by queue: received and not yet deleted (acked) or given back; a
+    # gang item's one message is its lead's. Where the backlog counts them as waiting
+    # (`Backlog.counts_leased`: Pub/Sub), the control tick moves them to in flight. {} when none.
+    leased: dict[str, int] = field(default_factory=dict)
 
 
 SCALER_OWNED = ("cordoned", "preempt")  # heartbeat fields only the scaler writes

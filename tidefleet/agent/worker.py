@@ -1474,8 +1474,10 @@ class Agent:
             streams = list(self.streams)
             running = Counter([*(r.message.job for r in self.runs), *(m.job for m in members)])
         unrecorded = self.records.waiting()
+        leased = Counter({q: len(receipts) for q, receipts in unrecorded.items()})
+        leased.update(r.queue for r in runs if r.receipt)  # a gang's message is its lead's; members hold none
         self._step("on-demand items", self._forget_placed)
-        self._step("heartbeat", self._write_heartbeat, busy, idle_since, dict(running))
+        self._step("heartbeat", self._write_heartbeat, busy, idle_since, dict(running), dict(leased))
         self._step("gangs", self._watch_gangs, [r for r in runs if r.gang], members)
         self._step("stop deadlines", self._kill_overdue, [*runs, *members])
         self._step("visibility", self._extend_visibility, runs)
@@ -1524,7 +1526,10 @@ class Agent:
         except Exception as err:  # noqa: BLE001 - one failed step must not stop the others
             log.warning("%s failed: %s", what, str(err).splitlines()[0][:300])
 
-    def _write_heartbeat(self, busy: int, idle_since: float | None, running: dict[str, int]) -> None:
+    def _write_heartbeat(self, busy: int, idle_since: float | None, running: dict[str, int],
+                         leased: dict[str, int] | None = None) -> None:
+        """`leased`: the messages this agent holds, by queue (`Heartbeat.leased`): its unsettled
+        attempts' and those of ended items whose records wait for the store (kept hidden)."""
         now = time.time()
         with self.lock:
             intake = {q: rate_at(r, self.intake_at, now) for q, r in self.intake.items()}
@@ -1532,7 +1537,7 @@ class Agent:
             self.s.node_id, self.pool_name, at=now, slots=self.slots, busy_slots=busy,
             idle_since=idle_since, draining=self.stopping.is_set(), instance_type=self.s.instance_type,
             spot=self.s.spot, gpus=self.gpus, intake=intake, running=running, gang=self.beacon, runs=self._preemptible(),
-            on_demand_wanted=self._on_demand_wanted(),
+            on_demand_wanted=self._on_demand_wanted(), leased=leased or {},
         ))
         own = self.store.heartbeat(self.pool_name, self.s.node_id)
         if own is not None and own.draining:

@@ -8,8 +8,10 @@
   sampled every minute and visible up to ~2 minutes later, so a scale-out from zero can trail a
   submit by that much on GCP (AWS reads SQS attributes directly). A pull-based estimate was
   rejected: pulling to count, then nacking, raises each message's delivery attempt and walks
-  items toward the dead-letter topic. Undelivered messages are reported as `visible`, in-flight
-  0: the policy's demand is their sum, which is exactly the undelivered count.
+  items toward the dead-letter topic. Undelivered messages include those leased to running
+  items, so they are reported as `visible` with `counts_leased` (in-flight 0): the control tick
+  moves the messages the agents' heartbeats say they hold (`Heartbeat.leased`) to in flight
+  before it ages the waiting ones, so running items never read as waiting demand.
 """
 
 from __future__ import annotations
@@ -89,4 +91,4 @@ class MonitoringQueues:
         newest = [p for series in response.json().get("timeSeries", []) for p in series.get("points", [])[:1]]
         # Points come newest first; a subscription has one series (several only while labels change).
         visible = max((int(p["value"].get("int64Value", 0)) for p in newest), default=0)
-        return Backlog(visible=visible, in_flight=0)
+        return Backlog(visible=visible, in_flight=0, counts_leased=True)  # leased ones included: see the module doc
