@@ -4,6 +4,7 @@ as on AWS, run on the GCP ports."""
 
 from __future__ import annotations
 
+import logging
 import time
 from datetime import UTC, datetime
 
@@ -68,7 +69,8 @@ def test_spot_and_on_demand_groups_are_one_pool_in_the_ticks_words(gcp):
     gcp.vms["tidefleet-gcp-dev-cpu-od"] = [FakeVm("tidefleet-gcp-dev-cpu-od-cccc", action="DELETING")]
     gcp.errors["tidefleet-gcp-dev-cpu"] = [
         {"timestamp": "2027-01-15T08:00:00Z", "error": {"code": "ZONE_RESOURCE_POOL_EXHAUSTED", "message": "no spot"}},
-        {"timestamp": "2027-01-15T08:00:00Z", "error": {"code": "QUOTA_EXCEEDED", "message": "quota"}},
+        {"timestamp": "2027-01-15T08:00:00Z", "error": {"code": "QUOTA_EXCEEDED", "message":
+                                                         "Quota 'CPUS_ALL_REGIONS' exceeded.  Limit: 24.0 globally."}},
     ]
     (group,) = ports().fleet.groups(["cpu"], since=0).values()
     assert (group.desired, group.on_demand_base, group.min, group.max) == (3, 1, 0, 10)
@@ -78,7 +80,41 @@ def test_spot_and_on_demand_groups_are_one_pool_in_the_ticks_words(gcp):
         "tidefleet-gcp-dev-cpu-bbbb": ("Pending", True, False, "n2-standard-4"),
         "tidefleet-gcp-dev-cpu-od-cccc": ("Terminating", False, False, "n2-standard-4"),
     }
-    assert len(group.spot_failures) == 1, "only capacity shortages count as spot failures"
+    assert len(group.spot_failures) == 1, "only a Spot shortage counts: a quota on-demand would hit too does not"
+
+
+QUOTA = "Quota '{}' exceeded.  Limit: 0.0 in region us-central1."
+
+
+@pytest.mark.parametrize("code,message,counted", [
+    ("ZONE_RESOURCE_POOL_EXHAUSTED", "The zone does not have enough resources available", True),
+    ("ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", "The zone does not have enough resources available", True),
+    ("QUOTA_EXCEEDED", QUOTA.format("PREEMPTIBLE_CPUS"), True),  # Spot VMs' own quota: on-demand has its own
+    ("QUOTA_EXCEEDED", QUOTA.format("PREEMPTIBLE_NVIDIA_T4_GPUS"), True),
+    ("QUOTA_EXCEEDED", QUOTA.format("PREEMPTIBLE_NVIDIA_H100_GPUS"), True),
+    ("QUOTA_EXCEEDED", QUOTA.format("CPUS"), False),  # on-demand VMs count against it too
+    ("QUOTA_EXCEEDED", QUOTA.format("CPUS_ALL_REGIONS"), False),
+    ("QUOTA_EXCEEDED", QUOTA.format("NVIDIA_T4_GPUS"), False),
+    ("QUOTA_EXCEEDED", QUOTA.format("IN_USE_ADDRESSES"), False),
+    ("QUOTA_EXCEEDED", "quota", False),
+])  # fmt: skip
+def test_a_spot_quota_counts_as_a_spot_failure_and_a_quota_on_demand_shares_does_not(gcp, caplog, code, message,
+                                                                                     counted):  # fmt: skip
+    """Spot VMs count against their own preemptible quota (PREEMPTIBLE_CPUS, PREEMPTIBLE_NVIDIA_*_GPUS) where
+    one is granted, on-demand VMs never: a Spot group refused on it is a reason to launch on demand, as a
+    stockout is (AWS counts any failed spot launch, MaxSpotInstanceCountExceeded too). A quota both kinds
+    use would refuse the on-demand group as well."""
+    gcp.groups |= {"tidefleet-gcp-dev-cpu": 1, "tidefleet-gcp-dev-cpu-od": 0}
+    gcp.errors["tidefleet-gcp-dev-cpu"] = [{"timestamp": "2027-01-15T08:00:00Z",
+                                            "error": {"code": code, "message": message}}]  # fmt: skip
+    with caplog.at_level(logging.WARNING, "tidefleet"):
+        (group,) = ports().fleet.groups(["cpu"], since=0).values()
+    assert group.spot_failures == ((1_800_000_000.0,) if counted else ())
+    quota = [r.getMessage() for r in caplog.records if "quota" in r.getMessage()]
+    if counted and code == "QUOTA_EXCEEDED":
+        name = message.split("'")[1]
+        assert len(quota) == 1 and name in quota[0] and "tidefleet-gcp-dev-cpu" in quota[0], quota
+        assert "on-demand" in quota[0], quota
 
 
 def test_an_undeployed_pool_is_left_out(gcp):
@@ -178,6 +214,25 @@ def test_a_spot_shortage_moves_the_new_capacity_to_the_on_demand_group_in_one_fu
     (decision,) = tick(ENV, ports, now, pools=["cpu"])
     assert (decision.desired, decision.on_demand_base) == (4, 2)
     assert any("spot short (1 spot launch failure(s)" in r for r in decision.reasons)
+    assert gcp.groups == {spot: 2, on_demand: 2}, "the two new nodes come from the on-demand group"
+
+
+def test_a_spot_quota_moves_the_new_capacity_to_the_on_demand_group_in_one_full_tick(gcp):
+    now = time.time()
+    spot, on_demand = "tidefleet-gcp-dev-cpu", "tidefleet-gcp-dev-cpu-od"
+    gcp.groups |= {spot: 2, on_demand: 0}
+    hour_ago = datetime.fromtimestamp(now - 3600, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    gcp.vms[spot] = [FakeVm(f"{spot}-aaaa", created=hour_ago), FakeVm(f"{spot}-bbbb", created=hour_ago)]
+    gcp.errors[spot] = [{"timestamp": datetime.fromtimestamp(now - 60, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                         "error": {"code": "QUOTA_EXCEEDED",
+                                   "message": QUOTA.format("PREEMPTIBLE_CPUS")}}]  # fmt: skip
+    ports = control_ports(ENV)
+    for vm in gcp.vms[spot]:
+        ports.nodes.put_heartbeat(Heartbeat(vm.name, "cpu", at=now, slots=2, busy_slots=2, idle_since=None))
+    FirestoreStore(ENV).record_item_seconds("default", 3600.0)
+    gcp.undelivered["tidefleet-gcp-dev-default"] = 8
+    (decision,) = tick(ENV, ports, now, pools=["cpu"])
+    assert (decision.desired, decision.on_demand_base) == (4, 2), decision.reasons
     assert gcp.groups == {spot: 2, on_demand: 2}, "the two new nodes come from the on-demand group"
 
 

@@ -22,7 +22,9 @@ and the policy are the AWS ones.
 
 from __future__ import annotations
 
+import logging
 import math
+import re
 import time
 from datetime import datetime
 
@@ -34,12 +36,22 @@ from tidefleet.cloud.gcp.calls import RETRY, RETRY_REFUSED, TRY_S
 from tidefleet.config import Environment
 from tidefleet.ports import GroupInstance, GroupState
 
+log = logging.getLogger(__name__)
+
 # What a managed instance is doing, in the tick's (Auto Scaling's) words.
 PENDING_ACTIONS = frozenset({"CREATING", "CREATING_WITHOUT_RETRIES", "RECREATING", "VERIFYING", "RESTARTING",
                              "REFRESHING", "RESUMING", "STARTING"})  # fmt: skip
 GOING_ACTIONS = frozenset({"DELETING", "ABANDONING", "STOPPING", "SUSPENDING"})
 # Errors of a Spot group that mean "no Spot capacity now", as the policy's spot failures.
 SPOT_SHORTAGE = ("ZONE_RESOURCE_POOL_EXHAUSTED", "STOCKOUT", "RESOURCE_POOL_EXHAUSTED")
+# A quota only Spot (preemptible) VMs count against, named in a QUOTA_EXCEEDED error's message
+# ("Quota 'PREEMPTIBLE_NVIDIA_T4_GPUS' exceeded. Limit: 0.0 in region ..."): PREEMPTIBLE_CPUS,
+# PREEMPTIBLE_NVIDIA_*_GPUS, PREEMPTIBLE_LOCAL_SSD_GB (compute_v1.Quota.Metric). On-demand VMs never
+# use it, so it is a spot failure too: on-demand is the way round, as after AWS's
+# MaxSpotInstanceCountExceeded. A quota both kinds use (CPUS, CPUS_ALL_REGIONS, NVIDIA_T4_GPUS where no
+# preemptible quota is granted, IN_USE_ADDRESSES) would refuse the on-demand group too: not counted.
+SPOT_QUOTA = re.compile(r"\bPREEMPTIBLE_[A-Z0-9_]+")
+QUOTA_SAID_KEPT = 10_000
 
 
 def _epoch(rfc3339: str) -> float:
@@ -70,6 +82,7 @@ class MigFleet:
         self.instances = instances or compute_v1.InstancesClient(credentials=credentials)
         # Per group: when each of its instances without a VM yet was first seen, by instance URL.
         self._first_seen: dict[str, dict[str, float]] = {}
+        self._quota_said: set[tuple[str, str, str]] = set()  # Spot quota errors logged: (group, time, quota)
 
     def _names(self, pool: str) -> tuple[str, str]:
         return naming.group(self.env.name, pool), naming.on_demand_group(self.env.name, pool)
@@ -99,10 +112,25 @@ class MigFleet:
         return {i.self_link: i for _, scoped in pages for i in scoped.instances}
 
     def _spot_failures(self, group: str, since: float) -> tuple[float, ...]:
-        return tuple(sorted(
-            _epoch(e.timestamp) for e in self.migs.list_errors(**self._where(group), retry=RETRY, timeout=TRY_S)
-            if any(code in e.error.code for code in SPOT_SHORTAGE) and _epoch(e.timestamp) >= since
-        ))  # fmt: skip
+        failures = []
+        for e in self.migs.list_errors(**self._where(group), retry=RETRY, timeout=TRY_S):
+            at = _epoch(e.timestamp)
+            if at < since:
+                continue
+            if any(code in e.error.code for code in SPOT_SHORTAGE):
+                failures.append(at)
+            elif quota := SPOT_QUOTA.search(e.error.message):
+                failures.append(at)
+                # The policy's reason counts spot failures without their cause: the log names the quota,
+                # once per error a warm function sees.
+                if len(self._quota_said) > QUOTA_SAID_KEPT:  # errors age out of the window: forget now and then
+                    self._quota_said.clear()
+                if (group, e.timestamp, quota.group()) not in self._quota_said:
+                    self._quota_said.add((group, e.timestamp, quota.group()))
+                    log.warning("%s: the Spot quota %s is exhausted (%s: %s); counted as a spot launch failure, so "
+                                "the policy launches on-demand instead; raise the quota to launch Spot again", group,
+                                quota.group(), e.error.code, " ".join(e.error.message.split())[:200])  # fmt: skip
+        return tuple(sorted(failures))
 
     def groups(self, pools: list[str], since: float) -> dict[str, GroupState]:
         found = {p: (self._get(self._names(p)[0]), self._get(self._names(p)[1])) for p in pools}
