@@ -11,23 +11,35 @@
   items toward the dead-letter topic. Undelivered messages include those leased to running
   items, so they are reported as `visible` with `counts_leased` (in-flight 0): the control tick
   moves the messages the agents' heartbeats say they hold (`Heartbeat.leased`) to in flight
-  before it ages the waiting ones, so running items never read as waiting demand.
+  before it ages the waiting ones, so running items never read as waiting demand. The read is
+  tried again for 20 s on a 429, a 5xx, silence or a lost connection (`BACKLOG_RETRY`), and its
+  errors name the host, not the URL-encoded query.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from datetime import UTC, datetime
 
+import requests
+from google.api_core import exceptions as gexc
+from google.api_core.retry import Retry, if_exception_type
 from google.auth.transport.requests import AuthorizedSession
 
 from tidefleet import metrics, naming
+from tidefleet.cloud.gcp.calls import RETRY_FOR_S, TRY_S
 from tidefleet.config import Environment
 from tidefleet.ports import Backlog
 
-MONITORING = "https://monitoring.googleapis.com/v3"
+HOST = "monitoring.googleapis.com"
+MONITORING = f"https://{HOST}/v3"
 UNDELIVERED = "pubsub.googleapis.com/subscription/num_undelivered_messages"
 BACKLOG_WINDOW_S = 300  # newest point within the last five minutes; none = an empty, quiet subscription
+# The backlog read, tried again for the other calls' RETRY_FOR_S on what passes: a refusal (429), an
+# error on Google's side (5xx), silence, a lost connection. A read changes nothing, so all of them.
+BACKLOG_RETRY = Retry(if_exception_type(gexc.TooManyRequests, gexc.ServerError, requests.Timeout, requests.ConnectionError),
+                      initial=0.5, maximum=4.0, multiplier=2.0, timeout=RETRY_FOR_S)  # fmt: skip
 SCOPES = ["https://www.googleapis.com/auth/monitoring.write"]
 SERIES_PER_REQUEST = 200  # timeSeries.create's limit
 
@@ -74,21 +86,49 @@ class MonitoringQueues:
         self.session = session
 
     def backlog(self, queue: str) -> Backlog:
-        now = time.time()
-        stamp = lambda t: datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        response = self.session.get(
-            f"{MONITORING}/projects/{self.env.project}/timeSeries",
-            params={
-                "filter": f'metric.type = "{UNDELIVERED}" AND '
-                          f'resource.labels.subscription_id = "{naming.queue(self.env.name, queue)}"',
-                "interval.startTime": stamp(now - BACKLOG_WINDOW_S),
-                "interval.endTime": stamp(now),
-                "view": "FULL",
-            },
-            timeout=10,
-        )  # fmt: skip
-        response.raise_for_status()
-        newest = [p for series in response.json().get("timeSeries", []) for p in series.get("points", [])[:1]]
+        """Tried again on a refusal, an error on Google's side or a lost connection (`BACKLOG_RETRY`,
+        the other calls' 20 s): a read changes nothing. Its errors name the host, not the query."""
+        body = BACKLOG_RETRY(self._read)(naming.queue(self.env.name, queue))
+        newest = [p for series in body.get("timeSeries", []) for p in series.get("points", [])[:1]]
         # Points come newest first; a subscription has one series (several only while labels change).
         visible = max((int(p["value"].get("int64Value", 0)) for p in newest), default=0)
         return Backlog(visible=visible, in_flight=0, counts_leased=True)  # leased ones included: see the module doc
+
+    def _read(self, subscription: str) -> dict:
+        """One try: the subscription's points of the last BACKLOG_WINDOW_S, as of now."""
+        now = time.time()
+        stamp = lambda t: datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        try:
+            response = self.session.get(
+                f"{MONITORING}/projects/{self.env.project}/timeSeries",
+                params={
+                    "filter": f'metric.type = "{UNDELIVERED}" AND resource.labels.subscription_id = "{subscription}"',
+                    "interval.startTime": stamp(now - BACKLOG_WINDOW_S),
+                    "interval.endTime": stamp(now),
+                    "view": "FULL",
+                },
+                timeout=TRY_S,
+            )  # fmt: skip
+        except requests.Timeout as err:  # the same type (explained as silence), without the URL's query
+            raise type(err)(f"{HOST} did not answer within {TRY_S:g} s", request=err.request) from err
+        except requests.ConnectionError as err:
+            raise requests.ConnectionError(f"could not connect to {HOST} ({_reason(err)})", request=err.request) from err
+        if response.status_code >= 400:  # as the clients raise it (ServiceUnavailable, ...), naming the host only
+            raise gexc.from_http_status(response.status_code, f"{HOST} answered {response.status_code}: "
+                                        f"{_message(response)}", response=response)  # fmt: skip
+        return response.json()
+
+
+def _message(response: requests.Response) -> str:
+    """Google's message in an error answer, else its HTTP reason."""
+    try:
+        return str(response.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return response.reason or "no message"
+
+
+def _reason(err: requests.ConnectionError) -> str:
+    """Why a connection failed, without urllib3's URL and object names: 'Connection refused'."""
+    reason = err.args[0] if err.args else err
+    reason = getattr(reason, "reason", None) or reason  # urllib3's MaxRetryError names the URL; its reason does not
+    return re.sub(r"^<[^>]*>: ", "", " ".join(str(reason).split()))[:200]
