@@ -15,7 +15,11 @@ and the policy are the AWS ones.
   time) and may have none for long (a quota, a stockout: the group keeps trying): its launch
   time is when this adapter first saw it, the same on every tick of a warm function (a cold
   start sees it anew, as just launched), so the boot timeout and the spot fallback count from
-  then instead of from 1970 or from each tick.
+  then instead of from 1970 or from each tick. One the group could not create (a stockout, a
+  quota: no VM, its last attempt's errors; the group retries as long as its target asks) is no
+  instance, as a failed launch on AWS: the policy sees the group short and, spot being short,
+  moves those units to on-demand; `set_on_demand_base` and `set_desired` delete such instances
+  first (by name) whenever the Spot group comes down, so a resize never picks a running VM.
 - Heartbeats (google-cloud-firestore's GAPIC client, REST): documents
   `pools/<pool>/nodes/<node>` in the environment's database, the same fields as DynamoDB's.
 """
@@ -60,6 +64,13 @@ def _epoch(rfc3339: str) -> float:
 
 def _last(url: str) -> str:
     return url.rsplit("/", 1)[-1]
+
+
+def creation_failed(managed: compute_v1.ManagedInstance) -> bool:
+    """The group could not create this instance's VM (a stockout, a quota) and is trying again: no
+    VM (instanceStatus is empty when the instance does not exist) and its last attempt's errors. In
+    AWS's words a failed launch, which is no instance."""
+    return not managed.instance_status and bool(managed.last_attempt.errors.errors)
 
 
 def lifecycle_state(managed: compute_v1.ManagedInstance) -> str:
@@ -145,6 +156,8 @@ class MigFleet:
                     continue
                 seen, self._first_seen[group.name] = self._first_seen.get(group.name, {}), {}
                 for managed in self._managed(group.name):
+                    if creation_failed(managed):  # not capacity; set_desired deletes it first when lowering
+                        continue
                     fact = facts.get(managed.instance)
                     if fact and fact.creation_timestamp:
                         launched_at = _epoch(fact.creation_timestamp)
@@ -171,14 +184,35 @@ class MigFleet:
         od_group = self._get(on_demand)
         nodes = math.ceil(desired / self._weight(pool))
         size = max(0, nodes - (od_group.target_size if od_group else 0))
+        # Lowered: the instances it could not create go first, by name (deleteInstances lowers the
+        # target with them), so the resize never picks a running VM while one of those is there.
+        # The tick keeps desired above the instances it reported, which leave these out.
+        group = self._get(spot)
+        if group is not None and size < group.target_size:
+            failed = [m.instance for m in self._managed(spot) if creation_failed(m)][: group.target_size - size]
+            if failed:
+                self._delete(spot, failed)
         self.migs.resize(**self._where(spot), size=size, retry=RETRY, timeout=TRY_S)
+
+    def _delete(self, group: str, urls: list[str]) -> None:
+        self.migs.delete_instances(
+            **self._where(group),
+            region_instance_group_managers_delete_instances_request_resource=(
+                compute_v1.RegionInstanceGroupManagersDeleteInstancesRequest(
+                    instances=urls, skip_instances_on_validation_error=True)
+            ),
+            retry=RETRY_REFUSED, timeout=TRY_S,
+        )  # fmt: skip
 
     def set_on_demand_base(self, pool: str, units: int) -> None:
         """Size the on-demand group to the base; the tick's set_desired that follows sizes the Spot
         group to the rest. Never below the on-demand VMs it runs: a resize below them would delete
         some of the group's own choosing, busy ones too. Those leave when the policy terminates
-        them (on-demand first, once idle), and the base comes down with them."""
-        on_demand = self._names(pool)[1]
+        them (on-demand first, once idle), and the base comes down with them.
+        Raised, the Spot group's instances it could not create go, as many as the raise: the
+        units the on-demand group now brings are theirs (the policy counted them as not there, as
+        on AWS), and the tick calls no set_desired when desired itself stays."""
+        spot, on_demand = self._names(pool)
         size = math.ceil(units / self._weight(pool))
         group = self._get(on_demand)
         if group is not None and size < group.target_size:
@@ -186,6 +220,11 @@ class MigFleet:
             if size == group.target_size:
                 return
         self.migs.resize(**self._where(on_demand), size=size, retry=RETRY, timeout=TRY_S)
+        raised = size - (group.target_size if group is not None else 0)
+        if raised > 0 and self._get(spot) is not None:
+            failed = [m.instance for m in self._managed(spot) if creation_failed(m)][:raised]
+            if failed:
+                self._delete(spot, failed)
 
     def terminate(self, pool: str, instance_ids: tuple[str, ...]) -> tuple[str, ...]:
         if not instance_ids:
@@ -199,14 +238,7 @@ class MigFleet:
             urls = [m.instance for m in self._managed(group)
                     if _last(m.instance) in wanted and lifecycle_state(m) == "InService"]  # fmt: skip
             if urls:
-                self.migs.delete_instances(
-                    **self._where(group),
-                    region_instance_group_managers_delete_instances_request_resource=(
-                        compute_v1.RegionInstanceGroupManagersDeleteInstancesRequest(
-                            instances=urls, skip_instances_on_validation_error=True)
-                    ),
-                    retry=RETRY_REFUSED, timeout=TRY_S,
-                )  # fmt: skip
+                self._delete(group, urls)
                 done += [_last(u) for u in urls]
         return tuple(done)
 
