@@ -62,6 +62,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import psutil
+
 from tidefleet.agent import checkpoint, claim, gang
 from tidefleet.agent.attempt import (
     Attempt,
@@ -439,6 +441,7 @@ class Agent:
             self.changed.notify_all()
 
     def _prepare(self) -> None:
+        self._step("a previous incarnation's record", self._forget_previous_incarnation)
         # Before any item: containers a killed agent left hold GPUs. A docker that does not answer,
         # or a missing item user, would fail every item it takes: take none (as a broken GPU driver).
         unanswered = remove_leftover_containers(self.pool, self.s.work_dir)
@@ -471,6 +474,22 @@ class Agent:
             self.checkpoint_base = self.s.checkpoint_root.resolve().as_uri()
         else:
             self.checkpoint_base = self.node.checkpoint_base()
+
+    def _forget_previous_incarnation(self) -> None:
+        """Before the first heartbeat: a record of this node id last written before this machine
+        booted is a previous machine's of the same name (GCE: a managed instance group recreates
+        a preempted Spot VM under its name), whose sticky marks (draining, cordon, preempt, its
+        idle claim) would keep this one from taking any work: forgotten. A mark-only record (no
+        heartbeat yet: a spot notice's draining) is this machine's, and kept. AWS instance ids are
+        never reused: nothing to forget there."""
+        own = self.store.heartbeat(self.pool_name, self.s.node_id)  # None: no record, or a mark only
+        booted = psutil.boot_time()
+        if own is None or own.at >= booted:
+            return
+        self.store.forget_node(self.pool_name, self.s.node_id)
+        log.info("forgot node %s's record from before this machine booted (last heartbeat %.0f s before the boot%s): a "
+                 "previous machine of the same name", self.s.node_id, booted - own.at,
+                 ", draining" if own.draining else "")  # fmt: skip
 
     def _loop(self, step, every_s: float) -> None:
         while not self.finished.is_set():
