@@ -101,6 +101,7 @@ from tidefleet.logstream import CLOSE_S
 from tidefleet.policy.model import rate_after, rate_at
 from tidefleet.ports import Delivery, NodeMetadata
 from tidefleet.records import AttemptOutcome, Fence, Heartbeat, Item, ItemWrite, Job
+from tidefleet.resources import redrive_receives
 
 log = logging.getLogger("tidefleet.agent")
 RECEIVE_BATCH = 10  # SQS's most per receive; more than a node's free slots anyway
@@ -640,8 +641,9 @@ class Agent:
         if isinstance(action, claim.Cancel):
             self._settle_cancelled(held)
             return
+        # The deployed redrive count: Pub/Sub clamps max_delivery_attempts to 5..100.
         defer = claim.on_spot(msg, delivery, after=queue.on_demand_after_interruptions,
-                              max_receives=queue.max_receive_count) if self.s.spot else None  # fmt: skip
+                              max_receives=redrive_receives(self.env.cloud, queue)) if self.s.spot else None  # fmt: skip
         if defer is not None:
             if not self._to_holder(name, delivery, msg):
                 self._defer(name, delivery, msg, defer)
