@@ -855,3 +855,23 @@ def test_nodes_that_could_not_run_items_hold_the_pools_launches_and_are_remember
     assert set(p.nodes.beats["cpu"]) == set(faulted), "kept past the boot timeout: the hold counts them"
     control.tick(ENV, p, NOW + control.FAULT_MEMORY_S, pools=["cpu"])
     assert p.nodes.beats["cpu"] == {}, "forgotten an hour after they said it"
+
+
+def test_a_healthy_node_launched_after_the_faults_ends_them_for_good_even_once_it_is_gone():
+    """Rule 14 counts faults no healthy node came after; the tick forgets those a healthy node
+    superseded (once silent past a boot, not an hour), so the healthy node's scale-in within the
+    hour does not bring the old faults, and the hold, back."""
+    why = "its docker does not answer"
+    faulted = {f"i-bad{k}": replace(beat(f"i-bad{k}", draining=True), at=NOW - 1000 + 100 * k, fault=why)
+               for k in range(3)}  # fmt: skip
+    good = replace(instance("i-good"), launched_at=NOW - 500)
+    p = ports(group("cpu", 1, good), beats={"cpu": {**faulted, "i-good": beat("i-good", busy=1)}},
+              backlogs={"demo": Backlog(5, 1)})  # fmt: skip
+    later = NOW + ENV.pools["cpu"].boot_timeout_s
+    (decision,) = control.tick(ENV, p, later, pools=["cpu"])
+    assert not any("launches held" in r for r in decision.reasons), decision.reasons
+    assert set(p.nodes.beats["cpu"]) == {"i-good"}, "superseded: forgotten once silent past a boot"
+    del p.nodes.beats["cpu"]["i-good"]
+    p.fleet.groups_["cpu"] = group("cpu", 0)
+    (after,) = control.tick(ENV, p, later + 60, pools=["cpu"])
+    assert not any("launches held" in r for r in after.reasons) and after.desired > 0, after.reasons

@@ -30,6 +30,7 @@ from tidefleet.agent.gang import Beacon
 from tidefleet.config import Environment, InstanceType, Pool
 from tidefleet.fanout import each
 from tidefleet.policy.demand import drop_oldest, gang_counts
+from tidefleet.policy.faults import in_a_row
 from tidefleet.policy.interruption import DrainNode, pool_of_group
 from tidefleet.policy.model import (
     FleetView,
@@ -288,7 +289,8 @@ def _silent(pool: Pool, heartbeat: Heartbeat, now: float) -> bool:
 
 
 def _remembered(heartbeat: Heartbeat, now: float) -> bool:
-    """A fault (rule 14) is kept `FAULT_MEMORY_S` after its node said it, its node gone or not."""
+    """A fault (rule 14) is kept `FAULT_MEMORY_S` after its node said it, its node gone or not, while
+    no healthy node launched after it (`faults.in_a_row`)."""
     return bool(heartbeat.fault) and now - heartbeat.at < FAULT_MEMORY_S
 
 
@@ -332,6 +334,9 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
         for node_id, beacon in leads:  # a forming gang's lead still in the group: the members it waits for
             if node_id in members:
                 forming[beacon.queue] += beacon.short
+        faults = tuple(NodeFault(n, hb.at, hb.fault) for n, hb in beats.items() if hb.fault)
+        if faults:  # a healthy node launched after a fault ends it for good, even once that node is gone
+            faults = tuple(in_a_row(faults, nodes))
         pool_views.append(
             PoolView(
                 name=name,
@@ -339,7 +344,7 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
                 desired=group.desired,
                 on_demand_base=group.on_demand_base,
                 spot_failures=group.spot_failures,
-                faults=tuple(NodeFault(n, hb.at, hb.fault) for n, hb in beats.items() if hb.fault),
+                faults=faults,
             )
         )
         # A node the group no longer lists and that has been silent longer than a boot: its
@@ -347,8 +352,9 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
         # that never reported has only a mark (a spot notice's draining) and no heartbeat to age.
         strays = beats.keys() - members.keys()  # usually none: a set difference, not a scan
         pool = env.pools[name]
-        gone[name] = tuple(n for n, hb in beats.items()
-                           if n in strays and _silent(pool, hb, now) and not _remembered(hb, now)) if strays else ()  # fmt: skip
+        counted = {f.node_id for f in faults}
+        gone[name] = tuple(n for n, hb in beats.items() if n in strays and _silent(pool, hb, now)
+                           and not (n in counted and _remembered(hb, now))) if strays else ()  # fmt: skip
         if marked:
             gone[name] += tuple(sorted(marked - members.keys()))
     observed = [qname for qname, queue in env.queues.items() if queue.pool in groups]
