@@ -202,6 +202,10 @@ class WorkQueues(Protocol):
     def release(self, queue: str, handles: list[str], *, dead_letter: bool = False) -> None:
         """Visible to everyone again now (SQS visibility 0 / Pub/Sub nack). Counts as a delivery."""
 
+    def counts(self, queue: str, *, dead_letter: bool = False) -> Backlog | None:
+        """Its messages now, visible and hidden (received, not yet deleted), where the queue can say
+        at once (SQS); None where it cannot (Pub/Sub: only Cloud Monitoring, minutes late)."""
+
 
 class LogStream(Protocol):
     def write(self, line: str) -> None: ...

@@ -122,3 +122,16 @@ def test_a_send_refused_in_part_raises_one_of_the_clouds_errors(work_queues):
         q.queues.send(q.queue, ["one", "two"])
     assert "1 of 2" in str(refused.value), refused.value
     assert q.queues.send(q.queue, ["three"]), "the next send is answered in full"
+
+
+def test_counts_are_the_queues_visible_and_held_messages_or_none_where_it_cannot_say(work_queues, request):
+    """SQS counts at once; Pub/Sub cannot (Cloud Monitoring's counts are minutes late): None, and
+    the SDK then concludes nothing from a count (`sdk._dead_letter_counts`)."""
+    q = work_queues
+    q.queues.send(q.queue, ["a", "b", "c"])
+    assert len(q.queues.receive(q.queue, 1, 0)) == 1
+    counts, dead = q.queues.counts(q.queue), q.queues.counts(q.queue, dead_letter=True)
+    if request.node.callspec.params["work_queues"] == "pubsub":
+        assert (counts, dead) == (None, None)
+    else:
+        assert (counts.visible, counts.in_flight, dead.visible, dead.in_flight) == (2, 1, 0, 0)

@@ -1158,13 +1158,10 @@ def _cancel_waiting(cloud: Cloud, job_id: str, item_ids: list[str], reason: str)
 
 def _dead_letter_counts(cloud: Cloud, queue: str) -> Backlog | None:
     """The dead-letter queue's visible and hidden (held) messages where the cloud's queues count
-    them (SQS's `counts`; not on the port: Pub/Sub cannot say), else None. None too when the
-    count cannot be read (a caller without sqs:GetQueueAttributes): nothing is concluded from it."""
-    count = getattr(cloud.queues, "counts", None)
-    if count is None:
-        return None
+    them (`WorkQueues.counts`: SQS, not Pub/Sub), else None. None too when the count cannot be
+    read (a caller without sqs:GetQueueAttributes): nothing is concluded from it."""
     try:
-        return count(queue, dead_letter=True)
+        return cloud.queues.counts(queue, dead_letter=True)
     except cloud.errors as err:
         log.debug("could not count the dead-letter queue of %r: %s", queue, err)
         return None

@@ -128,8 +128,6 @@ class SqsWorkQueues:
 
     def counts(self, queue: str, *, dead_letter: bool = False) -> Backlog:
         """The queue's messages now: visible, and hidden (received and not yet deleted: held).
-        Not on the `WorkQueues` port (Pub/Sub cannot say without Cloud Monitoring, minutes late):
-        the SDK asks for it where an adapter has it (`sdk._dead_letter_counts`).
         Approximate, as SQS says, but not sampled as a short poll is."""
         attrs = self.sqs.get_queue_attributes(
             QueueUrl=self.url(queue, dead_letter=dead_letter),

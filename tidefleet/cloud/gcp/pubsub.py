@@ -123,5 +123,8 @@ class PubSubWorkQueues:
     def send(self, queue, bodies, *, dead_letter=False) -> list[str]:
         return publish(self.env, self._name(queue, dead_letter), [b.encode() for b in bodies], client=self.publisher)
 
+    def counts(self, queue, *, dead_letter=False) -> None:
+        """None: a subscription's counts are Cloud Monitoring's, minutes late (`WorkQueues.counts`)."""
+
     def release(self, queue, handles, *, dead_letter=False) -> None:
         self.extend_on(self._subscription(queue, dead_letter), handles, 0)
