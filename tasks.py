@@ -6,6 +6,7 @@ a message that says what to do, never a traceback.
 
 from __future__ import annotations
 
+import atexit
 import errno
 import os
 import shlex
@@ -21,6 +22,9 @@ ENV_HELP = ("environment: a name from environments/ (or $TIDEFLEET_ENVIRONMENTS)
             "(default: $TIDEFLEET_ENV, as for the tidefleet CLI)")
 
 
+_READER_LEFT = []  # set once a closed pipe ended the run: `_exit_141`
+
+
 def _reader_left(kind, err, tb, *, _default=sys.excepthook) -> None:
     """`invoke --list | head -1`: the reader closed the pipe, and invoke's next print raised
     BrokenPipeError to the top. A Unix tool then says nothing (tasks' own cleanup already ran as it
@@ -29,6 +33,16 @@ def _reader_left(kind, err, tb, *, _default=sys.excepthook) -> None:
         _default(kind, err, tb)
         return
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    _READER_LEFT.append(True)
+
+
+@atexit.register  # at tasks.py's import: it runs after the exit handlers registered since (LIFO)
+def _exit_141() -> None:
+    """An uncaught exception exits 1 whatever its hook does: a run the reader left exits 141 (128 +
+    SIGPIPE), as the tidefleet commands do and a shell reports a tool the closed pipe killed."""
+    if _READER_LEFT:
+        sys.stderr.flush()
+        os._exit(141)
 
 
 sys.excepthook = _reader_left

@@ -218,12 +218,13 @@ def test_ctrl_c_stops_invoke_test_with_no_traceback_nor_a_further_pass_when_stdi
     assert code == 2  # pytest's own "interrupted"
 
 
-def test_a_reader_that_leaves_early_ends_invoke_without_a_traceback():
+def test_a_reader_that_leaves_early_ends_invoke_without_a_traceback_and_exits_141():
     """`invoke --list | head -1`: the pipe closes before invoke prints, and its print raised
-    BrokenPipeError to the top."""
+    BrokenPipeError to the top. It exits 141 (128 + SIGPIPE), as the tidefleet commands do and as a
+    shell reports a Unix tool the closed pipe killed, not 1, which `set -o pipefail` reads as failure."""
     proc = subprocess.Popen([sys.executable, "-m", "invoke", "--list"], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)  # fmt: skip
     proc.stdout.close()  # the reader left before the first line
     stderr = proc.stderr.read().decode()
-    assert proc.wait(timeout=60) != 0
+    assert proc.wait(timeout=60) == 141
     assert stderr == "", stderr
