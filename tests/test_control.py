@@ -875,3 +875,39 @@ def test_a_healthy_node_launched_after_the_faults_ends_them_for_good_even_once_i
     p.fleet.groups_["cpu"] = group("cpu", 0)
     (after,) = control.tick(ENV, p, later + 60, pools=["cpu"])
     assert not any("launches held" in r for r in after.reasons) and after.desired > 0, after.reasons
+
+
+def test_a_record_from_before_an_instances_launch_is_a_previous_machines_under_the_same_name():
+    """A MIG recreates a preempted Spot VM under the same name: the old machine's draining, idle
+    record must not have the new one terminated before its agent reports (and forgets it)."""
+    old = replace(beat("n-1", draining=True), at=NOW - 300)
+    recreated = replace(instance("n-1"), launched_at=NOW - 40)
+    p = ports(group("cpu", 1, recreated), beats={"cpu": {"n-1": old}}, backlogs={"demo": Backlog(1, 0)})
+    (decision,) = control.tick(ENV, p, NOW, pools=["cpu"])
+    assert not any(r.startswith("terminate n-1") for r in decision.reasons), decision.reasons
+    assert ("terminate", "cpu", "n-1") not in p.fleet.calls
+    (view,) = control.observe(ENV, p, NOW, ["cpu"]).fleet.pools[0].nodes
+    assert (view.state, view.last_heartbeat) == ("pending", None)
+    lagging = replace(beat("n-1"), at=NOW - 60)  # its own, from a clock 30 s behind: read as ever
+    p = ports(group("cpu", 1, replace(instance("n-1"), launched_at=NOW - 90)), beats={"cpu": {"n-1": lagging}})
+    (view,) = control.observe(ENV, p, NOW, ["cpu"]).fleet.pools[0].nodes
+    assert view.state == "running" and view.last_heartbeat == NOW - 60
+
+
+def test_a_fault_a_healthy_node_came_after_stays_forgotten_when_that_node_leaves_soon():
+    """The one node rule 14 lets try runs healthy, then leaves before the old faults are silent a
+    boot: they are forgotten at once, so they never hold launches again."""
+    pool = ENV.pools["cpu"].model_copy(update={"boot_timeout_s": 900})  # longer than RETRY_AFTER_S, as on GPU pools
+    env = ENV.model_copy(update={"pools": {**ENV.pools, "cpu": pool}})
+    faulted = {f"i-bad{k}": replace(beat(f"i-bad{k}", draining=True), at=NOW - 700 + 40 * k, fault="docker")
+               for k in range(3)}  # fmt: skip
+    p = ports(group("cpu", 0), beats={"cpu": dict(faulted)}, backlogs={"demo": Backlog(1, 0)})
+    assert control.tick(env, p, NOW, pools=["cpu"])[0].desired == 1, "one node tries"
+    p.fleet.groups_["cpu"] = group("cpu", 1, replace(instance("i-good"), launched_at=NOW))
+    p.nodes.beats["cpu"]["i-good"] = beat("i-good", busy=1)
+    control.tick(env, p, NOW + 120, pools=["cpu"])
+    assert set(p.nodes.beats["cpu"]) == {"i-good"}, "superseded faults forgotten at once"
+    p.nodes.beats["cpu"]["i-good"] = replace(beat("i-good"), at=NOW + 170)
+    p.fleet.groups_["cpu"] = group("cpu", 0)
+    (after,) = control.tick(env, p, NOW + 240, pools=["cpu"])
+    assert not any("launches held" in r for r in after.reasons) and after.desired == 1, after.reasons

@@ -179,6 +179,8 @@ def _types(pool: Pool) -> dict[str, InstanceType]:
 def node_view(
     pool: Pool, instance: GroupInstance, heartbeat: Heartbeat | None, now: float
 ) -> NodeView | None:
+    if heartbeat is not None and _previous_machines(heartbeat, instance):
+        heartbeat = None  # this machine has not reported yet; its agent forgets the record at start
     state = instance.lifecycle_state
     if state in GOING:
         node_state = "terminating"
@@ -211,6 +213,16 @@ def node_view(
         runs=_runs(heartbeat, ahead),
         preempting=tuple(heartbeat.preempt) if heartbeat else (),
     )
+
+
+def _previous_machines(heartbeat: Heartbeat, instance: GroupInstance) -> bool:
+    """A record written before this instance was launched, under its name: a managed instance group
+    recreates a preempted Spot VM under the same name, and the old machine's sticky draining mark
+    (or its silence) would have the new one terminated before its agent reported. Written over a
+    clock's slack before the launch, or draining and before it at all: a node whose clock lags
+    less than that (NTP keeps it within a second) is read as ever."""
+    launched = instance.launched_at
+    return launched is not None and (heartbeat.at < launched - CLOCK_SLACK_S or heartbeat.draining and heartbeat.at < launched)
 
 
 def _runs(heartbeat: Heartbeat | None, ahead: float = 0.0) -> tuple[RunView, ...]:
@@ -289,7 +301,7 @@ def _silent(pool: Pool, heartbeat: Heartbeat, now: float) -> bool:
 
 
 def _remembered(heartbeat: Heartbeat, now: float) -> bool:
-    """A fault (rule 14) is kept `FAULT_MEMORY_S` after its node said it, its node gone or not, while
+    """A fault (rule 14) counts `FAULT_MEMORY_S` after its node said it, its node gone or not, while
     no healthy node launched after it (`faults.in_a_row`)."""
     return bool(heartbeat.fault) and now - heartbeat.at < FAULT_MEMORY_S
 
@@ -334,7 +346,7 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
         for node_id, beacon in leads:  # a forming gang's lead still in the group: the members it waits for
             if node_id in members:
                 forming[beacon.queue] += beacon.short
-        faults = tuple(NodeFault(n, hb.at, hb.fault) for n, hb in beats.items() if hb.fault)
+        faults = tuple(NodeFault(n, hb.at, hb.fault) for n, hb in beats.items() if _remembered(hb, now))
         if faults:  # a healthy node launched after a fault ends it for good, even once that node is gone
             faults = tuple(in_a_row(faults, nodes))
         pool_views.append(
@@ -352,9 +364,11 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
         # that never reported has only a mark (a spot notice's draining) and no heartbeat to age.
         strays = beats.keys() - members.keys()  # usually none: a set difference, not a scan
         pool = env.pools[name]
+        # A gone node's fault is kept while rule 14 counts it, and forgotten at once once a healthy
+        # node came after it: that node may leave before the fault is silent a boot.
         counted = {f.node_id for f in faults}
-        gone[name] = tuple(n for n, hb in beats.items() if n in strays and _silent(pool, hb, now)
-                           and not (n in counted and _remembered(hb, now))) if strays else ()  # fmt: skip
+        gone[name] = tuple(n for n, hb in beats.items() if n in strays and n not in counted
+                           and (hb.fault or _silent(pool, hb, now))) if strays else ()  # fmt: skip
         if marked:
             gone[name] += tuple(sorted(marked - members.keys()))
     observed = [qname for qname, queue in env.queues.items() if queue.pool in groups]
