@@ -113,3 +113,25 @@ def test_lowering_the_spot_group_without_failed_creations_is_one_resize(gcp):
     control_ports(ENV).fleet.set_desired("cpu", 2)
     assert gcp.groups[SPOT] == 2
     assert not [p for m, p, c in gcp.calls if p.endswith("/deleteInstances")]
+
+
+CPU_QUOTA = {"code": "QUOTA_EXCEEDED", "message": "Quota 'CPUS' exceeded.  Limit: 8.0 in region us-central1."}
+
+
+@pytest.mark.parametrize("units", [0, 1])
+def test_the_on_demand_base_comes_down_past_a_failed_on_demand_creation_which_goes_by_name(gcp, units):
+    """groups() leaves the on-demand group's failed creations out too, so the base never stays up for
+    one: a VM the policy does not count, retried until quota frees and then launched unasked."""
+    now = time.time()
+    gcp.groups |= {SPOT: 0, ON_DEMAND: 2}
+    # Listed first: a resize down to 1 would take the fake's last one, the running VM.
+    gcp.vms[ON_DEMAND] = [FakeVm(f"{ON_DEMAND}-bbbb", action="CREATING", status=""),
+                          FakeVm(f"{ON_DEMAND}-aaaa", created=stamp(now - 3600))]  # fmt: skip
+    gcp.failed |= {f"{ON_DEMAND}-bbbb": CPU_QUOTA}
+    fleet = control_ports(ENV).fleet
+    (group,) = fleet.groups(["cpu"], since=now - 600).values()
+    assert [i.id for i in group.instances] == [f"{ON_DEMAND}-aaaa"], "a failed creation is no instance"
+    fleet.set_on_demand_base("cpu", units)
+    assert gcp.groups[ON_DEMAND] == 1, "down to the VM it runs, never below it"
+    actions = {vm.name: vm.action for vm in gcp.vms[ON_DEMAND]}
+    assert actions == {f"{ON_DEMAND}-bbbb": "DELETING", f"{ON_DEMAND}-aaaa": "NONE"}, "the failed creation went, by name"

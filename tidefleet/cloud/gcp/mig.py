@@ -19,7 +19,8 @@ and the policy are the AWS ones.
   quota: no VM, its last attempt's errors; the group retries as long as its target asks) is no
   instance, as a failed launch on AWS: the policy sees the group short and, spot being short,
   moves those units to on-demand; `set_on_demand_base` and `set_desired` delete such instances
-  first (by name) whenever the Spot group comes down, so a resize never picks a running VM.
+  first (by name) whenever either group comes down, so a resize never picks a running VM, and
+  the on-demand base is never held up for one.
 - Heartbeats (google-cloud-firestore's GAPIC client, REST): documents
   `pools/<pool>/nodes/<node>` in the environment's database, the same fields as DynamoDB's.
 """
@@ -156,7 +157,7 @@ class MigFleet:
                     continue
                 seen, self._first_seen[group.name] = self._first_seen.get(group.name, {}), {}
                 for managed in self._managed(group.name):
-                    if creation_failed(managed):  # not capacity; set_desired deletes it first when lowering
+                    if creation_failed(managed):  # not capacity; deleted first when its group comes down
                         continue
                     fact = facts.get(managed.instance)
                     if fact and fact.creation_timestamp:
@@ -184,14 +185,11 @@ class MigFleet:
         od_group = self._get(on_demand)
         nodes = math.ceil(desired / self._weight(pool))
         size = max(0, nodes - (od_group.target_size if od_group else 0))
-        # Lowered: the instances it could not create go first, by name (deleteInstances lowers the
-        # target with them), so the resize never picks a running VM while one of those is there.
-        # The tick keeps desired above the instances it reported, which leave these out.
+        # Lowered: the instances it could not create go first (_delete_failed). The tick keeps desired
+        # above the instances it reported, which leave these out.
         group = self._get(spot)
-        if group is not None and size < group.target_size:
-            failed = [m.instance for m in self._managed(spot) if creation_failed(m)][: group.target_size - size]
-            if failed:
-                self._delete(spot, failed)
+        if group is not None:
+            self._delete_failed(spot, group.target_size - size)
         self.migs.resize(**self._where(spot), size=size, retry=RETRY, timeout=TRY_S)
 
     def _delete(self, group: str, urls: list[str]) -> None:
@@ -204,11 +202,25 @@ class MigFleet:
             retry=RETRY_REFUSED, timeout=TRY_S,
         )  # fmt: skip
 
+    def _delete_failed(self, group: str, up_to: int, managed: list[compute_v1.ManagedInstance] | None = None) -> None:
+        """Delete up to `up_to` of the group's instances it could not create, by name (deleteInstances
+        lowers the target with them): whenever a group's target comes down, or its units move to the
+        other group, these go first, so a resize never picks a running VM while one of them is there.
+        `managed`: the group's listing, when the caller has just read it."""
+        if up_to <= 0:
+            return
+        failed = [m.instance for m in (self._managed(group) if managed is None else managed) if creation_failed(m)]
+        if failed:
+            self._delete(group, failed[:up_to])
+
     def set_on_demand_base(self, pool: str, units: int) -> None:
         """Size the on-demand group to the base; the tick's set_desired that follows sizes the Spot
         group to the rest. Never below the on-demand VMs it runs: a resize below them would delete
         some of the group's own choosing, busy ones too. Those leave when the policy terminates
-        them (on-demand first, once idle), and the base comes down with them.
+        them (on-demand first, once idle), and the base comes down with them. An instance it could
+        not create (a quota) is none of them: the policy does not count it (groups leaves it out),
+        so lowered, those go first, by name, instead of holding the base up and launching a VM
+        nobody asked for once the quota frees.
         Raised, the Spot group's instances it could not create go, as many as the raise: the
         units the on-demand group now brings are theirs (the policy counted them as not there, as
         on AWS), and the tick calls no set_desired when desired itself stays."""
@@ -216,15 +228,16 @@ class MigFleet:
         size = math.ceil(units / self._weight(pool))
         group = self._get(on_demand)
         if group is not None and size < group.target_size:
-            size = max(size, sum(1 for m in self._managed(on_demand) if lifecycle_state(m) in ("InService", "Pending")))
+            managed = self._managed(on_demand)
+            size = max(size, sum(1 for m in managed
+                                 if lifecycle_state(m) in ("InService", "Pending") and not creation_failed(m)))  # fmt: skip
             if size == group.target_size:
                 return
+            self._delete_failed(on_demand, group.target_size - size, managed)
         self.migs.resize(**self._where(on_demand), size=size, retry=RETRY, timeout=TRY_S)
         raised = size - (group.target_size if group is not None else 0)
         if raised > 0 and self._get(spot) is not None:
-            failed = [m.instance for m in self._managed(spot) if creation_failed(m)][:raised]
-            if failed:
-                self._delete(spot, failed)
+            self._delete_failed(spot, raised)
 
     def terminate(self, pool: str, instance_ids: tuple[str, ...]) -> tuple[str, ...]:
         if not instance_ids:
