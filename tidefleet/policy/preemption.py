@@ -133,9 +133,10 @@ def running_marks(node: NodeView) -> tuple[str, ...]:
 
 
 def moving(node: NodeView) -> bool:
-    """A move (or preemption) under way on the node: marked attempts still listed, or busy slots
-    its listed attempts do not explain (a marked attempt stops unlisted while it checkpoints): not
-    a mark left from an attempt that ended."""
+    """A move (or preemption) under way on the node: marked attempts still listed (since 21aac44 the
+    agent lists a marked attempt until it is handed back, its checkpoint included), or, from an
+    agent of an older version that stops listing it while it checkpoints, busy slots its listed
+    attempts do not explain: not a mark left from an attempt that ended."""
     return bool(running_marks(node) or node.preempting and node.busy_slots > sum(r.slots for r in node.runs))
 
 
