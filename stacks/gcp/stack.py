@@ -64,7 +64,8 @@ def terraform_literal(text: str) -> str:
 class GcpFleetStack(TerraformStack):
     def __init__(self, scope: Construct, id: str, *, env: Environment, archive_path: str, local_state_path: str,
                  user_data: Callable[[str, str], str]) -> None:  # fmt: skip
-        """archive_path: the scaler's zip (build/gcp-scaler.zip), relative to the synthesized stack directory.
+        """archive_path: the scaler's zip (build/gcp-scaler-<env>.zip, stacks/package.py archive_name),
+        relative to the synthesized stack directory.
         user_data(pool_name, artifacts_bucket): the pool's startup script."""
         super().__init__(scope, id)
         require_terraform(self)
