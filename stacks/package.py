@@ -292,10 +292,19 @@ def gcp_entries(root: Path, env: Environment | None = None, env_file: Path | Non
 
 def gcp_requirements() -> str:
     """The Cloud Function's requirements.txt: GCP_FUNCTION_REQUIREMENTS and their dependencies,
-    pinned (`pinned`); one not installed here stays a range, and says so."""
+    pinned (`pinned`); one not installed here stays as declared (a range, or a version pinned by
+    hand, as functions-framework's), and says which."""
+    from packaging.requirements import Requirement
+
+    def by_hand(requirement: str) -> bool:  # one exact version, as declared
+        specs = list(Requirement(requirement).specifier)
+        return len(specs) == 1 and specs[0].operator in ("==", "===") and not specs[0].version.endswith("*")
+
     pins, missing = pinned(GCP_FUNCTION_REQUIREMENTS)
     lines = ["# The versions installed where this archive was built (stacks/package.py)", *pins]
-    lines += [f"{r}  # not installed where this archive was built, so not pinned" for r in missing]
+    lines += [f"{r}  # pinned by hand, not installed here: its own dependencies resolve where it is installed"
+              if by_hand(r) else f"{r}  # not installed where this archive was built, so not pinned"
+              for r in missing]  # fmt: skip
     return "".join(f"{line}\n" for line in lines)
 
 
