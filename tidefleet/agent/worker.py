@@ -442,7 +442,6 @@ class Agent:
             self.changed.notify_all()
 
     def _prepare(self) -> None:
-        self._step("a previous incarnation's record", self._forget_previous_incarnation)
         # Before any item: containers a killed agent left hold GPUs. A docker that does not answer,
         # or a missing item user, would fail every item it takes: take none (as a broken GPU driver).
         unanswered = remove_leftover_containers(self.pool, self.s.work_dir)
@@ -461,6 +460,9 @@ class Agent:
             if self.s.heartbeat_s * 2 > self.visibility[name]:
                 log.warning("heartbeat every %ss is slow for queue %s (visibility %ss)", self.s.heartbeat_s, name,
                             self.visibility[name])
+        # After the queues' first call, which ends the agent in one line where the cloud cannot be
+        # reached; before its first heartbeat, which would keep an old machine's marks.
+        self._step("a previous incarnation's record", self._forget_previous_incarnation)
         if self.gpus:
             try:
                 self.devices = Devices.for_node(query(self.gpus), self.slots)
