@@ -305,8 +305,11 @@ def test_items_redrive_moved_to_the_dead_letter_queue_are_failed_and_stay_there_
     assert h.queue_depth("work", dead_letter=True) == 6, "peeked, not deleted"
 
     assert sdk.reconcile_dead_letters(h.env).failed == [(other, "000000")]  # every job
-    assert sdk.retry_failed(h.env, mine) == 4, "released at once: retry-failed finds them all"
+    # Released at once: retry-failed finds them all, and sends back the three with a record to queue
+    # (never-recorded has none: an agent would drop it; it stays in the dead-letter queue).
+    assert sdk.retry_failed(h.env, mine) == 3
     assert store.item(mine, "000000").status == "queued"
+    assert h.queue_depth("work", dead_letter=True) == 3, "never-recorded, the poison message and other's"
 
 
 def test_status_warns_on_stderr_and_never_crashes_on_a_dead_letter_queue(h):

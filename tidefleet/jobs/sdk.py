@@ -1245,10 +1245,11 @@ def retry_failed(env: Environment, job_id: str) -> int:
                                                failures=0, reason="") is None and cloud.store.update_item(
                             job_id, msg.item, status="queued", failures=0, reason="",
                             fence=Fence(claim_at=time.time())) is None:  # fmt: skip
-                        # Final (its dead letter is spent), missing, or running under a live lease:
-                        # its holder's, whose message Pub/Sub dead-lettered while it ran; left.
-                        running = (record := cloud.store.item(job_id, msg.item)) is not None and record.status == "running"
-                        (others if running else dropped).append(handle)
+                        # Final: its dead letter is spent (an agent's claim would drop it): deleted.
+                        # Running under a live lease (its holder's, whose message Pub/Sub dead-lettered
+                        # while it ran), or no record (the agent would drop it): left where it is.
+                        record = cloud.store.item(job_id, msg.item)
+                        (dropped if record is not None and record.status in FINAL else others).append(handle)
                         moved.discard(msg.item)
                         continue
                     back.append((msg, handle))
