@@ -7,9 +7,9 @@ NOW = 100_000.0
 WHY = "its docker does not answer (Cannot connect to the Docker daemon)"
 
 
-def node(id_, launched_at, *, state="running", heartbeat=True):
+def node(id_, launched_at, *, state="running", heartbeat=True, booted_at=None):
     return NodeView(id=id_, instance_type="g5.xlarge", weight=1, slots=1, spot=True, state=state,
-                    launched_at=launched_at, last_heartbeat=NOW - 5 if heartbeat else None)  # fmt: skip
+                    launched_at=launched_at, last_heartbeat=NOW - 5 if heartbeat else None, booted_at=booted_at)  # fmt: skip
 
 
 def faults(*ats):
@@ -54,7 +54,20 @@ def test_the_readmes_launches_held_line_is_what_the_rule_says():
     from pathlib import Path
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    (line,) = re.findall(r"^pool gpu: launches held: .*$", readme, re.M)
+    (line,) = re.findall(r"^pool gpu: launches held: .*$", readme, re.MULTILINE)
     why = "its GPUs are not usable: nvidia-smi not found: the NVIDIA driver is not installed"
     row = [NodeFault("i-0a17", NOW - 400, why), NodeFault("i-0b29", NOW - 250, why), NodeFault("i-0c41", NOW - 95, why)]
     assert hold("gpu", row, [], NOW).reason == line
+
+
+def test_faults_are_ordered_by_boot_so_a_broken_node_launched_beside_a_healthy_one_is_not_after_it():
+    """A faulted agent exits and is restarted (systemd, every 5 s), each start reporting the fault
+    again: by report, the broken nodes of a batch with a healthy one would all come after it, and
+    a pool where one instance type is broken would launch one node at a time while the others run.
+    By boot, only those that came after the healthy one count."""
+    healthy = node("i-good", NOW - 600, booted_at=NOW - 580)
+    batch = [NodeFault(f"i-bad{k}", NOW - 5, WHY, booted_at=NOW - 590 + 5 * k) for k in range(4)]  # booted 590..575
+    assert [f.node_id for f in in_a_row(batch, [healthy])] == ["i-bad3"], "booted after i-good: 575 > 580 ago"
+    assert hold("gpu", batch, [healthy], NOW) is None
+    later = [NodeFault(f"i-new{k}", NOW - 5, WHY, booted_at=NOW - 300 + k) for k in range(3)]
+    assert hold("gpu", batch + later, [healthy], NOW).launch == 0, "three more that booted after it do hold"

@@ -212,6 +212,7 @@ def node_view(
         cordoned=heartbeat.cordoned if heartbeat else False,
         runs=_runs(heartbeat, ahead),
         preempting=tuple(heartbeat.preempt) if heartbeat else (),
+        booted_at=heartbeat.booted_at if heartbeat else None,
     )
 
 
@@ -346,7 +347,7 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
         for node_id, beacon in leads:  # a forming gang's lead still in the group: the members it waits for
             if node_id in members:
                 forming[beacon.queue] += beacon.short
-        faults = tuple(NodeFault(n, hb.at, hb.fault) for n, hb in beats.items() if _remembered(hb, now))
+        faults = tuple(NodeFault(n, hb.at, hb.fault, hb.booted_at) for n, hb in beats.items() if _remembered(hb, now))
         if faults:  # a healthy node launched after a fault ends it for good, even once that node is gone
             faults = tuple(in_a_row(faults, nodes))
         pool_views.append(

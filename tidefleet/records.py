@@ -51,6 +51,9 @@ class Heartbeat:
     # Why this node takes no items, found by its agent at start (GPUs, docker, the item user); "" when it
     # can run them. The scaler holds the pool's launches after several in a row (`policy.faults`).
     fault: str = ""
+    # When this machine booted (None: an agent from before it was written): the order nodes came
+    # in, which a faulted agent's restarts (each rewriting `at`) do not change (`policy.faults`).
+    booted_at: float | None = None
     # Messages this agent holds, by queue: received and not yet deleted (acked) or given back; a
     # gang item's one message is its lead's. Where the backlog counts them as waiting
     # (`Backlog.counts_leased`: Pub/Sub), the control tick moves them to in flight. {} when none.

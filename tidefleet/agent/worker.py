@@ -1560,7 +1560,7 @@ class Agent:
             self.s.node_id, self.pool_name, at=now, slots=self.slots, busy_slots=busy,
             idle_since=idle_since, draining=self.stopping.is_set(), instance_type=self.s.instance_type,
             spot=self.s.spot, gpus=self.gpus, intake=intake, running=running, gang=self.beacon, runs=self._preemptible(),
-            on_demand_wanted=self._on_demand_wanted(), leased=leased or {},
+            on_demand_wanted=self._on_demand_wanted(), leased=leased or {}, booted_at=psutil.boot_time(),
         ))
         own = self.store.heartbeat(self.pool_name, self.s.node_id)
         if own is not None and own.draining:
@@ -1620,6 +1620,7 @@ class Agent:
         self.store.put_heartbeat(Heartbeat(
             self.s.node_id, self.pool_name, at=now, slots=self.slots, busy_slots=0, idle_since=now, draining=True,
             instance_type=self.s.instance_type, spot=self.s.spot, gpus=self.gpus, fault=fault[:500],
+            booted_at=psutil.boot_time(),
         ))  # fmt: skip
 
     def _sample_gpus(self) -> None:

@@ -28,12 +28,15 @@ class FaultHold:
 
 
 def in_a_row(faults: Sequence[NodeFault], nodes: Sequence[NodeView]) -> list[NodeFault]:
-    """The faults no healthy node came after: those reported after the launch of the newest node
-    that reports and has none, oldest first."""
+    """The faults no healthy node came after: of nodes that booted after the newest node that
+    reports and has none, oldest first. By boot, not by report: a faulted agent's restarts report
+    again and again, and a broken node launched beside a healthy one came with it, not after.
+    (An agent that does not say its boot: its launch for a healthy node, its report for a fault.)"""
     faulted = {f.node_id for f in faults}
-    healthy_since = max((n.launched_at for n in nodes if n.last_heartbeat is not None and n.id not in faulted),
-                        default=float("-inf"))  # fmt: skip
-    return sorted((f for f in faults if f.at > healthy_since), key=lambda f: (f.at, f.node_id))
+    healthy_since = max((n.launched_at if n.booted_at is None else n.booted_at for n in nodes
+                         if n.last_heartbeat is not None and n.id not in faulted), default=float("-inf"))  # fmt: skip
+    return sorted((f for f in faults if (f.at if f.booted_at is None else f.booted_at) > healthy_since),
+                  key=lambda f: (f.at, f.node_id))
 
 
 def hold(pool: str, faults: Sequence[NodeFault], nodes: Sequence[NodeView], now: float) -> FaultHold | None:

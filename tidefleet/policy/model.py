@@ -39,6 +39,7 @@ class NodeView:
     cordoned: bool = False  # the scaler stopped its intake (consolidation): it drains, then idles
     runs: tuple[RunView, ...] = ()  # its attempts of preemptible queues
     preempting: tuple[str, ...] = ()  # keys of those the scaler already preempts (they are leaving)
+    booted_at: float | None = None  # when its machine booted, as its agent said; None: not said
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,8 +82,9 @@ class NodeFault:
     """A node whose agent found at start it cannot run items (`Heartbeat.fault`)."""
 
     node_id: str
-    at: float  # when its agent said so
+    at: float  # when its agent last said so (a faulted agent's restarts say it again)
     why: str
+    booted_at: float | None = None  # when its machine booted: the order nodes came in
 
 
 @dataclass(frozen=True, slots=True)
