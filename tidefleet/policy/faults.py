@@ -5,9 +5,9 @@ container pool's docker daemon that does not answer, the item user missing) take
 why in its heartbeat (`Heartbeat.fault`) and is replaced like any idle draining node. Where the
 cause is the node image or its setup, every replacement fails the same way, and the pool pays a
 boot for each, for as long as work waits. So once `FAULTS_IN_A_ROW` nodes reported a fault with
-no node launched after them running healthy, the pool launches nothing (not even for its min)
+no node booted after them running healthy, the pool launches nothing (not even for its min)
 until the newest fault is `RETRY_AFTER_S` old; then one node tries at a time (none while a node
-boots). A healthy node launched after the faults ends the hold.
+boots). A healthy node booted after the faults ends the hold (nodes in boot order: `in_a_row`).
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ Rules
    like any (within max and the caps), with the on-demand base raised so the group buys them on
    demand. The base is not lowered while such items wait, and returns to the configured one after.
 14. Node faults (`faults.py`): after 3 nodes in a row said at start they cannot run items (GPUs,
-   docker, the item user: `Heartbeat.fault`), with no healthy node launched since, the pool
+   docker, the item user: `Heartbeat.fault`), with no healthy node booted since, the pool
    launches nothing, its min included, until the newest fault is 10 minutes old; then one node
    at a time tries, and a healthy one ends the hold. A broken image is not paid a boot per node
    for as long as work waits.
