@@ -54,7 +54,7 @@ METRICS = {m.name: m for m in (
     Metric("NodesStuckBooting", "Count", POOL, "nodes launched longer ago than boot_timeout_s with no heartbeat yet"),
     Metric("NodesSilent", "Count", POOL, f"running nodes whose agent has not reported for {SILENT_AFTER_S} s"),
     Metric("NodesFaulted", "Count", POOL, "nodes in a row that said at start they cannot run items, no healthy node "
-           f"launched since; at {faults.FAULTS_IN_A_ROW} the pool's launches are held (scaling rule 14)"),
+           f"booted since; at {faults.FAULTS_IN_A_ROW} the pool's launches are held (scaling rule 14)"),
     Metric("PoolCostPerHour", "None", POOL, "USD per hour of the pool's nodes, at the configured prices"),
     Metric("CostPerHour", "None", ("Environment",), "USD per hour of every node, at the configured prices"),
     Metric("QueueVisible", "Count", QUEUE, "items waiting in the queue"),
