@@ -302,8 +302,8 @@ def _silent(pool: Pool, heartbeat: Heartbeat, now: float) -> bool:
 
 
 def _remembered(heartbeat: Heartbeat, now: float) -> bool:
-    """A fault (rule 14) counts `FAULT_MEMORY_S` after its node said it, its node gone or not, while
-    no healthy node launched after it (`faults.in_a_row`)."""
+    """A fault (rule 14) counts for `FAULT_MEMORY_S` after its node last said it, its node gone or
+    not; `faults.in_a_row` then leaves out those a healthy node booted after."""
     return bool(heartbeat.fault) and now - heartbeat.at < FAULT_MEMORY_S
 
 
@@ -348,7 +348,7 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
             if node_id in members:
                 forming[beacon.queue] += beacon.short
         faults = tuple(NodeFault(n, hb.at, hb.fault, hb.booted_at) for n, hb in beats.items() if _remembered(hb, now))
-        if faults:  # a healthy node launched after a fault ends it for good, even once that node is gone
+        if faults:  # a healthy node booted after a fault ends it for good, even once that node is gone
             faults = tuple(in_a_row(faults, nodes))
         pool_views.append(
             PoolView(

@@ -368,6 +368,7 @@ class Agent:
         if settings.grace_s is None:
             settings = replace(settings, grace_s=self.node.grace_s)
         self.env, self.pool_name, self.pool, self.s = env, pool, env.pools[pool], settings
+        self.booted_at = psutil.boot_time()  # this machine's boot: every heartbeat says it (`Heartbeat.booted_at`)
         self.metadata = self.node.metadata
         self.store = self.cloud.store
         self.queues: list[tuple[str, Queue]] = sorted(env.queues_of(pool).items(), key=lambda kv: -kv[1].priority)
@@ -486,7 +487,7 @@ class Agent:
         heartbeat yet: a spot notice's draining) is this machine's, and kept. AWS instance ids are
         never reused: nothing to forget there."""
         own = self.store.heartbeat(self.pool_name, self.s.node_id)  # None: no record, or a mark only
-        booted = psutil.boot_time()
+        booted = self.booted_at
         if own is None or own.at >= booted:
             return
         self.store.forget_node(self.pool_name, self.s.node_id)
@@ -1560,7 +1561,7 @@ class Agent:
             self.s.node_id, self.pool_name, at=now, slots=self.slots, busy_slots=busy,
             idle_since=idle_since, draining=self.stopping.is_set(), instance_type=self.s.instance_type,
             spot=self.s.spot, gpus=self.gpus, intake=intake, running=running, gang=self.beacon, runs=self._preemptible(),
-            on_demand_wanted=self._on_demand_wanted(), leased=leased or {}, booted_at=psutil.boot_time(),
+            on_demand_wanted=self._on_demand_wanted(), leased=leased or {}, booted_at=self.booted_at,
         ))
         own = self.store.heartbeat(self.pool_name, self.s.node_id)
         if own is not None and own.draining:
@@ -1620,7 +1621,7 @@ class Agent:
         self.store.put_heartbeat(Heartbeat(
             self.s.node_id, self.pool_name, at=now, slots=self.slots, busy_slots=0, idle_since=now, draining=True,
             instance_type=self.s.instance_type, spot=self.s.spot, gpus=self.gpus, fault=fault[:500],
-            booted_at=psutil.boot_time(),
+            booted_at=self.booted_at,
         ))  # fmt: skip
 
     def _sample_gpus(self) -> None:
