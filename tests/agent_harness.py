@@ -125,14 +125,18 @@ class Harness:
     def items(self, job_id: str) -> dict:
         return {i.item_id: i for i in DynamoStore(self.env.name, self.env.region).items(job_id)}
 
-    def queue_depth(self, queue: str, dead_letter: bool = False) -> int:
+    def queue_counts(self, queue: str, dead_letter: bool = False) -> tuple[int, int]:
+        """(visible, hidden) messages of the queue, read with boto3 itself, not the adapter under test."""
         sqs = boto3.client("sqs", region_name=self.env.region)
         name = naming.dead_letter_queue(self.env.name, queue) if dead_letter else naming.queue(self.env.name, queue)
         attrs = sqs.get_queue_attributes(
             QueueUrl=sqs.get_queue_url(QueueName=name)["QueueUrl"],
             AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
         )["Attributes"]
-        return int(attrs["ApproximateNumberOfMessages"]) + int(attrs["ApproximateNumberOfMessagesNotVisible"])
+        return int(attrs["ApproximateNumberOfMessages"]), int(attrs["ApproximateNumberOfMessagesNotVisible"])
+
+    def queue_depth(self, queue: str, dead_letter: bool = False) -> int:
+        return sum(self.queue_counts(queue, dead_letter))
 
     def group_instance(self) -> str:
         """One in-service instance of the pool's group on the moto server, for an agent to run as

@@ -4,13 +4,11 @@ do", and an empty short poll is not taken for an empty dead-letter queue."""
 
 from __future__ import annotations
 
-import boto3
 import pytest
 from agent_harness import Harness
 from botocore.exceptions import ClientError
 from click.testing import CliRunner
 
-from tidefleet import naming
 from tidefleet.cli import main
 from tidefleet.cloud import for_env
 from tidefleet.cloud.aws.sqs import SqsWorkQueues
@@ -25,16 +23,6 @@ def h(tmp_path, aws):
 def run(h: Harness, *args: str):
     env = {"TIDEFLEET_ENV": str(h.env_path), "TIDEFLEET_KICK_URL": "http://127.0.0.1:9/"}
     return CliRunner().invoke(main, list(args), env=env)
-
-
-def visible(h: Harness, queue: str, *, dead_letter: bool = False) -> tuple[int, int]:
-    sqs = boto3.client("sqs", region_name=h.env.region)
-    name = naming.dead_letter_queue(h.env.name, queue) if dead_letter else naming.queue(h.env.name, queue)
-    attrs = sqs.get_queue_attributes(
-        QueueUrl=sqs.get_queue_url(QueueName=name)["QueueUrl"],
-        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
-    )["Attributes"]
-    return int(attrs["ApproximateNumberOfMessages"]), int(attrs["ApproximateNumberOfMessagesNotVisible"])
 
 
 def failed_job(h: Harness, name: str, n: int = 2) -> str:
@@ -67,11 +55,11 @@ def test_a_retry_failed_whose_send_fails_releases_its_messages_and_a_rerun_sends
     real = throttled_sends(monkeypatch)
     out = run(h, "retry-failed", job)
     assert out.exit_code == 1 and "Traceback" not in out.output, out.output
-    assert visible(h, "work", dead_letter=True) == (2, 0), "released at once, not hidden for the hold"
+    assert h.queue_counts("work", dead_letter=True) == (2, 0), "released at once, not hidden for the hold"
     monkeypatch.setattr(SqsWorkQueues, "send", real)
     out = run(h, "retry-failed", job)  # at once, as the error advises
     assert out.exit_code == 0 and f"job {job}: 2 item(s) sent back" in out.output, out.output
-    assert visible(h, "work") == (2, 0) and visible(h, "work", dead_letter=True) == (0, 0)
+    assert h.queue_counts("work") == (2, 0) and h.queue_counts("work", dead_letter=True) == (0, 0)
     assert {i.status for i in h.items(job).values()} == {"queued"}
 
 
@@ -127,9 +115,9 @@ def test_a_dead_letter_of_an_item_running_under_a_live_lease_is_left_to_its_hold
     assert sdk.retry_failed(h.env, job) == 1, "only the failed item goes back"
     items = h.items(job)
     assert (items["000000"].status, items["000001"].status, items["000001"].node) == ("queued", "running", "node-a")
-    assert visible(h, "work") == (1, 0), "one message sent: the failed item's"
-    assert visible(h, "work", dead_letter=True) == (1, 0), "the running item's dead letter stays, visible again"
+    assert h.queue_counts("work") == (1, 0), "one message sent: the failed item's"
+    assert h.queue_counts("work", dead_letter=True) == (1, 0), "the running item's dead letter stays, visible again"
     cloud.store.update_item(job, "000001", status="succeeded", fence=Fence(attempt=1))
     assert sdk.retry_failed(h.env, job) == 0
-    assert visible(h, "work", dead_letter=True) == (0, 0), "a finished item's dead letter is spent: deleted, not sent"
-    assert visible(h, "work") == (1, 0)
+    assert h.queue_counts("work", dead_letter=True) == (0, 0), "a finished item's dead letter is spent: deleted, not sent"
+    assert h.queue_counts("work") == (1, 0)
