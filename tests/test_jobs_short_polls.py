@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from agent_harness import Harness
-from test_jobs_dead_letters import failed_job, visible
+from test_jobs_dead_letters import failed_job
 
 from tidefleet.cloud import for_env
 from tidefleet.cloud.aws.sqs import SqsWorkQueues
@@ -38,7 +38,7 @@ def test_retry_failed_does_not_take_an_empty_short_poll_for_an_empty_dead_letter
     job = failed_job(h, "sampled", 3)
     empty_short_polls(monkeypatch)
     assert sdk.retry_failed(h.env, job) == 3
-    assert visible(h, "work") == (3, 0) and visible(h, "work", dead_letter=True) == (0, 0)
+    assert h.queue_counts("work") == (3, 0) and h.queue_counts("work", dead_letter=True) == (0, 0)
 
 
 def test_status_does_not_take_an_empty_short_poll_for_an_empty_dead_letter_queue(h, monkeypatch):
