@@ -963,6 +963,27 @@ def test_busy_slots_of_a_queue_whose_agents_turn_every_slot_over_pool_their_turn
     assert desired(4, 0.05) == 7
 
 
+def test_within_a_wait_target_longer_than_a_boot_busy_slots_pool_their_turnover_whatever_the_intake():
+    """Twelve busy slots of 200-s items whose agents took 9 items in 5 minutes (fewer than the 12 in
+    flight: not every slot turned over). Per slot, none starts another within 120 s. Items with
+    120 s to wait may wait for the slots to finish at spread-out times, at the mean the intake shows
+    (12 / 0.03 per s = 400 s): 12 + 12 x 120 / 400 = 15 starts, 3 waiting items covered. With only
+    a boot left they are counted per slot again (none covered): a node launched then still starts
+    them within the target."""
+    env = environment(**BREAK_EVEN, **{"pools.cpu.max": 20})  # boot 60 s, 2 slots a node
+    busy = [node(f"i-{i}", busy=2) for i in range(6)]
+
+    def desired(visible: int, age: float, intake: float = 0.03) -> int:
+        view = with_intake(fleet(env, busy, render=(visible, 12)), intake, mean=200.0)
+        view = replace(view, queues=tuple(replace(q, oldest_age_s=age) if q.name == "render" else q for q in view.queues))
+        return decide_pool(env, view).desired
+
+    assert desired(3, 0.0) == 6, "15 starts within 120 s cover the 3 waiting"
+    assert desired(4, 0.0) == 7
+    assert desired(3, 60.0) == 8, "a boot left: per slot, a slot per waiting item"
+    assert desired(3, 0.0, intake=0.0) == 8, "agents that take nothing: no turnover to pool"
+
+
 def test_while_a_multi_slot_item_waits_for_turnover_the_least_loaded_node_drains_and_then_takes_it():
     """An 8-slot item waits (within its target) for the slots of the render item in flight; the
     free slots add up to more than it needs, spread over nodes. The least-loaded node is cordoned

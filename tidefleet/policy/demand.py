@@ -16,7 +16,8 @@ waiting items never lower what is needed (each rule is monotone in demand).
     covered item within the horizon; an unknown mean or one longer than the horizon gives 1 item
     per slot: plain slot counting. Before any item finished, a queue with a target (not a gang's)
     is taken to run items of two boots (`item_mean`); otherwise its mean is unknown. Once every busy slot
-    of the queue turned over within the last rate window, the warm slots pool their turnover instead (`pooled_mean`). Booting
+    of the queue turned over within the last rate window, or while the wait target leaves more than
+    a boot and its agents take items, the warm slots pool their turnover instead (`pooled_mean`). Booting
     slots are used first, as they serve every queue alike, the soonest ready first: each starts
     1 + floor((horizon - its boot left) / mean). New slots alike, a whole boot away: within a
     wait target, a burst gets a node per few items, not one per item (1 each once the oldest
@@ -139,10 +140,9 @@ def boot_horizon(queues: list[QueueView], warm_slots: int, booting: list[float],
         used, boot_left = boot_left[:nb], boot_left[nb:]
         short = [(h, max(0, need - _starts(mean, used, h))) for h, need in due]
         # Warm slots each start one item now and then one per mean (pooled: see `pooled_mean`).
-        pooled = pooled_mean(q)
-        nw = min(warm_left, max(_warm_needed(n, mean, pooled, h) for h, n in short))
+        nw = min(warm_left, max(_warm_needed(n, mean, pooled_mean(q, h, boot_s), h) for h, n in short))
         warm_left -= nw
-        left = [(h, max(0, n - _warm_starts(nw, mean, pooled, h))) for h, n in short]
+        left = [(h, max(0, n - _warm_starts(nw, mean, pooled_mean(q, h, boot_s), h))) for h, n in short]
         # New slots, a whole boot away, each turning over within what is left of its cohort's wait.
         new = max(math.ceil(n / (1 + turns(mean, h - boot_s))) for h, n in left)
         # Items still waiting past their target were counted on turnover that did not come (busy
@@ -152,7 +152,7 @@ def boot_horizon(queues: list[QueueView], warm_slots: int, booting: list[float],
         if q_late * q.slots_per_item - room > new:
             stalled.append((q.name, q_late))
         room = max(0, room - q_late * q.slots_per_item)
-        if mean and q.visible and (pooled or any(turns(mean, h) for h, _ in due)):
+        if mean and q.visible and any(pooled_mean(q, h, boot_s) or turns(mean, h) for h, _ in due):
             waiting += q.visible
             started += max(0, q.visible - math.ceil(max(n for _, n in left) / q.slots_per_item))
             means.append(mean)
@@ -186,18 +186,25 @@ def _deadlines(q: QueueView, boot_s: int) -> list[tuple[float, int]]:
     return out
 
 
-def pooled_mean(q: QueueView) -> float | None:
-    """The mean item time to pool the queue's warm slots' turnover on, or None to count it per
-    slot. Per slot, each starts 1 + floor(h / mean) items within a horizon h: a slot's fraction of
-    a mean counts for nothing, right when the busy slots started together (a batch) or run far
-    longer items than those that finished. Once the queue's agents took at least as many items
-    over the last rate window as it has in flight, every busy slot turned over in it: they finish
-    at spread-out times, and s slots start s + floor(s x h / mean) items together, the mean no
-    shorter than the intake shows (in flight / intake). Without it a saturated stream of ~2-minute
-    items counted 13 busy slots as starting none within a boot, launched, and let the nodes go
-    again as turnover kept up: 2,854 launches for 6,001 items."""
+def pooled_mean(q: QueueView, horizon_s: float, boot_s: int) -> float | None:
+    """The mean item time to pool the queue's warm slots' turnover on within a horizon, or None to
+    count it per slot. Per slot, each starts 1 + floor(h / mean) items within a horizon h: a slot's
+    fraction of a mean counts for nothing, right when the busy slots started together (a batch) or
+    run far longer items than those that finished. Pooled, s slots start s + floor(s x h / mean)
+    items together, the mean no shorter than the intake shows (in flight / intake):
+    - once the queue's agents took at least as many items over the last rate window as it has in
+      flight, every busy slot turned over in it, so they finish at spread-out times. Without it a
+      saturated stream of ~2-minute items counted 13 busy slots as starting none within a boot,
+      launched, and let the nodes go again as turnover kept up: 2,854 launches for 6,001 items;
+    - while the horizon is longer than a boot (the wait target leaves time) and the agents take
+      items at all. Pooling then only delays a launch, never past the point where a node
+      launched at once still starts the item within its target (from there, a boot's horizon, the
+      rule above decides): a stream of items longer than the rate window (13 busy slots of ~11
+      minutes take ~6 items in 5 minutes) had every item pay a boot on a node of its own
+      while others finished within its wait (dev shapes unseen/1000-1099 and 2000-2099: mean
+      cost -0.16 % and -0.14 %; p95 waits up to 102 s, within the 120-s target)."""
     mean, intake = q.mean_item_s, q.intake_per_s
-    if not mean or intake <= 0 or intake * RATE_WINDOW_S < q.in_flight:
+    if not mean or intake <= 0 or (intake * RATE_WINDOW_S < q.in_flight and horizon_s <= boot_s):
         return None
     return max(mean, q.in_flight / intake)
 
