@@ -176,3 +176,74 @@ def test_a_moto_whose_autoscaling_changed_runs_unpatched_and_says_so_in_one_line
     assert len(err) == 1 and err[0].endswith("terminating a weighted node may replace it or stop another"), (
         err
     )
+
+
+def test_the_emulator_serves_one_call_at_a_time_while_a_long_poll_waits_beside_them(monkeypatch):
+    """moto's server runs each request in a thread and its backends take no locks: a Query copying
+    an item while an UpdateItem added an attribute to it answered HTTP 500 ("dictionary changed
+    size during iteration") and ended a CI run's sandbox. Calls are served one at a time now, but a
+    ReceiveMessage (a long poll sleeps inside moto for up to 20 s) does not hold the others up."""
+    import threading
+
+    from moto.core.responses import BaseResponse
+
+    inside, most, polling, poll_started = [0], [0], threading.Event(), threading.Event()
+    count = threading.Lock()
+
+    def recorded(self):  # stands for moto's own: counts the calls inside it at once
+        if self.action == "ReceiveMessage":
+            poll_started.set()
+            assert polling.wait(30), "a long poll was never let go"
+            return 200, {}, ""
+        with count:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        time.sleep(0.02)
+        with count:
+            inside[0] -= 1
+        return 200, {}, ""
+
+    class Call:
+        call_action = BaseResponse.call_action
+
+        def __init__(self, service_name: str, action: str):
+            self.service_name, self.action = service_name, action
+
+        def _get_action(self) -> str:
+            return self.action
+
+    monkeypatch.setattr(BaseResponse, "call_action", recorded)
+    emulator.patch_one_call_at_a_time()
+    Call.call_action = BaseResponse.call_action
+    poll = threading.Thread(target=Call("sqs", "ReceiveMessage").call_action)
+    poll.start()
+    try:
+        assert poll_started.wait(10)
+        calls = [threading.Thread(target=Call(service, action).call_action)
+                 for service, action in [("dynamodb", "Query"), ("dynamodb", "UpdateItem"), ("sqs", "SendMessage"),
+                                         ("autoscaling", "SetDesiredCapacity")] * 3]  # fmt: skip
+        for thread in calls:
+            thread.start()
+        deadline = time.monotonic() + 5  # 12 calls of 20 ms, one at a time
+        for thread in calls:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        assert not any(thread.is_alive() for thread in calls), "a call waited on the long poll"
+    finally:
+        polling.set()
+    poll.join(10)
+    assert not poll.is_alive() and most[0] == 1, f"{most[0]} calls ran at once"
+
+
+def test_a_moto_whose_request_handling_changed_runs_unpatched_and_says_so_in_one_line(monkeypatch, capsys):
+    from moto import server
+    from moto.core.responses import BaseResponse
+
+    monkeypatch.delattr(BaseResponse, "_get_action")
+    with pytest.raises(RuntimeError, match=r"request handling changed; .* no longer applies"):
+        emulator.patch_one_call_at_a_time()
+    monkeypatch.setattr(server, "main", lambda argv: None)
+    monkeypatch.setattr(emulator, "patch_moto", lambda: None)
+    monkeypatch.setattr(emulator, "patch_weighted_terminate", lambda: None)
+    emulator.serve([])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].endswith("running unpatched: two calls at once may fail with HTTP 500"), err

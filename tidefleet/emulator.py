@@ -43,6 +43,10 @@ def serve(argv: list[str]) -> None:
     except RuntimeError as err:
         print(f"{err}; running unpatched: its memory grows with every DynamoDB transaction", file=sys.stderr, flush=True)
     try:
+        patch_one_call_at_a_time()
+    except RuntimeError as err:
+        print(f"{err}; running unpatched: two calls at once may fail with HTTP 500", file=sys.stderr, flush=True)
+    try:
         patch_weighted_terminate()
     except RuntimeError as err:
         print(f"{err}; running unpatched: terminating a weighted node may replace it or stop another",
@@ -132,6 +136,41 @@ def patch_moto() -> None:
 
     transact_write_items.tidefleet_patched = True
     backend.transact_write_items = transact_write_items
+
+
+def patch_one_call_at_a_time() -> None:
+    """Serve one AWS call at a time, all but SQS's ReceiveMessage. moto's server runs each request
+    in a thread of its own and its backends take no locks: a DynamoDB Query copying an item while an
+    UpdateItem added an attribute to it raised "dictionary changed size during iteration", an HTTP
+    500 page that ended a sandbox run (and a CI run) under load. The GIL runs one call at a time
+    anyway, so this costs little. A ReceiveMessage long poll sleeps inside moto's backend for up to
+    20 s, so it keeps running beside the others (moto's SQS iterates lists, whose growth does not raise).
+    Raises RuntimeError, one line, if moto's code is no longer the one this was written against."""
+    import threading
+    from importlib.metadata import version
+
+    try:
+        from moto.core.responses import BaseResponse
+
+        original = BaseResponse.call_action
+        applies = callable(original) and callable(getattr(BaseResponse, "_get_action", None))
+    except (ImportError, AttributeError):
+        applies = False
+    if not applies:
+        raise RuntimeError(f"tidefleet.emulator.patch_one_call_at_a_time: moto {version('moto')}'s request "
+                           "handling changed; the patch that serves one call at a time no longer applies: update or remove it")  # fmt: skip
+    if getattr(original, "tidefleet_patched", False):
+        return
+    lock = threading.Lock()
+
+    def call_action(self):
+        if self.service_name == "sqs" and self._get_action() == "ReceiveMessage":
+            return original(self)
+        with lock:
+            return original(self)
+
+    call_action.tidefleet_patched = True
+    BaseResponse.call_action = call_action
 
 
 def patch_weighted_terminate() -> None:
