@@ -23,6 +23,7 @@ SMOKE = [
     ("bench_teams.py", ["--window", "2592000:2599200"], "| all | 544 GPUs (pool max) |"),
     ("bench_moves.py", ["--shapes", "1", "--max-items", "200", "--workers", "1"], "checkpoint-and-move against the defaults"),
     ("bench_unseen.py", ["--shapes", "2", "--max-items", "200", "--workers", "1"], "of 2 shapes"),
+    ("bench_seeds.py", ["--seeds", "2", "--workloads", "bursty-short", "--workers", "1"], "of 2 seeds"),
     ("bench_unseen.py", ["--first", "1002", "--shapes", "1", "--max-items", "200", "--workers", "1", "--keda-wait"],
      "with keda's p95 as target_wait_s, on the 1 shapes keda is cheaper"),
 ]
@@ -60,6 +61,9 @@ DEGENERATE = [
     ("bench_teams.py", ["--window", "abc"], "bench_teams.py: error: --window: expected START:END in seconds, e.g. 0:86400 (got 'abc')"),
     ("bench_teams.py", ["--window", "5:1"], "bench_teams.py: error: --window: END must be after START (got '5:1')"),
     ("bench_moves.py", ["--workers", "0"], "argument --workers: must be at least 1 (got 0)"),
+    ("bench_seeds.py", ["--seeds", "0"], "argument --seeds: must be at least 1 (got 0)"),
+    ("bench_seeds.py", ["--workloads", "nope"], ("argument --workloads: unknown workload nope; choose from genai, openb, "
+                                                 "philly, bursty-short, rare-large, diurnal-steady")),
 ]
 
 
