@@ -145,6 +145,7 @@ def patch_one_call_at_a_time() -> None:
     500 page that ended a sandbox run (and a CI run) under load. The GIL runs one call at a time
     anyway, so this costs little. A ReceiveMessage long poll sleeps inside moto's backend for up to
     20 s, so it keeps running beside the others (moto's SQS iterates lists, whose growth does not raise).
+    S3 is not served through call_action (moto dispatches it on a path of its own), so is not covered.
     Raises RuntimeError, one line, if moto's code is no longer the one this was written against."""
     import threading
     from importlib.metadata import version
