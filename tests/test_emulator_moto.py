@@ -203,9 +203,7 @@ def test_the_emulator_serves_one_call_at_a_time_while_a_long_poll_waits_beside_t
             inside[0] -= 1
         return 200, {}, ""
 
-    class Call:
-        call_action = BaseResponse.call_action
-
+    class Call:  # a request of one service and action; its call_action is the patched one, set below
         def __init__(self, service_name: str, action: str):
             self.service_name, self.action = service_name, action
 
