@@ -325,8 +325,10 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
     for name, group in groups.items():
         beats, marked = rows[name]
         decays: dict[float, float] = {}  # many agents beat at the same time: one exp() for them
-        leads, ahead = [], {}
-        for hb in beats.values():  # each agent's smoothed rate, decayed to now: the queues' arrivals
+        leads, ahead, faults = [], {}, []
+        for node_id, hb in beats.items():  # each agent's smoothed rate, decayed to now: the queues' arrivals
+            if hb.fault and _remembered(hb, now):
+                faults.append(NodeFault(node_id, hb.at, hb.fault, hb.booted_at))
             if hb.at - now > CLOCK_SLACK_S:
                 ahead[hb.node_id] = hb
             if hb.gang and (beacon := Beacon.parse(hb.gang)) is not None and beacon.forming:
@@ -347,9 +349,8 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
         for node_id, beacon in leads:  # a forming gang's lead still in the group: the members it waits for
             if node_id in members:
                 forming[beacon.queue] += beacon.short
-        faults = tuple(NodeFault(n, hb.at, hb.fault, hb.booted_at) for n, hb in beats.items() if _remembered(hb, now))
         if faults:  # a healthy node booted after a fault ends it for good, even once that node is gone
-            faults = tuple(in_a_row(faults, nodes))
+            faults = in_a_row(faults, nodes)
         pool_views.append(
             PoolView(
                 name=name,
@@ -357,7 +358,7 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
                 desired=group.desired,
                 on_demand_base=group.on_demand_base,
                 spot_failures=group.spot_failures,
-                faults=faults,
+                faults=tuple(faults),
             )
         )
         # A node the group no longer lists and that has been silent longer than a boot: its
@@ -499,8 +500,11 @@ def _units(env: Environment, pool: str, instances: Iterable[GroupInstance]) -> i
 def _live_capacity(env: Environment, pool: str, group: GroupState, leaving: Iterable[str]) -> int:
     """Units of the group's instances that stay: desired below this makes the group pick a victim."""
     leaving = set(leaving)
-    # A Terminating:Wait instance already left the group's capacity: not counted.
-    return _units(env, pool, (i for i in group.instances if i.id not in leaving and i.lifecycle_state in CAPACITY))
+    weights = {name: itype.weight for name, itype in _types(env.pools[pool]).items()}
+    # A Terminating:Wait instance already left the group's capacity: not counted. (`_units`, in one
+    # comprehension: every tick of every pool asks it.)
+    return sum([weights.get(i.instance_type) or i.weight or 1 for i in group.instances
+                if i.lifecycle_state in CAPACITY and i.id not in leaving])  # fmt: skip
 
 
 def act(

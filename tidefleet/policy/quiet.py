@@ -43,7 +43,7 @@ def unchanged_until(env: Environment, fleet: FleetView, decisions: tuple[PoolDec
         if not steady or view.faults or view.name not in env.pools:  # rule 14's hold reads the clock
             return now
         until = min(until, _clock_deadline(env, view, now))
-    at_rest = replace(fleet, queues=tuple(replace(q, intake_per_s=0.0) for q in fleet.queues))
+    at_rest = replace(fleet, queues=tuple(replace(q, intake_per_s=0.0) if q.intake_per_s else q for q in fleet.queues))
     if list(map(actions, decide(env, at_rest, now))) != list(map(actions, decisions)):
         return now
     return max(now, until - MARGIN_S)

@@ -189,7 +189,10 @@ def _with_preemption(env: Environment, view: PoolView, fleet: FleetView, decisio
     """Rule 12: the marks of attempts to preempt, where they change; a cordoned node keeps the
     marks of attempts still running there (one that ended has no use for its mark) and gains rule
     9b's moves."""
-    if not any(n.runs or n.preempting for n in view.nodes):
+    for n in view.nodes:  # a loop, not any(genexpr): asked every tick, of every node
+        if n.runs or n.preempting:
+            break
+    else:
         return decision
     starved = [q for q in fleet.queues if q.name in decision.starved_queues and q.visible and not q.held]
     chosen = preemption.choose(env.queues, starved, list(view.nodes), now)
@@ -312,7 +315,7 @@ def _plan_pool(env: Environment, view: PoolView, queues: list[QueueView], now: f
     staying_serving_slots = serving_slots - _slots([n for n in idle_out if not n.cordoned])
     booting = [max(0.0, n.launched_at + pool.boot_estimate_s - now)
                for n in nodes.serving if n.state == "pending" for _ in range(n.slots)]  # fmt: skip
-    free_now = sum(n.slots - n.busy_slots for n in takers if n.state == "running" and n.id not in gone)
+    free_now = sum([n.slots - n.busy_slots for n in takers if n.state == "running" and n.id not in gone])
     horizon = boot_horizon(queues, staying_serving_slots - len(booting), booting, pool.boot_estimate_s, free_now,
                            late_by_queue)  # fmt: skip
     needs = _needs(horizon, packed, for_on_demand, pool.slots_per_unit, smallest)
@@ -714,7 +717,7 @@ def _choose_idle(
 ) -> tuple[list[NodeView], list[str]]:
     """Idle nodes to terminate (rule 4), a line for each of them and for each overdue node kept,
     and one line counting the other serving nodes kept while there is surplus."""
-    idle = [n for n in serving if _is_idle(n)]
+    idle = [n for n in serving if n.busy_slots == 0 and _is_idle(n)]  # busy ones without a call: most nodes
     if break_even is None:
         why = {n.id: f"idle {now - n.idle_since:.0f}s > {idle_timeout_s}s" for n in idle if now - n.idle_since > idle_timeout_s}
     else:
@@ -792,9 +795,9 @@ def _consolidate(serving: list[NodeView], *, demand: int, reserved: set[str]) ->
     items are never interrupted; a node a waiting multi-slot item was placed on is not taken."""
     capacity = _slots([n for n in serving if not n.cordoned])  # a drained, cordoned node takes no items
     candidates = sorted(
-        (n for n in serving
+        [n for n in serving
          if n.state == "running" and not n.cordoned and n.slots > 1 and 0 < n.busy_slots < n.slots
-         and n.id not in reserved),
+         and n.id not in reserved],
         key=lambda n: (n.busy_slots / n.slots, n.busy_slots, n.id),
     )  # fmt: skip
     out, reasons = [], []

@@ -982,10 +982,14 @@ def placement(queues: list[tuple[str, Queue]], items: list[TraceItem]) -> tuple[
     all_gangs = [q for q in every if is_gang(queues[q][1])]
     node_slots = queues[all_gangs[0]][1].slots_per_item if all_gangs else 0
     queue_of, need = [], []
+    split: dict[str | None, tuple[list[int], list[int]]] = {}  # per team (None: every queue): (ordinary, gangs)
     for item in items:
-        own = teams.get(item.group, every)
-        ordinary = [q for q in own if not is_gang(queues[q][1])]
-        gangs = sorted((q for q in own if is_gang(queues[q][1])), key=lambda q: queues[q][1].gang[1])
+        team = item.group if item.group in teams else None
+        if team not in split:
+            own = teams.get(team, every)
+            split[team] = ([q for q in own if not is_gang(queues[q][1])],
+                           sorted((q for q in own if is_gang(queues[q][1])), key=lambda q: queues[q][1].gang[1]))
+        ordinary, gangs = split[team]
         if ordinary and (not gangs or item.slots <= node_slots):
             q = next((q for q in ordinary if queues[q][1].slots_per_item >= item.slots), ordinary[-1])
             need.append(max(item.slots, queues[q][1].slots_per_item))
