@@ -612,6 +612,28 @@ def test_simulate_says_each_policy_as_it_is_done_on_stderr_and_keeps_stdout_for_
     ]
 
 
+def test_a_long_replay_says_how_far_it_is_on_stderr_and_the_result_stays_the_same(tmp_path, monkeypatch):
+    from tidefleet.sim import engine, run
+
+    rows = "".join(f"{i * 40},{300 + i % 7 * 100},1\n" for i in range(400))  # 400 items over ~4.4 h
+    path = write(tmp_path, "submit_s,duration_s,gpus\n" + rows)
+    args = [str(path), "--env", "bench", "--pool", "gpu", "--json"]
+    quiet = CliRunner().invoke(simulate_command, args)
+    monkeypatch.setattr(engine, "PROGRESS_EVENTS", 100)
+    monkeypatch.setattr(run, "PROGRESS_EVERY_S", 0.0)  # every callback says it
+    told = CliRunner().invoke(simulate_command, args)
+    assert quiet.exit_code == told.exit_code == 0, told.output
+    assert json.loads(told.stdout)["results"] == json.loads(quiet.stdout)["results"]
+    lines = told.stderr.splitlines()
+    assert lines[0] == "replaying 400 items under 1 policy" and re.fullmatch(r"\[1/1\] tidefleet: \d+\.\d s", lines[-1])
+    steps = [re.fullmatch(r"  tidefleet: (\d+) of 400 items done \((\d+)%\), trace day 0 of 0, \d+ s", line)
+             for line in lines[1:-1]]  # fmt: skip
+    assert len(steps) >= 5 and all(steps), lines
+    done = [int(m[1]) for m in steps]
+    assert done == sorted(done) and done[-1] > done[0], done
+    assert all(int(m[2]) == round(100 * int(m[1]) / 400) for m in steps)
+
+
 # --- invoke bench as it runs: a line per run on stderr; Ctrl-C and a failing run stop the rest at once.
 
 

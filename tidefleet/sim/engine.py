@@ -19,10 +19,13 @@ import math
 import random
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from tidefleet.config import Environment, InstanceType, Queue
 from tidefleet.policy.model import item_seconds_mean, on_demand_units, rate_after, rate_at
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 from tidefleet.records import take_from_grant
 from tidefleet.sim.trace import SpotTrace, TraceItem
 
@@ -32,6 +35,7 @@ READS_ONLY = (POLL, KICK, SAMPLE)  # events that change nothing themselves (a ti
 
 RETRY_LAUNCH_S = 60.0  # the group retries a failed launch on its own about once a minute
 DRAIN_HORIZON_S = 6 * 3600.0  # after the last item: how long a policy may take to reach min
+PROGRESS_EVENTS = 4096  # `run` tells its progress callback every this many events (~10^6 a long trace)
 STALL_S = 7 * 86400.0  # waiting work but nothing arrived, started or finished this long: give up
 # Why a run gave up with items unfinished (`Outcome.stopped`; None: it ran to the end).
 STALLED = "stalled"  # items waited STALL_S while nothing arrived, started or finished
@@ -392,7 +396,9 @@ class Simulation:
         self._reconcile()  # dispatches what the node ran
 
     # ----------------------------------------------------------------- the run
-    def run(self) -> Outcome:
+    def run(self, progress: Callable[[int, int, float], object] | None = None) -> Outcome:
+        """Replay every item to its end. `progress(items done, items, now)` is called every
+        `PROGRESS_EVENTS` events: the caller decides what to say and when (the replay keeps no clock)."""
         self._push(self.now, POLL, None)
         if self.sample_s:
             self._push(self.now, SAMPLE, None)
@@ -402,7 +408,9 @@ class Simulation:
             self._next_drop()
         items, n = self.items, len(self.items)
         done_at = None
-        while True:
+        for events in itertools.count(1):
+            if progress is not None and events % PROGRESS_EVENTS == 0:
+                progress(self.done, n, self.now)
             arrival_t = items[self.next_arrival].submit_s if self.next_arrival < n else math.inf
             event_t = self.heap[0][0] if self.heap else math.inf
             if arrival_t <= event_t:

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
-from tidefleet.config import Environment, Queue
+from tidefleet.config import DAY_S, Environment, Queue
 from tidefleet.sim.engine import (
     NO_INTERRUPTIONS,
     Interruptions,
@@ -26,11 +26,28 @@ from tidefleet.sim.teams import by_team as by_team_rows
 from tidefleet.sim.trace import TraceItem, for_pool
 
 SCHEMA = "tidefleet.sim/1"
+PROGRESS_EVERY_S = 10.0  # a line this often while one policy's replay runs (`simulate`'s progress)
 PLOT_POINTS = 1500  # timeline samples per run, whatever the trace length
 
 # Boot (launch to a usable OS and the agent's first heartbeat) and spot notice, per cloud:
 # traces/README.md gives EC2 25-60 s to a usable OS, GCE 25-45 s; notices 2 min / 30 s.
 DEFAULT_TIMING = {"aws": (45.0, 120.0), "gcp": (35.0, 30.0)}
+
+
+def _every(seconds: float, name: str, started: float, last_submit_s: float,
+           say: Callable[[str], None]) -> Callable[[int, int, float], None]:  # fmt: skip
+    """The engine's progress callback: a line at most every `seconds` of the replay."""
+    last = started
+
+    def tell(done: int, items: int, now: float) -> None:
+        nonlocal last
+        at = time.perf_counter()
+        if at - last >= seconds:
+            last = at
+            say(f"  {name}: {done:,} of {items:,} items done ({done / items:.0%}), trace day {now / DAY_S:,.0f} "
+                f"of {last_submit_s / DAY_S:,.0f}, {at - started:.0f} s")  # fmt: skip
+
+    return tell
 
 
 def default_timing(env: Environment, boot_s: float | None = None, notice_s: float | None = None,
@@ -294,8 +311,9 @@ def simulate(
     by_team: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> Report:
-    """Replay `items` under each policy; `progress` (the CLI's stderr) gets a line as the replay starts
-    and one as each policy is done (Philly takes a minute a policy)."""
+    """Replay `items` under each policy; `progress` (the CLI's stderr) gets a line as the replay starts,
+    one every `PROGRESS_EVERY_S` of a policy's replay (Philly takes a minute or more under tidefleet)
+    and one as each policy is done."""
     if pool not in env.pools:
         raise ValueError(
             f"--pool: unknown pool (got {pool!r}); pools of {env.name}: {', '.join(sorted(env.pools))}"
@@ -331,7 +349,8 @@ def simulate(
             outcome = oracle_outcome(fits, lb, oracle_peak_nodes(env, pool, fits, slots))
         else:
             policy = make_policy(name, env, pool, timing)
-            outcome = Simulation(env, pool, fits, policy, timing, interruptions, seed, sample_s).run()
+            simulation = Simulation(env, pool, fits, policy, timing, interruptions, seed, sample_s)
+            outcome = simulation.run(_every(PROGRESS_EVERY_S, name, started, fits[-1].submit_s, say) if progress else None)
         results.append(summarise(fits, outcome, lb[0], zero_wait))
         timelines[name] = outcome.samples
         if by_team and name != "oracle":
