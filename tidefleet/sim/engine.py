@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Protocol
 
 from tidefleet.config import Environment, InstanceType, Queue
 from tidefleet.policy.model import item_seconds_mean, on_demand_units, rate_after, rate_at
+from tidefleet.records import take_from_grant
+from tidefleet.sim.trace import SpotTrace, TraceItem
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-from tidefleet.records import take_from_grant
-from tidefleet.sim.trace import SpotTrace, TraceItem
 
 # Event kinds, in the order they are handled when they fall on the same time and sequence.
 BOOTED, DONE, NOTICE, RECLAIM, SPOT_DROP, POLL, KICK, RETRY, SAMPLE, GANG_DONE, RENDEZVOUS, LEAVE, ACKED, TIMED = range(14)

@@ -107,15 +107,12 @@ class SimulationPorts:
         sim = self.sim
         if pool != sim.pool_name:
             return {}
-        now, every_s = sim.now, sim.pool.boot_timeout_s * HEARTBEAT_GRAIN
+        self.agents_beat()
         beats = {}
-        for node in sim.nodes.values():  # `agents_beat` and the records in one pass
-            if node.reported_at is None:
-                continue  # no heartbeat until its agent's first one
-            if now - node.reported_at >= every_s:
-                node.reported_at = now
-                node.record = None
-            beats[node.name] = node.record or _heartbeat(node, pool, self._names, sim)
+        for node in sim.nodes.values():
+            heartbeat = node.record or _heartbeat(node, pool, self._names, sim)
+            if heartbeat is not None:
+                beats[node.name] = heartbeat
         return beats
 
     def node_rows(self, pool: str) -> tuple[dict[str, Heartbeat], frozenset[str]]:
