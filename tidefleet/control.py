@@ -500,11 +500,9 @@ def _units(env: Environment, pool: str, instances: Iterable[GroupInstance]) -> i
 def _live_capacity(env: Environment, pool: str, group: GroupState, leaving: Iterable[str]) -> int:
     """Units of the group's instances that stay: desired below this makes the group pick a victim."""
     leaving = set(leaving)
-    weights = {name: itype.weight for name, itype in _types(env.pools[pool]).items()}
-    # A Terminating:Wait instance already left the group's capacity: not counted. (`_units`, in one
-    # comprehension: every tick of every pool asks it.)
-    return sum([weights.get(i.instance_type) or i.weight or 1 for i in group.instances
-                if i.lifecycle_state in CAPACITY and i.id not in leaving])  # fmt: skip
+    # A Terminating:Wait instance already left the group's capacity: not counted. (A list, not a
+    # generator: every tick of every pool asks it.)
+    return _units(env, pool, [i for i in group.instances if i.lifecycle_state in CAPACITY and i.id not in leaving])
 
 
 def act(
