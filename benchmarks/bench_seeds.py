@@ -22,7 +22,7 @@ import shape_args
 from bench_target_wait import BY_KEY, workloads_arg
 
 from tidefleet.config import load_environment
-from tidefleet.sim.bench import ENV, TRACES_DIR, halves
+from tidefleet.sim.bench import ENV, TRACES_DIR, goal_line, halves
 from tidefleet.sim.policies import BASELINES
 from tidefleet.sim.run import PolicyResult, Report, default_timing, simulate
 
@@ -46,8 +46,6 @@ def summary(policy: str, results: list[PolicyResult]) -> str:
 
 
 def main() -> None:
-    from tidefleet.sim.bench import goal_line
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=shape_args.positive, default=4, help="placement seeds 0 to N-1 (default 4)")
     parser.add_argument("--workloads", type=workloads_arg, default=",".join(BY_KEY),
