@@ -3,6 +3,7 @@ session and reset before each test that asks for it."""
 
 from __future__ import annotations
 
+import threading
 import urllib.request
 
 import pytest
@@ -53,3 +54,20 @@ def synthesized(tmp_path_factory: pytest.TempPathFactory) -> dict:
         stack_dir = synth(load_environment(name), tmp_path_factory.mktemp(f"synth-{name}"))
         out[name] = (stack_dir, json.loads((stack_dir / "cdk.tf.json").read_text()))
     return out
+
+
+ATTEMPT_JOIN_S = 30  # a killed workload's attempt ends in well under a second
+
+
+@pytest.fixture(autouse=True)
+def _no_attempt_outlives_its_test():
+    """An in-process agent's attempt thread records its outcome once its workload is killed at
+    teardown. Left running, it wrote that outcome into the next test's emulator (reset to the same
+    queue and table names): a stray dead letter there failed an unrelated test."""
+    before = set(threading.enumerate())
+    yield
+    left = [t for t in threading.enumerate() if t not in before and t.name.startswith(("attempt ", "gang member "))]
+    for thread in left:
+        thread.join(ATTEMPT_JOIN_S)
+    if alive := [t.name for t in left if t.is_alive()]:
+        pytest.fail(f"attempt threads still running {ATTEMPT_JOIN_S}s after the test: {alive}")

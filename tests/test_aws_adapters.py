@@ -361,3 +361,16 @@ def test_a_refused_set_desired_reports_the_groups_own_desired_after(cloud, caplo
     assert (line["desired"], line["desired_after"]) == (2, 0) and "held" not in line
     (failed,) = line["failed"]
     assert failed.startswith("set_desired: ClientError: An error occurred (AccessDenied)")
+
+
+def test_a_history_entry_kept_without_a_status_condition_lands_on_a_final_item(cloud):
+    """What an attempt keeps once a newer attempt holds its item (`Agent._record`): the entry alone.
+    Sent with a #status name no expression used, DynamoDB refused the write (ValidationException)
+    and the entry was lost with a "could not record" line."""
+    store = DynamoStore(ENV.name, ENV.region)
+    store.put_job(Job("j", "j", "demo", created_at=0.0, total=1))
+    store.create_items([Item("j", "000000", args=["x"])], unseen=True)
+    assert store.update_item("j", "000000", status="succeeded") is not None
+    assert store.update_item("j", "000000", never_from=(), append={"history": {"outcome": "lost"}}) is not None
+    item = store.item("j", "000000")
+    assert (item.status, [e["outcome"] for e in item.history]) == ("succeeded", ["lost"])

@@ -719,7 +719,8 @@ class Agent:
             self.idle_since = None
             self._count_intake(name, time.time())
         try:
-            threading.Thread(target=self._lead if lead else self._execute, args=(run, queue), daemon=True).start()
+            threading.Thread(target=self._lead if lead else self._execute, args=(run, queue), daemon=True,
+                             name=f"attempt {msg.job}/{msg.item}").start()
         except BaseException:
             self._forget([run])
             raise
@@ -887,7 +888,8 @@ class Agent:
                 self.members.append(member)
                 self.idle_since = None
             log.info("joined the gang of %s/%s (attempt %d) led by another node", beacon.job, beacon.item, beacon.attempt)
-            threading.Thread(target=self._member, args=(member, queue, list(item.args)), daemon=True).start()
+            threading.Thread(target=self._member, args=(member, queue, list(item.args)), daemon=True,
+                             name=f"gang member {beacon.job}/{beacon.item}").start()
             return True
         return False
 

@@ -612,7 +612,8 @@ def _item_update(job_id: str, item_id: str, only_from, never_from, fence: Fence 
     request = {
         "Key": {"pk": f"JOB#{job_id}", "sk": f"ITEM#{item_id}"},
         "UpdateExpression": update,
-        "ExpressionAttributeNames": {**names, "#status": "status"},
+        # DynamoDB refuses a name no expression uses: #status only where a condition reads it.
+        "ExpressionAttributeNames": names | ({"#status": "status"} if "#status" in " ".join(conditions) else {}),
         "ExpressionAttributeValues": expr_values,
         "ConditionExpression": " AND ".join(conditions),
     }
