@@ -626,11 +626,13 @@ def test_a_long_replay_says_how_far_it_is_on_stderr_and_the_result_stays_the_sam
     assert json.loads(told.stdout)["results"] == json.loads(quiet.stdout)["results"]
     lines = told.stderr.splitlines()
     assert lines[0] == "replaying 400 items under 1 policy" and re.fullmatch(r"\[1/1\] tidefleet: \d+\.\d s", lines[-1])
-    steps = [re.fullmatch(r"  tidefleet: (\d+) of 400 items done \((\d+)%\), trace day 0 of 0, \d+ s", line)
+    steps = [re.fullmatch(r"  tidefleet: (\d+) of 400 items done \((\d+)%\), trace hour (\d) of 4, \d+ s", line)
              for line in lines[1:-1]]  # fmt: skip
     assert len(steps) >= 5 and all(steps), lines
     done = [int(m[1]) for m in steps]
     assert done == sorted(done) and done[-1] > done[0], done
+    hours = [int(m[3]) for m in steps]  # a trace shorter than two days is told in hours
+    assert hours == sorted(hours) and hours[-1] > hours[0], hours
     assert all(int(m[2]) == round(100 * int(m[1]) / 400) for m in steps)
 
 

@@ -38,14 +38,15 @@ def _every(seconds: float, name: str, started: float, last_submit_s: float,
            say: Callable[[str], None]) -> Callable[[int, int, float], None]:  # fmt: skip
     """The engine's progress callback: a line at most every `seconds` of the replay."""
     last = started
+    unit, size = ("day", DAY_S) if last_submit_s >= 2 * DAY_S else ("hour", 3600)  # not "day 0 of 0"
 
     def tell(done: int, items: int, now: float) -> None:
         nonlocal last
         at = time.perf_counter()
         if at - last >= seconds:
             last = at
-            say(f"  {name}: {done:,} of {items:,} items done ({done / items:.0%}), trace day {now / DAY_S:,.0f} "
-                f"of {last_submit_s / DAY_S:,.0f}, {at - started:.0f} s")  # fmt: skip
+            say(f"  {name}: {done:,} of {items:,} items done ({done / items:.0%}), trace {unit} {now / size:,.0f} "
+                f"of {last_submit_s / size:,.0f}, {at - started:.0f} s")  # fmt: skip
 
     return tell
 
