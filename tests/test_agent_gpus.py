@@ -33,6 +33,13 @@ instance_types = [{{ type = "g5.12xlarge", weight = 2, gpus = 2 }}]
 pool = "gpu"
 max_retries = {max_retries}
 item_timeout_s = 60
+
+[queues.wide]
+pool = "gpu"
+max_retries = 0
+item_timeout_s = 60
+nodes_per_item = 2
+slots_per_item = 2
 """
 
 # Records what devices it was given, then holds them long enough for the other item to start.
@@ -69,6 +76,18 @@ def test_two_items_on_a_two_gpu_node_see_disjoint_devices_and_their_usage_is_rec
     assert {i.status for i in items} == {"succeeded"}
     assert all(i.gpu_util_pct == recorded and i.gpu_mem_peak_mb >= 1000 for i in items), items
     assert "Traceback" not in gpu_node.agent_log("gpu-node")
+
+
+def test_a_gang_members_gpu_usage_is_recorded_in_its_own_entry(gpu_node):
+    """The lead's usage lands on the item; each member's, in its part's history entry."""
+    job = sdk.submit(gpu_node.env, "wide", "wide", sdk.read_items(["a"]), kick=False).job_id
+    for node in ("gpu-a", "gpu-b"):
+        gpu_node.start_agent(node, PATH=_path_with_fake_driver(), FAKE_GPUS="2", FAKE_GPU_UTIL="60")
+    store = DynamoStore(gpu_node.env.name, gpu_node.env.region)
+    item = wait_until(lambda: len((i := store.item(job, "000000")).history) == 2 and i, 60, "both nodes' entries")
+    assert sorted(e["outcome"] for e in item.history) == ["member", "succeeded"]
+    assert all(e["gpu_util_pct"] == 60.0 and e["gpu_mem_peak_mb"] >= 2000 for e in item.history), item.history
+    assert sorted(s["cuda"] for s in map(json.loads, gpu_node.ledger.read_text().splitlines())) == ["0,1", "0,1"]
 
 
 def test_a_node_whose_driver_is_broken_takes_nothing_and_is_marked_draining(gpu_node):

@@ -406,7 +406,7 @@ class Agent:
         self.streams: set = set()
         self.checkpoint_base = ""
         self.devices: Devices | None = None  # the node's GPUs by slot (`_prepare`); None: no GPUs
-        self.gpu_usage: dict[int, Usage] = {}  # id(run) -> what its GPUs did so far
+        self.gpu_usage: dict[int, Usage] = {}  # id(run or member) -> what its GPUs did so far
         self.acks = Acks(self.cloud.queues)
         self.records = Records(self.store, self._recorded)
         self.outcomes = Outcomes(self.cloud.logs)
@@ -1031,18 +1031,20 @@ class Agent:
             stream = self.cloud.logs.stream(member.queue, member.job, member.item, member.attempt)
             with self.lock:
                 self.streams.add(stream)
+            began = time.time()
             member.workload.start(what, message, member.attempt, self._checkpoint_uri(member.queue, message),
                                   checkpoint_root=self.s.checkpoint_root, user_name=self.s.item_user,
                                   gpu_indices=member.gpus, extra_env=env)  # fmt: skip
             self._feed(member, Started())
             log.info("%s/%s: started as node rank %d of %d", member.job, member.item, member.rank, len(verdict.members))
-            code, _, last_line = member.workload.wait(stream)
+            code, usage, last_line = member.workload.wait(stream)
             if member.workload.daemon_unreachable(code, last_line):  # dockerd died since the agent started
                 raise NodeFault(f"its docker daemon does not answer: {last_line}")
             self._feed(member, Exited(code, member.workload.completed(), last_line))
             if code != 0 and member.state.stop is None:  # its failure is the item's: the lead records it
                 tail = f": {last_line[:200]}" if last_line else ""
                 self._step("gang failure", self._fail_gang, member, f"node {self.s.node_id} (rank {member.rank}) exited {code}{tail}")
+            self._step("record the gang member's part", self._record_member, member, code, usage, began)
         except self.cloud.errors as err:  # the cloud, not the item: leave, the gang goes on or re-forms
             log.warning("%s/%s: could not run this node's part of the gang (%s); leaving it", member.job, member.item,
                         str(err).splitlines()[0][:300])  # fmt: skip
@@ -1069,7 +1071,19 @@ class Agent:
                     self.members.remove(member)
                 if self.devices is not None:
                     self.devices.give_back(str(id(member)))
+                self.gpu_usage.pop(id(member), None)
             self._forget([])
+
+    def _record_member(self, member: Member, code: int, usage: dict, began: float) -> None:
+        """This node's part of a gang attempt, in the item's history ("member", whatever the item's
+        status by now): the lead's entry covers the lead's node only, so without it `tidefleet cost`
+        billed a gang of N nodes as one, and right-sizing never saw the members' usage."""
+        with self.lock:
+            gpu = self.gpu_usage.pop(id(member), None)
+        entry = {"attempt": member.attempt, "node": self.s.node_id, "rank": member.rank, "outcome": "member",
+                 "exit_code": code, "seconds": round(time.time() - began, 3), **usage, **(gpu.record() if gpu else {}),
+                 **self._placement(member.slots)}  # fmt: skip
+        self.store.update_item(member.job, member.item, never_from=(), append={"history": entry})
 
     def _fail_gang(self, member: Member, failure: str) -> None:
         self.store.update_item(member.job, member.item, only_from=("running",), fence=Fence(attempt=member.attempt),
@@ -1273,7 +1287,7 @@ class Agent:
     def _record_outcome(self, run: Run, queue: Queue, record: Record, usage: dict) -> None:
         msg = run.message
         entry = {"attempt": run.attempt, "node": self.s.node_id, "exit_code": record.exit_code,
-                 "seconds": round(time.time() - run.began, 3), **usage, **self._placement(run)}
+                 "seconds": round(time.time() - run.began, 3), **usage, **self._placement(run.slots)}
         try:
             if record.outcome is Outcome.DROPPED:
                 log.warning("%s/%s attempt %d: another attempt holds the item now; recording nothing",
@@ -1291,9 +1305,9 @@ class Agent:
             self.outcomes.add(run.queue, AttemptOutcome(msg.job, msg.item, run.attempt, record.outcome.value,
                                                         entry["seconds"], time.time()))
 
-    def _placement(self, run: Run) -> dict:
+    def _placement(self, slots: int) -> dict:
         """What the attempt ran on, for `tidefleet cost`: heartbeats are gone once the node is."""
-        return {"instance_type": self.s.instance_type, "spot": self.s.spot, "slots": run.slots,
+        return {"instance_type": self.s.instance_type, "spot": self.s.spot, "slots": slots,
                 "node_slots": self.slots, "ended_at": round(time.time(), 3)}
 
     def _free(self, run: Run) -> None:
@@ -1390,7 +1404,7 @@ class Agent:
         unrecorded = []
         for h in sent:
             if interrupted and h.attempt:
-                ran = {"seconds": round(time.time() - h.began, 3), **self._placement(h)} if isinstance(h, Run) else {}
+                ran = {"seconds": round(time.time() - h.began, 3), **self._placement(h.slots)} if isinstance(h, Run) else {}
                 # The scaler's mark: "preempted" in its history (its reason says why: a higher-priority
                 # queue, or checkpoint-and-move), not counted in `interruptions`, as its message.
                 counted = {} if _preempted(h) else {"add": {"interruptions": 1}}
@@ -1639,7 +1653,8 @@ class Agent:
             return
         with self.lock:
             gone, back = self.devices.seen(readings)
-            account(self.gpu_usage, {id(r): r.gpus for r in self.runs if r.gpus and r.state.result is None}, readings)
+            account(self.gpu_usage, {id(r): r.gpus for r in [*self.runs, *self.members] if r.gpus and r.state.result is None},
+                    readings)  # fmt: skip
         for gpu in gone:
             log.warning("GPU %d (%s) is missing from nvidia-smi's readings: no item is given it until it is back",
                         gpu.index, gpu.uuid)  # fmt: skip
