@@ -119,11 +119,6 @@ def _final(h: Harness, job_id: str):
     return item.status in FINAL and item
 
 
-def _lead_outcomes(item) -> list[str]:
-    """The item's attempts as its lead recorded them, without its members' parts ("member")."""
-    return [e["outcome"] for e in item.history if e["outcome"] != "member"]
-
-
 def _starts(h: Harness, attempt: int) -> dict[int, dict]:
     return {e["rank"]: e for e in h.events("start") if e["attempt"] == attempt}
 
@@ -146,12 +141,13 @@ def test_a_two_node_gang_starts_together_with_disjoint_ranks_meets_at_the_lead_a
     assert Counter(e["rank"] for e in h.events("done")) == {0: 1, 1: 1}
     assert item.members[0]["node"] == starts[0]["node"] and item.gang == "running"
     wait_until(lambda: h.queue_depth("train") == 0, 10, "the message deleted")
-    # Each node's part is billed: the lead's entry covers the lead's node, the member's its own.
-    item = wait_until(lambda: len((i := h.items(job)["000000"]).history) == 2 and i, 10, "the member's entry")
-    by_outcome = {e["outcome"]: e for e in item.history}
-    assert {by_outcome["succeeded"]["node"], by_outcome["member"]["node"]} == {starts[0]["node"], starts[1]["node"]}
-    assert (by_outcome["member"]["rank"], by_outcome["member"]["attempt"], by_outcome["member"]["exit_code"]) == (1, 1, 0)
-    charged = costs.charges(h.env, DynamoStore(h.env.name, h.env.region).job(job), [item])
+    # Each node's part is billed: the lead's history entry covers the lead's node, the member's part its own.
+    store = DynamoStore(h.env.name, h.env.region)
+    parts = wait_until(lambda: store.parts(job), 10, "the member's part")
+    assert [e["node"] for e in item.history] == [starts[0]["node"]] and list(parts) == ["000000"]
+    [part] = parts["000000"]
+    assert (part["node"], part["rank"], part["attempt"], part["exit_code"]) == (starts[1]["node"], 1, 1, 0)
+    charged = costs.charges(h.env, store.job(job), [item], parts=parts)
     assert [(c.instance_type, c.share) for c in charged] == [("c6i.large", 1.0)] * 2
     assert all(c.seconds >= 2.0 for c in charged), "20 steps of 0.1 s on each node"
 
@@ -168,7 +164,7 @@ def test_a_spot_notice_on_one_member_stops_the_whole_gang_and_the_item_resumes_o
         # The lead hands it back whole (and, free again, may well lead its next attempt at once).
         item = wait_until(lambda: h.items(job)["000000"].interruptions == 1 and h.items(job)["000000"], 30,
                           "the lead to hand the item back")  # fmt: skip
-        assert item.failures == 0 and _lead_outcomes(item)[0] == "interrupted"
+        assert item.failures == 0 and item.history[0]["outcome"] == "interrupted"
         assert [e["rank"] for e in h.events("checkpoint")] == [0]  # the lead saved the gang's progress
         h.start_agent("node-c")  # capacity comes back: the gang forms again on the lead and the new node
         item = wait_until(lambda: _final(h, job), 90, "the resumed gang to finish")
@@ -178,7 +174,7 @@ def test_a_spot_notice_on_one_member_stops_the_whole_gang_and_the_item_resumes_o
         assert member not in {e["node"] for e in resumed.values()}
         assert Counter(e["rank"] for e in h.events("done")) == {0: 1, 1: 1}  # succeeded once
         assert "a node of its gang was interrupted" in str(item.history)
-        parts = Counter(e["attempt"] for e in item.history if e["outcome"] == "member")
+        parts = Counter(e["attempt"] for e in DynamoStore(h.env.name, h.env.region).parts(job)["000000"])
         assert parts == {1: 1, 2: 1}, "each attempt's member billed, the one its spot notice stopped too"
     finally:
         for imds in notices.values():
@@ -295,9 +291,9 @@ def test_a_member_that_leaves_as_its_gang_starts_gives_the_item_back_unspent_not
     item = store.item(job, "000000")
     assert (item.status, item.gang, item.interruptions, item.failures, item.gang_failure) == \
         ("queued", "released", 0, 0, "")  # fmt: skip
-    released = [e for e in item.history if e["outcome"] != "member"][-1]
-    assert released["outcome"] == "released" and "2 node(s) left, below min 3" in released["reason"]
-    assert [e["node"] for e in item.history if e["outcome"] == "member"] == ["node-m"], "its part ran: billed"
+    assert item.history[-1]["outcome"] == "released"
+    assert "2 node(s) left, below min 3" in item.history[-1]["reason"]
+    assert [e["node"] for e in store.parts(job)["000000"]] == ["node-m"], "its part ran: billed"
     assert lead.idle_since is not None and member.idle_since is not None
     lead.acks.flush()
     assert h.queue_depth("wide") == 1  # its message is back: a full gang runs it

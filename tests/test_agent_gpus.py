@@ -79,14 +79,16 @@ def test_two_items_on_a_two_gpu_node_see_disjoint_devices_and_their_usage_is_rec
 
 
 def test_a_gang_members_gpu_usage_is_recorded_in_its_own_entry(gpu_node):
-    """The lead's usage lands on the item; each member's, in its part's history entry."""
+    """The lead's usage lands on the item; each member's, on its part (`JobStore.parts`)."""
     job = sdk.submit(gpu_node.env, "wide", "wide", sdk.read_items(["a"]), kick=False).job_id
     for node in ("gpu-a", "gpu-b"):
         gpu_node.start_agent(node, PATH=_path_with_fake_driver(), FAKE_GPUS="2", FAKE_GPU_UTIL="60")
     store = DynamoStore(gpu_node.env.name, gpu_node.env.region)
-    item = wait_until(lambda: len((i := store.item(job, "000000")).history) == 2 and i, 60, "both nodes' entries")
-    assert sorted(e["outcome"] for e in item.history) == ["member", "succeeded"]
-    assert all(e["gpu_util_pct"] == 60.0 and e["gpu_mem_peak_mb"] >= 2000 for e in item.history), item.history
+    item = wait_until(lambda: (i := store.item(job, "000000")).status == "succeeded" and i, 60, "the gang to succeed")
+    [part] = wait_until(lambda: store.parts(job).get("000000"), 10, "the member's part")
+    entries = [*item.history, part]
+    assert [e["node"] for e in entries] == [item.history[0]["node"], {"gpu-a": "gpu-b", "gpu-b": "gpu-a"}[item.history[0]["node"]]]
+    assert all(e["gpu_util_pct"] == 60.0 and e["gpu_mem_peak_mb"] >= 2000 for e in entries), entries
     assert sorted(s["cuda"] for s in map(json.loads, gpu_node.ledger.read_text().splitlines())) == ["0,1", "0,1"]
 
 

@@ -374,3 +374,17 @@ def test_a_history_entry_kept_without_a_status_condition_lands_on_a_final_item(c
     assert store.update_item("j", "000000", never_from=(), append={"history": {"outcome": "lost"}}) is not None
     item = store.item("j", "000000")
     assert (item.status, [e["outcome"] for e in item.history]) == ("succeeded", ["lost"])
+
+
+def test_a_gang_members_parts_are_kept_beside_the_item_by_attempt_and_node(cloud):
+    """Beside the item, not on it: a big gang interrupted often would outgrow the item's 400 KB."""
+    store = DynamoStore(ENV.name, ENV.region)
+    store.create_items([Item("j", "i.1", args=["x"])], unseen=True)
+    part = {"attempt": 1, "node": "i-0b", "rank": 1, "seconds": 12.5, "spot": True, "gpu_util_pct": None}
+    store.record_part("j", "i.1", part)
+    store.record_part("j", "i.1", {**part, "seconds": 13.0})  # the same attempt and node again: replaced
+    store.record_part("j", "i.1", {**part, "attempt": 2})
+    unknown = {k: v for k, v in part.items() if v is not None}  # an unknown reading is left out, as on items
+    assert store.parts("j") == {"i.1": [{**unknown, "seconds": 13.0}, {**unknown, "attempt": 2}]}
+    assert store.item("j", "i.1").history == [] and [i.item_id for i in store.items("j")] == ["i.1"]
+    assert store.parts("other") == {}

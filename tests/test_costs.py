@@ -217,3 +217,10 @@ def test_candidates_are_the_pools_types_and_the_same_clouds_sized_types_but_no_b
     found = rightsize.candidates(env, "cpu")
     assert expected in found and not any(t.startswith(rightsize.BURSTABLE) for t in found)
     assert all(("." in t) == (env.cloud == "aws") for t in found)
+
+
+def test_a_gang_members_parts_are_priced_like_attempts_and_only_their_own_items():
+    lead, member = entry(seconds=3600.0), entry(seconds=1800.0, spot=False, rank=1)
+    charged = costs.charges(ENV, job(), [Item("j1", "000000", history=[lead])],
+                            parts={"000000": [member], "000001": [member]})  # fmt: skip
+    assert [(c.item_id, c.seconds, c.spot) for c in charged] == [("000000", 3600.0, True), ("000000", 1800.0, False)]

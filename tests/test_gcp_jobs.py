@@ -190,6 +190,18 @@ def test_a_value_of_none_removes_the_field(gcp):
     assert "exit_code" not in gcp.docs[f"{DOCS.removeprefix('/v1/')}/jobs/j/items/i"]
 
 
+def test_a_gang_members_parts_are_kept_beside_the_item_by_attempt_and_node(gcp):
+    store = for_env(ENV).store
+    store.put_item_if_new(Item("j", "i.1", ["x"], status="running", attempts=1))
+    part = {"attempt": 1, "node": "tidefleet-gcp-dev-cpu-bbbb", "rank": 1, "seconds": 12.5, "spot": True, "gpu_util_pct": None}
+    store.record_part("j", "i.1", part)
+    store.record_part("j", "i.1", {**part, "seconds": 13.0})  # the same attempt and node again: replaced
+    store.record_part("j", "i.1", {**part, "attempt": 2})
+    assert store.parts("j") == {"i.1": [{**part, "seconds": 13.0}, {**part, "attempt": 2}]}
+    assert store.item("j", "i.1").history == [] and [i.item_id for i in store.items("j")] == ["i.1"]
+    assert store.parts("other") == {}
+
+
 # -- the agent's queue rules on Pub/Sub -----------------------------------------------------------
 def test_an_item_handed_back_many_times_is_never_dead_lettered_by_pubsub(gcp, tmp_path):
     """A nack would raise the delivery attempt and Pub/Sub would dead-letter the item after

@@ -4,7 +4,8 @@ or month. Pure: it reads records the job store returns and the environment's pri
 An attempt costs its node-seconds × its share of the node (the item's slots / the node's slots)
 × the node's hourly price (spot or on-demand: `InstanceType.price`, the prices the scaler uses).
 The agent writes what ran where into each attempt's history entry (`instance_type`, `spot`,
-`slots`, `node_slots`, `seconds`, `ended_at`), because heartbeats go with their node.
+`slots`, `node_slots`, `seconds`, `ended_at`), because heartbeats go with their node; a gang
+member writes the same of its node's part beside the item (`JobStore.record_part`).
 
 Busy time only: a node's idle and boot time is recorded nowhere once the node is gone, so it
 is not charged to anyone (never guessed); `IDLE_NOTE` says so wherever a total is shown.
@@ -101,16 +102,17 @@ def unpriced_reason(entry: dict, usd_per_hour: float | None) -> str | None:
     return None
 
 
-def charges(env: Environment, job: Job, items: Iterable[Item], *, since: float = 0.0,
-            unpriced: Counter | None = None) -> list[Charge]:  # fmt: skip
-    """Every attempt of the job's items that ended at or after `since`, priced; each attempt that
-    cannot be priced is counted by its reason in `unpriced`."""
+def charges(env: Environment, job: Job, items: Iterable[Item], *, parts: dict[str, list[dict]] | None = None,
+            since: float = 0.0, unpriced: Counter | None = None) -> list[Charge]:  # fmt: skip
+    """Every attempt of the job's items that ended at or after `since`, and every gang member's
+    part of one (`parts`, by item id: `JobStore.parts`), priced; each that cannot be priced is
+    counted by its reason in `unpriced`."""
     queue = env.queues.get(job.queue)
     pool = queue.pool if queue else None
     team = (queue.team or env.pools[pool].team) if queue and pool in env.pools else "unknown"
     out = []
     for item in items:
-        for entry in item.history:
+        for entry in [*item.history, *(parts or {}).get(item.item_id, ())]:
             if (entry.get("ended_at") or item.updated_at) < since:
                 continue
             price = hourly(env, pool, entry["instance_type"], bool(entry.get("spot"))) \

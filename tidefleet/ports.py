@@ -311,6 +311,15 @@ class JobStore(NodeStatePort, QueueStatsPort, Protocol):
     def items(self, job_id: str) -> list[Item]:
         """Every item of a job, in item-id order."""
 
+    def record_part(self, job_id: str, item_id: str, entry: dict) -> None:
+        """A gang member's part of an attempt (`entry`: its `attempt`, `node`, run time, usage and
+        placement), kept beside the item, not on it: a gang of up to 1000 nodes, interrupted again
+        and again, would outgrow the item's record (DynamoDB: 400 KB) and stop its claims. Written
+        again for the same attempt and node, it replaces the first."""
+
+    def parts(self, job_id: str) -> dict[str, list[dict]]:
+        """The job's gang members' parts, by item id."""
+
     def update_item(self, job_id: str, item_id: str, *, only_from: tuple[str, ...] | None = None,
                     never_from: tuple[str, ...] = FINAL, fence: Fence | None = None,
                     add: dict[str, int] | None = None, append: dict[str, dict] | None = None,

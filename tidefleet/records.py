@@ -293,7 +293,7 @@ class Item:
     # claim and by the holder's refresh; written only while the record still names the message.
     receipt: str = ""
     receipt_at: float = 0.0
-    history: list[dict] = field(default_factory=list)  # one entry per finished attempt (and gang member's part)
+    history: list[dict] = field(default_factory=list)  # one entry per finished attempt (gang members' parts: JobStore.parts)
     # A multi-node item's gang for the current attempt (`tidefleet.agent.gang`): its state
     # (forming, running, stopping, released), the nodes that joined in order (the lead first),
     # those that left, and why a member failed. Reset by every claim.

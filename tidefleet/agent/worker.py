@@ -1075,15 +1075,15 @@ class Agent:
             self._forget([])
 
     def _record_member(self, member: Member, code: int, usage: dict, began: float) -> None:
-        """This node's part of a gang attempt, in the item's history ("member", whatever the item's
-        status by now): the lead's entry covers the lead's node only, so without it `tidefleet cost`
-        billed a gang of N nodes as one, and right-sizing never saw the members' usage."""
+        """This node's part of a gang attempt, whatever the item's status by now (`JobStore.record_part`):
+        the lead's history entry covers the lead's node only, so without it `tidefleet cost` billed
+        a gang of N nodes as one, and right-sizing never saw the members' usage."""
         with self.lock:
             gpu = self.gpu_usage.pop(id(member), None)
         entry = {"attempt": member.attempt, "node": self.s.node_id, "rank": member.rank, "outcome": "member",
                  "exit_code": code, "seconds": round(time.time() - began, 3), **usage, **(gpu.record() if gpu else {}),
                  **self._placement(member.slots)}  # fmt: skip
-        self.store.update_item(member.job, member.item, never_from=(), append={"history": entry})
+        self.store.record_part(member.job, member.item, entry)
 
     def _fail_gang(self, member: Member, failure: str) -> None:
         self.store.update_item(member.job, member.item, only_from=("running",), fence=Fence(attempt=member.attempt),

@@ -22,7 +22,8 @@ from tidefleet.jobs.sdk import JobError
 def collect(env: Environment, *, since: float = 0.0, queue: str | None = None,
             job_id: str | None = None) -> tuple[list[costs.Charge], Counter]:  # fmt: skip
     """Every priced attempt of the environment (one queue's, one job's) ended since `since`, and
-    the count of those that could not be priced, by reason. Reads every job's items (O(items))."""
+    the count of those that could not be priced, by reason. Reads every job's items and gang
+    members' parts (O(items), a query more per job)."""
     store = for_env(env).store
     if job_id is not None:
         job = store.job(job_id)
@@ -35,8 +36,8 @@ def collect(env: Environment, *, since: float = 0.0, queue: str | None = None,
                            f"known queues: {', '.join(sorted(env.queues))}")  # fmt: skip
         found_jobs = store.jobs(queue)
     unpriced: Counter = Counter()
-    found = [c for job in found_jobs for c in costs.charges(env, job, store.items(job.job_id), since=since,
-                                                            unpriced=unpriced)]  # fmt: skip
+    found = [c for job in found_jobs for c in costs.charges(env, job, store.items(job.job_id), parts=store.parts(job.job_id),
+                                                            since=since, unpriced=unpriced)]  # fmt: skip
     return found, unpriced
 
 

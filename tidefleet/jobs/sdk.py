@@ -210,7 +210,7 @@ ID_RULE = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_ID - 1}}}")
 ID_HELP = f"use 1-{MAX_ID} letters, digits, '.', '_' or '-', starting with a letter or digit, without '..'"
 MAX_LINE_BYTES = 1 << 20  # 1 MiB: a line is read whole only up to this (memory); the item bound below is tighter
 # An item is a few arguments, not its data. Its record holds the args and, over its life, the
-# claim (node, lease, message id), one history entry per attempt and gang member (a few hundred bytes each, the
+# claim (node, lease, message id), one history entry per attempt (a few hundred bytes each, the
 # reason capped at ~300 characters of output), the gang's members and the last reason; its message
 # carries the args too. The tightest limits: a DynamoDB item is at most 400 KB (attribute names
 # included) and an SQS message 256 KiB; a Firestore document 1 MiB and a Pub/Sub message 10 MB.

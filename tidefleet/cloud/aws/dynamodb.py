@@ -478,6 +478,18 @@ class DynamoStore:
         items = self._query("pk = :pk AND begins_with(sk, :item)", {":pk": f"JOB#{job_id}", ":item": "ITEM#"})
         return [_record(Item, raw) for raw in items]
 
+    def record_part(self, job_id: str, item_id: str, entry: dict) -> None:
+        """UpdateItem (an upsert), not PutItem: the node role may update, never put."""
+        self.table.update_item(Key={"pk": f"JOB#{job_id}", "sk": f"PART#{item_id}#{entry['attempt']}#{entry['node']}"},
+                               UpdateExpression="SET #i = :i, #e = :e", ExpressionAttributeNames={"#i": "item", "#e": "entry"},
+                               ExpressionAttributeValues={":i": item_id, ":e": _to_dynamo(entry)})  # fmt: skip
+
+    def parts(self, job_id: str) -> dict[str, list[dict]]:
+        out: dict[str, list[dict]] = {}
+        for raw in self._query("pk = :pk AND begins_with(sk, :part)", {":pk": f"JOB#{job_id}", ":part": "PART#"}):
+            out.setdefault(raw["item"], []).append(_from_dynamo(raw["entry"]))
+        return out
+
     def update_item(
         self,
         job_id: str,

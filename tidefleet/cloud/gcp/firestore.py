@@ -493,6 +493,19 @@ class FirestoreStore(FirestoreNodes):
         items = [self._item(job_id, doc.name.rsplit("/", 1)[-1], self._values(doc)) for doc in pages]
         return sorted(items, key=lambda i: i.item_id)
 
+    def record_part(self, job_id: str, item_id: str, entry: dict) -> None:
+        """As `DynamoStore.record_part`: a document of the job's `parts` (':' is in no item id)."""
+        name = f"{self._job_doc(job_id)}/parts/{item_id}:{entry['attempt']}:{entry['node']}"
+        self.client.update_document(document=Document(name=name, fields=_fields({"item": item_id, "entry": entry})),
+                                    retry=RETRY, timeout=TRY_S)  # fmt: skip
+
+    def parts(self, job_id: str) -> dict[str, list[dict]]:
+        out: dict[str, list[dict]] = {}
+        for doc in self._list(self._job_doc(job_id), "parts"):
+            values = self._values(doc)
+            out.setdefault(values["item"], []).append(values["entry"])
+        return out
+
     # -- queue statistics ---------------------------------------------------------------------
     def _stats_doc(self, queue: str) -> str:
         return f"{self.root}/queues/{queue}"
