@@ -17,13 +17,15 @@ from tidefleet.config import Environment
 from tidefleet.jobs.cli import _emit, _explained, _load, env_option, json_option
 from tidefleet.jobs.identity import OS_USER
 from tidefleet.jobs.sdk import JobError
+from tidefleet.records import Job
 
 
 def collect(env: Environment, *, since: float = 0.0, queue: str | None = None,
             job_id: str | None = None) -> tuple[list[costs.Charge], Counter]:  # fmt: skip
     """Every priced attempt of the environment (one queue's, one job's) ended since `since`, and
-    the count of those that could not be priced, by reason. Reads every job's items and gang
-    members' parts (O(items), a query more per job)."""
+    the count of those that could not be priced, by reason. Reads every job's items (O(items)),
+    and the members' parts of jobs whose queue is a gang queue, or no longer configured (a
+    query more each: most jobs have none)."""
     store = for_env(env).store
     if job_id is not None:
         job = store.job(job_id)
@@ -36,9 +38,15 @@ def collect(env: Environment, *, since: float = 0.0, queue: str | None = None,
                            f"known queues: {', '.join(sorted(env.queues))}")  # fmt: skip
         found_jobs = store.jobs(queue)
     unpriced: Counter = Counter()
-    found = [c for job in found_jobs for c in costs.charges(env, job, store.items(job.job_id), parts=store.parts(job.job_id),
-                                                            since=since, unpriced=unpriced)]  # fmt: skip
+    found = [c for job in found_jobs for c in costs.charges(env, job, store.items(job.job_id), since=since,
+                                                            parts=store.parts(job.job_id) if _gang(env, job) else None,
+                                                            unpriced=unpriced)]  # fmt: skip
     return found, unpriced
+
+
+def _gang(env: Environment, job: Job) -> bool:
+    queue = env.queues.get(job.queue)
+    return queue is None or queue.gang != (1, 1)
 
 
 def _since(text: str) -> float:
