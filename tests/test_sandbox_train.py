@@ -27,6 +27,7 @@ def test_gpu_items_share_nodes_on_their_own_devices_and_a_gang_survives_a_notice
     assert summary["gpu_items_succeeded"] == summary["gpu_items"] == 4
     assert summary["overlapping_pairs"] >= 1 and summary["devices_disjoint"]
     assert summary["gang_nodes"] == 2 and summary["ranks_on_distinct_nodes"] and summary["rendezvous_ok"]
+    assert summary["billed_nodes"] == [2, 2], "each attempt billed on both its nodes: the lead's entry and the member's part"
     assert summary["noticed_node"] and (summary["interruptions"], summary["failures"]) == (1, 0)
     assert summary["resumed_from"] > 0 and summary["succeeded_once"] and summary["fleet_at_zero"]
     assert summary["ok"]

@@ -6,7 +6,7 @@ import json
 from types import SimpleNamespace
 
 from tidefleet.jobs import sdk
-from tidefleet.records import Job
+from tidefleet.records import Item, Job
 from tidefleet.sandbox import training, view
 
 
@@ -15,11 +15,11 @@ def a_status(job_id: str, total: int, **counts: int) -> sdk.JobStatus:
                          items=[])  # fmt: skip
 
 
-def summarise(tmp_path, events: list[dict], *, zero_at: float | None):
+def summarise(tmp_path, events: list[dict], *, zero_at: float | None, item=None, parts=()):
     path = tmp_path / "train-events.jsonl"
     path.write_text("".join(json.dumps(e) + "\n" for e in events))
     sandbox = SimpleNamespace(tick_error="", workdir=tmp_path)
-    return training._summarise(sandbox, path, None, a_status("gpu", 0), "", 0.0, zero_at, gang_size=2)
+    return training._summarise(sandbox, path, item, a_status("gpu", 0), "", 0.0, zero_at, gang_size=2, parts=list(parts))
 
 
 def test_a_run_cut_short_by_the_time_limit_says_so_and_one_started_rank_is_not_a_gang(tmp_path):
@@ -38,6 +38,19 @@ def test_a_gang_of_its_two_nodes_that_met_passes_those_checks(tmp_path):
     rows = dict(summary.rows())
     assert rows["gang: nodes, distinct ranks, rendezvous"] == "2 of 2, yes, yes"
     assert rows["time limit (--time-limit) hit"] == "no"
+
+
+def test_each_attempt_is_billed_on_the_nodes_it_ran_on_the_leads_entry_and_the_members_parts(tmp_path):
+    ran = {"instance_type": "g5.12xlarge", "spot": True, "slots": 4, "node_slots": 4, "seconds": 5.0}
+    history = [{"attempt": 1, "node": "i-a", "outcome": "interrupted", **ran},
+               {"attempt": 2, "node": "i-a", "outcome": "released"},  # gave back before it ran: not billed
+               {"attempt": 3, "node": "i-c", "outcome": "succeeded", **ran}]  # fmt: skip
+    item = Item("train-job", "train", [], status="succeeded", attempts=3, interruptions=1, history=history)
+    summary = summarise(tmp_path, [], zero_at=5.0, item=item,
+                        parts=[{"attempt": 1, "node": "i-b", **ran}, {"attempt": 3, "node": "i-d", **ran}])  # fmt: skip
+    assert summary.billed_nodes == [2, 2] and dict(summary.rows())["gang nodes billed, per attempt"] == "2 of 2, 2 of 2"
+    lead_only = summarise(tmp_path, [], zero_at=5.0, item=item, parts=[{"attempt": 3, "node": "i-d", **ran}])
+    assert lead_only.billed_nodes == [1, 2] and not lead_only.ok
 
 
 def test_the_progress_line_counts_the_gpu_items_with_the_training_item():

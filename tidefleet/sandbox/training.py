@@ -60,6 +60,7 @@ class TrainingSummary:
     gang_nodes: int  # nodes of the gang's first attempt
     ranks_on_distinct_nodes: bool  # gang_size ranks, each on a node of its own
     rendezvous_ok: bool  # every attempt's rank 0 was reached by every other rank
+    billed_nodes: list[int]  # per attempt that ran, the nodes `tidefleet cost` bills: the lead's entry, the members' parts
     noticed_node: str
     interruptions: int
     failures: int
@@ -75,6 +76,7 @@ class TrainingSummary:
     def ok(self) -> bool:
         return (self.gpu_items_succeeded == self.gpu_items and self.overlapping_pairs > 0 and self.devices_disjoint
                 and self.gang_nodes == self.gang_size and self.ranks_on_distinct_nodes and self.rendezvous_ok
+                and self.billed_nodes == [self.gang_size] * (self.interruptions + 1)
                 and bool(self.noticed_node) and self.interruptions == 1 and self.failures == 0
                 and self.resumed_from > 0 and self.succeeded_once and self.fleet_at_zero
                 and not self.time_limit_hit)  # fmt: skip
@@ -91,6 +93,7 @@ class TrainingSummary:
             ("GPU items side by side on a node", f"{self.overlapping_pairs} pair(s); disjoint GPUs: {yes(self.devices_disjoint)}"),
             ("gang: nodes, distinct ranks, rendezvous",
              f"{self.gang_nodes} of {self.gang_size}, {yes(self.ranks_on_distinct_nodes)}, {yes(self.rendezvous_ok)}"),
+            ("gang nodes billed, per attempt", ", ".join(f"{n} of {self.gang_size}" for n in self.billed_nodes) or "none"),
             ("spot notice sent to", self.noticed_node or "NO ONE"),
             ("gang handed back / failed", f"{self.interruptions} / {self.failures}"),
             ("resumed from step", str(self.resumed_from)),
@@ -135,7 +138,7 @@ def run_training(sandbox: Sandbox, *, deadline: float, on_progress: Callable[[di
             break
         time.sleep(0.5)
     return _summarise(sandbox, events, store.item(train_job.job_id, "train"), gpu, noticed, started, zero_at,
-                      gang_size=env.queues[queues.train].gang[1])
+                      gang_size=env.queues[queues.train].gang[1], parts=store.parts(train_job.job_id).get("train", []))
 
 
 def both(gpu: sdk.JobStatus, train: sdk.JobStatus) -> sdk.JobStatus:
@@ -154,7 +157,7 @@ def _events(path: Path, kind: str) -> list[dict]:
 
 
 def _summarise(sandbox: Sandbox, events: Path, train_item, gpu: sdk.JobStatus, noticed: str, started: float,
-               zero_at: float | None, *, gang_size: int) -> TrainingSummary:  # fmt: skip
+               zero_at: float | None, *, gang_size: int, parts: list[dict]) -> TrainingSummary:  # fmt: skip
     runs = _events(events, "gpu")
     pairs = [(a, b) for i, a in enumerate(runs) for b in runs[i + 1:]
              if a["node"] == b["node"] and a["start"] < b["end"] and b["start"] < a["end"]]  # fmt: skip
@@ -166,6 +169,8 @@ def _summarise(sandbox: Sandbox, events: Path, train_item, gpu: sdk.JobStatus, n
     rendezvous_ok = bool(rendezvous) and all(peers == list(range(1, gang_size)) for peers in rendezvous.values())
     later = [e["resumed_from"] for e in starts if e["attempt"] > 1]
     done_by_lead = [e for e in _events(events, "done") if e["rank"] == 0]
+    billed = [e for e in [*(train_item.history if train_item else ()), *parts] if e.get("instance_type")]  # what costs prices
+    billed_nodes = [len({e["node"] for e in billed if e["attempt"] == a}) for a in sorted({e["attempt"] for e in billed})]
     notes = [] if sandbox.tick_error == "" else [f"scaler error: {sandbox.tick_error}"]
     return TrainingSummary(
         gpu_items=len(gpu.items),
@@ -176,6 +181,7 @@ def _summarise(sandbox: Sandbox, events: Path, train_item, gpu: sdk.JobStatus, n
         gang_nodes=len(first),
         ranks_on_distinct_nodes=len(first) == len({e["node"] for e in first}) == len({e["rank"] for e in first}) == gang_size,
         rendezvous_ok=rendezvous_ok,
+        billed_nodes=billed_nodes,
         noticed_node=noticed,
         interruptions=train_item.interruptions if train_item else 0,
         failures=train_item.failures if train_item else 0,
