@@ -78,7 +78,7 @@ def test_two_items_on_a_two_gpu_node_see_disjoint_devices_and_their_usage_is_rec
     assert "Traceback" not in gpu_node.agent_log("gpu-node")
 
 
-def test_a_gang_members_gpu_usage_is_recorded_in_its_own_entry(gpu_node):
+def test_a_gang_members_gpu_usage_is_recorded_on_its_part(gpu_node):
     """The lead's usage lands on the item; each member's, on its part (`JobStore.parts`)."""
     job = sdk.submit(gpu_node.env, "wide", "wide", sdk.read_items(["a"]), kick=False).job_id
     for node in ("gpu-a", "gpu-b"):
