@@ -5,9 +5,13 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
+from tidefleet import costs
+from tidefleet.config import load_environment
 from tidefleet.jobs import sdk
 from tidefleet.records import Item, Job
 from tidefleet.sandbox import training, view
+
+TRAIN = load_environment("sandbox-train")
 
 
 def a_status(job_id: str, total: int, **counts: int) -> sdk.JobStatus:
@@ -19,7 +23,8 @@ def summarise(tmp_path, events: list[dict], *, zero_at: float | None, item=None,
     path = tmp_path / "train-events.jsonl"
     path.write_text("".join(json.dumps(e) + "\n" for e in events))
     sandbox = SimpleNamespace(tick_error="", workdir=tmp_path)
-    return training._summarise(sandbox, path, item, a_status("gpu", 0), "", 0.0, zero_at, gang_size=2, parts=list(parts))
+    charged = costs.charges(TRAIN, Job("t", "t", "train", 0.0, 1), [item], parts={"train": list(parts)}) if item else []
+    return training._summarise(sandbox, path, item, a_status("gpu", 0), "", 0.0, zero_at, gang_size=2, charged=charged)
 
 
 def test_a_run_cut_short_by_the_time_limit_says_so_and_one_started_rank_is_not_a_gang(tmp_path):
@@ -41,7 +46,7 @@ def test_a_gang_of_its_two_nodes_that_met_passes_those_checks(tmp_path):
 
 
 def test_each_attempt_is_billed_on_the_nodes_it_ran_on_the_leads_entry_and_the_members_parts(tmp_path):
-    ran = {"instance_type": "g5.12xlarge", "spot": True, "slots": 4, "node_slots": 4, "seconds": 5.0}
+    ran = {"instance_type": "g5.12xlarge", "spot": True, "slots": 4, "node_slots": 4, "seconds": 5.0, "ended_at": 1.8e9}
     history = [{"attempt": 1, "node": "i-a", "outcome": "interrupted", **ran},
                {"attempt": 2, "node": "i-a", "outcome": "released"},  # gave back before it ran: not billed
                {"attempt": 3, "node": "i-c", "outcome": "succeeded", **ran}]  # fmt: skip

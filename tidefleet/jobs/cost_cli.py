@@ -39,12 +39,12 @@ def collect(env: Environment, *, since: float = 0.0, queue: str | None = None,
         found_jobs = store.jobs(queue)
     unpriced: Counter = Counter()
     found = [c for job in found_jobs for c in costs.charges(env, job, store.items(job.job_id), since=since,
-                                                            parts=store.parts(job.job_id) if _gang(env, job) else None,
+                                                            parts=store.parts(job.job_id) if _may_have_parts(env, job) else None,
                                                             unpriced=unpriced)]  # fmt: skip
     return found, unpriced
 
 
-def _gang(env: Environment, job: Job) -> bool:
+def _may_have_parts(env: Environment, job: Job) -> bool:
     queue = env.queues.get(job.queue)
     return queue is None or queue.gang != (1, 1)
 

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from tidefleet import costs
 from tidefleet.cloud import for_env
 from tidefleet.config import Environment
 from tidefleet.jobs import sdk
@@ -137,8 +138,10 @@ def run_training(sandbox: Sandbox, *, deadline: float, on_progress: Callable[[di
             zero_at = now
             break
         time.sleep(0.5)
-    return _summarise(sandbox, events, store.item(train_job.job_id, "train"), gpu, noticed, started, zero_at,
-                      gang_size=env.queues[queues.train].gang[1], parts=store.parts(train_job.job_id).get("train", []))
+    item, job = store.item(train_job.job_id, "train"), store.job(train_job.job_id)
+    charged = costs.charges(env, job, [item], parts=store.parts(job.job_id)) if item and job else []  # what `cost` bills
+    return _summarise(sandbox, events, item, gpu, noticed, started, zero_at, gang_size=env.queues[queues.train].gang[1],
+                      charged=charged)  # fmt: skip
 
 
 def both(gpu: sdk.JobStatus, train: sdk.JobStatus) -> sdk.JobStatus:
@@ -157,7 +160,7 @@ def _events(path: Path, kind: str) -> list[dict]:
 
 
 def _summarise(sandbox: Sandbox, events: Path, train_item, gpu: sdk.JobStatus, noticed: str, started: float,
-               zero_at: float | None, *, gang_size: int, parts: list[dict]) -> TrainingSummary:  # fmt: skip
+               zero_at: float | None, *, gang_size: int, charged: list[costs.Charge]) -> TrainingSummary:  # fmt: skip
     runs = _events(events, "gpu")
     pairs = [(a, b) for i, a in enumerate(runs) for b in runs[i + 1:]
              if a["node"] == b["node"] and a["start"] < b["end"] and b["start"] < a["end"]]  # fmt: skip
@@ -169,7 +172,7 @@ def _summarise(sandbox: Sandbox, events: Path, train_item, gpu: sdk.JobStatus, n
     rendezvous_ok = bool(rendezvous) and all(peers == list(range(1, gang_size)) for peers in rendezvous.values())
     later = [e["resumed_from"] for e in starts if e["attempt"] > 1]
     done_by_lead = [e for e in _events(events, "done") if e["rank"] == 0]
-    billed = [e for e in [*(train_item.history if train_item else ()), *parts] if e.get("instance_type")]  # what costs prices
+    billed = [c.entry for c in charged]
     billed_nodes = [len({e["node"] for e in billed if e["attempt"] == a}) for a in sorted({e["attempt"] for e in billed})]
     notes = [] if sandbox.tick_error == "" else [f"scaler error: {sandbox.tick_error}"]
     return TrainingSummary(
