@@ -224,3 +224,46 @@ def test_a_gang_members_parts_are_priced_like_attempts_and_only_their_own_items(
     charged = costs.charges(ENV, job(), [Item("j1", "000000", history=[lead])],
                             parts={"000000": [member], "000001": [member]})  # fmt: skip
     assert [(c.item_id, c.seconds, c.spot) for c in charged] == [("000000", 3600.0, True), ("000000", 1800.0, False)]
+
+
+GANGS = parse_environment({
+    "region": "us-east-1",
+    "pools": {
+        "cpu": {"max": 8, "command": "true", "slots_per_unit": 2, "instance_types": [{"type": "c6i.large"}]},
+        "gpu": {"max": 8, "command": "true", "capacity_unit": "gpus",
+                "instance_types": [{"type": "g5.12xlarge", "weight": 4, "gpus": 4}]},
+    },
+    "queues": {"dist": {"pool": "cpu", "slots_per_item": 2, "nodes_per_item": 2},
+               "train": {"pool": "gpu", "slots_per_item": 4, "nodes_per_item": {"min": 2, "max": 4}}},
+}, name="gangs")  # fmt: skip
+
+
+@pytest.mark.parametrize("queue, pool, itype, node_slots", [("dist", "cpu", "c6i.large", 2),
+                                                             ("train", "gpu", "g5.12xlarge", 4)])
+def test_a_gang_member_fits_one_per_node_whatever_else_would_fit(queue, pool, itype, node_slots):
+    # A tenth of a core and 300 MiB per member: ten would fit a c6i.large, 66 an m6i.2xlarge. But a
+    # member takes its whole node (validation holds slots_per_item to the node's slots): advice to
+    # pack more would be a config that cannot deploy, and a saving no gang can have.
+    found = costs.charges(GANGS, job(queue), [Item("j1", "000000", history=[
+        measured(cpu_s=10.0, itype=itype, slots=node_slots, node_slots=node_slots) for _ in range(3)])])
+    a = rightsize.advise(GANGS, f"queue {queue}", pool, found)
+    (now,) = a.now
+    assert a.gang and (now.items, now.fits.items_per_node) == (1, 1)
+    assert now.slots_per_unit == GANGS.pools[pool].slots_per_unit  # nothing to change
+    assert a.best.items_per_node == 1 and a.best.usd_per_item_hour == costs.hourly(GANGS, pool, a.best.instance_type, True)
+    assert not rightsize.advise(ENV, "queue render", "cpu", priced(measured(cpu_s=10.0))).gang
+
+
+def test_a_gang_queues_advice_says_one_member_per_node_and_what_another_type_needs():
+    from tidefleet.jobs.cost_cli import _advice_lines
+
+    found = costs.charges(GANGS, job("dist"), [Item("j1", "000000", history=[
+        measured(cpu_s=10.0, slots=2, node_slots=2)])])
+    lines = _advice_lines(rightsize.advise(GANGS, "queue dist", "cpu", found))
+    assert "  c6i.large: 1 item(s) per node now, which is what fits (a gang member takes its whole node)" in lines
+    assert not any("set slots_per_unit" in line for line in lines)
+    big = costs.charges(GANGS, job("train"), [Item("j1", "000000", history=[
+        measured(cpu_s=50.0, rss=4000, itype="g5.12xlarge", slots=4, node_slots=4) for _ in range(3)])])
+    a = rightsize.advise(GANGS, "queue train", "gpu", big)
+    assert a.best.instance_type != "g5.12xlarge"  # a cheaper 4-GPU type is the member's whole node
+    assert any("set the queue's slots_per_item to that type's slots" in line for line in _advice_lines(a))

@@ -6,6 +6,8 @@ What an item needs: its p95 cores (cpu_s / seconds) and its largest peak RSS, ea
 `HEADROOM`; GPUs as it was given them, on a GPU whose memory holds its largest GPU memory peak.
 A node keeps `RESERVED_MEM` of its memory for the system and the agent. The saving assumes an
 item runs as long on the recommended type as it did (it gets at least the cores it used).
+A gang queue's item is one member per node, each taking the whole node (config validation holds
+its slots_per_item to every type's slots): a node fits one, never more, whatever its size.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ RESERVED_MEM = 0.1  # share of a node's memory the system and the agent keep
 MIN_CORES = 0.05  # an item that waits on I/O still needs some CPU
 MEMORY_KILLED = (137, -9)  # SIGKILL outside a timeout: the kernel's (or the container's) OOM killer
 FLAGS_SHOWN = 10
+GANG = "gang"  # limited_by where more would fit but a gang member takes the whole node
 # Burstable types run a sustained load only up to their CPU credits: never suggested, only sized
 # when a pool already uses them.
 BURSTABLE = ("t2.", "t3.", "t3a.", "t4g.", "e2-micro", "e2-small", "e2-medium")
@@ -41,7 +44,7 @@ class Fit:
     instance_type: str
     items_per_node: int
     usd_per_item_hour: float
-    limited_by: str  # cores, memory, GPUs
+    limited_by: str  # cores, memory, GPUs, or GANG
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,7 @@ class Advice:
     expected_usd: float | None  # the same item-hours on `best`
     hit_memory: tuple[str, ...]  # item ids
     hit_time: tuple[str, ...]
+    gang: bool = False  # a gang queue's members: one per node
 
     @property
     def saving_usd(self) -> float:
@@ -98,9 +102,9 @@ def spec_of(instance_type: str) -> tuple[int, float, int, float]:
     return prices.SPECS.get(instance_type, (0, 0.0, 0, 0.0))
 
 
-def fit(instance_type: str, need: Need, usd_per_hour: float | None) -> Fit | None:
+def fit(instance_type: str, need: Need, usd_per_hour: float | None, *, gang: bool = False) -> Fit | None:
     """How many such items one node runs at once, and the price of an item-hour; None if none fits
-    or the type's size or price is unknown."""
+    or the type's size or price is unknown. A `gang` member: one at most (it takes the node)."""
     vcpus, mem_gib, gpus, gpu_mem_gib = spec_of(instance_type)
     if not vcpus or usd_per_hour is None:
         return None
@@ -113,6 +117,8 @@ def fit(instance_type: str, need: Need, usd_per_hour: float | None) -> Fit | Non
         limits["GPUs"] = gpus / need.gpus
     limited_by = min(limits, key=limits.get)
     n = math.floor(limits[limited_by] + 1e-9)
+    if gang and n > 1:
+        n, limited_by = 1, GANG
     return Fit(instance_type, n, usd_per_hour / n, limited_by) if n >= 1 else None
 
 
@@ -127,14 +133,15 @@ def advise(env: Environment, scope: str, pool: str, found: Sequence[Charge]) -> 
     """Advice for the attempts `found` of one queue or job (all from `pool`)."""
     need, cores_p95, rss_max, util, gmem = need_of(found)
     spot = sum(c.spot for c in found) * 2 >= len(found)
+    gang = any(env.queues[c.queue].gang[1] > 1 for c in found if c.queue in env.queues)
     now = []
     for itype in dict.fromkeys(c.instance_type for c in found):
         ran = next(c for c in found if c.instance_type == itype)
-        f = fit(itype, need, hourly(env, pool, itype, spot))
+        f = fit(itype, need, hourly(env, pool, itype, spot), gang=gang)
         weight = next((t.weight for t in env.pools[pool].instance_types if t.type == itype), 1)
         slots = max(1, f.items_per_node * ran.entry.get("slots", 1) // weight) if f else None
         now.append(Now(itype, round(1 / ran.share), f, slots))
-    fits = [f for t in candidates(env, pool) if (f := fit(t, need, hourly(env, pool, t, spot))) is not None]
+    fits = [f for t in candidates(env, pool) if (f := fit(t, need, hourly(env, pool, t, spot), gang=gang)) is not None]
     best = min(fits, key=lambda f: (f.usd_per_item_hour, f.instance_type), default=None)
     item_hours = sum(c.seconds for c in found) / 3600
     memory, time_ = [], []
@@ -146,4 +153,4 @@ def advise(env: Environment, scope: str, pool: str, found: Sequence[Charge]) -> 
             memory.append(c.item_id)
     return Advice(scope, len(found), cores_p95, rss_max, util, gmem, need, tuple(now), best, spot, item_hours,
                   sum(c.cost_usd for c in found), best.usd_per_item_hour * item_hours if best else None,
-                  tuple(dict.fromkeys(memory)), tuple(dict.fromkeys(time_)))  # fmt: skip
+                  tuple(dict.fromkeys(memory)), tuple(dict.fromkeys(time_)), gang)  # fmt: skip

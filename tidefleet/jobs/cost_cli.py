@@ -143,7 +143,7 @@ def _advice_json(a: rightsize.Advice) -> dict:
                                        "usd_per_item_hour": round(f.usd_per_item_hour, 9), "limited_by": f.limited_by}
 
     return {
-        "scope": a.scope, "attempts": a.attempts, "spot": a.spot,
+        "scope": a.scope, "attempts": a.attempts, "spot": a.spot, "gang": a.gang,
         "measured": {"cores_p95": round(a.cores_p95, 3), "peak_rss_mb": a.peak_rss_mb,
                      "gpu_util_pct": a.gpu_util_pct, "gpu_mem_peak_mb": a.gpu_mem_peak_mb},
         "need": {"cores": round(a.need.cores, 3), "memory_mb": round(a.need.mem_mb, 1), "gpus": a.need.gpus,
@@ -167,6 +167,10 @@ def _by_packing(a: rightsize.Advice) -> str:
     return f", of which ${costs.usd(min(packed, a.saving_usd))} by packing {now.instance_type} as it fits"
 
 
+def _bound(f: rightsize.Fit) -> str:
+    return "a gang member takes its whole node" if f.limited_by == rightsize.GANG else f"{f.limited_by} bound"
+
+
 def _advice_lines(a: rightsize.Advice) -> list[str]:
     lines = [(f"{a.scope}: {a.attempts} attempt(s) measured, {a.item_hours:.3f} item-hour(s), ${costs.usd(a.spent_usd)} "
               f"({'spot' if a.spot else 'on-demand'})"),
@@ -184,11 +188,14 @@ def _advice_lines(a: rightsize.Advice) -> list[str]:
             lines.append(f"  {itype}: {items} item(s) per node now, {f.items_per_node} fit ({f.limited_by} bound): "
                          f"set slots_per_unit = {n.slots_per_unit}")
         else:
-            lines.append(f"  {itype}: {items} item(s) per node now, which is what fits ({f.limited_by} bound)")
+            lines.append(f"  {itype}: {items} item(s) per node now, which is what fits ({_bound(f)})")
     if a.best is not None:
         lines.append(f"  cheapest fit: {a.best.instance_type}, {a.best.items_per_node} item(s) per node, "
                      f"${costs.usd(a.best.usd_per_item_hour)} per item-hour: ${costs.usd(a.expected_usd)} for the same work, "
                      f"saving ${costs.usd(a.saving_usd)}{_by_packing(a)}")
+        if a.gang and a.best.instance_type not in {n.instance_type for n in a.now}:
+            lines.append("  (a gang member takes its whole node: on another type, set the queue's slots_per_item to "
+                         "that type's slots in the pool, and the workload's processes per node to match)")
     else:
         lines.append("  no sized type fits one item")
     for what, ids, fix in (("memory", a.hit_memory, ("give items more memory: fewer items per node or a type "
