@@ -379,3 +379,40 @@ def test_a_member_whose_node_cannot_run_items_leaves_its_gang_without_failing_it
     assert failed == [] and member.stopping.is_set()
     item = store.item(job, "000000")
     assert (item.failures, item.gang_failure) == (0, ""), (item.status, item.reason, item.history)
+
+
+def test_a_member_whose_part_breaks_after_it_started_is_still_billed_its_time(gang, monkeypatch):
+    """Its workload ran, then the agent's wait on it raised (a log stream that broke, a dockerd
+    that stopped answering): the node was busy all that time, so its part is recorded, priced."""
+    h = gang
+    job = sdk.submit(h.env, "gang", "train", sdk.read_items([["steps=20"]]), kick=False).job_id
+    store = DynamoStore(h.env.name, h.env.region)
+    lead, member = _agent(h, "node-lead"), _agent(h, "node-m")
+    monkeypatch.setenv("TIDEFLEET_NODE_ID", "in-process")  # the workload's, which both nodes here run
+    wait = worker.Workload.wait
+
+    def breaks_on_the_member(self, stream):
+        if not self.workdir.name.endswith("-member"):
+            return wait(self, stream)
+        time.sleep(0.5)  # it ran a while
+        self.proc.kill()
+        self.proc.wait()
+        raise RuntimeError("the log stream broke")
+
+    monkeypatch.setattr(worker.Workload, "wait", breaks_on_the_member)
+    assert lead._receive("train", h.env.queues["train"], wait_s=1) == 1
+    wait_until(lambda: lead.beacon, 10, "the lead's beacon")
+    lead._beat()
+    assert member._join_gang([("train", h.env.queues["train"])])
+    (part,) = wait_until(lambda: store.parts(job).get("000000"), 30, "the member's part")
+    assert (part["node"], part.get("exit_code"), part["instance_type"]) == ("node-m", None, "c6i.large")
+    assert "RuntimeError: the log stream broke" in part["reason"] and part["seconds"] >= 0.5
+    (charge,) = costs.charges(h.env, store.job(job), [store.item(job, "000000")], parts={"000000": [part]})[-1:]
+    assert charge.seconds == part["seconds"] and charge.cost_usd > 0
+
+    def both_free() -> bool:
+        lead._beat()
+        member._beat()
+        return not lead.runs and not member.members
+
+    wait_until(both_free, 60, "both nodes' slots to come free")

@@ -1006,6 +1006,9 @@ class Agent:
         """A member's thread: wait for the gang to start, run this node's part, leave. Whatever
         raises, the node's slots come free and the gang learns of it."""
         stream, verdict = None, gang.Wait()
+        # This node's part, recorded once it started whatever ends it: (exit code, usage, why; None
+        # if it raised), so a member whose workload or log stream broke is still billed its time.
+        began, ended = 0.0, (None, {}, "")
         # A lead gives up on a gang that has not formed within the boot timeout; a member that
         # cannot even learn that (the store unreadable) gives up a little later.
         give_up = time.monotonic() + self.pool.boot_timeout_s + MIN_LEASE_S
@@ -1040,26 +1043,31 @@ class Agent:
             code, usage, last_line = member.workload.wait(stream)
             if member.workload.daemon_unreachable(code, last_line):  # dockerd died since the agent started
                 raise NodeFault(f"its docker daemon does not answer: {last_line}")
+            ended = (code, usage, "")
             self._feed(member, Exited(code, member.workload.completed(), last_line))
             if code != 0 and member.state.stop is None:  # its failure is the item's: the lead records it
                 tail = f": {last_line[:200]}" if last_line else ""
                 self._step("gang failure", self._fail_gang, member, f"node {self.s.node_id} (rank {member.rank}) exited {code}{tail}")
-            self._step("record the gang member's part", self._record_member, member, code, usage, began)
         except self.cloud.errors as err:  # the cloud, not the item: leave, the gang goes on or re-forms
             log.warning("%s/%s: could not run this node's part of the gang (%s); leaving it", member.job, member.item,
                         str(err).splitlines()[0][:300])  # fmt: skip
+            ended = (None, {}, str(err).splitlines()[0][:300])
             self._feed(member, Crashed(str(err)))
         except NodeFault as err:  # the node's, not the item's (as `_unfit`): leave, and take no more items
             log.error("%s/%s: this node cannot run items: %s; leaving its gang", member.job, member.item, err)
             self.request_stop(f"this node cannot run items: {err}; it takes no more items and is marked draining, "
                               "so the scaler replaces it")  # fmt: skip
+            ended = (None, {}, f"this node cannot run items: {err}"[:300])
             self._feed(member, Crashed(str(err)))
         except Exception as err:  # the item's failure (a program that does not start): never the node's
             log.exception("%s/%s: this node's part of the gang failed", member.job, member.item)
+            ended = (None, {}, f"{type(err).__name__}: {err}"[:300])
             self._step("gang failure", self._fail_gang, member, f"node {self.s.node_id}: {type(err).__name__}: {err}")
             self._feed(member, Crashed(str(err)))
         finally:
-            if not member.state.started:
+            if member.state.started:
+                self._step("record the gang member's part", self._record_member, member, *ended, began)
+            else:
                 self._step("gang leave", self._leave_unstarted, member, isinstance(verdict, gang.Start))
             if stream is not None:
                 stream.close()
@@ -1074,15 +1082,16 @@ class Agent:
                 self.gpu_usage.pop(id(member), None)
             self._forget([])
 
-    def _record_member(self, member: Member, code: int, usage: dict, began: float) -> None:
+    def _record_member(self, member: Member, code: int | None, usage: dict, why: str, began: float) -> None:
         """This node's part of a gang attempt, whatever the item's status by now (`JobStore.record_part`):
         the lead's history entry covers the lead's node only, so without it `tidefleet cost` billed
-        a gang of N nodes as one, and right-sizing never saw the members' usage."""
+        a gang of N nodes as one, and right-sizing never saw the members' usage. `code` None: the
+        part raised (`why`) after its workload started; its time is billed all the same."""
         with self.lock:
             gpu = self.gpu_usage.pop(id(member), None)
         entry = {"attempt": member.attempt, "node": self.s.node_id, "rank": member.rank, "outcome": "member",
                  "exit_code": code, "seconds": round(time.time() - began, 3), **usage, **(gpu.record() if gpu else {}),
-                 **self._placement(member.slots)}  # fmt: skip
+                 **({"reason": why} if why else {}), **self._placement(member.slots)}  # fmt: skip
         self.store.record_part(member.job, member.item, entry)
 
     def _fail_gang(self, member: Member, failure: str) -> None:
