@@ -1,6 +1,7 @@
 """Cloud Monitoring's backlog read is tried again on what passes (429, 5xx, silence, a lost
 connection), as every other GCP call is (the audit's s4_monitoring_503.py: one 503 aborted the
-whole tick for every pool), and what it raises names the host, not the URL-encoded query."""
+whole tick for every pool), and what it raises names the host, not the URL-encoded query. The
+metrics write is made again only when refused (429, 503), for a few seconds."""
 
 from __future__ import annotations
 
@@ -101,3 +102,55 @@ def test_the_backlog_retry_is_the_other_calls_bound():
     assert monitoring.BACKLOG_RETRY._timeout == RETRY_FOR_S
     assert monitoring.BACKLOG_RETRY._predicate(gexc.ServiceUnavailable("x"))
     assert not monitoring.BACKLOG_RETRY._predicate(gexc.Forbidden("x"))
+
+
+# -- the metrics write: timeSeries.create is no read; made again only when the server refused it
+@pytest.fixture
+def writes(gcp):
+    gcp.write_failures, gcp.writes = [], 0  # what the next writes meet, in turn: (status, reason)
+    create = gcp._create_series
+
+    def create_series(request):
+        gcp.writes += 1
+        if gcp.write_failures:
+            failure = gcp.write_failures.pop(0)
+            return gcp._error(*failure, f"{failure[1]} for a test")
+        return create(request)
+
+    gcp._create_series = create_series
+    with responses.RequestsMock(assert_all_requests_are_fired=False) as mock:
+        gcp.install(mock)
+        yield gcp
+
+
+def write() -> None:
+    from tidefleet import metrics
+
+    point = metrics.point("DemandSlots", 3.0, Environment=ENV.name, Pool="cpu")
+    monitoring.MonitoringMetrics(ENV, session=AuthorizedSession(AnonymousCredentials())).write(ENV, [point], now=time.time())
+
+
+@pytest.mark.parametrize("failure", [(503, "UNAVAILABLE"), (429, "RESOURCE_EXHAUSTED")])
+def test_a_refused_metrics_write_is_made_again_and_lands_once(writes, failure):
+    writes.write_failures = [failure]
+    write()
+    assert writes.writes == 2 and len(writes.time_series) == 1
+
+
+@pytest.mark.parametrize("failure, raised", [((500, "INTERNAL"), gexc.InternalServerError),
+                                             ((400, "INVALID_ARGUMENT"), gexc.BadRequest)])  # fmt: skip
+def test_a_metrics_write_that_may_have_landed_or_is_wrong_is_not_made_again_and_names_the_host(writes, failure, raised):
+    # A 500 may have written the point: sent again, it would be refused as out of order.
+    writes.write_failures = [failure]
+    with pytest.raises(raised) as err:
+        write()
+    assert writes.writes == 1 and writes.time_series == []
+    assert str(err.value.message).startswith(f"monitoring.googleapis.com answered {failure[0]}: {failure[1]}")
+
+
+def test_a_refusal_that_lasts_gives_the_metrics_write_up_within_seconds(writes):
+    writes.write_failures = [(429, "RESOURCE_EXHAUSTED")] * 1000
+    began = time.monotonic()
+    with pytest.raises(gexc.RetryError):
+        write()
+    assert monitoring.WRITE_RETRY._timeout == 5.0 and time.monotonic() - began < 8 and writes.writes >= 2

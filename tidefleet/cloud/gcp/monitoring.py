@@ -14,6 +14,8 @@
   before it ages the waiting ones, so running items never read as waiting demand. The read is
   tried again for 20 s on a 429, a 5xx, silence or a lost connection (`BACKLOG_RETRY`), and its
   errors name the host, not the URL-encoded query.
+
+A metrics write is made again only when refused (`WRITE_RETRY`), and for a few seconds only.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from google.api_core.retry import Retry, if_exception_type
 from google.auth.transport.requests import AuthorizedSession
 
 from tidefleet import metrics, naming
-from tidefleet.cloud.gcp.calls import RETRY_FOR_S, TRY_S
+from tidefleet.cloud.gcp.calls import RETRY_FOR_S, RETRY_REFUSED, TRY_S
 from tidefleet.config import Environment
 from tidefleet.ports import Backlog
 
@@ -40,6 +42,10 @@ BACKLOG_WINDOW_S = 300  # newest point within the last five minutes; none = an e
 # error on Google's side (5xx), silence, a lost connection. A read changes nothing, so all of them.
 BACKLOG_RETRY = Retry(if_exception_type(gexc.TooManyRequests, gexc.ServerError, requests.Timeout, requests.ConnectionError),
                       initial=0.5, maximum=4.0, multiplier=2.0, timeout=RETRY_FOR_S)  # fmt: skip
+# A metrics write, made again only when refused (429, 503: the server did not do it; a write that
+# landed and was sent again would be refused as out of order), and briefly: the scaler's next tick
+# in the run waits on it, and a point lost is one gap in the dashboard, said in one line by the tick.
+WRITE_RETRY = RETRY_REFUSED.with_timeout(5.0)
 SCOPES = ["https://www.googleapis.com/auth/monitoring.write"]
 SERIES_PER_REQUEST = 200  # timeSeries.create's limit
 
@@ -66,11 +72,11 @@ class MonitoringMetrics:
         } for p in points if p.metric.source == "scaler"]  # fmt: skip
 
     def write(self, env: Environment, points: list[metrics.Point], now: float | None = None) -> None:
+        """timeSeries.create, SERIES_PER_REQUEST at a time, each tried again when refused (`WRITE_RETRY`)."""
         series = self.series(env, points, time.time() if now is None else now)
         for at in range(0, len(series), SERIES_PER_REQUEST):
-            response = self.session.post(f"{MONITORING}/projects/{self.project}/timeSeries",
-                                         json={"timeSeries": series[at : at + SERIES_PER_REQUEST]}, timeout=10)  # fmt: skip
-            response.raise_for_status()
+            WRITE_RETRY(_request)(self.session, "POST", f"{MONITORING}/projects/{self.project}/timeSeries",
+                                  json={"timeSeries": series[at : at + SERIES_PER_REQUEST]})  # fmt: skip
 
 
 class MonitoringQueues:
@@ -98,25 +104,28 @@ class MonitoringQueues:
         """One try: the subscription's points of the last BACKLOG_WINDOW_S, as of now."""
         now = time.time()
         stamp = lambda t: datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        try:
-            response = self.session.get(
-                f"{MONITORING}/projects/{self.env.project}/timeSeries",
-                params={
-                    "filter": f'metric.type = "{UNDELIVERED}" AND resource.labels.subscription_id = "{subscription}"',
-                    "interval.startTime": stamp(now - BACKLOG_WINDOW_S),
-                    "interval.endTime": stamp(now),
-                    "view": "FULL",
-                },
-                timeout=TRY_S,
-            )  # fmt: skip
-        except requests.Timeout as err:  # the same type (explained as silence), without the URL's query
-            raise type(err)(f"{HOST} did not answer within {TRY_S:g} s", request=err.request) from err
-        except requests.ConnectionError as err:
-            raise requests.ConnectionError(f"could not connect to {HOST} ({_reason(err)})", request=err.request) from err
-        if response.status_code >= 400:  # as the clients raise it (ServiceUnavailable, ...), naming the host only
-            raise gexc.from_http_status(response.status_code, f"{HOST} answered {response.status_code}: "
-                                        f"{_message(response)}", response=response)  # fmt: skip
-        return response.json()
+        return _request(self.session, "GET", f"{MONITORING}/projects/{self.env.project}/timeSeries", params={
+            "filter": f'metric.type = "{UNDELIVERED}" AND resource.labels.subscription_id = "{subscription}"',
+            "interval.startTime": stamp(now - BACKLOG_WINDOW_S),
+            "interval.endTime": stamp(now),
+            "view": "FULL",
+        })  # fmt: skip
+
+
+def _request(session: AuthorizedSession, method: str, url: str, **kwargs) -> dict:
+    """One try of a Cloud Monitoring call, its answer's JSON. What it raises names the host, not
+    the URL (a read's URL-encoded query): an error answer as the clients raise it
+    (ServiceUnavailable, ...), silence as requests.Timeout, a failed connection as ConnectionError."""
+    try:
+        response = session.request(method, url, timeout=TRY_S, **kwargs)
+    except requests.Timeout as err:  # the same type (explained as silence), without the URL's query
+        raise type(err)(f"{HOST} did not answer within {TRY_S:g} s", request=err.request) from err
+    except requests.ConnectionError as err:
+        raise requests.ConnectionError(f"could not connect to {HOST} ({_reason(err)})", request=err.request) from err
+    if response.status_code >= 400:
+        raise gexc.from_http_status(response.status_code, f"{HOST} answered {response.status_code}: "
+                                    f"{_message(response)}", response=response)  # fmt: skip
+    return response.json() if response.content else {}
 
 
 def _message(response: requests.Response) -> str:
