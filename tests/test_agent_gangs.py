@@ -222,6 +222,18 @@ def _agent(h: Harness, node_id: str) -> Agent:
     return node
 
 
+def _wait_both_free(lead: Agent, member: Agent) -> None:
+    """Beat both (the heartbeats that stop a short gang and end the member's part) until neither
+    holds a part of the gang."""
+
+    def both_free() -> bool:
+        lead._beat()
+        member._beat()
+        return not lead.runs and not member.members
+
+    wait_until(both_free, 60, "both nodes' slots to come free")
+
+
 def test_an_error_while_a_gang_forms_gives_the_item_back_unspent_and_frees_the_lead(gang, monkeypatch):
     h = gang
     job = sdk.submit(h.env, "gang", "train", sdk.read_items([["steps=5"]]), kick=False).job_id
@@ -278,13 +290,7 @@ def test_a_member_that_leaves_as_its_gang_starts_gives_the_item_back_unspent_not
     wait_until(lambda: lead.beacon, 10, "the lead's beacon")
     store.update_item(job, "000000", append={"members": {"node": "node-x", "addr": "127.0.0.1", "port": 1}})
     assert member._join_gang([("wide", h.env.queues["wide"])])
-
-    def both_free() -> bool:
-        lead._beat()  # the heartbeats that stop a short gang and the member's part
-        member._beat()
-        return not lead.runs and not member.members
-
-    wait_until(both_free, 60, "both nodes' slots to come free")
+    _wait_both_free(lead, member)
     assert started == []  # the lead never started its workload short
     assert sorted(_starts(h, 1)) == [1]  # node-m's part alone
     assert not h.events("done") and failed == []  # node-m's part was stopped (the attempt ended), not failed
@@ -369,13 +375,7 @@ def test_a_member_whose_node_cannot_run_items_leaves_its_gang_without_failing_it
     wait_until(lambda: lead.beacon, 10, "the lead's beacon")
     lead._beat()  # its beacon in the heartbeat the member reads
     assert member._join_gang([("train", h.env.queues["train"])])
-
-    def both_free() -> bool:
-        lead._beat()
-        member._beat()
-        return not lead.runs and not member.members
-
-    wait_until(both_free, 60, "both nodes' slots to come free")
+    _wait_both_free(lead, member)
     assert failed == [] and member.stopping.is_set()
     item = store.item(job, "000000")
     assert (item.failures, item.gang_failure) == (0, ""), (item.status, item.reason, item.history)
@@ -409,10 +409,4 @@ def test_a_member_whose_part_breaks_after_it_started_is_still_billed_its_time(ga
     assert "RuntimeError: the log stream broke" in part["reason"] and part["seconds"] >= 0.5
     (charge,) = costs.charges(h.env, store.job(job), [store.item(job, "000000")], parts={"000000": [part]})[-1:]
     assert charge.seconds == part["seconds"] and charge.cost_usd > 0
-
-    def both_free() -> bool:
-        lead._beat()
-        member._beat()
-        return not lead.runs and not member.members
-
-    wait_until(both_free, 60, "both nodes' slots to come free")
+    _wait_both_free(lead, member)
