@@ -1,6 +1,7 @@
 """`tidefleet cost` on a gang job, on the moto server: the members' parts recorded beside the
 item are billed with the lead's entry, and only jobs that may have parts (a gang queue's, or a
-queue no longer configured) cost a query for them."""
+queue no longer configured) cost a query for them; `tidefleet rightsize` fits a gang queue's member
+one per node."""
 
 from __future__ import annotations
 
@@ -35,9 +36,10 @@ pool = "cpu"
 PRICE = 0.034  # c6i.large spot (tidefleet/prices.py)
 
 
-def ran(node: str, seconds: float, **extra) -> dict:
+def ran(node: str, seconds: float, **extra) -> dict:  # a tenth of a core, 300 MiB: light
     return {"attempt": 1, "node": node, "exit_code": 0, "seconds": seconds, "instance_type": "c6i.large",
-            "spot": True, "slots": 1, "node_slots": 1, "ended_at": 1.8e9, **extra}  # fmt: skip
+            "spot": True, "slots": 1, "node_slots": 1, "ended_at": 1.8e9, "cpu_s": seconds / 10, "peak_rss_mb": 300.0,
+            **extra}  # fmt: skip
 
 
 def test_a_gangs_members_are_billed_with_its_lead_and_only_gang_jobs_are_asked_for_parts(tmp_path, aws, monkeypatch):
@@ -60,3 +62,10 @@ def test_a_gangs_members_are_billed_with_its_lead_and_only_gang_jobs_are_asked_f
     assert rows["orphan"]["cost_usd"] == pytest.approx(1.5 * PRICE), "its queue is gone: it may have been a gang's"
     assert rows["single"]["cost_usd"] == pytest.approx(PRICE), "an ordinary queue's job has no parts to read"
     assert sorted(asked) == ["gang", "orphan"]
+    # rightsize through the CLI: the gang queue's members fit one per node (each takes its node),
+    # where the ordinary queue's items, as light, would be packed.
+    out = CliRunner().invoke(main, ["rightsize", "--since", "all", "--json", "--env", str(path)])
+    assert out.exit_code == 0 and "Traceback" not in out.output, out.output
+    advice = {a["scope"]: a for a in json.loads(out.output)["advice"]}
+    assert advice["queue train"]["gang"] and advice["queue train"]["best"]["items_per_node"] == 1
+    assert not advice["queue work"]["gang"] and advice["queue work"]["best"]["items_per_node"] > 1
