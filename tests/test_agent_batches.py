@@ -58,3 +58,24 @@ def test_a_failed_send_is_logged_in_one_line_never_raised_nor_resent(caplog):
         "could not delete recorded messages: 1 of a (ReceiptHandleIsInvalid)",
         "could not delete recorded messages: 2 of a (throttled)",
     ]
+
+
+def test_a_send_that_raises_without_a_message_is_logged_by_its_type_not_raised(caplog):
+    # str(RuntimeError()) is "": its first line was [""][0] of [] (IndexError), raised from the
+    # handler, which ended the flush instead of logging the failure.
+    caplog.set_level(logging.WARNING, "tidefleet.agent")
+    sink = Sink(raises=RuntimeError())
+    batches = Batches(sink, 100, "delete recorded messages")
+    batches.add("a", 1)
+    batches.flush()
+    assert [r.getMessage() for r in caplog.records] == ["could not delete recorded messages: 1 of a (RuntimeError)"]
+
+
+def test_a_step_that_raises_without_a_message_is_logged_by_its_type_not_raised(caplog):
+    caplog.set_level(logging.WARNING, "tidefleet.agent")
+
+    def fails() -> None:
+        raise RuntimeError()
+
+    worker.Agent._step("record the gang member's part", fails)
+    assert [r.getMessage() for r in caplog.records] == ["record the gang member's part failed: RuntimeError"]

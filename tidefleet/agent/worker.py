@@ -259,7 +259,7 @@ class Batches:
             try:
                 errors = self.send(queue, entries)
             except Exception as err:  # noqa: BLE001 - see the callers: nothing is lost by it
-                errors = [str(err).splitlines()[0][:300]] * len(entries)
+                errors = [_first_line(err)] * len(entries)
             kept = self._failed(queue, entries, errors) if errors else []
             with self.lock:
                 del self.sending[id(entries)]
@@ -615,7 +615,7 @@ class Agent:
             self.cloud.queues.delete(name, [delivery.handle])
         except Exception as err:  # noqa: BLE001 - it comes back; the queue's redrive policy dead-letters it in the end
             log.warning("could not move a poison message of %s to the dead-letter queue (%s); the queue redelivers "
-                        "it", name, str(err).splitlines()[0][:300] if str(err) else type(err).__name__)  # fmt: skip
+                        "it", name, _first_line(err))
 
     def _accept(self, name: str, queue: Queue, delivery: Delivery, *, taking: bool = True) -> None:
         """`taking` False: received back by `_receive_back`, which starts nothing."""
@@ -1050,8 +1050,8 @@ class Agent:
                 self._step("gang failure", self._fail_gang, member, f"node {self.s.node_id} (rank {member.rank}) exited {code}{tail}")
         except self.cloud.errors as err:  # the cloud, not the item: leave, the gang goes on or re-forms
             log.warning("%s/%s: could not run this node's part of the gang (%s); leaving it", member.job, member.item,
-                        str(err).splitlines()[0][:300])  # fmt: skip
-            ended = (None, {}, str(err).splitlines()[0][:300])
+                        _first_line(err))  # fmt: skip
+            ended = (None, {}, _first_line(err))
             self._feed(member, Crashed(str(err)))
         except NodeFault as err:  # the node's, not the item's (as `_unfit`): leave, and take no more items
             log.error("%s/%s: this node cannot run items: %s; leaving its gang", member.job, member.item, err)
@@ -1573,7 +1573,7 @@ class Agent:
         try:
             fn(*args)
         except Exception as err:  # noqa: BLE001 - one failed step must not stop the others
-            log.warning("%s failed: %s", what, str(err).splitlines()[0][:300])
+            log.warning("%s failed: %s", what, _first_line(err))
 
     def _write_heartbeat(self, busy: int, idle_since: float | None, running: dict[str, int],
                          leased: dict[str, int] | None = None) -> None:
