@@ -1,4 +1,4 @@
-"""`tidefleet status` of a big job: counters vs reading every item, same moto server, one run.
+"""`tidefleet status` and `jobs` beside a big job: counters and the jobs index vs reading every record.
 
     python benchmarks/bench_status.py [--total 250000] [--items 5000]
 
@@ -6,7 +6,9 @@ A job whose counters say `--total` items (all but ten settled), and `--items` it
 actually written (writing 250k records into moto takes longer than the point needs). Status
 from the counters reads the job, its pool's heartbeats and the sent chunks: its time does not
 depend on the size. The full read (`items=True`, what status did before) is timed on the
-records written and scaled to the total.
+records written and scaled to the total. `tidefleet jobs` reads the job records through the
+table's jobs index; the scan it made before (and still makes on a table deployed without the
+index) reads every record, and is scaled likewise.
 """
 
 from __future__ import annotations
@@ -66,6 +68,8 @@ def main() -> None:
             store.create_items([Item("big", f"{n:06d}", ["x"], status="succeeded") for n in range(args.items)], unseen=True)
             counted = timed(lambda: sdk.status(env, "big"), args.repeat)
             read_all = timed(lambda: sdk.status(env, "big", items=True), max(1, args.repeat // 2))
+            listed = timed(lambda: sdk.jobs(env), args.repeat)
+            scanned = timed(store._scanned_jobs, max(1, args.repeat // 2))
     finally:
         server.stop()
     scaled = read_all * args.total / args.items
@@ -74,6 +78,11 @@ def main() -> None:
     print(f"reading every item:       {read_all * 1000:8.0f} ms for {args.items} records, "
           f"~{scaled:.0f} s scaled to {args.total}")
     print(f"ratio read-all/counters:  {scaled / counted:8.0f}")
+    scan_scaled = scanned * args.total / args.items
+    print(f"jobs through the index:   {listed * 1000:8.0f} ms")
+    print(f"jobs by a scan:           {scanned * 1000:8.0f} ms for {args.items} records, ~{scan_scaled:.0f} s scaled to "
+          f"{args.total}")
+    print(f"ratio scan/index:         {scan_scaled / listed:8.0f}")
 
 
 if __name__ == "__main__":

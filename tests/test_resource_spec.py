@@ -229,9 +229,16 @@ FACTS = [
                             for k in ("name", "hash_key", "range_key", "billing_mode")),
          lambda d, s, _: (d.table["TableName"], *(k["AttributeName"] for k in d.table["KeySchema"]),
                           d.table["BillingModeSummary"]["BillingMode"])),
-    Fact("table key types", "env", lambda s, _: {s.table.hash_key: "S", s.table.range_key: "S"},
+    Fact("table key types, the jobs index's too", "env", lambda s, _: s.table.key_types,
          lambda t, _: {a["name"]: a["type"] for a in tf(t, "aws_dynamodb_table", "jobs_table")["attribute"]},
          lambda d, s, _: {a["AttributeName"]: a["AttributeType"] for a in d.table["AttributeDefinitions"]}),
+    Fact("table indexes (the jobs index alone): name, keys and projection", "env",
+         lambda s, _: [(s.table.jobs_index.name, s.table.jobs_index.hash_key, s.table.jobs_index.range_key,
+                        s.table.jobs_index.projection)],
+         lambda t, _: [(g["name"], g["hash_key"], g["range_key"], g["projection_type"])
+                       for g in tf(t, "aws_dynamodb_table", "jobs_table")["global_secondary_index"]],
+         lambda d, s, _: [(g["IndexName"], *(k["AttributeName"] for k in g["KeySchema"]), g["Projection"]["ProjectionType"])
+                          for g in d.table["GlobalSecondaryIndexes"]]),
     Fact("table point-in-time recovery", "env", lambda s, _: s.table.point_in_time_recovery,
          lambda t, _: tf(t, "aws_dynamodb_table", "jobs_table")["point_in_time_recovery"]["enabled"],
          lambda d, s, _: d.table_backups["PointInTimeRecoveryDescription"]["PointInTimeRecoveryStatus"] == "ENABLED"),

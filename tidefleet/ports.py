@@ -257,8 +257,8 @@ class JobStore(NodeStatePort, QueueStatsPort, Protocol):
 
     def job(self, job_id: str) -> Job | None: ...
 
-    def jobs(self, queue: str | None = None) -> list[Job]:
-        """Every job (of one queue), oldest first."""
+    def jobs(self, queue: str | None = None, since: float = 0.0) -> list[Job]:
+        """Every job (of one queue, created at `since` or later), oldest first."""
 
     def set_job_total(self, job_id: str, total: int) -> None: ...
 

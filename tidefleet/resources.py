@@ -72,6 +72,20 @@ class QueueSpec:
 
 
 @dataclass(frozen=True)
+class IndexSpec:
+    name: str
+    hash_key: str  # a string attribute
+    range_key: str  # a number attribute
+    projection: str
+
+
+# The job records alone, oldest first: only they have both keys (sk "JOB" and a number `created_at`),
+# so `tidefleet jobs` reads them without scanning every item and heartbeat. Keys only: a job's
+# counters, moved as its items settle, never write to the index (one partition for every job).
+JOBS_INDEX = IndexSpec("jobs", hash_key="sk", range_key="created_at", projection="KEYS_ONLY")
+
+
+@dataclass(frozen=True)
 class TableSpec:
     name: str
     hash_key: str
@@ -79,6 +93,19 @@ class TableSpec:
     billing_mode: str
     point_in_time_recovery: bool
     ttl_attribute: str | None  # None: records are kept; `tidefleet` lists finished jobs too
+    jobs_index: IndexSpec = JOBS_INDEX
+
+    @property
+    def key_types(self) -> dict[str, str]:
+        """The type of every key attribute, the table's and its index's: all DynamoDB declares."""
+        index = self.jobs_index
+        return {self.hash_key: "S", self.range_key: "S", index.hash_key: "S", index.range_key: "N"}
+
+
+def table_spec(env_name: str) -> TableSpec:
+    """The environment's job table (on AWS; GCP keeps jobs in Firestore)."""
+    return TableSpec(naming.table(env_name), *TABLE_KEYS, billing_mode="PAY_PER_REQUEST", point_in_time_recovery=True,
+                     ttl_attribute=None)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -176,13 +203,7 @@ def resources(env: Environment, *, account: str) -> EnvResources:
         cloud=env.cloud,
         tags={**env.tags, "tidefleet:env": env.name},
         queues=queues,
-        table=TableSpec(
-            naming.table(env.name),
-            *TABLE_KEYS,
-            billing_mode="PAY_PER_REQUEST",
-            point_in_time_recovery=True,
-            ttl_attribute=None,
-        ),
+        table=table_spec(env.name),
         item_logs=LogGroupSpec(
             naming.item_log(env.name) if gcp else naming.item_log_group(env.name), LOG_RETENTION_DAYS
         ),

@@ -11,7 +11,11 @@ import json
 from collections.abc import Sequence
 
 from cdktn_provider_aws.cloudwatch_log_group import CloudwatchLogGroup
-from cdktn_provider_aws.dynamodb_table import DynamodbTable, DynamodbTableAttribute
+from cdktn_provider_aws.dynamodb_table import (
+    DynamodbTable,
+    DynamodbTableAttribute,
+    DynamodbTableGlobalSecondaryIndex,
+)
 from cdktn_provider_aws.kms_alias import KmsAlias
 from cdktn_provider_aws.kms_key import KmsKey
 from cdktn_provider_aws.s3_bucket import S3Bucket
@@ -132,11 +136,11 @@ class WorkQueue(Construct):
 
 
 class JobTable(Construct):
-    """Jobs, items and node heartbeats (keys: see tidefleet/store.py)."""
+    """Jobs, items and node heartbeats (keys: see tidefleet/cloud/aws/dynamodb.py)."""
 
     def __init__(self, scope: Construct, id: str, *, spec: TableSpec, key_arn: str):
         super().__init__(scope, id)
-        keys = (spec.hash_key, spec.range_key)
+        index = spec.jobs_index
         self.table = DynamodbTable(
             self,
             "table",
@@ -144,7 +148,9 @@ class JobTable(Construct):
             billing_mode=spec.billing_mode,
             hash_key=spec.hash_key,
             range_key=spec.range_key,
-            attribute=[DynamodbTableAttribute(name=k, type="S") for k in keys],
+            attribute=[DynamodbTableAttribute(name=k, type=t) for k, t in spec.key_types.items()],
+            global_secondary_index=[DynamodbTableGlobalSecondaryIndex(
+                name=index.name, hash_key=index.hash_key, range_key=index.range_key, projection_type=index.projection)],
             point_in_time_recovery={"enabled": spec.point_in_time_recovery},
             server_side_encryption={"enabled": True, "kms_key_arn": key_arn},
             ttl={"attribute_name": spec.ttl_attribute, "enabled": True} if spec.ttl_attribute else None,

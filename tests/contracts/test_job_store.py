@@ -261,6 +261,8 @@ def test_jobs_are_listed_oldest_first_filtered_by_queue_and_items_are_never_jobs
                         job_j]  # fmt: skip
     assert [j.job_id for j in s.jobs("work")] == ["b-new", "c-same-time"]
     assert s.jobs("nope") == []
+    assert [j.job_id for j in s.jobs(since=20.0)] == ["b-new", "c-same-time", "j"], "created at `since` or later"
+    assert [j.job_id for j in s.jobs("other", since=20.0)] == []
 
 
 @pytest.mark.parametrize("write", [lambda s: s.cancel_job("ghost"), lambda s: s.set_job_total("ghost", 3)])

@@ -9,6 +9,9 @@ Keys (pk, sk), all strings:
   WATCH          JOB#<job_id>     a job the minute watch looks after (tidefleet.schedules)
   QUEUE#<queue>  STATS            mean_item_s (EWMA of succeeded items' run time), items (count)
 
+The index `jobs` (`tidefleet.resources.JOBS_INDEX`: hash sk, range created_at, keys only) holds
+the job records alone, as only they have a `created_at`: `jobs` lists them without a scan.
+
 Node heartbeats are written by the agent and read by the scaler; `draining` is also set by
 the interruption function, and by the scaler before it terminates an idle node (`let_idle_go`),
 against the agent's `claimed_at` (`claim_work`): one conditional write on the one record each. Numbers go through Decimal because DynamoDB wants it.
@@ -16,6 +19,7 @@ against the agent's `claimed_at` (`claim_work`): one conditional write on the on
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections.abc import Iterator, Sequence
@@ -43,6 +47,9 @@ from tidefleet.records import (
     settled_moves,
     write_chunks,
 )
+from tidefleet.resources import JOBS_INDEX, table_spec
+
+log = logging.getLogger("tidefleet.store")
 
 WRITE_BATCH = 25  # BatchWriteItem's limit
 GET_BATCH = 100  # BatchGetItem's limit
@@ -100,6 +107,15 @@ def _from_dynamo(value):
     if isinstance(value, list):
         return [_from_dynamo(v) for v in value]
     return value
+
+
+def _no_index(err: ClientError) -> bool:
+    """DynamoDB's answer to a query of an index the table does not have, or has not filled yet
+    (a deploy that adds it to a table with records); moto words the first its own way."""
+    code, message = err.response.get("Error", {}).get("Code"), err.response.get("Error", {}).get("Message", "")
+    if code == "ValidationException":
+        return "does not have the specified index" in message or "backfilling" in message
+    return code == "ResourceNotFoundException" and message.startswith("Invalid index")
 
 
 def _record(cls, raw: dict):
@@ -325,20 +341,42 @@ class DynamoStore:
         raw = self.table.get_item(Key={"pk": f"JOB#{job_id}", "sk": "JOB"}, ConsistentRead=True).get("Item")
         return None if raw is None else _record(Job, raw)
 
-    def jobs(self, queue: str | None = None) -> list[Job]:
-        """Every job (of one queue), oldest first. A Scan filtered on sk = JOB: it reads the whole
-        table (items and heartbeats too), as there is no index on jobs yet."""
+    def jobs(self, queue: str | None = None, since: float = 0.0) -> list[Job]:
+        """Every job (of one queue, created at `since` or later), oldest first: the keys the jobs
+        index holds (a job written in the last second may be missing: an index lags its table),
+        then their records. A table deployed before the index has none: it is scanned whole
+        (items and heartbeats too), with a warning that a deploy adds the index."""
+        condition, values = "sk = :job AND created_at >= :since", {":job": "JOB", ":since": _to_dynamo(float(since))}
+        kwargs = {"IndexName": JOBS_INDEX.name, "KeyConditionExpression": condition, "ExpressionAttributeValues": values}
+        keys = []
+        try:
+            while True:
+                page = self.table.query(**kwargs)
+                keys += [{"pk": raw["pk"], "sk": raw["sk"]} for raw in page["Items"]]
+                if "LastEvaluatedKey" not in page:
+                    break
+                kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        except ClientError as err:
+            if not _no_index(err):
+                raise
+            log.warning("warning: table %s has no %r index ready (deployed before it was added, or filling it): every "
+                        "record of it is read to list the jobs; deploy the environment again to add it",
+                        self.table.name, JOBS_INDEX.name)  # fmt: skip
+            found = self._scanned_jobs()
+        else:
+            found = [_record(Job, raw) for raw in self._batch_get(keys)]
+        return sorted((j for j in found if (queue is None or j.queue == queue) and j.created_at >= since),
+                      key=lambda j: (j.created_at, j.job_id))  # fmt: skip
+
+    def _scanned_jobs(self) -> list[Job]:
+        """Every job record, found by a Scan of the whole table filtered on sk = JOB."""
         kwargs = {"FilterExpression": "sk = :job", "ExpressionAttributeValues": {":job": "JOB"}, "ConsistentRead": True}
-        if queue is not None:
-            kwargs["FilterExpression"] += " AND #queue = :queue"
-            kwargs["ExpressionAttributeNames"] = {"#queue": "queue"}
-            kwargs["ExpressionAttributeValues"][":queue"] = queue
         out: list[Job] = []
         while True:
             page = self.table.scan(**kwargs)
             out += [_record(Job, raw) for raw in page["Items"]]
             if "LastEvaluatedKey" not in page:
-                return sorted(out, key=lambda j: (j.created_at, j.job_id))
+                return out
             kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
     def set_job_total(self, job_id: str, total: int) -> None:
@@ -640,12 +678,21 @@ def _job_count(job_id: str, moves: dict[str, int]) -> dict:
 
 
 def create_table(env_name: str, region: str | None = None) -> None:
-    """The table as the stack declares it (pk/sk strings, on-demand). For the sandbox and tests."""
+    """The table as the stack declares it (`tidefleet.resources.table_spec`: pk/sk strings, the
+    jobs index, on-demand). For the sandbox and tests."""
     client = boto3.client("dynamodb", region_name=region)
+    spec = table_spec(env_name)
+    index = spec.jobs_index
+
+    def key_schema(hash_key: str, range_key: str) -> list[dict]:
+        return [{"AttributeName": hash_key, "KeyType": "HASH"}, {"AttributeName": range_key, "KeyType": "RANGE"}]
+
     client.create_table(
-        TableName=naming.table(env_name),
-        AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}, {"AttributeName": "sk", "AttributeType": "S"}],
-        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
-        BillingMode="PAY_PER_REQUEST",
+        TableName=spec.name,
+        AttributeDefinitions=[{"AttributeName": k, "AttributeType": t} for k, t in spec.key_types.items()],
+        KeySchema=key_schema(spec.hash_key, spec.range_key),
+        GlobalSecondaryIndexes=[{"IndexName": index.name, "KeySchema": key_schema(index.hash_key, index.range_key),
+                                 "Projection": {"ProjectionType": index.projection}}],
+        BillingMode=spec.billing_mode,
     )
-    client.get_waiter("table_exists").wait(TableName=naming.table(env_name))
+    client.get_waiter("table_exists").wait(TableName=spec.name)

@@ -362,11 +362,12 @@ class FirestoreStore(FirestoreNodes):
     def _job(self, doc: Document) -> Job:
         return Job(**{k: v for k, v in self._values(doc).items() if k in Job.__dataclass_fields__})
 
-    def jobs(self, queue: str | None = None) -> list[Job]:
-        """Every job (of one queue), oldest first: the jobs collection, listed in pages."""
-        pages = self._list(self.root, "jobs")
-        jobs = [self._job(doc) for doc in pages]
-        return sorted((j for j in jobs if queue is None or j.queue == queue), key=lambda j: (j.created_at, j.job_id))
+    def jobs(self, queue: str | None = None, since: float = 0.0) -> list[Job]:
+        """Every job (of one queue, created at `since` or later), oldest first: the jobs collection
+        (jobs only: items are a subcollection), listed in pages."""
+        jobs = [self._job(doc) for doc in self._list(self.root, "jobs")]
+        return sorted((j for j in jobs if (queue is None or j.queue == queue) and j.created_at >= since),
+                      key=lambda j: (j.created_at, j.job_id))  # fmt: skip
 
     def set_job_total(self, job_id: str, total: int) -> None:
         self._set(self._job_doc(job_id), {"total": total})
