@@ -106,3 +106,14 @@ def test_the_cli_on_a_table_from_before_the_index_lists_the_jobs_with_one_warnin
     assert [line.split("  ")[0] for line in done.stdout.splitlines()] == ["a", "b", "c"]
     (warning,) = done.stderr.splitlines()
     assert warning.startswith("warning: table ") and "deploy the environment again" in warning
+
+
+def test_listing_a_job_with_failed_items_reads_its_counters_not_its_items(aws, monkeypatch):
+    """A 250k-item job with one failure was read item by item for a line that shows counts only."""
+    from tidefleet.jobs import sdk
+
+    create_table(ENV.name, ENV.region)
+    DynamoStore(ENV.name, ENV.region).put_job(Job("f", "failing", "work", 10.0, 3, counted=True, n_succeeded=2, n_failed=1))
+    monkeypatch.setattr(DynamoStore, "items", lambda *_, **__: pytest.fail("the job's items were read"))
+    (listed,) = sdk.jobs(ENV)
+    assert (listed.state, listed.counts["failed"], listed.counts["succeeded"], listed.items) == ("failed", 1, 2, [])

@@ -459,9 +459,9 @@ def _no_nodes(env: Environment, pool: sdk.PoolRow) -> str:
 def jobs(env_name, queue, state, since_text, as_json) -> None:
     """List the environment's jobs, oldest first, with their item counts.
 
-    It reads the job records only (on AWS through the table's jobs index; a table deployed before
-    the index is read whole, with a warning), and the items of each job with failed items to
-    know why."""
+    It reads the job records only, counts from their counters (on AWS through the table's jobs
+    index; a table deployed before the index is read whole, with a warning); `status` shows why
+    a job's items failed."""
     try:
         since = parse_since(since_text, time.time())
     except ValueError as err:

@@ -1011,8 +1011,9 @@ def jobs(env: Environment, *, queue: str | None = None, state: str | None = None
          since: float = 0.0) -> list[JobStatus]:  # fmt: skip
     """Every job of the environment (or of one queue, in one of JOB_STATES, created at `since` or later),
     oldest first. The job records come from the store's jobs index on AWS (a table deployed before
-    it is scanned whole) and the jobs collection on GCP; the items of a job with failed items (or
-    one submitted before the counters) are read too; dead letters are not reconciled here
+    it is scanned whole) and the jobs collection on GCP, and their counts from their counters:
+    items are read only for a job submitted before the counters, so `JobStatus.items` is empty
+    (`status` reads a job's failed items, to show why); dead letters are not reconciled here
     (`status` does that)."""
     if queue is not None and queue not in env.queues:
         raise JobError(f"queue: unknown queue {queue!r} in environment {env.name!r}; "
@@ -1020,7 +1021,7 @@ def jobs(env: Environment, *, queue: str | None = None, state: str | None = None
     if state is not None and state not in JOB_STATES:
         raise JobError(f"state: unknown state {state!r}; use one of {', '.join(JOB_STATES)}")
     cloud = for_env(env)
-    found = (_status(cloud, env, job) for job in cloud.store.jobs(queue, since))
+    found = (_status(cloud, env, job, failed_items=False) for job in cloud.store.jobs(queue, since))
     return [s for s in found if state is None or listed_state(s) == state]
 
 
