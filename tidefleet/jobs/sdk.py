@@ -67,7 +67,7 @@ from tidefleet.jobs.identity import identify
 from tidefleet.jobs.spec import JobSpec, not_text
 from tidefleet.jobs.spec import problems as spec_problems
 from tidefleet.ports import Backlog, Cloud, Delivery
-from tidefleet.records import FINAL, Fence, Item, ItemWrite, Job
+from tidefleet.records import FINAL, Fence, Heartbeat, Item, ItemWrite, Job
 from tidefleet.resources import redrive_receives
 
 SEND_BATCH = 10  # messages per receive of the dead-letter queue (SQS's most)
@@ -961,9 +961,10 @@ RUNNING_FRESH_S = 60.0  # a node silent this long is gone: what it ran is not ru
 
 
 def _status(cloud: Cloud, env: Environment, job: Job, warnings: list[str] = (), *, items: bool = False,
-            failed_items: bool = True) -> JobStatus:  # fmt: skip
+            failed_items: bool = True, heartbeats: Callable[[str], dict[str, Heartbeat]] | None = None) -> JobStatus:  # fmt: skip
     """`items`: read every item; `failed_items`: read every item of a job with failed items, whose
-    reasons `status` shows (False where the counts are all that is needed)."""
+    reasons `status` shows (False where the counts are all that is needed); `heartbeats`: a pool's
+    node heartbeats (default: the store's, read for each job that has unsettled items)."""
     sent = sum(cloud.store.sent_chunks(job.job_id).values()) if job.submitting else None
     every: list[Item] = []
     if job.counted and not items and not (failed_items and job.n_failed):
@@ -972,7 +973,7 @@ def _status(cloud: Cloud, env: Environment, job: Job, warnings: list[str] = (), 
         # An item that settled is not running: a heartbeat may still name one that finished since
         # (and a job whose items all settled reads none).
         unsettled = max(job.total - sum(settled.values()), 0)
-        running = min(_running(cloud, env, job), unsettled) if unsettled else 0
+        running = min(_running(env, job, heartbeats or cloud.store.heartbeats), unsettled) if unsettled else 0
         counts = {**settled, "running": running, "queued": max(recorded - sum(settled.values()) - running, 0)}
     else:
         every = cloud.store.items(job.job_id)
@@ -986,13 +987,13 @@ def _status(cloud: Cloud, env: Environment, job: Job, warnings: list[str] = (), 
                      recorded=recorded)  # fmt: skip
 
 
-def _running(cloud: Cloud, env: Environment, job: Job) -> int:
+def _running(env: Environment, job: Job, heartbeats: Callable[[str], dict[str, Heartbeat]]) -> int:
     """Attempts of the job running now, as its pool's nodes said in their last heartbeats."""
     queue = env.queues.get(job.queue)
     if queue is None:
         return 0
     fresh = time.time() - RUNNING_FRESH_S
-    return sum(hb.running.get(job.job_id, 0) for hb in cloud.store.heartbeats(queue.pool).values() if hb.at >= fresh)
+    return sum(hb.running.get(job.job_id, 0) for hb in heartbeats(queue.pool).values() if hb.at >= fresh)
 
 
 # What `tidefleet jobs` shows of a job, and `jobs(state=...)` filters on: JobStatus.state, or for
@@ -1021,7 +1022,8 @@ def jobs(env: Environment, *, queue: str | None = None, state: str | None = None
     if state is not None and state not in JOB_STATES:
         raise JobError(f"state: unknown state {state!r}; use one of {', '.join(JOB_STATES)}")
     cloud = for_env(env)
-    found = (_status(cloud, env, job, failed_items=False) for job in cloud.store.jobs(queue, since))
+    heartbeats = functools.cache(cloud.store.heartbeats)  # each pool's read once, not once per running job
+    found = (_status(cloud, env, job, failed_items=False, heartbeats=heartbeats) for job in cloud.store.jobs(queue, since))
     return [s for s in found if state is None or listed_state(s) == state]
 
 

@@ -1,13 +1,15 @@
-"""`tidefleet jobs` on AWS reads the job records through the table's jobs index (`resources.JOBS_INDEX`),
-never a scan of every item and heartbeat; a table deployed before the index still lists its jobs,
-scanned, with one line saying a deploy adds the index. DynamoDB through the moto server, its calls
-counted at the client's `before-parameter-build` hook."""
+"""`tidefleet jobs` reads what its lines show and no more: on AWS the job records through the table's
+jobs index (`resources.JOBS_INDEX`), never a scan of every item and heartbeat (a table deployed
+before the index still lists its jobs, scanned, with one line saying a deploy adds the index); a
+job's counts from its counters, not its items; each pool's heartbeats once. DynamoDB through the
+moto server, its calls counted at the client's `before-parameter-build` hook."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import time
 from collections import Counter
 
 import boto3
@@ -117,3 +119,20 @@ def test_listing_a_job_with_failed_items_reads_its_counters_not_its_items(aws, m
     monkeypatch.setattr(DynamoStore, "items", lambda *_, **__: pytest.fail("the job's items were read"))
     (listed,) = sdk.jobs(ENV)
     assert (listed.state, listed.counts["failed"], listed.counts["succeeded"], listed.items) == ("failed", 1, 2, [])
+
+
+def test_listing_running_jobs_reads_each_pools_heartbeats_once(aws, monkeypatch):
+    from tidefleet.cloud import for_env
+    from tidefleet.jobs import sdk
+
+    create_table(ENV.name, ENV.region)
+    store = DynamoStore(ENV.name, ENV.region)
+    for n in range(4):
+        store.put_job(Job(f"r{n}", "running", "demo", 10.0 + n, 2, counted=True))
+    store.put_heartbeat(Heartbeat("i-1", "cpu", time.time(), 4, 4, None, running={f"r{n}": 1 for n in range(4)}))
+    cloud = for_env(ENV)
+    monkeypatch.setattr(sdk, "for_env", lambda env: cloud)
+    calls = counted_calls(cloud.store)
+    listed = sdk.jobs(ENV)
+    assert [(s.job.job_id, s.counts["running"], s.counts["queued"]) for s in listed] == [(f"r{n}", 1, 1) for n in range(4)]
+    assert calls["Query"] == 2, f"the jobs index and the pool's heartbeats, once: {calls}"
