@@ -175,3 +175,17 @@ def test_the_watch_reads_a_finished_jobs_counters_not_its_items(h, monkeypatch):
     monkeypatch.setattr(DynamoStore, "items", lambda *_: pytest.fail("read every item of a watched job"))
     seen = view(h.env, for_env(h.env), store.job(job_id))
     assert seen.done and seen.failed
+
+
+def test_the_watch_reads_no_heartbeats_for_a_job_still_running(h, monkeypatch):
+    """Whether a job is done is in its counters: the pool's heartbeats (what runs now) are not read
+    for it, every minute, for each watched job."""
+    from tidefleet.cloud.aws.dynamodb import DynamoStore
+    from tidefleet.jobs.scheduled import view
+
+    store = DynamoStore(h.env.name, h.env.region)
+    job_id = sdk.submit(h.env, "running", "work", sdk.read_items(["steps=1", "steps=2"]), kick=False).job_id
+    store.update_item(job_id, "000000", status="succeeded")
+    monkeypatch.setattr(DynamoStore, "heartbeats", lambda *_: pytest.fail("read the pool's heartbeats"))
+    seen = view(h.env, for_env(h.env), store.job(job_id))
+    assert not seen.done and not seen.failed

@@ -43,12 +43,14 @@ log = logging.getLogger("tidefleet.schedules")
 
 def view(env: Environment, cloud: Cloud, job: Job | None) -> schedules.JobView | None:
     """What the decisions need of a job: from its settled-item counters (items are read only
-    for jobs submitted before them, or with failures)."""
+    for jobs submitted before them; heartbeats never)."""
     if job is None:
         return None
     done = failed = False
     if not job.waiting and not job.submitting:
-        status = _status(cloud, env, job, failed_items=False)
+        # Done and failed are the counters' alone: no heartbeat read for what runs (every minute,
+        # per watched job, each a read of its whole pool's heartbeats).
+        status = _status(cloud, env, job, failed_items=False, heartbeats=lambda pool: {})
         done, failed = status.done, status.state == "failed"
     return schedules.JobView(job.job_id, done=done, failed=failed, cancelled=job.cancelled, submitting=job.submitting,
                              waiting=job.waiting, after=job.after, after_finished=job.after_finished,
