@@ -8,7 +8,9 @@ from the counters reads the job, its pool's heartbeats and the sent chunks: its 
 depend on the size. The full read (`items=True`, what status did before) is timed on the
 records written and scaled to the total. `tidefleet jobs` reads the job records through the
 table's jobs index; the scan it made before (and still makes on a table deployed without the
-index) reads every record, and is scaled likewise.
+index) reads every record, and is scaled likewise. `tidefleet cost --since 30d` beside a job of as
+many records whose attempts all ended 40 days ago: skipped on its `last_attempt_at`, or read
+whole as a job recorded before the stamp was kept (scaled likewise).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from tidefleet.cloud.aws.provision import provision
 from tidefleet.config import load_environment
 from tidefleet.emulator import start_moto
 from tidefleet.jobs import sdk
+from tidefleet.jobs.cost_cli import collect
 from tidefleet.records import Item, Job
 
 ENV = """
@@ -70,6 +73,17 @@ def main() -> None:
             read_all = timed(lambda: sdk.status(env, "big", items=True), max(1, args.repeat // 2))
             listed = timed(lambda: sdk.jobs(env), args.repeat)
             scanned = timed(store._scanned_jobs, max(1, args.repeat // 2))
+            ended = time.time() - 40 * 86400
+            entry = {"attempt": 1, "node": "i-1", "outcome": "succeeded", "seconds": 60.0, "instance_type": "c6i.large",
+                     "spot": True, "slots": 1, "node_slots": 2, "ended_at": ended}  # fmt: skip
+            store.put_job(Job("done", "done", "work", ended - 3600, args.items, counted=True, n_succeeded=args.items,
+                              last_attempt_at=ended))  # fmt: skip
+            store.create_items([Item("done", f"{n:06d}", ["x"], status="succeeded", history=[entry])
+                                for n in range(args.items)], unseen=True)  # fmt: skip
+            window = time.time() - 30 * 86400
+            skipped = timed(lambda: collect(env, since=window, job_id="done"), args.repeat)
+            store.table.update_item(Key={"pk": "JOB#done", "sk": "JOB"}, UpdateExpression="REMOVE last_attempt_at")
+            cost_read = timed(lambda: collect(env, since=window, job_id="done"), max(1, args.repeat // 2))
     finally:
         server.stop()
     scaled = read_all * args.total / args.items
@@ -83,6 +97,12 @@ def main() -> None:
     print(f"jobs by a scan:           {scanned * 1000:8.0f} ms for {args.items} records, ~{scan_scaled:.0f} s scaled to "
           f"{args.total}")
     print(f"ratio scan/index:         {scan_scaled / listed:8.0f}")
+    read_scaled = cost_read * args.total / args.items
+    print("cost --since 30d beside a job whose attempts ended 40 days ago:")
+    print(f"  skipped on its stamp:   {skipped * 1000:8.0f} ms")
+    print(f"  read whole (no stamp):  {cost_read * 1000:8.0f} ms for {args.items} records, ~{read_scaled:.0f} s scaled "
+          f"to {args.total}")
+    print(f"ratio read/stamp:         {read_scaled / skipped:8.0f}")
 
 
 if __name__ == "__main__":

@@ -238,7 +238,7 @@ class FakeGcp:
 
     def _commit(self, writes: list[dict]):
         """documents:commit: every write's precondition holds, then all apply, or none does.
-        Writes are updates (with a mask) or transforms (field increments)."""
+        Writes are updates (with a mask) or transforms (field increments and maximums)."""
         while self.before_write:  # another writer, in between our read and our write
             self.before_write.pop(0)()
         for write in writes:
@@ -253,6 +253,11 @@ class FakeGcp:
                 name = write["transform"]["document"]
                 fields = self.docs.setdefault(name, {})
                 for t in write["transform"]["fieldTransforms"]:
+                    if "maximum" in t:  # of doubles here; a field of another type (or none) takes the value
+                        before = fields.get(t["fieldPath"], {}).get("doubleValue")
+                        given = float(t["maximum"]["doubleValue"])
+                        fields[t["fieldPath"]] = {"doubleValue": given if before is None else max(float(before), given)}
+                        continue
                     before = int(fields.get(t["fieldPath"], {}).get("integerValue", 0))
                     fields[t["fieldPath"]] = {"integerValue": str(before + int(t["increment"]["integerValue"]))}
             else:

@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = [
     ("bench_agent.py", ["--items", "10"], "ratio agent/bare:"),
-    ("bench_status.py", ["--total", "1000", "--items", "20", "--repeat", "1"], "ratio scan/index"),
+    ("bench_status.py", ["--total", "1000", "--items", "20", "--repeat", "1"], "ratio read/stamp"),
     ("bench_submit.py", ["--items", "20"], "resubmit 20 items"),
     ("bench_policy.py", ["--repeat", "1"], "ms"),
     ("bench_cold_import.py", ["--runs", "1"], "ms"),

@@ -102,6 +102,19 @@ def unpriced_reason(entry: dict, usd_per_hour: float | None) -> str | None:
     return None
 
 
+# How long before a window's start a job's last recorded attempt end (`Job.last_attempt_at`) may
+# be and the job still be read: the stamp is the writer's clock, and of two writers a moment apart
+# the earlier one's may land last. An hour covers both many times over, at the price of reading a
+# few jobs that ended just before the window.
+ATTEMPT_STAMP_SLACK_S = 3600.0
+
+
+def may_have_charges(job: Job, since: float) -> bool:
+    """Whether an attempt of the job may have ended at or after `since`; True where the store has
+    no stamp (a job with no recorded attempt yet, or recorded before the stamp was kept)."""
+    return job.last_attempt_at is None or job.last_attempt_at >= since - ATTEMPT_STAMP_SLACK_S
+
+
 def charges(env: Environment, job: Job, items: Iterable[Item], *, parts: dict[str, list[dict]] | None = None,
             since: float = 0.0, unpriced: Counter | None = None) -> list[Charge]:  # fmt: skip
     """Every attempt of the job's items that ended at or after `since`, and every gang member's

@@ -89,6 +89,34 @@ def settled_moves(status: str | None, only_from: tuple[str, ...] | None, never_f
                      "give only_from / never_from that say whether the item was final, and in which status")
 
 
+def ends_attempt(append: dict | None) -> bool:
+    """Whether a write appends an attempt's end (its `history` entry): a store moves its job's
+    `last_attempt_at` with it, so `tidefleet cost --since` knows which jobs it need not read."""
+    return bool(append) and "history" in append
+
+
+# A write of an attempt's end that moves no counter (a retry, a hand-back) stamps its job in a
+# write of its own, at most this often per job and store client: a spot reclaim hands back every
+# item of a node at once, and one job record takes them all (Firestore sustains ~1 write a
+# second per document). `tidefleet cost` allows the stamp an hour (`costs.ATTEMPT_STAMP_SLACK_S`).
+STAMP_EVERY_S = 60.0
+
+
+class AttemptStamps:
+    """A store client's own stamps of `Job.last_attempt_at` written in writes of their own."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, float] = {}
+
+    def due(self, job_id: str, at: float) -> bool:
+        return at - self.last.get(job_id, float("-inf")) >= STAMP_EVERY_S
+
+    def wrote(self, job_id: str, at: float) -> None:
+        if len(self.last) >= 10_000:  # a long-lived agent's: forgetting one costs a write, never a stamp
+            self.last.clear()
+        self.last[job_id] = at
+
+
 # A queue's waiting items by when the scaler first saw them: (seen at, items), oldest first.
 Cohorts = tuple[tuple[float, int], ...]
 LEGACY_COHORT = 1 << 40  # a mark from before cohorts: every waiting item counts as old as it
@@ -259,6 +287,11 @@ class Job:
     n_succeeded: int = 0
     n_failed: int = 0
     n_cancelled: int = 0
+    # When the store last wrote the end of an attempt of its items (a history entry: `ends_attempt`)
+    # or a gang member's part, by the writer's clock, with that write. None until then, and on
+    # jobs whose attempts were recorded before it was kept: `tidefleet cost --since` reads those
+    # whole, and skips a job whose last attempt ended well before its window.
+    last_attempt_at: float | None = None
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ item running once, finished once, and never invented by a late write."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 import pytest
@@ -224,6 +225,42 @@ def test_more_writes_than_one_store_call_holds_all_land_and_count(store):
     s.create_items([queued(item=f"{n:06d}", status="running") for n in range(120)], unseen=True)
     assert s.update_items([ItemWrite("j", f"{n:06d}", {"status": "succeeded"}) for n in range(120)]) == [True] * 120
     assert s.job("j").n_succeeded == 120
+
+
+def test_each_write_that_ends_an_attempt_moves_its_jobs_last_attempt_at_and_no_other_write_does(store):
+    """`tidefleet cost --since` skips a job whose last attempt ended before its window: every write
+    of an attempt's end (a history entry, settling or not, one at a time or in a batch, and a gang
+    member's part) must move the job's stamp, or its attempt would drop out of the report. One
+    that moves no counter stamps in a write of its own, once a minute per client and job
+    (`STAMP_EVERY_S`): each such write here is another client's, as each is another node's."""
+    s = store.store
+    s.create_items([queued(item=f"00000{n}", status="running", attempts=1) for n in range(3)], unseen=True)
+
+    def moves(write) -> bool:
+        before, began = s.job("j").last_attempt_at, time.time()
+        write()
+        after = s.job("j").last_attempt_at
+        return after is not None and after != before and began - 1 <= after <= time.time() + 1
+
+    assert s.job("j").last_attempt_at is None, "no attempt recorded yet"
+    assert not moves(lambda: s.update_item("j", "000000", node="a", add={"attempts": 1}))
+    assert not moves(lambda: s.update_items([ItemWrite("j", "000001", {"node": "b"})]))
+    assert moves(lambda: store.other().update_item("j", "000000", fence=Fence(attempt=2), status="queued",
+                                                   append={"history": {"outcome": "failed"}}))  # a retry: no count
+    assert moves(lambda: s.update_item("j", "000000", status="succeeded", append={"history": {"outcome": "succeeded"}}))
+    assert moves(lambda: s.update_items([ItemWrite("j", "000001", {"status": "failed"},
+                                                   append={"history": {"outcome": "failed"}})]))  # fmt: skip
+    late = store.other()
+    assert moves(lambda: late.update_item("j", "000000", never_from=(), append={"history": {"outcome": "failed"}})), \
+        "a late attempt of an item another node settled: only its history entry is kept"
+    assert not moves(lambda: late.update_item("j", "000001", never_from=(), append={"history": {"outcome": "x"}})), \
+        "the same client again within a minute: no write of its own"
+    assert moves(lambda: s.update_items([ItemWrite("j", "000002", {"node": "c"}, append={"history": {"outcome": "x"}})]))
+    assert moves(lambda: store.other().record_part("j", "000002", {"attempt": 1, "node": "m1", "seconds": 2.0}))
+    assert [e["outcome"] for e in s.item("j", "000000").history] == ["failed", "succeeded", "failed"]
+    assert s.item("j", "000001").history[-1] == {"outcome": "x"}, "the write itself lands"
+    assert s.parts("j") == {"000002": [{"attempt": 1, "node": "m1", "seconds": 2.0}]}
+    assert (s.job("j").n_succeeded, s.job("j").n_failed) == (1, 1)
 
 
 def test_an_item_is_put_only_if_new_and_an_existing_one_is_left_untouched(store):

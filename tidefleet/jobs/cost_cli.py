@@ -23,9 +23,10 @@ from tidefleet.records import Job
 def collect(env: Environment, *, since: float = 0.0, queue: str | None = None,
             job_id: str | None = None) -> tuple[list[costs.Charge], Counter]:  # fmt: skip
     """Every priced attempt of the environment (one queue's, one job's) ended since `since`, and
-    the count of those that could not be priced, by reason. Reads every job's items (O(items)),
-    and the members' parts of jobs whose queue is a gang queue, or no longer configured (a
-    query more each: most jobs have none)."""
+    the count of those that could not be priced, by reason. Reads every job record, then the items
+    of each job with an attempt that may have ended since (`costs.may_have_charges`: O(items) of
+    those jobs only), and the members' parts of such jobs whose queue is a gang queue, or no
+    longer configured (a query more each: most jobs have none)."""
     store = for_env(env).store
     if job_id is not None:
         job = store.job(job_id)
@@ -37,6 +38,7 @@ def collect(env: Environment, *, since: float = 0.0, queue: str | None = None,
             raise JobError(f"queue: unknown queue {queue!r} in environment {env.name!r}; "
                            f"known queues: {', '.join(sorted(env.queues))}")  # fmt: skip
         found_jobs = store.jobs(queue)
+    found_jobs = [job for job in found_jobs if costs.may_have_charges(job, since)]
     unpriced: Counter = Counter()
     found = [c for job in found_jobs for c in costs.charges(env, job, store.items(job.job_id), since=since,
                                                             parts=store.parts(job.job_id) if _may_have_parts(env, job) else None,

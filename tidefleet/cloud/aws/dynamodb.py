@@ -35,6 +35,7 @@ from tidefleet.records import (
     FINAL,
     SCALER_OWNED,
     STATS_RETRIES,
+    AttemptStamps,
     Cohorts,
     Fence,
     Heartbeat,
@@ -44,6 +45,7 @@ from tidefleet.records import (
     QueueStats,
     cohort_fields,
     cohorts_of,
+    ends_attempt,
     settled_moves,
     write_chunks,
 )
@@ -127,6 +129,7 @@ class DynamoStore:
     def __init__(self, env_name: str, region: str | None = None, *, table=None):
         self.env_name = env_name
         self.table = table or boto3.resource("dynamodb", region_name=region).Table(naming.table(env_name))
+        self.stamps = AttemptStamps()
 
     # -- node heartbeats --------------------------------------------------------------
     def put_heartbeat(self, hb: Heartbeat) -> None:
@@ -328,7 +331,7 @@ class DynamoStore:
     # -- jobs and items ---------------------------------------------------------------
     def put_job(self, job: Job) -> Job:
         """Create the job unless it exists; returns the stored job either way (idempotent submit)."""
-        item = {"pk": f"JOB#{job.job_id}", "sk": "JOB", **{k: _to_dynamo(v) for k, v in asdict(job).items()}}
+        item = {"pk": f"JOB#{job.job_id}", "sk": "JOB", **{k: _to_dynamo(v) for k, v in asdict(job).items() if v is not None}}
         try:
             self.table.put_item(Item=item, ConditionExpression="attribute_not_exists(pk)")
             return job
@@ -517,10 +520,27 @@ class DynamoStore:
         return [_record(Item, raw) for raw in items]
 
     def record_part(self, job_id: str, item_id: str, entry: dict) -> None:
-        """UpdateItem (an upsert), not PutItem: the node role may update, never put."""
+        """UpdateItem (an upsert), not PutItem: the node role may update, never put. The job's
+        `last_attempt_at` first, so a part is never written without it."""
+        self._stamp(job_id, time.time())
         self.table.update_item(Key={"pk": f"JOB#{job_id}", "sk": f"PART#{item_id}#{entry['attempt']}#{entry['node']}"},
                                UpdateExpression="SET #i = :i, #e = :e", ExpressionAttributeNames={"#i": "item", "#e": "entry"},
                                ExpressionAttributeValues={":i": item_id, ":e": _to_dynamo(entry)})  # fmt: skip
+
+    def _stamp(self, job_id: str, at: float) -> None:
+        """The job's `last_attempt_at` raised to `at`, if the job exists and it is lower (a
+        failed condition is either: nothing to do), unless this client did so lately (`AttemptStamps`)."""
+        if not self.stamps.due(job_id, at):
+            return
+        try:
+            self.table.update_item(Key={"pk": f"JOB#{job_id}", "sk": "JOB"}, UpdateExpression="SET last_attempt_at = :at",
+                                   ConditionExpression="attribute_exists(pk) AND (attribute_not_exists(last_attempt_at) "
+                                                       "OR last_attempt_at < :at)",
+                                   ExpressionAttributeValues={":at": _to_dynamo(at)})  # fmt: skip
+        except ClientError as err:
+            if err.response["Error"]["Code"] != "ConditionalCheckFailedException":
+                raise
+        self.stamps.wrote(job_id, at)
 
     def parts(self, job_id: str) -> dict[str, list[dict]]:
         out: dict[str, list[dict]] = {}
@@ -548,12 +568,15 @@ class DynamoStore:
 
         A write that settles the item (or takes it out of a final status) also counts it on its
         job (`settled_moves`): one TransactWriteItems of both, so only a write that lands counts.
-        A transaction returns no values: that write returns the item as far as it wrote it."""
+        A transaction returns no values: that write returns the item as far as it wrote it.
+        Another write that ends an attempt (`ends_attempt`) moves its job's `last_attempt_at` first."""
         if settled_moves(values.get("status"), only_from, never_from):  # with its job's count: one transaction
             if not self.update_items([ItemWrite(job_id, item_id, values, only_from, never_from, fence, add, append)])[0]:
                 return None
             written = {k: v for k, v in values.items() if k in Item.__dataclass_fields__ and v is not None}
             return Item(job_id=job_id, item_id=item_id, **written)
+        if ends_attempt(append):  # before the write: a stamp too new only has the job read
+            self._stamp(job_id, time.time())
         request, _ = _item_update(job_id, item_id, only_from, never_from, fence, add, append, values)
         try:
             return _record(Item, self.table.update_item(**request, ReturnValues="ALL_NEW")["Attributes"])
@@ -572,17 +595,21 @@ class DynamoStore:
         for chunk in write_chunks(writes, TRANSACT_WRITES):
             left, conflicts = list(chunk), 0
             while left:
+                at = time.time()
                 requests = [(i, *_item_update(writes[i].job_id, writes[i].item_id, writes[i].only_from, writes[i].never_from,
                                               writes[i].fence, writes[i].add, writes[i].append, dict(writes[i].values)))
                             for i in left]  # fmt: skip
                 counts: dict[str, dict[str, int]] = {}
+                stamped = {writes[i].job_id for i in left if ends_attempt(writes[i].append)}
                 for i, _, moves in requests:
                     job = counts.setdefault(writes[i].job_id, {})
                     for k, n in moves.items():
                         job[k] = job.get(k, 0) + n
-                jobs = [(job_id, moves) for job_id, moves in counts.items() if any(moves.values())]
+                jobs = [job_id for job_id, moves in counts.items() if any(moves.values()) or job_id in stamped]
                 actions = [{"Update": {"TableName": self.table.name, **r}} for _, r, _ in requests]
-                actions += [{"Update": {"TableName": self.table.name, **_job_count(job_id, moves)}} for job_id, moves in jobs]
+                actions += [{"Update": {"TableName": self.table.name,
+                                        **_job_update(job_id, counts[job_id], at if job_id in stamped else None)}}
+                            for job_id in jobs]  # fmt: skip
                 try:
                     self.table.meta.client.transact_write_items(TransactItems=actions)
                 except ClientError as err:
@@ -590,7 +617,7 @@ class DynamoStore:
                         raise
                     reasons = [r.get("Code") or "None" for r in err.response.get("CancellationReasons", [])]
                     failed = {i for (i, _, _), code in zip(requests, reasons) if code == "ConditionalCheckFailed"}
-                    for (job_id, _), code in zip(jobs, reasons[len(requests):]):
+                    for job_id, code in zip(jobs, reasons[len(requests):]):
                         if code == "ConditionalCheckFailed":  # the job is gone: none of its writes lands
                             failed |= {i for i, _, _ in requests if writes[i].job_id == job_id}
                     if failed:
@@ -670,11 +697,18 @@ def _item_update(job_id: str, item_id: str, only_from, never_from, fence: Fence 
     return request, moves
 
 
-def _job_count(job_id: str, moves: dict[str, int]) -> dict:
-    """The job's part of a settling write: its counters moved, if the job exists."""
+def _job_update(job_id: str, moves: dict[str, int], attempt_at: float | None) -> dict:
+    """The job's part of a transaction of its items' writes, if the job exists: its counters
+    moved by those that settle, and `last_attempt_at` set to `attempt_at` where one ends an
+    attempt (SET, not a maximum, which a condition would give only by failing the transaction:
+    of two writers the later lands, a moment apart)."""
+    update = "ADD " + ", ".join(f"{k} :{k}" for k in moves) if moves else ""
+    values = {f":{k}": n for k, n in moves.items()}
+    if attempt_at is not None:
+        update += " SET last_attempt_at = :attempt_at"
+        values[":attempt_at"] = _to_dynamo(attempt_at)
     return {"Key": {"pk": f"JOB#{job_id}", "sk": "JOB"}, "ConditionExpression": "attribute_exists(pk)",
-            "UpdateExpression": "ADD " + ", ".join(f"{k} :{k}" for k in moves),
-            "ExpressionAttributeValues": {f":{k}": n for k, n in moves.items()}}  # fmt: skip
+            "UpdateExpression": update.strip(), "ExpressionAttributeValues": values}  # fmt: skip
 
 
 def create_table(env_name: str, region: str | None = None) -> None:

@@ -45,6 +45,7 @@ from tidefleet.records import (
     FINAL,
     SCALER_OWNED,
     STATS_RETRIES,
+    AttemptStamps,
     Cohorts,
     Fence,
     Heartbeat,
@@ -54,6 +55,7 @@ from tidefleet.records import (
     QueueStats,
     cohort_fields,
     cohorts_of,
+    ends_attempt,
     leave_answer,
     settled_moves,
     write_chunks,
@@ -315,6 +317,10 @@ class FirestoreStore(FirestoreNodes):
     time as precondition, retried when another writer got there in between: so `succeeded`
     still can never be written twice, and counters and histories never lose an update."""
 
+    def __init__(self, env: Environment, *, client: FirestoreClient | None = None, credentials=None):
+        super().__init__(env, client=client, credentials=credentials)
+        self.stamps = AttemptStamps()
+
     def _job_doc(self, job_id: str) -> str:
         return f"{self.root}/jobs/{job_id}"
 
@@ -497,6 +503,7 @@ class FirestoreStore(FirestoreNodes):
     def record_part(self, job_id: str, item_id: str, entry: dict) -> None:
         """As `DynamoStore.record_part`: a document of the job's `parts` (':' is in no item id)."""
         name = f"{self._job_doc(job_id)}/parts/{item_id}:{entry['attempt']}:{entry['node']}"
+        self._stamp(job_id, time.time())
         self.client.update_document(document=Document(name=name, fields=_fields({"item": item_id, "entry": entry})),
                                     retry=RETRY, timeout=TRY_S)  # fmt: skip
 
@@ -590,10 +597,15 @@ class FirestoreStore(FirestoreNodes):
         entry per `append` list, only if the status is in `only_from` (when given) and not in
         `never_from`, and `fence` admits it (when given); never creates an item. Returns the new item, or None when
         the condition failed. A write that settles the item (or takes it out of a final status)
-        also counts it on its job (`settled_moves`): one commit of both."""
+        also counts it on its job (`settled_moves`): one commit of both, which moves the job's
+        `last_attempt_at` too if the write ends an attempt (`ends_attempt`). Another write that
+        ends one moves it first, as `DynamoStore.update_item` does."""
         moves = settled_moves(values.get("status"), only_from, never_from)
         name = self._item_doc(job_id, item_id)
         values["updated_at"] = time.time()
+        attempt_at = values["updated_at"] if ends_attempt(append) else None
+        if attempt_at is not None and not moves:
+            self._stamp(job_id, attempt_at)
         for _ in range(WRITE_RACES):
             doc = self._get(name)
             planned = doc and _planned_write(doc, self._values(doc), only_from, never_from, fence, add, append, values)
@@ -603,7 +615,7 @@ class FirestoreStore(FirestoreNodes):
             try:
                 if moves:
                     self.client.commit(request={"database": self.database, "writes": [
-                        write, self._count_write(job_id, moves)]}, retry=RETRY_REFUSED, timeout=TRY_S)  # fmt: skip
+                        write, self._job_write(job_id, moves, attempt_at)]}, retry=RETRY_REFUSED, timeout=TRY_S)  # fmt: skip
                 else:
                     self.client.update_document(request={"document": write.update, "update_mask": write.update_mask,
                                                          "current_document": write.current_document},
@@ -626,7 +638,7 @@ class FirestoreStore(FirestoreNodes):
             read = {got.found.name: got.found for got in self.client.batch_get_documents(
                 request={"database": self.database, "documents": names}, retry=RETRY, timeout=TRY_S)
                 if got.found.name}  # fmt: skip
-            planned, counts = [], defaultdict(lambda: defaultdict(int))
+            planned, counts, stamps = [], defaultdict(lambda: defaultdict(int)), {}
             for i, name in zip(chunk, names):
                 w, doc = writes[i], read.get(name)
                 values = {**w.values, "updated_at": time.time()}
@@ -636,9 +648,12 @@ class FirestoreStore(FirestoreNodes):
                     planned.append((i, write[0]))
                     for k, n in settled_moves(values.get("status"), w.only_from, w.never_from).items():
                         counts[w.job_id][k] += n
+                    if ends_attempt(w.append):
+                        stamps[w.job_id] = values["updated_at"]
             if not planned:
                 continue
-            jobs = [self._count_write(job_id, moves) for job_id, moves in counts.items() if any(moves.values())]
+            jobs = [self._job_write(job_id, counts.get(job_id, {}), stamps.get(job_id))
+                    for job_id in {**counts, **stamps} if any(counts.get(job_id, {}).values()) or job_id in stamps]  # fmt: skip
             try:
                 self.client.commit(request={"database": self.database, "writes": [w for _, w in planned] + jobs},
                                    retry=RETRY_REFUSED, timeout=TRY_S)  # fmt: skip
@@ -652,8 +667,25 @@ class FirestoreStore(FirestoreNodes):
                 landed[i] = True
         return landed
 
-    def _count_write(self, job_id: str, moves: dict[str, int]) -> Write:
-        """The job's part of a settling commit: its counters moved, if the job exists."""
-        count = DocumentTransform(document=self._job_doc(job_id), field_transforms=[
-            DocumentTransform.FieldTransform(field_path=k, increment=Value(integer_value=n)) for k, n in moves.items()])
-        return Write(transform=count, current_document=Precondition(exists=True))
+    def _job_write(self, job_id: str, moves: dict[str, int], attempt_at: float | None) -> Write:
+        """The job's part of a commit of its items' writes, if the job exists: its counters moved by
+        those that settle, and `last_attempt_at` raised to `attempt_at` where one ends an attempt."""
+        transforms = [DocumentTransform.FieldTransform(field_path=k, increment=Value(integer_value=n))
+                      for k, n in moves.items()]  # fmt: skip
+        if attempt_at is not None:
+            transforms.append(DocumentTransform.FieldTransform(field_path="last_attempt_at",
+                                                               maximum=Value(double_value=attempt_at)))  # fmt: skip
+        job = DocumentTransform(document=self._job_doc(job_id), field_transforms=transforms)
+        return Write(transform=job, current_document=Precondition(exists=True))
+
+    def _stamp(self, job_id: str, at: float) -> None:
+        """The job's `last_attempt_at` raised to `at`, if the job exists, unless this client did so
+        lately (`AttemptStamps`)."""
+        if not self.stamps.due(job_id, at):
+            return
+        try:
+            self.client.commit(request={"database": self.database, "writes": [self._job_write(job_id, {}, at)]},
+                               retry=RETRY_REFUSED, timeout=TRY_S)  # fmt: skip
+        except gexc.NotFound:  # the job is gone: nothing to stamp
+            pass
+        self.stamps.wrote(job_id, at)
