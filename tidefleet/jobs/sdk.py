@@ -759,7 +759,9 @@ def _can_succeed(cloud: Cloud, env: Environment, parent: Job) -> None:
     if parent.cancelled:
         why = "was cancelled"
     elif not parent.waiting and not parent.submitting:
-        now = _status(cloud, env, parent, failed_items=False)  # counts alone: its failures' reasons are not shown
+        # Counts alone: its failures' reasons are not shown, and whether it is done is in its
+        # counters, not in what its pool's heartbeats say runs now.
+        now = _status(cloud, env, parent, failed_items=False, heartbeats=lambda pool: {})
         if now.state == "failed":
             why = f"finished with {now.counts['failed']} failed item(s)"
             fix = f", or send its failed items back first (tidefleet retry-failed --env {env_argument(env)} {parent.job_id})"
