@@ -7,6 +7,11 @@ whole. DynamoDB through the moto server; which jobs' items are read is seen at `
 from __future__ import annotations
 
 import json
+import os
+import pty
+import select
+import subprocess
+import sys
 import time
 
 import pytest
@@ -78,3 +83,27 @@ def test_the_cost_command_reports_what_the_window_holds(store):
     doc = json.loads(out.output)
     assert [(r["key"], round(r["cost_usd"], 6)) for r in doc["rows"]] == [("recent", 0.034)]
     assert "old" not in read
+
+
+def test_on_a_terminal_a_bar_shows_the_jobs_being_read_and_piped_output_is_only_the_report(store):
+    """A job of 250k items takes minutes to read: on a terminal's stderr a bar says so while it is
+    read; stdout, and stderr when piped (test_the_cost_command_reports_what_the_window_holds), carry
+    only the report."""
+    main_fd, child = pty.openpty()
+    run = subprocess.Popen([sys.executable, "-m", "tidefleet.cli", "cost", "--env", "sandbox", "--by", "job"],
+                           stdout=subprocess.PIPE, stderr=child, env={**os.environ, "COLUMNS": "120"})  # fmt: skip
+    os.close(child)
+    terminal = b""
+    while select.select([main_fd], [], [], 120)[0]:  # read as it comes: a full pty would stall the child
+        try:
+            chunk = os.read(main_fd, 65536)
+        except OSError:  # the child side closed: the run is over
+            break
+        if not chunk:
+            break
+        terminal += chunk
+    os.close(main_fd)
+    report = run.communicate(timeout=60)[0].decode()
+    assert run.returncode == 0, terminal.decode(errors="replace")
+    assert "reading the jobs' attempts" in terminal.decode(errors="replace")
+    assert report.splitlines()[1].startswith("recent ") and "total $0.0340" in report, report

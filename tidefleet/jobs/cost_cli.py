@@ -8,25 +8,28 @@ import csv
 import io
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable
 
 import click
+from rich import progress
 
 from tidefleet import costs, rightsize
 from tidefleet.cloud import for_env
 from tidefleet.config import Environment
-from tidefleet.jobs.cli import _emit, _explained, _load, env_option, json_option
+from tidefleet.jobs.cli import CliConsole, _emit, _explained, _load, env_option, json_option
 from tidefleet.jobs.identity import OS_USER
 from tidefleet.jobs.sdk import JobError
 from tidefleet.records import Job
 
 
-def collect(env: Environment, *, since: float = 0.0, queue: str | None = None,
-            job_id: str | None = None) -> tuple[list[costs.Charge], Counter]:  # fmt: skip
+def collect(env: Environment, *, since: float = 0.0, queue: str | None = None, job_id: str | None = None,
+            track: Callable[[list[Job]], Iterable[Job]] = iter) -> tuple[list[costs.Charge], Counter]:  # fmt: skip
     """Every priced attempt of the environment (one queue's, one job's) ended since `since`, and
     the count of those that could not be priced, by reason. Reads every job record, then the items
     of each job with an attempt that may have ended since (`costs.may_have_charges`: O(items) of
     those jobs only), and the members' parts of such jobs whose queue is a gang queue, or no
-    longer configured (a query more each: most jobs have none)."""
+    longer configured (a query more each: most jobs have none). `track` is handed the jobs to read
+    (the CLI's progress bar: a job of 250k items takes minutes)."""
     store = for_env(env).store
     if job_id is not None:
         job = store.job(job_id)
@@ -40,10 +43,18 @@ def collect(env: Environment, *, since: float = 0.0, queue: str | None = None,
         found_jobs = store.jobs(queue)
     found_jobs = [job for job in found_jobs if costs.may_have_charges(job, since)]
     unpriced: Counter = Counter()
-    found = [c for job in found_jobs for c in costs.charges(env, job, store.items(job.job_id), since=since,
+    found = [c for job in track(found_jobs) for c in costs.charges(env, job, store.items(job.job_id), since=since,
                                                             parts=store.parts(job.job_id) if _may_have_parts(env, job) else None,
                                                             unpriced=unpriced)]  # fmt: skip
     return found, unpriced
+
+
+def _reading(jobs: list[Job]) -> Iterable[Job]:
+    """The jobs, with a bar on a terminal's stderr while their items are read (gone once done);
+    piped, nothing (rich would still end its bar with a blank line)."""
+    console = CliConsole(stderr=True)
+    return progress.track(jobs, description="reading the jobs' attempts", console=console, transient=True,
+                          disable=not jobs or not console.is_terminal)  # fmt: skip
 
 
 def _may_have_parts(env: Environment, job: Job) -> bool:
@@ -75,7 +86,7 @@ def cost(env_name, by, since_text, monthly, as_json, as_csv) -> None:
     env = _load(env_name)
     since = _since(since_text)
     with _explained(env):
-        found, unpriced = collect(env, since=since)
+        found, unpriced = collect(env, since=since, track=_reading)
     rows = costs.summarise(found, by, monthly=monthly)
     total = sum(r.cost_usd for r in rows)
     if as_json:
@@ -124,7 +135,7 @@ def rightsize_command(env_name, queue, job_id, since_text, as_json) -> None:
     env = _load(env_name)
     since = _since(since_text)
     with _explained(env):
-        found, _ = collect(env, since=since, queue=queue, job_id=job_id)
+        found, _ = collect(env, since=since, queue=queue, job_id=job_id, track=_reading)
     scopes: dict[str, list[costs.Charge]] = defaultdict(list)
     for c in found:
         scopes[f"job {c.job_id}" if job_id else f"queue {c.queue}"].append(c)
