@@ -253,8 +253,9 @@ class FakeGcp:
                 name = write["transform"]["document"]
                 fields = self.docs.setdefault(name, {})
                 for t in write["transform"]["fieldTransforms"]:
-                    if "maximum" in t:  # of doubles here; a field of another type (or none) takes the value
-                        before = fields.get(t["fieldPath"], {}).get("doubleValue")
+                    if "maximum" in t:  # of a double given: a field not a number (or none) takes the value
+                        held = fields.get(t["fieldPath"], {})
+                        before = held.get("doubleValue", held.get("integerValue"))
                         given = float(t["maximum"]["doubleValue"])
                         fields[t["fieldPath"]] = {"doubleValue": given if before is None else max(float(before), given)}
                         continue
