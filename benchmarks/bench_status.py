@@ -6,7 +6,8 @@ A job whose counters say `--total` items (all but ten settled), and `--items` it
 actually written (writing 250k records into moto takes longer than the point needs). Status
 from the counters reads the job, its pool's heartbeats and the sent chunks: its time does not
 depend on the size. The full read (`items=True`, what status did before) is timed on the
-records written and scaled to the total. `tidefleet jobs` reads the job records through the
+records written and scaled to the total. Beside it, a job as big with 3 failed items: status
+reads those through the failed-items index (it read every item before, to show why). `tidefleet jobs` reads the job records through the
 table's jobs index; the scan it made before (and still makes on a table deployed without the
 index) reads every record, and is scaled likewise. `tidefleet cost --since 30d` beside a job of as
 many records whose attempts all ended 40 days ago: skipped on its `last_attempt_at`, or read
@@ -73,6 +74,13 @@ def main() -> None:
             read_all = timed(lambda: sdk.status(env, "big", items=True), max(1, args.repeat // 2))
             listed = timed(lambda: sdk.jobs(env), args.repeat)
             scanned = timed(store._scanned_jobs, max(1, args.repeat // 2))
+            # After the scan, which is scaled from the records of one job.
+            store.put_job(Job("broken", "broken", "work", time.time(), args.total, counted=True,
+                              n_succeeded=args.total - 3, n_failed=3))  # fmt: skip
+            store.create_items([Item("broken", f"{n:06d}", ["x"], status="failed" if n < 3 else "succeeded",
+                                     reason="exit 1" if n < 3 else "") for n in range(args.items)], unseen=True)  # fmt: skip
+            failed = timed(lambda: sdk.status(env, "broken"), args.repeat)
+            assert len(sdk.status(env, "broken").items) == 3, "the failed items alone"
             ended = time.time() - 40 * 86400
             entry = {"attempt": 1, "node": "i-1", "outcome": "succeeded", "seconds": 60.0, "instance_type": "c6i.large",
                      "spot": True, "slots": 1, "node_slots": 2, "ended_at": ended}  # fmt: skip
@@ -92,6 +100,8 @@ def main() -> None:
     print(f"reading every item:       {read_all * 1000:8.0f} ms for {args.items} records, "
           f"~{scaled:.0f} s scaled to {args.total}")
     print(f"ratio read-all/counters:  {scaled / counted:8.0f}")
+    print(f"with 3 failed items:      {failed * 1000:8.0f} ms (the failed ones through the index)")
+    print(f"ratio read-all/failed:    {scaled / failed:8.0f}")
     scan_scaled = scanned * args.total / args.items
     print(f"jobs through the index:   {listed * 1000:8.0f} ms")
     print(f"jobs by a scan:           {scanned * 1000:8.0f} ms for {args.items} records, ~{scan_scaled:.0f} s scaled to "

@@ -236,6 +236,19 @@ class FakeGcp:
             results.append({})
         return 200, {}, json.dumps({"writeResults": results, "status": statuses})
 
+    def _run_query(self, parent: str, query: dict):
+        """documents:runQuery of one collection under `parent`, with at most one equality filter
+        (a streamed JSON array: one entry per document, in name order)."""
+        (selector,) = query["from"]
+        collection = f"{parent}/{selector['collectionId']}"
+        test = query.get("where", {}).get("fieldFilter")
+        if test is not None and test["op"] not in ("EQUAL", 5):  # the client sends enums as numbers
+            return self._error(400, "INVALID_ARGUMENT", f"the fake runs equality filters only (got {test['op']})")
+        found = [n for n in sorted(self.docs) if n.rsplit("/", 1)[0] == collection
+                 and (test is None or self.docs[n].get(test["field"]["fieldPath"]) == test["value"])]  # fmt: skip
+        read = {"readTime": EPOCH.isoformat().replace("+00:00", "Z")}
+        return 200, {}, json.dumps([{"document": self._doc(n), **read} for n in found] or [read])
+
     def _commit(self, writes: list[dict]):
         """documents:commit: every write's precondition holds, then all apply, or none does.
         Writes are updates (with a mask) or transforms (field increments and maximums)."""
@@ -277,6 +290,8 @@ class FakeGcp:
         name = path.removeprefix("/v1/")
         if request.method == "POST":
             name, verb = name.rsplit(":", 1)
+            if verb == "runQuery":
+                return self._run_query(name, json.loads(request.body)["structuredQuery"])
             return self._batch(verb, json.loads(request.body))
         if request.method == "PATCH":
             while self.before_write:  # another writer, in between our read and our write

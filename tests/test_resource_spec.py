@@ -229,12 +229,11 @@ FACTS = [
                             for k in ("name", "hash_key", "range_key", "billing_mode")),
          lambda d, s, _: (d.table["TableName"], *(k["AttributeName"] for k in d.table["KeySchema"]),
                           d.table["BillingModeSummary"]["BillingMode"])),
-    Fact("table key types, the jobs index's too", "env", lambda s, _: s.table.key_types,
+    Fact("table key types, the indexes' too", "env", lambda s, _: s.table.key_types,
          lambda t, _: {a["name"]: a["type"] for a in tf(t, "aws_dynamodb_table", "jobs_table")["attribute"]},
          lambda d, s, _: {a["AttributeName"]: a["AttributeType"] for a in d.table["AttributeDefinitions"]}),
-    Fact("table indexes (the jobs index alone): name, keys and projection", "env",
-         lambda s, _: [(s.table.jobs_index.name, s.table.jobs_index.hash_key, s.table.jobs_index.range_key,
-                        s.table.jobs_index.projection)],
+    Fact("table indexes (jobs, failed items): name, keys and projection", "env",
+         lambda s, _: [(i.name, i.hash_key, i.range_key, i.projection) for i in s.table.indexes],
          lambda t, _: [(g["name"], g["hash_key"], g["range_key"], g["projection_type"])
                        for g in tf(t, "aws_dynamodb_table", "jobs_table")["global_secondary_index"]],
          lambda d, s, _: [(g["IndexName"], *(k["AttributeName"] for k in g["KeySchema"]), g["Projection"]["ProjectionType"])

@@ -311,6 +311,12 @@ class JobStore(NodeStatePort, QueueStatsPort, Protocol):
     def items(self, job_id: str) -> list[Item]:
         """Every item of a job, in item-id order."""
 
+    def failed_items(self, job_id: str) -> list[Item] | None:
+        """The job's items whose status is failed, in item-id order, without reading the others;
+        None where the store cannot tell them apart yet (a DynamoDB table deployed before its
+        failed-items index). May miss an item that failed a moment ago, or one that failed before
+        the store kept them apart: check the count against the job's `n_failed`."""
+
     def record_part(self, job_id: str, item_id: str, entry: dict) -> None:
         """A gang member's part of an attempt (`entry`: its `attempt`, `node`, run time, usage and
         placement), kept beside the item, not on it: a gang of up to 1000 nodes, interrupted again

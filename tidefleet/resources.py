@@ -75,14 +75,19 @@ class QueueSpec:
 class IndexSpec:
     name: str
     hash_key: str  # a string attribute
-    range_key: str  # a number attribute
+    range_key: str
     projection: str
+    range_type: str = "N"  # DynamoDB's attribute type of range_key
 
 
 # The job records alone, oldest first: only they have both keys (sk "JOB" and a number `created_at`),
 # so `tidefleet jobs` reads them without scanning every item and heartbeat. Keys only: a job's
 # counters, moved as its items settle, never write to the index (one partition for every job).
 JOBS_INDEX = IndexSpec("jobs", hash_key="sk", range_key="created_at", projection="KEYS_ONLY")
+# A job's failed items alone: only an item whose status is failed has `failed_in` (its job's key,
+# set and removed with its status), so `tidefleet status` shows why items failed without reading
+# the job's other items. Whole items: few, and their reasons are what is shown.
+FAILED_INDEX = IndexSpec("failed", hash_key="failed_in", range_key="sk", projection="ALL", range_type="S")
 
 
 @dataclass(frozen=True)
@@ -94,12 +99,19 @@ class TableSpec:
     point_in_time_recovery: bool
     ttl_attribute: str | None  # None: records are kept; `tidefleet` lists finished jobs too
     jobs_index: IndexSpec = JOBS_INDEX
+    failed_index: IndexSpec = FAILED_INDEX
+
+    @property
+    def indexes(self) -> tuple[IndexSpec, ...]:
+        return (self.jobs_index, self.failed_index)
 
     @property
     def key_types(self) -> dict[str, str]:
-        """The type of every key attribute, the table's and its index's: all DynamoDB declares."""
-        index = self.jobs_index
-        return {self.hash_key: "S", self.range_key: "S", index.hash_key: "S", index.range_key: "N"}
+        """The type of every key attribute, the table's and its indexes': all DynamoDB declares."""
+        types = {self.hash_key: "S", self.range_key: "S"}
+        for index in self.indexes:
+            types |= {index.hash_key: "S", index.range_key: index.range_type}
+        return types
 
 
 def table_spec(env_name: str) -> TableSpec:

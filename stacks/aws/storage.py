@@ -140,7 +140,6 @@ class JobTable(Construct):
 
     def __init__(self, scope: Construct, id: str, *, spec: TableSpec, key_arn: str):
         super().__init__(scope, id)
-        index = spec.jobs_index
         self.table = DynamodbTable(
             self,
             "table",
@@ -150,7 +149,8 @@ class JobTable(Construct):
             range_key=spec.range_key,
             attribute=[DynamodbTableAttribute(name=k, type=t) for k, t in spec.key_types.items()],
             global_secondary_index=[DynamodbTableGlobalSecondaryIndex(
-                name=index.name, hash_key=index.hash_key, range_key=index.range_key, projection_type=index.projection)],
+                name=index.name, hash_key=index.hash_key, range_key=index.range_key, projection_type=index.projection)
+                for index in spec.indexes],
             point_in_time_recovery={"enabled": spec.point_in_time_recovery},
             server_side_encryption={"enabled": True, "kms_key_arn": key_arn},
             ttl={"attribute_name": spec.ttl_attribute, "enabled": True} if spec.ttl_attribute else None,

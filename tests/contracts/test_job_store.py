@@ -263,6 +263,24 @@ def test_each_write_that_ends_an_attempt_moves_its_jobs_last_attempt_at_and_no_o
     assert (s.job("j").n_succeeded, s.job("j").n_failed) == (1, 1)
 
 
+def test_a_jobs_failed_items_are_read_alone_and_leave_that_list_once_they_go_back(store):
+    """`tidefleet status` shows why items failed without reading the job's others: the failed
+    items are found apart (DynamoDB: the failed-items index; Firestore: a query on status), each
+    kind of write moving an item in or out, and an item put failed is found too."""
+    s = store.store
+    s.put_job(Job("k", "items", "elsewhere", NOW, 1, counted=True))
+    s.create_items([queued(item=f"00000{n}", status="running") for n in range(4)], unseen=True)
+    s.create_items([Item("k", "000000", args=["a"], status="failed", reason="other job")], unseen=True)
+    assert s.failed_items("j") == []
+    s.update_item("j", "000001", status="failed", reason="exit 3")
+    s.update_items([ItemWrite("j", "000003", {"status": "failed", "reason": "exit 4"})])
+    s.update_item("j", "000002", status="succeeded")
+    assert [(i.item_id, i.reason) for i in s.failed_items("j")] == [("000001", "exit 3"), ("000003", "exit 4")]
+    s.update_item("j", "000001", status="queued", only_from=("failed",), never_from=())  # retry-failed
+    assert [i.item_id for i in s.failed_items("j")] == ["000003"]
+    assert [(i.job_id, i.reason) for i in s.failed_items("k")] == [("k", "other job")]
+
+
 def test_an_item_is_put_only_if_new_and_an_existing_one_is_left_untouched(store):
     s = store.store
     assert s.put_item_if_new(queued(args=["first"])) is True

@@ -886,7 +886,9 @@ WAITING = ("pending", "queued", "running")  # every status that is not final (st
 class JobStatus:
     job: Job
     counts: dict[str, int]  # every state in STATES, pending counted as queued
-    items: list[Item]  # every item, when they were read (see `status`); else empty
+    # Every item when they were read (see `status`); the failed ones alone when only they were (a
+    # job whose counters hold its counts: `JobStore.failed_items`); else empty.
+    items: list[Item]
     warnings: tuple[str, ...] = ()  # what could not be checked (the dead-letter queue), to print
     sent: int | None = None  # items recorded and sent; below total while the job is submitting
     # Items recorded (in a cancelled job: its total, those never recorded counted as cancelled);
@@ -964,12 +966,19 @@ RUNNING_FRESH_S = 60.0  # a node silent this long is gone: what it ran is not ru
 
 def _status(cloud: Cloud, env: Environment, job: Job, warnings: list[str] = (), *, items: bool = False,
             failed_items: bool = True, heartbeats: Callable[[str], dict[str, Heartbeat]] | None = None) -> JobStatus:  # fmt: skip
-    """`items`: read every item; `failed_items`: read every item of a job with failed items, whose
-    reasons `status` shows (False where the counts are all that is needed); `heartbeats`: a pool's
-    node heartbeats (default: the store's, read for each job that has unsettled items)."""
+    """`items`: read every item; `failed_items`: read the failed items of a job with some, whose
+    reasons `status` shows (False where the counts are all that is needed): those alone where the
+    store tells them apart and finds as many as the job counts, else every item; `heartbeats`: a
+    pool's node heartbeats (default: the store's, read for each job that has unsettled items)."""
     sent = sum(cloud.store.sent_chunks(job.job_id).values()) if job.submitting else None
     every: list[Item] = []
-    if job.counted and not items and not (failed_items and job.n_failed):
+    failed: list[Item] | None = []
+    if job.counted and not items and failed_items and job.n_failed:
+        failed = cloud.store.failed_items(job.job_id)
+        if failed is not None and len(failed) != job.n_failed:  # the index lags, or they failed before it
+            failed = None
+    if job.counted and not items and failed is not None:
+        every = failed
         recorded = job.total if sent is None else sent
         settled = {"succeeded": job.n_succeeded, "failed": job.n_failed, "cancelled": job.n_cancelled}
         # An item that settled is not running: a heartbeat may still name one that finished since

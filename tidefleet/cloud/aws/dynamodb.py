@@ -49,7 +49,7 @@ from tidefleet.records import (
     settled_moves,
     write_chunks,
 )
-from tidefleet.resources import JOBS_INDEX, table_spec
+from tidefleet.resources import FAILED_INDEX, JOBS_INDEX, table_spec
 
 log = logging.getLogger("tidefleet.store")
 
@@ -173,10 +173,13 @@ class DynamoStore:
             out[node_id] = Heartbeat(node_id=node_id, pool=pool, **fields)
         return out, frozenset(marked)
 
-    def _query(self, condition: str, values: dict, *, consistent: bool = True) -> Iterator[dict]:
-        """Every record a Query of this key condition matches, in sort-key order, `QUERY_PAGE` a call."""
+    def _query(self, condition: str, values: dict, *, consistent: bool = True, index: str | None = None) -> Iterator[dict]:
+        """Every record a Query of this key condition matches (of the table, or of `index`, which
+        reads are never consistent), in sort-key order, `QUERY_PAGE` a call."""
         kwargs = {"KeyConditionExpression": condition, "ExpressionAttributeValues": values, "Limit": QUERY_PAGE}
-        if consistent:
+        if index is not None:
+            kwargs["IndexName"] = index
+        elif consistent:
             kwargs["ConsistentRead"] = True
         while True:
             page = self.table.query(**kwargs)
@@ -350,15 +353,8 @@ class DynamoStore:
         then their records. A table deployed before the index has none: it is scanned whole
         (items and heartbeats too), with a warning that a deploy adds the index."""
         condition, values = "sk = :job AND created_at >= :since", {":job": "JOB", ":since": _to_dynamo(float(since))}
-        kwargs = {"IndexName": JOBS_INDEX.name, "KeyConditionExpression": condition, "ExpressionAttributeValues": values}
-        keys = []
         try:
-            while True:
-                page = self.table.query(**kwargs)
-                keys += [{"pk": raw["pk"], "sk": raw["sk"]} for raw in page["Items"]]
-                if "LastEvaluatedKey" not in page:
-                    break
-                kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+            keys = [{"pk": raw["pk"], "sk": raw["sk"]} for raw in self._query(condition, values, index=JOBS_INDEX.name)]
         except ClientError as err:
             if not _no_index(err):
                 raise
@@ -425,8 +421,11 @@ class DynamoStore:
             return False
 
     def _item_record(self, item: Item) -> dict:
-        return {"pk": f"JOB#{item.job_id}", "sk": f"ITEM#{item.item_id}",
-                **{k: _to_dynamo(v) for k, v in asdict(item).items() if v is not None}}  # fmt: skip
+        record = {"pk": f"JOB#{item.job_id}", "sk": f"ITEM#{item.item_id}",
+                  **{k: _to_dynamo(v) for k, v in asdict(item).items() if v is not None}}  # fmt: skip
+        if item.status == "failed":
+            record[FAILED_INDEX.hash_key] = record["pk"]
+        return record
 
     def create_items(self, items: list[Item], *, unseen: bool = False) -> list[str]:
         """BatchWriteItem (25 a call, unprocessed ones retried with backoff) when `unseen`: it has
@@ -513,6 +512,22 @@ class DynamoStore:
     def item(self, job_id: str, item_id: str) -> Item | None:
         raw = self.table.get_item(Key={"pk": f"JOB#{job_id}", "sk": f"ITEM#{item_id}"}, ConsistentRead=True).get("Item")
         return None if raw is None else _record(Item, raw)
+
+    def failed_items(self, job_id: str) -> list[Item] | None:
+        """The job's failed items, in item-id order, through the failed-items index (`FAILED_INDEX`:
+        an item is in it while its status is failed); None where the table has none ready (deployed
+        before it was added, or filling it). The index lags its table by up to a second, and items
+        that failed before it was added are not in it: the caller checks the job's count."""
+        try:
+            return [_record(Item, raw) for raw in self._query(f"{FAILED_INDEX.hash_key} = :job", {":job": f"JOB#{job_id}"},
+                                                              index=FAILED_INDEX.name)]  # fmt: skip
+        except ClientError as err:
+            if not _no_index(err):
+                raise
+            log.warning("warning: table %s has no %r index ready (deployed before it was added, or filling it): every "
+                        "item of job %s is read to find its failed ones; deploy the environment again to add it",
+                        self.table.name, FAILED_INDEX.name, job_id)  # fmt: skip
+            return None
 
     def items(self, job_id: str) -> list[Item]:
         """Every item of a job, in item-id order (paginated query)."""
@@ -640,6 +655,8 @@ def _item_update(job_id: str, item_id: str, only_from, never_from, fence: Fence 
     on its job's settled counters (`settled_moves`). `values` gains `updated_at`."""
     moves = settled_moves(values.get("status"), only_from, never_from)
     values["updated_at"] = time.time()
+    if "status" in values:  # in the failed-items index while failed, and out of it once not
+        values[FAILED_INDEX.hash_key] = f"JOB#{job_id}" if values["status"] == "failed" else None
     names = {f"#{k}": k for k in [*values, *(add or {}), *(append or {})]}
     sets = [f"#{k} = :{k}" for k, v in values.items() if v is not None]
     removes = [f"#{k}" for k, v in values.items() if v is None]
@@ -713,10 +730,9 @@ def _job_update(job_id: str, moves: dict[str, int], attempt_at: float | None) ->
 
 def create_table(env_name: str, region: str | None = None) -> None:
     """The table as the stack declares it (`tidefleet.resources.table_spec`: pk/sk strings, the
-    jobs index, on-demand). For the sandbox and tests."""
+    jobs and failed-items indexes, on-demand). For the sandbox and tests."""
     client = boto3.client("dynamodb", region_name=region)
     spec = table_spec(env_name)
-    index = spec.jobs_index
 
     def key_schema(hash_key: str, range_key: str) -> list[dict]:
         return [{"AttributeName": hash_key, "KeyType": "HASH"}, {"AttributeName": range_key, "KeyType": "RANGE"}]
@@ -726,7 +742,7 @@ def create_table(env_name: str, region: str | None = None) -> None:
         AttributeDefinitions=[{"AttributeName": k, "AttributeType": t} for k, t in spec.key_types.items()],
         KeySchema=key_schema(spec.hash_key, spec.range_key),
         GlobalSecondaryIndexes=[{"IndexName": index.name, "KeySchema": key_schema(index.hash_key, index.range_key),
-                                 "Projection": {"ProjectionType": index.projection}}],
+                                 "Projection": {"ProjectionType": index.projection}} for index in spec.indexes],
         BillingMode=spec.billing_mode,
     )
     client.get_waiter("table_exists").wait(TableName=spec.name)

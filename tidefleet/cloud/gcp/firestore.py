@@ -33,6 +33,7 @@ from google.cloud.firestore_v1.types import (
     DocumentTransform,
     MapValue,
     Precondition,
+    StructuredQuery,
     Value,
     Write,
 )
@@ -498,6 +499,19 @@ class FirestoreStore(FirestoreNodes):
         """Every item of a job, in item-id order (paginated listing)."""
         pages = self._list(self._job_doc(job_id), "items")
         items = [self._item(job_id, doc.name.rsplit("/", 1)[-1], self._values(doc)) for doc in pages]
+        return sorted(items, key=lambda i: i.item_id)
+
+    def failed_items(self, job_id: str) -> list[Item] | None:
+        """As `DynamoStore.failed_items`: a query of the job's items whose status is failed
+        (Firestore indexes each field by itself: there is no index to deploy)."""
+        where = StructuredQuery.Filter(field_filter=StructuredQuery.FieldFilter(
+            field=StructuredQuery.FieldReference(field_path="status"), op=StructuredQuery.FieldFilter.Operator.EQUAL,
+            value=to_value("failed")))  # fmt: skip
+        query = StructuredQuery(from_=[StructuredQuery.CollectionSelector(collection_id="items")], where=where)
+        found = self.client.run_query(request={"parent": self._job_doc(job_id), "structured_query": query},
+                                      retry=RETRY, timeout=TRY_S)  # fmt: skip
+        items = [self._item(job_id, got.document.name.rsplit("/", 1)[-1], self._values(got.document))
+                 for got in found if got.document.name]  # fmt: skip
         return sorted(items, key=lambda i: i.item_id)
 
     def record_part(self, job_id: str, item_id: str, entry: dict) -> None:
