@@ -9,13 +9,13 @@ from __future__ import annotations
 import json
 import os
 import pty
-import select
 import subprocess
 import sys
 import time
 
 import pytest
 from click.testing import CliRunner
+from terminal import read_until_closed
 
 from tidefleet.cli import main
 from tidefleet.cloud.aws.dynamodb import DynamoStore, create_table
@@ -93,16 +93,7 @@ def test_on_a_terminal_a_bar_shows_the_jobs_being_read_and_piped_output_is_only_
     run = subprocess.Popen([sys.executable, "-m", "tidefleet.cli", "cost", "--env", "sandbox", "--by", "job"],
                            stdout=subprocess.PIPE, stderr=child, env={**os.environ, "COLUMNS": "120"})  # fmt: skip
     os.close(child)
-    terminal = b""
-    while select.select([main_fd], [], [], 120)[0]:  # read as it comes: a full pty would stall the child
-        try:
-            chunk = os.read(main_fd, 65536)
-        except OSError:  # the child side closed: the run is over
-            break
-        if not chunk:
-            break
-        terminal += chunk
-    os.close(main_fd)
+    terminal = read_until_closed(main_fd, 120)
     report = run.communicate(timeout=60)[0].decode()
     assert run.returncode == 0, terminal.decode(errors="replace")
     assert "reading the jobs' attempts" in terminal.decode(errors="replace")

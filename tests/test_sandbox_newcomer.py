@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import pty
 import re
-import select
 import signal
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from terminal import read_until_closed
 
 pytestmark = pytest.mark.sandbox
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,18 +94,7 @@ def test_the_live_view_redraws_under_invoke_on_a_terminal(tmp_path):
                            cwd=ROOT, env={**process_env(tmp_path), "COLUMNS": "120", "LINES": "40"},
                            stdin=child, stdout=child, stderr=child)  # fmt: skip
     os.close(child)
-    out = b""
-    while True:
-        ready, _, _ = select.select([main], [], [], 200)
-        assert ready, out[-3000:]
-        try:
-            chunk = os.read(main, 65536)
-        except OSError:  # the child side closed: the run is over
-            break
-        if not chunk:
-            break
-        out += chunk
-    os.close(main)
+    out = read_until_closed(main, 200)
     assert run.wait(timeout=30) == 0, out[-3000:].decode(errors="replace")
     text = out.decode(errors="replace")
     assert "\x1b[2K" in text or "\x1b[1A" in text  # redrawn in place
