@@ -103,9 +103,10 @@ def unpriced_reason(entry: dict, usd_per_hour: float | None) -> str | None:
 
 
 # How long before a window's start a job's last recorded attempt end (`Job.last_attempt_at`) may
-# be and the job still be read: the stamp is the writer's clock, and of two writers a moment apart
-# the earlier one's may land last. An hour covers both many times over, at the price of reading a
-# few jobs that ended just before the window.
+# be and the job still be read: the stamp is the writer's clock, of two writers a moment apart the
+# earlier one's may land last, and a write of its own is skipped within `records.STAMP_EVERY_S` of
+# the client's last. An hour covers all three many times over, at the price of reading a few jobs
+# that ended just before the window.
 ATTEMPT_STAMP_SLACK_S = 3600.0
 
 
