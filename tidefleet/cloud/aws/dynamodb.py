@@ -358,14 +358,17 @@ class DynamoStore:
         except ClientError as err:
             if not _no_index(err):
                 raise
-            log.warning("warning: table %s has no %r index ready (deployed before it was added, or filling it): every "
-                        "record of it is read to list the jobs; deploy the environment again to add it",
-                        self.table.name, JOBS_INDEX.name)  # fmt: skip
+            self._no_index_warning(JOBS_INDEX.name, "record of it is read to list the jobs")
             found = self._scanned_jobs()
         else:
             found = [_record(Job, raw) for raw in self._batch_get(keys)]
         return sorted((j for j in found if (queue is None or j.queue == queue) and j.created_at >= since),
                       key=lambda j: (j.created_at, j.job_id))  # fmt: skip
+
+    def _no_index_warning(self, index: str, instead: str) -> None:
+        """One line: the table has no `index` ready, so every `instead`; a deploy adds it."""
+        log.warning("warning: table %s has no %r index ready (deployed before it was added, or filling it): every "
+                    "%s; deploy the environment again to add it", self.table.name, index, instead)  # fmt: skip
 
     def _scanned_jobs(self) -> list[Job]:
         """Every job record, found by a Scan of the whole table filtered on sk = JOB."""
@@ -524,9 +527,7 @@ class DynamoStore:
         except ClientError as err:
             if not _no_index(err):
                 raise
-            log.warning("warning: table %s has no %r index ready (deployed before it was added, or filling it): every "
-                        "item of job %s is read to find its failed ones; deploy the environment again to add it",
-                        self.table.name, FAILED_INDEX.name, job_id)  # fmt: skip
+            self._no_index_warning(FAILED_INDEX.name, f"item of job {job_id} is read to find its failed ones")
             return None
 
     def items(self, job_id: str) -> list[Item]:
