@@ -1,6 +1,7 @@
 """The shipped defaults against every baseline on random workload shapes nothing was tuned on.
 
     python benchmarks/bench_unseen.py [--shapes 100] [--first 0] [--max-items 3000] [--workers 2] [--keda-wait]
+                                      [--clearml-idle]
 
 Issue 14's goal, judged where it will be: on workloads no one has seen. Each seed draws a pool of
 `environments/bench.toml` (`gpu`: one GPU per node; `gpu8`: eight, with items of 1-8 GPUs) and a
@@ -23,6 +24,11 @@ Below 1, tidefleet's waits buy savings; above it, its policy pays for not knowin
 `--keda-wait` asks what the cost<->wait knob buys where keda is cheaper: it replays tidefleet once
 more on those shapes with every queue's `target_wait_s` set to keda's own p95 wait (at most a
 day), and says how often that is cheaper than keda, and within the target.
+
+`--clearml-idle` asks what buys a wait below a boot where tidefleet is the cheapest and a costlier
+baseline waits less: it replays tidefleet once more on those shapes with clearml's idle timeout
+(15 minutes) as `scale_in_delay_s`, and says how often that is still cheaper than every quicker
+baseline, and at or under its p95.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from bench_target_wait import with_target_wait
 
 from tidefleet.config import DAY_S, Environment, load_environment
 from tidefleet.sim.engine import placement, pool_queues
+from tidefleet.sim.policies import ClearML
 from tidefleet.sim.run import PolicyResult, cheapest_slot_hour, default_timing, simulate
 from tidefleet.sim.shapes import GPU8_SLOT_SETS, KINDS, random_shape
 from tidefleet.sim.trace import TraceItem
@@ -45,10 +52,12 @@ from tidefleet.sim.trace import TraceItem
 BASELINES = ["keda", "clearml", "target-tracking"]
 
 
-def replay(seed: int, max_items: int, keda_wait: bool = False) -> tuple[str, dict[str, PolicyResult], float]:
+def replay(seed: int, max_items: int, keda_wait: bool = False, clearml_idle: bool = False
+           ) -> tuple[str, dict[str, PolicyResult], float]:  # fmt: skip
     """The shape's description, each policy's result and the reference schedule's cost
     (`duration_blind`); with `keda_wait`, where keda is cheaper, also tidefleet's with keda's p95
-    as every queue's wait target ("tidefleet@keda")."""
+    as every queue's wait target ("tidefleet@keda"); with `clearml_idle`, where only a costlier
+    baseline waits less, also tidefleet's with clearml's idle timeout ("tidefleet@idle")."""
     rng = random.Random(f"unseen/{seed}")
     pool = rng.choice(["gpu", "gpu8"])
     items, described = random_shape(rng, slot_sets=[[1]] if pool == "gpu" else GPU8_SLOT_SETS, kinds=KINDS,
@@ -58,6 +67,9 @@ def replay(seed: int, max_items: int, keda_wait: bool = False) -> tuple[str, dic
     if keda_wait and r["keda"] in misses(r)[0]:
         target = min(DAY_S, math.ceil(r["keda"].wait_s["p95"]))
         (r["tidefleet@keda"],) = simulate(with_target_wait(env, target), pool, items, ["tidefleet"]).results
+    if clearml_idle and misses(r)[1] and not misses(r)[0]:
+        scaler = env.scaler.model_copy(update={"scale_in_delay_s": int(ClearML.IDLE_S)})
+        (r["tidefleet@idle"],) = simulate(env.model_copy(update={"scaler": scaler}), pool, items, ["tidefleet"]).results
     return f"{pool}: {described}", r, duration_blind(env, pool, items)
 
 
@@ -120,7 +132,7 @@ def misses(r: dict[str, PolicyResult]) -> tuple[list[PolicyResult], list[PolicyR
 
 
 def main() -> None:
-    args = shape_args.parse(__doc__.splitlines()[0], shapes=100, max_items=3000, keda_wait=True)
+    args = shape_args.parse(__doc__.splitlines()[0], shapes=100, max_items=3000, keda_wait=True, clearml_idle=True)
     seeds = range(args.first, args.first + args.shapes)
     print("| seed | shape | tidefleet ÷ lower bound | ÷ zero-wait bound | ÷ reference | p95 wait s | against the baselines |")
     print("|---|---|---|---|---|---|---|")
@@ -131,8 +143,10 @@ def main() -> None:
     above_zero_wait: list[float] = []
     over_reference: dict[str, list[float]] = {"gpu": [], "gpu8": []}
     at_keda = []  # (cost over keda's, p95 within the target)
+    at_idle = []  # (cheaper than every quicker baseline, at or under each one's p95)
     with ProcessPoolExecutor(args.workers) as pool:
-        replays = pool.map(replay, seeds, [args.max_items] * len(seeds), [args.keda_wait] * len(seeds))
+        replays = pool.map(replay, seeds, [args.max_items] * len(seeds), [args.keda_wait] * len(seeds),
+                           [args.clearml_idle] * len(seeds))  # fmt: skip
         for seed, (described, r, reference) in zip(seeds, replays, strict=True):
             ours = r["tidefleet"]
             vs_reference = ours.cost_usd / reference if reference else math.nan  # nan: every item 0 s
@@ -155,6 +169,12 @@ def main() -> None:
                 at_keda.append((knob.cost_usd / keda.cost_usd, knob.wait_s["p95"] <= min(DAY_S, math.ceil(keda.wait_s["p95"]))))
                 verdict += (f"; with keda's p95 as target_wait_s {at_keda[-1][0]:.2f}x keda's cost at p95 "
                             f"{knob.wait_s['p95']:,.0f} s")
+            if (idle := r.get("tidefleet@idle")) is not None:
+                at_idle.append((all(idle.cost_usd < b.cost_usd for b in quicker),
+                                all(idle.wait_s["p95"] <= b.wait_s["p95"] for b in quicker)))
+                verdict += (f"; with a {ClearML.IDLE_S / 60:.0f}-minute idle timeout "
+                            f"{idle.cost_usd / min(b.cost_usd for b in quicker):.2f}x the cheapest quicker one's cost "
+                            f"at p95 {idle.wait_s['p95']:,.0f} s")
             print(f"| {seed} | {described} | {ours.cost_vs_lower_bound:.2f} | {ours.cost_vs_zero_wait:.2f} | "
                   f"{vs_reference:.2f} | {ours.wait_s['p95']:,.0f} | {verdict} |", flush=True)
     n = len(over_zero_wait)
@@ -182,6 +202,11 @@ def main() -> None:
         print(f"with keda's p95 as target_wait_s, on the {len(at_keda)} shapes keda is cheaper: cheaper than keda on "
               f"{sum(c < 1 for c in ratios)} (median {statistics.median(ratios):.2f}x keda's cost, max "
               f"{max(ratios):.2f}x), within the target on {sum(ok for _, ok in at_keda)}")
+    if at_idle:
+        print(f"with clearml's {ClearML.IDLE_S / 60:.0f}-minute idle timeout as scale_in_delay_s, on the {len(at_idle)} "
+              f"shapes where only a costlier baseline waits less: cheaper than every quicker one on "
+              f"{sum(c for c, _ in at_idle)}, at or under its p95 on {sum(q for _, q in at_idle)}, both on "
+              f"{sum(c and q for c, q in at_idle)}")
 
 
 if __name__ == "__main__":

@@ -28,9 +28,10 @@ def at_least(minimum: int) -> Callable[[str], int]:
 positive = at_least(1)
 
 
-def parse(description: str, *, shapes: int, max_items: int, keda_wait: bool = False) -> argparse.Namespace:
+def parse(description: str, *, shapes: int, max_items: int, keda_wait: bool = False,
+          clearml_idle: bool = False) -> argparse.Namespace:  # fmt: skip
     """--shapes, --first, --max-items and --workers, each count at least 1 (a usage error if not);
-    `keda_wait`: --keda-wait too (bench_unseen)."""
+    `keda_wait`, `clearml_idle`: --keda-wait, --clearml-idle too (bench_unseen)."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--shapes", type=positive, default=shapes, help=f"how many shapes (default {shapes})")
     parser.add_argument("--first", type=int, default=0, help="the first shape's seed (default 0)")
@@ -39,4 +40,8 @@ def parse(description: str, *, shapes: int, max_items: int, keda_wait: bool = Fa
     if keda_wait:
         parser.add_argument("--keda-wait", action="store_true",
                             help="also replay tidefleet with keda's p95 as target_wait_s where keda is cheaper")
+    if clearml_idle:
+        parser.add_argument("--clearml-idle", action="store_true",
+                            help="also replay tidefleet with clearml's idle timeout as scale_in_delay_s where only "
+                                 "a costlier baseline waits less")  # fmt: skip
     return parser.parse_args()

@@ -26,6 +26,8 @@ SMOKE = [
     ("bench_seeds.py", ["--seeds", "2", "--workloads", "bursty-short", "--workers", "1"], "of 2 seeds"),
     ("bench_unseen.py", ["--first", "1002", "--shapes", "1", "--max-items", "200", "--workers", "1", "--keda-wait"],
      "with keda's p95 as target_wait_s, on the 1 shapes keda is cheaper"),
+    ("bench_unseen.py", ["--first", "1039", "--shapes", "1", "--max-items", "200", "--workers", "1", "--clearml-idle"],
+     "on the 1 shapes where only a costlier baseline waits less: cheaper than every quicker one on 1"),
 ]
 
 
