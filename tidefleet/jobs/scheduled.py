@@ -28,7 +28,7 @@ from tidefleet.jobs.sdk import (
     CHUNK,
     ItemMessage,
     JobError,
-    _status,
+    _settled,
     cancel,
     kick_scaler,
     read_items,
@@ -48,9 +48,8 @@ def view(env: Environment, cloud: Cloud, job: Job | None) -> schedules.JobView |
         return None
     done = failed = False
     if not job.waiting and not job.submitting:
-        # Done and failed are the counters' alone: no heartbeat read for what runs (every minute,
-        # per watched job, each a read of its whole pool's heartbeats).
-        status = _status(cloud, env, job, failed_items=False, heartbeats=lambda pool: {})
+        # No heartbeat read for what runs: every minute, per watched job, a read of its whole pool's.
+        status = _settled(cloud, env, job)
         done, failed = status.done, status.state == "failed"
     return schedules.JobView(job.job_id, done=done, failed=failed, cancelled=job.cancelled, submitting=job.submitting,
                              waiting=job.waiting, after=job.after, after_finished=job.after_finished,

@@ -759,9 +759,7 @@ def _can_succeed(cloud: Cloud, env: Environment, parent: Job) -> None:
     if parent.cancelled:
         why = "was cancelled"
     elif not parent.waiting and not parent.submitting:
-        # Counts alone: its failures' reasons are not shown, and whether it is done is in its
-        # counters, not in what its pool's heartbeats say runs now.
-        now = _status(cloud, env, parent, failed_items=False, heartbeats=lambda pool: {})
+        now = _settled(cloud, env, parent)
         if now.state == "failed":
             why = f"finished with {now.counts['failed']} failed item(s)"
             fix = f", or send its failed items back first (tidefleet retry-failed --env {env_argument(env)} {parent.job_id})"
@@ -962,6 +960,13 @@ def status(env: Environment, job_id: str, *, reconcile: bool = True, items: bool
 
 
 RUNNING_FRESH_S = 60.0  # a node silent this long is gone: what it ran is not running (its lease lapsed)
+
+
+def _settled(cloud: Cloud, env: Environment, job: Job) -> JobStatus:
+    """`_status` for whether the job is done and how (`done`, `state`): its settled-item counters
+    alone, with no failure reason read and no heartbeat (what runs now is not needed). Items are
+    read only for a job recorded before the counters."""
+    return _status(cloud, env, job, failed_items=False, heartbeats=lambda pool: {})
 
 
 def _status(cloud: Cloud, env: Environment, job: Job, warnings: list[str] = (), *, items: bool = False,
