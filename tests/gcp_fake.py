@@ -237,15 +237,27 @@ class FakeGcp:
         return 200, {}, json.dumps({"writeResults": results, "status": statuses})
 
     def _run_query(self, parent: str, query: dict):
-        """documents:runQuery of one collection under `parent`, with at most one equality filter
-        (a streamed JSON array: one entry per document, in name order)."""
+        """documents:runQuery of one collection under `parent`, with at most one filter: equality,
+        or at least a number (a streamed JSON array: one entry per document, in name order). As
+        Firestore's, a range on numbers matches integers and doubles alike and nothing else."""
         (selector,) = query["from"]
         collection = f"{parent}/{selector['collectionId']}"
         test = query.get("where", {}).get("fieldFilter")
-        if test is not None and test["op"] not in ("EQUAL", 5):  # the client sends enums as numbers
-            return self._error(400, "INVALID_ARGUMENT", f"the fake runs equality filters only (got {test['op']})")
-        found = [n for n in sorted(self.docs) if n.rsplit("/", 1)[0] == collection
-                 and (test is None or self.docs[n].get(test["field"]["fieldPath"]) == test["value"])]  # fmt: skip
+        ops = {"EQUAL": "eq", 5: "eq", "GREATER_THAN_OR_EQUAL": "ge", 4: "ge"}  # the client sends enums as numbers
+        if test is not None and test["op"] not in ops:
+            return self._error(400, "INVALID_ARGUMENT", f"the fake runs = and >= filters only (got {test['op']})")
+
+        def number(value: dict | None) -> float | None:
+            held = (value or {}).get("doubleValue", (value or {}).get("integerValue"))
+            return None if held is None else float(held)
+
+        def passes(fields: dict) -> bool:
+            held = fields.get(test["field"]["fieldPath"])
+            if ops[test["op"]] == "eq":
+                return held == test["value"]
+            return number(held) is not None and number(held) >= number(test["value"])
+
+        found = [n for n in sorted(self.docs) if n.rsplit("/", 1)[0] == collection and (test is None or passes(self.docs[n]))]
         read = {"readTime": EPOCH.isoformat().replace("+00:00", "Z")}
         return 200, {}, json.dumps([{"document": self._doc(n), **read} for n in found] or [read])
 

@@ -20,7 +20,7 @@ from tidefleet.config import load_environment
 from tidefleet.jobs import sdk
 from tidefleet.jobs.sdk import ItemMessage
 from tidefleet.logstream import cut_line
-from tidefleet.records import AttemptOutcome, Heartbeat, Item
+from tidefleet.records import AttemptOutcome, Heartbeat, Item, Job
 from tidefleet.resources import redrive_receives
 
 ENV = load_environment("gcp-dev")
@@ -188,6 +188,19 @@ def test_a_value_of_none_removes_the_field(gcp):
     store.put_item_if_new(Item("j", "i", ["x"], exit_code=3))
     assert store.update_item("j", "i", exit_code=None).exit_code is None
     assert "exit_code" not in gcp.docs[f"{DOCS.removeprefix('/v1/')}/jobs/j/items/i"]
+
+
+def test_jobs_since_queries_created_at_instead_of_listing_every_job(gcp):
+    """`jobs --since` read the whole jobs collection and filtered here: a year of jobs for a day's."""
+    store = for_env(ENV).store
+    for job_id, created in (("old", 100.0), ("new", 200.0), ("newer", 300)):  # an integer too: numbers compare alike
+        store.put_job(Job(job_id, job_id, "default", created, 1))
+    gcp.calls.clear()
+    assert [j.job_id for j in store.jobs(since=200.0)] == ["new", "newer"]
+    (query,) = calls(gcp, "POST", "/documents:runQuery")
+    assert query["body"]["structuredQuery"]["where"]["fieldFilter"]["field"] == {"fieldPath": "created_at"}
+    assert not calls(gcp, "GET", "/jobs"), "no listing of the jobs collection"
+    assert [j.job_id for j in store.jobs("default")] == ["old", "new", "newer"]  # no `since`: the listing
 
 
 def test_a_gang_members_parts_are_kept_beside_the_item_by_attempt_and_node(gcp):

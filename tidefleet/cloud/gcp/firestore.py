@@ -371,8 +371,16 @@ class FirestoreStore(FirestoreNodes):
 
     def jobs(self, queue: str | None = None, since: float = 0.0) -> list[Job]:
         """Every job (of one queue, created at `since` or later), oldest first: the jobs collection
-        (jobs only: items are a subcollection), listed in pages."""
-        jobs = [self._job(doc) for doc in self._list(self.root, "jobs")]
+        (jobs only: items are a subcollection), listed in pages, or with `since` a query on
+        `created_at`, which Firestore's automatic single-field index serves (a month of a year's
+        jobs reads that month's). The queue is filtered here: with the range, it would need a
+        composite index to deploy."""
+        if since > 0:
+            docs = self._query(self.root, "jobs", "created_at", StructuredQuery.FieldFilter.Operator.GREATER_THAN_OR_EQUAL,
+                               float(since))  # fmt: skip
+        else:
+            docs = self._list(self.root, "jobs")
+        jobs = [self._job(doc) for doc in docs]
         return sorted((j for j in jobs if (queue is None or j.queue == queue) and j.created_at >= since),
                       key=lambda j: (j.created_at, j.job_id))  # fmt: skip
 
@@ -504,15 +512,18 @@ class FirestoreStore(FirestoreNodes):
     def failed_items(self, job_id: str) -> list[Item] | None:
         """As `DynamoStore.failed_items`: a query of the job's items whose status is failed
         (Firestore indexes each field by itself: there is no index to deploy)."""
-        where = StructuredQuery.Filter(field_filter=StructuredQuery.FieldFilter(
-            field=StructuredQuery.FieldReference(field_path="status"), op=StructuredQuery.FieldFilter.Operator.EQUAL,
-            value=to_value("failed")))  # fmt: skip
-        query = StructuredQuery(from_=[StructuredQuery.CollectionSelector(collection_id="items")], where=where)
-        found = self.client.run_query(request={"parent": self._job_doc(job_id), "structured_query": query},
-                                      retry=RETRY, timeout=TRY_S)  # fmt: skip
-        items = [self._item(job_id, got.document.name.rsplit("/", 1)[-1], self._values(got.document))
-                 for got in found if got.document.name]  # fmt: skip
+        found = self._query(self._job_doc(job_id), "items", "status", StructuredQuery.FieldFilter.Operator.EQUAL, "failed")
+        items = [self._item(job_id, doc.name.rsplit("/", 1)[-1], self._values(doc)) for doc in found]
         return sorted(items, key=lambda i: i.item_id)
+
+    def _query(self, parent: str, collection: str, field: str, op: StructuredQuery.FieldFilter.Operator,
+               value) -> list[Document]:  # fmt: skip
+        """The documents of `parent`'s collection whose field passes one filter (runQuery)."""
+        where = StructuredQuery.Filter(field_filter=StructuredQuery.FieldFilter(
+            field=StructuredQuery.FieldReference(field_path=field), op=op, value=to_value(value)))  # fmt: skip
+        query = StructuredQuery(from_=[StructuredQuery.CollectionSelector(collection_id=collection)], where=where)
+        found = self.client.run_query(request={"parent": parent, "structured_query": query}, retry=RETRY, timeout=TRY_S)
+        return [got.document for got in found if got.document.name]  # a bare read time: no document
 
     def record_part(self, job_id: str, item_id: str, entry: dict) -> None:
         """As `DynamoStore.record_part`: a document of the job's `parts` (':' is in no item id)."""
