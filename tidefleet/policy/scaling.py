@@ -604,12 +604,14 @@ class BreakEven:
     and take the free slots of the nodes ahead first: busy nodes, then the idle nodes kept
     before it. Busy slots free up at busy / mean item time per second, so the slots ahead fill
     at intake - turnover, and the next item lands on this node in about
-    (free slots ahead + 1) / (intake - turnover): never, when turnover keeps up with intake."""
+    (free slots ahead + its slots) / (intake - turnover): never, when turnover keeps up with
+    intake. Its slots: the items' mean (slots taken / items taken), 1 where every item takes one."""
 
     intake: float  # slot-starts per second
     mean_item_s: float | None  # intake-weighted over the pool's queues; None = unknown
     relaunch_s: float
     waiting: int  # slots of waiting items: they take free slots first
+    item_slots: float = 1.0  # slots of the next item, on average over the items taken
 
     @classmethod
     def of(cls, queues: list[QueueView], serving: list[NodeView], relaunch_s: float) -> BreakEven:
@@ -618,10 +620,12 @@ class BreakEven:
         known = [(r, m) for r, m in rates if m and r > 0]
         mean = sum(r * m for r, m in known) / sum(r for r, _ in known) if known and intake else None
         waiting = sum(q.visible * q.slots_per_item for q in queues)
-        return cls(intake, mean, relaunch_s, waiting)
+        items = sum(q.intake_per_s for q in queues)
+        return cls(intake, mean, relaunch_s, waiting, intake / items if items > 0 else 1.0)
 
     def next_item_s(self, free_ahead: int, busy_ahead: int) -> float:
-        arrivals = free_ahead - self.waiting + 1  # the one after those that fill the slots ahead
+        # Its slots arrive too: an 8-GPU item on an 8-GPU node comes once per item, not once per GPU of intake.
+        arrivals = free_ahead - self.waiting + self.item_slots
         if arrivals <= 0:
             return 0.0  # a waiting item needs it now
         turnover = busy_ahead / self.mean_item_s if self.mean_item_s else 0.0
@@ -686,7 +690,7 @@ def _leave_units(break_even: BreakEven, staying: Sequence[NodeView], above_min: 
     # on arrivals). Both before any sort: ticks of a busy fleet ask this every time.
     mean = break_even.mean_item_s
     if (break_even.next_item_s(free + busy, 0) < relaunch if not mean or mean > relaunch
-            else free - break_even.waiting + 1 > 0):
+            else free - break_even.waiting + break_even.item_slots > 0):
         return 0, 0, []
     going = sorted((n for n in staying if n.state == "running" and not n.cordoned and n.busy_slots),
                    key=lambda n: (n.busy_slots, n.id))  # fmt: skip
