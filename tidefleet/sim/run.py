@@ -312,9 +312,9 @@ def simulate(
     by_team: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> Report:
-    """Replay `items` under each policy; `progress` (the CLI's stderr) gets a line as the replay starts,
-    one every `PROGRESS_EVERY_S` of a policy's replay (Philly takes a minute or more under tidefleet)
-    and one as each policy is done."""
+    """Replay `items` under each policy, in submit order whatever their order in the list (ties keep
+    it); `progress` (the CLI's stderr) gets a line as the replay starts, one every `PROGRESS_EVERY_S`
+    of a policy's replay (Philly takes a minute or more under tidefleet) and one as each policy is done."""
     if pool not in env.pools:
         raise ValueError(
             f"--pool: unknown pool (got {pool!r}); pools of {env.name}: {', '.join(sorted(env.pools))}"
@@ -325,6 +325,9 @@ def simulate(
             f"--policy: unknown policy (got {unknown[0]!r}); choose from {', '.join(POLICY_NAMES)}"
         )
     timing = timing or default_timing(env)
+    # The engine takes arrivals in list order: an item listed late but submitted early would wait
+    # from its submit for the items listed before it (a p95 of 82,108 s against 47 s, said nothing).
+    items = sorted(items, key=lambda i: i.submit_s)
     fits, unfittable = split_unfittable(env, pool, for_pool(items, env.pools[pool].capacity_unit))
     fits = route(env, pool, fits)
     if not fits:
