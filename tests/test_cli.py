@@ -31,3 +31,37 @@ def test_tick_help_says_it_changes_the_live_fleet_without_dry_run():
     text = " ".join(CliRunner().invoke(main, ["tick", "--help"]).output.split())
     assert "Without --dry-run this changes the live fleet" in text
     assert "--dry-run decide and print, change nothing (without it, the tick changes the live fleet)" in text
+
+
+def test_ctrl_c_in_any_command_exits_130_with_one_line_saying_what_the_stop_left(monkeypatch):
+    """Click printed a bare "Aborted!" and exited 1, which `status` gives a job done with failed items."""
+    from tidefleet.jobs import sdk
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    for name in ("status", "cancel_job"):
+        monkeypatch.setattr(sdk, name, interrupted)
+    runner = CliRunner()
+    watch = runner.invoke(main, ["status", "--env", "dev", "some-job", "--watch"])
+    assert (watch.exit_code, watch.stderr) == (130, "status: interrupted; nothing was changed\n")
+    cancel = runner.invoke(main, ["cancel", "--env", "dev", "some-job"])
+    assert (cancel.exit_code, cancel.stderr) == (
+        130, "cancel: interrupted; the job may be cancelled in part; run the same command again to finish\n")
+
+
+def test_ctrl_c_while_submit_reads_its_items_says_nothing_was_sent():
+    """A real SIGINT, while `submit --items -` waits on a stdin that never ends."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    child = subprocess.Popen([sys.executable, "-m", "tidefleet.cli", "submit", "--env", "dev", "--queue", "default",
+                              "--name", "x", "--items", "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)  # fmt: skip
+    time.sleep(3)  # past the imports, into the read
+    child.send_signal(signal.SIGINT)
+    out, err = child.communicate(timeout=60)
+    assert (child.returncode, out, err.splitlines()[-1:]) == (130, "", ["submit: interrupted; nothing was sent"]), err
+    assert "Aborted" not in err and "Traceback" not in err

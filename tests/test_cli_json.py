@@ -48,13 +48,13 @@ def job_with(h: Harness, name: str, *statuses: str) -> str:
     "statuses, exit_code",
     [
         (("succeeded", "succeeded"), 0),  # done, nothing failed
-        (("succeeded", "cancelled"), 0),  # cancelled is not failed
+        (("succeeded", "cancelled"), 1),  # cancelled: `status --watch J && next` must not go on
         (("succeeded", "failed"), 1),  # done with a failed item
         (("failed", "queued"), 0),  # still running: no verdict yet
         (("running", "queued"), 0),
     ],
 )
-def test_status_exits_1_only_when_the_job_is_done_with_failed_items(h, statuses, exit_code):
+def test_status_exits_1_only_when_the_job_is_done_with_failed_or_cancelled_items(h, statuses, exit_code):
     out = run(h, "status", job_with(h, "exit-" + "-".join(statuses), *statuses))
     assert out.exit_code == exit_code, out.output
     assert "Traceback" not in out.output

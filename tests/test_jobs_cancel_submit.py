@@ -59,12 +59,12 @@ def test_a_cancel_ends_a_submit_that_stopped_partway(h):
     for read in (sdk.status(h.env, job_id), sdk.status(h.env, job_id, items=True)):
         assert read.done and read.state == "done" and not read.submitting and read.unrecorded == 0
         assert read.counts == {"succeeded": 0, "running": 0, "queued": 0, "failed": 0, "cancelled": 3 * CHUNK}
-    text = run(h, "status", job_id)
-    assert text.exit_code == 0 and "run the same submit" not in text.output and "[cancelled job]" in text.output
+    text = run(h, "status", job_id)  # exit 1: done, but cancelled (`status --watch J && next` must not go on)
+    assert text.exit_code == 1 and "run the same submit" not in text.output and "[cancelled job]" in text.output
     assert "items never recorded are counted as cancelled" in text.output
     shown = json.loads(run(h, "status", job_id, "--json").output)
-    assert (shown["state"], shown["done"], shown["submitting"], shown["unrecorded"]) == ("done", True, False, 0)
-    assert run(h, "status", job_id, "--watch", "--time-limit", "5").exit_code == 0
+    assert (shown["state"], shown["done"], shown["submitting"], shown["unrecorded"]) == ("cancelled", True, False, 0)
+    assert run(h, "status", job_id, "--watch", "--time-limit", "5").exit_code == 1
     assert job_id not in run(h, "jobs", "--state", "running").output
     assert f"{job_id}  work  cancelled  {3 * CHUNK}/{3 * CHUNK} final" in run(h, "jobs").output
     assert sdk.cancel_job(h.env, job_id).already == f"job {job_id} already cancelled; nothing to cancel"

@@ -55,6 +55,19 @@ SUMMARIES = {
 # done with failed items. SIGPIPE itself stays ignored: it would kill us on a dropped connection too.
 READER_LEFT = 141
 
+# Ctrl-C: what a shell reports for SIGINT (128 + 2), and one line saying what the stop left. Click
+# would print a bare "Aborted!" and exit 1, which `status` gives a job done with failed items.
+# Commands with more to say (submit while sending, simulate, sandbox) say it and exit 130 themselves.
+INTERRUPTED = 130
+NOTHING_CHANGED = "nothing was changed"
+LEFT_BY_A_STOP = {
+    "submit": "nothing was sent",  # while its items are read and checked; once sending, submit counts what went
+    "cancel": "the job may be cancelled in part; run the same command again to finish",
+    "retry-failed": "some items may be back in their queue already; run the same command again to send the rest",
+    "tick": "the tick may have acted in part (the lines above say what it did); the next tick decides again",
+    "agent": "it asked its items to checkpoint and handed back those still running (the log above says which)",
+}
+
 
 @contextlib.contextmanager
 def _reader_may_leave() -> Iterator[None]:
@@ -79,7 +92,12 @@ class LazyGroup(click.Group):
 
     def invoke(self, ctx: click.Context):
         with _reader_may_leave():
-            return super().invoke(ctx)
+            try:
+                return super().invoke(ctx)
+            except KeyboardInterrupt:
+                name = ctx.invoked_subcommand or "tidefleet"
+                click.echo(f"{name}: interrupted; {LEFT_BY_A_STOP.get(name, NOTHING_CHANGED)}", err=True)
+                raise SystemExit(INTERRUPTED) from None
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)

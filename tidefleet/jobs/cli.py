@@ -224,7 +224,7 @@ def status_json(status: sdk.JobStatus) -> dict:
     failed = [{"item_id": i.item_id, "reason": i.reason, "exit_code": i.exit_code}
               for i in status.items if i.status == "failed"]
     return {"job_id": job.job_id, "name": job.name, "queue": job.queue, "created_at": job.created_at,
-            "total": job.total, "cancelled": job.cancelled, "state": status.state, "done": status.done,
+            "total": job.total, "cancelled": job.cancelled, "state": sdk.listed_state(status), "done": status.done,
             "counts": status.counts, "unrecorded": status.unrecorded, "submitting": status.submitting,
             "sent": status.sent, "failed": failed, "spec": job.spec, "waiting_for": job.after if job.waiting else None,
             "cancel_reason": job.cancel_reason,
@@ -237,8 +237,10 @@ def _warn(status: sdk.JobStatus) -> None:
 
 
 def _finish(status: sdk.JobStatus) -> None:
-    """Exit 1 when the job is done with failed items; 0 otherwise (done, or still running)."""
-    if status.done and status.counts["failed"]:
+    """Exit 1 when the job is done with failed items or cancelled (`status --watch J && next` must
+    not go on after a cancel, a scheduled run's timeout or a failed --after); 0 otherwise (done
+    with every item succeeded, or still running)."""
+    if status.done and (status.counts["failed"] or status.counts["cancelled"] or status.job.cancelled):
         raise SystemExit(1)
 
 
@@ -253,9 +255,9 @@ def _finish(status: sdk.JobStatus) -> None:
 def status(env_name, job_id, watch, time_limit, all_failed, as_json) -> None:
     """Counts of succeeded / running / queued / failed / cancelled items, with a progress bar.
 
-    Exit status: 0 when the job is done with no failed item, or still running; 1 when it is done
-    with failed items, when --watch gives up at --time-limit, or on an error; 141 when its reader
-    leaves before the output ends (| head -1), as every tidefleet command."""
+    Exit status: 0 when every item succeeded, or the job still runs; 1 when it is done with failed
+    items or cancelled, when --watch gives up at --time-limit, or on an error; 130 on Ctrl-C; 141
+    when its reader leaves before the output ends (| head -1), as every tidefleet command."""
     env, console = _load(env_name), _console()
     if time_limit is not None and not watch:
         raise click.BadParameter("only applies with --watch; add --watch or drop it", param_hint="--time-limit")
