@@ -183,6 +183,13 @@ def test_advice_sizes_items_from_their_p95_cores_and_peak_memory_and_prices_the_
     assert a.saving_usd > 0
 
 
+def test_a_type_that_costs_the_same_per_item_is_no_advice_and_no_saving():
+    """0.82 cores each, on demand: 2 fit a c6i.large, 8 a c6i.2xlarge at 4x the price. The name broke the
+    tie ("c6i.2xlarge" < "c6i.large"): a change of type for a saving of $0.000000000000000003."""
+    a = rightsize.advise(ENV, "queue render", "cpu", priced(*[measured(cpu_s=82.0, rss=60, spot=False) for _ in range(20)]))
+    assert (a.now[0].fits.items_per_node, a.best.instance_type, a.saving_usd) == (2, "c6i.large", 0.0)
+
+
 def test_items_that_need_their_whole_node_are_left_alone():
     found = priced(*[measured(cpu_s=160.0, rss=1500, slots=2) for _ in range(5)])  # 1.6 cores: all of it
     (now,) = rightsize.advise(ENV, "queue render", "cpu", found).now

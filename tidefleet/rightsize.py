@@ -25,6 +25,7 @@ RESERVED_MEM = 0.1  # share of a node's memory the system and the agent keep
 MIN_CORES = 0.05  # an item that waits on I/O still needs some CPU
 MEMORY_KILLED = (137, -9)  # SIGKILL outside a timeout: the kernel's (or the container's) OOM killer
 FLAGS_SHOWN = 10
+TIE = 1e-9  # relative: costs this close are equal (sums of the same prices in another order)
 GANG = "gang"  # limited_by where more would fit but a gang member takes the whole node
 # Burstable types run a sustained load only up to their CPU credits: never suggested, only sized
 # when a pool already uses them.
@@ -78,7 +79,9 @@ class Advice:
 
     @property
     def saving_usd(self) -> float:
-        return max(0.0, self.spent_usd - self.expected_usd) if self.expected_usd is not None else 0.0
+        """0 below float rounding (a saving of $0.000000000000000003 is the same cost summed twice)."""
+        saved = self.spent_usd - self.expected_usd if self.expected_usd is not None else 0.0
+        return saved if saved > self.spent_usd * TIE else 0.0
 
 
 def p95(values: Sequence[float]) -> float:
@@ -142,7 +145,12 @@ def advise(env: Environment, scope: str, pool: str, found: Sequence[Charge]) -> 
         slots = max(1, f.items_per_node * ran.entry.get("slots", 1) // weight) if f else None
         now.append(Now(itype, round(1 / ran.share), f, slots))
     fits = [f for t in candidates(env, pool) if (f := fit(t, need, hourly(env, pool, t, spot), gang=gang)) is not None]
-    best = min(fits, key=lambda f: (f.usd_per_item_hour, f.instance_type), default=None)
+    # Of the cheapest (equal within float rounding: c6i.large and c6i.2xlarge cost the same per
+    # item-hour), a type the items run on already: a change that saves nothing is no advice.
+    cheapest = min((f.usd_per_item_hour for f in fits), default=0.0)
+    running = {n.instance_type for n in now}
+    best = min((f for f in fits if f.usd_per_item_hour <= cheapest * (1 + TIE)),
+               key=lambda f: (f.instance_type not in running, f.instance_type), default=None)  # fmt: skip
     item_hours = sum(c.seconds for c in found) / 3600
     memory, time_ = [], []
     for c in found:
