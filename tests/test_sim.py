@@ -262,6 +262,11 @@ def test_window_keeps_only_items_submitted_inside_it(tmp_path):
         ("submit,duration_s\n0,1\n", ("missing column(s) submit_s (got submit, duration_s); a trace needs submit_s and "
                                       "duration_s, optionally gpus, cpus and group")),
         ("submit_s,duration_s\n0,1\nabc,5\n", "line 3: column 'submit_s' is not a number (got 'abc')"),
+        # The file's line, not the row's count: blank lines (skipped) and a quoted field's line breaks.
+        ("submit_s,duration_s\n0,1\n\n\nabc,5\n", "line 5: column 'submit_s' is not a number (got 'abc')"),
+        ("submit_s,duration_s\r\n0,1\r\n\r\n5,x\r\n", "line 4: column 'duration_s' is not a number (got 'x')"),
+        ('submit_s,duration_s,group\n0,1,"a\nb\nc"\n5,x,d\n', "line 5: column 'duration_s' is not a number (got 'x')"),
+        ('submit_s,duration_s,group\n0,1,a\nabc,1,"x\ny"\n', "line 3: column 'submit_s' is not a number (got 'abc')"),
         (
             "submit_s,duration_s\n0,-5\n",
             "line 2: column 'duration_s' must be a finite number >= 0 (got '-5')",

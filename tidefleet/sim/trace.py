@@ -142,7 +142,7 @@ def _read_trace(fh, path: Path, window: tuple[float, float] | None) -> list[Trac
         )
     items = []
     rows, first, last = 0, math.inf, -math.inf  # every row's submit time, in the window or not
-    for line, row in enumerate(_rows(reader, path), start=2):
+    for line, row in _rows(reader, path):
         where = f"{path.name} line {line}"
         if None in row:  # more fields than the header names
             raise TraceError(f"{where}: {len(columns) + len(row[None])} fields, the header names {len(columns)}; "
@@ -205,14 +205,18 @@ def _malformed_as_trace_error(read, path: Path, line: int):
 
 
 def _rows(reader: csv.DictReader, path: Path):
-    """The reader's rows; a malformed one stops the load naming the line its record starts on
-    (where an unbalanced quote is, not where the reader gave up)."""
+    """(the line its record starts on, the row) for each of the reader's rows; a malformed one stops
+    the load naming the line its record starts on (where an unbalanced quote is, not where the
+    reader gave up). The reader skips blank lines and a quoted field may hold line breaks: the
+    start is where the record ends less the breaks inside it, not a count of the rows."""
     rows = iter(reader)
     while True:
         try:
-            yield _malformed_as_trace_error(lambda: next(rows), path, reader.line_num + 1)
+            row = _malformed_as_trace_error(lambda: next(rows), path, reader.line_num + 1)
         except StopIteration:
             return
+        fields = [v for k, v in row.items() if k is not None] + (row.get(None) or [])
+        yield reader.line_num - sum(v.count("\n") for v in fields if isinstance(v, str)), row
 
 
 def for_pool(items: list[TraceItem], capacity_unit: str) -> list[TraceItem]:
