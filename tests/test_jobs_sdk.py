@@ -348,6 +348,26 @@ def test_a_cancel_that_stopped_midway_is_finished_by_the_next(h):
     assert sdk.status(h.env, job_id).done
 
 
+def test_a_cancel_throttled_midway_says_the_job_is_cancelled_and_to_run_it_again(h, monkeypatch):
+    """It said only what the cloud said ("… did not answer within 8 s"): read as "nothing happened"."""
+    from botocore.exceptions import ClientError
+
+    job_id = sdk.submit(h.env, "throttled-cancel", "work", sdk.read_items(["a", "b"]), kick=False).job_id
+
+    def throttled(self, writes):
+        raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"}}, "TransactWriteItems")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(DynamoStore, "update_items", throttled)
+        out = CliRunner().invoke(main, ["cancel", job_id], env={"TIDEFLEET_ENV": str(h.env_path)})
+    assert out.exit_code == 1 and "Traceback" not in out.output
+    line = out.output.strip()
+    assert line.startswith("Error: ") and "\n" not in line and "Throttl" in line, line
+    assert line.endswith(f"; job {job_id} is cancelled (its running items stop within a heartbeat; its agents skip "
+                         "its queued items), but not every waiting item is marked yet: run the same cancel again to finish")
+    assert sdk.cancel_job(h.env, job_id).cancelled == 2  # and so it does
+
+
 def test_an_sdk_cloud_error_keeps_its_type_and_carries_the_clis_line_generators_too(aws):
     """Callers that catch botocore's errors still do; the note is the line the CLI prints."""
     from botocore.exceptions import ClientError

@@ -51,7 +51,8 @@ def _explained(env: Environment):
     except sdk.JobError as err:
         raise click.ClickException(str(err)) from None
     except cloud.errors as err:
-        raise click.ClickException(cloud.explain(err)) from None
+        line = cloud.explain(err)  # and what the SDK noted of where it stopped (the explanation is a note too)
+        raise click.ClickException("; ".join([line, *(n for n in getattr(err, "__notes__", ()) if n != line)])) from None
 
 
 @click.command()

@@ -1164,7 +1164,13 @@ def cancel_job(env: Environment, job_id: str, *, reason: str = "cancelled", clou
     already = job.cancelled
     if not already:
         store.cancel_job(job_id, reason)
-    n = _cancel_waiting(cloud, job_id, [i.item_id for i in store.items(job_id) if i.status in ("pending", "queued")], reason)
+    try:
+        n = _cancel_waiting(cloud, job_id, [i.item_id for i in store.items(job_id) if i.status in ("pending", "queued")],
+                            reason)  # fmt: skip
+    except cloud.errors as err:  # a big job's cancel throttled midway: what stands, and how to finish
+        err.add_note(f"job {job_id} is cancelled (its running items stop within a heartbeat; its agents skip its "
+                     "queued items), but not every waiting item is marked yet: run the same cancel again to finish")
+        raise
     return Cancelled(n, f"job {job_id} already cancelled; its running items stop within a heartbeat" if already else "")
 
 
