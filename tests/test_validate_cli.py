@@ -178,6 +178,20 @@ def test_a_path_is_a_path_whatever_it_ends_in_and_a_name_stays_a_name(tmp_path, 
     assert "an environment is a TOML file (<name>.toml)" in CliRunner().invoke(main, ["validate", "items.csv"]).output
 
 
+def test_an_empty_env_and_a_missing_environments_folder_are_said_as_such(monkeypatch):
+    """`--env ""` read as the directory "."; a $TIDEFLEET_ENVIRONMENTS that does not exist was named
+    twice ("no .toml files in /x (in /x ...)") and never called missing."""
+    for given in ("", " "):
+        empty = CliRunner().invoke(main, ["jobs", "--env", given])
+        assert empty.exit_code == 1 and f"env: empty (got {given!r}); give an environment name (one of bench," in empty.output
+        assert "directory" not in empty.output, empty.output
+    monkeypatch.setenv("TIDEFLEET_ENVIRONMENTS", "/nonexistent/environments")
+    missing = CliRunner().invoke(main, ["jobs", "--env", "sandbox"])
+    assert missing.exit_code == 1 and ("unknown environment (got 'sandbox'): the folder /nonexistent/environments "
+                                       "($TIDEFLEET_ENVIRONMENTS) does not exist; point it at your environments "
+                                       "folder, or give a .toml file's path") in missing.output, missing.output
+
+
 def test_env_takes_the_same_paths(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "sandbox.txt").write_text((ROOT / "environments" / "sandbox.toml").read_text())

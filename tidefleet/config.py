@@ -1453,6 +1453,9 @@ def _too_long_integer_problems(text: str, file_name: str) -> list[str]:
 def load_environment(name: str, root: Path | None = None) -> Environment:
     """Load `environments/<name>.toml`, or the file at a path (`is_environment_path`): a .toml
     file, or one with another extension that holds an environment's TOML."""
+    if not name.strip():  # Path("") is ".": a directory, which says nothing of what was wrong
+        raise ConfigError("env", [(f"empty (got {name!r}); give an environment name (one of "
+                                   f"{', '.join(known_environments(root)) or 'none'}) or a .toml file's path")])  # fmt: skip
     path, given_path = environment_path(name, root), is_environment_path(name)
     try:
         if path.is_dir():
@@ -1469,6 +1472,10 @@ def load_environment(name: str, root: Path | None = None) -> Environment:
             here = f"; a file {name!r} is here: give ./{name} to load it" if Path(name).is_file() else ""
             # No file's problem: the name given to --env is, so no made-up <folder>/<name>.toml names it.
             problem = f"unknown environment (got {name!r}); known: {known} (in {folder}; or give a .toml file's path){here}"
+            if not folder.is_dir():
+                variable = " ($TIDEFLEET_ENVIRONMENTS)" if root is None and os.environ.get("TIDEFLEET_ENVIRONMENTS") else ""
+                problem = (f"unknown environment (got {name!r}): the folder {folder}{variable} does not exist; point it "
+                           "at your environments folder, or give a .toml file's path")
             raise ConfigError("env", [problem])
         text = path.read_bytes().decode("utf-8-sig")  # -sig: an editor's byte-order mark
     except UnicodeDecodeError as err:
