@@ -411,6 +411,15 @@ def test_logs_of_an_item_that_ran_and_printed_nothing_say_so_not_no_logs_yet(h):
                                                  "and has printed nothing so far\n"), out.output
 
 
+def test_logs_of_an_item_cancelled_before_it_ran_say_it_never_ran_not_no_logs_yet(h):
+    """"no logs yet" promised logs to come for an item that never will run."""
+    job_id = sdk.submit(h.env, "cancelled-quiet", "work", sdk.read_items(["a"]), kick=False).job_id
+    sdk.cancel(h.env, job_id, reason="superseded by v2")
+    out = run(h, "logs", job_id, "000000")
+    assert out.exit_code == 0 and out.output == (f"no logs for {job_id}/000000: it never ran (cancelled: superseded "
+                                                 "by v2)\n"), out.output
+
+
 # -- what submit says it does --------------------------------------------------------------------
 def test_submit_says_held_for_an_after_job_and_already_submitted_for_a_no_op(h, tmp_path):
     items = tmp_path / "items.txt"

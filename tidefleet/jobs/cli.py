@@ -351,6 +351,9 @@ def _no_logs(env: Environment, job_id: str, item_id: str | None) -> str:
     """Why an item has no lines: "no logs yet" reads as "never ran", so one whose record shows
     an attempt says it ran and printed nothing."""
     item = for_env(env).store.item(job_id, item_id) if item_id else None
+    if item is not None and not item.attempts and item.status in ("cancelled", "failed"):  # final: none will come
+        why = f": {item.reason}" if item.reason else ""
+        return f"no logs for {job_id}/{item_id}: it never ran ({item.status}{why})"
     if item is None or not item.attempts:
         return f"no logs yet for {job_id}{'/' + item_id if item_id else ''}"
     if item.status == "running":
