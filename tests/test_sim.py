@@ -267,6 +267,7 @@ def test_window_keeps_only_items_submitted_inside_it(tmp_path):
         ("submit_s,duration_s\r\n0,1\r\n\r\n5,x\r\n", "line 4: column 'duration_s' is not a number (got 'x')"),
         ('submit_s,duration_s,group\n0,1,"a\nb\nc"\n5,x,d\n', "line 5: column 'duration_s' is not a number (got 'x')"),
         ('submit_s,duration_s,group\n0,1,a\nabc,1,"x\ny"\n', "line 3: column 'submit_s' is not a number (got 'abc')"),
+        ('submit_s,duration_s,group\r\n0,1,"a\r\nb\rc"\r\n5,x,d\r\n', "line 5: column 'duration_s' is not a number (got 'x')"),
         (
             "submit_s,duration_s\n0,-5\n",
             "line 2: column 'duration_s' must be a finite number >= 0 (got '-5')",

@@ -12,6 +12,7 @@ import io
 import json
 import math
 import os
+import re
 import sys
 from collections import Counter
 from dataclasses import dataclass, replace
@@ -204,6 +205,9 @@ def _malformed_as_trace_error(read, path: Path, line: int):
                          'a field that starts with " runs to the next one: close it or remove it') from None
 
 
+LINE_BREAK = re.compile(r"\r\n|\r|\n")  # what the file's line iteration splits on (opened with newline="")
+
+
 def _rows(reader: csv.DictReader, path: Path):
     """(the line its record starts on, the row) for each of the reader's rows; a malformed one stops
     the load naming the line its record starts on (where an unbalanced quote is, not where the
@@ -216,7 +220,7 @@ def _rows(reader: csv.DictReader, path: Path):
         except StopIteration:
             return
         fields = [v for k, v in row.items() if k is not None] + (row.get(None) or [])
-        yield reader.line_num - sum(v.count("\n") for v in fields if isinstance(v, str)), row
+        yield reader.line_num - sum(len(LINE_BREAK.findall(v)) for v in fields if isinstance(v, str)), row
 
 
 def for_pool(items: list[TraceItem], capacity_unit: str) -> list[TraceItem]:
