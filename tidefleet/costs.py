@@ -161,7 +161,7 @@ def parse_since(text: str, now: float) -> float:
     if text == "all":
         return 0.0
     units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
-    if text[-1:] in units and text[:-1].isdigit():
+    if text[-1:] in units and text[:-1].isascii() and text[:-1].isdigit():  # "²" is a digit to isdigit, not to int()
         return max(0.0, now - min(int(text[:-1]) * units[text[-1]], now))
     try:
         return datetime.strptime(text, "%Y-%m-%d").replace(tzinfo=UTC).timestamp()
