@@ -50,18 +50,29 @@ def test_ctrl_c_in_any_command_exits_130_with_one_line_saying_what_the_stop_left
         130, "cancel: interrupted; the job may be cancelled in part; run the same command again to finish\n")
 
 
-def test_ctrl_c_while_submit_reads_its_items_says_nothing_was_sent():
-    """A real SIGINT, while `submit --items -` waits on a stdin that never ends."""
+def test_ctrl_c_while_submit_reads_its_items_says_nothing_was_sent(tmp_path):
+    """A real SIGINT, while `submit --items FIFO` waits for items that never come."""
+    import os
     import signal
     import subprocess
     import sys
     import time
 
+    fifo = tmp_path / "items"
+    os.mkfifo(fifo)
     child = subprocess.Popen([sys.executable, "-m", "tidefleet.cli", "submit", "--env", "dev", "--queue", "default",
-                              "--name", "x", "--items", "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)  # fmt: skip
-    time.sleep(3)  # past the imports, into the read
+                              "--name", "x", "--items", str(fifo)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while True:  # the write end opens once the child opened it to read: past its imports, however slow the machine
+        try:
+            writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            break
+        except OSError:  # ENXIO: no reader yet
+            assert child.poll() is None and time.monotonic() < deadline, child.communicate()
+            time.sleep(0.05)
     child.send_signal(signal.SIGINT)
     out, err = child.communicate(timeout=60)
+    os.close(writer)
     assert (child.returncode, out, err.splitlines()[-1:]) == (130, "", ["submit: interrupted; nothing was sent"]), err
     assert "Aborted" not in err and "Traceback" not in err
