@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -44,11 +45,20 @@ class NodeMetadata:
         return fixed.get(path)
 
 
+class LoopbackServer(ThreadingHTTPServer):
+    """The sandbox's servers (metadata, kicks). A client gone before its answer is written (a node
+    killed by Ctrl-C or --chaos) is no error: socketserver printed its traceback over the live view."""
+
+    def handle_error(self, request, client_address) -> None:
+        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            super().handle_error(request, client_address)
+
+
 class MetadataServer:
     def __init__(self) -> None:
         self._nodes: dict[str, NodeMetadata] = {}
         self._lock = threading.Lock()
-        self._http = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        self._http = LoopbackServer(("127.0.0.1", 0), _handler_for(self))
         self._http.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._http.server_address[1]}"
         self._thread = threading.Thread(target=self._http.serve_forever, name="imds", daemon=True)

@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Self
 
@@ -32,7 +32,7 @@ from tidefleet.config import Environment, environments_dir
 from tidefleet.emulator import MotoServer, start_moto
 from tidefleet.jobs import scheduled, sdk
 from tidefleet.sandbox.demo_work import EVENTS
-from tidefleet.sandbox.imds import MetadataServer
+from tidefleet.sandbox.imds import LoopbackServer, MetadataServer
 from tidefleet.sandbox.launcher import Launcher
 from tidefleet.sandbox.launcher import log as launcher_log
 from tidefleet.userdata import LOCAL_PYTHON, render_user_data
@@ -157,7 +157,7 @@ class Sandbox:
         self._saved_environ = {k: os.environ.get(k) for k in [*self.moto.env(self.env.region), "TIDEFLEET_KICK_URL"]}
         os.environ.update(self.moto.env(self.env.region))
         kick_handler = type("KickHandler", (_KickHandler,), {"kicked": self.kicked})
-        kick_server = ThreadingHTTPServer(("127.0.0.1", 0), kick_handler)
+        kick_server = LoopbackServer(("127.0.0.1", 0), kick_handler)
         self._servers.append(kick_server)
         # Serving at once: __exit__ shuts down every server it holds, and shutdown() waits for a
         # serve_forever that was never started for good (a failed provision hung the sandbox).
