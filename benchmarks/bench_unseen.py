@@ -64,10 +64,11 @@ def replay(seed: int, max_items: int, keda_wait: bool = False, clearml_idle: boo
                                     max_items=max_items)  # fmt: skip
     env = load_environment("bench")
     r = {x.policy: x for x in simulate(env, pool, items, ["tidefleet", *BASELINES]).results}
-    if keda_wait and r["keda"] in misses(r)[0]:
+    cheaper, quicker = misses(r)
+    if keda_wait and r["keda"] in cheaper:
         target = min(DAY_S, math.ceil(r["keda"].wait_s["p95"]))
         (r["tidefleet@keda"],) = simulate(with_target_wait(env, target), pool, items, ["tidefleet"]).results
-    if clearml_idle and misses(r)[1] and not misses(r)[0]:
+    if clearml_idle and quicker and not cheaper:
         scaler = env.scaler.model_copy(update={"scale_in_delay_s": int(ClearML.IDLE_S)})
         (r["tidefleet@idle"],) = simulate(env.model_copy(update={"scaler": scaler}), pool, items, ["tidefleet"]).results
     return f"{pool}: {described}", r, duration_blind(env, pool, items)

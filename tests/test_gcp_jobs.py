@@ -201,6 +201,7 @@ def test_jobs_since_queries_created_at_instead_of_listing_every_job(gcp):
     assert query["body"]["structuredQuery"]["where"]["fieldFilter"]["field"] == {"fieldPath": "created_at"}
     assert not calls(gcp, "GET", "/jobs"), "no listing of the jobs collection"
     assert [j.job_id for j in store.jobs("default")] == ["old", "new", "newer"]  # no `since`: the listing
+    assert calls(gcp, "GET", "/jobs"), "the check above sees a listing when there is one"
 
 
 def test_a_gang_members_parts_are_kept_beside_the_item_by_attempt_and_node(gcp):
