@@ -58,11 +58,13 @@ def test_ctrl_c_while_submit_reads_its_items_says_nothing_was_sent(tmp_path):
     import sys
     import time
 
+    from ctrl_c import as_at_a_terminal
+
     fifo = tmp_path / "items"
     os.mkfifo(fifo)
-    child = subprocess.Popen([sys.executable, "-m", "tidefleet.cli", "submit", "--env", "dev", "--queue", "default",
-                              "--name", "x", "--items", str(fifo)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)  # fmt: skip
+    child = subprocess.Popen(as_at_a_terminal([sys.executable, "-m", "tidefleet.cli", "submit", "--env", "dev", "--queue",
+                                               "default", "--name", "x", "--items", str(fifo)]),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     deadline = time.monotonic() + 60
     while True:  # the write end opens once the child opened it to read: past its imports, however slow the machine
         try:

@@ -20,6 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from agent_harness import Harness
+from ctrl_c import as_at_a_terminal
 
 from tidefleet.jobs import sdk
 
@@ -82,8 +83,8 @@ class Submit:
     def __init__(self, h: Harness, endpoint: str, items_file: str):
         env = {**os.environ, "AWS_ENDPOINT_URL": endpoint, "TIDEFLEET_KICK_URL": "http://127.0.0.1:9/"}
         self.process = subprocess.Popen(
-            [sys.executable, "-c", CLI, "submit", "--env", str(h.env_path), "--name", "slow", "--queue", "work",
-             "--items", items_file],
+            as_at_a_terminal([sys.executable, "-c", CLI, "submit", "--env", str(h.env_path), "--name", "slow", "--queue",
+                              "work", "--items", items_file]),
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         self.lines: queue.Queue[str] = queue.Queue()

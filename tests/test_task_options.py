@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from ctrl_c import as_at_a_terminal, group_state
 from invoke import Collection, MockContext
 
 import tasks
@@ -180,14 +181,18 @@ def ctrl_c_once_started(args: list[str], started: str, *, on_stderr: bool) -> tu
     """`invoke ARGS` as a CI job runs it (its own process group, stdin at its end): a SIGINT to the
     whole group, as a terminal's Ctrl-C or a runner's cancel, once `started` is printed (on stderr
     or stdout); (exit status, the rest of stdout, the rest of stderr)."""
-    run = subprocess.Popen([sys.executable, "-m", "invoke", *args], cwd=ROOT, stdin=subprocess.DEVNULL,
+    run = subprocess.Popen(as_at_a_terminal([sys.executable, "-m", "invoke", *args]), cwd=ROOT, stdin=subprocess.DEVNULL,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
     watched, other = (run.stderr, run.stdout) if on_stderr else (run.stdout, run.stderr)
     try:
         while started not in (line := watched.readline()):
             assert line, other.read()  # it never started
         os.killpg(run.pid, signal.SIGINT)
-        out, err = run.communicate(timeout=60)
+        try:
+            out, err = run.communicate(timeout=60)
+        except subprocess.TimeoutExpired as late:
+            raise AssertionError(f"still running 60 s after the SIGINT:\n{group_state(run.pid)}\nstdout: "
+                                 f"{late.stdout!r}\nstderr: {late.stderr!r}") from None  # fmt: skip
     finally:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
@@ -209,8 +214,9 @@ def test_ctrl_c_stops_invoke_test_with_no_traceback_nor_a_further_pass_when_stdi
     Ctrl-C's ^C into pytest's stdin, which it had closed, and ended in a ValueError traceback;
     the calibration pass would then have started after the interrupted one."""
     slow = tmp_path / "test_slow.py"
+    # Short sleeps: a signal that another thread of the process took wakes no long sleep.
     slow.write_text("import time\n\n\ndef test_slow():\n    print('slow test started', flush=True)\n"
-                    "    time.sleep(120)\n")  # fmt: skip
+                    "    for _ in range(1200):\n        time.sleep(0.1)\n")  # fmt: skip
     code, out, err = ctrl_c_once_started(["test", "--args", f"-n 0 -p no:randomly -s {slow}"], "slow test started",
                                          on_stderr=False)  # fmt: skip
     assert "Traceback" not in out + err and "KeyboardInterrupt" in out, out + err
