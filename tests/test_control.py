@@ -19,7 +19,7 @@ from tidefleet.config import parse_environment
 from tidefleet.policy.interruption import DrainNode, Ignore, LifecycleHold, action_for
 from tidefleet.policy.model import PoolDecision
 from tidefleet.ports import Backlog, GroupInstance, GroupState, Ports
-from tidefleet.records import Heartbeat, QueueStats, cohorts_of
+from tidefleet.records import Heartbeat, QueueStats, WaitingMark, waiting_mark_of
 
 EVENTS = Path(__file__).parent / "events"
 NOW = 1_800_000_000.0
@@ -270,8 +270,8 @@ def test_forming_gangs_leads_in_the_group_tell_the_members_they_still_wait_for()
     assert seen == {"fixed": 3, "elastic": 0}
 
 
-def waiting_ports(visible: int, marks: MemoryQueues) -> Ports:
-    return replace(ports(group("cpu", 1, instance("i-1")), backlogs={"demo": Backlog(visible, 0)}), stats=marks)
+def waiting_ports(visible: int, marks: MemoryQueues, in_flight: int = 0) -> Ports:
+    return replace(ports(group("cpu", 1, instance("i-1")), backlogs={"demo": Backlog(visible, in_flight)}), stats=marks)
 
 
 def ages(p: Ports, now: float, dry_run: bool = False) -> dict[str, float | None]:
@@ -288,11 +288,12 @@ def cohorts(p: Ports, now: float) -> tuple:
 def test_a_backlog_is_aged_from_the_tick_that_first_saw_it_and_the_mark_goes_when_it_empties():
     marks = MemoryQueues()
     assert ages(waiting_ports(5, marks), NOW) == {"demo": 0.0}  # the submit's kick: first seen now
-    assert marks.waiting == {"demo": ((NOW, 5),)}
+    assert marks.waiting == {"demo": WaitingMark(((NOW, 5),), 0)}
     assert ages(waiting_ports(3, marks), NOW + 30) == {"demo": 30.0}  # still waiting: 30 s old
-    assert marks.waiting == {"demo": ((NOW, 3),)}
+    assert marks.waiting == {"demo": WaitingMark(((NOW, 3),), 0)}
     assert ages(waiting_ports(0, marks), NOW + 60) == {"demo": None} and marks.waiting == {}
-    assert ages(waiting_ports(2, marks), NOW + 90) == {"demo": 0.0} and marks.waiting == {"demo": ((NOW + 90, 2),)}
+    assert ages(waiting_ports(2, marks), NOW + 90) == {"demo": 0.0}
+    assert marks.waiting == {"demo": WaitingMark(((NOW + 90, 2),), 0)}
 
 
 def test_items_that_arrive_later_are_a_younger_cohort_and_leave_after_the_older_ones():
@@ -302,6 +303,55 @@ def test_items_that_arrive_later_are_a_younger_cohort_and_leave_after_the_older_
     assert cohorts(waiting_ports(7, marks), NOW + 30) == ((30.0, 1), (10.0, 6))  # 3 left: the oldest first
     assert cohorts(waiting_ports(7, marks), NOW + 40) == ((40.0, 1), (20.0, 6))  # as many: as old as kept
     assert cohorts(waiting_ports(5, marks), NOW + 50) == ((30.0, 5),)
+
+
+def test_a_count_that_holds_while_items_start_is_of_new_items_and_a_start_not_counted_errs_long():
+    """An item each tick that runs as the next comes: one waiting at every tick, a different one.
+    Without the starts since the mark (in flight, plus succeeded), the first one's time was kept
+    and the age ran on: 29,950 s past the truth in a replay, and a node launched per item."""
+    marks = MemoryQueues()
+    assert cohorts(waiting_ports(1, marks), NOW) == ((0.0, 1),)
+    assert cohorts(waiting_ports(1, marks, in_flight=1), NOW + 50) == ((0.0, 1),)  # the first started
+    marks.stats["demo"] = QueueStats(300.0, 1)  # it succeeded, and the second started
+    assert cohorts(waiting_ports(1, marks, in_flight=1), NOW + 100) == ((0.0, 1),)
+    assert marks.waiting["demo"] == WaitingMark(((NOW + 100, 1),), 2)
+    # The second failed (in flight falls, no success): no start is seen, and the waiting one ages on.
+    assert cohorts(waiting_ports(1, marks), NOW + 150) == ((50.0, 1),)
+
+
+def test_a_success_counted_a_heartbeat_after_its_delete_is_no_start():
+    """SQS stops counting an item in flight at its delete; the agent counts its success at its next
+    heartbeat. A mark that took the dip as its count would see that success as a start later, and
+    make the oldest waiting items young."""
+    marks = MemoryQueues()
+    assert cohorts(waiting_ports(2, marks, in_flight=1), NOW) == ((0.0, 2),)
+    assert cohorts(waiting_ports(2, marks), NOW + 30) == ((30.0, 2),)  # deleted, not counted yet
+    marks.stats["demo"] = QueueStats(20.0, 1)  # counted
+    assert cohorts(waiting_ports(2, marks), NOW + 60) == ((60.0, 2),)
+
+
+def test_a_tick_that_could_not_read_the_successes_knows_no_start_and_marks_none():
+    """A malformed stats record fails its read alone: the waiting marks are still read. Counted
+    from in flight alone, the tick's count would fall by every success, and the next tick, which
+    reads them again, would take all of them for starts and make every waiting item new."""
+
+    class Stats(MemoryQueues):
+        bad = False
+
+        def queue_stats(self, queues):
+            if self.bad:
+                raise ValueError("stats of demo: mean_item_s is not a number")
+            return super().queue_stats(queues)
+
+    marks = Stats(stats={"demo": QueueStats(60.0, 100)})
+    assert cohorts(waiting_ports(2, marks, in_flight=1), NOW) == ((0.0, 2),)
+    marks.bad = True
+    seen = control.observe(ENV, waiting_ports(3, marks, in_flight=1), NOW + 30, ["cpu"])
+    assert seen.fleet.queues[0].waiting_ages == ((30.0, 2), (0.0, 1))
+    assert seen.waiting_marks == {"demo": WaitingMark(((NOW, 2), (NOW + 30, 1)), None)}
+    marks.waiting.update(seen.waiting_marks)
+    marks.bad = False
+    assert cohorts(waiting_ports(3, marks, in_flight=1), NOW + 60) == ((60.0, 2), (30.0, 1))
 
 
 def test_cohorts_past_the_most_a_mark_keeps_merge_as_old_as_the_older():
@@ -315,7 +365,7 @@ def test_cohorts_past_the_most_a_mark_keeps_merge_as_old_as_the_older():
 
 def test_a_mark_from_before_cohorts_counts_every_waiting_item_as_old_as_it():
     marks = MemoryQueues()
-    marks.waiting["demo"] = cohorts_of({"since": NOW - 100})
+    marks.waiting["demo"] = waiting_mark_of({"since": NOW - 100})
     assert cohorts(waiting_ports(6, marks), NOW) == ((100.0, 6),)
 
 
@@ -329,7 +379,7 @@ def test_a_dry_run_writes_no_mark_and_a_cloud_given_age_wins():
 
 def test_a_mark_that_cannot_be_written_is_logged_and_the_tick_goes_on(caplog):
     class Refusing(MemoryQueues):
-        def mark_waiting(self, queue, cohorts):
+        def mark_waiting(self, queue, mark):
             raise ConnectionError("store unreachable")
 
     p = waiting_ports(5, Refusing())

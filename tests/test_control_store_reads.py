@@ -30,7 +30,7 @@ from tidefleet.cloud.gcp import firestore
 from tidefleet.cloud.memory import MemoryQueues
 from tidefleet.config import load_environment, parse_environment
 from tidefleet.ports import Backlog
-from tidefleet.records import Heartbeat
+from tidefleet.records import Heartbeat, WaitingMark
 from tidefleet.triggers import function_failure_line
 
 ENV = load_environment("sandbox")
@@ -136,7 +136,7 @@ def test_without_the_waiting_marks_the_tick_ages_nothing_itself_and_leaves_the_m
 ):
     ports, throttled, _ = deployed
     now = datetime.now(UTC).timestamp()
-    ports.stats.mark_waiting("demo", ((now - 300, 3),))  # 3 items first seen 5 minutes ago
+    ports.stats.mark_waiting("demo", WaitingMark(((now - 300, 3),), 0))  # 3 items first seen 5 minutes ago
     send(5)  # 2 more since
     throttled.add("WAITING")
     _, _, (queue,) = degraded_tick(ENV, ports, now, caplog)
@@ -144,9 +144,9 @@ def test_without_the_waiting_marks_the_tick_ages_nothing_itself_and_leaves_the_m
     assert desired() == 3
     throttled.clear()
     # Not rewritten with this tick's time: the next tick still sees the 3 as 5 minutes old.
-    assert ports.stats.waiting_cohorts(["demo"]) == {"demo": ((now - 300, 3),)}
+    assert ports.stats.waiting_marks(["demo"]) == {"demo": WaitingMark(((now - 300, 3),), 0)}
     control.tick(ENV, ports, now + 60, pools=["cpu"])
-    assert ports.stats.waiting_cohorts(["demo"]) == {"demo": ((now - 300, 3), (now + 60, 2))}
+    assert ports.stats.waiting_marks(["demo"]) == {"demo": WaitingMark(((now - 300, 3), (now + 60, 2)), 0)}
 
 
 @pytest.mark.parametrize(
@@ -293,7 +293,7 @@ def test_a_bad_record_fails_its_own_read_alone_and_the_store_is_still_asked_the_
     asked = []
 
     class BadMark(MemoryQueues):
-        def waiting_cohorts(self, queues):
+        def waiting_marks(self, queues):
             raise ValueError("waiting mark of demo: not a number")
 
         def held_since(self, queues):

@@ -47,7 +47,7 @@ def test_busy_nodes_running_items_whose_messages_count_as_undelivered_get_no_mor
         (decision,) = tick(ENV, ports, t0 + dt, pools=["cpu"])
         assert decision.desired == 2, (dt, decision.reasons)
         assert not any("waited" in r for r in decision.reasons), decision.reasons
-    assert store.waiting_cohorts(["default"]) == {}, "no running item was ever aged as waiting"
+    assert store.waiting_marks(["default"]) == {}, "no running item was ever aged as waiting"
 
 
 def test_a_running_items_agent_says_it_holds_its_message_until_it_is_acked(gcp, env, tmp_path, metadata_server):  # noqa: F811

@@ -43,7 +43,7 @@ from tidefleet.policy.model import (
     rate_decay,
 )
 from tidefleet.ports import Backlog, GroupInstance, GroupState, Ports
-from tidefleet.records import Cohorts, Heartbeat
+from tidefleet.records import Heartbeat, QueueStats, WaitingMark
 
 log = logging.getLogger("tidefleet.control")
 
@@ -275,7 +275,7 @@ class Observation:
     # Per pool: the rows of nodes gone from the group: heartbeats silent longer than a boot, and
     # the marks of nodes that never reported.
     gone: dict[str, tuple[str, ...]]
-    waiting_marks: dict[str, Cohorts | None] = field(default_factory=dict)  # per queue: mark (None: clear)
+    waiting_marks: dict[str, WaitingMark | None] = field(default_factory=dict)  # per queue: mark (None: clear)
     unread: dict[str, Exception] = field(default_factory=dict)  # job-store reads gone without (`WITHOUT`)
     # Per pool: the heartbeats of its nodes whose clock is ahead (`CLOCK_SLACK_S`), by node id, as written.
     clock_ahead: dict[str, dict[str, Heartbeat]] = field(default_factory=dict)
@@ -380,16 +380,18 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
     backlogs = dict(zip(observed, each(ports.queues.backlog, observed, ports.calls_in_flight), strict=True))
     if any(b.counts_leased for b in backlogs.values()):  # never in the simulator: its backlog says in-flight
         backlogs = _leased_in_flight(env, backlogs, in_group, now)
-    waiting = _read(unread, "waiting marks", store.waiting_cohorts, observed) if store is not None else None
+    waiting = _read(unread, "waiting marks", store.waiting_marks, observed) if store is not None else None
     # Hold marks are the scaler's own (quota.py), read every tick: a removed [teams] table releases them.
     held = _read(unread, "hold marks", store.held_since, observed) if store is not None else None
-    stats, held = stats or {}, held or {}
+    # Unread stats count no success: the starts since the marks are not known this tick.
+    counted, stats, held = stats is not None, stats or {}, held or {}
     queue_views, marks = [], {}
     for qname in observed:
         queue, backlog = env.queues[qname], backlogs[qname]
         ages: tuple[tuple[float, int], ...] = ()
         if waiting is not None:  # no marks without a store, or unread: the age stays what the cloud said
-            ages, mark = waiting_ages(backlog, waiting.get(qname), now)
+            ages, mark = waiting_ages(backlog, waiting.get(qname), now,
+                                     started(backlog, stats.get(qname)) if counted else None)  # fmt: skip
             if mark != waiting.get(qname):
                 marks[qname] = mark
         # A gang item is demand for every node of it, each node one item of the queue's slots.
@@ -468,27 +470,47 @@ def _read(unread: dict[str, Exception], what: str, call: Callable[[list[str]], d
         return None
 
 
-def waiting_ages(backlog: Backlog, kept: Cohorts | None, now: float) -> tuple[tuple[tuple[float, int], ...], Cohorts | None]:
+def waiting_ages(backlog: Backlog, kept: WaitingMark | None, now: float,
+                 started: int | None) -> tuple[tuple[tuple[float, int], ...], WaitingMark | None]:  # fmt: skip
     """(the waiting items' ages as (age s, items) oldest first, the queue's waiting mark to keep).
     SQS and Pub/Sub give counts only, so the tick keeps when it first saw each part of the
-    backlog (a cohort): more waiting than the mark holds arrived since (seen now); fewer left
-    from the oldest (the queue is about first in, first out). A count that holds while items
-    come and go keeps the older time: ages err long (nodes launch sooner), never short, and
-    start from the submit's kick, seconds after the items went out. A cloud that gives the
-    oldest item's age caps them all."""
+    backlog (a cohort), and how many items had started by then (`started`, the queue's count
+    now). Items left from the oldest (the queue is about first in, first out): as many as
+    started since, and at least as many as the count fell by; the rest of the count arrived
+    since, seen now. (Without the starts, a count that held while items came and went, an item
+    each tick that runs as the next comes, kept the older time, and that age ran on for as long
+    as it lasted.) A start missed errs long (nodes launch sooner): a failed or handed-back item
+    leaves in flight without a success. A success counted a heartbeat after its delete errs
+    short for a tick, by the items that succeeded within that heartbeat at most. `started` None
+    (the successes unread this tick): no start is known, and the mark keeps none, as an older
+    scaler's. Ages start from the submit's kick, seconds after the items went out. A cloud that
+    gives the oldest item's age caps them all."""
     if not backlog.visible:
         return (), None
-    held = sum(n for _, n in kept or ())
-    cohorts = drop_oldest(kept or (), max(0, held - backlog.visible))
-    if backlog.visible > held:
-        cohorts.append((now, backlog.visible - held))
+    held = sum(n for _, n in kept.cohorts) if kept else 0
+    left = held - backlog.visible
+    if kept is not None and kept.started is not None and started is not None:
+        left = max(left, started - kept.started)
+    cohorts = drop_oldest(kept.cohorts if kept else (), max(0, left))
+    if (arrived := backlog.visible - sum(n for _, n in cohorts)) > 0:
+        cohorts.append((now, arrived))
     while len(cohorts) > MAX_COHORTS:  # the two oldest as one, as old as the older: ages err long
         cohorts[:2] = [(cohorts[0][0], cohorts[0][1] + cohorts[1][1])]
     cap = backlog.oldest_age_s
     ages = tuple((now - since if cap is None else min(cap, now - since), n) for since, n in cohorts)
     if cap is not None:
         ages = ((cap, ages[0][1]), *ages[1:])
-    return ages, tuple(cohorts)
+    # The count moves with the cohorts only: a mark written as often as before, and a start counted
+    # once whichever tick saw it (the count dips between a success's delete and its record).
+    if kept is not None and kept.started is not None and started is not None and kept.cohorts == tuple(cohorts):
+        return ages, kept
+    return ages, WaitingMark(tuple(cohorts), started)
+
+
+def started(backlog: Backlog, stats: QueueStats | None) -> int:
+    """A queue's items started so far, as far as the tick can count them: in flight now, plus
+    those that succeeded (`QueueStats.items`, the agents' count)."""
+    return backlog.in_flight + (stats.items if stats is not None else 0)
 
 
 def _units(env: Environment, pool: str, instances: Iterable[GroupInstance]) -> int:
@@ -764,9 +786,9 @@ def _grant_leave(ports: Ports, pool: str, units: int, at: float, until: float, s
         log.warning(json.dumps({"pool": pool, "action": "grant leave", "error": f"{type(err).__name__}: {err}"}))
 
 
-def _mark_waiting(ports: Ports, queue: str, cohorts: Cohorts | None) -> None:
+def _mark_waiting(ports: Ports, queue: str, mark: WaitingMark | None) -> None:
     try:
-        ports.stats.mark_waiting(queue, cohorts)
+        ports.stats.mark_waiting(queue, mark)
     except Exception as err:  # noqa: BLE001 - a lost mark only makes the next tick see the backlog anew
         log.warning(json.dumps({"queue": queue, "action": "mark waiting", "error": f"{type(err).__name__}: {err}"}))
 

@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING, Protocol
 from tidefleet.records import (
     FINAL,
     AttemptOutcome,
-    Cohorts,
     Fence,
     Heartbeat,
     Item,
     ItemWrite,
     Job,
     QueueStats,
+    WaitingMark,
 )
 
 if TYPE_CHECKING:
@@ -138,11 +138,12 @@ class QueueStatsPort(Protocol):
     def queue_stats(self, queues: list[str]) -> dict[str, QueueStats]:
         """Recorded statistics of these queues (mean item run time), by name; absent if none yet."""
 
-    def waiting_cohorts(self, queues: list[str]) -> dict[str, Cohorts]:
+    def waiting_marks(self, queues: list[str]) -> dict[str, WaitingMark]:
         """Each queue's backlog as the scaler last marked it (`mark_waiting`); absent: none."""
 
-    def mark_waiting(self, queue: str, cohorts: Cohorts | None) -> None:
-        """Record the queue's backlog by when each part was first seen (None: it emptied; the mark goes)."""
+    def mark_waiting(self, queue: str, mark: WaitingMark | None) -> None:
+        """Record the queue's backlog by when each part was first seen, and the items started by
+        then (None: it emptied; the mark goes)."""
 
     def held_since(self, queues: list[str]) -> dict[str, float]:
         """Since when the scaler holds each queue (`mark_held`); absent: not held. Agents read it too."""

@@ -122,17 +122,32 @@ Cohorts = tuple[tuple[float, int], ...]
 LEGACY_COHORT = 1 << 40  # a mark from before cohorts: every waiting item counts as old as it
 
 
-def cohorts_of(record: dict) -> Cohorts:
-    """A stored waiting mark's cohorts: `cohort_since` / `cohort_items` side by side (stores
-    without nested lists keep them so), or a lone `since` (an older scaler's mark)."""
+@dataclass(frozen=True)
+class WaitingMark:
+    """What the scaler keeps of a queue's backlog between ticks: its cohorts, and how many of the
+    queue's items had started by then (`started`: in flight plus succeeded, `control.started`),
+    from which the next tick knows how many waiting items left meanwhile, even where the count
+    held. None in a mark from before it was kept."""
+
+    cohorts: Cohorts
+    started: int | None = None
+
+
+def waiting_mark_of(record: dict) -> WaitingMark:
+    """A stored waiting mark: `cohort_since` / `cohort_items` side by side (stores without nested
+    lists keep them so), or a lone `since` (an older scaler's mark); `started` where kept."""
+    started = int(record["started"]) if record.get("started") is not None else None
     if "cohort_since" in record:
-        return tuple((float(t), int(n)) for t, n in zip(record["cohort_since"], record["cohort_items"], strict=True))
-    return ((float(record["since"]), LEGACY_COHORT),)
+        cohorts = tuple((float(t), int(n)) for t, n in zip(record["cohort_since"], record["cohort_items"], strict=True))
+        return WaitingMark(cohorts, started)
+    return WaitingMark(((float(record["since"]), LEGACY_COHORT),), started)
 
 
-def cohort_fields(cohorts: Cohorts) -> dict:
+def waiting_mark_fields(mark: WaitingMark) -> dict:
+    cohorts = mark.cohorts
     return {"since": float(cohorts[0][0]), "cohort_since": [float(t) for t, _ in cohorts],
-            "cohort_items": [int(n) for _, n in cohorts]}  # fmt: skip
+            "cohort_items": [int(n) for _, n in cohorts],
+            "started": None if mark.started is None else int(mark.started)}  # fmt: skip
 
 
 def leave_answer(left: int, stay: int, at: float, until: float, units: int, idle_since: float, now: float,

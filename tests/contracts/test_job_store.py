@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from tidefleet.policy.model import ITEM_SECONDS_WEIGHT as W
-from tidefleet.records import Fence, Heartbeat, Item, ItemWrite, Job, QueueStats
+from tidefleet.records import Fence, Heartbeat, Item, ItemWrite, Job, QueueStats, WaitingMark
 
 NOW = 1000.0
 
@@ -451,30 +451,31 @@ def test_queue_stats_keep_an_exponentially_weighted_mean_of_succeeded_items(stor
 
 def test_a_waiting_mark_is_kept_moved_and_cleared_apart_from_the_queue_stats(store):
     s = store.store
-    assert s.waiting_cohorts(["render", "batch"]) == {}
+    assert s.waiting_marks(["render", "batch"]) == {}
     s.record_item_seconds("render", 20.0)
-    s.mark_waiting("render", ((1_800_000_000.5, 3), (1_800_000_002.25, 40)))
-    s.mark_waiting("batch", ((1_800_000_100.0, 1),))
-    s.mark_waiting("batch", ((1_800_000_200.0, 7),))  # a new backlog's mark replaces the old one
-    assert s.waiting_cohorts(["render", "batch", "idle"]) == {
-        "render": ((1_800_000_000.5, 3), (1_800_000_002.25, 40)), "batch": ((1_800_000_200.0, 7),)}
+    s.mark_waiting("render", WaitingMark(((1_800_000_000.5, 3), (1_800_000_002.25, 40)), 12))
+    s.mark_waiting("batch", WaitingMark(((1_800_000_100.0, 1),), 0))
+    s.mark_waiting("batch", WaitingMark(((1_800_000_200.0, 7),)))  # a new backlog's mark replaces the old one
+    assert s.waiting_marks(["render", "batch", "idle"]) == {
+        "render": WaitingMark(((1_800_000_000.5, 3), (1_800_000_002.25, 40)), 12),
+        "batch": WaitingMark(((1_800_000_200.0, 7),))}  # fmt: skip
     s.mark_waiting("render", None)
     s.mark_waiting("idle", None)  # nothing to clear: not an error
-    assert s.waiting_cohorts(["render", "batch", "idle"]) == {"batch": ((1_800_000_200.0, 7),)}
+    assert s.waiting_marks(["render", "batch", "idle"]) == {"batch": WaitingMark(((1_800_000_200.0, 7),))}
     assert s.queue_stats(["render"]) == {"render": QueueStats(mean_item_s=20.0, items=1)}  # untouched
 
 
 def test_a_hold_mark_is_kept_and_released_apart_from_the_waiting_mark_and_seen_by_another_client(store):
     s = store.store
     assert s.held_since(["render", "batch"]) == {}
-    s.mark_waiting("render", ((1_800_000_000.0, 2),))
+    s.mark_waiting("render", WaitingMark(((1_800_000_000.0, 2),), 5))
     s.mark_held("render", 1_800_000_060.0)
     s.mark_held("batch", 1_800_000_060.0)
     assert store.other().held_since(["render", "batch", "idle"]) == {"render": 1_800_000_060.0, "batch": 1_800_000_060.0}
     s.mark_held("batch", None)
     s.mark_held("idle", None)  # nothing to release: not an error
     assert store.other().held_since(["render", "batch", "idle"]) == {"render": 1_800_000_060.0}
-    assert s.waiting_cohorts(["render"]) == {"render": ((1_800_000_000.0, 2),)}  # untouched
+    assert s.waiting_marks(["render"]) == {"render": WaitingMark(((1_800_000_000.0, 2),), 5)}  # untouched
 
 
 def test_queue_stats_fold_many_samples_in_one_call_as_one_at_a_time(store):

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from tidefleet.ports import Backlog, GroupInstance, GroupState
-from tidefleet.records import Cohorts, Heartbeat, LeaveGrant, QueueStats, take_from_grant
+from tidefleet.records import Heartbeat, LeaveGrant, QueueStats, WaitingMark, take_from_grant
 
 TERMINABLE = frozenset({"InService"})  # as AWS: Pending or already leaving instances are skipped
 
@@ -191,7 +191,7 @@ class MemoryQueues:
     def __init__(self, backlogs: dict[str, Backlog] | None = None, stats: dict[str, QueueStats] | None = None):
         self.backlogs = dict(backlogs or {})
         self.stats = dict(stats or {})
-        self.waiting: dict[str, Cohorts] = {}
+        self.waiting: dict[str, WaitingMark] = {}
         self.held: dict[str, float] = {}
 
     def backlog(self, queue: str) -> Backlog:
@@ -200,11 +200,11 @@ class MemoryQueues:
     def queue_stats(self, queues: list[str]) -> dict[str, QueueStats]:
         return {q: self.stats[q] for q in queues if q in self.stats}
 
-    def waiting_cohorts(self, queues: list[str]) -> dict[str, Cohorts]:
+    def waiting_marks(self, queues: list[str]) -> dict[str, WaitingMark]:
         return {q: self.waiting[q] for q in queues if q in self.waiting}
 
-    def mark_waiting(self, queue: str, cohorts: Cohorts | None) -> None:
-        _mark(self.waiting, queue, cohorts or None)
+    def mark_waiting(self, queue: str, mark: WaitingMark | None) -> None:
+        _mark(self.waiting, queue, mark)
 
     def held_since(self, queues: list[str]) -> dict[str, float]:
         return {q: self.held[q] for q in queues if q in self.held}

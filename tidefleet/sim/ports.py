@@ -12,7 +12,7 @@ from __future__ import annotations
 from tidefleet.agent.gang import Beacon
 from tidefleet.policy.model import rate_decay
 from tidefleet.ports import Backlog, GroupInstance, GroupState
-from tidefleet.records import Cohorts, Heartbeat, QueueStats
+from tidefleet.records import Heartbeat, QueueStats, WaitingMark
 from tidefleet.sim.engine import Node, Simulation
 
 HEARTBEAT_GRAIN = 0.9  # of the boot timeout: at every tick a live node's last beat is younger than this
@@ -26,24 +26,24 @@ class SimulationPorts:
         self.group_name = f"sim-{sim.pool_name}"
         self._queue = {name: q for q, (name, _) in enumerate(sim.queues)}
         self._names = [name for name, _ in sim.queues]
-        self._waiting: dict[str, Cohorts] = {}
+        self._waiting: dict[str, WaitingMark] = {}
 
     # -- QueuePort, QueueStatsPort -------------------------------------------------------------
     def backlog(self, queue: str) -> Backlog:
         """As SQS and Pub/Sub answer it: counts, not the oldest item's age; the tick learns that
-        from its own waiting marks (`waiting_cohorts`), as it does in the cloud."""
+        from its own waiting marks (`waiting_marks`), as it does in the cloud."""
         q = self._queue[queue]
         return Backlog(self.sim.visible[q], self.sim.in_flight[q])  # messages: the tick counts a gang's nodes
 
-    def waiting_cohorts(self, queues: list[str]) -> dict[str, Cohorts]:
+    def waiting_marks(self, queues: list[str]) -> dict[str, WaitingMark]:
         return {q: self._waiting[q] for q in queues if q in self._waiting}
 
-    def mark_waiting(self, queue: str, cohorts: Cohorts | None) -> None:
+    def mark_waiting(self, queue: str, mark: WaitingMark | None) -> None:
         self.sim.changes += 1  # the next tick reads it
-        if cohorts is None:
+        if mark is None:
             self._waiting.pop(queue, None)
         else:
-            self._waiting[queue] = cohorts
+            self._waiting[queue] = mark
 
     def held_since(self, queues: list[str]) -> dict[str, float]:
         return {q: self.sim.held_at[i] for q in queues if (i := self._queue.get(q)) is not None and i in self.sim.held_at}

@@ -36,17 +36,17 @@ from tidefleet.records import (
     SCALER_OWNED,
     STATS_RETRIES,
     AttemptStamps,
-    Cohorts,
     Fence,
     Heartbeat,
     Item,
     ItemWrite,
     Job,
     QueueStats,
-    cohort_fields,
-    cohorts_of,
+    WaitingMark,
     ends_attempt,
     settled_moves,
+    waiting_mark_fields,
+    waiting_mark_of,
     write_chunks,
 )
 from tidefleet.resources import FAILED_INDEX, JOBS_INDEX, table_spec
@@ -299,11 +299,11 @@ class DynamoStore:
         found = self._batch_get([{"pk": f"QUEUE#{q}", "sk": "STATS"} for q in queues])
         return {raw["pk"].removeprefix("QUEUE#"): QueueStats(float(raw["mean_item_s"]), int(raw["items"])) for raw in found}
 
-    def waiting_cohorts(self, queues: list[str]) -> dict[str, Cohorts]:
-        return {q: cohorts_of(raw) for q, raw in self._queue_marks("WAITING", queues).items()}
+    def waiting_marks(self, queues: list[str]) -> dict[str, WaitingMark]:
+        return {q: waiting_mark_of(raw) for q, raw in self._queue_marks("WAITING", queues).items()}
 
-    def mark_waiting(self, queue: str, cohorts: Cohorts | None) -> None:
-        self._mark_queue("WAITING", queue, cohort_fields(cohorts) if cohorts else None)
+    def mark_waiting(self, queue: str, mark: WaitingMark | None) -> None:
+        self._mark_queue("WAITING", queue, waiting_mark_fields(mark) if mark else None)
 
     def held_since(self, queues: list[str]) -> dict[str, float]:
         return {q: float(raw["since"]) for q, raw in self._queue_marks("HELD", queues).items()}
@@ -320,9 +320,13 @@ class DynamoStore:
         if values is None:
             self.table.delete_item(Key=key)
         else:
-            # UpdateItem, not PutItem: the scaler's role may update and delete, never put.
-            self.table.update_item(Key=key, UpdateExpression="SET " + ", ".join(f"{k} = :{k}" for k in values),
-                                   ExpressionAttributeValues={f":{k}": _to_dynamo(v) for k, v in values.items()})  # fmt: skip
+            # UpdateItem, not PutItem: the scaler's role may update and delete, never put. A value
+            # of None removes the attribute: the mark is replaced whole, as Firestore's is.
+            kept = {k: v for k, v in values.items() if v is not None}
+            gone = [k for k, v in values.items() if v is None]
+            self.table.update_item(Key=key, UpdateExpression="SET " + ", ".join(f"{k} = :{k}" for k in kept)
+                                   + (" REMOVE " + ", ".join(gone) if gone else ""),
+                                   ExpressionAttributeValues={f":{k}": _to_dynamo(v) for k, v in kept.items()})  # fmt: skip
 
     def heartbeat(self, pool: str, node_id: str) -> Heartbeat | None:
         raw = self.table.get_item(Key={"pk": f"POOL#{pool}", "sk": f"NODE#{node_id}"}, ConsistentRead=True).get("Item")

@@ -47,18 +47,18 @@ from tidefleet.records import (
     SCALER_OWNED,
     STATS_RETRIES,
     AttemptStamps,
-    Cohorts,
     Fence,
     Heartbeat,
     Item,
     ItemWrite,
     Job,
     QueueStats,
-    cohort_fields,
-    cohorts_of,
+    WaitingMark,
     ends_attempt,
     leave_answer,
     settled_moves,
+    waiting_mark_fields,
+    waiting_mark_of,
     write_chunks,
 )
 
@@ -574,13 +574,13 @@ class FirestoreStore(FirestoreNodes):
                 out[queue] = QueueStats(mean_item_s=float(values["mean_item_s"]), items=int(values["items"]))
         return out
 
-    def waiting_cohorts(self, queues: list[str]) -> dict[str, Cohorts]:
-        """As `DynamoStore.waiting_cohorts`."""
-        return {q: cohorts_of(values) for q, values in self._queue_marks("waiting", queues).items()}
+    def waiting_marks(self, queues: list[str]) -> dict[str, WaitingMark]:
+        """As `DynamoStore.waiting_marks`."""
+        return {q: waiting_mark_of(values) for q, values in self._queue_marks("waiting", queues).items()}
 
-    def mark_waiting(self, queue: str, cohorts: Cohorts | None) -> None:
+    def mark_waiting(self, queue: str, mark: WaitingMark | None) -> None:
         """As `DynamoStore.mark_waiting`."""
-        self._mark_queue("waiting", queue, cohort_fields(cohorts) if cohorts else None)
+        self._mark_queue("waiting", queue, waiting_mark_fields(mark) if mark else None)
 
     def held_since(self, queues: list[str]) -> dict[str, float]:
         """As `DynamoStore.held_since`."""
