@@ -391,7 +391,7 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
         ages: tuple[tuple[float, int], ...] = ()
         if waiting is not None:  # no marks without a store, or unread: the age stays what the cloud said
             ages, mark = waiting_ages(backlog, waiting.get(qname), now,
-                                     started(backlog, stats.get(qname)) if counted else None)  # fmt: skip
+                                     items_started(backlog, stats.get(qname)) if counted else None)  # fmt: skip
             if mark != waiting.get(qname):
                 marks[qname] = mark
         # A gang item is demand for every node of it, each node one item of the queue's slots.
@@ -507,7 +507,7 @@ def waiting_ages(backlog: Backlog, kept: WaitingMark | None, now: float,
     return ages, WaitingMark(tuple(cohorts), started)
 
 
-def started(backlog: Backlog, stats: QueueStats | None) -> int:
+def items_started(backlog: Backlog, stats: QueueStats | None) -> int:
     """A queue's items started so far, as far as the tick can count them: in flight now, plus
     those that succeeded (`QueueStats.items`, the agents' count)."""
     return backlog.in_flight + (stats.items if stats is not None else 0)

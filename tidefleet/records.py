@@ -125,7 +125,7 @@ LEGACY_COHORT = 1 << 40  # a mark from before cohorts: every waiting item counts
 @dataclass(frozen=True)
 class WaitingMark:
     """What the scaler keeps of a queue's backlog between ticks: its cohorts, and how many of the
-    queue's items had started by then (`started`: in flight plus succeeded, `control.started`),
+    queue's items had started by then (`started`: in flight plus succeeded, `control.items_started`),
     from which the next tick knows how many waiting items left meanwhile, even where the count
     held. None in a mark from before it was kept."""
 
