@@ -489,7 +489,8 @@ def waiting_ages(backlog: Backlog, kept: WaitingMark | None, now: float,
         return (), None
     held = sum(n for _, n in kept.cohorts) if kept else 0
     left = held - backlog.visible
-    if kept is not None and kept.started is not None and started is not None:
+    counting = kept is not None and kept.started is not None and started is not None
+    if counting:
         left = max(left, started - kept.started)
     cohorts = drop_oldest(kept.cohorts if kept else (), max(0, left))
     if (arrived := backlog.visible - sum(n for _, n in cohorts)) > 0:
@@ -502,7 +503,7 @@ def waiting_ages(backlog: Backlog, kept: WaitingMark | None, now: float,
         ages = ((cap, ages[0][1]), *ages[1:])
     # The count moves with the cohorts only: a mark written as often as before, and a start counted
     # once whichever tick saw it (the count dips between a success's delete and its record).
-    if kept is not None and kept.started is not None and started is not None and kept.cohorts == tuple(cohorts):
+    if counting and kept.cohorts == tuple(cohorts):
         return ages, kept
     return ages, WaitingMark(tuple(cohorts), started)
 
