@@ -227,6 +227,16 @@ def test_observe_reads_backlog_per_queue_and_skips_pools_without_a_group(caplog)
     assert "no auto scaling group" in caplog.text and '"gpu"' in caplog.text
 
 
+@pytest.mark.parametrize("tick_s,waiting_tick_s,next_tick", [(60, 10, 10.0), (60, 0, 60.0), (5, 10, 5.0)])
+def test_each_queue_view_says_how_soon_the_scaler_decides_again_while_items_wait(tick_s, waiting_tick_s, next_tick):
+    """What leaving an item to turnover counts on (`demand.wait_horizon`): the run's re-tick while
+    it is sooner than the scheduled tick, else the tick."""
+    scaler = ENV.scaler.model_copy(update={"tick_s": tick_s, "waiting_tick_s": waiting_tick_s})
+    env = ENV.model_copy(update={"scaler": scaler})
+    seen = control.observe(env, ports(group("cpu", 1, instance("i-1")), backlogs={"demo": Backlog(7, 2)}), NOW, ["cpu"])
+    assert seen.fleet.queues[0].next_tick_s == next_tick
+
+
 def test_observe_counts_each_item_spot_nodes_left_to_on_demand_nodes_once_and_only_where_the_queue_asks():
     env = parse_environment({"region": "us-east-1", "pools": {"cpu": {"max": 6, "command": "work",
                              "instance_types": [{"type": "c6i.large"}]}},

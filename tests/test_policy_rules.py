@@ -861,6 +861,24 @@ def test_waiting_items_that_turnover_starts_within_the_wait_target_launch_no_nod
     assert decide_pool(env, deeper).desired > 1
 
 
+def test_items_left_to_turnover_are_launched_for_on_the_last_tick_that_still_makes_their_target():
+    """Leaving an item to turnover counts on a later tick to launch for it if turnover does not
+    come. Once the next tick (`next_tick_s` away) would launch too late for the target, this tick
+    is the last that can: the horizon is a boot. Without it, an unseen shape's items left at 71 s
+    of a 120-s target were launched for at 81 s, ready at 126 s (its p95)."""
+    env = environment(**BREAK_EVEN)  # boot 60 s, 2 slots a node
+    view = with_intake(fleet(env, [node("i-a", busy=2)], render=(6, 2)), 2 / 30.0, mean=30.0)
+
+    def aged(next_tick_s: float) -> FleetView:
+        return replace(view, queues=tuple(replace(q, oldest_age_s=20.0, next_tick_s=next_tick_s) for q in view.queues))
+
+    # 100 s left: each of the 2 slots starts 1 + 100 // 30 = 4 items, the 2 in flight and the 6 waiting.
+    assert decide_pool(env, aged(0.0)).desired == 1
+    assert decide_pool(env, aged(40.0)).desired == 1  # 60 s left at the next tick: a node launched then is in time
+    # 40 s left at the next tick, under a boot: launch now for what a boot's turnover (3 a slot) leaves.
+    assert decide_pool(env, aged(41.0)).desired == 2
+
+
 def test_nodes_launched_for_waiting_items_count_their_turnover_within_the_wait_target():
     env = environment(**BREAK_EVEN)  # boot 60 s, 2 slots a node
     fresh = with_intake(fleet(env, [], render=(12, 0)), 0.0, mean=30.0)

@@ -409,6 +409,7 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
                 oldest_age_s=ages[0][0] if ages else backlog.oldest_age_s,
                 waiting_ages=tuple((age, n * nodes_per_item) for age, n in ages),
                 target_wait_s=queue.target_wait_s,
+                next_tick_s=next_tick_s(env),
                 gang=nodes_per_item > 1,
                 intake_per_s=intake.get(qname, 0.0),
                 team=env.team_of(qname),
@@ -738,6 +739,12 @@ def _clock_lines(ahead: dict[str, Heartbeat], now: float) -> list[str]:
     return [f"node {node_id}'s clock is {hb.at - now:.0f}s ahead of the scaler's: its heartbeat is read as "
             f"written now, and if it dies it is replaced {hb.at - now:.0f}s late (fix the node's clock: NTP)"
             for node_id, hb in sorted(ahead.items())]  # fmt: skip
+
+
+def next_tick_s(env: Environment) -> float:
+    """Seconds until the scaler decides again while items wait: `retick_in`'s, else the tick's."""
+    wait = env.scaler.waiting_tick_s
+    return float(wait if 0 < wait < env.scaler.tick_s else env.scaler.tick_s)
 
 
 def retick_in(env: Environment, fleet: FleetView) -> float | None:

@@ -11,8 +11,9 @@ waiting items never lower what is needed (each rule is monotone in demand).
     than a new node could start it), or longer when the queue's wait target allows it: the
     oldest item may still wait `target_wait_s - oldest_age_s`, and every waiting item is
     younger, so items the serving slots start within that need no node (`wait_horizon`). Once
-    the oldest item's remaining wait is below a boot, the horizon is the boot again: waiting
-    work that turnover does not cover launches at once. The floor keeps the expected wait of a
+    the oldest item's remaining wait at the next tick is below a boot, the horizon is the boot
+    again: this tick is the last whose launch is in time, and waiting work that turnover does
+    not cover launches at once. The floor keeps the expected wait of a
     covered item within the horizon; an unknown mean or one longer than the horizon gives 1 item
     per slot: plain slot counting. Before any item finished, a queue with a target (not a gang's)
     is taken to run items of two boots (`item_mean`); otherwise its mean is unknown. Once every busy slot
@@ -90,11 +91,15 @@ class Horizon:
 
 def wait_horizon(queue: QueueView, boot_s: int, age_s: float | None = None) -> float:
     """How long waiting items of this age (default: the oldest's) may wait for serving slots
-    before a node must launch for them."""
+    before a node must launch for them: what is left of their target, while the next tick could
+    still launch a node in time for it (`QueueView.next_tick_s`); else a boot, this tick being the
+    last that can. Without it, 4 items left at 71 s of a 120-s target waited for turnover that
+    did not come, and the next tick, at 81 s, launched nodes ready at 126 s."""
     age_s = queue.oldest_age_s if age_s is None else age_s
     if queue.target_wait_s is None or age_s is None:
         return boot_s
-    return max(boot_s, queue.target_wait_s - age_s)
+    left = queue.target_wait_s - age_s
+    return left if left - queue.next_tick_s >= boot_s else boot_s
 
 
 def cohorts(queue: QueueView) -> list[tuple[float, int]]:

@@ -57,6 +57,9 @@ class QueueView:
     # oldest_unacked_message_age); None = unknown: the policy then launches as if it were due.
     oldest_age_s: float | None = None
     target_wait_s: int | None = None  # the queue's wait target; None = launch for waiting work at once
+    # Seconds until the scaler decides again while the queue has items waiting (`control.next_tick_s`):
+    # leaving an item to turnover counts on that tick to launch for it if turnover does not come.
+    next_tick_s: float = 0.0
     gang: bool = False  # its items run on several whole nodes at once (nodes_per_item > 1)
     # Items per second the pool's agents take from this queue, smoothed (`RATE_WINDOW_S`), summed
     # over their heartbeats: the arrival rate while capacity keeps up.
