@@ -385,7 +385,7 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
     held = _read(unread, "hold marks", store.held_since, observed) if store is not None else None
     # Unread stats count no success: the starts since the marks are not known this tick.
     counted, stats, held = stats is not None, stats or {}, held or {}
-    queue_views, marks = [], {}
+    queue_views, marks, next_tick = [], {}, next_tick_s(env)
     for qname in observed:
         queue, backlog = env.queues[qname], backlogs[qname]
         ages: tuple[tuple[float, int], ...] = ()
@@ -409,7 +409,7 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
                 oldest_age_s=ages[0][0] if ages else backlog.oldest_age_s,
                 waiting_ages=tuple((age, n * nodes_per_item) for age, n in ages),
                 target_wait_s=queue.target_wait_s,
-                next_tick_s=next_tick_s(env),
+                next_tick_s=next_tick,
                 gang=nodes_per_item > 1,
                 intake_per_s=intake.get(qname, 0.0),
                 team=env.team_of(qname),
