@@ -12,8 +12,8 @@ baseline at an equal or better p95 wait (a baseline that leaves more items unfin
 the work and does not count), which baselines are cheaper where it is not and at what p95 waits,
 tidefleet's p95 waits and on which shapes they pass its own `target_wait_s` (a pool capped below
 the demand makes items wait whatever the policy), and its cost over the lower bound and the
-zero-wait bound. The seeds are drawn under their
-own prefix (`unseen/<seed>`): change `--first` for shapes never replayed before.
+zero-wait bound. The seeds are drawn under their own prefix (`unseen/<seed>`): change `--first`
+for shapes never replayed before.
 
 The zero-wait bound knows every item's run time and spreads running items over nodes as no
 schedule can; on 8-GPU nodes it is up to twice what any schedule that does not move items pays.
