@@ -516,6 +516,33 @@ def test_while_items_wait_the_run_ticks_again_and_a_submit_meanwhile_sends_no_ki
     assert all(start is not None for start in outcome.first_start)
 
 
+def test_a_scheduled_tick_during_a_runs_loop_goes_on_ticking_while_items_wait():
+    """One node at most, busy: an item submitted at 23 s waits. Its kick's run starts at 25 s and
+    ticks again every 10 s until 75 s (the next would be within a wait of its minute). The
+    schedule's tick at 60 s comes while that run still loops: the function runs one invocation at
+    a time, so it would be throttled until that run's last tick and then loop on its own. So the
+    reticks carry on to 105 s. Before, the retick it asked for was dropped beside the pending one,
+    and nothing ticked from 75 s to the 120-s schedule while the item waited (unseen shape 28: a
+    153-s wait behind a 120-s target)."""
+    seen = []
+
+    class Watching(TidefleetPolicy):
+        def _tick_once(self, sim):
+            seen.append(sim.now)
+            super()._tick_once(sim)
+
+    env = make_env()
+    env = env.model_copy(update={
+        "pools": {"p": env.pools["p"].model_copy(update={"max": 1})},
+        "scaler": env.scaler.model_copy(update={"waiting_tick_s": 10}),
+    })  # fmt: skip
+    items = [TraceItem(0, 1000, 1), TraceItem(23, 10, 1)]  # the first keeps the one node busy
+    timing = Timing(boot_s=10.0, notice_s=120.0, kick_s=2.0)
+    outcome = Simulation(env, "p", items, Watching(env, kick_s=2.0), timing).run()
+    assert [t for t in seen if 55 <= t < 120] == [55, 60, 65, 75, 85, 95, 105]
+    assert all(start is not None for start in outcome.first_start)
+
+
 # --- Where the traces come from: the project's traces/, whatever the cwd; a missing one is one line.
 
 ROOT = Path(__file__).resolve().parent.parent

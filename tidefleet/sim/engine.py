@@ -317,6 +317,7 @@ class Simulation:
         self.on_demand_base = self.pool.on_demand_base
         self.spot_failures: deque[float] = deque()
         self.kick_pending = False
+        self.retick_first: float | None = None  # the pending kick is a retick of the run that started then
         self.leave_grant = (0, 0.0, 0.0, 0)  # the scaler's (units, granted at, until, stay): see grant_leave
         self.retry_pending = False
         # Events and actions so far: while it holds, nothing happened that a tick could see
@@ -378,7 +379,13 @@ class Simulation:
         invocation at a time, so theirs would be throttled while this one sleeps."""
         if not self.kick_pending:
             self.kick_pending = True
-            self._push(at, KICK, first)
+            self.retick_first = first
+            self._push(at, KICK, None)
+        elif self.retick_first is not None:
+            # A run that started while an earlier run's retick was pending (a scheduled tick): the
+            # function would have been throttled until that run's last tick, and then looped on
+            # its own. Without this, its reticks were dropped and items waited a whole schedule.
+            self.retick_first = max(self.retick_first, first)
 
     def _idle_poll(self, node: Node) -> None:
         """A wholly free node's agent finds nothing to receive one long poll later: then it asks
@@ -493,10 +500,11 @@ class Simulation:
                     self.terminate(node)
         elif kind == KICK:
             self.kick_pending = False
-            if payload is None:
+            first, self.retick_first = self.retick_first, None
+            if first is None:
                 self.policy.poll(self)
             else:
-                self.policy.poll_again(self, payload)
+                self.policy.poll_again(self, first)
         elif kind == BOOTED:
             node = self.nodes.get(payload)
             if node is not None and node.state == "pending":
