@@ -133,7 +133,8 @@ def goal_line(report: Report) -> str:
             else:
                 misses.append(line)
     if ours.cost_vs_lower_bound > 1.25:
-        misses.append(f"cost is {ours.cost_vs_lower_bound:.2f}x the lower bound (> 1.25x)")
+        # Three decimals: GenAI LoRA at 1.2535x read "cost is 1.25x the lower bound (> 1.25x)".
+        misses.append(f"cost is {ours.cost_vs_lower_bound:.3f}x the lower bound (> 1.25x)")
     verdict = "goal met" if not misses else "goal NOT met: " + "; ".join(misses)
     return verdict + (f" (not like for like: {'; '.join(not_counted)})" if not_counted else "")
 
