@@ -25,7 +25,7 @@ from tidefleet.ports import Ports
 from tidefleet.sim import Interruptions, Timing, TraceError, TraceItem, bench, load_trace, simulate
 from tidefleet.sim.bench import check_traces
 from tidefleet.sim.cli import simulate as simulate_command
-from tidefleet.sim.engine import Simulation
+from tidefleet.sim.engine import Outcome, Simulation
 from tidefleet.sim.policies import POLICY_NAMES, TidefleetPolicy
 from tidefleet.sim.ports import SimulationPorts
 from tidefleet.sim.trace import SpotTrace, traces_dir
@@ -491,12 +491,9 @@ def test_the_policy_sees_the_mean_time_of_finished_items_only():
     assert {mean for t, mean in seen if t >= second_done} == {100.0 + ITEM_SECONDS_WEIGHT * (200.0 - 100.0)}
 
 
-@pytest.mark.parametrize("waiting_tick_s,ticks", [(10, [60, 70, 80, 90, 100, 110]), (0, [60, 77])])
-def test_while_items_wait_the_run_ticks_again_and_a_submit_meanwhile_sends_no_kick(waiting_tick_s, ticks):
-    """One node at most: the second item waits for the first. The run the 60 s schedule starts
-    ticks again every 10 s while it waits, for 50 s (the next would be within a wait of the
-    next scheduled tick); the item submitted at 75 s is throttled into that run rather than
-    kicking its own (2 s after it). Without re-ticks: the schedule and the kick."""
+def ticks_while_one_node_is_busy(items: list[TraceItem], timing: Timing, waiting_tick_s: int) -> tuple[list[float], Outcome]:
+    """The times the scaler ticked (skipped ticks too) over `items` on a pool of one node at most,
+    and the run's outcome."""
     seen = []
 
     class Watching(TidefleetPolicy):
@@ -509,9 +506,18 @@ def test_while_items_wait_the_run_ticks_again_and_a_submit_meanwhile_sends_no_ki
         "pools": {"p": env.pools["p"].model_copy(update={"max": 1})},
         "scaler": env.scaler.model_copy(update={"waiting_tick_s": waiting_tick_s}),
     })  # fmt: skip
+    outcome = Simulation(env, "p", items, Watching(env, kick_s=timing.kick_s), timing).run()
+    return seen, outcome
+
+
+@pytest.mark.parametrize("waiting_tick_s,ticks", [(10, [60, 70, 80, 90, 100, 110]), (0, [60, 77])])
+def test_while_items_wait_the_run_ticks_again_and_a_submit_meanwhile_sends_no_kick(waiting_tick_s, ticks):
+    """One node at most: the second item waits for the first. The run the 60 s schedule starts
+    ticks again every 10 s while it waits, for 50 s (the next would be within a wait of the
+    next scheduled tick); the item submitted at 75 s is throttled into that run rather than
+    kicking its own (2 s after it). Without re-ticks: the schedule and the kick."""
     items = [TraceItem(0, 200, 1), TraceItem(0, 200, 1), TraceItem(75, 10, 1)]
-    timing = Timing(boot_s=BOOT, notice_s=120.0, kick_s=2.0)
-    outcome = Simulation(env, "p", items, Watching(env, kick_s=2.0), timing).run()
+    seen, outcome = ticks_while_one_node_is_busy(items, Timing(boot_s=BOOT, notice_s=120.0, kick_s=2.0), waiting_tick_s)
     assert [t for t in seen if 60 <= t < 120] == ticks
     assert all(start is not None for start in outcome.first_start)
 
@@ -524,21 +530,8 @@ def test_a_scheduled_tick_during_a_runs_loop_goes_on_ticking_while_items_wait():
     reticks carry on to 105 s. Before, the retick it asked for was dropped beside the pending one,
     and nothing ticked from 75 s to the 120-s schedule while the item waited (unseen shape 28: a
     153-s wait behind a 120-s target)."""
-    seen = []
-
-    class Watching(TidefleetPolicy):
-        def _tick_once(self, sim):
-            seen.append(sim.now)
-            super()._tick_once(sim)
-
-    env = make_env()
-    env = env.model_copy(update={
-        "pools": {"p": env.pools["p"].model_copy(update={"max": 1})},
-        "scaler": env.scaler.model_copy(update={"waiting_tick_s": 10}),
-    })  # fmt: skip
     items = [TraceItem(0, 1000, 1), TraceItem(23, 10, 1)]  # the first keeps the one node busy
-    timing = Timing(boot_s=10.0, notice_s=120.0, kick_s=2.0)
-    outcome = Simulation(env, "p", items, Watching(env, kick_s=2.0), timing).run()
+    seen, outcome = ticks_while_one_node_is_busy(items, Timing(boot_s=10.0, notice_s=120.0, kick_s=2.0), 10)
     assert [t for t in seen if 55 <= t < 120] == [55, 60, 65, 75, 85, 95, 105]
     assert all(start is not None for start in outcome.first_start)
 
