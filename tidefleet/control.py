@@ -741,10 +741,16 @@ def _clock_lines(ahead: dict[str, Heartbeat], now: float) -> list[str]:
             for node_id, hb in sorted(ahead.items())]  # fmt: skip
 
 
-def next_tick_s(env: Environment) -> float:
-    """Seconds until the scaler decides again while items wait: `retick_in`'s, else the tick's."""
+def _waiting_tick_s(env: Environment) -> float | None:
+    """`scaler.waiting_tick_s` where a run ticks again that soon (sooner than `tick_s`); else None."""
     wait = env.scaler.waiting_tick_s
-    return float(wait if 0 < wait < env.scaler.tick_s else env.scaler.tick_s)
+    return float(wait) if 0 < wait < env.scaler.tick_s else None
+
+
+def next_tick_s(env: Environment) -> float:
+    """Seconds until the scaler decides again while items wait: the run's re-tick, else the tick."""
+    wait = _waiting_tick_s(env)
+    return wait if wait is not None else float(env.scaler.tick_s)
 
 
 def retick_in(env: Environment, fleet: FleetView) -> float | None:
@@ -752,10 +758,8 @@ def retick_in(env: Environment, fleet: FleetView) -> float | None:
     and alarms are soon enough): while a queue it may serve has items waiting, every
     `scaler.waiting_tick_s`, when that is sooner than `tick_s`. A held queue's items wait for
     their team's share, not for capacity."""
-    wait = env.scaler.waiting_tick_s
-    if not wait or wait >= env.scaler.tick_s:
-        return None
-    return float(wait) if any(q.visible and not q.held for q in fleet.queues) else None
+    wait = _waiting_tick_s(env)
+    return wait if wait is not None and any(q.visible and not q.held for q in fleet.queues) else None
 
 
 def _decision_line(decision: PoolDecision, group: GroupState, now: float, dry_run: bool) -> dict:
