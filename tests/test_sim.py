@@ -44,7 +44,8 @@ def make_env(*, slots_per_unit=1, types=None, idle_s=60):
             "pools": {
                 "p": {"max": 10, "command": "run", "slots_per_unit": slots_per_unit, "instance_types": types}
             },
-            "queues": {"q": {"pool": "p"}},
+            # The most an attempt may run: these tests replay items of up to days (see split_too_long).
+            "queues": {"q": {"pool": "p", "item_timeout_s": 7 * 86400}},
         },
         name="t",
     )
@@ -186,6 +187,51 @@ def test_an_item_bigger_than_every_node_is_reported_not_replayed():
     )
     assert report.unfittable["count"] == 1 and report.unfittable["by_slots"] == {"4": 1}
     assert report.results[0].items_finished == 1
+
+
+def _timeout_env(item_timeout_s):
+    env = make_env()
+    return env.model_copy(update={"queues": {"q": env.queues["q"].model_copy(update={"item_timeout_s": item_timeout_s})}})
+
+
+@pytest.mark.parametrize("policy", ["tidefleet", "keda", "oracle"])
+def test_an_item_longer_than_its_queues_item_timeout_is_reported_not_replayed(policy):
+    """The agent kills an attempt at item_timeout_s: an item that runs longer never finishes on the
+    real system, so a replay that ran it to success would predict work the deployment cannot do."""
+    items = [TraceItem(0, 100, 1), TraceItem(5, 3600, 1), TraceItem(9, 7200, 1), TraceItem(20, 5000, 1)]
+    report = simulate(_timeout_env(3600), "p", items, [policy], timing=NO_KICK)
+    assert report.too_long == {"count": 2, "work_s": 12200.0,
+                               "by_queue": {"q": {"count": 2, "item_timeout_s": 3600, "longest_s": 7200.0}}}  # fmt: skip
+    result = report.results[0]
+    assert (result.items_finished, result.items_unfinished) == (2, 0)  # 100 s and exactly the timeout
+    assert report.lower_bound_usd == pytest.approx(3700 / 3600 * 1.0)  # the work of the two replayed, $1 a slot-hour
+    assert report.to_json()["too_long"]["count"] == 2
+
+
+def test_the_simulate_command_says_which_items_outlast_their_timeout_and_the_fix(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("submit_s,duration_s,gpus\n0,60,1\n5,900000,1\n")
+    out = CliRunner().invoke(simulate_command, [str(path), "--env", "bench", "--pool", "gpu", "--policy", "oracle"])
+    assert out.exit_code == 0, out.output
+    assert ("not replayed: 1 item runs longer than its queue's item_timeout_s (gpu: 1 over 7.0 days, the longest "
+            "10.4 days); the agent kills an attempt at it, so deployed as configured it would fail max_retries + 1 "
+            "attempts and be dead-lettered: split the work (7 days is the most item_timeout_s allows)") in out.output
+    path.write_text("submit_s,duration_s,gpus\n5,900000,1\n")
+    out = CliRunner().invoke(simulate_command, [str(path), "--env", "bench", "--pool", "gpu", "--policy", "oracle"])
+    assert out.exit_code == 1 and "Traceback" not in out.output
+    assert ("no items to replay (1 read, 1 longer than their queue's item_timeout_s); check the file, or widen "
+            "--window, or split the work (7 days is the most item_timeout_s allows)") in out.output
+
+
+def test_a_timeout_below_the_most_allowed_is_named_as_the_fix():
+    from tidefleet.sim.words import too_long_line
+
+    line = too_long_line({"count": 3, "work_s": 0.0, "by_queue": {"a": {"count": 2, "item_timeout_s": 3600, "longest_s": 9000.0},
+                                                               "b": {"count": 1, "item_timeout_s": 604800, "longest_s": 700000.0}}})  # fmt: skip
+    assert line.startswith("not replayed: 3 items run longer than their queue's item_timeout_s (a: 2 over 3,600 s, the "
+                           "longest 2.5 h; b: 1 over 7.0 days, the longest 8.1 days)")
+    assert line.endswith("raise item_timeout_s (at most 7 days) or split the work")
+    assert too_long_line({"count": 0, "work_s": 0.0, "by_queue": {}}) == ""
 
 
 @pytest.mark.parametrize("policy", ["tidefleet", "target-tracking", "clearml", "keda"])
@@ -363,13 +409,17 @@ def test_the_command_prints_the_documented_json(tmp_path):
     assert set(data["results"][0]["wait_s"]) == {"p50", "p95", "p99", "max"}
 
 
+SIX_DAYS = [TraceItem(0, 6 * 86400, 1)] * 10
+
+
 def test_items_still_running_when_a_replay_gives_up_are_unfinished_not_interrupted():
-    """keda leaves OpenB's first pods (~145 days each) waiting behind each other until the replay
-    gives up: the ones running then are cut off by the end, not by a spot notice or a scale-in."""
-    items = load_trace(traces_dir() / "alibaba_openb_2023_pods.csv")[:10]
-    keda = simulate(load_environment("bench"), "gpu", items, ["keda"]).results[0]
-    assert keda.items_unfinished > 0 and keda.stopped == "horizon"
-    assert (keda.items_interrupted, keda.work_redone_s, keda.items_dead_lettered) == (0, 0.0, 0)
+    """keda runs ten 6-day items two at a time (ceil(10 / 5) replicas) until the replay gives up, a
+    week past the last submit plus twice the longest item: the ones running then are cut off by the
+    end, not by a spot notice or a scale-in (its one interruption is a scale-in's, at 315 s)."""
+    keda = simulate(load_environment("bench"), "gpu", SIX_DAYS, ["keda"]).results[0]
+    assert (keda.items_unfinished, keda.stopped) == (4, "horizon")
+    assert keda.items_interrupted == keda.busy_items_killed_by_scale_in == 1
+    assert (keda.work_redone_s, keda.items_dead_lettered) == (315.0, 0)
 
 
 def test_a_replay_that_gives_up_says_so_and_why(tmp_path):
@@ -386,11 +436,11 @@ def test_a_replay_that_gives_up_says_so_and_why(tmp_path):
         "started or finished: the pool never served them (nodes that never finish booting, or are interrupted as "
         "they boot? see --boot-s, --interruption-rate)"
     )]
-    trace = tmp_path / "openb.csv"  # keda's horizon case above, through the command
-    trace.write_text("".join((traces_dir() / "alibaba_openb_2023_pods.csv").read_text().splitlines(True)[:11]))
+    trace = tmp_path / "six-days.csv"  # keda's horizon case above, through the command
+    trace.write_text("submit_s,duration_s,gpus\n" + "".join(f"{i.submit_s},{i.duration_s},1\n" for i in SIX_DAYS))
     out = CliRunner().invoke(simulate_command, [str(trace), "--env", "bench", "--pool", "gpu", "--policy", "keda"])
     assert out.exit_code == 0, out.output
-    assert out.stdout.splitlines()[-1].startswith("note: the keda replay gave up with 6 of 10 items unfinished; a week "
+    assert out.stdout.splitlines()[-1].startswith("note: the keda replay gave up with 4 of 10 items unfinished; a week "
                                                   "past the last submit plus twice the longest item"), out.stdout  # fmt: skip
 
 
@@ -466,7 +516,7 @@ def test_an_item_killed_max_receive_count_times_is_dead_lettered_not_retried_for
     # datapoints (killing it: no protection), its 0 -> 1 alarm brings a node back, and so on.
     env = make_env()
     receives = env.queues["q"].max_receive_count
-    result = run(env, [TraceItem(0, 10 * 86400, 1)], policy="target-tracking")
+    result = run(env, [TraceItem(0, 6 * 86400, 1)], policy="target-tracking")
     assert (result.items_dead_lettered, result.items_unfinished, result.items_finished) == (1, 1, 0)
     assert result.items_interrupted == result.busy_items_killed_by_scale_in == receives
 
@@ -775,12 +825,12 @@ def test_a_run_that_fails_stops_invoke_bench_at_once_naming_it(tmp_path, monkeyp
 
 def test_invoke_simulate_finds_a_bare_trace_name_in_the_projects_folder_from_another_cwd(tmp_path):
     run = subprocess.run(
-        [sys.executable, "-m", "invoke", "--search-root", str(ROOT), "simulate", "--trace", "philly_2017_jobs.csv",
-         "--env", "bench", "--pool", "gpu8", "--extra", "--window 0:3600"],
+        [sys.executable, "-m", "invoke", "--search-root", str(ROOT), "simulate", "--trace",
+         "alibaba_genai_lora_2024_requests.csv", "--env", "bench", "--pool", "gpu", "--extra", "--window 0:3600"],
         check=False, cwd=tmp_path, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "philly_2017_jobs.csv on bench/gpu8" in run.stdout and "| tidefleet |" in run.stdout
+    assert "alibaba_genai_lora_2024_requests.csv on bench/gpu" in run.stdout and "| tidefleet |" in run.stdout
 
 
 def test_the_simulated_idle_poll_is_the_agents():
@@ -832,6 +882,7 @@ instance_types = [{ type = "c6i.large", weight = 1, on_demand_price = 2.0, spot_
 [queues.q]
 pool = "p"
 preemptible = true
+item_timeout_s = 20000
 """)
     trace = write(tmp_path, "submit_s,duration_s,gpus\n" + "".join(f"0,{d},1\n" for d in [10_000, 100, 100, 100] * 2))
 
@@ -874,7 +925,7 @@ def test_the_table_prints_cents_under_a_dollar_to_4_digits_waits_with_separators
     assert unfit.startswith(f"not replayed: {items} more than the 1 slot of the pool's biggest node (")
     assert tidefleet.startswith("| tidefleet | 0.8667 | 1.04 | 1.00 | 0.9 | 0.0 | 1,045/2,045/2,045/2,045 |")
     assert oracle.startswith("| oracle | 0.8333 | 1.00 |")
-    big = simulate(make_env(), "p", [TraceItem(0, 4_128_696, 1)], ["oracle"], timing=NO_KICK)
+    big = simulate(make_env(), "p", [TraceItem(0, 516_087, 1)] * 8, ["oracle"], timing=NO_KICK)
     assert format_table(big).splitlines()[2].startswith("| oracle | 1,146.86 |")  # cents from $1 up, as ever
 
 

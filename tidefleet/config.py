@@ -112,6 +112,9 @@ GCP_REGIONS = frozenset({
 AWS_ZONES = {"us-east-1": 6, "us-west-2": 4, "ap-northeast-1": 4, "ap-northeast-2": 4}
 AWS_ZONES_USUAL = 3
 SQS_MAX_VISIBILITY_S = 12 * 3600
+# The most `item_timeout_s` allows: an attempt runs at most a week, on both clouds (see the README's
+# `[queues.<name>]` on how a long attempt keeps its message).
+MAX_ITEM_TIMEOUT_S = 7 * DAY_S
 # How long a queue keeps a waiting item before dropping it (tidefleet/resources.py SQS_RETENTION_S and
 # PUBSUB_RETENTION_S, the services' most): the oldest-item alarm and the escalation must come before it.
 QUEUE_RETENTION_S = {"aws": 14 * 24 * 3600, "gcp": 7 * 24 * 3600}
@@ -276,7 +279,7 @@ class Queue(_Model):
     pool: str
     priority: int = Field(0, ge=0, le=1000, description="higher is served first when capacity is capped")
     max_retries: int = Field(3, ge=0, le=100, description="failed attempts retried before the dead-letter queue")
-    item_timeout_s: int = Field(3600, ge=1, le=7 * 24 * 3600)
+    item_timeout_s: int = Field(3600, ge=1, le=MAX_ITEM_TIMEOUT_S)
     slots_per_item: int = Field(1, ge=1, le=256, description="slots one item needs (e.g. GPUs)")
     nodes_per_item: int | NodesRange = Field(
         1,

@@ -10,6 +10,9 @@ The model
   max(gpus, that queue's slots_per_item) slots. Items larger than the pool's biggest node
   run only as gangs (below); where the pool has no gang queue, or the item spans more nodes than
   its largest gang queue's max or the pool's max, they are reported under `unfittable`, not replayed.
+- An item that runs longer than its queue's `item_timeout_s` is reported under `too_long`, not
+  replayed: the agent kills an attempt at the timeout and counts it failed, so deployed as
+  configured it would fail `max_retries + 1` attempts and be dead-lettered, never done.
 - Gangs (`Queue.nodes_per_item`): an item larger than a node (any item, where only gang queues
   feed the pool) goes to the gang queue with the smallest max that holds the nodes it spans
   (ceil(gpus / node slots)) and runs as that queue's gang, one member per whole node. A wholly
@@ -94,6 +97,8 @@ Metrics and the `--json` schema (`"schema": "tidefleet.sim/1"`, stable; fields a
     items: rows read (after the window); unfittable: {count, largest_node_slots, most_nodes
       (an item may span: > 1 only with a gang queue), by_slots: {"<slots>": count}, work_s};
     gangs: the items replayed as gangs: {count, by_nodes: {"<nodes spanned>": count}, work_s};
+    too_long: the items longer than their queue's item_timeout_s, not replayed: {count, by_queue:
+      {"<queue>": {count, item_timeout_s, longest_s}}, work_s};
     lower_bound_usd: the oracle's cost; zero_wait_usd: the zero-wait bound (see `oracle` above);
     results: one per policy, in the order asked:
       policy, cost_usd, node_hours, idle_node_hours (node time with no item running,

@@ -328,7 +328,8 @@ def run_bench(out: Path, traces_dir: Path | None = None, workers: int | None = N
             (
                 f"{report.items} items; {report.gangs['count']} replayed as gangs (by nodes: {report.gangs['by_nodes']}); "
                 f"{unfit['count']} unfittable (need more than {unfit['most_nodes']} node(s) of {unfit['largest_node_slots']} "
-                f"slots: {unfit['by_slots']}); boot {report.boot_s:.0f}s, notice {report.notice_s:.0f}s; "
+                f"slots: {unfit['by_slots']}); {report.too_long['count']} longer than their queue's item_timeout_s; "
+                f"boot {report.boot_s:.0f}s, notice {report.notice_s:.0f}s; "
                 f"lower bound ${report.lower_bound_usd:,.2f}, zero-wait bound ${report.zero_wait_usd:,.2f}; "
                 f"{TUNED}: {describe(tuned)}; "
                 f"{seconds:.1f}s of simulation\n"

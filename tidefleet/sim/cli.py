@@ -27,7 +27,7 @@ from tidefleet.sim.trace import (
     parse_window,
     trace_name,
 )
-from tidefleet.sim.words import format_table, replay_title, usd_column
+from tidefleet.sim.words import format_table, replay_title, too_long_line, usd_column
 
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")  # formats matplotlib writes by the name's suffix
 # Past these a replay models no cloud (boots take 25-60 s, notices 30-120 s, spot nodes see well under a
@@ -214,6 +214,8 @@ def simulate(
             need = "needs" if unfit["count"] == 1 else "need"
             click.echo(f"not replayed: {plural(unfit['count'], 'item')} {need} more than {room} "
                        f"(by slots: {unfit['by_slots']})")  # fmt: skip
+        if report.too_long["count"]:
+            click.echo(too_long_line(report.too_long))
         click.echo(format_table(report))
         for note in stop_notes(report):
             click.echo(note)

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
-from tidefleet.config import DAY_S, Environment, Queue
+from tidefleet.config import DAY_S, MAX_ITEM_TIMEOUT_S, Environment, Queue
 from tidefleet.sim.engine import (
     NO_INTERRUPTIONS,
     Interruptions,
@@ -101,6 +101,8 @@ class Report:
     resume_s: float = math.nan  # `Timing.resume_s`: work a preempted (or moved) attempt repeats
     timelines: dict[str, list[Sample]] = field(default_factory=dict)
     teams: dict[str, list[TeamRow]] = field(default_factory=dict)  # per policy, with by_team
+    # Items longer than their queue's item_timeout_s, not replayed (`split_too_long`).
+    too_long: dict = field(default_factory=lambda: {"count": 0, "by_queue": {}, "work_s": 0.0})
 
     def to_json(self) -> dict:
         """The report as JSON data (the schema in tidefleet.sim), its waits and durations to 0.1 s: the
@@ -153,6 +155,41 @@ def split_unfittable(env: Environment, pool: str, items: list[TraceItem]) -> tup
         "work_s": sum(i.duration_s for i in too_big),
     }
     return fits, info
+
+
+def split_too_long(queues: list[tuple[str, Queue]], items: list[TraceItem], queue_of: list[int], need: list[int]
+                   ) -> tuple[list[TraceItem], list[int], list[int], dict]:  # fmt: skip
+    """Items that run longer than their queue's `item_timeout_s`: report them, as the unfittable.
+
+    The agent kills an attempt at the timeout and counts it failed, so on the real system such an
+    item runs `max_retries + 1` attempts of that long and is dead-lettered: never done, whatever
+    the scaler does. Replaying it to success would predict work the deployment cannot do.
+    Returns the items, queues and slots kept, and {count, by_queue: {queue: {count,
+    item_timeout_s, longest_s}}, work_s}.
+    """
+    keep = [k for k, (item, q) in enumerate(zip(items, queue_of, strict=True))
+            if item.duration_s <= queues[q][1].item_timeout_s]  # fmt: skip
+    by_queue: dict[str, dict] = {}
+    work_s = 0.0
+    if len(keep) < len(items):
+        kept = set(keep)
+        for k, (item, q) in enumerate(zip(items, queue_of, strict=True)):
+            if k not in kept:
+                name, queue = queues[q]
+                row = by_queue.setdefault(name, {"count": 0, "item_timeout_s": queue.item_timeout_s, "longest_s": 0.0})
+                row["count"] += 1
+                row["longest_s"] = max(row["longest_s"], item.duration_s)
+                work_s += item.duration_s
+    info = {"count": len(items) - len(keep), "by_queue": dict(sorted(by_queue.items())), "work_s": work_s}
+    return [items[k] for k in keep], [queue_of[k] for k in keep], [need[k] for k in keep], info
+
+
+def too_long_fix(too_long: dict) -> str:
+    """What to do about the items `split_too_long` left out: a longer timeout while one is allowed."""
+    days = MAX_ITEM_TIMEOUT_S / DAY_S
+    if all(row["item_timeout_s"] >= MAX_ITEM_TIMEOUT_S for row in too_long["by_queue"].values()):
+        return f"split the work ({days:.0f} days is the most item_timeout_s allows)"
+    return f"raise item_timeout_s (at most {days:.0f} days) or split the work"
 
 
 def gang_report(queues: list[tuple[str, Queue]], items: list[TraceItem], queue_of: list[int]) -> dict:
@@ -330,14 +367,16 @@ def simulate(
     items = sorted(items, key=lambda i: i.submit_s)
     fits, unfittable = split_unfittable(env, pool, for_pool(items, env.pools[pool].capacity_unit))
     fits = route(env, pool, fits)
-    if not fits:
-        too_big = f", {unfittable['count']} too big for pool {pool}" if unfittable["count"] else ""
-        raise ValueError(f"{trace_name}: no items to replay ({len(items)} {'in --window' if window else 'read'}{too_big}); "
-                         "check the file, or widen --window")
-    span = (fits[-1].submit_s - fits[0].submit_s) if fits else 0.0
-    sample_s = max(float(env.scaler.tick_s), span / PLOT_POINTS)
     queues = pool_queues(env, pool)
     queue_of, need = placement(queues, fits)
+    fits, queue_of, need, too_long = split_too_long(queues, fits, queue_of, need)
+    if not fits:
+        too_big = f", {unfittable['count']} too big for pool {pool}" if unfittable["count"] else ""
+        longer = f", {too_long['count']} longer than their queue's item_timeout_s" if too_long["count"] else ""
+        raise ValueError(f"{trace_name}: no items to replay ({len(items)} {'in --window' if window else 'read'}{too_big}"
+                         f"{longer}); check the file, or widen --window{', or ' + too_long_fix(too_long) if longer else ''}")
+    span = (fits[-1].submit_s - fits[0].submit_s) if fits else 0.0
+    sample_s = max(float(env.scaler.tick_s), span / PLOT_POINTS)
     # A gang item's slots on every member of the smallest gang it runs as.
     slots = [n * queues[q][1].gang[0] for q, n in zip(queue_of, need)]
     lb = lower_bound(env, pool, fits, slots)
@@ -379,4 +418,5 @@ def simulate(
         resume_s=timing.resume_s,
         timelines=timelines,
         teams=teams,
+        too_long=too_long,
     )

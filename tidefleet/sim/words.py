@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from tidefleet.costs import usd
-from tidefleet.sim.run import Report
+from tidefleet.sim.run import Report, too_long_fix
 
 
 def usd_column(costs: list[float]) -> list[str]:
@@ -28,6 +28,23 @@ def replay_title(report: Report) -> str:
 def ratio(x: float) -> str:
     """A cost over a bound, or - where the bound is $0 (every item 0 s long): no multiple of it."""
     return f"{x:.2f}" if math.isfinite(x) else "-"
+
+
+def _span(seconds: float) -> str:
+    """A duration as read at a glance: seconds, hours past two, days past two."""
+    return f"{seconds / 86400:,.1f} days" if seconds >= 2 * 86400 else f"{seconds / 3600:,.1f} h" if seconds >= 7200 else f"{seconds:,.0f} s"
+
+
+def too_long_line(too_long: dict) -> str:
+    """What `run.split_too_long` left out, and the fix, in one line; "" when nothing was."""
+    if not too_long["count"]:
+        return ""
+    queues = "; ".join(f"{name}: {row['count']:,} over {_span(row['item_timeout_s'])}, the longest {_span(row['longest_s'])}"
+                       for name, row in too_long["by_queue"].items())  # fmt: skip
+    n = too_long["count"]
+    return (f"not replayed: {n:,} item{'s' * (n != 1)} {'run' if n != 1 else 'runs'} longer than {'their' if n != 1 else 'its'} "
+            f"queue's item_timeout_s ({queues}); the agent kills an attempt at it, so deployed as configured "
+            f"{'each' if n != 1 else 'it'} would fail max_retries + 1 attempts and be dead-lettered: {too_long_fix(too_long)}")
 
 
 def format_table(report: Report) -> str:
