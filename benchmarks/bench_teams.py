@@ -19,6 +19,7 @@ from tidefleet.config import load_environment
 from tidefleet.sim.bench import TRACES_DIR
 from tidefleet.sim.run import simulate
 from tidefleet.sim.trace import TraceError, load_trace, parse_window
+from tidefleet.sim.words import too_long_line
 
 DEFAULT_WINDOW = "2592000:3801600"  # days 30 to 44
 
@@ -50,9 +51,11 @@ def main() -> None:
     # A team's cost is its work's (its share of the lower bound); the rest of what each run paid is no team's.
     rest = {label: runs[label].results[0].cost_usd - sum(r.cost_usd for r in rows[label].values()) for label in runs}
     print(f"| (no team: idle nodes, unused slots, boots) | | | | | | {rest['quotas']:,.0f} | {rest['none']:,.0f} |")
-    print(f"| all | {env.pools['gpu8'].max} GPUs (pool max) | {runs['quotas'].items:,} | | "
+    print(f"| all | {env.pools['gpu8'].max} GPUs (pool max) | {q.items_finished + q.items_unfinished:,} | | "
           f"{q.wait_s['p50'] / 3600:,.2f} / {q.wait_s['p95'] / 3600:,.2f} | "
           f"{n.wait_s['p50'] / 3600:,.2f} / {n.wait_s['p95'] / 3600:,.2f} | {q.cost_usd:,.0f} | {n.cost_usd:,.0f} |")
+    if left_out := too_long_line(runs["quotas"].too_long):  # the items the rows count are those replayed
+        print(f"\n{left_out}")
     print(f"\n{time.perf_counter() - started:.0f}s")
 
 

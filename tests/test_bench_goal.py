@@ -33,3 +33,12 @@ def test_a_cheaper_baseline_counts_unless_it_leaves_more_work_unfinished():
         "goal met (not like for like: keda is cheaper ($26.00 vs $27.00) but leaves 3 items unfinished)")
     assert verdict(result("tidefleet", 27.0, 60), result("clearml", 90.0, 12)) == (
         "goal NOT met: clearml has a lower p95 wait (12s vs 60s)")
+
+
+def test_a_lower_p95_wait_within_a_second_says_by_how_much():
+    """An 8-GPU bench_scenarios shape: clearml's p95 0.0 s against tidefleet's 0.4 s read
+    'lower p95 wait (0s vs 0s)'."""
+    assert verdict(result("tidefleet", 24.06, 0.39999999999417923), result("clearml", 33.0, 0.0)) == (
+        "goal NOT met: clearml has a lower p95 wait (0.0s vs 0.4s)")
+    assert verdict(result("tidefleet", 24.06, 47.4), result("clearml", 33.0, 44.6)) == (
+        "goal NOT met: clearml has a lower p95 wait (45s vs 47s)")

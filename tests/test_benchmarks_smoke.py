@@ -28,6 +28,7 @@ SMOKE = [
      "with keda's p95 as target_wait_s, on the 1 shapes keda is cheaper"),
     ("bench_unseen.py", ["--first", "1039", "--shapes", "1", "--max-items", "200", "--workers", "1", "--clearml-idle"],
      "on the 1 shapes where only a costlier baseline waits less: cheaper than every quicker one on 1"),
+    ("bench_scenarios.py", ["--scenarios", "sparse,merge", "--workers", "1"], "of 2 scenarios"),
 ]
 
 
@@ -64,6 +65,10 @@ DEGENERATE = [
     ("bench_teams.py", ["--window", "5:1"], "bench_teams.py: error: --window: END must be after START (got '5:1')"),
     ("bench_moves.py", ["--workers", "0"], "argument --workers: must be at least 1 (got 0)"),
     ("bench_seeds.py", ["--seeds", "0"], "argument --seeds: must be at least 1 (got 0)"),
+    ("bench_scenarios.py", ["--workers", "0"], "argument --workers: must be at least 1 (got 0)"),
+    ("bench_scenarios.py", ["--scenarios", "nope"], ("--scenarios: unknown scenario nope; choose from render, merge, "
+                                                     "training-bursts, sparse, office-hours, bimodal, heavy-tail, "
+                                                     "trickle, gangs, batches")),
     ("bench_seeds.py", ["--workloads", "nope"], ("argument --workloads: unknown workload nope; choose from genai, openb, "
                                                  "philly, bursty-short, rare-large, diurnal-steady")),
 ]

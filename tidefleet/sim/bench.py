@@ -123,9 +123,10 @@ def goal_line(report: Report) -> str:
     misses, not_counted = [], []
     for r in baselines:
         if r.wait_s["p95"] < ours.wait_s["p95"]:
-            misses.append(
-                f"{r.policy} has a lower p95 wait ({r.wait_s['p95']:.0f}s vs {ours.wait_s['p95']:.0f}s)"
-            )
+            # Whole seconds, as the tables print them, unless that reads "0s vs 0s".
+            digits = 0 if round(r.wait_s["p95"]) != round(ours.wait_s["p95"]) else 1
+            misses.append(f"{r.policy} has a lower p95 wait ({r.wait_s['p95']:.{digits}f}s vs "
+                          f"{ours.wait_s['p95']:.{digits}f}s)")  # fmt: skip
         if r.cost_usd <= ours.cost_usd:
             line = f"{r.policy} is cheaper (${r.cost_usd:,.2f} vs ${ours.cost_usd:,.2f})"
             if r.items_unfinished > ours.items_unfinished:
