@@ -167,19 +167,16 @@ def split_too_long(queues: list[tuple[str, Queue]], items: list[TraceItem], queu
     Returns the items, queues and slots kept, and {count, by_queue: {queue: {count,
     item_timeout_s, longest_s}}, work_s}.
     """
-    keep = [k for k, (item, q) in enumerate(zip(items, queue_of, strict=True))
-            if item.duration_s <= queues[q][1].item_timeout_s]  # fmt: skip
-    by_queue: dict[str, dict] = {}
-    work_s = 0.0
-    if len(keep) < len(items):
-        kept = set(keep)
-        for k, (item, q) in enumerate(zip(items, queue_of, strict=True)):
-            if k not in kept:
-                name, queue = queues[q]
-                row = by_queue.setdefault(name, {"count": 0, "item_timeout_s": queue.item_timeout_s, "longest_s": 0.0})
-                row["count"] += 1
-                row["longest_s"] = max(row["longest_s"], item.duration_s)
-                work_s += item.duration_s
+    keep, by_queue, work_s = [], {}, 0.0
+    for k, (item, q) in enumerate(zip(items, queue_of, strict=True)):
+        name, queue = queues[q]
+        if item.duration_s <= queue.item_timeout_s:
+            keep.append(k)
+            continue
+        row = by_queue.setdefault(name, {"count": 0, "item_timeout_s": queue.item_timeout_s, "longest_s": 0.0})
+        row["count"] += 1
+        row["longest_s"] = max(row["longest_s"], item.duration_s)
+        work_s += item.duration_s
     info = {"count": len(items) - len(keep), "by_queue": dict(sorted(by_queue.items())), "work_s": work_s}
     return [items[k] for k in keep], [queue_of[k] for k in keep], [need[k] for k in keep], info
 
