@@ -9,6 +9,7 @@ Action found with ...`. Everything else goes to the moto server.
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -164,7 +165,10 @@ def test_a_busy_node_is_held_for_its_agent_unless_the_agent_is_silent_past_the_b
     if released is None:
         assert line["held"] == "busy (2 slots): its agent completes the lifecycle action" and hooks.calls == []
     else:
-        assert line["released"].startswith(f"agent silent: last heartbeat {silent_s}s ago > boot timeout {ENV.pools['cpu'].boot_timeout_s}s")
+        # The handler reads its own clock after the heartbeat was written: a loaded machine adds seconds.
+        said = re.match(rf"agent silent: last heartbeat (\d+)s ago > boot timeout {ENV.pools['cpu'].boot_timeout_s}s",
+                        line["released"])  # fmt: skip
+        assert said and silent_s <= int(said.group(1)) < silent_s + 30, line["released"]
         assert "held" not in line and hooks.completed == {node}
 
 
