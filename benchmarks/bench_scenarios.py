@@ -110,8 +110,7 @@ def replay(name: str, seed: int) -> str:
     pool, what, make = SCENARIOS[name]
     items = make(random.Random(f"scenario/{name}/{seed}"))
     report = simulate(load_environment("bench"), pool, items, POLICIES)
-    by = {r.policy: r for r in report.results}
-    ours = by["tidefleet"]
+    ours = next(r for r in report.results if r.policy == "tidefleet")
     others = sorted((r for r in report.results if r.policy not in ("tidefleet", "oracle")), key=lambda r: r.cost_usd)
     cheapest = others[0]
     return (f"| {name} | {what} ({pool}, {len(items):,} items) | {ours.cost_usd:,.2f} | {ours.cost_vs_lower_bound:.2f} | "

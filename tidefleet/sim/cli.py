@@ -214,8 +214,8 @@ def simulate(
             need = "needs" if unfit["count"] == 1 else "need"
             click.echo(f"not replayed: {plural(unfit['count'], 'item')} {need} more than {room} "
                        f"(by slots: {unfit['by_slots']})")  # fmt: skip
-        if report.too_long["count"]:
-            click.echo(too_long_line(report.too_long))
+        if left_out := too_long_line(report.too_long):
+            click.echo(left_out)
         click.echo(format_table(report))
         for note in stop_notes(report):
             click.echo(note)
