@@ -247,3 +247,13 @@ def test_a_spot_trace_of_the_wrong_shape_names_the_field_and_what_was_expected(t
     assert out.exit_code == 1 and "Traceback" not in out.output, out.output
     shape = '{"metadata": {"gap_seconds": N}, "data": [N, ...]} (a skypilot spot-traces file)'
     assert out.output.strip().splitlines() == [f"Error: {spot}: not a spot trace: {what}; a spot trace is JSON {shape}"]
+
+
+def test_pool_may_be_left_out_where_the_environment_has_one_and_is_named_where_it_has_several(tmp_path):
+    trace = write(tmp_path, "submit_s,duration_s,gpus\n0,10,1\n")
+    one = CliRunner().invoke(simulate_command, [str(trace), "--env", "dev", "--json"])
+    named = CliRunner().invoke(simulate_command, [str(trace), "--env", "dev", "--pool", "cpu", "--json"])
+    assert one.exit_code == named.exit_code == 0, one.output + named.output
+    assert json.loads(one.stdout)["pool"] == "cpu" and json.loads(one.stdout) == json.loads(named.stdout)
+    line = error_line(cli(str(trace), "--env", "prod"), 2)
+    assert line == "Error: --pool: prod has 3 pools; name one of: cpu, gpu, gpu4"

@@ -111,6 +111,13 @@ def unwritable(path: Path) -> str | None:
     return None
 
 
+def only_pool(env) -> str:
+    """The pool `--pool` names when left out: the environment's only one."""
+    if len(env.pools) != 1:
+        raise click.UsageError(f"--pool: {env.name} has {len(env.pools)} pools; name one of: {', '.join(sorted(env.pools))}")
+    return next(iter(env.pools))
+
+
 def cannot_write_plot(plot: Path, why: str) -> click.ClickException:
     return click.ClickException(f"--plot: cannot write {plot} ({why}); give a writable path")
 
@@ -121,7 +128,7 @@ def cannot_write_plot(plot: Path, why: str) -> click.ClickException:
     "--env", "env_name", envvar="TIDEFLEET_ENV", show_envvar=True, required=True,
     help="environment name (environments/<name>.toml) or a .toml path"
 )
-@click.option("--pool", required=True, help="pool whose instance types, slots and prices are simulated")
+@click.option("--pool", help="pool whose instance types, slots and prices are simulated (the environment's one pool if left out)")
 @click.option("--policy", "policies", multiple=True, type=click.Choice(POLICY_NAMES), default=("tidefleet",),
               show_default=True, help="policy to replay; repeat for several")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="print the report as JSON (schema in tidefleet.sim)")
@@ -180,6 +187,7 @@ def simulate(
             raise click.UsageError(f"{flag}: at most {most:g} ({why}) (got {value:g})")
     try:
         env = load_environment(env_name)
+        pool = pool or only_pool(env)
         bounds = parse_window(window) if window else None
         items = load_trace(trace, bounds)
         interruptions = Interruptions(
