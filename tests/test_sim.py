@@ -200,7 +200,8 @@ def test_an_item_longer_than_its_queues_item_timeout_is_reported_not_replayed(po
     real system, so a replay that ran it to success would predict work the deployment cannot do."""
     items = [TraceItem(0, 100, 1), TraceItem(5, 3600, 1), TraceItem(9, 7200, 1), TraceItem(20, 5000, 1)]
     report = simulate(_timeout_env(3600), "p", items, [policy], timing=NO_KICK)
-    assert report.too_long == {"count": 2, "work_s": 12200.0,
+    # Deployed as is: max_retries + 1 = 4 attempts each, killed at 3,600 s: 8 slot-hours at $1.
+    assert report.too_long == {"count": 2, "work_s": 12200.0, "attempts": 8, "attempts_usd": 8.0,
                                "by_queue": {"q": {"count": 2, "item_timeout_s": 3600, "longest_s": 7200.0}}}  # fmt: skip
     result = report.results[0]
     assert (result.items_finished, result.items_unfinished) == (2, 0)  # 100 s and exactly the timeout
@@ -215,7 +216,8 @@ def test_the_simulate_command_says_which_items_outlast_their_timeout_and_the_fix
     assert out.exit_code == 0, out.output
     assert ("not replayed: 1 item runs longer than its queue's item_timeout_s (gpu: 1 over 7.0 days, the longest "
             "10.4 days); the agent kills an attempt at it, so deployed as configured it would fail max_retries + 1 "
-            "attempts and be dead-lettered: split the work (7 days is the most item_timeout_s allows)") in out.output
+            "attempts and be dead-lettered (4 attempts, each killed at the timeout: at least $141.12 of node time): "
+            "split the work (7 days is the most item_timeout_s allows)") in out.output  # 4 x 168 h of a $0.21 g4dn.xlarge
     path.write_text("submit_s,duration_s,gpus\n5,900000,1\n")
     out = CliRunner().invoke(simulate_command, [str(path), "--env", "bench", "--pool", "gpu", "--policy", "oracle"])
     assert out.exit_code == 1 and "Traceback" not in out.output
@@ -226,11 +228,12 @@ def test_the_simulate_command_says_which_items_outlast_their_timeout_and_the_fix
 def test_a_timeout_below_the_most_allowed_is_named_as_the_fix():
     from tidefleet.sim.words import too_long_line
 
-    line = too_long_line({"count": 3, "work_s": 0.0, "by_queue": {"a": {"count": 2, "item_timeout_s": 3600, "longest_s": 9000.0},
+    line = too_long_line({"count": 3, "work_s": 0.0, "attempts": 12, "attempts_usd": 0.5, "by_queue": {"a": {"count": 2, "item_timeout_s": 3600, "longest_s": 9000.0},
                                                                "b": {"count": 1, "item_timeout_s": 604800, "longest_s": 700000.0}}})  # fmt: skip
     assert line.startswith("not replayed: 3 items run longer than their queue's item_timeout_s (a: 2 over 3,600 s, the "
                            "longest 2.5 h; b: 1 over 7.0 days, the longest 8.1 days)")
-    assert line.endswith("raise item_timeout_s (at most 7 days) or split the work")
+    assert line.endswith("(12 attempts, each killed at the timeout: at least $0.5000 of node time): raise item_timeout_s "
+                         "(at most 7 days) or split the work")
     assert too_long_line({"count": 0, "work_s": 0.0, "by_queue": {}}) == ""
 
 

@@ -98,7 +98,9 @@ Metrics and the `--json` schema (`"schema": "tidefleet.sim/1"`, stable; fields a
       (an item may span: > 1 only with a gang queue), by_slots: {"<slots>": count}, work_s};
     gangs: the items replayed as gangs: {count, by_nodes: {"<nodes spanned>": count}, work_s};
     too_long: the items longer than their queue's item_timeout_s, not replayed: {count, by_queue:
-      {"<queue>": {count, item_timeout_s, longest_s}}, work_s};
+      {"<queue>": {count, item_timeout_s, longest_s}}, work_s, attempts, attempts_usd} (the attempts
+      they would run deployed as is, each killed at the timeout, and their slot-hours at the lower
+      bound's $/slot-hour);
     lower_bound_usd: the oracle's cost; zero_wait_usd: the zero-wait bound (see `oracle` above);
     results: one per policy, in the order asked:
       policy, cost_usd, node_hours, idle_node_hours (node time with no item running,

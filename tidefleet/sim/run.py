@@ -102,7 +102,7 @@ class Report:
     timelines: dict[str, list[Sample]] = field(default_factory=dict)
     teams: dict[str, list[TeamRow]] = field(default_factory=dict)  # per policy, with by_team
     # Items longer than their queue's item_timeout_s, not replayed (`split_too_long`).
-    too_long: dict = field(default_factory=lambda: {"count": 0, "by_queue": {}, "work_s": 0.0})
+    too_long: dict = field(default_factory=lambda: {"count": 0, "by_queue": {}, "work_s": 0.0, "attempts": 0, "attempts_usd": 0.0})
 
     def to_json(self) -> dict:
         """The report as JSON data (the schema in tidefleet.sim), its waits and durations to 0.1 s: the
@@ -157,17 +157,19 @@ def split_unfittable(env: Environment, pool: str, items: list[TraceItem]) -> tup
     return fits, info
 
 
-def split_too_long(queues: list[tuple[str, Queue]], items: list[TraceItem], queue_of: list[int], need: list[int]
-                   ) -> tuple[list[TraceItem], list[int], list[int], dict]:  # fmt: skip
+def split_too_long(queues: list[tuple[str, Queue]], items: list[TraceItem], queue_of: list[int], need: list[int],
+                   slot_hour_usd: float) -> tuple[list[TraceItem], list[int], list[int], dict]:  # fmt: skip
     """Items that run longer than their queue's `item_timeout_s`: report them, as the unfittable.
 
     The agent kills an attempt at the timeout and counts it failed, so on the real system such an
     item runs `max_retries + 1` attempts of that long and is dead-lettered: never done, whatever
     the scaler does. Replaying it to success would predict work the deployment cannot do.
     Returns the items, queues and slots kept, and {count, by_queue: {queue: {count,
-    item_timeout_s, longest_s}}, work_s}.
+    item_timeout_s, longest_s}}, work_s, attempts, attempts_usd}: the attempts deployed as is would
+    run to the timeout, and their slot-hours at `slot_hour_usd` (the lower bound's rate: at least
+    what they would bill, boots and idle left out).
     """
-    keep, by_queue, work_s = [], {}, 0.0
+    keep, by_queue, work_s, attempts, attempt_slot_s = [], {}, 0.0, 0, 0.0
     for k, (item, q) in enumerate(zip(items, queue_of, strict=True)):
         name, queue = queues[q]
         if item.duration_s <= queue.item_timeout_s:
@@ -177,7 +179,10 @@ def split_too_long(queues: list[tuple[str, Queue]], items: list[TraceItem], queu
         row["count"] += 1
         row["longest_s"] = max(row["longest_s"], item.duration_s)
         work_s += item.duration_s
-    info = {"count": len(items) - len(keep), "by_queue": dict(sorted(by_queue.items())), "work_s": work_s}
+        attempts += queue.max_retries + 1
+        attempt_slot_s += (queue.max_retries + 1) * queue.item_timeout_s * need[k] * queue.gang[0]
+    info = {"count": len(items) - len(keep), "by_queue": dict(sorted(by_queue.items())), "work_s": work_s,
+            "attempts": attempts, "attempts_usd": attempt_slot_s / 3600.0 * slot_hour_usd}  # fmt: skip
     return [items[k] for k in keep], [queue_of[k] for k in keep], [need[k] for k in keep], info
 
 
@@ -366,7 +371,7 @@ def simulate(
     fits = route(env, pool, fits)
     queues = pool_queues(env, pool)
     queue_of, need = placement(queues, fits)
-    fits, queue_of, need, too_long = split_too_long(queues, fits, queue_of, need)
+    fits, queue_of, need, too_long = split_too_long(queues, fits, queue_of, need, cheapest_slot_hour(env, pool)[0])
     if not fits:
         too_big = f", {unfittable['count']} too big for pool {pool}" if unfittable["count"] else ""
         longer = f", {too_long['count']} longer than their queue's item_timeout_s" if too_long["count"] else ""

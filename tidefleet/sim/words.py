@@ -44,7 +44,8 @@ def too_long_line(too_long: dict) -> str:
     n = too_long["count"]
     return (f"not replayed: {n:,} item{'s' * (n != 1)} {'run' if n != 1 else 'runs'} longer than {'their' if n != 1 else 'its'} "
             f"queue's item_timeout_s ({queues}); the agent kills an attempt at it, so deployed as configured "
-            f"{'each' if n != 1 else 'it'} would fail max_retries + 1 attempts and be dead-lettered: {too_long_fix(too_long)}")
+            f"{'each' if n != 1 else 'it'} would fail max_retries + 1 attempts and be dead-lettered ({too_long['attempts']:,} "
+            f"attempts, each killed at the timeout: at least ${usd(too_long['attempts_usd'])} of node time): {too_long_fix(too_long)}")
 
 
 def format_table(report: Report) -> str:
