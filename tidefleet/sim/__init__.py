@@ -102,7 +102,8 @@ Metrics and the `--json` schema (`"schema": "tidefleet.sim/1"`, stable; fields a
       they would run deployed as is, each killed at the timeout, and their slot-hours at the lower
       bound's $/slot-hour);
     lower_bound_usd: the oracle's cost; zero_wait_usd: the zero-wait bound (see `oracle` above);
-    results: one per policy, in the order asked:
+    results: one per policy, in the order asked, then one per --target-wait-s (policy
+      "tidefleet, target_wait_s=<N>"):
       policy, cost_usd, node_hours, idle_node_hours (node time with no item running,
       boot included), wait_s: {p50, p95, p99, max} (submit to first start, nearest-rank;
       an item never started counts until the run's end), makespan_s (first submit to last

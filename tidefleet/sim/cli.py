@@ -15,7 +15,7 @@ from tidefleet.config import ConfigError, load_environment
 from tidefleet.costs import usd
 from tidefleet.sim.engine import HORIZON, STALL_S, STALLED, Interruptions
 from tidefleet.sim.policies import POLICY_NAMES
-from tidefleet.sim.run import PolicyResult, Report, default_timing
+from tidefleet.sim.run import PolicyResult, Report, default_timing, with_target_wait
 from tidefleet.sim.run import simulate as run_simulation
 from tidefleet.sim.teams import TeamRow
 from tidefleet.sim.trace import (
@@ -118,6 +118,16 @@ def only_pool(env) -> str:
     return next(iter(env.pools))
 
 
+def refused_target_wait(err: ConfigError) -> str:
+    """A refused `--target-wait-s` in one line where every queue of the pool refuses it alike (the
+    same rule, the same numbers), else the config's own list of problems."""
+    first, rest = err.problems[0], err.problems[1:]
+    rule = first.split(".", 2)[-1]  # queues.<name>.target_wait_s: ... -> target_wait_s: ...
+    if rest and all(p.split(".", 2)[-1] == rule for p in rest):
+        return f"{err.source}: {first} (the pool's {len(rest)} other queue{'s' * (len(rest) != 1)} alike)"
+    return str(err)
+
+
 def cannot_write_plot(plot: Path, why: str) -> click.ClickException:
     return click.ClickException(f"--plot: cannot write {plot} ({why}); give a writable path")
 
@@ -148,6 +158,9 @@ def cannot_write_plot(plot: Path, why: str) -> click.ClickException:
 @click.option("--resume-s", type=float,
               help="work a preempted or moved attempt does again when it resumes: checkpoint save and load, s (default 60)")
 @click.option("--by-team", is_flag=True, help="also a table per policy: each team's quota, wait and cost")
+@click.option("--target-wait-s", "target_waits", type=int, multiple=True,
+              help="also replay tidefleet with this target_wait_s on every queue of the pool (a row "
+                   "'tidefleet, target_wait_s=N'); repeat for a curve of cost against wait")  # fmt: skip
 def simulate(
     trace,
     env_name,
@@ -163,6 +176,7 @@ def simulate(
     notice_s,
     resume_s,
     by_team,
+    target_waits,
 ):
     """Replay TRACE (CSV: submit_s, duration_s; optional gpus, cpus, group; - reads it from stdin) through
     scaling policies on one pool."""
@@ -188,6 +202,11 @@ def simulate(
     try:
         env = load_environment(env_name)
         pool = pool or only_pool(env)
+        for seconds in target_waits:  # a flag the config refuses: a usage error before the trace is read
+            try:
+                with_target_wait(env, pool, seconds)
+            except ConfigError as err:
+                raise click.UsageError(refused_target_wait(err)) from None
         bounds = parse_window(window) if window else None
         items = load_trace(trace, bounds)
         interruptions = Interruptions(
@@ -197,6 +216,7 @@ def simulate(
             env, pool, items, list(dict.fromkeys(policies)), trace_name=trace_name(trace), timing=default_timing(env, boot_s, notice_s, resume_s),
             interruptions=interruptions, spot_trace_name=Path(spot_trace).name if spot_trace else None,
             seed=seed, window=bounds, by_team=by_team, progress=lambda line: click.echo(line, err=True),
+            target_waits=target_waits,
         )  # fmt: skip
     except WindowError as err:  # the command line's window, as every other flag: a usage error
         raise click.UsageError(str(err)) from None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tidefleet.sim.run import Report
+from tidefleet.sim.run import TARGET_WAIT_ROW, Report
 from tidefleet.sim.words import replay_title, usd_column
 
 
@@ -34,6 +34,11 @@ def draw(report: Report):
         label = r.policy + (f" ({r.items_unfinished:,} unfinished)" if r.items_unfinished else "")
         label += " (p95 < 1 s, drawn at 1 s)" if r.wait_s["p95"] < 1.0 else ""
         costs.scatter(p95, r.cost_usd, s=40, label=f"{label}: ${cost}, {r.cost_vs_lower_bound:.2f}x")
+    # tidefleet under each --target-wait-s with its own: one curve of cost against wait.
+    curve = sorted((max(1.0, r.wait_s["p95"]), r.cost_usd) for r in report.results
+                   if r.policy == "tidefleet" or r.policy.startswith(TARGET_WAIT_ROW))  # fmt: skip
+    if len(curve) > 1 and any(r.policy.startswith(TARGET_WAIT_ROW) for r in report.results):
+        costs.plot(*zip(*curve), lw=0.8, color="grey", zorder=0, label="tidefleet by target_wait_s")
     costs.set_xscale("log")
     # A log axis leaves out a cost of $0 (an oracle of 0-s items), and warns when all are.
     log_cost = all(r.cost_usd > 0 for r in report.results)

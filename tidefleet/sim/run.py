@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
-from tidefleet.config import DAY_S, MAX_ITEM_TIMEOUT_S, Environment, Queue
+from tidefleet.config import DAY_S, MAX_ITEM_TIMEOUT_S, Environment, Queue, parse_environment
 from tidefleet.sim.engine import (
     NO_INTERRUPTIONS,
     Interruptions,
@@ -336,6 +336,23 @@ def make_policy(name: str, env: Environment, pool: str, timing: Timing):
     return BASELINES[name](env, pool)
 
 
+def with_target_wait(env: Environment, pool: str, seconds: int) -> Environment:
+    """`env` with `target_wait_s = seconds` on every queue of `pool`, checked as its file would be
+    (a ConfigError names the field, the value and the rule: below the queue's `max_wait_s`, say)."""
+    data = env.model_dump(exclude_unset=True)
+    for name, queue in env.queues.items():
+        if queue.pool == pool:
+            data["queues"][name]["target_wait_s"] = seconds
+    return parse_environment(data, name=env.name, source=f"--target-wait-s {seconds}")
+
+
+TARGET_WAIT_ROW = "tidefleet, target_wait_s="  # a `--target-wait-s` replay's row: this and the seconds
+
+
+def target_wait_row(seconds: int) -> str:
+    return f"{TARGET_WAIT_ROW}{seconds}"
+
+
 def simulate(
     env: Environment,
     pool: str,
@@ -350,10 +367,13 @@ def simulate(
     window: tuple[float, float] | None = None,
     by_team: bool = False,
     progress: Callable[[str], None] | None = None,
+    target_waits: tuple[int, ...] = (),
 ) -> Report:
     """Replay `items` under each policy, in submit order whatever their order in the list (ties keep
     it); `progress` (the CLI's stderr) gets a line as the replay starts, one every `PROGRESS_EVERY_S`
-    of a policy's replay (Philly takes a minute or more under tidefleet) and one as each policy is done."""
+    of a policy's replay (Philly takes a minute or more under tidefleet) and one as each policy is done.
+    Each of `target_waits` adds a tidefleet row (`target_wait_row`) with that `target_wait_s` on every
+    queue of the pool: the cost of letting items wait, on this workload."""
     if pool not in env.pools:
         raise ValueError(
             f"--pool: unknown pool (got {pool!r}); pools of {env.name}: {', '.join(sorted(env.pools))}"
@@ -363,6 +383,9 @@ def simulate(
         raise ValueError(
             f"--policy: unknown policy (got {unknown[0]!r}); choose from {', '.join(POLICY_NAMES)}"
         )
+    # Every row's environment first: a wait target the config refuses ends the command before any replay.
+    runs = [(name, name, env) for name in policies]
+    runs += [(target_wait_row(w), "tidefleet", with_target_wait(env, pool, w)) for w in dict.fromkeys(target_waits)]
     timing = timing or default_timing(env)
     # The engine takes arrivals in list order: an item listed late but submitted early would wait
     # from its submit for the items listed before it (a p95 of 82,108 s against 47 s, said nothing).
@@ -386,21 +409,22 @@ def simulate(
     gangs = gang_report(queues, fits, queue_of)
     results, timelines, teams = [], {}, {}
     say = progress or (lambda line: None)
-    say(f"replaying {len(fits):,} item{'s' * (len(fits) != 1)} under {len(policies)} "
-        f"polic{'ies' if len(policies) != 1 else 'y'}")  # fmt: skip
-    for done, name in enumerate(policies, start=1):
+    say(f"replaying {len(fits):,} item{'s' * (len(fits) != 1)} under {len(runs)} "
+        f"polic{'ies' if len(runs) != 1 else 'y'}")  # fmt: skip
+    for done, (row, name, run_env) in enumerate(runs, start=1):
         started = time.perf_counter()
         if name == "oracle":
             outcome = oracle_outcome(fits, lb, oracle_peak_nodes(env, pool, fits, slots))
         else:
-            policy = make_policy(name, env, pool, timing)
-            simulation = Simulation(env, pool, fits, policy, timing, interruptions, seed, sample_s)
-            outcome = simulation.run(_every(PROGRESS_EVERY_S, name, started, fits[-1].submit_s, say) if progress else None)
-        results.append(summarise(fits, outcome, lb[0], zero_wait))
-        timelines[name] = outcome.samples
+            policy = make_policy(name, run_env, pool, timing)
+            simulation = Simulation(run_env, pool, fits, policy, timing, interruptions, seed, sample_s)
+            outcome = simulation.run(_every(PROGRESS_EVERY_S, row, started, fits[-1].submit_s, say) if progress else None)
+        results.append(replace(summarise(fits, outcome, lb[0], zero_wait), policy=row))
+        if row == name:  # a wait target's replay is a point on the cost-wait plot, not another timeline
+            timelines[row] = outcome.samples
         if by_team and name != "oracle":
-            teams[name] = by_team_rows(env, pool, fits, outcome)
-        say(f"[{done}/{len(policies)}] {name}: {time.perf_counter() - started:.1f} s")
+            teams[row] = by_team_rows(run_env, pool, fits, outcome)
+        say(f"[{done}/{len(runs)}] {row}: {time.perf_counter() - started:.1f} s")
     return Report(
         trace=trace_name,
         env=env.name,
