@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from tidefleet.config import ConfigError, load_environment
+from tidefleet.config import ConfigError, Environment, load_environment
 from tidefleet.costs import usd
 from tidefleet.sim.engine import HORIZON, STALL_S, STALLED, Interruptions
 from tidefleet.sim.policies import POLICY_NAMES
@@ -111,7 +111,7 @@ def unwritable(path: Path) -> str | None:
     return None
 
 
-def only_pool(env) -> str:
+def only_pool(env: Environment) -> str:
     """The pool `--pool` names when left out: the environment's only one."""
     if len(env.pools) != 1:
         raise click.UsageError(f"--pool: {env.name} has {len(env.pools)} pools; name one of: {', '.join(sorted(env.pools))}")
