@@ -42,7 +42,7 @@ import statistics
 from concurrent.futures import ProcessPoolExecutor
 
 import shape_args
-from bench_target_wait import with_target_wait
+from bench_target_wait import with_any_target_wait
 
 from tidefleet.config import DAY_S, Environment, load_environment
 from tidefleet.sim.engine import placement, pool_queues
@@ -69,7 +69,7 @@ def replay(seed: int, max_items: int, keda_wait: bool = False, clearml_idle: boo
     cheaper, quicker = misses(r)
     if keda_wait and r["keda"] in cheaper:
         target = min(DAY_S, math.ceil(r["keda"].wait_s["p95"]))
-        (r["tidefleet@keda"],) = simulate(with_target_wait(env, target), pool, items, ["tidefleet"]).results
+        (r["tidefleet@keda"],) = simulate(with_any_target_wait(env, target), pool, items, ["tidefleet"]).results
     if clearml_idle and quicker and not cheaper:
         scaler = env.scaler.model_copy(update={"scale_in_delay_s": int(ClearML.IDLE_S)})
         (r["tidefleet@idle"],) = simulate(env.model_copy(update={"scaler": scaler}), pool, items, ["tidefleet"]).results

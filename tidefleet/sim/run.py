@@ -179,8 +179,9 @@ def split_too_long(queues: list[tuple[str, Queue]], items: list[TraceItem], queu
         row["count"] += 1
         row["longest_s"] = max(row["longest_s"], item.duration_s)
         work_s += item.duration_s
-        attempts += queue.max_retries + 1
-        attempt_slot_s += (queue.max_retries + 1) * queue.item_timeout_s * need[k] * queue.gang[0]
+        tries = queue.max_retries + 1
+        attempts += tries
+        attempt_slot_s += tries * queue.item_timeout_s * need[k] * queue.gang[0]
     info = {"count": len(items) - len(keep), "by_queue": dict(sorted(by_queue.items())), "work_s": work_s,
             "attempts": attempts, "attempts_usd": attempt_slot_s / 3600.0 * slot_hour_usd}  # fmt: skip
     return [items[k] for k in keep], [queue_of[k] for k in keep], [need[k] for k in keep], info
