@@ -523,13 +523,14 @@ def _tidefleet(args: list[str]) -> None:
     help={
         "trace": "trace CSV: a path, or a file name in the project's traces/ (see traces/README.md)",
         "env": f"{ENV_HELP.removesuffix(')')}; else prod)",
-        "pool": "pool whose instance types, slots and prices are simulated (default gpu)",
+        "pool": "pool whose instance types, slots and prices are simulated (default: the environment's only pool; "
+                "one with several asks which)",
         "policy": "policy to replay (repeatable): tidefleet (default), target-tracking, clearml, keda, oracle",
         "extra": "further tidefleet simulate options, e.g. '--window 0:86400 --plot out.png'",
     },
     iterable=["policy"],
 )
-def simulate(c, trace, env=None, pool="gpu", policy=None, extra=""):
+def simulate(c, trace, env=None, pool=None, policy=None, extra=""):
     """Replay a workload trace through scaling policies; print cost and wait per policy."""
     from tidefleet.config import known_environments
     from tidefleet.sim.trace import traces_dir
@@ -544,7 +545,7 @@ def simulate(c, trace, env=None, pool="gpu", policy=None, extra=""):
         options = shlex.split(extra)
     except ValueError as err:  # an unclosed quote
         raise Exit(f"--extra: cannot split {extra!r} into options ({err}); close its quotes") from None
-    _tidefleet(["simulate", str(found), "--env", env or _env_default() or "prod", "--pool", pool,
+    _tidefleet(["simulate", str(found), "--env", env or _env_default() or "prod", *(["--pool", pool] if pool else []),
                 *(a for p in policy or ["tidefleet"] for a in ("--policy", p)), *options])  # fmt: skip
 
 

@@ -132,13 +132,26 @@ def simulated(monkeypatch) -> list[list[str]]:
 def test_simulate_hands_tidefleet_simulate_an_argument_list_so_a_space_stays_in_its_word(monkeypatch, tmp_path):
     monkeypatch.delenv("TIDEFLEET_ENV", raising=False)
     given = simulated(monkeypatch)
-    tasks.simulate(MockContext(), "philly_2017_jobs.csv", policy=["keda", "oracle"],
+    tasks.simulate(MockContext(), "philly_2017_jobs.csv", pool="gpu", policy=["keda", "oracle"],
                    extra=f"--plot '{tmp_path}/my plots/a.png' --seed 3")  # fmt: skip
     assert given == [[
         "simulate", str(ROOT / "traces" / "philly_2017_jobs.csv"),
         "--env", "prod", "--pool", "gpu", "--policy", "keda", "--policy", "oracle",
         "--plot", f"{tmp_path}/my plots/a.png", "--seed", "3",
     ]]  # fmt: skip
+
+
+def test_simulate_leaves_the_pool_to_the_simulator_unless_given(monkeypatch):
+    """`tidefleet simulate` picks an environment's only pool and asks which of several: the task
+    passes no pool of its own (it passed gpu, which dev, whose one pool is cpu, does not have)."""
+    monkeypatch.delenv("TIDEFLEET_ENV", raising=False)
+    given = simulated(monkeypatch)
+    tasks.simulate(MockContext(), "philly_2017_jobs.csv", env="dev")
+    assert "--pool" not in given[0]
+    result = run_invoke("simulate", "philly_2017_jobs.csv")
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output
+    assert "--pool: prod has 3 pools; name one of: cpu, gpu, gpu4" in output and "Traceback" not in output, output
 
 
 def test_simulate_extra_with_an_unclosed_quote_is_one_line():
@@ -165,7 +178,7 @@ def test_simulate_names_a_trace_path_the_os_refuses_in_one_line(tmp_path):
     """The bare-name lookup asks the OS whether each candidate is a file: a name over 255 bytes
     raised OSError there, before the simulator could name it."""
     long = tmp_path / f"{'a' * 300}.csv"
-    result = run_invoke("simulate", "--trace", str(long))
+    result = run_invoke("simulate", "--trace", str(long), "--pool", "gpu")
     output = result.stdout + result.stderr
     assert result.returncode != 0
     assert f"{long}: cannot read it (File name too long)" in output and "Traceback" not in output, output
