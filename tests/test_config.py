@@ -76,6 +76,7 @@ BAD = [
     ("bad pool name", {"pools.CPU_Pool": BASE["pools"]["cpu"], "queues.default.pool": "CPU_Pool", "pools.cpu": None}, "pools.CPU_Pool: bad name (got 'CPU_Pool')"),
     ("zero retries above cap", {"queues.default.max_retries": 1000}, "queues.default.max_retries: Input should be less than or equal to 100 (got 1000)"),
     ("gang min above max", {"queues.default.nodes_per_item": {"min": 4, "max": 2}, "queues.default.slots_per_item": 2}, "queues.default.nodes_per_item: min must be <= max (got min 4 > max 2)"),
+    ("gang min above a max of 1", {"queues.default.nodes_per_item": {"min": 2, "max": 1}}, "queues.default.nodes_per_item: min must be <= max (got min 2 > max 1)"),
     ("gang member smaller than a node", {"queues.default.nodes_per_item": 2}, "queues.default.nodes_per_item: each gang member takes a whole node, so slots_per_item must equal every type's slots (got slots_per_item 1, nodes with 2 slots in pool 'cpu'); set slots_per_item to the node's slots"),
     ("pool of max 0 with a queue", {"pools.cpu.max": 0}, "pools.cpu.max: 0 launches no node, so the items of queue 'default' can never run (got 0); raise max to at least 1 (one c6i.large node) or move the queue to another pool"),
     ("pool of max 0 with a gang queue", {"pools.cpu.max": 0, "queues.default.nodes_per_item": 2, "queues.default.slots_per_item": 2, "queues.batch": {"pool": "cpu"}}, "pools.cpu.max: 0 launches no node, so the items of queues 'default', 'batch' can never run (got 0); raise max to at least 1 (one c6i.large node) or move the queues to another pool"),

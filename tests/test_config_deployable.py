@@ -187,6 +187,32 @@ def test_an_aws_image_of_another_architecture_than_the_pools_types_is_refused():
     assert _env("dev", **{"pools.cpu.image": arm64, "pools.cpu.instance_types": graviton})
 
 
+def test_a_pool_mixing_architectures_is_refused_whatever_its_image_says():
+    """One launch template (one instance template) boots one image on every type of the pool: an
+    image that does not name its architecture (an AMI id, the user's own parameter, a GCE image of
+    their own) still runs on one only."""
+    mixed = [{"type": "c6i.large", "weight": 1}, {"type": "c7g.large", "weight": 1, "on_demand_price": 0.07, "spot_price": 0.03}]
+    for image in ("ami-0123456789abcdef0", "ssm:/acme/ami/worker"):
+        _refused("dev", "pools.cpu.instance_types: mixes x86_64 types (c6i.large) and arm64 types (c7g.large), but the "
+                 "pool boots one image, which runs on one architecture; move the arm64 types to a pool of their own "
+                 "with an arm64 image", **{"pools.cpu.image": image, "pools.cpu.instance_types": mixed})  # fmt: skip
+    assert _env("dev", **{"pools.cpu.image": "ami-0123456789abcdef0", "pools.cpu.instance_types": mixed[1:]})
+    axion = {"type": "c4a-standard-4", "weight": 1, "on_demand_price": 0.2, "spot_price": 0.05}
+    n2 = {"type": "n2-standard-4", "weight": 1, "on_demand_price": 0.2, "spot_price": 0.05}
+    own = "projects/acme-images/global/images/family/worker"
+    _refused("gcp-dev", "pools.cpu.instance_types: mixes x86_64 types (n2-standard-4) and arm64 types (c4a-standard-4)",
+             **{"pools.cpu.image": own, "pools.cpu.instance_types": [n2, axion]})
+    # A public image is x86_64 unless its name says arm64.
+    debian = BASES["gcp-dev"]["pools"]["cpu"]["image"]
+    _refused("gcp-dev", f"pools.cpu.image: an x86_64 image cannot boot c4a-standard-4 (arm64) (got {debian!r}); use an "
+             "arm64 image (its name ends in -arm64, e.g. debian-12-arm64) or x86_64 machine types",
+             **{"pools.cpu.instance_types": [axion]})  # fmt: skip
+    _refused("gcp-dev", "pools.cpu.image: an arm64 image cannot boot n2-standard-4 (x86_64)",
+             **{"pools.cpu.image": f"{debian}-arm64", "pools.cpu.instance_types": [n2]})
+    assert _env("gcp-dev", **{"pools.cpu.image": f"{debian}-arm64", "pools.cpu.instance_types": [axion]})
+    assert _env("gcp-dev", **{"pools.cpu.image": own, "pools.cpu.instance_types": [axion]})
+
+
 @pytest.mark.parametrize("image", [
     "projects/debian-cloud/global/images/family/debian-11",
     "projects/debian-cloud/global/images/debian-11-bullseye-v20250415",

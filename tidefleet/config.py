@@ -146,6 +146,9 @@ AWS_OTHER_OS_IMAGE = r"amzn2?-ami|amazon-linux-2(?!023)|ubuntu|debian|suse|sles|
 # g5g, t4g), and a1; every other family is x86_64 (as is every type of prices.SPECS). An image boots only
 # on its own architecture, which AWS's public SSM parameters name (al2023-ami-kernel-default-arm64).
 AWS_ARM64_FAMILY = r"a1|[a-z]+\d+[a-z]*g[a-z]*"
+# GCP's Arm machine families (Axion C4A and N4A, Ampere T2A, Grace A4X); the others are x86_64. Public images
+# name an arm64 build (debian-12-arm64, ubuntu-2404-lts-arm64); without it they are x86_64.
+GCP_ARM64_FAMILY = r"c4a|n4a|t2a|a4x"
 # On GCP the boot script runs `apt-get install python3-venv` and needs python3 >= 3.11: the public image
 # projects of OSes without apt-get (Container-Optimized OS, the RPM distributions, Windows) cannot boot a node,
 # nor can Debian before 12 (3.9 on Debian 11) or Ubuntu before 23.04 (3.10 on 22.04), whose public images and
@@ -590,10 +593,10 @@ def _gang_problems(where: str, queue: Queue, pool_name: str, pool: Pool) -> list
     at = f"{where}.nodes_per_item"
     if not 1 <= low <= 1000 or not 1 <= high <= 1000:
         return [f"{at}: nodes per item must be 1 to 1000 (got {queue.nodes_per_item!r})"]
-    if high == 1:
-        return []
     if low > high:
         return [f"{at}: min must be <= max (got min {low} > max {high}); e.g. {{ min = 2, max = 4 }}"]
+    if high == 1:
+        return []
     out = []
     other = sorted({pool.slots(t) for t in pool.instance_types} - {queue.slots_per_item})
     if other:
@@ -1089,9 +1092,9 @@ def _pool_problems(env: Environment, name: str, pool: Pool) -> list[str]:
 def _boot_image_problems(env: Environment, where: str, pool: Pool) -> list[str]:
     """An image the boot script cannot run on: another OS than it installs Python with, another architecture."""
     if env.cloud == "gcp":
-        return _gcp_boot_image_problems(where, pool)
+        return _gcp_boot_image_problems(where, pool) or _architecture_problems(env, where, pool)
     if not pool.image.startswith("ssm:/aws/service/"):
-        return []  # an AMI id or the user's own parameter says nothing of its OS
+        return _architecture_problems(env, where, pool)  # an AMI id or the user's own parameter says nothing of its OS
     if re.search(AWS_OTHER_OS_IMAGE, pool.image.lower()):
         al2023 = GPU_IMAGES["aws"] if any(t.gpus for t in pool.instance_types) else Pool.model_fields["image"].default
         return [(f"{where}.image: the boot script needs Amazon Linux 2023 (dnf, python3.11) and stops before init_script "
@@ -1106,6 +1109,34 @@ def _boot_image_problems(env: Environment, where: str, pool: Pool) -> list[str]:
     fix = (f"move them to a pool of their own with the {theirs} parameter ({theirs_image!r}), as one image serves a pool"
            if len(other) < len(pool.instance_types) else f"use the {theirs} parameter ({theirs_image!r}) or {mine} instance types")  # fmt: skip
     return [f"{where}.image: an {mine} image cannot boot {', '.join(other)} ({theirs}) (got {pool.image!r}); {fix}"]
+
+
+def architecture(cloud: str, instance_type: str) -> str:
+    """"arm64" or "x86_64": what an instance type boots (`AWS_ARM64_FAMILY`, `GCP_ARM64_FAMILY`)."""
+    family, arm = (instance_type.split(".")[0], AWS_ARM64_FAMILY) if cloud == "aws" else (instance_type.split("-")[0], GCP_ARM64_FAMILY)
+    return "arm64" if re.fullmatch(arm, family) else "x86_64"
+
+
+def _architecture_problems(env: Environment, where: str, pool: Pool) -> list[str]:
+    """A pool boots one image, which runs on one architecture: its types must share it, whatever the
+    image, and on GCP a public image's (x86_64 unless its name says arm64) is known."""
+    by_arch: dict[str, list[str]] = {}
+    for itype in pool.instance_types:
+        by_arch.setdefault(architecture(env.cloud, itype.type), []).append(itype.type)
+    if len(by_arch) > 1:
+        return [(f"{where}.instance_types: mixes x86_64 types ({', '.join(by_arch['x86_64'])}) and arm64 types "
+                f"({', '.join(by_arch['arm64'])}), but the pool boots one image, which runs on one architecture; "
+                "move the arm64 types to a pool of their own with an arm64 image")]  # fmt: skip
+    public = env.cloud == "gcp" and re.fullmatch(GCP_IMAGE, pool.image) and pool.image.split("/")[1] in GCP_APT_PROJECTS
+    if not public:
+        return []
+    image_arch = "arm64" if "arm64" in pool.image.rsplit("/", 1)[1] else "x86_64"
+    (types_arch, types), = by_arch.items()
+    if types_arch == image_arch:
+        return []
+    return [(f"{where}.image: an {image_arch} image cannot boot {', '.join(types)} ({types_arch}) (got {pool.image!r}); "
+            f"use an {types_arch} image{' (its name ends in -arm64, e.g. debian-12-arm64)' if types_arch == 'arm64' else ''} "
+            f"or {image_arch} machine types")]  # fmt: skip
 
 
 def _gcp_boot_image_problems(where: str, pool: Pool) -> list[str]:
