@@ -306,3 +306,10 @@ def test_a_max_wait_the_queue_does_not_keep_an_item_for_is_refused():
              "1209600)", **{"queues.default.max_wait_s": 1209600})  # fmt: skip
     assert _env("gcp-dev", **{"queues.default.max_wait_s": 604799})
     assert _env("dev", **{"queues.default.max_wait_s": 864000})
+
+
+def test_a_public_ip_is_taken_in_subnets_of_ones_own_only():
+    """The created VPC's node subnets are private (refused there: tests/test_config.py); in subnets
+    of one's own, which may be public, the pool's choice stands."""
+    own = {"network.subnet_ids": ["subnet-0123456789abcdef0"], "network.vpc_cidr": None, "network.az_count": None}
+    assert _env("dev", **{"pools.cpu.public_ip": True}, **own).pools["cpu"].public_ip

@@ -51,6 +51,10 @@ GCS_BUCKET = r"[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]"
 # Mounting a file system over one of these would break the node.
 SYSTEM_DIRS = frozenset({"/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib64", "/opt", "/proc", "/root",
                          "/run", "/sbin", "/sys", "/tmp", "/usr", "/var", "/mnt", "/srv"})  # fmt: skip
+# ...nor inside one of these: the OS's own files (/usr/bin holds bash and python), the agent's install
+# (templates/user-data.sh.j2: /opt/tidefleet/venv) and the item user's home (/var/lib/tidefleet-item).
+SYSTEM_TREES = ("/bin/", "/boot/", "/dev/", "/etc/", "/lib/", "/lib64/", "/proc/", "/run/", "/sbin/", "/sys/", "/usr/",
+                "/var/lib/", "/var/log/", "/var/run/", "/var/cache/", "/opt/tidefleet/")  # fmt: skip
 ENV_VAR = r"[A-Za-z_][A-Za-z0-9_]*"
 # The OCI / docker reference grammar (distribution/reference): [host[:port]/]path[:tag][@digest].
 _DOMAIN = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)(?:\.(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?))*(?::[0-9]+)?"
@@ -867,6 +871,10 @@ def _network_problems(env: Environment) -> list[str]:
         # The stack carves /(prefix+4) subnets out of it: AWS subnets are /28 at the smallest.
         if network.version != 4 or not 16 <= network.prefixlen <= 24:
             out.append(f"network.vpc_cidr: must be an IPv4 network from /16 to /24 (got {cidr!r}); e.g. '10.80.0.0/16'")
+        elif (network.is_loopback or network.is_link_local or network.is_multicast or network.is_reserved
+              or network.subnet_of(ipaddress.ip_network("0.0.0.0/8"))):  # fmt: skip
+            out.append(f"network.vpc_cidr: a loopback, link-local, multicast or reserved range, which neither cloud "
+                       f"gives a network (got {cidr!r}); use a private one such as '10.80.0.0/16'")  # fmt: skip
         elif not env.network.subnet_ids:
             out += _address_problems(env, network)
     given = env.network.model_fields_set
@@ -886,6 +894,17 @@ def _network_problems(env: Environment) -> list[str]:
     for i, subnet in enumerate(env.network.subnet_ids):
         if not re.fullmatch(subnet_rule, subnet):
             out.append(f"network.subnet_ids[{i}]: not {_a(env.cloud)} subnet (got {subnet!r}); use one like {example!r}")
+        elif env.cloud == "gcp" and (region := re.search(r"/regions/([^/]+)/", subnet)) and region[1] != env.region:
+            out.append(f"network.subnet_ids[{i}]: a subnetwork of {region[1]}, but the environment's instance groups "
+                       f"are in {env.region} and take their own region's only (got {subnet!r}); use one of {env.region}")  # fmt: skip
+    if env.cloud == "gcp" and len(env.network.subnet_ids) > 1:  # stacks/gcp/stack.py: one instance template, one subnetwork
+        out.append(f"network.subnet_ids: a GCE instance template has one subnetwork, the first would be used and the "
+                   f"others never (got {env.network.subnet_ids}); list one")  # fmt: skip
+    if env.cloud == "aws" and not env.network.subnet_ids:
+        # stacks/aws/network.py: nodes launch in private subnets whose egress is the NAT gateway.
+        out += [f"pools.{name}.public_ip: the VPC the stack creates puts nodes in private subnets, where a public IP "
+                "is never reached (their traffic leaves through its NAT gateway) (got true); remove it, or launch in "
+                "public subnets of your own with network.subnet_ids" for name, pool in env.pools.items() if pool.public_ip]  # fmt: skip
     return out
 
 
@@ -1190,9 +1209,10 @@ def _data_problems(env: Environment, where: str, pool: Pool) -> list[str]:
         if env.shared_fs is None:
             out.append(f"{where}.data.shared_fs_mount: no [shared_fs] in this environment (got {mount!r}); "
                        "add one (kind = 'efs', 'fsx-lustre' or 'filestore') or remove the mount")  # fmt: skip
-        if not re.fullmatch(r"/[A-Za-z0-9._/-]+", mount) or mount.rstrip("/") in SYSTEM_DIRS or ".." in mount.split("/"):
-            out.append(f"{where}.data.shared_fs_mount: must be an absolute path of its own, not a system folder "
-                       f"(got {mount!r}); e.g. '/mnt/shared'")  # fmt: skip
+        if (not re.fullmatch(r"/[A-Za-z0-9._/-]+", mount) or mount.rstrip("/") in SYSTEM_DIRS or ".." in mount.split("/")
+                or f"{mount.rstrip('/')}/".startswith(SYSTEM_TREES)):  # fmt: skip
+            out.append(f"{where}.data.shared_fs_mount: must be an absolute path of its own, not a system folder or one "
+                       f"inside it, nor the agent's /opt/tidefleet (got {mount!r}); e.g. '/mnt/shared'")  # fmt: skip
     if pool.gpu_sharing and not any(t.gpus for t in pool.instance_types):
         out.append(f"{where}.gpu_sharing: no instance type of the pool has GPUs to share (got true); remove it, "
                    "or set gpus on the types")  # fmt: skip
