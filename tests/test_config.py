@@ -209,6 +209,8 @@ BAD = [
     ("lock table on local state", {"state": {"lock_table": "locks"}}, "state.lock_table: not read by backend 'local' (got 'locks'); remove it, or use backend 's3'"),
     ("state path on s3", {"state": {"backend": "s3", "bucket": "acme-state", "path": "x.tfstate"}}, "state.path: not read by backend 's3' (got 'x.tfstate'); remove it, or use backend 'local'"),
     ("queue named like the functions' failure queue", {"queues.function-failures": {"pool": "cpu"}}, "queues.function-failures: the SQS queue name 'tidefleet-dev-function-failures' is also the stack's own; rename 'function-failures'"),
+    ("pool min costing more than its cap", {"pools.cpu.min": 8, "pools.cpu.cost_cap_usd_per_hour": 0.2}, "pools.cpu.min: 8 units cost at least 0.272 USD/hour, above the pool's cost_cap_usd_per_hour 0.2, and the group is always kept at min (got min 8); lower min or raise the cap"),
+    ("pools' min costing more than the environment cap", {"pools.cpu.min": 8, "scaler.cost_cap_usd_per_hour": 0.2}, "scaler.cost_cap_usd_per_hour: below what the pools' min units cost at least (0.272 USD/hour), which are always kept (got 0.2); raise the cap or lower the pools' min"),
     ("pool cost cap below its cheapest node", {"pools.cpu.cost_cap_usd_per_hour": 0.001}, "pools.cpu.cost_cap_usd_per_hour: below the pool's cheapest node (got 0.001, the cheapest is 0.034 USD/hour); the pool would never launch"),
     ("misspelt scaler key", {"scaler.scale_in_dealy_s": 300}, "scaler.scale_in_dealy_s: unknown key; did you mean 'scale_in_delay_s'? (got 300)"),
     ("gang size as text", {"queues.default.nodes_per_item": "2"}, "queues.default.nodes_per_item: Input should be a valid integer, or a valid dictionary (got '2')"),

@@ -13,16 +13,22 @@ from tidefleet.config import Environment, parse_environment
 from tidefleet.policy import decide
 from tidefleet.policy.model import FleetView, NodeView, PoolDecision, PoolView, QueueView, rate_decay
 from tidefleet.policy.quiet import actions, unchanged_until
+from tidefleet.prices import default_price
 
 NOW = 50_000.0
 TYPES = ("c6i.large", "m6i.large", "c6i.xlarge")  # $0.085/0.034, $0.096/0.038, $0.17/0.068
 EXAMPLES = settings(deadline=None)  # examples: the profile's (100 by default; see conftest.py)
 
 
+def _min_cost(units: int, weights: list[int]) -> float:
+    """What `units` cost at the cheapest unit price of TYPES under these weights (config._min_cost)."""
+    return round(units * min(default_price(t, spot) / w for t, w in zip(TYPES, weights) for spot in (True, False)), 4)
+
+
 @st.composite
 def environments(draw, *, max_pools: int = 2, env_cap: bool = True, pool_caps: bool = True,
                  max_units: tuple[int, int] = (0, 12)) -> Environment:  # fmt: skip
-    pools, queues = {}, {}
+    pools, queues, floors = {}, {}, 0.0
     for p in range(draw(st.integers(1, max_pools))):
         weights = draw(st.lists(st.integers(1, 3), min_size=1, max_size=len(TYPES)))
         spu = draw(st.integers(1, 3))
@@ -41,9 +47,11 @@ def environments(draw, *, max_pools: int = 2, env_cap: bool = True, pool_caps: b
             # Validation refuses an estimate above the timeout.
             "boot_estimate_s": draw(st.sampled_from([e for e in (0, 60, 300) if e <= boot_timeout_s])),
             "idle_timeout_s": draw(st.sampled_from([None, 0, 300])),
-            "cost_cap_usd_per_hour": draw(st.none() | st.floats(0.05, 3.0)) if pool_caps else None,
+            # Validation refuses a cap below what min costs at the cheapest prices.
+            "cost_cap_usd_per_hour": draw(st.none() | st.floats(max(0.05, _min_cost(low, weights)), 3.0)) if pool_caps else None,
             "instance_types": [{"type": t, "weight": w} for t, w in zip(TYPES, weights)],
         }
+        floors += _min_cost(low, weights)
         for q in range(draw(st.integers(0, 3)) if high else 0):  # validation refuses a queue no node can run
             queues[f"{name}-q{q}"] = {
                 "pool": name,
@@ -60,7 +68,7 @@ def environments(draw, *, max_pools: int = 2, env_cap: bool = True, pool_caps: b
         "scale_out_cooldown_s": draw(st.sampled_from([0, 120])),
         "spot_fallback_after_s": draw(st.sampled_from([60, 240])),
         "spot_failure_window_s": 600,
-        "cost_cap_usd_per_hour": draw(st.none() | st.floats(0.1, 5.0)) if env_cap else None,
+        "cost_cap_usd_per_hour": draw(st.none() | st.floats(max(0.1, round(floors, 4)), 5.0)) if env_cap else None,
     }
     return parse_environment(
         {"region": "us-east-1", "scaler": scaler, "pools": pools, "queues": queues}, name="prop"

@@ -55,3 +55,14 @@ def test_gcp_fires_a_cron_when_tidefleets_cron_does(cron):
 def test_gcp_fires_a_rate_at_each_multiple_of_its_period_from_midnight(rate):
     period = rate_seconds(rate)
     assert fires(unix_crons(None, rate)) == {t for t in WEEK if t % period == 0}
+
+
+@pytest.mark.parametrize("tick_s", [30, 60, 120, 300, 600, 900, 1200, 1800, 3600])
+def test_gcp_ticks_the_scaler_every_tick_s_the_config_accepts(tick_s):
+    """Every GCP tick_s the config accepts (a whole number of minutes dividing an hour) is a valid
+    unix-cron that fires every tick; an hour was '*/60', past the minute field's 0-59."""
+    from stacks.gcp.control import schedule
+
+    period, minute = max(60, tick_s), schedule(tick_s).split()[0]
+    assert fires([schedule(tick_s)]) == {t for t in WEEK if t % period == 0}, schedule(tick_s)
+    assert minute in ("*", "0") or 2 <= int(minute.removeprefix("*/")) <= 59, f"minute field {minute!r}: unix-cron's is 0-59"

@@ -547,6 +547,9 @@ def _semantic_problems(env: Environment) -> list[str]:
     if cap is not None and cheapest is not None and cap < cheapest:
         out.append(f"scaler.cost_cap_usd_per_hour: below the cheapest node of any pool (got {cap}, the cheapest is "
                    f"{cheapest} USD/hour); nothing would ever launch")  # fmt: skip
+    elif cap is not None and (floor := round(sum(map(_min_cost, env.pools.values())), 4)) > cap:
+        out.append(f"scaler.cost_cap_usd_per_hour: below what the pools' min units cost at least ({floor} USD/hour), "
+                   f"which are always kept (got {cap}); raise the cap or lower the pools' min")  # fmt: skip
     if names_ok:
         out += _derived_name_problems(env)
         out += _name_clash_problems(env)
@@ -1105,6 +1108,10 @@ def _pool_problems(env: Environment, name: str, pool: Pool) -> list[str]:
     if pool.cost_cap_usd_per_hour is not None and cheapest is not None and pool.cost_cap_usd_per_hour < cheapest:
         out.append(f"{where}.cost_cap_usd_per_hour: below the pool's cheapest node (got {pool.cost_cap_usd_per_hour}, "
                    f"the cheapest is {cheapest} USD/hour); the pool would never launch")  # fmt: skip
+    elif pool.cost_cap_usd_per_hour is not None and (floor := _min_cost(pool)) > pool.cost_cap_usd_per_hour:
+        out.append(f"{where}.min: {pool.min} units cost at least {floor} USD/hour, above the pool's "
+                   f"cost_cap_usd_per_hour {pool.cost_cap_usd_per_hour}, and the group is always kept at min (got "
+                   f"min {pool.min}); lower min or raise the cap")  # fmt: skip
     return out
 
 
@@ -1167,6 +1174,14 @@ def _gcp_boot_image_problems(where: str, pool: Pool) -> list[str]:
         return [(f"{where}.image: the boot script needs apt-get and python3 >= 3.11 (Debian 12+, Ubuntu 24.04+) and "
                 f"stops before init_script without them (got {pool.image!r}); use e.g. {image!r}")]  # fmt: skip
     return []
+
+
+def _min_cost(pool: Pool) -> float:
+    """The least USD/hour the pool's `min` units cost (each at the cheapest unit price, spot or
+    on-demand); 0 without a min or any price."""
+    unit = min((p / t.weight for t in pool.instance_types for p in (t.price(True), t.price(False)) if p is not None),
+               default=0.0)  # fmt: skip
+    return round(pool.min * unit, 4)
 
 
 def _cheapest_node(pool: Pool) -> float | None:

@@ -48,6 +48,8 @@ FLEET_PERMISSIONS = [
 def schedule(tick_s: int) -> str:
     """Cloud Scheduler's finest is one minute; faster ticks come from kicks."""
     minutes = max(1, math.ceil(tick_s / 60))
+    if minutes >= 60:  # config: a tick divides an hour, so an hour at most; the minute field stops at 59
+        return "0 * * * *"
     return "* * * * *" if minutes == 1 else f"*/{minutes} * * * *"
 
 
