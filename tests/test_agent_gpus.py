@@ -27,7 +27,8 @@ capacity_unit = "gpus"
 max = 4
 command = "{python} {workload}"
 env = {{ LEDGER = "{ledger}" }}
-instance_types = [{{ type = "g5.12xlarge", weight = 2, gpus = 2 }}]
+# g3.8xlarge: two GPUs (two fakes); the price table lacks it
+instance_types = [{{ type = "g3.8xlarge", weight = 2, gpus = 2, on_demand_price = 2.28, spot_price = 0.68 }}]
 
 [queues.train]
 pool = "gpu"

@@ -62,7 +62,7 @@ def test_a_submit_time_too_large_to_be_seconds_is_refused_naming_the_line_and_th
 def test_invoke_simulate_refuses_a_nanosecond_submit_time_in_one_line(tmp_path):
     trace = write(tmp_path, "submit_s,duration_s,gpus\n1e18,10,1\n")
     run = subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(ROOT), "simulate", "--trace", str(trace),
-                          "--env", "bench"], check=False, cwd=tmp_path, capture_output=True, text=True, timeout=120)  # fmt: skip
+                          "--env", "bench", "--pool", "gpu"], check=False, cwd=tmp_path, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
     assert "trace.csv line 2: column 'submit_s' must be below 100,000,000,000 s" in run.stderr
 

@@ -266,18 +266,18 @@ def test_validate_warns_of_an_aws_type_botocore_does_not_know_with_the_closest_n
     A warning, as a type newer than the installed botocore is real: the fix names both cases."""
     import botocore
 
-    path = typed("g5.xlarg", "m5.hyper", "p5.48xlarge")  # p5.48xlarge: real, not in prices.SPECS
+    path = typed("c6i.larg", "m5.hyper", "c7a.large")  # c7a.large: real, not in prices.SPECS
     result = CliRunner().invoke(main, ["validate", path])
     assert result.exit_code == 0, result.output
     botocore_x = f"botocore {botocore.__version__}"
     fix = f"fix the type, or if it is a type newer than {botocore_x} knows, upgrade boto3"
     assert [x for x in result.output.splitlines() if x.startswith("warning:")] == [
-        (f"warning: {path}: pools.cpu.instance_types[0].type: {botocore_x} knows no EC2 instance type 'g5.xlarg' (did "
-         f"you mean 'g5.xlarge'?); {fix}"),
+        (f"warning: {path}: pools.cpu.instance_types[0].type: {botocore_x} knows no EC2 instance type 'c6i.larg' (did "
+         f"you mean 'c6i.large'?); {fix}"),
         f"warning: {path}: pools.cpu.instance_types[1].type: {botocore_x} knows no EC2 instance type 'm5.hyper'; {fix}",
     ]
     as_json = json.loads(CliRunner().invoke(main, ["validate", "--json", path]).output)
-    assert as_json["ok"] and len(as_json["warnings"]) == 2 and "'g5.xlarg' (did you mean" in as_json["warnings"][0]
+    assert as_json["ok"] and len(as_json["warnings"]) == 2 and "'c6i.larg' (did you mean" in as_json["warnings"][0]
 
 
 def test_botocores_types_are_read_only_for_a_type_prices_lacks_and_then_once(monkeypatch, typed):
@@ -290,7 +290,7 @@ def test_botocores_types_are_read_only_for_a_type_prices_lacks_and_then_once(mon
     monkeypatch.undo()
     known_types.cache_clear()
     for _ in range(2):
-        assert CliRunner().invoke(main, ["validate", typed("p5.48xlarge")]).exit_code == 0
+        assert CliRunner().invoke(main, ["validate", typed("c7a.large")]).exit_code == 0
     assert known_types.cache_info().misses == 1
 
 

@@ -39,6 +39,13 @@ GCP_GPUS = {
     "a4": ("nvidia-b200",),
     "a4x": ("nvidia-gb200",),
 }
+# NVIDIA's counts on an N1 machine type, per accelerator (GCE's GPU machine types page).
+GCP_N1_GPU_COUNTS = {"nvidia-tesla-t4": (1, 2, 4), "nvidia-tesla-p4": (1, 2, 4), "nvidia-tesla-p100": (1, 2, 4),
+                     "nvidia-tesla-v100": (1, 2, 4, 8)}  # fmt: skip
+# GPUs of G2 and G4 types by their vCPUs (the other GPU families end in their count: a3-highgpu-8g).
+GCP_GPUS_BY_VCPUS = {"g2": {4: 1, 8: 1, 12: 1, 16: 1, 24: 2, 32: 1, 48: 4, 96: 8}, "g4": {48: 1, 96: 2, 192: 4, 384: 8}}
+# EC2's GPU families: G (g4dn, g5, g6e, g5g), Gr (gr6) and P (p4d, p5en); no other family has GPUs.
+AWS_GPU_FAMILY = r"(?:g|gr|p)\d+[a-z]*"
 GCP_IMAGE = r"projects/[a-z][a-z0-9-]+/global/images/(family/)?[a-z][a-z0-9-]*"
 AWS_IMAGE = r"ami-[0-9a-f]{8,17}|ssm:/[\w./-]+"
 AWS_SUBNET = r"subnet-[0-9a-f]{8}([0-9a-f]{9})?"
@@ -1068,7 +1075,9 @@ def _pool_problems(env: Environment, name: str, pool: Pool) -> list[str]:
             out.append(f"{at}.weight: an Auto Scaling group takes a type's weight (WeightedCapacity) up to "
                        f"{AWS_MAX_WEIGHT} (got {itype.weight}); count capacity in a larger unit (capacity_unit "
                        "'nodes' or 'gpus') or scale every weight of the pool down")  # fmt: skip
-        if pool.capacity_unit == "gpus" and itype.weight != itype.gpus:
+        built_in = built_in_gpus(env.cloud, itype.type)
+        # (GPUs left undeclared on a GPU type: its gpus line below says so, the weight follows from it.)
+        if pool.capacity_unit == "gpus" and itype.weight != itype.gpus and (itype.gpus or built_in == 0):
             out.append(
                 f"{at}.weight: with capacity_unit 'gpus' the weight is the GPU count "
                 f"(got weight {itype.weight}, gpus {itype.gpus})"
@@ -1081,14 +1090,29 @@ def _pool_problems(env: Environment, name: str, pool: Pool) -> list[str]:
         if missing:
             out.append(f"{at}.{missing[0]}: no built-in price for {itype.type!r}; set {' and '.join(missing)} in USD/hour")
         out += _gpu_slot_problems(at, pool, itype)
-        # A node that shows fewer GPUs than declared takes no items (agent/gpus.py): never runs anything.
-        # (GCP attaches accelerators to N1 types: only their built-in GPUs are known here.)
-        built_in = prices.SPECS[itype.type][2] if itype.type in prices.SPECS else None
+        # A node that shows fewer GPUs than declared takes no items (agent/gpus.py): never runs anything;
+        # GPUs it has beyond them never run an item, and with none declared it boots no NVIDIA driver.
+        # (GCP attaches accelerators to N1 types, and names the others' own: only built-in ones are known here.)
+        has = f"{itype.type} has {built_in} GPU{'s' * (built_in != 1)}"
         if built_in is not None and itype.gpus > built_in and (env.cloud == "aws" or built_in):
-            out.append(f"{at}.gpus: {itype.type} has {built_in} GPU{'s' * (built_in != 1)} (got {itype.gpus}); its "
-                       f"nodes would take no items; set gpus = {built_in} or pick a type with {itype.gpus}")  # fmt: skip
+            out.append(f"{at}.gpus: {has} (got {itype.gpus}); its nodes would take no items; set gpus = {built_in} "
+                       f"or pick a type with {itype.gpus}")  # fmt: skip
+        elif built_in is not None and itype.gpus < built_in:
+            out.append(f"{at}.gpus: {has} (got {itype.gpus or 'none'}); the pool would pay for {built_in - itype.gpus} "
+                       f"that never run an item{' and boot no NVIDIA driver' * (not itype.gpus)}; set gpus = {built_in} "
+                       "(slots_per_item takes several per item) or pick a type without them")  # fmt: skip
+        elif built_in is None and env.cloud == "aws" and not itype.gpus:
+            out.append(f"{at}.gpus: {itype.type} is a GPU type (family {itype.type.split('.')[0]}) (got none); its "
+                       "GPUs would never run an item and the pool would boot no NVIDIA driver; set gpus to its GPU "
+                       "count, or pick a type without GPUs")  # fmt: skip
         if env.cloud == "aws" and itype.accelerator:
             out.append(f"{at}.accelerator: only for cloud 'gcp' (got {itype.accelerator!r})")
+    with_gpus = [t.type for t in pool.instance_types if t.gpus]
+    if env.cloud == "aws" and 0 < len(with_gpus) < len(pool.instance_types):  # gcp: _gcp_pool_problems says it
+        without = ", ".join(t.type for t in pool.instance_types if not t.gpus)
+        out.append(f"{where}.instance_types: mixes types with GPUs ({', '.join(with_gpus)}) and without ({without}); "
+                   "items that need a GPU would land on nodes without one, and one image boots the pool; split "
+                   "them into pools")  # fmt: skip
     if env.cloud == "gcp":
         out += _gcp_pool_problems(where, pool)
     out += _data_problems(env, where, pool)
@@ -1182,6 +1206,23 @@ def _min_cost(pool: Pool) -> float:
     unit = min((p / t.weight for t in pool.instance_types for p in (t.price(True), t.price(False)) if p is not None),
                default=0.0)  # fmt: skip
     return round(pool.min * unit, 4)
+
+
+def built_in_gpus(cloud: str, instance_type: str) -> int | None:
+    """The GPUs an instance type comes with; None where not known here: an EC2 type of a GPU family
+    that `prices.SPECS` does not list, a GCE N1 type (its GPUs are attached, `accelerator`)."""
+    if instance_type in prices.SPECS and not instance_type.startswith("n1-"):
+        return prices.SPECS[instance_type][2]
+    if cloud == "aws":
+        return None if re.fullmatch(AWS_GPU_FAMILY, instance_type.split(".")[0]) else 0
+    family, last = instance_type.split("-")[0], instance_type.rsplit("-", 1)[-1]
+    if family == "n1":
+        return None
+    if family in GCP_GPUS_BY_VCPUS:
+        return GCP_GPUS_BY_VCPUS[family].get(int(last)) if last.isdigit() else None
+    if family in GCP_GPUS:
+        return int(last[:-1]) if re.fullmatch(r"\d+g", last) else None
+    return 0
 
 
 def _cheapest_node(pool: Pool) -> float | None:
@@ -1351,6 +1392,10 @@ def _gcp_pool_problems(where: str, pool: Pool) -> list[str]:
                    "own (g2: nvidia-l4, a2: nvidia-tesla-a100, ...)")  # fmt: skip
             out.append(f"{at}.accelerator: {itype.type} cannot have {itype.accelerator} (got {itype.accelerator!r}); "
                        f"{fix}; pick a matching type or accelerator")  # fmt: skip
+        elif family == "n1" and itype.accelerator in GCP_N1_GPU_COUNTS and itype.gpus not in GCP_N1_GPU_COUNTS[itype.accelerator]:
+            counts = GCP_N1_GPU_COUNTS[itype.accelerator]
+            out.append(f"{at}.gpus: an N1 machine type takes {', '.join(map(str, counts[:-1]))} or {counts[-1]} "
+                       f"{itype.accelerator} (got {itype.gpus}); GCE refuses another count, so pick one of these")  # fmt: skip
         elif itype.gpus and not itype.accelerator and family not in GCP_GPUS.keys() - {"n1"}:
             out.append(f"{at}.gpus: {itype.type} has no GPUs of its own (got gpus = {itype.gpus} and no accelerator); "
                        "set accelerator on an n1 type (e.g. 'nvidia-tesla-t4') or pick a GPU machine type such as "
