@@ -6,6 +6,8 @@ submitted --after another waits for it."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from agent_harness import Harness, wait_until
 from click.testing import CliRunner
@@ -132,6 +134,7 @@ def test_a_job_submitted_after_another_waits_for_it_then_runs(h):
     assert h.queue_depth("work") == 1, "only the first job's item is in the queue"
     shown = CliRunner().invoke(main, ["status", "--env", str(h.env_path), then.job_id])
     assert f"waiting for {first} to succeed" in shown.output, shown.output
+    assert sdk.status(h.env, then.job_id).sent == 0, "recorded, held: none sent"
     assert watch(h, 0)["watched"] == {then.job_id: f"keep: waiting for {first}"}
 
     h.start_agent("node-a")
@@ -153,6 +156,8 @@ def test_a_job_after_a_failed_one_is_cancelled_unless_it_runs_after_any_outcome(
     assert decided[strict] == f"cancel: {failed} failed; submit with --after-finished to run after any outcome"
     assert decided[lenient] == f"released 1 item(s): {failed} finished"
     assert sdk.status(h.env, strict).counts["cancelled"] == 1
+    as_json = json.loads(CliRunner().invoke(main, ["status", "--env", str(h.env_path), "--json", strict]).output)
+    assert (as_json["sent"], as_json["waiting_for"]) == (0, None), "never sent, and waiting for nothing once cancelled"
     wait_until(lambda: sdk.status(h.env, lenient).counts["succeeded"] == 1, 60, "the lenient job")
 
 

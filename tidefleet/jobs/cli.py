@@ -227,7 +227,7 @@ def status_json(status: sdk.JobStatus) -> dict:
     return {"job_id": job.job_id, "name": job.name, "queue": job.queue, "created_at": job.created_at,
             "total": job.total, "cancelled": job.cancelled, "state": sdk.listed_state(status), "done": status.done,
             "counts": status.counts, "unrecorded": status.unrecorded, "submitting": status.submitting,
-            "sent": status.sent, "failed": failed, "spec": job.spec, "waiting_for": job.after if job.waiting else None,
+            "sent": status.sent, "failed": failed, "spec": job.spec, "waiting_for": job.after if job.waiting and not job.cancelled else None,
             "cancel_reason": job.cancel_reason,
             "warnings": list(status.warnings)}
 

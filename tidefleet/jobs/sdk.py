@@ -999,6 +999,8 @@ def _status(cloud: Cloud, env: Environment, job: Job, warnings: list[str] = (), 
     if job.cancelled:  # a cancel ends its submit: the items it never recorded are cancelled too
         counts["cancelled"] += max(job.total - sum(counts.values()), 0)
         recorded = job.total
+    if job.waiting:  # held for `after`: recorded, none sent (a held job cancelled never sends any)
+        sent = 0
     return JobStatus(job, {s: counts[s] for s in STATES}, every, tuple(warnings), recorded if sent is None else sent,
                      recorded=recorded)  # fmt: skip
 
