@@ -22,6 +22,7 @@ from tidefleet.cloud import for_env
 from tidefleet.cloud.aws.dynamodb import DynamoStore
 from tidefleet.config import Pool
 from tidefleet.jobs import sdk
+from tidefleet.jobs.cost_cli import collect
 from tidefleet.records import Heartbeat
 
 
@@ -119,6 +120,20 @@ def test_a_job_name_cannot_move_to_another_queue(h):
         sdk.submit(h.env, "j", "short", sdk.read_items(["a"]), kick=False)
     with pytest.raises(sdk.JobError, match="unknown queue 'nope'.*known queues: short, work"):
         sdk.submit(h.env, "j", "nope", sdk.read_items(["a"]), kick=False)
+
+
+def test_a_jobs_name_given_for_its_id_is_answered_with_the_id(h):
+    job_id = sdk.submit(h.env, "my-first-job", "work", sdk.read_items(["a"]), kick=False).job_id
+    fix = f"'my-first-job' is the name of job {job_id!r}: give that id"
+    for call in (lambda: sdk.status(h.env, "my-first-job"), lambda: sdk.cancel(h.env, "my-first-job"),
+                 lambda: sdk.submit(h.env, "then", "work", sdk.read_items(["b"]), kick=False, after="my-first-job"),
+                 lambda: collect(h.env, job_id="my-first-job")):  # fmt: skip
+        with pytest.raises(sdk.JobError, match=f"job 'my-first-job' not found in environment '{h.env.name}'; {fix}"):
+            call()
+    shown = CliRunner().invoke(main, ["status", "--env", str(h.env_path), "my-first-job"])
+    assert shown.exit_code == 1 and fix in shown.output and "Traceback" not in shown.output, shown.output
+    with pytest.raises(sdk.JobError, match="job 'nobody' not found in environment .*; check the id printed by submit"):
+        sdk.status(h.env, "nobody")
 
 
 def test_cancel_marks_waiting_items_cancelled_and_flags_the_job(h):

@@ -18,7 +18,7 @@ from tidefleet.cloud import for_env
 from tidefleet.config import Environment
 from tidefleet.jobs.cli import CliConsole, _emit, _explained, _load, env_option, json_option
 from tidefleet.jobs.identity import OS_USER
-from tidefleet.jobs.sdk import JobError
+from tidefleet.jobs.sdk import JobError, not_found
 from tidefleet.records import Job
 
 
@@ -34,7 +34,7 @@ def collect(env: Environment, *, since: float = 0.0, queue: str | None = None, j
     if job_id is not None:
         job = store.job(job_id)
         if job is None:
-            raise JobError(f"job {job_id!r} not found in environment {env.name!r}; check the id printed by submit")
+            raise not_found(store, env, job_id, "check the id printed by submit")
         found_jobs = [job]
     else:
         if queue is not None and queue not in env.queues:

@@ -633,7 +633,7 @@ def submit(
     cloud = for_env(env)
     parent = cloud.store.job(after) if after is not None else None
     if after is not None and parent is None:
-        raise JobError(f"after: job {after!r} not found in environment {env.name!r}; give the id its submit printed")
+        raise not_found(cloud.store, env, after, "give the id its submit printed", what="after: job")
     # The store answers first (an error there means the environment is not deployed); a job that
     # exists is checked, and reused, without a write; a new one is recorded only once its queue is
     # known to exist, so a missing queue never leaves a job stuck submitting.
@@ -932,8 +932,17 @@ def _job(cloud: Cloud, env: Environment, job_id: str) -> Job:
     _a_job_id(job_id)
     job = cloud.store.job(job_id)
     if job is None:
-        raise JobError(f"job {job_id!r} not found in environment {env.name!r}; check the id printed by submit")
+        raise not_found(cloud.store, env, job_id, "check the id printed by submit")
     return job
+
+
+def not_found(store, env: Environment, job_id: str, fix: str, what: str = "job") -> JobError:
+    """No job of that id: a job's name given for its id (the id adds a hash of the name) is named,
+    at the cost of one read more."""
+    named = job_id_for(job_id) if job_id else None
+    if named and named != job_id and store.job(named) is not None:
+        fix = f"{job_id!r} is the name of job {named!r}: give that id"
+    return JobError(f"{what} {job_id!r} not found in environment {env.name!r}; {fix}")
 
 
 @_advised
@@ -1155,7 +1164,7 @@ def cancel_job(env: Environment, job_id: str, *, reason: str = "cancelled", clou
     store = cloud.store
     job = store.job(job_id)
     if job is None:
-        raise JobError(f"job {job_id!r} not found in environment {env.name!r}; nothing to cancel")
+        raise not_found(store, env, job_id, "nothing to cancel")
     current = _status(cloud, env, job)
     if current.done:
         c = current.counts
