@@ -418,6 +418,21 @@ def test_logs_of_an_item_cancelled_before_it_ran_say_it_never_ran_not_no_logs_ye
     out = run(h, "logs", job_id, "000000")
     assert out.exit_code == 0 and out.output == (f"no logs for {job_id}/000000: it never ran (cancelled: superseded "
                                                  "by v2)\n"), out.output
+    plain = sdk.submit(h.env, "cancelled-plain", "work", sdk.read_items(["a"]), kick=False).job_id
+    sdk.cancel(h.env, plain)  # the reason is the status's word: said once
+    assert run(h, "logs", plain, "000000").output == f"no logs for {plain}/000000: it never ran (cancelled)\n"
+    out = run(h, "logs", plain)  # none will come: not "yet"
+    assert out.output == f"no logs for {plain}: it was cancelled, and none of its items printed anything\n", out.output
+
+
+def test_logs_of_a_job_that_does_not_exist_is_an_error_that_names_a_jobs_id_for_its_name(h):
+    job_id = sdk.submit(h.env, "named", "work", sdk.read_items(["a"]), kick=False).job_id
+    out = run(h, "logs", "named")
+    refused_cleanly(out)
+    assert f"job 'named' not found in environment '{h.env.name}'; 'named' is the name of job {job_id!r}: give that id" in out.output
+    out = run(h, "logs", "nobody")
+    refused_cleanly(out)
+    assert "job 'nobody' not found" in out.output and "no logs yet" not in out.output, out.output
 
 
 # -- what submit says it does --------------------------------------------------------------------

@@ -350,10 +350,13 @@ def logs(env_name, job_id, item_id, as_json) -> None:
 def _no_logs(env: Environment, job_id: str, item_id: str | None) -> str:
     """Why an item has no lines: "no logs yet" reads as "never ran", so one whose record shows
     an attempt says it ran and printed nothing."""
-    item = for_env(env).store.item(job_id, item_id) if item_id else None
+    store = for_env(env).store  # (a job that does not exist was refused by sdk.log_lines)
+    item = store.item(job_id, item_id) if item_id else None
     if item is not None and not item.attempts and item.status in ("cancelled", "failed"):  # final: none will come
-        why = f": {item.reason}" if item.reason else ""
+        why = f": {item.reason}" if item.reason and item.reason != item.status else ""
         return f"no logs for {job_id}/{item_id}: it never ran ({item.status}{why})"
+    if item_id is None and (job := store.job(job_id)) is not None and job.cancelled:
+        return f"no logs for {job_id}: it was cancelled, and none of its items printed anything"
     if item is None or not item.attempts:
         return f"no logs yet for {job_id}{'/' + item_id if item_id else ''}"
     if item.status == "running":
