@@ -176,6 +176,10 @@ def test_a_path_is_a_path_whatever_it_ends_in_and_a_name_stays_a_name(tmp_path, 
         if given not in ("sandbox", "dev", "Dev"):  # a path: no environments/<path>.toml made up for it
             assert f"environments/{given}" not in result.output and "environments//" not in result.output, result.output
     assert "an environment is a TOML file (<name>.toml)" in CliRunner().invoke(main, ["validate", "items.csv"]).output
+    bad = tmp_path / "bad.toml"  # the file is named once
+    bad.write_text("region = \n")
+    result = CliRunner().invoke(main, ["validate", str(bad)])
+    assert f"{bad}: not valid TOML (" in result.output and result.output.count("bad.toml") == 1, result.output
 
 
 def test_an_empty_env_and_a_missing_environments_folder_are_said_as_such(monkeypatch):
@@ -190,6 +194,9 @@ def test_an_empty_env_and_a_missing_environments_folder_are_said_as_such(monkeyp
     assert missing.exit_code == 1 and ("unknown environment (got 'sandbox'): the folder /nonexistent/environments "
                                        "($TIDEFLEET_ENVIRONMENTS) does not exist; point it at your environments "
                                        "folder, or give a .toml file's path") in missing.output, missing.output
+    monkeypatch.setenv("TIDEFLEET_ENVIRONMENTS", "/etc/passwd")  # there, and a file
+    a_file = CliRunner().invoke(main, ["jobs", "--env", "sandbox"])
+    assert "(got 'sandbox'): /etc/passwd ($TIDEFLEET_ENVIRONMENTS) is not a folder; point it" in a_file.output, a_file.output
 
 
 def test_env_takes_the_same_paths(tmp_path, monkeypatch):

@@ -1588,12 +1588,13 @@ def load_environment(name: str, root: Path | None = None) -> Environment:
             problem = f"unknown environment (got {name!r}); known: {known} (in {folder}; or give a .toml file's path){here}"
             if not folder.is_dir():
                 variable = " ($TIDEFLEET_ENVIRONMENTS)" if root is None and os.environ.get("TIDEFLEET_ENVIRONMENTS") else ""
-                problem = (f"unknown environment (got {name!r}): the folder {folder}{variable} does not exist; point it "
-                           "at your environments folder, or give a .toml file's path")
+                missing = f"{folder}{variable} is not a folder" if folder.exists() else f"the folder {folder}{variable} does not exist"
+                problem = (f"unknown environment (got {name!r}): {missing}; point it at your environments folder, "
+                           "or give a .toml file's path")
             raise ConfigError("env", [problem])
         text = path.read_bytes().decode("utf-8-sig")  # -sig: an editor's byte-order mark
     except UnicodeDecodeError as err:
-        raise ConfigError(str(path), [f"{path.name}: not UTF-8 text ({err}); save the file as UTF-8"]) from None
+        raise ConfigError(str(path), [f"not UTF-8 text ({err}); save the file as UTF-8"]) from None
     except (OSError, ValueError) as err:  # unreadable, or a name no file can have (a NUL in it)
         raise ConfigError(str(path), [f"env: cannot read the environment file (got {name!r}: {err})"]) from None
     try:
@@ -1603,7 +1604,7 @@ def load_environment(name: str, root: Path | None = None) -> Environment:
         hint = "; duplicate names are not allowed" if "twice" in str(err) else ""
         if path.suffix != ".toml":  # a .txt, a .csv: most likely not meant as one
             hint += "; an environment is a TOML file (<name>.toml)"
-        raise ConfigError(str(path), [f"{path.name}: not valid TOML ({err}){hint}"]) from None
+        raise ConfigError(str(path), [f"not valid TOML ({err}){hint}"]) from None
     except ValueError:  # an integer longer than Python reads: no TOMLDecodeError, no position
         raise ConfigError(str(path), _too_long_integer_problems(text, path.name)) from None
     env = parse_environment(data, name=path.stem, source=str(path))

@@ -57,7 +57,7 @@ def _explained(env: Environment):
 
 @click.command()
 @env_option
-@click.option("--name", required=True, help="job name; the job id derives from it (re-submitting is a no-op)")
+@click.option("--name", required=True, help="job name; the job id derives from it (re-submitting the same items to the same queue is a no-op; other items under that name are refused)")
 @click.option("--queue", required=True, help="queue name from the environment file")
 @click.option("--items", "items_from", required=True, help="file of URIs or JSON lines, '-' for stdin")
 @click.option("--job-id", default=None, help="explicit job id instead of one derived from the name")
