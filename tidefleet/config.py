@@ -157,6 +157,7 @@ AWS_OTHER_OS_IMAGE = r"amzn2?-ami|amazon-linux-2(?!023)|ubuntu|debian|suse|sles|
 # g5g, t4g), and a1; every other family is x86_64 (as is every type of prices.SPECS). An image boots only
 # on its own architecture, which AWS's public SSM parameters name (al2023-ami-kernel-default-arm64).
 AWS_ARM64_FAMILY = r"a1|[a-z]+\d+[a-z]*g[a-z]*"
+GCP_MIN_DISK_GB = 10  # the smallest public GCE images (debian-12, ubuntu-minimal) are 10 GB
 # GCP's Arm machine families (Axion C4A and N4A, Ampere T2A, Grace A4X); the others are x86_64. Public images
 # name an arm64 build (debian-12-arm64, ubuntu-2404-lts-arm64); without it they are x86_64.
 GCP_ARM64_FAMILY = r"c4a|n4a|t2a|a4x"
@@ -1370,6 +1371,9 @@ def _gcp_pool_problems(where: str, pool: Pool) -> list[str]:
         kinds = ", ".join(f"{t.type} ({t.gpus} x {t.accelerator or 'no accelerator'})" for t in pool.instance_types)
         out.append(f"{where}.instance_types: on gcp every type of a pool needs the same gpus and accelerator (got "
                    f"{kinds}); the instance template is built for one, so split the types into pools")  # fmt: skip
+    if pool.disk_gb < GCP_MIN_DISK_GB:
+        out.append(f"{where}.disk_gb: GCE's public images take {GCP_MIN_DISK_GB} GB at least, and a boot disk smaller "
+                   f"than its image is refused (got {pool.disk_gb}); set disk_gb = {GCP_MIN_DISK_GB} or more")  # fmt: skip
     if pool.on_demand_percent:
         out.append(f"{where}.on_demand_percent: not supported on gcp (got {pool.on_demand_percent}); "
                    "use on_demand_base (the pool's on-demand group) instead")
