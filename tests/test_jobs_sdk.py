@@ -52,6 +52,8 @@ def test_reads_items_from_lists_uris_and_json_lines(source, expected):
         ([3], "items[0]: not an item (got 3)"),
         (io.StringIO('{"id": \n'), "stdin:1: not valid JSON"),
         ("/no/such/file", "no such file '/no/such/file'"),
+        ("s3://b/a", ("items: no such file 's3://b/a'; a string is a file's path: give one item as a list, "
+                      "read_items(['s3://b/a'])")),
         # Not a list of items: a dict's keys, a set's order (it changes from run to run), bytes' ints.
         ({"id": "x", "args": ["--foo"]}, ("items: a dict is not a list of items (got {'id': 'x', 'args': ['--foo']}); "
                                          "give a list of them, e.g. read_items([{'id': 'x', 'args': ['--foo']}])")),

@@ -410,6 +410,8 @@ def read_items(source: Iterable | str | Path | io.IOBase) -> ItemList:
         except IsADirectoryError:
             raise JobError(f"items: {name!r} is a directory; {give}") from None
         except FileNotFoundError:
+            if isinstance(source, str) and re.match(r"[a-z][a-z0-9+.-]*://", source):  # one item, not a file of them
+                give = f"a string is a file's path: give one item as a list, read_items([{source!r}])"
             raise JobError(f"items: no such file {name!r}; {give}") from None
         except PermissionError as err:
             raise JobError(f"items: cannot read {name!r} ({err.strerror}); check the file's permissions") from None
