@@ -132,3 +132,31 @@ def test_the_bootstrap_stack_scans_clean(bootstrap):
 def test_the_bootstrap_stack_requires_the_terraform_the_readme_names(bootstrap):
     _, stack = bootstrap
     assert stack["terraform"]["required_version"] == ">= 1.10"
+
+
+# The IAM service whose actions create each Terraform resource type the AWS stacks declare
+# (longest prefix wins). A type missing here fails the test below: add it, and the deploy role's right.
+SERVICE_OF = {
+    "aws_autoscaling_": "autoscaling", "aws_cloudwatch_dashboard": "cloudwatch", "aws_cloudwatch_metric_alarm": "cloudwatch",
+    "aws_cloudwatch_event_": "events", "aws_cloudwatch_log_": "logs", "aws_dynamodb_": "dynamodb",
+    "aws_efs_": "elasticfilesystem", "aws_fsx_": "fsx", "aws_iam_": "iam", "aws_kms_": "kms", "aws_lambda_": "lambda",
+    "aws_s3_": "s3", "aws_scheduler_": "scheduler", "aws_sns_": "sns", "aws_sqs_": "sqs",
+    **{t: "ec2" for t in ("aws_vpc", "aws_subnet", "aws_eip", "aws_internet_gateway", "aws_nat_gateway", "aws_route",
+                          "aws_security_group", "aws_default_security_group", "aws_launch_template",
+                          "aws_placement_group", "aws_flow_log")},
+}  # fmt: skip
+
+
+def test_the_deploy_role_may_create_every_resource_type_the_shipped_environments_declare(bootstrap, synthesized):
+    """The CI deploy role lacked EventBridge Scheduler (every AWS stack's minute watch) and FSx/EFS
+    ([shared_fs]): a deploy from the pipeline would have stopped at AccessDenied."""
+    _, stack = bootstrap
+    allowed = {action.split(":")[0] for s in stack["data"]["aws_iam_policy_document"]["deploy-policy"]["statement"]
+               if s["effect"] == "Allow" for action in s["actions"]}  # fmt: skip
+    declared = {kind for _, tf in synthesized.values() for kind in tf.get("resource", {})}
+    assert "aws_scheduler_schedule" in declared and "aws_fsx_lustre_file_system" in declared  # what this test guards
+    for kind in sorted(declared):
+        prefix = max((p for p in SERVICE_OF if kind.startswith(p)), key=len, default=None)
+        assert prefix is not None, f"{kind}: which IAM service creates it? add it to SERVICE_OF"
+        assert SERVICE_OF[prefix] in allowed, f"{kind}: the deploy role has no {SERVICE_OF[prefix]}:* right"
+    assert {"elasticfilesystem", "fsx", "scheduler"} <= allowed

@@ -134,8 +134,9 @@ def state_statements(ctx: AwsContext, bucket: str, lock_table: str | None) -> li
 
 def deploy_statements(ctx: AwsContext) -> list[Statement]:
     """What `invoke deploy` changes, limited to `tidefleet-*` names wherever the service has
-    resource-level permissions; EC2, Auto Scaling and KMS key creation have none for creation,
-    so they are held to the stack's region."""
+    resource-level permissions; EC2, Auto Scaling, EFS, FSx and KMS key creation have none for
+    creation, so they are held to the stack's region. tests/test_ci_examples.py checks that every
+    resource type the shipped environments synthesize is of a service allowed here."""
     p, prefix = ctx.partition, naming.PREFIX
     in_region = [{"test": "StringEquals", "variable": "aws:RequestedRegion", "values": [ctx.region]}]
     return [
@@ -143,6 +144,8 @@ def deploy_statements(ctx: AwsContext) -> list[Statement]:
         Statement("Tables", ["dynamodb:*"], [ctx.arn("dynamodb", f"table/{prefix}-*")]),
         Statement("Functions", ["lambda:*"], [ctx.arn("lambda", f"function:{prefix}-*")]),
         Statement("Schedules", ["events:*"], [ctx.arn("events", f"rule/{prefix}-*")]),
+        # The minute watch and [schedules] are EventBridge Scheduler schedules, in its default group.
+        Statement("Scheduler", ["scheduler:*"], [ctx.arn("scheduler", f"schedule/default/{prefix}-*")]),
         Statement("Alarms", ["cloudwatch:*"], [ctx.arn("cloudwatch", f"alarm:{prefix}-*"),
                                               ctx.arn("cloudwatch", f"dashboard/{prefix}-*", regional=False)]),
         Statement("Topics", ["sns:*"], [ctx.arn("sns", f"{prefix}-*")]),
@@ -152,7 +155,8 @@ def deploy_statements(ctx: AwsContext) -> list[Statement]:
         Statement("Roles", ROLE_ACTIONS, [ctx.arn("iam", f"role/{prefix}-*", regional=False),
                                        ctx.arn("iam", f"instance-profile/{prefix}-*", regional=False)]),
         Statement("Images", ["ssm:GetParameter", "ssm:GetParameters"], [ctx.arn("ssm", "parameter/aws/service/*")]),
-        Statement("Fleet", ["ec2:*", "autoscaling:*"], ["*"], in_region),
+        # [shared_fs]: EFS and FSx name a file system by an id they make, so creation is held to the region too.
+        Statement("Fleet", ["ec2:*", "autoscaling:*", "elasticfilesystem:*", "fsx:*"], ["*"], in_region),
         Statement("Keys", ["kms:*"], [ctx.arn("kms", "key/*")],
                   [{"test": "Null", "variable": "aws:ResourceTag/tidefleet:env", "values": ["false"]}]),
         Statement("KeyAliases", ["kms:CreateAlias", "kms:DeleteAlias", "kms:UpdateAlias"],
