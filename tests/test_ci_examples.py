@@ -160,3 +160,9 @@ def test_the_deploy_role_may_create_every_resource_type_the_shipped_environments
         assert prefix is not None, f"{kind}: which IAM service creates it? add it to SERVICE_OF"
         assert SERVICE_OF[prefix] in allowed, f"{kind}: the deploy role has no {SERVICE_OF[prefix]}:* right"
     assert {"elasticfilesystem", "fsx", "scheduler"} <= allowed
+    # An account's first group, Spot launch or file system makes the service's own role: only those may be made.
+    (linked,) = [s for s in stack["data"]["aws_iam_policy_document"]["deploy-policy"]["statement"]
+                 if s["actions"] == ["iam:CreateServiceLinkedRole"]]  # fmt: skip
+    (condition,) = linked["condition"]
+    assert condition["variable"] == "iam:AWSServiceName" and "autoscaling.amazonaws.com" in condition["values"]
+    assert linked["resources"][0].endswith(":role/aws-service-role/*")

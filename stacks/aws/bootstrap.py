@@ -154,6 +154,10 @@ def deploy_statements(ctx: AwsContext) -> list[Statement]:
         Statement("Buckets", ["s3:*"], [f"arn:{p}:s3:::{prefix}-*"]),
         Statement("Roles", ROLE_ACTIONS, [ctx.arn("iam", f"role/{prefix}-*", regional=False),
                                        ctx.arn("iam", f"instance-profile/{prefix}-*", regional=False)]),
+        # An account's first Auto Scaling group, Spot launch or file system creates the service's own
+        # role (AWSServiceRoleFor...): the caller needs this, for these services only.
+        Statement("ServiceRoles", ["iam:CreateServiceLinkedRole"], [ctx.arn("iam", "role/aws-service-role/*", regional=False)],
+                  [{"test": "StringEquals", "variable": "iam:AWSServiceName", "values": SERVICE_LINKED}]),
         Statement("Images", ["ssm:GetParameter", "ssm:GetParameters"], [ctx.arn("ssm", "parameter/aws/service/*")]),
         # [shared_fs]: EFS and FSx name a file system by an id they make, so creation is held to the region too.
         Statement("Fleet", ["ec2:*", "autoscaling:*", "elasticfilesystem:*", "fsx:*"], ["*"], in_region),
@@ -166,6 +170,7 @@ def deploy_statements(ctx: AwsContext) -> list[Statement]:
     ]
 
 
+SERVICE_LINKED = ["autoscaling.amazonaws.com", "spot.amazonaws.com", "elasticfilesystem.amazonaws.com", "fsx.amazonaws.com"]
 # What the stacks do to their roles and instance profiles (no iam:*: no users, no account settings).
 ROLE_ACTIONS = [f"iam:{a}" for a in (
     "CreateRole", "DeleteRole", "GetRole", "UpdateRole", "TagRole", "UntagRole", "UpdateAssumeRolePolicy", "PassRole",
