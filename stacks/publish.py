@@ -15,8 +15,9 @@ from collections import defaultdict
 from importlib.metadata import distributions
 from pathlib import Path
 
+from stacks.package import environment_file
 from tidefleet.cloud import for_env
-from tidefleet.config import Environment, environments_dir
+from tidefleet.config import Environment
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -106,7 +107,8 @@ def hashed_requirements(wheels: list[Path]) -> str:
 
 def publish_agent(env: Environment, wheelhouse: Path | None = None) -> list[str]:
     """Upload the wheelhouse (built from this checkout unless given), its requirements and
-    `environments/<env>.toml`; returns the URIs written. Wheels go first, so a node booting
+    the environment's file (`stacks.package.environment_file`: the one it was loaded from, as
+    the function archive holds it); returns the URIs written. Wheels go first, so a node booting
     meanwhile never sees requirements naming a wheel not there yet."""
     cloud = for_env(env)
     cloud.artifacts_location()  # no bucket, no credentials: said now, not after minutes of building
@@ -115,5 +117,6 @@ def publish_agent(env: Environment, wheelhouse: Path | None = None) -> list[str]
             wheelhouse = build_wheelhouse(env, build_agent_wheel(Path(tmp) / "dist"), Path(tmp) / "house")
         uploads = {f"agent/wheels/{w.name}": w for w in sorted((wheelhouse / "wheels").glob("*.whl"))}
         uploads[f"agent/{REQUIREMENTS}"] = wheelhouse / REQUIREMENTS
-        uploads[f"agent/environments/{env.name}.toml"] = environments_dir() / f"{env.name}.toml"
+        # The file `env` was loaded from (--env path/to/x.toml too), checked unchanged since: not a same-named one.
+        uploads[f"agent/environments/{env.name}.toml"] = environment_file(env).source
         return [cloud.upload(key, path) for key, path in uploads.items()]

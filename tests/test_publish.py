@@ -17,7 +17,7 @@ from stacks.publish import ROOT, build_agent_wheel, build_wheelhouse, publish_ag
 from tests.gcp_fake import FakeGcp
 from tests.test_gcp_jobs import calls, gcp  # noqa: F401 - gcp is a fixture
 from tidefleet import naming
-from tidefleet.config import load_environment
+from tidefleet.config import environment_path, load_environment
 from tidefleet.userdata import render_user_data
 
 PIN = re.compile(r"([a-z0-9-]+)==(\S+)((?: --hash=sha256:[0-9a-f]{64})+)")
@@ -99,6 +99,20 @@ def test_publish_puts_the_wheelhouse_and_environment_where_user_data_fetches_the
     assert written == [f"s3://{bucket}/{k}" for k in [*wheels, "agent/requirements.txt", "agent/environments/dev.toml"]]
     keys = sorted(o["Key"] for o in boto3.client("s3").list_objects_v2(Bucket=bucket)["Contents"])
     assert keys == sorted([*wheels, "agent/requirements.txt", "agent/environments/dev.toml"])
+
+
+def test_publish_uploads_the_file_the_environment_was_loaded_from_not_a_same_named_one(aws, wheelhouse, tmp_path):
+    """`--env path/to/dev.toml`: the nodes got environments/dev.toml of the checkout, which the
+    function archive never did (stacks.package.environment_file)."""
+    given = tmp_path / "dev.toml"
+    given.write_text(environment_path("dev").read_text().replace("max = 10", "max = 7"))
+    env = load_environment(str(given))
+    assert env.pools["cpu"].max == 7
+    bucket = naming.artifacts_bucket("dev", boto3.client("sts").get_caller_identity()["Account"])
+    boto3.client("s3").create_bucket(Bucket=bucket)
+    publish_agent(env, wheelhouse)
+    uploaded = boto3.client("s3").get_object(Bucket=bucket, Key="agent/environments/dev.toml")["Body"].read()
+    assert uploaded == given.read_bytes()
 
 
 def test_a_gce_node_gets_the_google_clients_for_each_of_its_pythons(tmp_path):
