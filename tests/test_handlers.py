@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import re
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -634,6 +635,9 @@ def test_the_tick_command_prints_each_decision_with_its_reasons_and_dry_run_chan
     (cpu,) = tick["decisions"]
     assert (cpu["pool"], cpu["desired"], cpu["terminate"], cpu["on_demand_base"]) == ("cpu", 3, [], None)
     assert cpu["reasons"] == [r.removeprefix("  - ") for r in reasons], "the same decision as the text"
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| `tick --json` |"))
+    assert set(cpu) == set(re.findall(r"`(\w+)`", row.split("`decisions` [{")[1].split("}]")[0])), "the README's fields"
     assert tick["failures"] == [] and group()["DesiredCapacity"] == 0
 
     result = CliRunner().invoke(main, ["tick", "--env", "sandbox", "--pool", "gpu"])
