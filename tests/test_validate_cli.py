@@ -315,3 +315,25 @@ def test_validate_warns_of_a_gcp_cluster_pool_whose_gangs_may_span_two_zones_unt
         (f"warning: {tmp_path / 'train.toml'}: pools.train.zone: a cluster pool on gcp without a zone: its Spot and "
         "on-demand groups each pick their own, so a gang on both kinds of node may span two zones; set zone (e.g. "
         "us-central1-b, a zone that offers its types) to keep every node in one")])
+
+
+def test_validate_warns_of_gpus_a_pool_pays_for_and_never_uses(tmp_path):
+    """A GPU type with fewer GPUs declared than it has, or none (then no NVIDIA driver either): the
+    pool runs, on the CPUs, and pays for the rest. A warning: it deploys and works."""
+    path = tmp_path / "gpus.toml"
+    path.write_text('region = "us-east-1"\n[pools.cpu]\nmax = 8\ncommand = "echo"\ninstance_types = [{ type = "g5.xlarge" }, '
+                    '{ type = "g6e.xlarge", on_demand_price = 1.9, spot_price = 0.7 }]\n'
+                    '[pools.gpu]\nmax = 8\nslots_per_unit = 4\ncommand = "echo"\n'
+                    'instance_types = [{ type = "p4d.24xlarge", gpus = 4 }]\n[queues.work]\npool = "cpu"\n'
+                    '[queues.train]\npool = "gpu"\nslots_per_item = 4\n')  # fmt: skip
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 0, result.output
+    assert [x.removeprefix(f"warning: {path}: ") for x in result.output.splitlines() if x.startswith("warning:")] == [
+        ("pools.cpu.instance_types[0].gpus: g5.xlarge has 1 GPU (got none); the pool would pay for 1 that never run "
+         "an item, and the pool would boot no NVIDIA driver; set gpus = 1 (slots_per_item takes several per item), or pick a "
+         "type without GPUs"),
+        ("pools.cpu.instance_types[1].gpus: g6e.xlarge is a GPU type (family g6e) (got none); its GPUs would never "
+         "run an item, and the pool would boot no NVIDIA driver; set gpus to its GPU count, or pick a type without GPUs"),
+        ("pools.gpu.instance_types[0].gpus: p4d.24xlarge has 8 GPUs (got 4); the pool would pay for 4 that never run "
+         "an item; set gpus = 8 (slots_per_item takes several per item), or pick a type without GPUs"),
+    ]

@@ -835,7 +835,26 @@ def environment_clashes(envs: dict[str, Environment]) -> list[str]:
 
 def environment_warnings(env: Environment) -> list[str]:
     """What validate says of a file that can deploy but may not do what its author expects."""
-    return instance_type_warnings(env) + _split_gang_warnings(env)
+    return instance_type_warnings(env) + _split_gang_warnings(env) + _unused_gpu_warnings(env)
+
+
+def _unused_gpu_warnings(env: Environment) -> list[str]:
+    """GPUs a pool pays for and never hands an item: fewer declared than its type has (`built_in_gpus`),
+    or none, when the pool also boots no NVIDIA driver. A warning: such a pool runs (its items on the CPUs)."""
+    out = []
+    for name, pool in env.pools.items():
+        for i, itype in enumerate(pool.instance_types):
+            at, built_in = f"pools.{name}.instance_types[{i}].gpus", built_in_gpus(env.cloud, itype.type)
+            unused = ", and the pool would boot no NVIDIA driver" if not itype.gpus else ""
+            if built_in is not None and itype.gpus < built_in and (env.cloud == "aws" or not itype.gpus):
+                out.append(f"{at}: {itype.type} has {built_in} GPU{'s' * (built_in != 1)} (got {itype.gpus or 'none'}); "
+                           f"the pool would pay for {built_in - itype.gpus} that never run an item{unused}; set gpus "
+                           f"= {built_in} (slots_per_item takes several per item), or pick a type without GPUs")  # fmt: skip
+            elif built_in is None and env.cloud == "aws" and not itype.gpus:
+                out.append(f"{at}: {itype.type} is a GPU type (family {itype.type.split('.')[0]}) (got none); its "
+                           f"GPUs would never run an item{unused}; set gpus to its GPU count, or pick a type without "
+                           "GPUs")  # fmt: skip
+    return out
 
 
 def _split_gang_warnings(env: Environment) -> list[str]:
@@ -1076,9 +1095,7 @@ def _pool_problems(env: Environment, name: str, pool: Pool) -> list[str]:
             out.append(f"{at}.weight: an Auto Scaling group takes a type's weight (WeightedCapacity) up to "
                        f"{AWS_MAX_WEIGHT} (got {itype.weight}); count capacity in a larger unit (capacity_unit "
                        "'nodes' or 'gpus') or scale every weight of the pool down")  # fmt: skip
-        built_in = built_in_gpus(env.cloud, itype.type)
-        # (GPUs left undeclared on a GPU type: its gpus line below says so, the weight follows from it.)
-        if pool.capacity_unit == "gpus" and itype.weight != itype.gpus and (itype.gpus or built_in == 0):
+        if pool.capacity_unit == "gpus" and itype.weight != itype.gpus:
             out.append(
                 f"{at}.weight: with capacity_unit 'gpus' the weight is the GPU count "
                 f"(got weight {itype.weight}, gpus {itype.gpus})"
@@ -1091,21 +1108,16 @@ def _pool_problems(env: Environment, name: str, pool: Pool) -> list[str]:
         if missing:
             out.append(f"{at}.{missing[0]}: no built-in price for {itype.type!r}; set {' and '.join(missing)} in USD/hour")
         out += _gpu_slot_problems(at, pool, itype)
-        # A node that shows fewer GPUs than declared takes no items (agent/gpus.py): never runs anything;
-        # GPUs it has beyond them never run an item, and with none declared it boots no NVIDIA driver.
+        # A node that shows fewer GPUs than declared takes no items (agent/gpus.py): never runs anything.
         # (GCP attaches accelerators to N1 types, and names the others' own: only built-in ones are known here.)
+        built_in = built_in_gpus(env.cloud, itype.type)
         has = f"{itype.type} has {built_in} GPU{'s' * (built_in != 1)}"
         if built_in is not None and itype.gpus > built_in and (env.cloud == "aws" or built_in):
             out.append(f"{at}.gpus: {has} (got {itype.gpus}); its nodes would take no items; set gpus = {built_in} "
                        f"or pick a type with {itype.gpus}")  # fmt: skip
-        elif built_in is not None and itype.gpus < built_in:
-            out.append(f"{at}.gpus: {has} (got {itype.gpus or 'none'}); the pool would pay for {built_in - itype.gpus} "
-                       f"that never run an item{' and boot no NVIDIA driver' * (not itype.gpus)}; set gpus = {built_in} "
-                       "(slots_per_item takes several per item) or pick a type without them")  # fmt: skip
-        elif built_in is None and env.cloud == "aws" and not itype.gpus:
-            out.append(f"{at}.gpus: {itype.type} is a GPU type (family {itype.type.split('.')[0]}) (got none); its "
-                       "GPUs would never run an item and the pool would boot no NVIDIA driver; set gpus to its GPU "
-                       "count, or pick a type without GPUs")  # fmt: skip
+        elif env.cloud == "gcp" and built_in is not None and 0 < itype.gpus < built_in:  # fewer, none: a warning
+            out.append(f"{at}.gpus: {has} (got {itype.gpus}); GCE refuses a template that attaches fewer than the "
+                       f"type's own; set gpus = {built_in} (slots_per_item takes several per item)")  # fmt: skip
         if env.cloud == "aws" and itype.accelerator:
             out.append(f"{at}.accelerator: only for cloud 'gcp' (got {itype.accelerator!r})")
     with_gpus = [t.type for t in pool.instance_types if t.gpus]
