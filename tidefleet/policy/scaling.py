@@ -846,11 +846,7 @@ def _share_budget(plans: list[_Plan], env: Environment) -> None:
     Budget a high queue cannot use (less than one of its units) still goes to lower queues.
     """
     cap = env.scaler.cost_cap_usd_per_hour
-    if cap is None:  # nothing to share (nearly every tick): each plan gets its highest target, as the steps give it
-        for plan in plans:
-            plan.granted = max([plan.forced, *map(plan.target, range(len(plan.queues)))])
-        return
-    budget = cap - sum(p.existing_cost for p in plans)
+    budget = float("inf") if cap is None else cap - sum(p.existing_cost for p in plans)
     for plan in plans:
         plan.granted = plan.forced
         budget -= plan.launch_cost(plan.forced)
