@@ -166,3 +166,9 @@ def test_the_deploy_role_may_create_every_resource_type_the_shipped_environments
     (condition,) = linked["condition"]
     assert condition["variable"] == "iam:AWSServiceName" and "autoscaling.amazonaws.com" in condition["values"]
     assert linked["resources"][0].endswith(":role/aws-service-role/*")
+    statements = {s.get("sid"): s for s in stack["data"]["aws_iam_policy_document"]["deploy-policy"]["statement"]}
+    # AWS's public parameters (the default images) have no account in their ARN.
+    assert re.fullmatch(r"arn:\$\{[^}]+\}:ssm:us-east-1::parameter/aws/service/\*", statements["Images"]["resources"][0])
+    # CreateKey with the provider's default tags is also a TagResource, before the key has a tag.
+    assert statements["KeyTags"]["actions"] == ["kms:TagResource"]
+    assert statements["KeyTags"]["condition"][0]["variable"] == "aws:RequestTag/tidefleet:env"

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from tidefleet import naming
-from tidefleet.config import Queue, environment_path, parse_environment
+from tidefleet.config import Queue, environment_path, load_environment, parse_environment
 from tidefleet.resources import redrive_receives
 
 pytestmark = pytest.mark.synth
@@ -130,6 +130,18 @@ def test_node_service_accounts_are_scoped_to_their_own_resources(stack):
     assert cpu_subs == {"${google_pubsub_subscription.queue-default_subscription.id}"}, "only its own queue"
     templates = resources(stack, "google_compute_instance_template")
     assert templates["pool-cpu_template-spot"]["service_account"]["email"] == "${google_service_account.pool-cpu_node.email}"
+
+
+def test_the_scalers_function_may_submit_to_every_queue_as_its_schedules_and_releases_do(stack):
+    """Its function fires [schedules] and releases --after jobs (a submit: publish, and lease_s reads
+    the subscription's ack deadline); it had no Pub/Sub right, so each got 403 on a deployed stack."""
+    scaler = "${google_service_account.control_scaler.member}"
+    topics = {(m["topic"], m["role"]) for m in resources(stack, "google_pubsub_topic_iam_member").values() if m["member"] == scaler}
+    subs = {(m["subscription"], m["role"]) for m in resources(stack, "google_pubsub_subscription_iam_member").values()
+            if m["member"] == scaler}  # fmt: skip
+    queues = load_environment("gcp-dev").queues
+    assert topics == {(f"${{google_pubsub_topic.queue-{q}_topic.id}}", "roles/pubsub.publisher") for q in queues}
+    assert subs == {(f"${{google_pubsub_subscription.queue-{q}_subscription.id}}", "roles/pubsub.viewer") for q in queues}
 
 
 def test_scaler_runs_on_a_schedule_and_kicks_with_one_instance_internal_only(stack):

@@ -202,3 +202,23 @@ def test_each_node_role_reaches_only_its_own_pools_and_queues_records_checkpoint
             wrong = [(r, verdict) for r, verdict in node_requests(env, pool, queue, others[0], other_queues[0])
                      if allowed(docs[f"pool-{pool}_node-role_policy"], r) is not verdict]  # fmt: skip
             assert wrong == [], (pool, queue)
+
+
+# -- the functions' reads (outside audit: each was denied on AWS, where moto allows everything) --
+
+
+def test_the_functions_may_do_what_their_code_calls(shipped):
+    """The scaler and the interruption function list the queues' URLs (SqsQueues._list_urls:
+    ListQueues, no resource-level permission) before reading their depth; the schedule function's
+    submit reads a queue's visibility timeout (lease_s); EventBridge Scheduler decrypts each
+    schedule's input, encrypted with the environment's key, as its invoke role."""
+    env, docs = shipped
+    queues = [arn(env, "sqs", naming.queue(env.name, q)) for q in env.queues]
+    for role in ("control_scaler-role_policy", "control_interruption-role_policy"):
+        requests = [Request("sqs:ListQueues", "*"), *(Request("sqs:GetQueueAttributes", q) for q in queues)]
+        assert [r for r in requests if not allowed(docs[role], r)] == [], role
+    submit = [Request(a, q) for q in queues for a in ("sqs:SendMessage", "sqs:GetQueueUrl", "sqs:GetQueueAttributes")]
+    assert [r for r in submit if not allowed(docs["schedules_role_policy"], r)] == []
+    (key,) = {r for s in docs["schedules_role_policy"] if s["sid"] == "ReadSettings" for r in s["resources"]}
+    assert allowed(docs["schedules_scheduler-role_policy"], Request("kms:Decrypt", key))
+    assert not allowed(docs["schedules_scheduler-role_policy"], Request("kms:Decrypt", arn(env, "kms", "key/other")))

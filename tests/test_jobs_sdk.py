@@ -138,6 +138,14 @@ def test_a_jobs_name_given_for_its_id_is_answered_with_the_id(h):
         sdk.status(h.env, "nobody")
 
 
+def test_cancel_reads_no_heartbeat_nor_failed_item(h, monkeypatch):
+    """The schedule function cancels overdue runs and may read neither (its role: JOB# and WATCH records)."""
+    job_id = sdk.submit(h.env, "quick-cancel", "work", sdk.read_items(["a", "b"]), kick=False).job_id
+    for read in ("heartbeats", "failed_items"):
+        monkeypatch.setattr(DynamoStore, read, lambda *a, **k: pytest.fail(f"cancel read {a[1:]}"))
+    assert sdk.cancel(h.env, job_id) == 2
+
+
 def test_cancel_marks_waiting_items_cancelled_and_flags_the_job(h):
     job_id = sdk.submit(h.env, "c", "work", sdk.read_items(["a", "b", "c"]), kick=False).job_id
     assert sdk.cancel(h.env, job_id) == 3

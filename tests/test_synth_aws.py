@@ -20,6 +20,7 @@ pytestmark = pytest.mark.synth
 UNSCOPED_SIDS = {
     "DescribeFleetUnscopable": "Describe* on Auto Scaling and EC2 has no resource-level permissions",
     "XRayWriteUnscopable": "X-Ray trace writes have no resource-level permissions",
+    "ListQueuesUnscopable": "SQS ListQueues has no resource-level permissions",
     "AccountAdministersAndUsesTheKeyThroughIam": "in a key policy '*' means this key",
     "LogsEncryptThisEnvironmentsLogGroups": "in a key policy '*' means this key",
     "AlarmsPublishToTheEncryptedTopic": "in a key policy '*' means this key",
@@ -277,7 +278,8 @@ def test_each_schedule_and_the_minute_watch_invoke_the_schedule_function_through
     documents = {k: v for k, v in policy_documents(stack).items() if k.startswith("schedules_scheduler-role_policy")}
     (only,) = documents.values()
     assert [(s["actions"], s["resources"]) for s in only["statement"]] == [
-        (["lambda:InvokeFunction"], ["${aws_lambda_function.schedules_function.arn}"])]
+        (["lambda:InvokeFunction"], ["${aws_lambda_function.schedules_function.arn}"]),
+        (["kms:Decrypt"], ["${aws_kms_key.key_key.arn}"])]  # the schedules' input is encrypted with the key
 
 
 def test_a_schedule_named_watch_fires_beside_the_minute_watch_instead_of_replacing_it(prod_variant):

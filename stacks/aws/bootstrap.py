@@ -158,11 +158,15 @@ def deploy_statements(ctx: AwsContext) -> list[Statement]:
         # role (AWSServiceRoleFor...): the caller needs this, for these services only.
         Statement("ServiceRoles", ["iam:CreateServiceLinkedRole"], [ctx.arn("iam", "role/aws-service-role/*", regional=False)],
                   [{"test": "StringEquals", "variable": "iam:AWSServiceName", "values": SERVICE_LINKED}]),
-        Statement("Images", ["ssm:GetParameter", "ssm:GetParameters"], [ctx.arn("ssm", "parameter/aws/service/*")]),
+        # AWS's public parameters have no account in their ARN (stacks/aws/pool.py).
+        Statement("Images", ["ssm:GetParameter", "ssm:GetParameters"], [f"arn:{p}:ssm:{ctx.region}::parameter/aws/service/*"]),
         # [shared_fs]: EFS and FSx name a file system by an id they make, so creation is held to the region too.
         Statement("Fleet", ["ec2:*", "autoscaling:*", "elasticfilesystem:*", "fsx:*"], ["*"], in_region),
         Statement("Keys", ["kms:*"], [ctx.arn("kms", "key/*")],
                   [{"test": "Null", "variable": "aws:ResourceTag/tidefleet:env", "values": ["false"]}]),
+        # CreateKey with the provider's default tags also needs TagResource, before the key carries any tag.
+        Statement("KeyTags", ["kms:TagResource"], [ctx.arn("kms", "key/*")],
+                  [{"test": "Null", "variable": "aws:RequestTag/tidefleet:env", "values": ["false"]}]),
         Statement("KeyAliases", ["kms:CreateAlias", "kms:DeleteAlias", "kms:UpdateAlias"],
                   [ctx.arn("kms", f"alias/{prefix}-*")]),
         Statement("Describe", ["kms:CreateKey", "kms:ListAliases", "sts:GetCallerIdentity", "logs:DescribeLogGroups",

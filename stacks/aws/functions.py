@@ -55,6 +55,8 @@ DESCRIBE_FLEET = Statement(
 # What a launch from the templates creates or uses, besides the template and the image.
 LAUNCHED_RESOURCES = ("instance", "volume", "network-interface", "subnet", "security-group", "spot-instances-request")
 XRAY_WRITE = Statement("XRayWriteUnscopable", ["xray:PutTraceSegments", "xray:PutTelemetryRecords"], ["*"])
+# The queues' URLs come from one ListQueues by the environment's prefix (SqsQueues._list_urls).
+LIST_QUEUES = Statement("ListQueuesUnscopable", ["sqs:ListQueues"], ["*"])
 
 
 def schedule_expression(tick_s: int) -> str:
@@ -127,6 +129,7 @@ class ControlFunctions(Construct):
             Statement("ReadSettings", ["kms:Decrypt"], [key_arn]),
             Statement("ReportFailures", ["sqs:SendMessage"], [self.failures.arn]),
             Statement("QueueDepth", ["sqs:GetQueueUrl", "sqs:GetQueueAttributes"], [q.arn for q in queues.values()]),
+            LIST_QUEUES,
         ]
         statements = {
             "scaler": [

@@ -74,7 +74,9 @@ class ScheduledJobs(Construct):
                 XRAY_WRITE,
                 Statement("ReadSettings", ["kms:Decrypt"], [key_arn]),
                 Statement("ReportFailures", ["sqs:SendMessage"], [failures_arn]),
-                Statement("SubmitToOwnQueues", ["sqs:SendMessage", "sqs:GetQueueUrl"], list(queue_arns)),
+                # GetQueueAttributes: a submit reads the queue's visibility timeout (SqsWorkQueues.lease_s).
+                Statement("SubmitToOwnQueues", ["sqs:SendMessage", "sqs:GetQueueUrl", "sqs:GetQueueAttributes"],
+                          list(queue_arns)),
                 # Jobs, items, submit marks and the watch list; never heartbeats or queue statistics.
                 Statement("JobStore", ["dynamodb:GetItem", "dynamodb:BatchGetItem", "dynamodb:PutItem",
                                        "dynamodb:BatchWriteItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem",
@@ -98,9 +100,10 @@ class ScheduledJobs(Construct):
             self, "async", function_name=self.function.function_name, maximum_retry_attempts=ASYNC_RETRIES,
             destination_config={"on_failure": {"destination": failures_arn}},
         )  # fmt: skip
+        # The schedules' target input is encrypted with the environment's key: Scheduler decrypts it as this role.
         invoker = ServiceRole(self, "scheduler-role", name=f"{name}-invoke", service="scheduler.amazonaws.com",
-                              statements=[Statement("InvokeScheduleFunction", ["lambda:InvokeFunction"],
-                                                    [self.function.arn])])  # fmt: skip
+                              statements=[Statement("InvokeScheduleFunction", ["lambda:InvokeFunction"], [self.function.arn]),
+                                          Statement("DecryptInput", ["kms:Decrypt"], [key_arn])])  # fmt: skip
         schedule = lambda id, name, when, payload: SchedulerSchedule(
             self, id, name=name, schedule_expression=when, schedule_expression_timezone="UTC",
             flexible_time_window={"mode": "OFF"}, kms_key_arn=key_arn,

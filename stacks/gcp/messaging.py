@@ -50,6 +50,13 @@ class WorkTopic(Construct):
         PubsubSubscriptionIamMember(self, "dlq-forward", subscription=self.subscription.id,
                                     role="roles/pubsub.subscriber", member=pubsub_agent)  # fmt: skip
 
+    def grant_submitter(self, id: str, member: str) -> None:
+        """What a submit from a function needs (the scaler's: scheduled runs, released --after
+        jobs): publish to the topic, read the subscription's ack deadline (`lease_s`)."""
+        PubsubTopicIamMember(self, f"{id}-publish", topic=self.topic.id, role="roles/pubsub.publisher", member=member)
+        PubsubSubscriptionIamMember(self, f"{id}-viewer", subscription=self.subscription.id, role="roles/pubsub.viewer",
+                                    member=member)  # fmt: skip
+
     def grant_worker(self, id: str, member: str) -> None:
         """What a node's agent needs: pull/ack/extend on the subscription, read its ack
         deadline, publish retries to the topic and give-ups to the dead-letter topic."""

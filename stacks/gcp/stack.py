@@ -125,6 +125,9 @@ class GcpFleetStack(TerraformStack):
 
         self.scaler = ScalerFunction(self, "control", env=env, archive_path=archive_path, bucket=self.artifacts.name,
                                      kms_key_id=self.key.id, labels=tags)  # fmt: skip
+        # Its function also fires [schedules] and releases --after jobs: it submits to every queue.
+        for queue_name in sorted(self.queues):
+            self.queues[queue_name].grant_submitter("scaler", self.scaler.service_account.member)
         self.schedules = ScheduledJobs(self, "schedules", env=env, topic_id=self.scaler.kick_topic.id)
         self.alerts = Alerts(self, "alerts", env=env, labels=tags)
 

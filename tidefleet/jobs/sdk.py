@@ -1167,7 +1167,9 @@ def cancel_job(env: Environment, job_id: str, *, reason: str = "cancelled", clou
     job = store.job(job_id)
     if job is None:
         raise not_found(store, env, job_id, "nothing to cancel")
-    current = _status(cloud, env, job)
+    # Whether it is done, from the job's counters: no heartbeat nor failure reason is read (neither
+    # would change it), which the schedule function, whose watch cancels overdue runs, may not read.
+    current = _settled(cloud, env, job)
     if current.done:
         c = current.counts
         if job.cancelled:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import boto3
+from botocore.exceptions import ClientError
 
 from tidefleet.cloud.aws import CLIENT_CONFIG
 from tidefleet.cloud.per_process import PerProcess
@@ -37,7 +38,17 @@ class S3Objects:
         self.s3.put_object(Bucket=bucket, Key=key, Body=body)
 
     def get(self, bucket: str, key: str) -> bytes | None:
+        """The object, or None where there is none. S3 answers a missing key with 404 only to a
+        caller that may list the whole bucket; a node role may list its own prefixes only, so it
+        gets 403 (AccessDenied): a listing of the key's own prefix then tells missing from denied."""
         try:
             return self.s3.get_object(Bucket=bucket, Key=key)["Body"].read()
         except self.s3.exceptions.NoSuchKey:
+            return None
+        except ClientError as err:
+            if err.response.get("Error", {}).get("Code") != "AccessDenied":
+                raise
+            listed = self.s3.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1).get("Contents", [])
+            if any(o.get("Key") == key for o in listed):
+                raise  # there, and not ours to read
             return None
