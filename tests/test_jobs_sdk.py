@@ -136,6 +136,8 @@ def test_a_jobs_name_given_for_its_id_is_answered_with_the_id(h):
     assert shown.exit_code == 1 and fix in shown.output and "Traceback" not in shown.output, shown.output
     with pytest.raises(sdk.JobError, match="job 'nobody' not found in environment .*; check the id printed by submit"):
         sdk.status(h.env, "nobody")
+    with pytest.raises(sdk.JobError, match="after: job 5 not found"):  # not a name to look up: no traceback
+        sdk.submit(h.env, "then", "work", sdk.read_items(["b"]), kick=False, after=5)
 
 
 def test_cancel_reads_no_heartbeat_nor_failed_item(h, monkeypatch):

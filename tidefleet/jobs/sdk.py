@@ -941,7 +941,7 @@ def _job(cloud: Cloud, env: Environment, job_id: str) -> Job:
 def not_found(store, env: Environment, job_id: str, fix: str, what: str = "job") -> JobError:
     """No job of that id: a job's name given for its id (the id adds a hash of the name) is named,
     at the cost of one read more."""
-    named = job_id_for(job_id) if job_id else None
+    named = job_id_for(job_id) if isinstance(job_id, str) and job_id else None
     if named and named != job_id and store.job(named) is not None:
         fix = f"{job_id!r} is the name of job {named!r}: give that id"
     return JobError(f"{what} {job_id!r} not found in environment {env.name!r}; {fix}")
