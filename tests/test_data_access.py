@@ -129,6 +129,26 @@ def test_gcp_mounts_filestore_and_opens_the_gang_firewall_to_the_pool_only(gcp_t
     assert "mount" not in templates["pool-cpu_template-spot"]["metadata"]["startup-script"].split("tidefleet-agent")[0]
 
 
+def test_each_gcp_resource_encrypted_with_the_key_waits_for_its_services_grant(gcp_training):
+    """Pub/Sub, Cloud Storage, Compute Engine and Filestore each check at creation that their agent
+    may use the key: a resource that took the key's id directly could be created before the grant
+    (the first apply failed). Each takes it from its service's grant; Cloud Storage's agent comes
+    from its data source, which makes it on a fresh project."""
+    grants = _resources(gcp_training, "google_kms_crypto_key_iam_member")
+    assert grants["key-user-storage"]["member"] == "serviceAccount:${data.google_storage_project_service_account.storage-agent.email_address}"
+    assert grants["key-user-filestore"]["member"].endswith("@cloud-filer.iam.gserviceaccount.com")
+    via = lambda service: f"${{google_kms_crypto_key_iam_member.key-user-{service}.crypto_key_id}}"
+    (filestore,) = _resources(gcp_training, "google_filestore_instance").values()
+    assert filestore["kms_key_name"] == via("filestore")
+    topics = _resources(gcp_training, "google_pubsub_topic").values()
+    assert topics and all(t["kms_key_name"] == via("pubsub") for t in topics)
+    (bucket,) = _resources(gcp_training, "google_storage_bucket").values()
+    assert bucket["encryption"]["default_kms_key_name"] == via("storage")
+    templates = _resources(gcp_training, "google_compute_instance_template").values()
+    keys = {d["disk_encryption_key"]["kms_key_self_link"] for t in templates for d in t["disk"]}
+    assert keys == {via("compute")}
+
+
 def test_the_train_environment_loads_with_data_a_shared_fs_and_efa():
     env = load_environment("train", ROOT)
     pool = env.pools["gpu8"]

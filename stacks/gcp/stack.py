@@ -13,6 +13,9 @@ from cdktn_provider_google.compute_router import ComputeRouter
 from cdktn_provider_google.compute_router_nat import ComputeRouterNat
 from cdktn_provider_google.compute_subnetwork import ComputeSubnetwork
 from cdktn_provider_google.data_google_project import DataGoogleProject
+from cdktn_provider_google.data_google_storage_project_service_account import (
+    DataGoogleStorageProjectServiceAccount,
+)
 from cdktn_provider_google.firestore_database import FirestoreDatabase
 from cdktn_provider_google.kms_crypto_key import KmsCryptoKey
 from cdktn_provider_google.kms_crypto_key_iam_member import KmsCryptoKeyIamMember
@@ -80,14 +83,23 @@ class GcpFleetStack(TerraformStack):
         ring = KmsKeyRing(self, "keyring", name=naming.stack_resource(env.name, "keys"), location=region)
         self.key = KmsCryptoKey(self, "key", name=naming.stack_resource(env.name, "data"), key_ring=ring.id,
                                 rotation_period=KEY_ROTATION, labels=tags)  # fmt: skip
-        # The Google services that encrypt with it on our behalf.
-        for i, service in enumerate(("gcp-sa-pubsub", "compute-system", "gs-project-accounts")):
-            KmsCryptoKeyIamMember(self, f"key-user-{i}", crypto_key_id=self.key.id,
-                                  role="roles/cloudkms.cryptoKeyEncrypterDecrypter", member=agent(service))  # fmt: skip
+        # The Google services that encrypt with it on our behalf. Each checks its agent may use the key
+        # when a resource is created: a resource takes the key id from its service's grant (the same
+        # id), so Terraform creates the grant first. Cloud Storage makes its agent on first asking
+        # (the data source asks); Filestore's is granted only where a file system is made.
+        storage_agent = DataGoogleStorageProjectServiceAccount(self, "storage-agent", project=project)
+        services = {"pubsub": agent("gcp-sa-pubsub"), "compute": agent("compute-system"),
+                    "storage": f"serviceAccount:{storage_agent.email_address}",
+                    **({"filestore": agent("cloud-filer")} if env.shared_fs else {})}  # fmt: skip
+        key_for = {
+            service: KmsCryptoKeyIamMember(self, f"key-user-{service}", crypto_key_id=self.key.id,
+                                           role="roles/cloudkms.cryptoKeyEncrypterDecrypter", member=member).crypto_key_id
+            for service, member in services.items()
+        }  # fmt: skip
 
         self.queues = {
             name: WorkTopic(self, f"queue-{name}", spec=queue, pubsub_agent=agent("gcp-sa-pubsub"),
-                            kms_key_id=self.key.id, labels=tags)
+                            kms_key_id=key_for["pubsub"], labels=tags)
             for name, queue in sorted(spec.queues.items())
         }  # fmt: skip
         self.database = FirestoreDatabase(
@@ -99,7 +111,7 @@ class GcpFleetStack(TerraformStack):
         self.artifacts = StorageBucket(
             self, "artifacts", name=bucket_name, location=region.upper(), labels=tags,
             uniform_bucket_level_access=True, public_access_prevention="enforced",
-            versioning={"enabled": True}, encryption={"default_kms_key_name": self.key.id},
+            versioning={"enabled": True}, encryption={"default_kms_key_name": key_for["storage"]},
             lifecycle_rule=[StorageBucketLifecycleRule(action={"type": "Delete"},
                                                        condition={"days_since_noncurrent_time": spec.artifacts.noncurrent_version_expiration_days})],
         )  # fmt: skip
@@ -107,7 +119,7 @@ class GcpFleetStack(TerraformStack):
         subnetwork = self._network(env)
         mount_source = env.shared_fs and shared_filestore(
             self, "shared-fs", env_name=env.name, region=region, network_name=self.network_name, fs=env.shared_fs,
-            kms_key_id=self.key.id, labels=tags,
+            kms_key_id=key_for["filestore"], labels=tags,
         )  # fmt: skip
 
         self.pools = {}
@@ -116,7 +128,7 @@ class GcpFleetStack(TerraformStack):
             pool = NodePool(self, f"pool-{pool_name}", env=env, pool_name=pool_name, spec=spec.pools[pool_name],
                             subnetwork=subnetwork,
                             startup_script=script.replace(SHARED_FS_PLACEHOLDER, mount_source) if mount_source else script,
-                            labels=tags, kms_key_id=self.key.id)  # fmt: skip
+                            labels=tags, kms_key_id=key_for["compute"])  # fmt: skip
             self._grant_node(env, pool_name, pool.member)
             if env.pools[pool_name].placement == "cluster":
                 gang_firewall(self, f"gang-{pool_name}", env_name=env.name, pool_name=pool_name, network_id=self.network_id,
@@ -124,7 +136,7 @@ class GcpFleetStack(TerraformStack):
             self.pools[pool_name] = pool
 
         self.scaler = ScalerFunction(self, "control", env=env, archive_path=archive_path, bucket=self.artifacts.name,
-                                     kms_key_id=self.key.id, labels=tags)  # fmt: skip
+                                     kms_key_id=key_for["pubsub"], labels=tags)  # fmt: skip
         # Its function also fires [schedules] and releases --after jobs: it submits to every queue.
         for queue_name in sorted(self.queues):
             self.queues[queue_name].grant_submitter("scaler", self.scaler.service_account.member)
