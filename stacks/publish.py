@@ -112,11 +112,12 @@ def publish_agent(env: Environment, wheelhouse: Path | None = None) -> list[str]
     meanwhile never sees requirements naming a wheel not there yet."""
     cloud = for_env(env)
     cloud.artifacts_location()  # no bucket, no credentials: said now, not after minutes of building
+    # The file `env` was loaded from (--env path/to/x.toml too), checked unchanged since: not a same-named one.
+    environment = environment_file(env).source
     with tempfile.TemporaryDirectory() as tmp:
         if wheelhouse is None:
             wheelhouse = build_wheelhouse(env, build_agent_wheel(Path(tmp) / "dist"), Path(tmp) / "house")
         uploads = {f"agent/wheels/{w.name}": w for w in sorted((wheelhouse / "wheels").glob("*.whl"))}
         uploads[f"agent/{REQUIREMENTS}"] = wheelhouse / REQUIREMENTS
-        # The file `env` was loaded from (--env path/to/x.toml too), checked unchanged since: not a same-named one.
-        uploads[f"agent/environments/{env.name}.toml"] = environment_file(env).source
+        uploads[f"agent/environments/{env.name}.toml"] = environment
         return [cloud.upload(key, path) for key, path in uploads.items()]

@@ -1163,8 +1163,7 @@ def _boot_image_problems(env: Environment, where: str, pool: Pool) -> list[str]:
         return [(f"{where}.image: the boot script needs Amazon Linux 2023 (dnf, python3.11) and stops before init_script "
                 f"on another OS (got {pool.image!r}); use an al2023 or Deep Learning AL2023 parameter, e.g. {al2023!r}")]  # fmt: skip
     arch = re.search(r"arm64|x86_64", pool.image)
-    other = [t.type for t in pool.instance_types
-             if arch and ("arm64" if re.fullmatch(AWS_ARM64_FAMILY, t.type.split(".")[0]) else "x86_64") != arch[0]]  # fmt: skip
+    other = [t.type for t in pool.instance_types if arch and architecture("aws", t.type) != arch[0]]
     if not arch or not other:
         return []
     mine, theirs = arch[0], {"arm64": "x86_64", "x86_64": "arm64"}[arch[0]]
