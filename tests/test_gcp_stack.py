@@ -341,3 +341,10 @@ def test_every_scaler_metric_has_a_descriptor_and_every_dashboard_chart_an_emitt
     filters = [d["timeSeriesQuery"]["timeSeriesFilter"]["filter"] for t in tiles for d in t["widget"]["xyChart"]["dataSets"]]
     assert filters and all(known_gcp_metric(f) for f in filters)
     assert any("nodes by lifecycle x activity" in t["widget"]["title"] for t in tiles)
+
+
+def test_a_pool_of_a_private_image_may_read_its_repository_only(stack):
+    pulls = [{k: v for k, v in m.items() if k != "//"}
+             for m in resources(stack, "google_artifact_registry_repository_iam_member").values()]
+    assert pulls == [{"project": "acme-ml-dev", "location": "us", "repository": "train",
+                      "role": "roles/artifactregistry.reader", "member": "${google_service_account.pool-gpu_node.member}"}]

@@ -21,6 +21,7 @@ UNSCOPED_SIDS = {
     "DescribeFleetUnscopable": "Describe* on Auto Scaling and EC2 has no resource-level permissions",
     "XRayWriteUnscopable": "X-Ray trace writes have no resource-level permissions",
     "ListQueuesUnscopable": "SQS ListQueues has no resource-level permissions",
+    "PullImagesTokenUnscopable": "ECR GetAuthorizationToken has no resource-level permissions",
     "AccountAdministersAndUsesTheKeyThroughIam": "in a key policy '*' means this key",
     "LogsEncryptThisEnvironmentsLogGroups": "in a key policy '*' means this key",
     "AlarmsPublishToTheEncryptedTopic": "in a key policy '*' means this key",

@@ -21,7 +21,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
-from tidefleet import naming, prices, schedules
+from tidefleet import naming, prices, registries, schedules
 
 NAME = r"[a-z][a-z0-9-]{0,30}"
 NAME_RULE = "must start with a letter and use only a-z, 0-9 and '-' (at most 31 characters)"
@@ -835,7 +835,7 @@ def environment_clashes(envs: dict[str, Environment]) -> list[str]:
 
 def environment_warnings(env: Environment) -> list[str]:
     """What validate says of a file that can deploy but may not do what its author expects."""
-    return instance_type_warnings(env) + _split_gang_warnings(env) + _unused_gpu_warnings(env)
+    return instance_type_warnings(env) + _split_gang_warnings(env) + _unused_gpu_warnings(env) + registries.warnings(env)
 
 
 def _unused_gpu_warnings(env: Environment) -> list[str]:

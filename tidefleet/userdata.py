@@ -17,7 +17,7 @@ from pathlib import Path
 
 import jinja2
 
-from tidefleet import naming
+from tidefleet import naming, registries
 from tidefleet.config import INIT_SCRIPT_DELIMITER, Environment, boot_script_problems
 
 TEMPLATE = Path(__file__).resolve().parents[1] / "templates" / "user-data.sh.j2"
@@ -87,6 +87,7 @@ def _render(env: Environment, pool_name: str, *, artifacts_bucket: str, local: d
         python=(local or {}).get(LOCAL_PYTHON, "python3"),
         init_delimiter=INIT_SCRIPT_DELIMITER,
         shared_fs_source=SHARED_FS_PLACEHOLDER,
+        registry_hosts={host: "gcloud" if env.cloud == "gcp" else "ecr-login" for host in registries.hosts(env, pool_name)},
     )
 
 

@@ -25,7 +25,7 @@ from constructs import Construct
 
 from stacks.aws.data import data_statements, gang_security_group
 from stacks.aws.iam import AwsContext, ServiceRole, Statement
-from tidefleet import naming
+from tidefleet import naming, registries
 from tidefleet.config import Environment
 from tidefleet.resources import PoolSpec
 
@@ -37,6 +37,17 @@ GROUP_METRICS = ["GroupInServiceInstances", "GroupPendingInstances", "GroupDesir
 def image_id(image: str) -> str:
     """An AMI id as is; `ssm:/path` becomes EC2's resolve-at-launch syntax."""
     return f"resolve:ssm:{image.removeprefix('ssm:')}" if image.startswith("ssm:") else image
+
+
+def pull_statements(ctx: AwsContext, repositories: list[registries.Repository]) -> list[Statement]:
+    """Pulls of the pool's private ECR images (`tidefleet.registries`): the token for docker's
+    credential helper (unscopable), then the layers of the named repositories only."""
+    if not repositories:
+        return []
+    arns = [f"arn:{ctx.partition}:ecr:{r.location}:{r.owner}:repository/{r.name}" for r in repositories]
+    return [Statement("PullImagesTokenUnscopable", ["ecr:GetAuthorizationToken"], ["*"]),
+            Statement("PullImages", ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer",
+                                     "ecr:BatchCheckLayerAvailability"], arns)]  # fmt: skip
 
 
 def image_parameter_arn(ctx: AwsContext, image: str) -> str | None:
@@ -109,6 +120,7 @@ class NodePool(Construct):
                             "values": ["agent/*", *(f"{naming.checkpoint_prefix(q)}*" for q in queues)]}]),
                 Statement("ArtifactsKey", ["kms:Decrypt", "kms:GenerateDataKey"], [key_arn]),
                 *data_statements(ctx, pool.data),
+                *pull_statements(ctx, registries.pulls(env, pool_name)),
             ],
         )  # fmt: skip
         security_groups, placement_group = [security_group_id], None

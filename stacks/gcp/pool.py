@@ -12,6 +12,7 @@ when the scaler asks.
 from __future__ import annotations
 
 from cdktn import TerraformResourceLifecycle
+from cdktn_provider_google.artifact_registry_repository_iam_member import ArtifactRegistryRepositoryIamMember
 from cdktn_provider_google.compute_instance_template import (
     ComputeInstanceTemplate,
     ComputeInstanceTemplateDisk,
@@ -31,7 +32,7 @@ from cdktn_provider_google.project_iam_member import ProjectIamMember
 from cdktn_provider_google.service_account import ServiceAccount
 from constructs import Construct
 
-from tidefleet import naming
+from tidefleet import naming, registries
 from tidefleet.config import Environment
 from tidefleet.resources import PoolSpec
 
@@ -136,3 +137,10 @@ class NodePool(Construct):
         )  # fmt: skip
         ProjectIamMember(self, "leave", project=env.project, role=leave.name, member=self.member,
                          condition=own_group_condition(env.project, env.region, spec.group_name))  # fmt: skip
+        # Pulls of the pool's private images: read on each Artifact Registry repository they name
+        # in the project (`tidefleet.registries`); the boot script points docker's helper at gcloud.
+        for repo in registries.pulls(env, pool_name):
+            ArtifactRegistryRepositoryIamMember(
+                self, f"pull-{repo.location}-{repo.name}", project=repo.owner, location=repo.location,
+                repository=repo.name, role=registries.READER, member=self.member,
+            )  # fmt: skip
