@@ -348,3 +348,20 @@ def test_a_pool_of_a_private_image_may_read_its_repository_only(stack):
              for m in resources(stack, "google_artifact_registry_repository_iam_member").values()]
     assert pulls == [{"project": "acme-ml-dev", "location": "us", "repository": "train",
                       "role": "roles/artifactregistry.reader", "member": "${google_service_account.pool-gpu_node.member}"}]
+
+
+def test_the_scaler_builds_as_its_own_account_once_it_may(stack):
+    """Not the project's default account, which holds no role where the organization forbids
+    default grants (new organizations since 2024): the first build failed there."""
+    (function,) = resources(stack, "google_cloudfunctions2_function").values()
+    assert function["build_config"]["service_account"] == "${google_service_account.control_build.id}"
+    member = "${google_service_account.control_build.member}"
+    roles = {m["role"] for m in resources(stack, "google_project_iam_member").values() if m["member"] == member}
+    assert roles == {"roles/logging.logWriter", "roles/artifactregistry.writer"}
+    (source,) = [m for m in resources(stack, "google_storage_bucket_iam_member").values() if m["member"] == member]
+    assert source["role"] == "roles/storage.objectViewer"
+    assert source["condition"]["expression"].startswith(
+        'resource.name.startsWith("projects/_/buckets/tidefleet-gcp-dev-artifacts-acme-ml-dev/objects/functions/")')
+    assert sorted(function["depends_on"]) == ["google_project_iam_member.control_build-artifactregistry",
+                                              "google_project_iam_member.control_build-logging",
+                                              "google_storage_bucket_iam_member.control_build-source"]

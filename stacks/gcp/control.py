@@ -20,6 +20,7 @@ from cdktn_provider_google.project_iam_custom_role import ProjectIamCustomRole
 from cdktn_provider_google.project_iam_member import ProjectIamMember
 from cdktn_provider_google.pubsub_topic import PubsubTopic
 from cdktn_provider_google.service_account import ServiceAccount
+from cdktn_provider_google.storage_bucket_iam_member import StorageBucketIamMember
 from cdktn_provider_google.storage_bucket_object import StorageBucketObject
 from constructs import Construct
 
@@ -33,6 +34,10 @@ PUBLISHED = "google.cloud.pubsub.topic.v1.messagePublished"
 SCHEDULE_MESSAGE = {"tidefleet": "schedule"}
 # A run ticks again while items wait, for up to 60 s after its first tick, plus one tick.
 TIMEOUT_S = 120
+# What Cloud Build needs to build the function from its source (Google's list for a build service
+# account): write its logs and push the image (to gcf-artifacts, which the first build creates:
+# no repository to scope to yet); reading the source object is granted on the bucket.
+BUILD_ROLES = ["roles/logging.logWriter", "roles/artifactregistry.writer"]
 # What one tick does to the fleet, and nothing else: read the groups and their instances,
 # resize, delete chosen instances. GCE has no per-group IAM, so this is a project role.
 FLEET_PERMISSIONS = [
@@ -62,7 +67,8 @@ class ScalerFunction(Construct):
     """Exposes `function`, `kick_topic` and `service_account`."""
 
     def __init__(self, scope: Construct, id: str, *, env: Environment, archive_path: str, bucket: str,
-                 kms_key_id: str, labels: dict[str, str]) -> None:  # fmt: skip
+                 source_condition: dict, kms_key_id: str, labels: dict[str, str]) -> None:  # fmt: skip
+        """source_condition: an IAM condition holding a bucket role to the function's source (`functions/`)."""
         super().__init__(scope, id)
         self.kick_topic = PubsubTopic(self, "kick", name=naming.kick_topic(env.name),
                                       kms_key_name=kms_key_id, labels=labels)  # fmt: skip
@@ -88,6 +94,19 @@ class ScalerFunction(Construct):
             # The digest in the name makes a new archive a new object, hence a new build.
             name=f"functions/scaler-{Fn.filemd5(archive_path)}.zip",
         )  # fmt: skip
+        # Builds run as an account of their own: the project's default one (Compute Engine's, in
+        # projects made since mid-2024) holds no role where the organization forbids default grants.
+        builder = ServiceAccount(
+            self, "build", account_id=naming.service_account(env.name, "build"),
+            display_name=f"tidefleet {env.name} scaler build", description="Only builds the scaler function's source.",
+        )  # fmt: skip
+        build_grants = [
+            ProjectIamMember(self, f"build-{role.split('/')[1].split('.')[0]}", project=project, role=role,
+                             member=builder.member)
+            for role in BUILD_ROLES
+        ]  # fmt: skip
+        build_grants.append(StorageBucketIamMember(self, "build-source", bucket=bucket, role="roles/storage.objectViewer",
+                                                   member=builder.member, condition=source_condition))  # fmt: skip
         invoker = ServiceAccount(
             self, "trigger", account_id=naming.service_account(env.name, "tick"),
             display_name=f"tidefleet {env.name} tick trigger", description="Only delivers kicks to the scaler function.",
@@ -95,7 +114,7 @@ class ScalerFunction(Construct):
         self.function = Cloudfunctions2Function(
             self, "function", name=naming.function(env.name, "scaler"), location=env.region, labels=labels,
             description=f"tidefleet {env.name}: one control tick per kick",
-            build_config={"runtime": RUNTIME, "entry_point": ENTRY_POINT,
+            build_config={"runtime": RUNTIME, "entry_point": ENTRY_POINT, "service_account": builder.id,
                           "source": {"storage_source": {"bucket": bucket, "object": source.name}}},
             service_config={
                 # One tick at a time (its actions are idempotent, but two would race each other).
@@ -116,6 +135,7 @@ class ScalerFunction(Construct):
                 # idempotent (a fire's job id is its fire time; ticks set desired absolutely).
                 "retry_policy": "RETRY_POLICY_RETRY",
             },
+            depends_on=build_grants,  # the build starts as the function is created
         )  # fmt: skip
         CloudRunServiceIamMember(self, "trigger-invokes", location=env.region, service=self.function.name,
                                  role="roles/run.invoker", member=invoker.member)  # fmt: skip

@@ -135,8 +135,11 @@ class GcpFleetStack(TerraformStack):
                               service_account=pool.service_account.email)  # fmt: skip
             self.pools[pool_name] = pool
 
-        self.scaler = ScalerFunction(self, "control", env=env, archive_path=archive_path, bucket=self.artifacts.name,
-                                     kms_key_id=key_for["pubsub"], labels=tags)  # fmt: skip
+        self.scaler = ScalerFunction(
+            self, "control", env=env, archive_path=archive_path, bucket=self.artifacts.name,
+            source_condition=prefix_condition(bucket_name, ["functions/"], "the scaler's source, read only"),
+            kms_key_id=key_for["pubsub"], labels=tags,
+        )  # fmt: skip
         # Its function also fires [schedules] and releases --after jobs: it submits to every queue.
         for queue_name in sorted(self.queues):
             self.queues[queue_name].grant_submitter("scaler", self.scaler.service_account.member)
