@@ -365,3 +365,10 @@ def test_the_scaler_builds_as_its_own_account_once_it_may(stack):
     assert sorted(function["depends_on"]) == ["google_project_iam_member.control_build-artifactregistry",
                                               "google_project_iam_member.control_build-logging",
                                               "google_storage_bucket_iam_member.control_build-source"]
+
+
+def test_pubsub_may_sign_the_triggers_pushes_as_the_trigger_account_only(stack):
+    (grant,) = resources(stack, "google_service_account_iam_member").values()
+    assert grant["service_account_id"] == "${google_service_account.control_trigger.name}"
+    assert grant["role"] == "roles/iam.serviceAccountTokenCreator"
+    assert grant["member"] == "serviceAccount:service-${data.google_project.project.number}@gcp-sa-pubsub.iam.gserviceaccount.com"

@@ -20,6 +20,7 @@ from cdktn_provider_google.project_iam_custom_role import ProjectIamCustomRole
 from cdktn_provider_google.project_iam_member import ProjectIamMember
 from cdktn_provider_google.pubsub_topic import PubsubTopic
 from cdktn_provider_google.service_account import ServiceAccount
+from cdktn_provider_google.service_account_iam_member import ServiceAccountIamMember
 from cdktn_provider_google.storage_bucket_iam_member import StorageBucketIamMember
 from cdktn_provider_google.storage_bucket_object import StorageBucketObject
 from constructs import Construct
@@ -67,8 +68,9 @@ class ScalerFunction(Construct):
     """Exposes `function`, `kick_topic` and `service_account`."""
 
     def __init__(self, scope: Construct, id: str, *, env: Environment, archive_path: str, bucket: str,
-                 source_condition: dict, kms_key_id: str, labels: dict[str, str]) -> None:  # fmt: skip
-        """source_condition: an IAM condition holding a bucket role to the function's source (`functions/`)."""
+                 source_condition: dict, pubsub_agent: str, kms_key_id: str, labels: dict[str, str]) -> None:  # fmt: skip
+        """source_condition: an IAM condition holding a bucket role to the function's source (`functions/`).
+        pubsub_agent: the project's Pub/Sub service agent (member), which signs the trigger's pushes."""
         super().__init__(scope, id)
         self.kick_topic = PubsubTopic(self, "kick", name=naming.kick_topic(env.name),
                                       kms_key_name=kms_key_id, labels=labels)  # fmt: skip
@@ -137,6 +139,10 @@ class ScalerFunction(Construct):
             },
             depends_on=build_grants,  # the build starts as the function is created
         )  # fmt: skip
+        # Pub/Sub signs each push with the trigger's identity; its agent holds this by itself only
+        # in projects made since 2021-04-08 (Eventarc's docs), so it is granted, on this account alone.
+        ServiceAccountIamMember(self, "trigger-tokens", service_account_id=invoker.name,
+                                role="roles/iam.serviceAccountTokenCreator", member=pubsub_agent)  # fmt: skip
         CloudRunServiceIamMember(self, "trigger-invokes", location=env.region, service=self.function.name,
                                  role="roles/run.invoker", member=invoker.member)  # fmt: skip
         publish_on_schedule(self, "schedule", name=naming.stack_resource(env.name, "tick"), region=env.region,

@@ -138,7 +138,7 @@ class GcpFleetStack(TerraformStack):
         self.scaler = ScalerFunction(
             self, "control", env=env, archive_path=archive_path, bucket=self.artifacts.name,
             source_condition=prefix_condition(bucket_name, ["functions/"], "the scaler's source, read only"),
-            kms_key_id=key_for["pubsub"], labels=tags,
+            pubsub_agent=agent("gcp-sa-pubsub"), kms_key_id=key_for["pubsub"], labels=tags,
         )  # fmt: skip
         # Its function also fires [schedules] and releases --after jobs: it submits to every queue.
         for queue_name in sorted(self.queues):
