@@ -337,6 +337,38 @@ def test_a_store_outage_at_a_cancelled_record_keeps_it_until_it_lands_instead_of
     assert not h.events("done") and "Traceback" not in caplog.text
 
 
+@pytest.mark.parametrize("retries", [0, 1], ids=["dead-lettered", "retried"])
+def test_a_store_outage_at_a_failure_record_keeps_its_message_hidden_until_it_lands_never_a_lost_node(
+        tmp_path, aws, caplog, retries):  # fmt: skip
+    """Its retry (or dead letter) is sent before the record: before, one failed write left the
+    held message to come back, read as a node lost mid-attempt, and sent the item once more (an
+    item with no retries left ran twice, with two dead letters)."""
+    caplog.set_level(logging.INFO, "tidefleet.agent")
+    h = Harness(tmp_path, aws, max_retries=retries)
+    job = sdk.submit(h.env, "record fails", "work", sdk.read_items([["exit=3"]]), kick=False).job_id
+    node = agent(h)
+    real, refused = node.store.update_item, []
+
+    def update_item(*args, **kwargs):
+        if kwargs.get("status") in ("failed", "queued") and not refused:
+            refused.append(kwargs["status"])
+            raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"}}, "UpdateItem")
+        return real(*args, **kwargs)
+
+    node.store.update_item = update_item
+    assert node._receive("work", node.env.queues["work"], wait_s=1) == 1
+    wait_until(lambda: not node.runs, 30, "the attempt to settle")
+    assert refused and list(node.records.waiting()) == ["work"], "kept, its message hidden"
+    node.records.flush()
+    node.acks.flush()
+    item = h.items(job)["000000"]
+    assert (item.status, item.failures, item.lost) == ("failed" if retries == 0 else "queued", 1, 0)
+    assert [e["outcome"] for e in item.history] == ["failed"] and item.history[0]["exit_code"] == 3
+    assert node.records.waiting() == {} and len(dead_letters(h)) == (retries == 0)
+    assert h.queue_depth("work") == retries, "the held message is gone; only a retry waits"
+    assert "Rate exceeded" in caplog.text and "Traceback" not in caplog.text
+
+
 def test_a_success_whose_record_cannot_land_for_long_is_given_up_and_its_message_comes_back(h, monkeypatch, caplog):
     caplog.set_level(logging.WARNING, "tidefleet.agent")
     job = sdk.submit(h.env, "flush fails", "work", sdk.read_items([["steps=1"]]), kick=False).job_id

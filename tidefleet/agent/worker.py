@@ -291,8 +291,9 @@ class Acks(Batches):
 
 @dataclass(frozen=True)
 class Ended:
-    """An item's final record (succeeded, or cancelled: its job was) waiting for the next flush of
-    `Records`. `attempt` 0: cancelled at its receipt, never started."""
+    """An item's final record (succeeded, or cancelled: its job was; or a failure whose own write
+    failed, its retry already sent) waiting for the next flush of `Records`. `attempt` 0: cancelled
+    at its receipt, never started."""
 
     receipt: str
     write: ItemWrite
@@ -1347,6 +1348,13 @@ class Agent:
 
     def _recorded(self, queue: str, done: Ended, landed: bool) -> None:
         job, item = done.write.job_id, done.write.item_id
+        if done.status not in ("succeeded", "cancelled"):  # a failure whose record had failed (`_failed`)
+            if not landed:  # a newer attempt holds the item: its history keeps this one's end
+                self._step("record a failed attempt's history", self.store.update_item, job, item, never_from=(),
+                           append=done.write.append)  # fmt: skip
+            self.acks.add(queue, done.receipt)
+            log.info("%s/%s: recorded its failure once the job store answered", job, item)
+            return
         self.acks.add(queue, done.receipt)
         if done.status != "succeeded":
             # A cancel marks the job's waiting items final itself: their messages meet them final.
@@ -1375,8 +1383,21 @@ class Agent:
         send_messages(self.cloud, held.queue, [retry.message], dead_letter=retry.dead_letter)
         history = {"node": self.s.node_id, **(entry or {}), "outcome": "lost" if lost else "failed",
                    "reason": retry.reason}  # fmt: skip
-        self._record(held, status=retry.status, failures=retry.message.failures, lost=retry.message.lost,
-                     exit_code=code, reason=retry.reason, seq=retry.message.seq, history=history, **usage)
+        values = {"status": retry.status, "failures": retry.message.failures, "lost": retry.message.lost,
+                  "exit_code": code, "reason": retry.reason, "seq": retry.message.seq, **usage}  # fmt: skip
+        try:
+            self._record(held, history=history, **values)
+        except self.cloud.errors as err:
+            # Its retry (or dead letter) is out: the held message must not come back, where its claim
+            # would read a running record under a lapsed lease and count a lost node (a second run of
+            # an item with no retries left). The record waits for the next flushes as a success's
+            # does, the message hidden until it lands.
+            log.warning("could not record %s/%s's failure (%s); retrying, its message kept hidden",
+                        held.message.job, held.message.item, _first_line(err))  # fmt: skip
+            write = ItemWrite(held.message.job, held.message.item, values={"node": "", "lease_until": None, **values},
+                              fence=Fence(attempt=held.attempt), append={"history": history})  # fmt: skip
+            self.records.add(held.queue, Ended(held.receipt, write, held.attempt, (entry or {}).get("seconds", 0.0)))
+            return
         self.acks.add(held.queue, held.receipt)  # a redelivery of it meets the newer seq recorded: dropped
         log.info("%s/%s %s: %s", held.message.job, held.message.item,
                  "dead-lettered" if retry.dead_letter else "will retry", retry.reason)  # fmt: skip
