@@ -121,3 +121,19 @@ def test_a_dead_letter_of_an_item_running_under_a_live_lease_is_left_to_its_hold
     assert sdk.retry_failed(h.env, job) == 0
     assert h.queue_counts("work", dead_letter=True) == (0, 0), "a finished item's dead letter is spent: deleted, not sent"
     assert h.queue_counts("work") == (1, 0)
+
+
+def test_retry_failed_gives_an_item_dead_lettered_for_node_losses_a_fresh_loss_budget(h):
+    """Before, its failures were reset and its losses not: the first node loss after the retry
+    (a spot reclaim without notice) dead-lettered it again ("lost 7 times; 5 tolerated")."""
+    cloud = for_env(h.env)
+    job = sdk.submit(h.env, "lossy", "work", sdk.read_items(["s3://b/0"]), kick=False).job_id
+    cloud.queues.delete("work", [d.handle for d in cloud.queues.receive("work", 10, 0)])
+    cloud.store.update_item(job, "000000", status="failed", lost=6, reason="node lost mid-attempt (gave up ...)")
+    sdk.send_messages(cloud, "work", [sdk.ItemMessage(job, "000000", ["s3://b/0"], lost=6, seq=6)], dead_letter=True)
+    assert sdk.retry_failed(h.env, job) == 1
+    (delivery,) = cloud.queues.receive("work", 10, 0)
+    sent = sdk.ItemMessage.parse(delivery.body)
+    assert (sent.failures, sent.lost) == (0, 0)
+    item = cloud.store.item(job, "000000")
+    assert (item.status, item.failures, item.lost) == ("queued", 0, 0)

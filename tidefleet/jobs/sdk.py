@@ -1282,9 +1282,10 @@ def retry_failed(env: Environment, job_id: str) -> int:
                 # record gets none: the store never creates one in an update).
                 back, dropped = [], []
                 for msg, handle in mine:  # from failed (uncounted on the job), else from waiting
+                    # A fresh budget: its failures and its node losses (either dead-letters it).
                     if cloud.store.update_item(job_id, msg.item, only_from=("failed",), never_from=(), status="queued",
-                                               failures=0, reason="") is None and cloud.store.update_item(
-                            job_id, msg.item, status="queued", failures=0, reason="",
+                                               failures=0, lost=0, reason="") is None and cloud.store.update_item(
+                            job_id, msg.item, status="queued", failures=0, lost=0, reason="",
                             fence=Fence(claim_at=time.time())) is None:  # fmt: skip
                         # Final: its dead letter is spent (an agent's claim would drop it): deleted.
                         # Running under a live lease (its holder's, whose message Pub/Sub dead-lettered
@@ -1295,7 +1296,7 @@ def retry_failed(env: Environment, job_id: str) -> int:
                         continue
                     back.append((msg, handle))
                 if back:
-                    send_messages(cloud, job.queue, [replace(msg, failures=0) for msg, _ in back])
+                    send_messages(cloud, job.queue, [replace(msg, failures=0, lost=0) for msg, _ in back])
                 unsent = []
                 cloud.queues.delete(job.queue, [r for _, r in back] + dropped, dead_letter=True)
         if not moved:
