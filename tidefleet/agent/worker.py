@@ -59,6 +59,7 @@ import signal
 import threading
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -1551,7 +1552,9 @@ class Agent:
         self._step("gangs", self._watch_gangs, [r for r in runs if r.gang], members)
         self._step("stop deadlines", self._kill_overdue, [*runs, *members])
         self._step("visibility", self._extend_visibility, runs)
-        self._step("visibility of unrecorded ends", self._keep_hidden, unrecorded)
+        # Read again now: the flush thread records ends and deletes their messages meanwhile.
+        self._step("visibility of unrecorded ends", self._keep_hidden, self.records.waiting(), "unrecorded end(s)",
+                   self.records.waiting)  # fmt: skip
         self._step("lease", self._renew_leases, runs)
         self._refresh_due(runs)
         self._step("cancel check", self._stop_cancelled, runs)
@@ -1702,11 +1705,16 @@ class Agent:
                 if run.receipt in failed:
                     log.warning("could not extend %s: %s", run.message.item, failed[run.receipt])
 
-    def _keep_hidden(self, receipts: dict[str, list[str]], what: str = "unrecorded end(s)") -> None:
-        """Ends whose record waits (the store failed): their messages must not come back meanwhile,
-        or the items would run again."""
+    def _keep_hidden(self, receipts: dict[str, list[str]], what: str,
+                     waiting: Callable[[], dict[str, list[str]]] | None = None) -> None:  # fmt: skip
+        """Messages that must not come back meanwhile, or their items would run again. `waiting`
+        says which still must after a refusal: one deleted since (its end recorded) is refused as
+        an invalid receipt, and that is no warning's."""
         for queue, handles in receipts.items():
             failed = self.cloud.queues.extend(queue, handles, self.visibility[queue])
+            if failed and waiting is not None:
+                still = set(waiting().get(queue, ()))
+                failed = {handle: why for handle, why in failed.items() if handle in still}
             if failed:
                 log.warning("could not keep %d %s of %s hidden: %s", len(failed), what, queue,
                             next(iter(failed.values())))  # fmt: skip
