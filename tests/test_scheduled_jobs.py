@@ -206,3 +206,26 @@ def test_the_watch_reads_no_heartbeats_for_a_job_still_running(h, monkeypatch):
     monkeypatch.setattr(DynamoStore, "heartbeats", lambda *_: pytest.fail("read the pool's heartbeats"))
     seen = view(h.env, for_env(h.env), store.job(job_id))
     assert not seen.done and not seen.failed
+
+
+def test_a_watched_job_whose_read_fails_never_stops_the_watch_of_the_others(h, monkeypatch):
+    """Its reads were outside the per-job guard: one throttled read ended the pass, the jobs after
+    it unwatched for a minute, and the function's run failed."""
+    from botocore.exceptions import ClientError
+
+    from tidefleet.cloud.aws.dynamodb import DynamoStore
+
+    first = sdk.submit(h.env, "prepare", "work", sdk.read_items(["steps=5"]), kick=False).job_id
+    a = sdk.submit(h.env, "a", "work", sdk.read_items(["steps=1"]), kick=False, after=first).job_id
+    b = sdk.submit(h.env, "b", "work", sdk.read_items(["steps=1"]), kick=False, after=first).job_id
+    real = DynamoStore.job
+
+    def job(self, job_id):
+        if job_id == a:
+            raise ClientError({"Error": {"Code": "ThrottlingException", "Message": "Rate exceeded"}}, "GetItem")
+        return real(self, job_id)
+
+    monkeypatch.setattr(DynamoStore, "job", job)
+    decided = watch(h, 0)["watched"]
+    assert decided == {a: "failed: An error occurred (ThrottlingException) when calling the GetItem operation: "
+                          "Rate exceeded", b: f"keep: waiting for {first}"}  # fmt: skip

@@ -162,11 +162,12 @@ def watch(env: Environment, cloud: Cloud, now: float) -> dict[str, str]:
     """One pass over the watched jobs: what was done to each (job id -> decision)."""
     out: dict[str, str] = {}
     for job_id in cloud.store.watched():
-        job = cloud.store.job(job_id)
-        mine = view(env, cloud, job)
-        parent = view(env, cloud, cloud.store.job(job.after)) if job is not None and job.waiting and job.after else None
-        decided = schedules.watch(mine, now=now, parent=parent)
-        try:
+        decided = None
+        try:  # its reads too: a throttled read of one job stopped the pass for the jobs after it
+            job = cloud.store.job(job_id)
+            mine = view(env, cloud, job)
+            parent = view(env, cloud, cloud.store.job(job.after)) if job is not None and job.waiting and job.after else None
+            decided = schedules.watch(mine, now=now, parent=parent)
             if decided.action == "resume":
                 out[job_id] = ": ".join(resume(env, cloud, job, decided.reason, now))
                 continue
@@ -181,7 +182,7 @@ def watch(env: Environment, cloud: Cloud, now: float) -> dict[str, str]:
                 cloud.store.unwatch(job_id)
         except (JobError, *cloud.errors) as err:  # one job's trouble never stops the others
             out[job_id] = (f"failed to continue its submit, stopped part-way: {_one_line(err)}; the next watch tries again"
-                           if decided.action == "resume" else f"failed: {err}")  # fmt: skip
+                           if decided is not None and decided.action == "resume" else f"failed: {err}")  # fmt: skip
             continue
         out[job_id] = f"{decided.action}: {decided.reason}"
     if out:
