@@ -247,3 +247,16 @@ def test_a_reader_that_leaves_early_ends_invoke_without_a_traceback_and_exits_14
     stderr = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141
     assert stderr == "", stderr
+
+
+def test_bench_over_a_trace_with_nothing_to_replay_says_so_in_one_line(tmp_path):
+    """A header-only trace in $TIDEFLEET_TRACES: its half had no items, and the replay's ValueError
+    crossed the worker pool into a traceback (exit 1), naming a --window bench does not have."""
+    from tidefleet.sim.bench import BENCH, TRACES_DIR
+
+    for trace, _, _ in BENCH:
+        (tmp_path / trace).write_text((TRACES_DIR / trace).read_text().splitlines()[0] + "\n")
+    result = run_invoke("bench", "--out", str(tmp_path / "out"), TIDEFLEET_TRACES=str(tmp_path))
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "philly_2017_jobs.csv: no items to replay (0 read); check the file" in result.stderr.splitlines()[-1]
+    assert "--window" not in result.stderr

@@ -293,35 +293,19 @@ def update_readme(readme: Path, block: str) -> None:
     readme.write_text(pattern.sub(lambda _: block, text, count=1))
 
 
-def run_bench(out: Path, traces_dir: Path | None = None, workers: int | None = None, readme: Path | None = None,
-              calibration: bool = False) -> Path:  # fmt: skip
-    """Write bench.md, bench.json and one PNG per workload into `out` (and the README's block
-    when `readme` is given; the simulator-against-sandbox rows with `calibration`); return the
-    table's path."""
-    from tidefleet.sim.plot import plot_report
+def _results(done: dict[Run, tuple[Report, float]], out: Path, drawn: list[tuple[Path, Path]],
+             calibration: bool) -> tuple[list[str], list[dict], str]:  # fmt: skip
+    """(the table's sections: per workload, the README block and with `calibration` the simulator
+    against the sandbox; the JSON payload; the README block). Each workload's plot is drawn beside
+    its place, its partial file added to `drawn` (a Ctrl-C or a failure leaves no half plot)."""
+    from tidefleet.sim.plot import partial_file, plot_report
 
-    traces_dir = Path(traces_dir) if traces_dir else default_traces_dir()
-    check_traces(traces_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    runs = [Run(w, 1, name) for w in WORKLOADS for name in POLICY_NAMES]
-    runs += [Run(w, 0, "tidefleet", o) for w in WORKLOADS for o in TUNING_GRID]
-    runs += [Run(w, 1, "tidefleet", moved=True) for w in WORKLOADS if MOVED in row_names(w)]
-    workers = workers or min(len(runs), os.cpu_count() or 1)
-    started = time.perf_counter()
-    done = _execute(runs, traces_dir, workers)
-    wall = time.perf_counter() - started
-    sections = [
-        "# tidefleet simulate: every policy over every workload's held-out half\n",
-        (
-            f"{len(done)} runs on {workers} worker process(es) in {wall:.1f}s wall. Every row replays the second "
-            f"half of the workload's items; `{TUNED}` picked its scaler setting on the first half.\n"
-        ),
-    ]
-    payload, rows = [], []
+    sections, payload, rows = [], [], []
     for workload in WORKLOADS:
         report, tuned = _combine(workload, done)
         plot = out / f"{Path(workload.name).stem}.png"
-        plot_report(report, plot)
+        drawn.append((partial_file(plot), plot))
+        plot_report(report, drawn[-1][0])
         unfit = report.unfittable
         seconds = sum(s for r, (_, s) in done.items() if r.workload == workload)
         sections += [
@@ -349,8 +333,44 @@ def run_bench(out: Path, traces_dir: Path | None = None, workers: int | None = N
 
         with tempfile.TemporaryDirectory(prefix="tidefleet-calibration-") as tmp:
             sections += ["## Simulator against sandbox (tidefleet.sim.calibration)\n", format_rows(calibrate(Path(tmp))) + "\n"]
+    return sections, payload, block
+
+
+def run_bench(out: Path, traces_dir: Path | None = None, workers: int | None = None, readme: Path | None = None,
+              calibration: bool = False) -> Path:  # fmt: skip
+    """Write bench.md, bench.json and one PNG per workload into `out` (and the README's block
+    when `readme` is given; the simulator-against-sandbox rows with `calibration`); return the
+    table's path. Ctrl-C writes nothing and exits 130."""
+    traces_dir = Path(traces_dir) if traces_dir else default_traces_dir()
+    check_traces(traces_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = [Run(w, 1, name) for w in WORKLOADS for name in POLICY_NAMES]
+    runs += [Run(w, 0, "tidefleet", o) for w in WORKLOADS for o in TUNING_GRID]
+    runs += [Run(w, 1, "tidefleet", moved=True) for w in WORKLOADS if MOVED in row_names(w)]
+    workers = workers or min(len(runs), os.cpu_count() or 1)
+    started = time.perf_counter()
+    done = _execute(runs, traces_dir, workers)
+    wall = time.perf_counter() - started
+    sections = [
+        "# tidefleet simulate: every policy over every workload's held-out half\n",
+        (
+            f"{len(done)} runs on {workers} worker process(es) in {wall:.1f}s wall. Every row replays the second "
+            f"half of the workload's items; `{TUNED}` picked its scaler setting on the first half.\n"
+        ),
+    ]
+    drawn: list[tuple[Path, Path]] = []  # (partial, plot): put in place once everything is ready
+    try:
+        more, payload, block = _results(done, out, drawn, calibration)
+        for partial, plot in drawn:
+            partial.replace(plot)
+    except KeyboardInterrupt:
+        _progress("bench: interrupted while writing its results; nothing written")
+        raise SystemExit(130) from None
+    finally:
+        for partial, _ in drawn:
+            partial.unlink(missing_ok=True)
     table = out / "bench.md"
-    table.write_text("\n".join(sections))
+    table.write_text("\n".join(sections + more))
     (out / "bench.json").write_text(json.dumps(payload, indent=2))
     if readme is not None:
         update_readme(readme, block)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 
 import click
@@ -14,6 +12,7 @@ import click
 from tidefleet.config import ConfigError, Environment, load_environment
 from tidefleet.costs import usd
 from tidefleet.sim.engine import HORIZON, STALL_S, STALLED, Interruptions
+from tidefleet.sim.plot import partial_file
 from tidefleet.sim.policies import POLICY_NAMES
 from tidefleet.sim.run import PolicyResult, Report, default_timing, with_target_wait
 from tidefleet.sim.run import simulate as run_simulation
@@ -79,17 +78,6 @@ def _held(r: PolicyResult) -> str:
 
 def plural(count: int, noun: str) -> str:
     return f"{count:,} {noun}{'' if count == 1 else 's'}"
-
-
-def partial_file(plot: Path) -> Path:
-    """A new empty file beside `plot` to draw it into, then put in its place: named after it (a few
-    characters of it: a name the OS takes may be too long with `.partial` added) and the format."""
-    fd, name = tempfile.mkstemp(dir=plot.parent, prefix=f".{plot.stem[:32]}.", suffix=f".partial{plot.suffix}")
-    os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(name, 0o666 & ~umask)  # as a plain open() makes it: mkstemp's 0600 would hide the plot from others
-    return Path(name)
 
 
 def unwritable(path: Path) -> str | None:

@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 from tidefleet.sim.run import TARGET_WAIT_ROW, Report
 from tidefleet.sim.words import replay_title, usd_column
+
+
+def partial_file(plot: Path) -> Path:
+    """A new empty file beside `plot` to draw it into, then put in its place: named after it (a few
+    characters of it: a name the OS takes may be too long with `.partial` added) and the format."""
+    fd, name = tempfile.mkstemp(dir=plot.parent, prefix=f".{plot.stem[:32]}.", suffix=f".partial{plot.suffix}")
+    os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(name, 0o666 & ~umask)  # as a plain open() makes it: mkstemp's 0600 would hide the plot from others
+    return Path(name)
 
 
 def plot_report(report: Report, out: Path) -> None:

@@ -23,7 +23,7 @@ from tidefleet.sim.engine import (
 from tidefleet.sim.policies import BASELINES, POLICY_NAMES, TidefleetPolicy
 from tidefleet.sim.teams import TeamRow, route
 from tidefleet.sim.teams import by_team as by_team_rows
-from tidefleet.sim.trace import TraceItem, for_pool
+from tidefleet.sim.trace import TraceError, TraceItem, for_pool
 
 SCHEMA = "tidefleet.sim/1"
 PROGRESS_EVERY_S = 10.0  # a line this often while one policy's replay runs (`simulate`'s progress)
@@ -399,8 +399,9 @@ def simulate(
     if not fits:
         too_big = f", {unfittable['count']} too big for pool {pool}" if unfittable["count"] else ""
         longer = f", {too_long['count']} longer than their queue's item_timeout_s" if too_long["count"] else ""
-        raise ValueError(f"{trace_name}: no items to replay ({len(items)} {'in --window' if window else 'read'}{too_big}"
-                         f"{longer}); check the file, or widen --window{', or ' + too_long_fix(too_long) if longer else ''}")
+        fixes = ["check the file", *(["widen --window"] if window else []), *([too_long_fix(too_long)] if longer else [])]
+        raise TraceError(f"{trace_name}: no items to replay ({len(items)} {'in --window' if window else 'read'}{too_big}"
+                         f"{longer}); {', or '.join(fixes)}")
     span = (fits[-1].submit_s - fits[0].submit_s) if fits else 0.0
     sample_s = max(float(env.scaler.tick_s), span / PLOT_POINTS)
     # A gang item's slots on every member of the smallest gang it runs as.
