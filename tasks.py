@@ -12,6 +12,7 @@ import os
 import shlex
 import signal
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 from invoke import Exit, task
@@ -112,6 +113,16 @@ def _out_fix() -> str:
     return f"the tasks write under {OUT}: make it a folder you can write (move away a file of that name)"
 
 
+@contextmanager
+def _ctrl_c_says(what: str, left: str):
+    """Ctrl-C in a task's own Python work (a child's stop is read from its exit, `_terraform`): one
+    line saying what it left and exit 130; invoke ended it in exit 1 saying nothing."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise Exit(f"{what}: interrupted (Ctrl-C); {left}", 130) from None
+
+
 def _synth(name: str):
     env = _env(name)  # before importing the stacks: a bad config fails in a second, not ten
     from stacks.app import synth as synth_stack
@@ -124,7 +135,8 @@ def _synth(name: str):
 @task(help={"env": ENV_HELP})
 def synth(c, env=None):
     """Validate an environment and synthesize its Terraform JSON into build/synth/<env>/."""
-    _synth(env)
+    with _ctrl_c_says("synth", "its stack folder may be half written: run it again"):
+        _synth(env)
 
 
 @task(help={"env": ENV_HELP})
@@ -133,10 +145,11 @@ def scan(c, env=None):
 
     Suppressions live in stacks/checkov_suppressions.toml, one per (check, resource) with its reason.
     """
-    env, out = _synth(env)
-    from stacks.scan import scan as run_scan
+    with _ctrl_c_says("scan", "nothing was scanned to the end"):
+        env, out = _synth(env)
+        from stacks.scan import scan as run_scan
 
-    failed = run_scan(out, env.name)
+        failed = run_scan(out, env.name)
     if failed:
         raise Exit(f"checkov: {failed} failed check(s) in {env.name}; fix them or add a reasoned suppression", 1)
 
@@ -158,7 +171,8 @@ def build(c, cloud=None, out=None, env=None):
         raise Exit(f"--cloud: must be one of {', '.join(ARCHIVES)} (got {cloud!r}); leave it out to build both")
     for environment in _build_environments(env, cloud):
         try:
-            path, digest, info = build_archive(environment, Path(out) if out else OUT)
+            with _ctrl_c_says(f"build of {environment.name}'s archive", "run it again"):
+                path, digest, info = build_archive(environment, Path(out) if out else OUT)
         except RuntimeError as err:  # the Lambda wheels could not be downloaded, a library's version is out of range
             raise Exit(str(err)) from None
         except OSError as err:  # --out names a file, or a place that cannot be written
@@ -258,10 +272,11 @@ def _terraform(c, env: str | None, *args: str) -> None:
     step ends the task with its exit code and one line: which step, and what most likely fixes it."""
     environment = _env(env)  # a bad config stops here, before anything else is asked of the user
     binary = _terraform_binary()  # missing: said before the cloud is asked anything, as destroy does
-    if args[0] in ("plan", "apply"):  # what would create the groups; a destroy goes on whatever is offered
-        _check_offerings(environment)
-    build(c, cloud=environment.cloud, env=env)  # this environment's archive: its file, as validated above
-    synthesized, out = _synth(env)
+    with _ctrl_c_says(f"{args[0]} for {environment.name}", f"{Path(binary).name} never ran: nothing was changed"):
+        if args[0] in ("plan", "apply"):  # what would create the groups; a destroy goes on whatever is offered
+            _check_offerings(environment)
+        build(c, cloud=environment.cloud, env=env)  # this environment's archive: its file, as validated above
+        synthesized, out = _synth(env)
     if synthesized.model_dump() != environment.model_dump():  # its file was edited since: the archive holds another
         raise Exit(f"the file of environment {environment.name} changed while it was being built and synthesized; run "
                    "the same command again")  # fmt: skip
@@ -324,8 +339,9 @@ def publish(c, env=None):
     environment = _env(env)
     cloud = for_env(environment)
     try:
-        for uri in publish_agent(environment):
-            print(f"published {uri}")
+        with _ctrl_c_says(f"publish for {environment.name}", "the files printed above were uploaded: run it again"):
+            for uri in publish_agent(environment):
+                print(f"published {uri}")
     except (ValueError, RuntimeError) as err:  # a bad suppression file, a failed wheel download
         raise Exit(str(err)) from None
     except cloud.errors as err:

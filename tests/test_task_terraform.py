@@ -140,3 +140,31 @@ def test_a_no_at_the_prompt_is_said_as_cancelled(fake_terraform, step):
     assert stopped.value.code == 1
     assert stopped.value.message == (f"terraform {step} for dev was cancelled at its prompt (only 'yes' approves): "
                                      "nothing was changed")
+
+
+def _interrupt(*_args, **_kwargs):
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("stage", ["build", "_synth"])
+def test_ctrl_c_before_terraform_runs_says_nothing_was_changed(fake_terraform, monkeypatch, stage):
+    """The offerings check, the functions' build and the synth come first: a Ctrl-C there ended
+    invoke in exit 1 saying nothing (and a synth's Node child in its stream errors)."""
+    monkeypatch.setattr(tasks, stage, _interrupt)
+    with pytest.raises(Exit) as stopped:
+        tasks.deploy(context(), env="dev", yes=True)
+    assert stopped.value.code == 130
+    assert stopped.value.message == "apply for dev: interrupted (Ctrl-C); terraform never ran: nothing was changed"
+    assert not (fake_terraform.parent / "calls").exists()
+
+
+@pytest.mark.parametrize(("task", "patched", "line"), [
+    (tasks.synth, "_synth", "synth: interrupted (Ctrl-C); its stack folder may be half written: run it again"),
+    (tasks.scan, "_synth", "scan: interrupted (Ctrl-C); nothing was scanned to the end"),
+    (tasks.build, "stacks.package.build_archive", "build of dev's archive: interrupted (Ctrl-C); run it again"),
+])  # fmt: skip
+def test_ctrl_c_in_a_tasks_own_work_is_one_line_and_exit_130(monkeypatch, task, patched, line):
+    monkeypatch.setattr(*((patched, _interrupt) if "." in patched else (tasks, patched, _interrupt)))
+    with pytest.raises(Exit) as stopped:
+        task(context(), env="dev")
+    assert (stopped.value.code, stopped.value.message) == (130, line)
