@@ -210,3 +210,14 @@ def test_philly_replays_its_multi_node_jobs_as_gangs():
     assert multi_node == report.gangs["count"] == 5 and report.gangs["by_nodes"] == {"2": 5}
     assert report.unfittable["count"] == 0
     assert report.results[0].items_finished == len(items)
+
+
+def test_gangs_are_reported_on_the_nodes_they_start_on_their_queues_min():
+    """A gang starts on its queue's `nodes_per_item` min, as the replay forms it and the bounds
+    count it, whatever the slots that chose the queue: an item that fits one node on a queue of
+    { min = 2, max = 3 } was reported on one (train's GenAI replay: by nodes {'1': 106})."""
+    env = make_env(nodes_per_item={"min": 2, "max": 3})
+    env = env.model_copy(update={"queues": {"gang": env.queues["gang"]}})
+    report = simulate(env, "p", [TraceItem(0, 600, 4), TraceItem(10, 600, 12)], ["oracle"], timing=TIMING)
+    assert report.gangs == {"count": 2, "by_nodes": {"2": 2}, "work_s": 1200.0}
+    assert report.results[0].node_hours == pytest.approx(2 * 600 * 2 / 3600)

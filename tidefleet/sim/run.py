@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
@@ -196,17 +197,15 @@ def too_long_fix(too_long: dict) -> str:
 
 
 def gang_report(queues: list[tuple[str, Queue]], items: list[TraceItem], queue_of: list[int]) -> dict:
-    """The items replayed as gangs: how many, by the nodes they span, and their work."""
-    gang = [i for i, q in zip(items, queue_of) if is_gang(queues[q][1])]
-    node_slots = max((queue.slots_per_item for _, queue in queues if is_gang(queue)), default=1)
-    sizes: dict[int, int] = {}
-    for i in gang:
-        nodes = gang_nodes(i.slots, node_slots)
-        sizes[nodes] = sizes.get(nodes, 0) + 1
+    """The items replayed as gangs: how many, by the nodes they start on (their queue's
+    `nodes_per_item` min, as the replay forms them and the bounds count them; the item's slots
+    chose the queue), and their work."""
+    gang = [(i, queues[q][1]) for i, q in zip(items, queue_of) if is_gang(queues[q][1])]
+    sizes = Counter(queue.gang[0] for _, queue in gang)
     return {
         "count": len(gang),
         "by_nodes": {str(k): v for k, v in sorted(sizes.items())},
-        "work_s": sum(i.duration_s for i in gang),
+        "work_s": sum(i.duration_s for i, _ in gang),
     }
 
 
