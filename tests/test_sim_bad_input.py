@@ -257,3 +257,9 @@ def test_pool_may_be_left_out_where_the_environment_has_one_and_is_named_where_i
     assert json.loads(one.stdout)["pool"] == "cpu" and json.loads(one.stdout) == json.loads(named.stdout)
     line = error_line(cli(str(trace), "--env", "prod"), 2)
     assert line == "Error: --pool: prod has 3 pools; name one of: cpu, gpu, gpu4"
+
+
+def test_an_unknown_pool_is_a_usage_error_before_the_trace_is_read(tmp_path):
+    """It exited 1 after reading the trace; leaving --pool out of a two-pool environment exits 2."""
+    line = error_line(cli(str(tmp_path / "not-read.csv"), "--env", "bench", "--pool", "nope"), 2)
+    assert line == "Error: --pool: unknown pool (got 'nope'); pools of bench: gpu, gpu8"

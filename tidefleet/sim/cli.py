@@ -99,11 +99,13 @@ def unwritable(path: Path) -> str | None:
     return None
 
 
-def only_pool(env: Environment) -> str:
-    """The pool `--pool` names when left out: the environment's only one."""
-    if len(env.pools) != 1:
+def chosen_pool(env: Environment, pool: str | None) -> str:
+    """The pool `--pool` names, checked before the trace is read; left out: the environment's only one."""
+    if pool is not None and pool not in env.pools:
+        raise click.UsageError(f"--pool: unknown pool (got {pool!r}); pools of {env.name}: {', '.join(sorted(env.pools))}")
+    if pool is None and len(env.pools) != 1:
         raise click.UsageError(f"--pool: {env.name} has {len(env.pools)} pools; name one of: {', '.join(sorted(env.pools))}")
-    return next(iter(env.pools))
+    return pool or next(iter(env.pools))
 
 
 def refused_target_wait(err: ConfigError) -> str:
@@ -189,7 +191,7 @@ def simulate(
             raise click.UsageError(f"{flag}: at most {most:g} ({why}) (got {value:g})")
     try:
         env = load_environment(env_name)
-        pool = pool or only_pool(env)
+        pool = chosen_pool(env, pool)
         for seconds in target_waits:  # a flag the config refuses: a usage error before the trace is read
             try:
                 with_target_wait(env, pool, seconds)
