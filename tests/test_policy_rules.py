@@ -1045,3 +1045,23 @@ def test_while_a_multi_slot_item_waits_for_turnover_the_least_loaded_node_drains
     drained = decide_pool(env, view(0, cordoned=True))
     assert (drained.desired, drained.terminate, drained.uncordon) == (20, (), ("i-3",)), drained.reasons
     assert "uncordon i-3: a waiting multi-slot item fits no other node" in drained.reasons
+
+
+def test_the_readmes_sample_reasons_are_what_the_policy_says():
+    """README "How it works": each line comes from one of these fleets, word for word."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    sample = re.search(r"Every decision carries a reason:\n\n```\n(.*?)```", readme, re.DOTALL)[1].splitlines()
+    env, by_break_even = environment(), environment(**BREAK_EVEN)
+    consolidating = environment(**BREAK_EVEN, **{"pools.cpu.slots_per_unit": 4})
+    eights = [replace(n, slots=8) for n in (node("i-0e3f", busy=2, weight=2), node("i-b", busy=6, weight=2),
+                                            node("i-c", busy=8, weight=2))]  # fmt: skip
+    said = [
+        *decide_pool(env, fleet(env, [node("i-0a1b", busy=2, silent=900)], desired=1, render=(4, 2))).reasons,
+        *decide_pool(by_break_even, with_intake(fleet(by_break_even, [node("i-0c2d", idle=62)]), 0.0024)).reasons,
+        *decide_pool(consolidating, fleet(consolidating, eights, render=(0, 14))).reasons,
+        *decide_pool(env, fleet(env, [node("i-a", idle=900), node("i-b", busy=1, age=100)])).reasons,
+    ]
+    assert len(sample) == 5 and [line for line in sample if line not in said] == [], said
