@@ -259,7 +259,7 @@ NAME_RULES: tuple[NameRule, ...] = (
       for what, part in (("VPC network, subnet, router and NAT", "nodes"), ("firewall rule", "nodes-deny-ingress"))),
     NameRule("Pub/Sub topic", "gcp", "env", lambda env: kick_topic(env.name), *_PUBSUB, 3),
     *(NameRule("service account", "gcp", "env", _per_role(service_account, role), 30, _RFC1035, _RFC1035_RULE, 6)
-      for role in ("scaler", "tick")),
+      for role in ("scaler", "tick", "build")),
     NameRule("IAM custom role", "gcp", "env", _per_role(custom_role, "scaler"), 64, r"[A-Za-z0-9_.]+",
              "a-z, A-Z, 0-9, '_' and '.'", 3),
     NameRule("Cloud Function", "gcp", "env", _per_role(function, "scaler"), *_GCE),

@@ -1395,6 +1395,7 @@ class Agent:
             # does, the message hidden until it lands.
             log.warning("could not record %s/%s's failure (%s); retrying, its message kept hidden",
                         held.message.job, held.message.item, _first_line(err))  # fmt: skip
+            self.records.failing = True  # this outage's one line: said once it lands, not again per try
             write = ItemWrite(held.message.job, held.message.item, values={"node": "", "lease_until": None, **values},
                               fence=Fence(attempt=held.attempt), append={"history": history})  # fmt: skip
             self.records.add(held.queue, Ended(held.receipt, write, held.attempt, (entry or {}).get("seconds", 0.0)))
