@@ -192,6 +192,26 @@ def test_any_other_terminate_refusal_is_raised():
             AutoScalingFleet(ENV, autoscaling=client, ec2=object()).terminate("cpu", ("i-0aaaaaaaaaaaaaaaa",))
 
 
+def test_a_scale_in_of_more_than_fifty_nodes_reads_them_back_fifty_at_a_time(cloud):
+    """AWS takes at most 50 instance ids a DescribeAutoScalingInstances (moto takes any number):
+    one call for 60 idle nodes failed every tick, and the pool kept all 60."""
+    asg = boto3.client("autoscaling", region_name=ENV.region)
+    asg.update_auto_scaling_group(AutoScalingGroupName=GROUP, MaxSize=60)
+    ids = grow(60)
+    fleet = AutoScalingFleet(ENV)
+    sent = []
+
+    def at_most_fifty(params, **_):
+        sent.append(ids_given := [v for k, v in params["body"].items() if k.startswith("InstanceIds.member")])
+        if len(ids_given) > 50:
+            return AWSResponse("", 400, {}, None), {"Error": {"Code": "ValidationError", "Message": "at most 50"}}
+        return None
+
+    fleet.asg.meta.events.register("before-call.autoscaling.DescribeAutoScalingInstances", at_most_fifty)
+    assert sorted(fleet.terminate("cpu", tuple(ids))) == sorted(ids)
+    assert [len(chunk) for chunk in sent] == [50, 10]
+
+
 def test_the_tick_observes_each_queues_mean_item_time_recorded_in_the_job_store(cloud):
     DynamoStore(ENV.name, ENV.region).record_item_seconds("demo", 30.0)
     seen = control.observe(ENV, aws_ports(ENV), datetime.now(UTC).timestamp(), ["cpu"])

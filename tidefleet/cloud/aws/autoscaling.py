@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # settings are loaded (pydantic) by the runtime, not on impor
 TERMINABLE = frozenset({"InService"})
 FILTER_VALUES_MAX = 200  # EC2 DescribeInstances: values per filter
 GROUP_NAMES_MAX = 100  # DescribeAutoScalingGroups: names per call
+INSTANCE_IDS_MAX = 50  # DescribeAutoScalingInstances: ids per call, and records per page (moto checks neither)
 # Calls in flight at once where a tick makes one call per pool, queue or chunk (100 pools:
 # 100 scaling-activity reads); boto3 clients are thread-safe. The tick's ports use it too.
 CALLS_IN_FLIGHT = 16
@@ -152,9 +153,8 @@ class AutoScalingFleet:
         group = self._group_name(pool)
         # Re-read just before acting: another tick (or the group) may have removed some since
         # we observed them, and a second terminate would decrement desired twice.
-        current = self.asg.describe_auto_scaling_instances(InstanceIds=list(instance_ids))[
-            "AutoScalingInstances"
-        ]
+        current = [i for chunk in _chunks(list(instance_ids), INSTANCE_IDS_MAX)
+                   for i in self.asg.describe_auto_scaling_instances(InstanceIds=chunk)["AutoScalingInstances"]]  # fmt: skip
         live = [
             i["InstanceId"]
             for i in current
