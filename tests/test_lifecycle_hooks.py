@@ -172,6 +172,26 @@ def test_a_busy_node_is_held_for_its_agent_unless_the_agent_is_silent_past_the_b
         assert "held" not in line and hooks.completed == {node}
 
 
+@pytest.mark.parametrize("claimed", [True, False], ids=["took an item since", "still idle"])
+def test_a_node_whose_last_heartbeat_said_idle_is_held_if_it_took_an_item_since(cloud, claimed):
+    """The agent claims work on its record before it starts an item; its heartbeat says so a beat
+    later. The hook released such a node on the idle heartbeat: terminated mid-item (the tick's
+    scale-in already checked the claim, `let_idle_go`)."""
+    ports, hooks = cloud
+    (node,) = grow(1)
+    store, now = DynamoStore(ENV.name, ENV.region), time.time()
+    store.put_heartbeat(Heartbeat(node, "cpu", at=now - 10, slots=2, busy_slots=0, idle_since=now - 100))
+    if claimed:
+        assert store.claim_work("cpu", node, now - 5)
+    line = drain(ports, hook_event(hooks, node))
+    if claimed:
+        assert line["held"] == "took work after its last heartbeat: its agent completes the lifecycle action"
+        assert hooks.calls == []
+    else:
+        assert line["released"] == "idle" and hooks.completed == {node}
+    assert not store.claim_work("cpu", node, time.time()), "marked draining either way: it starts nothing more"
+
+
 def node_rows() -> set[str]:
     """The nodes the job store holds a row of, heartbeat or mark."""
     query = DynamoStore(ENV.name, ENV.region).table.query(

@@ -853,8 +853,10 @@ def drain(
     then completes the lifecycle action itself (by its own instance id, with the hook name
     from `naming.lifecycle_hook`). Completing it now would kill the node mid-item. A busy node
     whose agent is silent past the boot timeout (rule 5: dead or hung) has no agent to do it,
-    and is released. An item an idle or silent node received after its last heartbeat is not
-    lost: it returns to the queue when its visibility timeout ends. Completing an action that
+    and is released. A node whose last heartbeat said idle is released only if it claimed no
+    work since (`let_idle_go`, after the mark: a busy node it is, then). An item a silent node
+    received after its last heartbeat is not lost: it returns to the queue when its visibility
+    timeout ends. Completing an action that
     is no longer active (an event delivered twice, an agent that completed it first) is done
     already. Returns the log line."""
     dry_run = dry_run or env.scaler.dry_run
@@ -869,7 +871,15 @@ def drain(
         if action.hold is not None:
             heartbeat = ports.nodes.heartbeats(pool).get(action.instance_id)
             why = _release(env.pools[pool], heartbeat, now)
-            if why is None:
+            # Its last heartbeat said idle, but it may have taken an item since: the agent claims work
+            # on the node's record before it starts one, and the mark above ends any later claim,
+            # so a claim after that idle time is one that started work (the tick's scale-in checks
+            # the same, `act`).
+            claimed = (why == "idle" and heartbeat.idle_since is not None
+                       and not ports.nodes.let_idle_go(pool, action.instance_id, heartbeat.idle_since))  # fmt: skip
+            if claimed:
+                line["held"] = "took work after its last heartbeat: its agent completes the lifecycle action"
+            elif why is None:
                 line["held"] = f"busy ({heartbeat.busy_slots} slots): its agent completes the lifecycle action"
             else:
                 # False: no action was active any more; adapters without hooks return None
