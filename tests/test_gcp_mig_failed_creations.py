@@ -108,8 +108,8 @@ def test_an_instance_still_being_created_without_an_error_is_a_booting_node(gcp)
 
 def test_lowering_the_spot_group_without_failed_creations_is_one_resize(gcp):
     now = time.time()
-    gcp.groups |= {SPOT: 3, ON_DEMAND: 0}
-    gcp.vms[SPOT] = [FakeVm(f"{SPOT}-{c * 4}", created=stamp(now - 3600)) for c in "abc"]
+    gcp.groups |= {SPOT: 3, ON_DEMAND: 0}  # a third unit not created yet: no instance listed for it
+    gcp.vms[SPOT] = [FakeVm(f"{SPOT}-{c * 4}", created=stamp(now - 3600)) for c in "ab"]
     control_ports(ENV).fleet.set_desired("cpu", 2)
     assert gcp.groups[SPOT] == 2
     assert not [p for m, p, c in gcp.calls if p.endswith("/deleteInstances")]
@@ -135,3 +135,24 @@ def test_the_on_demand_base_comes_down_past_a_failed_on_demand_creation_which_go
     assert gcp.groups[ON_DEMAND] == 1, "down to the VM it runs, never below it"
     actions = {vm.name: vm.action for vm in gcp.vms[ON_DEMAND]}
     assert actions == {f"{ON_DEMAND}-bbbb": "DELETING", f"{ON_DEMAND}-aaaa": "NONE"}, "the failed creation went, by name"
+
+
+@pytest.mark.parametrize("waiting", [0, 2])
+def test_the_spot_group_is_never_sized_below_its_vms_by_on_demand_creations_that_failed(gcp, waiting):
+    """The Spot group was sized to desired less the on-demand group's target, which counts the
+    instances it could not create (a quota): 3 busy Spot VMs, an on-demand base of 2 that never
+    came, demand for 3 nodes, and the resize to 1 deleted two busy VMs of the group's choosing."""
+    now = time.time()
+    gcp.groups |= {SPOT: 3, ON_DEMAND: 2}
+    gcp.vms[SPOT] = [FakeVm(f"{SPOT}-{c * 4}", created=stamp(now - 3600)) for c in "abc"]
+    gcp.vms[ON_DEMAND] = [FakeVm(f"{ON_DEMAND}-{c * 4}", action="CREATING", status="") for c in "xy"]
+    gcp.failed |= {f"{ON_DEMAND}-xxxx": CPU_QUOTA, f"{ON_DEMAND}-yyyy": CPU_QUOTA}
+    gcp.errors[SPOT] = [{"timestamp": stamp(now - 30), "error": STOCKOUT}]  # spot short: the base stays
+    ports = control_ports(ENV)
+    for c in "abc":
+        ports.nodes.put_heartbeat(Heartbeat(f"{SPOT}-{c * 4}", "cpu", at=now, slots=2, busy_slots=2, idle_since=None,
+                                            leased={"default": 2}))  # fmt: skip
+    gcp.undelivered["tidefleet-gcp-dev-default"] = 6 + waiting
+    tick(ENV, ports, now, pools=["cpu"])
+    assert {vm.name: vm.action for vm in gcp.vms[SPOT]} == {f"{SPOT}-{c * 4}": "NONE" for c in "abc"}
+    assert gcp.groups[SPOT] >= 3

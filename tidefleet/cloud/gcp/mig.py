@@ -181,16 +181,32 @@ class MigFleet:
         return out
 
     def set_desired(self, pool: str, desired: int) -> None:
+        """Size the Spot group to what the on-demand group leaves of `desired`: its target less the
+        instances it could not create (a quota), which are no capacity, as `groups` reports them;
+        subtracted, they sized the Spot group below its own VMs, and a resize deletes VMs of the
+        group's choosing, busy ones too. Never below the Spot group's own VMs either (the tick keeps
+        desired above the instances it reported: this holds where the two groups' split moved)."""
         spot, on_demand = self._names(pool)
-        od_group = self._get(on_demand)
         nodes = math.ceil(desired / self._weight(pool))
-        size = max(0, nodes - (od_group.target_size if od_group else 0))
-        # Lowered: the instances it could not create go first (_delete_failed). The tick keeps desired
-        # above the instances it reported, which leave these out.
+        od_group = self._get(on_demand)
+        od_share = od_group.target_size - len(self._failed(on_demand)) if od_group is not None else 0
+        size = max(0, nodes - od_share)
         group = self._get(spot)
         if group is not None:
-            self._delete_failed(spot, group.target_size - size)
+            managed = self._managed(spot)
+            size = max(size, len(self._vms(spot, managed)))
+            # Lowered: the instances it could not create go first.
+            self._delete_failed(spot, group.target_size - size, managed)
         self.migs.resize(**self._where(spot), size=size, retry=RETRY, timeout=TRY_S)
+
+    def _failed(self, group: str, managed: list[compute_v1.ManagedInstance] | None = None) -> list[str]:
+        """The group's instances it could not create (a stockout, a quota), which it keeps trying."""
+        return [m.instance for m in (self._managed(group) if managed is None else managed) if creation_failed(m)]
+
+    def _vms(self, group: str, managed: list[compute_v1.ManagedInstance] | None = None) -> list[str]:
+        """The group's instances that are VMs, running or on their way: not one it could not create."""
+        return [m.instance for m in (self._managed(group) if managed is None else managed)
+                if lifecycle_state(m) in ("InService", "Pending") and not creation_failed(m)]  # fmt: skip
 
     def _delete(self, group: str, urls: list[str]) -> None:
         self.migs.delete_instances(
@@ -209,7 +225,7 @@ class MigFleet:
         `managed`: the group's listing, when the caller has just read it."""
         if up_to <= 0:
             return
-        failed = [m.instance for m in (self._managed(group) if managed is None else managed) if creation_failed(m)]
+        failed = self._failed(group, managed)
         if failed:
             self._delete(group, failed[:up_to])
 
@@ -229,8 +245,7 @@ class MigFleet:
         group = self._get(on_demand)
         if group is not None and size < group.target_size:
             managed = self._managed(on_demand)
-            size = max(size, sum(1 for m in managed
-                                 if lifecycle_state(m) in ("InService", "Pending") and not creation_failed(m)))  # fmt: skip
+            size = max(size, len(self._vms(on_demand, managed)))
             if size == group.target_size:
                 return
             self._delete_failed(on_demand, group.target_size - size, managed)
