@@ -85,9 +85,17 @@ def test_nodes_reach_the_lustre_file_system_on_its_ports_only_and_mount_it_at_bo
     assert [r["cidr_blocks"] for r in nodes["egress"] if not r.get("security_groups")] == [["0.0.0.0/0"]]
     (lustre,) = _resources(train, "aws_fsx_lustre_file_system").values()
     assert lustre["storage_capacity"] == 1200 and lustre["kms_key_id"]
-    ingress = _resources(train, "aws_vpc_security_group_ingress_rule").values()
-    assert {(r["from_port"], r["to_port"]) for r in ingress} == {(988, 988), (1018, 1023)}
-    assert all(r["referenced_security_group_id"].startswith("${aws_security_group.network_nodes") for r in ingress)
+    fs_group = "${aws_security_group.network_shared-fs_security-group.id}"
+    rules = [(kind, r) for kind in ("ingress", "egress")
+             for r in _resources(train, f"aws_vpc_security_group_{kind}_rule").values()]  # fmt: skip
+    assert {(kind, r["from_port"], r["to_port"], r["referenced_security_group_id"]) for kind, r in rules} == {
+        ("ingress", 988, 988, "${aws_security_group.network_nodes.id}"),
+        ("ingress", 1018, 1023, "${aws_security_group.network_nodes.id}"),
+        ("ingress", 988, 1023, fs_group), ("egress", 988, 1023, fs_group),  # Lustre servers among themselves
+    }  # fmt: skip
+    assert all(r["security_group_id"] == fs_group for _, r in rules)
+    # Inline rules beside rule resources: each apply would revoke the others' (the nodes' mounts).
+    assert not {"ingress", "egress"} & set(sgs["network_shared-fs_security-group"])
     script = _resources(train, "aws_launch_template")["pool-gpu8_launch-template"]
     user_data = train["locals"]["user-data-gpu8"]
     assert "mount -t lustre" in user_data and "${aws_fsx_lustre_file_system." in user_data

@@ -13,6 +13,7 @@ from cdktn_provider_aws.efs_file_system import EfsFileSystem
 from cdktn_provider_aws.efs_mount_target import EfsMountTarget
 from cdktn_provider_aws.fsx_lustre_file_system import FsxLustreFileSystem
 from cdktn_provider_aws.security_group import SecurityGroup, SecurityGroupEgress, SecurityGroupIngress
+from cdktn_provider_aws.vpc_security_group_egress_rule import VpcSecurityGroupEgressRule
 from cdktn_provider_aws.vpc_security_group_ingress_rule import VpcSecurityGroupIngressRule
 from constructs import Construct
 
@@ -63,15 +64,18 @@ class SharedFileSystem(Construct):
     def __init__(self, scope: Construct, id: str, *, env_name: str, vpc_id: str, fs: SharedFs) -> None:
         super().__init__(scope, id)
         self.fs, self.env_name = fs, env_name
+        # Its rules are resources of their own, never inline: inline rules beside rule resources
+        # (the nodes' ingress, `attach`) make each apply revoke the others'. Terraform removes the
+        # default allow-all egress of a group it creates.
         self.security_group = SecurityGroup(
             self, "security-group", name=naming.stack_resource(env_name, "shared-fs"), vpc_id=vpc_id,
             description=f"tidefleet shared {fs.kind}: the nodes' file traffic in, nothing out",
-            egress=[SecurityGroupEgress(description="Lustre servers talk to each other", protocol="tcp",
-                                        from_port=988, to_port=1023, self_attribute=True)] if fs.kind == "fsx-lustre" else [],
-            ingress=[SecurityGroupIngress(description="Lustre servers talk to each other", protocol="tcp",
-                                          from_port=988, to_port=1023, self_attribute=True)] if fs.kind == "fsx-lustre" else [],
         )  # fmt: skip
-        self.security_group_id = self.security_group.id
+        self.security_group_id = sg = self.security_group.id
+        if fs.kind == "fsx-lustre":
+            for direction, rule in (("in", VpcSecurityGroupIngressRule), ("out", VpcSecurityGroupEgressRule)):
+                rule(self, f"lustre-servers-{direction}", security_group_id=sg, referenced_security_group_id=sg,
+                     ip_protocol="tcp", from_port=988, to_port=1023, description="Lustre servers talk to each other")
 
     def attach(self, *, node_security_group_id: str, subnet_ids: list[str], key_arn: str) -> None:
         fs, sg = self.fs, self.security_group_id

@@ -172,7 +172,6 @@ class NodePool(Construct):
             min_size=spec.min_size,
             max_size=spec.max_size,
             desired_capacity=spec.initial_desired,
-            desired_capacity_type="units",
             vpc_zone_identifier=subnet_ids,
             placement_group=placement_group,
             capacity_rebalance=spec.capacity_rebalance,

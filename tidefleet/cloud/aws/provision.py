@@ -144,7 +144,6 @@ def _group(region: str, pool: PoolSpec, subnet_id: str, user_data: str) -> None:
         MinSize=pool.min_size,
         MaxSize=pool.max_size,
         DesiredCapacity=pool.initial_desired,
-        DesiredCapacityType="units",
         VPCZoneIdentifier=subnet_id,
         CapacityRebalance=pool.capacity_rebalance,
         HealthCheckGracePeriod=pool.health_check_grace_period_s,
