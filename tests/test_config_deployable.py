@@ -39,6 +39,20 @@ def test_an_aws_gpu_pool_without_an_image_boots_the_deep_learning_ami():
     assert _env("dev").pools["cpu"].image.startswith("ssm:/aws/service/ami-amazon-linux-latest/al2023")  # CPU: unchanged
 
 
+@pytest.mark.parametrize(("changes", "disk_gb"), [
+    ({}, 100),  # the image its GPUs give it
+    ({"pools.cpu.image": GPU_IMAGES["aws"]}, 100),  # the same, named
+    ({"pools.cpu.disk_gb": 60}, 60),  # its own say
+    ({"pools.cpu.image": "ami-0123456789abcdef0"}, 50),  # its own image: its own size
+])  # fmt: skip
+def test_a_pool_on_a_deep_learning_image_gets_a_root_disk_its_snapshot_fits(changes, disk_gb):
+    """Those images carry CUDA stacks: on the plain images' 50 GB a root smaller than the image's
+    snapshot would fail every launch."""
+    env = _env("dev", **{"pools.cpu.instance_types": AWS_GPU_TYPES, "pools.cpu.slots_per_unit": 1, **changes})
+    assert env.pools["cpu"].disk_gb == disk_gb
+    assert _env("dev").pools["cpu"].disk_gb == 50  # CPU: unchanged
+
+
 def test_a_gcp_gpu_pool_without_an_image_boots_the_deep_learning_vm():
     env = _env("gcp-dev", **{"pools.gpu.image": None})
     assert env.pools["gpu"].image == GPU_IMAGES["gcp"] == BASES["gcp-dev"]["pools"]["gpu"]["image"]

@@ -142,6 +142,10 @@ GPU_IMAGES = {
     "aws": "ssm:/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-amazon-linux-2023/latest/ami-id",
     "gcp": "projects/deeplearning-platform-release/global/images/family/common-cu128-ubuntu-2404-nvidia-570",
 }
+# Their root disk where the pool sets no disk_gb: these images carry CUDA stacks, and a root smaller
+# than an image's snapshot fails every launch (the snapshot's size changes with each release, and is
+# above the plain images' 50 GB default); 100 GB of gp3 is ~$0.01 an hour beside a GPU's dollars.
+GPU_IMAGE_DISK_GB = 100
 # What a GCP pool without GPUs is told to use (the image environments/gcp-dev.toml boots).
 GCP_DEFAULT_IMAGE = "projects/debian-cloud/global/images/family/debian-12"
 # Plain OS images, which carry no NVIDIA driver (the GPU-ready ones live elsewhere: Deep Learning
@@ -449,7 +453,8 @@ class Environment(_Model):
     @model_validator(mode="before")
     @classmethod
     def _gpu_pools_default_to_a_driver_image(cls, data: object) -> object:
-        """A pool with GPU types and no image gets GPU_IMAGES[cloud] (only the environment knows the cloud)."""
+        """A pool with GPU types and no image gets GPU_IMAGES[cloud] (only the environment knows the
+        cloud); a pool on one of those images, a root disk of GPU_IMAGE_DISK_GB unless it sets disk_gb."""
         if not isinstance(data, dict) or not isinstance(data.get("pools"), dict):
             return data
         image = GPU_IMAGES.get(data.get("cloud", "aws"))  # type: ignore[call-overload]
@@ -461,6 +466,8 @@ class Environment(_Model):
 
         pools = {name: {**pool, "image": image} if image and "image" not in pool and has_gpus(pool) else pool
                  for name, pool in data["pools"].items()}  # fmt: skip
+        pools = {name: {"disk_gb": GPU_IMAGE_DISK_GB, **pool} if isinstance(pool, dict)
+                 and pool.get("image") in GPU_IMAGES.values() else pool for name, pool in pools.items()}  # fmt: skip
         return {**data, "pools": pools}
 
     def queues_of(self, pool: str) -> dict[str, Queue]:
