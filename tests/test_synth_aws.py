@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import tomllib
+from pathlib import Path
 
 import pytest
 from conftest import SHIPPED_ENVS
@@ -302,3 +303,12 @@ def test_every_stack_requires_the_terraform_that_reads_its_state_lock(shipped, p
     _env, variant = prod_variant
     assert variant["terraform"]["backend"]["s3"]["use_lockfile"] is True  # new in Terraform and OpenTofu 1.10
     assert variant["terraform"]["required_version"] == ">= 1.10"
+
+
+def test_the_lambda_concurrency_an_environment_reserves_is_what_the_readme_says(synthesized):
+    """A new account's concurrency quota refuses a reservation at apply: the README names the sum."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    said = int(re.search(r"environment reserves (\d+) concurrent Lambda executions", readme)[1])
+    for name in ("dev", "prod"):
+        functions = resources(synthesized[name][1], "aws_lambda_function").values()
+        assert sum(f["reserved_concurrent_executions"] for f in functions) == said, name
