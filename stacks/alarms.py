@@ -41,8 +41,10 @@ RUNBOOKS = {
         "an item has waited longer than the queue's `max_wait_s`",
         "`tidefleet tick --env E --dry-run`: the reasons say cap, spot shortage or boot failures"),
     "scaler-errors": Runbook(
-        "control ticks failed (the next tick retries): one that could not read the queues, groups or heartbeats "
-        "changed nothing, one whose line starts `some actions failed` still made its other changes, and one whose "
+        "control ticks failed (the next tick retries): one that could not read the groups changed nothing; one whose "
+        "line starts `some pools could not be read` left out the pools whose heartbeats or one of whose queues it "
+        "could not read and scaled the others; one whose line starts `some actions failed` still made its other "
+        "changes, and one whose "
         "line starts `some job-store reads failed` still scaled, without those reads (no hold, release or preemption "
         "changed); `some actions and job-store reads failed` is both",
         "the scaler function's log: its last error line names each refused action and each job-store read the tick "

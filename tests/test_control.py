@@ -971,3 +971,32 @@ def test_a_fault_a_healthy_node_came_after_stays_forgotten_when_that_node_leaves
     p.fleet.groups_["cpu"] = group("cpu", 0)
     (after,) = control.tick(env, p, NOW + 240, pools=["cpu"])
     assert not any("launches held" in r for r in after.reasons) and after.desired == 1, after.reasons
+
+
+@pytest.mark.parametrize("fails", ["nodes", "backlog"])
+def test_a_pool_whose_nodes_or_queue_cannot_be_read_is_left_out_and_the_others_are_acted_on(fails, caplog):
+    """One throttled heartbeat partition or one deleted queue raised out of observe: no pool was
+    decided nor acted on. The pool it belongs to is left out (as a missing group is), said in one
+    line, and the tick's TickError names it once the others are done."""
+    p = ports(group("cpu", 0), group("gpu", 0), backlogs={"demo": Backlog(3, 0)})
+    refused = RuntimeError("Rate exceeded")
+
+    def refuse(real, key):
+        def read(name):
+            if name == key:
+                raise refused
+            return real(name)
+        return read
+
+    if fails == "nodes":
+        p.nodes.node_rows = refuse(p.nodes.node_rows, "gpu")
+    else:
+        p.queues.backlog = refuse(p.queues.backlog, "train")
+    with caplog.at_level(logging.WARNING), pytest.raises(control.TickError) as failed:
+        control.tick(ENV, p, NOW)
+    assert [d.pool for d in failed.value.decisions] == ["cpu"]
+    assert ("set_desired", "cpu", 2) in p.fleet.calls and not [c for c in p.fleet.calls if c[1] == "gpu"]
+    assert "gpu: not observed, so not decided nor acted on this tick" in str(failed.value)
+    assert failed.value.summary == "some pools could not be read"
+    what = "its nodes" if fails == "nodes" else "a queue's backlog"
+    assert f'"skipped": "{what} not read: RuntimeError: Rate exceeded"' in caplog.text

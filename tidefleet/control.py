@@ -71,26 +71,29 @@ class TickError(RuntimeError):
     action, in every pool, was still applied. One line per failed action, `<pool>: <action>:
     <error>`, and per read, `job store: <what> not read, ...: <error>`. `failures` keeps each
     `(<pool>: <action>, the exception)`: a function says the error in its cloud's words (`Cloud.explain`), which the
-    core cannot import. `unread`: how many of `failures` (the first) are reads. `cut`: what a
+    core cannot import. `unread`: how many of `failures` (the first) are job-store reads, and
+    `unobserved` how many (next) are pools left out, their nodes or a queue unread. `cut`: what a
     tick out of time left to the next (`Deadline.cut`), or None."""
 
     def __init__(self, failures: list[tuple[str, Exception]], decisions: tuple[PoolDecision, ...],
-                 cut: dict | None = None, unread: int = 0):  # fmt: skip
+                 cut: dict | None = None, unread: int = 0, unobserved: int = 0):  # fmt: skip
         super().__init__("\n".join(f"{where}: {type(err).__name__}: {err}" for where, err in failures))
         self.failures = tuple(failures)
         self.decisions = decisions
         self.cut = cut
-        self.unread = unread
+        self.unread, self.unobserved = unread, unobserved
 
     @property
     def summary(self) -> str:
         """What failed, as the CLI and the function head its lines: a tick that only went without
         reads changed every pool it acted on, so it does not say that actions failed."""
-        if not self.unread:
-            return "some actions failed"
-        if self.unread == len(self.failures):
-            return "some job-store reads failed"
-        return "some actions and job-store reads failed"
+        others = len(self.failures) - self.unobserved
+        said = ["some pools could not be read"] if self.unobserved else []
+        if others and not self.unread:
+            said.append("some actions failed")
+        elif others:
+            said.append("some job-store reads failed" if self.unread == others else "some actions and job-store reads failed")
+        return "; ".join(said)
 
 
 # One call's worst case on either cloud, retries included (AWS: 3 tries of 5 s and backoff; GCP:
@@ -279,6 +282,8 @@ class Observation:
     unread: dict[str, Exception] = field(default_factory=dict)  # job-store reads gone without (`WITHOUT`)
     # Per pool: the heartbeats of its nodes whose clock is ahead (`CLOCK_SLACK_S`), by node id, as written.
     clock_ahead: dict[str, dict[str, Heartbeat]] = field(default_factory=dict)
+    # Per pool left out: the read of its nodes or of one of its queues that failed (it is not acted on).
+    unobserved: dict[str, Exception] = field(default_factory=dict)
 
 
 # The job-store reads a tick goes without when they fail (a throttled table, a store out of
@@ -320,8 +325,23 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
     # Items spot agents left to on-demand nodes, by queue: distinct, as several spot nodes see the same item.
     on_demand: dict[str, set[str]] = {}
     forming: defaultdict[str, int] = defaultdict(int)  # per queue: gang members its forming gangs wait for
-    # One call per pool and per queue, `calls_in_flight` at once (1k queues: 1k calls).
-    rows = dict(zip(groups, each(ports.nodes.node_rows, list(groups), ports.calls_in_flight), strict=True))
+    # One call per pool and per queue, `calls_in_flight` at once (1k queues: 1k calls). A pool whose
+    # nodes or one of whose queues could not be read is left out, as a missing group is: the others
+    # are decided and acted on (a throttled partition or a deleted queue stopped them all).
+    rows, unobserved = _per_key(ports.nodes.node_rows, list(groups), ports.calls_in_flight)
+    observed = [qname for qname, queue in env.queues.items() if queue.pool in rows]
+    store, unread = ports.stats if observed else None, {}
+    # Mean item times feed the policy's boot-horizon rule; without a stats port they are unknown.
+    # Read before the backlogs: a success between the two reads is then counted by neither, and a
+    # waiting item's age errs long (`waiting_ages`), not short.
+    stats = _read(unread, "mean item times", store.queue_stats, observed) if store is not None else None
+    backlogs, failed_queues = _per_key(ports.queues.backlog, observed, ports.calls_in_flight)
+    unobserved |= {env.queues[q].pool: err for q, err in failed_queues.items()}
+    for name, err in sorted(unobserved.items()):
+        what = "its nodes" if name not in rows else "a queue's backlog"
+        log.warning(json.dumps({"pool": name, "skipped": f"{what} not read: {type(err).__name__}: {err}"}))
+    groups = {name: group for name, group in groups.items() if name not in unobserved}
+    observed = [qname for qname in observed if env.queues[qname].pool in groups]
     for name, group in groups.items():
         beats, marked = rows[name]
         decays: dict[float, float] = {}  # many agents beat at the same time: one exp() for them
@@ -373,11 +393,7 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
                            and (hb.fault or _silent(pool, hb, now))) if strays else ()  # fmt: skip
         if marked:
             gone[name] += tuple(sorted(marked - members.keys()))
-    observed = [qname for qname, queue in env.queues.items() if queue.pool in groups]
-    store, unread = ports.stats if observed else None, {}
-    # Mean item times feed the policy's boot-horizon rule; without a stats port they are unknown.
-    stats = _read(unread, "mean item times", store.queue_stats, observed) if store is not None else None
-    backlogs = dict(zip(observed, each(ports.queues.backlog, observed, ports.calls_in_flight), strict=True))
+    backlogs = {q: backlogs[q] for q in observed}
     if any(b.counts_leased for b in backlogs.values()):  # never in the simulator: its backlog says in-flight
         backlogs = _leased_in_flight(env, backlogs, in_group, now)
     waiting = _read(unread, "waiting marks", store.waiting_marks, observed) if store is not None else None
@@ -420,7 +436,21 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
             )
         )
     fleet = FleetView(pools=tuple(pool_views), queues=tuple(queue_views))
-    return Observation(fleet, groups, gone, marks, unread, clock_ahead)
+    return Observation(fleet, groups, gone, marks, unread, clock_ahead, unobserved)
+
+
+def _per_key(fetch: Callable[[str], object], keys: list[str], at_once: int) -> tuple[dict, dict[str, Exception]]:
+    """({key: fetch(key)} of the calls that answered, {key: what the others raised})."""
+
+    def tried(key: str) -> tuple[bool, object]:
+        try:
+            return True, fetch(key)
+        except Exception as err:  # noqa: BLE001 - any cloud's error (the core imports none); the caller reports it
+            return False, err
+
+    answers = dict(zip(keys, each(tried, keys, at_once), strict=True))
+    return ({k: v for k, (ok, v) in answers.items() if ok},
+            {k: v for k, (ok, v) in answers.items() if not ok})  # fmt: skip
 
 
 def _leased_in_flight(env: Environment, backlogs: dict[str, Backlog], in_group: dict, now: float) -> dict[str, Backlog]:
@@ -682,6 +712,8 @@ def tick(
     # (<pool>: <action>, what it raised), for TickError; the reads gone without first.
     failures = [(f"job store: {what} not read, the tick went on without them", err)
                 for what, err in seen.unread.items()]  # fmt: skip
+    failures += [(f"{pool}: not observed, so not decided nor acted on this tick", err)
+                 for pool, err in sorted(seen.unobserved.items())]  # fmt: skip
 
     views = {p.name: p for p in seen.fleet.pools}
 
@@ -730,7 +762,7 @@ def tick(
         log.warning(json.dumps(deadline.cut))
         _LEFT_OVER[env.name] = frozenset(deadline.cut["skipped"])
     if failures:
-        raise TickError(failures, decisions, deadline.cut, unread=len(seen.unread))
+        raise TickError(failures, decisions, deadline.cut, unread=len(seen.unread), unobserved=len(seen.unobserved))
     return decisions
 
 
