@@ -173,3 +173,14 @@ def test_an_idle_agent_deletes_itself_from_its_group_on_the_leave_grant(gcp, env
     assert (gcp.groups[group], gcp.vms[group][0].action, agent.retiring) == (0, "DELETING", True)
     assert store.item(job, "000000").status == "succeeded"
     assert not store.take_leave("cpu", 1, time.time(), time.time())  # its unit taken
+
+
+def test_a_gce_agent_waits_at_most_two_seconds_a_receive_so_a_stop_leaves_time_to_hand_items_back(gcp, tmp_path):  # noqa: F811
+    """GCE gives a Spot VM ~30 s; the agent acts on a stop once its receive in flight returns, and a
+    10-s pull (the default wait) left the hand-back no time after the 15-s grace."""
+    from tidefleet.cloud.gcp import GRACE_S
+
+    defaults = Settings(node_id="vm-1", instance_type="n2-standard-4", spot=True, work_dir=tmp_path)
+    agent = Agent(ENV, "cpu", defaults, GceMetadata("http://127.0.0.1:9"))
+    assert (defaults.wait_s, agent.s.wait_s, agent.s.grace_s) == (10, 2, GRACE_S)
+    assert defaults.imds_poll_s + agent.s.wait_s + GRACE_S + 5 < 30  # notice lag, pull, grace, settle

@@ -42,6 +42,9 @@ def test_cloud_mode_installs_the_agent_from_the_bucket_and_runs_it_as_a_service(
     assert "ExecStart=/opt/tidefleet/venv/bin/tidefleet agent --env prod --pool gpu\n" in script
     assert 'Environment="NCCL_DEBUG=WARN"' in script
     assert "systemctl enable --now tidefleet-agent.service" in script
+    # The stop's SIGTERM to the agent alone, which asks its workloads to checkpoint first: to every
+    # process at once, a workload that exited on it before the drain read as failed.
+    assert "\nKillMode=mixed\n" in script
 
 
 def test_an_unknown_pool_is_refused_by_name():

@@ -366,6 +366,9 @@ class NodeHost(Protocol):
     """What an agent needs from the cloud of the node it runs on."""
 
     grace_s: float  # from a stop notice to the machine's end: the workload's time to checkpoint
+    # The longest an idle receive may wait: a stop (a notice, a SIGTERM) is acted on once the receive
+    # in flight returns, so on a short notice a long poll eats the time to hand items back.
+    longest_poll_s: int
     metadata: NodeMetadata
 
     def protect(self, pool: str, node_id: str, busy: bool) -> None:

@@ -369,6 +369,9 @@ class Agent:
         self.node = self.cloud.node_host(metadata)
         if settings.grace_s is None:
             settings = replace(settings, grace_s=self.node.grace_s)
+        # A stop is acted on once the receive in flight returns: on GCE's 30-s notice a 10-s pull
+        # left the hand-back no time after the grace.
+        settings = replace(settings, wait_s=min(settings.wait_s, self.node.longest_poll_s))
         self.env, self.pool_name, self.pool, self.s = env, pool, env.pools[pool], settings
         self.booted_at = psutil.boot_time()  # this machine's boot: every heartbeat says it (`Heartbeat.booted_at`)
         self.metadata = self.node.metadata

@@ -273,6 +273,7 @@ class AwsNode:
     """An EC2 instance in a pool's Auto Scaling group."""
 
     grace_s = GRACE_S
+    longest_poll_s = 20  # SQS's longest wait; the 2-minute notice leaves room for it
 
     def __init__(self, env: Environment, metadata: Metadata | None = None):
         self.env = env

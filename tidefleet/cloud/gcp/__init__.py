@@ -18,9 +18,11 @@ from tidefleet.config import Environment
 from tidefleet.ports import Ports
 from tidefleet.triggers import function_environment
 
-# GCE gives a Spot VM about 30 s: the notice may be seen imds_poll_s (5 s) late and SETTLE_S
-# (5 s) may follow the grace, so 15 s leaves 5 s to hand the items back.
+# GCE gives a Spot VM about 30 s: the notice may be seen imds_poll_s (5 s) late, the agent acts on
+# it once its receive in flight returns (LONGEST_POLL_S), and SETTLE_S (5 s) may follow the grace,
+# so 15 s leaves 3 s to hand the items back.
 GRACE_S = 15.0
+LONGEST_POLL_S = 2
 GCS_UPLOAD = "https://storage.googleapis.com/upload/storage/v1"
 GCS_API = "https://storage.googleapis.com/storage/v1"
 STATUS_PAGE = "https://status.cloud.google.com"
@@ -94,6 +96,7 @@ class GceNode:
     lifecycle hooks: its scaler deletes only the idle instances it names, by their heartbeats."""
 
     grace_s = GRACE_S
+    longest_poll_s = LONGEST_POLL_S
 
     def __init__(self, env: Environment, metadata=None):
         from tidefleet.cloud.gcp.metadata import GceMetadata
