@@ -26,7 +26,7 @@ import os
 import time
 
 from tidefleet.cloud import for_env
-from tidefleet.cloud.gcp import function_metrics, function_runtime
+from tidefleet.cloud.gcp import failed_for_now, function_metrics, function_runtime
 from tidefleet.triggers import Ignored, Trigger, function_failure_line, parse, run, run_jobs
 
 log = logging.getLogger("tidefleet.scaler")
@@ -75,9 +75,13 @@ def on_kick(cloud_event) -> dict:
             env, _ = function_runtime()
             return run_jobs(trigger, env, for_env(env), time.time())
         return run(trigger, function_runtime, emit=function_metrics, time_left=_time_left(time.time()))
-    except Exception as err:  # noqa: BLE001 - any failure of the tick: one line, then the next tick
+    except Exception as err:  # any failure of a tick: one line, then the next tick (a fire's, below)
         failed = {"severity": "ERROR", "trigger": getattr(trigger, "kind", None),
                   "failed": function_failure_line(err) or f"{type(err).__name__}: {err}"}  # fmt: skip
         log.error(json.dumps(failed))
+        # A schedule's fire has no next tick: answered, it is gone (a night's run missed). Raised, the
+        # trigger's retry policy delivers it again, which submits it once (its job id is its fire
+        # time). Only where Google itself failed for now; a refusal would fail every time.
+        if isinstance(trigger, Trigger) and trigger.kind == "fire" and failed_for_now(err):
+            raise
         return failed
-

@@ -28,6 +28,15 @@ GCS_API = "https://storage.googleapis.com/storage/v1"
 STATUS_PAGE = "https://status.cloud.google.com"
 
 
+def failed_for_now(err: BaseException) -> bool:
+    """Google unavailable, throttling or out of time, past the client's own retries: worth a later try."""
+    from google.api_core.exceptions import RetryError, ServerError, TooManyRequests
+
+    from tidefleet.cloud.gcp.firestore import GaveUp
+
+    return isinstance(err, (ServerError, TooManyRequests, RetryError, GaveUp))
+
+
 def errors() -> tuple[type[BaseException], ...]:
     from google.api_core.exceptions import GoogleAPIError
     from google.auth.exceptions import GoogleAuthError
