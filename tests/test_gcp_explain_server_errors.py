@@ -58,3 +58,21 @@ def test_an_existing_resource_is_no_change_in_progress():
     """AlreadyExists is a 409 too, but waiting would not help: its line stays the plain one."""
     line = for_env(ENV).explain(gexc.AlreadyExists("Document already exists: projects/p/databases/d/documents/x"))
     assert line == f"AlreadyExists: Document already exists: projects/p/databases/d/documents/x (project {ENV.project})"
+
+
+DISABLED = ("GET https://firestore.googleapis.com/v1/projects/acme-ml-dev/databases/tidefleet-gcp-dev/documents/jobs/x: "
+            "Cloud Firestore API has not been used in project my-quota-project before or it is disabled. Enable it by "
+            "visiting https://console.developers.google.com/apis/api/firestore.googleapis.com/overview?project="
+            "my-quota-project then retry.")  # fmt: skip
+
+
+@pytest.mark.parametrize("in_function", [False, True])
+def test_an_api_not_enabled_says_which_to_enable_where_not_to_check_roles(monkeypatch, in_function):
+    """Google refuses it as a 403, which read "check the account's roles": no role fixes it. With a
+    person's own credentials the project is often their quota project, not the environment's."""
+    if in_function:
+        monkeypatch.setenv("FUNCTION_TARGET", "on_kick")
+    line = for_env(ENV).explain(gexc.Forbidden(DISABLED))
+    assert line.startswith("the firestore.googleapis.com API is not enabled in project my-quota-project (")
+    assert "run `gcloud services enable firestore.googleapis.com --project my-quota-project`, then try again" in line
+    assert "role" not in line

@@ -9,6 +9,7 @@ where used, so the scaler function loads only what a tick needs.
 from __future__ import annotations
 
 import os
+import re
 from contextlib import contextmanager
 from functools import cache, cached_property
 from pathlib import Path
@@ -26,6 +27,18 @@ LONGEST_POLL_S = 2
 GCS_UPLOAD = "https://storage.googleapis.com/upload/storage/v1"
 GCS_API = "https://storage.googleapis.com/storage/v1"
 STATUS_PAGE = "https://status.cloud.google.com"
+
+
+def _disabled_api(err: BaseException) -> tuple[str, str] | None:
+    """(the API, the project) where Google refused a call as its API not enabled (SERVICE_DISABLED),
+    else None. It names both in its message: "... API has not been used in project P before or it is
+    disabled. Enable it by visiting https://console.developers.google.com/apis/api/API/overview?project=P"."""
+    message = str(getattr(err, "message", "") or "")
+    if "has not been used in project" not in message and "SERVICE_DISABLED" not in message:
+        return None
+    api = re.search(r"apis/api/([a-z0-9.-]+)", message) or re.search(r"\b([a-z0-9-]+\.googleapis\.com)\b", message)
+    project = re.search(r"in project ([\w.:-]+)", message)
+    return (api[1] if api else "required", project[1] if project else "?")
 
 
 def failed_for_now(err: BaseException) -> bool:
@@ -247,6 +260,11 @@ class GcpCloud:
             err = err.cause  # tried until calls.RETRY_FOR_S: the last try says what is wrong
         if isinstance(err, HTTPError) and err.response is not None:  # a REST call of ours (raise_for_status)
             err = gexc.from_http_response(err.response)  # NotFound, Forbidden, ...: as the clients raise them
+        if disabled := _disabled_api(err):  # a 403 too, but no role would fix it
+            api, where = disabled
+            return (f"the {api} API is not enabled in project {where} (it answered: {_one_line(err.message, 120)}); "
+                    f"run `gcloud services enable {api} --project {where}`, then try again (with your own "
+                    f"credentials, project {where} may be their quota project, not {project})")  # fmt: skip
         if (function := _function(self.env)) and (line := self._explain_in_function(err, function, retried)):
             return line
         if _unanswered(err):  # a black-holed network, a stuck proxy
