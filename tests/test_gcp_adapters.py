@@ -265,3 +265,20 @@ def test_recording_many_items_is_one_batch_read_and_one_commit_per_chunk(gcp):
     assert store.update_items([ItemWrite("j", f"{i:06d}", {"status": "succeeded"}) for i in range(n)]) == [True] * n
     assert [(m, p.rsplit(":", 1)[-1]) for m, p, _ in gcp.calls] == [("POST", "batchGet"), ("POST", "commit")] * 2
     assert store.job("j").n_succeeded == n
+
+
+def test_a_hold_past_pubsubs_600_s_is_asked_as_600():
+    """An agent's hide or hand-over with a slow heartbeat (`lease_s` = 6 heartbeats) asks for more
+    than Pub/Sub's most: the call was refused, the message left to come back at its old deadline."""
+    from tidefleet.cloud.gcp.pubsub import PubSubWorkQueues
+
+    asked = []
+
+    class Subscriber:
+        def modify_ack_deadline(self, **call):
+            asked.append(call["ack_deadline_seconds"])
+
+    queues = PubSubWorkQueues(ENV, subscriber=Subscriber(), publisher=object())
+    for seconds in (900, 600, 30):
+        queues.extend_on("projects/p/subscriptions/s", ["ack-1"], seconds)
+    assert asked == [600, 600, 30]

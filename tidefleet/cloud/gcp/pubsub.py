@@ -27,6 +27,7 @@ from tidefleet import naming
 from tidefleet.cloud.gcp.calls import RETRY, RETRY_REFUSED, TRY_S
 from tidefleet.config import Environment
 from tidefleet.ports import Delivery
+from tidefleet.resources import PUBSUB_ACK_DEADLINE_S
 
 PUBLISH_BATCH = 100  # messages per publish call (Pub/Sub takes up to 1000 and 10 MB)
 SHORT_PULL_S = 1  # a "no wait" receive: how long an empty subscription may hold the pull
@@ -104,6 +105,9 @@ class PubSubWorkQueues:
                          r.message.message_id) for r in received]
 
     def extend_on(self, subscription: str, ack_ids: list[str], seconds: int) -> None:
+        """Pub/Sub refuses a deadline past 600 s (an agent's hide or hand-over with a slow heartbeat
+        asks for more): held the most it allows, and held again at the next heartbeat."""
+        seconds = min(int(seconds), PUBSUB_ACK_DEADLINE_S[1])
         self.subscriber.modify_ack_deadline(subscription=subscription, ack_ids=ack_ids, ack_deadline_seconds=seconds,
                                             retry=RETRY, timeout=TRY_S)  # fmt: skip
 
