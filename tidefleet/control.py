@@ -888,9 +888,8 @@ def drain(
     and is released. A node whose last heartbeat said idle is released only if it claimed no
     work since (`let_idle_go`, after the mark: a busy node it is, then). An item a silent node
     received after its last heartbeat is not lost: it returns to the queue when its visibility
-    timeout ends. Completing an action that
-    is no longer active (an event delivered twice, an agent that completed it first) is done
-    already. Returns the log line."""
+    timeout ends. Completing an action that is no longer active (an event delivered twice, an
+    agent that completed it first) is done already. Returns the log line."""
     dry_run = dry_run or env.scaler.dry_run
     pool = action.pool or pool_of_group(env, ports.fleet.group_of(action.instance_id) or "")
     line: dict = {"instance": action.instance_id, "pool": pool, "reason": action.reason, "dry_run": dry_run}

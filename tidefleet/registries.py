@@ -1,9 +1,9 @@
 """The private container registries a pool's nodes pull from: ECR on AWS, Artifact Registry on GCP.
 
 A node pulls with its own identity, never a stored password: the stacks grant the pool's node
-role (service account) read on each repository its images name, and its boot script points
-docker's credential helper for each registry host at that identity (`amazon-ecr-credential-helper`;
-`gcloud auth configure-docker`). The images are the pool's `container` and its queues'
+role (service account) read on each repository its images name, and its boot script names
+docker's credential helper for each registry host in root's docker config (`ecr-login`, from
+amazon-ecr-credential-helper; `gcloud`, as `gcloud auth configure-docker` would). The images are the pool's `container` and its queues'
 `accept_images` patterns, where a pattern names its registry and repository literally
 (`123456789012.dkr.ecr.us-east-1.amazonaws.com/team/*` grants the account's `team/*` repositories;
 `*` names none). Pure: parses references, reads no cloud.
