@@ -2,9 +2,9 @@
 
 A node pulls with its own identity, never a stored password: the stacks grant the pool's node
 role (service account) read on each repository its images name, and its boot script names
-docker's credential helper for each registry host in root's docker config (`ecr-login`, from
-amazon-ecr-credential-helper; `gcloud`, as `gcloud auth configure-docker` would). The images are the pool's `container` and its queues'
-`accept_images` patterns, where a pattern names its registry and repository literally
+docker's credential helper for each registry host in root's docker config (`HELPERS`). The
+images are the pool's `container` and its queues' `accept_images` patterns, where a pattern
+names its registry and repository literally
 (`123456789012.dkr.ecr.us-east-1.amazonaws.com/team/*` grants the account's `team/*` repositories;
 `*` names none). Pure: parses references, reads no cloud.
 """
@@ -24,6 +24,8 @@ ECR_HOST = re.compile(r"(\d{12})\.dkr\.ecr(?:-fips)?\.([a-z0-9-]+)\.amazonaws\.c
 ARTIFACT_REGISTRY_HOST = re.compile(r"([a-z0-9-]+)-docker\.pkg\.dev")
 GLOB = re.compile(r"[*?\[]")
 READER = "roles/artifactregistry.reader"
+# docker-credential-<helper>: amazon-ecr-credential-helper's, and gcloud's own.
+HELPERS = {"aws": "ecr-login", "gcp": "gcloud"}
 
 
 @dataclass(frozen=True, order=True)
@@ -83,9 +85,10 @@ def pulls(env: Environment, pool_name: str) -> list[Repository]:
                    if repo.cloud == env.cloud and (env.cloud == "aws" or repo.owner == env.project)})  # fmt: skip
 
 
-def hosts(env: Environment, pool_name: str) -> list[str]:
-    """The registry hosts docker's credential helper answers for on the pool's nodes."""
-    return sorted({repo.host for repo in pulls(env, pool_name)})
+def credential_helpers(env: Environment, pool_name: str) -> dict[str, str]:
+    """Per registry host of the pool's pulls, the docker credential helper that answers for it
+    (root's docker config, `credHelpers`, on the pool's nodes)."""
+    return {repo.host: HELPERS[repo.cloud] for repo in pulls(env, pool_name)}
 
 
 def warnings(env: Environment) -> list[str]:

@@ -87,7 +87,7 @@ def _render(env: Environment, pool_name: str, *, artifacts_bucket: str, local: d
         python=(local or {}).get(LOCAL_PYTHON, "python3"),
         init_delimiter=INIT_SCRIPT_DELIMITER,
         shared_fs_source=SHARED_FS_PLACEHOLDER,
-        registry_hosts={host: "gcloud" if env.cloud == "gcp" else "ecr-login" for host in registries.hosts(env, pool_name)},
+        registry_hosts=registries.credential_helpers(env, pool_name),
     )
 
 

@@ -14,7 +14,7 @@ from tidefleet.costs import usd
 from tidefleet.sim.engine import HORIZON, STALL_S, STALLED, Interruptions
 from tidefleet.sim.plot import partial_file
 from tidefleet.sim.policies import POLICY_NAMES
-from tidefleet.sim.run import PolicyResult, Report, default_timing, with_target_wait
+from tidefleet.sim.run import PolicyResult, Report, default_timing, pool_problem, with_target_wait
 from tidefleet.sim.run import simulate as run_simulation
 from tidefleet.sim.teams import TeamRow
 from tidefleet.sim.trace import (
@@ -101,8 +101,8 @@ def unwritable(path: Path) -> str | None:
 
 def chosen_pool(env: Environment, pool: str | None) -> str:
     """The pool `--pool` names, checked before the trace is read; left out: the environment's only one."""
-    if pool is not None and pool not in env.pools:
-        raise click.UsageError(f"--pool: unknown pool (got {pool!r}); pools of {env.name}: {', '.join(sorted(env.pools))}")
+    if pool is not None and (unknown := pool_problem(env, pool)):
+        raise click.UsageError(unknown)
     if pool is None and len(env.pools) != 1:
         raise click.UsageError(f"--pool: {env.name} has {len(env.pools)} pools; name one of: {', '.join(sorted(env.pools))}")
     return pool or next(iter(env.pools))

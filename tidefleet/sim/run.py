@@ -353,6 +353,13 @@ def target_wait_row(seconds: int) -> str:
     return f"{TARGET_WAIT_ROW}{seconds}"
 
 
+def pool_problem(env: Environment, pool: str) -> str | None:
+    """The line saying `pool` is none of the environment's, or None."""
+    if pool in env.pools:
+        return None
+    return f"--pool: unknown pool (got {pool!r}); pools of {env.name}: {', '.join(sorted(env.pools))}"
+
+
 def simulate(
     env: Environment,
     pool: str,
@@ -374,10 +381,8 @@ def simulate(
     of a policy's replay (Philly takes a minute or more under tidefleet) and one as each policy is done.
     Each of `target_waits` adds a tidefleet row (`target_wait_row`) with that `target_wait_s` on every
     queue of the pool: the cost of letting items wait, on this workload."""
-    if pool not in env.pools:
-        raise ValueError(
-            f"--pool: unknown pool (got {pool!r}); pools of {env.name}: {', '.join(sorted(env.pools))}"
-        )
+    if unknown_pool := pool_problem(env, pool):
+        raise ValueError(unknown_pool)
     unknown = [name for name in policies if name not in POLICY_NAMES]
     if unknown:
         raise ValueError(
