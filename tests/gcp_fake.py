@@ -55,6 +55,7 @@ class FakeGcp:
     vms: dict[str, list[FakeVm]] = field(default_factory=dict)  # group -> its instances
     errors: dict[str, list[dict]] = field(default_factory=dict)
     undelivered: dict[str, int] = field(default_factory=dict)  # subscription id -> count
+    undelivered_lag_s: float = 0.0  # how long before the read's end its newest point was sampled
     docs: dict[str, dict] = field(default_factory=dict)  # document name -> fields (REST JSON)
     versions: dict[str, int] = field(default_factory=dict)  # document name -> its update counter
     before_write: list = field(default_factory=list)  # callables run (once each) before the next PATCH
@@ -176,7 +177,8 @@ class FakeGcp:
         sub = re.search(r'subscription_id = "([^"]+)"', query["filter"]).group(1)
         if sub not in self.undelivered:
             return 200, {}, json.dumps({})
-        point = {"interval": {"endTime": query["interval.endTime"]}, "value": {"int64Value": str(self.undelivered[sub])}}
+        end = datetime.fromisoformat(query["interval.endTime"]) - timedelta(seconds=self.undelivered_lag_s)
+        point = {"interval": {"endTime": end.strftime("%Y-%m-%dT%H:%M:%SZ")}, "value": {"int64Value": str(self.undelivered[sub])}}
         return 200, {}, json.dumps({"timeSeries": [{"points": [point]}]})
 
     def _create_series(self, request):

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from tests.test_control import ENV, NOW, FakeQueues, beat, group, instance, ports
 from tidefleet import control
 from tidefleet.cloud.memory import MemoryQueues
@@ -76,3 +78,66 @@ def test_a_gang_item_held_by_its_lead_is_in_flight_for_each_of_its_nodes():
 
 def test_fake_queues_keep_the_flag_unset():  # the simulator's and SQS's backlogs
     assert not FakeQueues().backlog("demo").counts_leased and not MemoryQueues().backlog("demo").counts_leased
+
+
+# Cloud Monitoring's count trails by one to three minutes (`Backlog.as_of`): after a job's last items
+# are acked it still shows them. A node of the pool that said since that it had been idle, its
+# receives finding nothing, is the newer word: nothing waits (`control._seen_empty`).
+def idle(id_, since=NOW - 60, at=NOW - 5, **fields):
+    return replace(beat(id_), at=at, idle_since=since, **fields)
+
+
+def test_a_count_older_than_an_idle_nodes_word_is_finished_work_not_waiting():
+    beats = {"i-1": idle("i-1"), "i-2": leasing("i-2", 1)}
+    queue = observed(Backlog(5, 0, counts_leased=True, as_of=NOW - 120), beats, instance("i-1"), instance("i-2"))
+    assert (queue.visible, queue.in_flight, queue.waiting_ages) == (0, 1, ())
+
+
+def test_finished_work_in_a_trailing_count_launches_no_node_and_lets_the_idle_ones_go():
+    """Two nodes went idle a minute ago with the job done; the count of two minutes ago still says
+    40: the tick wanted the pool's max for them."""
+    beats = {n: idle(n, since=NOW - 600) for n in ("i-1", "i-2")}
+    p = ports(group("cpu", 2, instance("i-1"), instance("i-2")), beats={"cpu": beats},
+              backlogs={"demo": Backlog(40, 0, counts_leased=True, as_of=NOW - 120)})  # fmt: skip
+    (decision,) = control.tick(ENV, p, NOW, pools=["cpu"])
+    assert decision.desired < 2, decision.reasons
+
+
+@pytest.mark.parametrize(
+    "why, node, as_of",
+    [
+        ("counted after the node's word", idle("i-1"), NOW - 2),
+        ("idle too briefly to have polled", idle("i-1", since=NOW - 5 - control.IDLE_PROOF_S + 1), NOW - 120),
+        ("cordoned: takes nothing", idle("i-1", cordoned=True), NOW - 120),
+        ("draining: takes nothing", idle("i-1", draining=True), NOW - 120),
+        ("faulted: takes nothing", idle("i-1", fault="no GPU"), NOW - 120),
+        ("too few slots for one item", idle("i-1", slots=1), NOW - 120),
+        ("busy", leasing("i-1", 1), NOW - 120),
+        ("no time given: the count is of now", idle("i-1"), None),
+    ],
+)
+def test_the_count_stands_unless_a_node_that_would_take_an_item_said_later_it_found_none(why, node, as_of):
+    env = ENV.model_copy(update={"queues": {**ENV.queues, "demo": ENV.queues["demo"].model_copy(update={"slots_per_item": 2})}})
+    p = ports(group("cpu", 1, instance("i-1")), beats={"cpu": {"i-1": node}},
+              backlogs={"demo": Backlog(5, 0, counts_leased=True, as_of=as_of)})  # fmt: skip
+    (queue,) = control.observe(env, p, NOW, ["cpu"]).fleet.queues
+    assert queue.visible == 5 - node.leased.get("demo", 0), why  # less only what the node holds
+
+
+def test_a_node_the_group_no_longer_lists_says_nothing():
+    queue = observed(Backlog(5, 0, counts_leased=True, as_of=NOW - 120), {"i-gone": idle("i-gone")}, instance("i-1"))
+    assert queue.visible == 5
+
+
+def test_a_held_queue_and_one_whose_items_wait_for_on_demand_nodes_keep_their_count():
+    marks = MemoryQueues()
+    marks.mark_held("demo", NOW - 300)
+    queue = observed(Backlog(5, 0, counts_leased=True, as_of=NOW - 120), {"i-1": idle("i-1")}, instance("i-1"), marks=marks)
+    assert queue.visible == 5, "a held queue's items are not received: an idle node says nothing of them"
+    env = ENV.model_copy(update={"queues": {**ENV.queues, "demo": ENV.queues["demo"].model_copy(
+        update={"on_demand_after_interruptions": 2})}})  # fmt: skip
+    wanted = idle("i-1", on_demand_wanted={"demo": ["j/000001"]})
+    p = ports(group("cpu", 1, instance("i-1")), beats={"cpu": {"i-1": wanted}},
+              backlogs={"demo": Backlog(5, 0, counts_leased=True, as_of=NOW - 120)})  # fmt: skip
+    (queue,) = control.observe(env, p, NOW, ["cpu"]).fleet.queues
+    assert queue.visible == 5, "spot nodes leave such items to on-demand ones"

@@ -105,3 +105,25 @@ def test_leased_counts_a_leads_gang_message_once_no_members_and_unrecorded_ends(
     # two plain runs and an unrecorded end hold plain's; a fresh copy whose handle never came back
     # (receipt "") holds none; the lead holds its gang's one message, the member none
     assert captured["leased"] == {"plain": 3, "gang": 1, "other": 2}
+
+
+def test_a_trailing_count_of_finished_work_launches_nothing_once_an_idle_node_said_it_found_none(gcp):  # noqa: F811
+    """Cloud Monitoring's newest point was sampled two minutes ago, when 40 items were still there;
+    the job is done and both nodes have been idle since. The tick wanted the pool's max for them."""
+    creds = AnonymousCredentials()
+    store = FirestoreStore(ENV, credentials=creds)
+    queues = MonitoringQueues(ENV, session=AuthorizedSession(creds))
+    ports = Ports(queues=queues, fleet=MigFleet(ENV, credentials=creds), nodes=store, stats=store)
+    gcp.groups |= {"tidefleet-gcp-dev-cpu": 2, "tidefleet-gcp-dev-cpu-od": 0}
+    gcp.vms["tidefleet-gcp-dev-cpu"] = [FakeVm(f"tidefleet-gcp-dev-cpu-{n}", created="2026-11-26T00:00:00Z")
+                                       for n in ("aaaa", "bbbb")]  # fmt: skip
+    gcp.undelivered[SUB], gcp.undelivered_lag_s = 40, 120
+    now = time.time()
+    backlog = queues.backlog("default")
+    assert backlog.visible == 40 and abs(backlog.as_of - (now - 120)) < 5, backlog
+    for n in ("aaaa", "bbbb"):
+        store.put_heartbeat(Heartbeat(f"tidefleet-gcp-dev-cpu-{n}", "cpu", at=now - 5, slots=2, busy_slots=0,
+                                      idle_since=now - 60, instance_type="n2-standard-4", spot=True))  # fmt: skip
+    (decision,) = tick(ENV, ports, now, pools=["cpu"])
+    assert decision.desired <= 2, decision.reasons
+    assert not any("waiting" in r or "waited" in r for r in decision.reasons), decision.reasons

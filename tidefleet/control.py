@@ -27,7 +27,7 @@ from functools import partial
 
 from tidefleet import policy
 from tidefleet.agent.gang import Beacon
-from tidefleet.config import Environment, InstanceType, Pool
+from tidefleet.config import Environment, InstanceType, Pool, Queue
 from tidefleet.fanout import each
 from tidefleet.policy.demand import drop_oldest, gang_counts
 from tidefleet.policy.faults import in_a_row
@@ -57,6 +57,9 @@ CAPACITY = LAUNCHING | IN_SERVICE  # what holds desired capacity up
 # A leave grant outlives its tick by half a tick: the next tick replaces it, and one that never
 # comes (a failed or stopped scaler) lets it lapse.
 LEAVE_GRANT_TICKS = 1.5
+# Idle this long, receiving nothing, a node has polled each of its queues several times (a GCE
+# agent's receive waits 2 s at most): nothing of them waited meanwhile (`_seen_empty`).
+IDLE_PROOF_S = 15.0
 MAX_COHORTS = 16  # waiting cohorts a queue's mark keeps (`waiting_ages`); past it the oldest two merge
 # A heartbeat further ahead of the scaler's clock than this is from a node whose clock is wrong: it
 # is read as written now (`node_view`). Within it, clocks that differ by an NTP step read as written.
@@ -404,6 +407,9 @@ def observe(env: Environment, ports: Ports, now: float, pools: Iterable[str]) ->
     queue_views, marks, next_tick = [], {}, next_tick_s(env)
     for qname in observed:
         queue, backlog = env.queues[qname], backlogs[qname]
+        if backlog.visible and backlog.as_of is not None and qname not in held and not on_demand.get(qname) \
+                and _seen_empty(queue, backlog.as_of, *in_group[queue.pool]):  # fmt: skip
+            backlog = replace(backlog, visible=0)
         ages: tuple[tuple[float, int], ...] = ()
         if waiting is not None:  # no marks without a store, or unread: the age stays what the cloud said
             ages, mark = waiting_ages(backlog, waiting.get(qname), now,
@@ -471,6 +477,19 @@ def _leased_in_flight(env: Environment, backlogs: dict[str, Backlog], in_group: 
         held = min(held, backlog.visible)  # the count trails the agents by a minute or two: never below 0 waiting
         out[qname] = replace(backlog, visible=backlog.visible - held, in_flight=backlog.in_flight + held)
     return out
+
+
+def _seen_empty(queue: Queue, as_of: float, beats: dict[str, Heartbeat], members: dict) -> bool:
+    """A node of the queue's pool said, after the backlog was counted (`Backlog.as_of`), that it
+    had been idle for IDLE_PROOF_S, its receives finding nothing: its word is the newer, and
+    nothing waits. Cloud Monitoring's count trails by one to three minutes, so after a job's last
+    items are acked it still shows them, and the tick kept or launched nodes for finished work.
+    Only a node that would take the queue's items says so: in the group, with the slots for one,
+    not cordoned, draining or faulted (a held queue's and a queue whose items wait for on-demand
+    nodes are not asked: their items wait whatever idle nodes there are)."""
+    return any(node_id in members and hb.idle_since is not None and hb.at > as_of
+               and hb.at - hb.idle_since >= IDLE_PROOF_S and hb.slots >= queue.slots_per_item
+               and not (hb.cordoned or hb.draining or hb.fault) for node_id, hb in beats.items())  # fmt: skip
 
 
 class NotTried(Exception):

@@ -44,6 +44,9 @@ class Backlog:
     # num_undelivered_messages does, and `in_flight` is 0; the control tick moves the count the
     # agents' heartbeats say they hold (`Heartbeat.leased`) from visible to in_flight.
     counts_leased: bool = False
+    # When the cloud counted them (epoch s); None = now. Cloud Monitoring's count of a Pub/Sub
+    # subscription trails by one to three minutes: the control tick trusts an idle node's newer word.
+    as_of: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

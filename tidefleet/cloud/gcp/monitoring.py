@@ -11,7 +11,9 @@
   items toward the dead-letter topic. Undelivered messages include those leased to running
   items, so they are reported as `visible` with `counts_leased` (in-flight 0): the control tick
   moves the messages the agents' heartbeats say they hold (`Heartbeat.leased`) to in flight
-  before it ages the waiting ones, so running items never read as waiting demand. The read is
+  before it ages the waiting ones, so running items never read as waiting demand. The count is
+  given with its sample's time (`Backlog.as_of`): an idle node's later word that it found nothing
+  to receive wins over it (`control._seen_empty`). The read is
   tried again for 20 s on a 429, a 5xx, silence or a lost connection (`BACKLOG_RETRY`), and its
   errors name the host, not the URL-encoded query.
 
@@ -97,8 +99,12 @@ class MonitoringQueues:
         body = BACKLOG_RETRY(self._read)(naming.queue(self.env.name, queue))
         newest = [p for series in body.get("timeSeries", []) for p in series.get("points", [])[:1]]
         # Points come newest first; a subscription has one series (several only while labels change).
-        visible = max((int(p["value"].get("int64Value", 0)) for p in newest), default=0)
-        return Backlog(visible=visible, in_flight=0, counts_leased=True)  # leased ones included: see the module doc
+        point = max(newest, key=lambda p: int(p["value"].get("int64Value", 0)), default=None)
+        if point is None:
+            return Backlog(visible=0, in_flight=0, counts_leased=True)
+        # leased ones included (see the module doc), as of the sample's time: the tick may know newer
+        return Backlog(visible=int(point["value"].get("int64Value", 0)), in_flight=0, counts_leased=True,
+                       as_of=_epoch(point.get("interval", {}).get("endTime")))  # fmt: skip
 
     def _read(self, subscription: str) -> dict:
         """One try: the subscription's points of the last BACKLOG_WINDOW_S, as of now."""
@@ -110,6 +116,15 @@ class MonitoringQueues:
             "interval.endTime": stamp(now),
             "view": "FULL",
         })  # fmt: skip
+
+
+def _epoch(stamp: str | None) -> float | None:
+    """A point's RFC 3339 time ("2026-11-28T14:01:00Z", fractions of a second or not) in epoch
+    seconds; None when missing or not a time (the count is then taken as of now)."""
+    try:
+        return datetime.fromisoformat(stamp).timestamp() if stamp else None
+    except ValueError:
+        return None
 
 
 def _request(session: AuthorizedSession, method: str, url: str, **kwargs) -> dict:
