@@ -78,7 +78,7 @@ def parse(event: object) -> Trigger | Ignored:
         if not isinstance(event.get("schedule"), str):
             return Ignored("fire without a string 'schedule'")
         # Cut, a name longer than DETAIL_CHARS still matches no schedule (config.NAME: at most 31 characters).
-        return Trigger("fire", clip(event["schedule"]), env=None, at=_iso_time(event.get("at")))
+        return Trigger("fire", clip(event["schedule"]), env=None, at=iso_time(event.get("at")))
     if event.get("tidefleet") == "watch":
         return Trigger("watch", "watch")
     if event.get("tidefleet") == "kick":
@@ -112,7 +112,7 @@ def fire_event(schedule: str, at: str | None = None) -> dict:
     return {"tidefleet": "fire", "schedule": schedule} | ({"at": at} if at else {})
 
 
-def _iso_time(value: object) -> float | None:
+def iso_time(value: object) -> float | None:
     """The fire time an event says; None (the fire's time is then when it runs) when it says none
     that can be used: not ISO 8601, or outside FIRE_YEARS in UTC."""
     try:

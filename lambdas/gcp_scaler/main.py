@@ -24,10 +24,11 @@ import json
 import logging
 import os
 import time
+from dataclasses import replace
 
 from tidefleet.cloud import for_env
 from tidefleet.cloud.gcp import failed_for_now, function_metrics, function_runtime
-from tidefleet.triggers import Ignored, Trigger, function_failure_line, parse, run, run_jobs
+from tidefleet.triggers import Ignored, Trigger, function_failure_line, iso_time, parse, run, run_jobs
 
 log = logging.getLogger("tidefleet.scaler")
 logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -48,12 +49,17 @@ def message_of(cloud_event) -> Trigger | Ignored:
     if not isinstance(encoded, str):
         return Ignored(f"not a Pub/Sub message event (data.message.data is a {type(encoded).__name__}, not a string)")
     try:
-        message = json.loads(base64.b64decode(encoded, validate=True))
+        trigger = parse(json.loads(base64.b64decode(encoded, validate=True)))
     except ValueError:  # not base64 (a non-ASCII character too), not UTF-8, not JSON
         return Ignored(f"message data is not base64 JSON ({encoded[:60]!r})")
     except RecursionError:
         return Ignored(f"message data nests deeper than a JSON reader goes ({len(encoded)} base64 characters)")
-    return parse(message)
+    # Cloud Scheduler's fire says no time (a Pub/Sub target's data is fixed); Pub/Sub's publishTime is
+    # when it fired, kept on redelivery. From when it runs instead, a fire delayed past the next slot
+    # (the function busy with a tick, a Google outage) took that slot's id: two fires, one run.
+    if isinstance(trigger, Trigger) and trigger.kind == "fire" and trigger.at is None:
+        trigger = replace(trigger, at=iso_time(message.get("publishTime")))
+    return trigger
 
 
 def _time_left(started: float):
