@@ -1,6 +1,7 @@
 """An attempt's workload is its whole process group, as a systemd unit is its control group: the
 attempt ends when the group has exited, not when its first process has, and what the workload
-leaves in its group does not outlive it. And its output is cut into lines at a carriage return
+leaves in its group, or in a session of its own with the attempt's environment (torchrun's workers),
+does not outlive it. And its output is cut into lines at a carriage return
 too, a progress bar's. Real processes, real signals, the agent's own runner (`runner.Workload`)."""
 
 from __future__ import annotations
@@ -167,7 +168,7 @@ def test_an_attempt_ends_even_if_its_group_outlives_sigkill(tmp_path, pids, monk
     the slot and the item for ever: stood in for by a group that never reads as gone."""
     monkeypatch.setattr(runner, "LEFTOVER_KILL_S", 0.2)
     monkeypatch.setattr(runner, "KILLED_WAIT_S", 0.5)
-    monkeypatch.setattr(runner, "group_alive", lambda pgid: True)
+    monkeypatch.setattr(runner, "group_alive", lambda pgid, tag=None: True)
     pid_file = tmp_path / "child.pid"
     pids.append(pid_file)
     workload = start(tmp_path, LEAVES_A_CHILD.format(trap=""), pid_file)
@@ -176,14 +177,85 @@ def test_an_attempt_ends_even_if_its_group_outlives_sigkill(tmp_path, pids, monk
     assert ended.wait(30), "the attempt never ended"
 
 
-def test_a_daemon_in_a_session_of_its_own_is_left_running(tmp_path, pids):
-    """Out of the group, as documented: the workload's to manage (`setsid cmd &`)."""
+def test_a_daemon_in_a_session_of_its_own_is_stopped_as_the_attempt_ends(tmp_path, pids, monkeypatch):
+    """Out of the group (`setsid cmd &`) it still carries the attempt's environment: it would hold
+    the slot's GPUs and memory under the next item, as one left in the group would."""
+    monkeypatch.setattr(runner, "LEFTOVER_KILL_S", 0.5)
     pid_file = tmp_path / "daemon.pid"
     pids.append(pid_file)
     workload = start(tmp_path, """setsid sh -c 'echo $$ > "$0"; exec sleep 600' "$0" >/dev/null &
                                   while [ ! -s "$0" ]; do sleep 0.05; done""", pid_file)  # fmt: skip
     assert workload.wait(Lines())[0] == 0
+    assert not alive(int(pid_in(pid_file)))
+
+
+def test_a_daemon_that_dropped_the_attempts_environment_is_out_of_reach_and_holds_nothing(tmp_path, pids):
+    """`env -i setsid cmd &`: nothing tells it from any other process of the node; its output is
+    read for DRAIN_S more, not until it closes it."""
+    pid_file = tmp_path / "daemon.pid"
+    pids.append(pid_file)
+    workload = start(tmp_path, """env -i setsid sh -c 'echo $$ > "$0"; exec sleep 600' "$0" &
+                                  while [ ! -s "$0" ]; do sleep 0.05; done""", pid_file)  # fmt: skip
+    assert workload.wait(Lines())[0] == 0
     assert alive(int(pid_in(pid_file)))
+
+
+# torchrun's way: each worker in a session of its own (start_new_session), the launcher waiting on
+# it; on SIGTERM the launcher passes it on, waits, and exits. argv: pid file, checkpoint file.
+LAUNCHER = """
+import subprocess, sys, signal
+worker = subprocess.Popen([sys.executable, sys.argv[1], *sys.argv[2:]], start_new_session=True)
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a launcher that leaves at once
+sys.exit(worker.wait())
+"""
+
+
+def launched(tmp_path: Path, pids: list[Path]) -> tuple[Workload, Path, Path]:
+    worker, launcher = tmp_path / "train.py", tmp_path / "launcher.py"
+    worker.write_text(SAVES_ON_SIGTERM)
+    launcher.write_text(LAUNCHER)
+    pid_file, saved = tmp_path / "train.pid", tmp_path / "saved"
+    pids.append(pid_file)
+    return start(tmp_path, f'exec {sys.executable} "$0" "$1" "$2" "$3"', launcher, worker, pid_file, saved), pid_file, saved
+
+
+def test_a_worker_in_a_session_of_its_own_gets_the_stop_and_saves_before_the_attempt_ends(tmp_path, pids, monkeypatch):
+    """The audit's torchrun case: the stop reached the launcher only, and the attempt ended (the
+    item handed back) while the worker had not been told, or still saved."""
+    monkeypatch.setattr(runner, "DRAIN_S", 0.1)
+    workload, pid_file, saved = launched(tmp_path, pids)
+    pid_in(pid_file)
+    workload.signal(Signal.STOP)
+    workload.wait(Lines())
+    assert saved.read_text() == "step 7", "the worker was not told to stop, or the attempt did not wait for its save"
+
+
+def test_the_kill_reaches_a_worker_in_a_session_of_its_own_after_its_launcher_died(tmp_path, pids):
+    """It kept the GPUs and wrote the item's checkpoint under the next attempt."""
+    workload, pid_file, _ = launched(tmp_path, pids)
+    worker = pid_in(pid_file)
+    os.kill(worker, signal.SIGSTOP)  # a save that takes longer than any grace
+    workload.signal(Signal.STOP)
+    ended: list[tuple] = []
+    waiting = threading.Thread(target=lambda: ended.append(workload.wait(Lines())))
+    waiting.start()
+    wait_until(lambda: not alive(workload.proc.pid), 10, "the launcher to leave on the SIGTERM")
+    assert alive(worker) and not workload.has_exited()
+    workload.signal(Signal.KILL)
+    waiting.join(30)
+    assert ended and not alive(worker)
+
+
+def test_torchrun_is_told_the_agents_grace_unless_the_job_says_otherwise(tmp_path):
+    """torchrun SIGKILLs its workers 30 s after a SIGTERM by default: under AWS's 90-s grace the
+    save was cut at 30."""
+    script = 'echo "$TORCH_ELASTIC_SHUTDOWN_TIMEOUT"'
+    for env, grace, said in (({}, 90.0, "90"), ({}, 14.5, "15"), ({"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "5"}, 90.0, "5")):
+        workload = Workload(tmp_path / "work" / said / str(grace))
+        pool = SHELL.model_copy(update={"env": env})
+        workload.start(resolve(JobSpec(), Queue(pool="p"), pool), ItemMessage("job-1", "000000", [script]), 1,
+                       "file:///checkpoints/", checkpoint_root=None, user_name=None, grace_s=grace)  # fmt: skip
+        assert workload.wait(Lines())[2] == said
 
 
 PROGRESS = r"""
@@ -281,3 +353,25 @@ def test_on_a_spot_notice_the_item_goes_back_only_once_the_wrapped_workload_has_
     finally:
         imds.close()
         h.stop_agents()
+
+
+def test_real_torchruns_workers_are_killed_with_their_attempt(tmp_path, pids):
+    """torch 2.13's torchrun starts each worker with start_new_session: the agent's SIGKILL of the
+    group ended torchrun alone, and its worker went on saving under the next attempt."""
+    pytest.importorskip("torch", reason="PyTorch is not installed: .ci/run installs its CPU wheel for this test")
+    worker, pid_file, saved = tmp_path / "train.py", tmp_path / "train.pid", tmp_path / "saved"
+    worker.write_text(SAVES_ON_SIGTERM.replace("time.sleep(1)", "time.sleep(4)"))
+    pids.append(pid_file)
+    torchrun = f"{sys.executable} -m torch.distributed.run --standalone --nproc-per-node=1"
+    workload = start(tmp_path, f'exec {torchrun} "$0" "$1" "$2"', worker, pid_file, saved)
+    rank0 = pid_in(pid_file)
+    ended: list[tuple] = []
+    waiting = threading.Thread(target=lambda: ended.append(workload.wait(Lines())))
+    waiting.start()
+    workload.signal(Signal.STOP)
+    time.sleep(1)  # a grace shorter than the save
+    workload.signal(Signal.KILL)
+    waiting.join(30)
+    assert ended and not alive(rank0)
+    time.sleep(4)
+    assert not saved.exists(), "the worker outlived its attempt's SIGKILL"

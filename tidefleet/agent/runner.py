@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import pwd
 import re
@@ -16,6 +17,7 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -186,19 +188,35 @@ class OutputLines:
         return [text for text, end in zip(texts, parts[1::2], strict=True) if text or end != b"\r"]
 
 
-def group_alive(pgid: int) -> bool:
-    """Whether a process other than a zombie is left in process group `pgid`. A zombie is one
-    that only waits to be reaped: the workload's own process, which `Workload.wait` reaps last so
-    that the group's id cannot go to another process meanwhile, or an orphan whose reaper is slow.
-    Where there is no /proc (not Linux: a sandbox on a laptop), the group counts as gone."""
+def _live(pgid: int, tag: bytes | None) -> Iterator[tuple[int, bool]]:
+    """(pid, whether in the group) of each process, zombies aside, in process group `pgid` or,
+    given a tag, whose environment holds it (`Workload.tag`: its attempt's stop file): a process
+    that left the group for a session of its own (torchrun starts each worker so, `setsid cmd &`)
+    still carries the environment it was started with. A zombie is one that only waits to be
+    reaped: the workload's own process, which `Workload.wait` reaps last so that the group's id
+    cannot go to another process meanwhile, or an orphan whose reaper is slow. Where there is no
+    /proc (not Linux: a sandbox on a laptop), there are none."""
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:  # state, ppid and pgrp follow the command's name, which may hold ") "
             state, _, pgrp = stat.read_text().rsplit(") ", 1)[1].split(maxsplit=3)[:3]
         except (OSError, IndexError, ValueError):  # gone meanwhile
             continue
-        if pgrp == str(pgid) and state not in "ZX":
-            return True
-    return False
+        if state in "ZX":
+            continue
+        if pgrp == str(pgid):
+            yield int(stat.parent.name), True
+            continue
+        try:
+            tagged = tag is not None and tag in (stat.parent / "environ").read_bytes().split(b"\0")
+        except OSError:  # gone meanwhile, or another user's (an agent that is not root)
+            continue
+        if tagged:
+            yield int(stat.parent.name), False
+
+
+def group_alive(pgid: int, tag: bytes | None = None) -> bool:
+    """Whether a process of the workload is left: in its group, or tagged (`_live`)."""
+    return next(_live(pgid, tag), None) is not None
 
 
 class CannotStart(Exception):
@@ -216,6 +234,9 @@ class Workload:
         self.exited_at: float | None = None  # when its own process was seen to have exited (monotonic)
         self.killed_at: float | None = None  # when its group was first sent SIGKILL (monotonic)
         self.in_container = False  # its process is the `docker run` client of a container
+        # Its processes out of its group carry this in their environment (`_live`); None for a
+        # container, whose processes docker stops and removes.
+        self.tag: bytes | None = None
 
     @property
     def stop_file(self) -> Path:
@@ -233,11 +254,14 @@ class Workload:
         return self.done_file.exists()
 
     def start(self, what: Resolved, msg: ItemMessage, attempt: int, checkpoint: str, *, checkpoint_root: Path | None,
-              user_name: str | None, gpu_indices: list[int] = (), extra_env: dict | None = None) -> None:  # fmt: skip
+              user_name: str | None, gpu_indices: list[int] = (), extra_env: dict | None = None,
+              grace_s: float | None = None) -> None:  # fmt: skip
         """Start the workload in its own process group (so a signal reaches its children too).
         `what`: the job's command or container and env over the pool's (`jobs.spec.resolve`);
         `gpu_indices`: the item's own GPUs, the only ones it sees; `extra_env`: a gang's rank and
-        rendezvous (`agent.gang.workload_env`).
+        rendezvous (`agent.gang.workload_env`); `grace_s`: the agent's grace after a stop, which
+        torchrun is told too (it SIGKILLs its workers 30 s after a SIGTERM by default, a save cut
+        short under a longer grace), unless the job's or pool's env sets it.
         Raises CannotStart when the program cannot be started, NodeFault for a missing item user;
         anything else it raises (a command that does not parse) is as much the item's failure."""
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -245,6 +269,7 @@ class Workload:
         if self.in_container:  # docker run refuses an old id file (an agent died in this folder)
             self.cid_file.unlink(missing_ok=True)
         item_env = {
+            **({"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(math.ceil(grace_s))} if grace_s is not None else {}),
             **what.env,
             **(visible_env(list(gpu_indices)) if gpu_indices else {}),
             "TIDEFLEET_JOB_ID": msg.job,
@@ -255,6 +280,7 @@ class Workload:
             "TIDEFLEET_DONE_FILE": str(self.done_file),
             **(extra_env or {}),
         }
+        self.tag = None if self.in_container else f"TIDEFLEET_STOP_FILE={self.stop_file}".encode()
         mounts = [self.workdir] + ([checkpoint_root.resolve()] if checkpoint_root else [])
         user = item_user(user_name)
         as_user: dict = {}
@@ -354,7 +380,7 @@ class Workload:
         if not self._exited():
             return False
         self.exited_at = self.exited_at or now
-        if not group_alive(self.proc.pid):
+        if not group_alive(self.proc.pid, self.tag):
             return True
         if self.killed_at is not None and now >= self.killed_at + KILLED_WAIT_S:
             # A process SIGKILL does not end (stuck in the kernel: a hung driver or mount) must not
@@ -388,8 +414,9 @@ class Workload:
             threading.Thread(target=_docker, args=("kill", cid), daemon=True).start()
 
     def _signal_group(self, signum: int) -> None:
-        """Until `wait` has reaped its process, whose zombie keeps the group's id from going to
-        another process; by then nothing is left in the group."""
+        """Its group and its processes out of the group (`_live`), until `wait` has reaped its
+        process, whose zombie keeps the group's id from going to another process; by then none is
+        left."""
         if self.proc is not None and self.proc.returncode is None:
             if signum == signal.SIGKILL and self.killed_at is None:
                 self.killed_at = time.monotonic()
@@ -397,13 +424,19 @@ class Workload:
                 os.killpg(self.proc.pid, signum)
             except (ProcessLookupError, PermissionError):
                 pass
+            for pid, in_group in _live(self.proc.pid, self.tag) if self.tag else ():
+                if not in_group:
+                    try:
+                        os.kill(pid, signum)
+                    except (ProcessLookupError, PermissionError):
+                        pass
 
     def has_exited(self) -> bool:
         """Whether it has ended, its process and all its process group, without reaping it
         (`wait` does)."""
         if self.proc is None:
             return False
-        return self.proc.returncode is not None or (self._exited() and not group_alive(self.proc.pid))
+        return self.proc.returncode is not None or (self._exited() and not group_alive(self.proc.pid, self.tag))
 
     def _exited(self) -> bool:
         """Whether its own process has ended, without reaping it."""

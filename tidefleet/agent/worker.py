@@ -1042,7 +1042,7 @@ class Agent:
             began = time.time()
             member.workload.start(what, message, member.attempt, self._checkpoint_uri(member.queue, message),
                                   checkpoint_root=self.s.checkpoint_root, user_name=self.s.item_user,
-                                  gpu_indices=member.gpus, extra_env=env)  # fmt: skip
+                                  gpu_indices=member.gpus, extra_env=env, grace_s=self.s.grace_s)  # fmt: skip
             self._feed(member, Started())
             log.info("%s/%s: started as node rank %d of %d", member.job, member.item, member.rank, len(verdict.members))
             code, usage, last_line = member.workload.wait(stream)
@@ -1221,7 +1221,7 @@ class Agent:
                 self.streams.add(stream)
             run.workload.start(run.what, msg, run.attempt, self._checkpoint_uri(run.queue, msg),
                                checkpoint_root=self.s.checkpoint_root, user_name=self.s.item_user,
-                               gpu_indices=run.gpus, extra_env=gang_env)  # fmt: skip
+                               gpu_indices=run.gpus, extra_env=gang_env, grace_s=self.s.grace_s)  # fmt: skip
             self._feed(run, Started())
             timer = threading.Timer(run.what.timeout_s, lambda: self._feed(run, StopAsked(Stop.TIMEOUT, time.monotonic())))
             timer.daemon = True
