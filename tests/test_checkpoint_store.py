@@ -6,6 +6,7 @@ clear error before anything is written."""
 from __future__ import annotations
 
 import errno
+import json
 import multiprocessing
 import os
 import socket
@@ -18,6 +19,7 @@ import urllib.parse
 
 import pytest
 import requests
+from botocore.exceptions import ClientError
 
 from tidefleet.agent import checkpoint
 
@@ -198,7 +200,7 @@ def test_an_s3_location_without_a_trailing_slash_is_a_folder_as_on_file(aws, tmp
     assert (tmp_path / "state.json").read_bytes() == b"3"
 
 
-BAD_NAMES = ["", ".", "./", "..", "x/.", "./x", "a/", "a//b", "/abs", "a/../b", "a\x00b", "x" * 300,
+BAD_NAMES = ["", ".", "./", "..", "x/.", "./x", "a/", "a//b", "/abs", "a/../b", "a\x00b", "a\nb", "a\rb", "tab\t", "del\x7f", "x" * 300,
              "d/" + "y" * 201, ".tidefleet-complete", ".tidefleet-0a1b2c3d4e5f.state.bin.partial"]  # fmt: skip
 
 
@@ -224,7 +226,7 @@ def test_the_refusal_names_the_name_why_and_the_rule_in_one_line(tmp_path):
         checkpoint.save("ckpt/./model.pt", b"v", base=tmp_path.as_uri())
     assert str(refused.value) == (
         "checkpoint name 'ckpt/./model.pt': a part is '.': a checkpoint name is a relative path such as 'state.json' or "
-        "'ckpt/step-100.pt': parts between single slashes, none empty, '.' or '..', no NUL, at most 200 bytes a "
+        "'ckpt/step-100.pt': parts between single slashes, none empty, '.' or '..', no control character (NUL, newline, tab...), at most 200 bytes a "
         "part and 512 in all, not starting with '.tidefleet-' (tidefleet's own files)"
     )
     with pytest.raises(ValueError, match=r"^checkpoint name 'xxxxxxxxxx\.\.\.' \(300 characters\): a part is over 200 "):
@@ -468,3 +470,46 @@ def test_a_gs_checkpoint_with_a_key_directory_says_so_not_is_a_directory_error(t
     with pytest.raises(DefaultCredentialsError, match=f"^GOOGLE_APPLICATION_CREDENTIALS names {tmp_path}, which is a "
                                                       "directory, not a credentials file; point it at the key file"):
         checkpoint.save("state.json", b"v", base="gs://bucket/run/")
+
+
+@pytest.mark.parametrize("base", ["file:///tmp/runs/exp#1/", "s3://ckpts/exp?a/", "gs://b/runs/x#", "s3://b/x?"])
+def test_a_location_with_a_query_or_fragment_is_refused_not_cut_short(base):
+    """urlparse drops them: file:///tmp/runs/exp#1/ and exp#2/ were one folder, /tmp/runs/exp."""
+    with pytest.raises(ValueError, match=r"has a [?#], which a location's URL reads as its query or fragment"):
+        checkpoint.load("state.json", base=base)
+
+
+def test_a_gcs_load_from_a_bucket_that_does_not_exist_is_an_error_not_no_checkpoint():
+    """A mistyped gs:// base started training from scratch (S3 says NoSuchBucket)."""
+    from google.api_core.exceptions import NotFound
+
+    from tidefleet.cloud.gcp.objects import GcsObjects
+
+    store = GcsObjects.__new__(GcsObjects)
+    def missing_bucket(self, url, params, **kwargs):
+        reply = _reply(404, json.dumps({"error": {"code": 404, "message": "The specified bucket does not exist."}}).encode())
+        reply.request = requests.Request("GET", url).prepare()
+        return reply
+
+    store.session = type("Session", (), {"get": missing_bucket})()
+    with pytest.raises(NotFound, match="bucket does not exist"):
+        store.get("typo", "run/state.json")
+    store.session = type("Session", (), {"get": lambda self, url, params, **kw: _reply(404, b"No such object: b/run/state.json")})()
+    assert store.get("b", "run/state.json") is None
+
+
+def test_an_s3_read_denied_with_its_listing_denied_too_says_the_reads_refusal():
+    """The listing that tells missing from denied was refused as well: its error named ListObjectsV2."""
+    import boto3
+    from botocore.stub import Stubber
+
+    from tidefleet.cloud.aws.objects import S3Objects
+
+    client = boto3.client("s3", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+    with Stubber(client) as stub:
+        stub.add_client_error("get_object", "AccessDenied", "not allowed to s3:GetObject", 403)
+        stub.add_client_error("list_objects_v2", "AccessDenied", "not allowed to s3:ListBucket", 403)
+        store = S3Objects.__new__(S3Objects)
+        store.s3 = client
+        with pytest.raises(ClientError, match="GetObject"):
+            store.get("ckpts", "run/state.json")

@@ -355,6 +355,12 @@ def test_on_a_spot_notice_the_item_goes_back_only_once_the_wrapped_workload_has_
         h.stop_agents()
 
 
+def test_a_command_workload_finds_the_python_that_has_the_checkpoint_module(tmp_path):
+    """A node's python3 is the image's (3.9 on Amazon Linux 2023, no tidefleet): $TIDEFLEET_PYTHON is the agent's."""
+    script = '"$TIDEFLEET_PYTHON" -c "from tidefleet.agent import checkpoint; print(checkpoint.EXIT_INTERRUPTED)"'
+    assert start(tmp_path, script).wait(Lines())[::2] == (0, "75")
+
+
 def test_real_torchruns_workers_are_killed_with_their_attempt(tmp_path, pids):
     """torch 2.13's torchrun starts each worker with start_new_session: the agent's SIGKILL of the
     group ended torchrun alone, and its worker went on saving under the next attempt."""

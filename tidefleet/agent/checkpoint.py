@@ -29,6 +29,7 @@ import errno
 import fcntl
 import itertools
 import os
+import re
 import secrets
 import signal
 import sys
@@ -128,9 +129,10 @@ def _nothing_saved_locally(base: str | None) -> bool:
 
 # One rule on every backend, so a name means one file, the same on a laptop and in a bucket.
 NAME_RULE = ("a checkpoint name is a relative path such as 'state.json' or 'ckpt/step-100.pt': parts between single "
-             "slashes, none empty, '.' or '..', no NUL, at most 200 bytes a part and 512 in all, not starting with "
+             "slashes, none empty, '.' or '..', no control character (NUL, newline, tab...), at most 200 bytes a part and 512 in all, not starting with "
              "'.tidefleet-' (tidefleet's own files)")  # fmt: skip
 RESERVED = ".tidefleet-"
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # GCS refuses a newline in a name; a file name would keep it
 MAX_PART, MAX_NAME = 200, 512  # bytes (UTF-8): a file name's limit is 255, a key's 1024 with its prefix
 
 
@@ -142,7 +144,7 @@ def _check_name(name: str, *, marker: bool = False) -> None:
     parts = name.split("/")
     why = (
         "it is empty" if not name
-        else "it has a NUL character" if "\0" in name
+        else f"it has the control character {CONTROL.search(name).group()!r}" if CONTROL.search(name)
         else "it starts with '/'" if name.startswith("/")
         else "it ends with '/'" if name.endswith("/")
         else "it has an empty part ('//')" if "" in parts
@@ -164,6 +166,9 @@ def _location(name: str, base: str | None, *, marker: bool = False) -> tuple[str
     given = base or checkpoint_uri()
     what = f"checkpoint location {given!r}" if base else f"TIDEFLEET_CHECKPOINT_URI {given!r}"
     uri = urllib.parse.urlparse(given)
+    if uri.query or uri.fragment or given.endswith(("?", "#")):  # cut off as a URL's: two runs would share a folder
+        raise ValueError(f"{what} has a {'?' if '?' in given else '#'}, which a location's URL reads as its query or "
+                         "fragment and drops: name the folder without '?' and '#'")  # fmt: skip
     if uri.scheme == "file":
         # file://runA/ is the host runA and the folder /: two runs would share (and load) one folder
         if uri.netloc not in ("", "localhost"):

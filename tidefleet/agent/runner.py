@@ -15,6 +15,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -278,6 +279,8 @@ class Workload:
             "TIDEFLEET_CHECKPOINT_URI": checkpoint,
             "TIDEFLEET_STOP_FILE": str(self.stop_file),
             "TIDEFLEET_DONE_FILE": str(self.done_file),
+            # The Python that has tidefleet (its checkpoint module): a node's python3 is the image's.
+            **({} if self.in_container else {"TIDEFLEET_PYTHON": sys.executable}),
             **(extra_env or {}),
         }
         self.tag = None if self.in_container else f"TIDEFLEET_STOP_FILE={self.stop_file}".encode()

@@ -48,7 +48,10 @@ class S3Objects:
         except ClientError as err:
             if err.response.get("Error", {}).get("Code") != "AccessDenied":
                 raise
-            listed = self.s3.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1).get("Contents", [])
+            try:
+                listed = self.s3.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1).get("Contents", [])
+            except ClientError:  # denied too: the read's refusal is the one to tell
+                raise err from None
             if any(o.get("Key") == key for o in listed):
                 raise  # there, and not ours to read
             return None

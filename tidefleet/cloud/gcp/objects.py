@@ -60,7 +60,7 @@ class GcsObjects:
     def _get(self, bucket: str, key: str) -> bytes | None:
         reply = self.session.get(f"{GCS}/storage/v1/b/{bucket}/o/{urllib.parse.quote(key, safe='')}",
                                  params={"alt": "media"}, timeout=TRY_S)  # fmt: skip
-        if reply.status_code == 404:
+        if reply.status_code == 404 and "bucket does not exist" not in reply.text:  # a missing object: none saved yet
             return None
         if not reply.ok:
             raise from_http_response(reply)
