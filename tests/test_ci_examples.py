@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 import pytest
 import yaml
+from iam_eval import ACCOUNT, Request, Resolver, allowed
 from invoke import Collection
 
 import tasks
@@ -122,6 +123,26 @@ def test_the_bootstrap_stack_binds_each_role_to_the_repository_through_oidc(boot
     (deny,) = [s for s in deploy if s["effect"] == "Deny"]  # the deploy role cannot widen its own rights
     assert deny["resources"][0].endswith(":role/tidefleet-ci-*")
     assert stack["resource"]["aws_iam_openid_connect_provider"]["oidc"]["url"] == "https://token.actions.githubusercontent.com"
+
+
+def test_the_plan_role_reads_the_state_and_takes_the_lock_but_writes_no_state(bootstrap):
+    """A pull request's own workflow runs with it: it could replace or delete prod's state around
+    prod's reviewers. The deploy role writes it."""
+    _, stack = bootstrap
+    docs = stack["data"]["aws_iam_policy_document"]
+    resolve = Resolver(stack, "us-east-1")
+    plan, deploy = resolve(docs["plan-state-policy"]["statement"]), resolve(docs["deploy-policy"]["statement"])
+    state = "arn:aws:s3:::acme-terraform-state/tidefleet/prod.tfstate"
+    for request, by_plan in (
+        (Request("s3:GetObject", state), True),
+        (Request("s3:PutObject", state), False),
+        (Request("s3:DeleteObject", state), False),
+        (Request("s3:PutObject", f"{state}.tflock"), True),  # S3's own lock file
+        (Request("s3:DeleteObject", f"{state}.tflock"), True),
+        (Request("dynamodb:PutItem", f"arn:aws:dynamodb:us-east-1:{ACCOUNT}:table/acme-terraform-locks"), True),
+    ):
+        assert allowed(plan, request) is by_plan, request
+        assert allowed(deploy, request), request
 
 
 def test_the_bootstrap_stack_scans_clean(bootstrap):

@@ -5,7 +5,8 @@ apply` in the folder it prints). No access key is ever stored in CI:
 - the CI provider's OIDC identity provider (GitHub Actions or GitLab CI), so a pipeline job
   exchanges its short-lived identity token for short-lived AWS credentials;
 - a *plan* role, assumable from the repository's pull requests (GitLab: any branch of the
-  project): read-only, plus reading the Terraform state and taking its lock;
+  project): read-only, plus reading the Terraform state and taking its lock (it may write no
+  state: a pull request's own workflow runs with it);
 - a *deploy* role, assumable only by jobs of the repository's deploy environments (GitHub
   Environments `dev`/`prod`, where prod's required reviewers are the approval and the
   environments' deployment branches limit them to the deploy branch; GitLab: the protected
@@ -100,13 +101,16 @@ class CiBootstrapStack(TerraformStack):
             }])  # fmt: skip
 
         state = state_statements(ctx, state_bucket, lock_table)
+        # A pull request's own workflow runs with the plan role: it reads the state and takes the
+        # lock, and may write nothing else (prod's state replaced or deleted around its reviewers).
+        read_state = state_statements(ctx, state_bucket, lock_table, write=False)
         self.plan_role = IamRole(self, "plan", name=f"{CI_ROLE_PREFIX}plan", max_session_duration=3600,
                                  assume_role_policy=trust("plan-trust", oidc.plan_subjects).json)  # fmt: skip
         # Reading every resource type the stacks declare is what `plan` does: AWS's read-only policy.
         IamRolePolicyAttachment(self, "plan-read-only", role=self.plan_role.name,
                                 policy_arn=f"arn:{ctx.partition}:iam::aws:policy/ReadOnlyAccess")  # fmt: skip
         IamRolePolicy(self, "plan-state", name="state", role=self.plan_role.id,
-                      policy=policy_document(self, "plan-state-policy", state).json)  # fmt: skip
+                      policy=policy_document(self, "plan-state-policy", read_state).json)  # fmt: skip
         self.deploy_role = IamRole(self, "deploy", name=f"{CI_ROLE_PREFIX}deploy", max_session_duration=3600,
                                    assume_role_policy=trust("deploy-trust", oidc.deploy_subjects).json)  # fmt: skip
         IamRolePolicy(self, "deploy-resources", name="resources", role=self.deploy_role.id,
@@ -118,14 +122,16 @@ class CiBootstrapStack(TerraformStack):
         return "_".join(element.node.path.split("/")[1:])  # readable addresses, as the fleet stacks
 
 
-def state_statements(ctx: AwsContext, bucket: str, lock_table: str | None) -> list[Statement]:
-    """Terraform's S3 backend: read and write the state objects, take the lock (a DynamoDB item,
-    or the `.tflock` object beside the state when there is no table)."""
-    out = [
-        Statement("StateList", ["s3:ListBucket"], [f"arn:{ctx.partition}:s3:::{bucket}"]),
-        Statement("StateObjects", ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"],
-                  [f"arn:{ctx.partition}:s3:::{bucket}/{naming.PREFIX}/*"]),
-    ]
+def state_statements(ctx: AwsContext, bucket: str, lock_table: str | None, *, write: bool = True) -> list[Statement]:
+    """Terraform's S3 backend: read (and, `write`, write) the state objects, take the lock (a
+    DynamoDB item, or the `.tflock` object beside the state when there is no table)."""
+    objects = f"arn:{ctx.partition}:s3:::{bucket}/{naming.PREFIX}/*"
+    out = [Statement("StateList", ["s3:ListBucket"], [f"arn:{ctx.partition}:s3:::{bucket}"])]
+    if write:
+        out.append(Statement("StateObjects", ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"], [objects]))
+    else:
+        out += [Statement("StateRead", ["s3:GetObject"], [objects]),
+                Statement("StateLockFile", ["s3:PutObject", "s3:DeleteObject"], [f"{objects}.tflock"])]  # fmt: skip
     if lock_table:
         out.append(Statement("StateLock", ["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:DeleteItem"],
                              [ctx.arn("dynamodb", f"table/{lock_table}")]))  # fmt: skip
