@@ -87,3 +87,18 @@ def test_a_fire_delivered_late_is_the_run_of_the_slot_it_was_published_for(gcp):
     assert sorted(jobs(gcp)) == [run_id("often", slot - 300), run_id("often", slot)]
     main.on_kick(event({"tidefleet": "fire", "schedule": "often"}, slot - 300 + 0.4))  # redelivered: nothing twice
     assert len(jobs(gcp)) == 2
+
+
+def test_a_fire_sent_before_the_schedule_changed_submits_nothing(gcp):
+    """The audit: the old 03:00 job's fire came while a deploy moved the run to 02:00 (here: the
+    nightly's cron), and submitted a run named for a past 02:00, already past its deadline."""
+    from tidefleet.schedules import fire_time
+
+    now = time.time()
+    slot = fire_time("0 2 * * *", None, now)
+    sent = slot + 3600 if slot + 3600 <= now else slot + 3600 - 86400  # an 03:00 the schedule no longer has
+    answer = main.on_kick(event({"tidefleet": "fire", "schedule": "nightly"}, sent))
+    assert answer["decision"].startswith("ignored: fired at ") and "before the schedule changed" in answer["decision"]
+    assert jobs(gcp) == []
+    main.on_kick(event({"tidefleet": "fire", "schedule": "nightly"}, slot + 25))  # its own fire, seconds late
+    assert jobs(gcp) == [run_id("nightly", slot)]

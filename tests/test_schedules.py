@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from tidefleet import schedules
 from tidefleet.schedules import (
     SUBMIT_STALLED_S,
     Cron,
@@ -150,3 +151,19 @@ def test_a_continuation_that_began_holds_off_the_next_for_as_long_as_a_submit_co
     assert watch(job, now=T + SUBMIT_STALLED_S, parent=None).action == "resume"
     fired_ahead = view("m-20250510t0900", **{**STUCK, "created_at": T + 86400}, resumed_at=T)
     assert submit_began(fired_ahead, T + 60) == T, "a record ahead of the clock: its fire time, or a later continuation"
+
+
+@pytest.mark.parametrize(
+    "cron, rate, after_slot, stale",
+    [
+        ("0 2 * * *", None, 5, False),  # published seconds after its slot
+        ("0 2 * * *", None, schedules.STALE_FIRE_S - 1, False),  # the scheduler's own retries
+        ("0 2 * * *", None, 3600, True),  # 03:00: no slot of "0 2 * * *"
+        (None, "5 minutes", 299, False),  # a rate's slot is never further back than its period
+        (None, "1 hour", 1800, True),
+    ],
+)
+def test_a_fire_whose_time_is_no_slot_of_the_schedule_is_stale(cron, rate, after_slot, stale):
+    slot = 1_800_000_000 - 1_800_000_000 % 86400 + 2 * 3600
+    assert schedules.stale_fire(cron, rate, said=slot + after_slot, now=slot + 7200) is stale
+    assert not schedules.stale_fire(cron, rate, said=None, now=slot + after_slot), "no time said: the fire's run time"

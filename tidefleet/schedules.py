@@ -135,6 +135,20 @@ def fire_time_for(cron: str | None, rate: str | None, *, said: float | None, now
     return fire_time(cron, rate, said if said is not None and said <= now + FIRE_AHEAD_S else now)
 
 
+# A scheduler's fire says its slot's time, or a few seconds after (Cloud Scheduler's publish and
+# its own retries, seconds apart). One that says a time this long after the schedule's latest slot
+# is no slot of the schedule as it is now: sent under the schedule before a change (a deploy that
+# moved the run from 03:00 to 04:00, the old job's 03:00 fire coming while it applies), which would
+# submit yesterday's 04:00 run already past its deadline.
+STALE_FIRE_S = 600
+
+
+def stale_fire(cron: str | None, rate: str | None, *, said: float | None, now: float) -> bool:
+    """Whether a fire that says `said` belongs to no slot of this schedule (`STALE_FIRE_S`)."""
+    used = said is not None and said <= now + FIRE_AHEAD_S
+    return used and said - fire_time(cron, rate, said) > STALE_FIRE_S
+
+
 def run_id(schedule: str, fired_at: float) -> str:
     """One job per fire: a retried delivery of the same fire submits nothing twice."""
     return f"{schedule}-{datetime.fromtimestamp(fired_at, UTC):%Y%m%dt%H%M}"

@@ -20,6 +20,7 @@ import contextlib
 import json
 import logging
 from dataclasses import replace
+from datetime import UTC, datetime
 from itertools import islice
 
 from tidefleet import schedules
@@ -60,6 +61,12 @@ def view(env: Environment, cloud: Cloud, job: Job | None) -> schedules.JobView |
 def fire(env: Environment, cloud: Cloud, name: str, at: float, *, fired_at: float | None = None) -> schedules.Fire:
     """Fire schedule `name` at `at` (`fired_at`: the scheduler's own fire time, when it says)."""
     schedule = env.schedules[name]
+    if schedules.stale_fire(schedule.cron, schedule.rate, said=fired_at, now=at):
+        when = datetime.fromtimestamp(fired_at, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        decided = schedules.Fire(None, 0.0, (), f"ignored: fired at {when}, no time of the schedule as it is now "
+                                 "(a fire sent before the schedule changed)")  # fmt: skip
+        log.info(json.dumps({"schedule": name, "decision": decided.reason, "cancelled": []}))
+        return decided
     fired = schedules.fire_time_for(schedule.cron, schedule.rate, said=fired_at, now=at)
     this = schedules.run_id(name, fired)
     runs = [view(env, cloud, cloud.store.job(job_id)) for job_id in cloud.store.watched()]
