@@ -397,3 +397,58 @@ def test_a_move_under_way_counts_over_consecutive_ticks_while_its_attempt_checkp
     assert preemption.moving(unlisted) and tick(unlisted, n3, NOW + 200) == {"n1": ()}
     # ... and the next tick sent n3's attempt to the same room.
     assert tick(replace(unlisted, preempting=()), n3, NOW + 230) == {"n3": ("a/3/1",)}
+
+
+# -- how many: the shortfall of the queues as their teams' shares trim them (the teams audit) --------------
+def _gpu_env(queues: dict, teams: dict | None = None, max_nodes: int = 8):
+    return parse_environment({
+        "region": "us-east-1",
+        "pools": {"gpu": {"max": max_nodes, "container": "t:1", "instance_types": [{"type": "g5.xlarge", "gpus": 1}]}},
+        "queues": queues, **({"teams": teams} if teams else {}),
+    }, name="t")  # fmt: skip
+
+
+def _gpu_node(id_, *runs, state="running"):
+    return NodeView(id_, "g5.xlarge", 1, 1, True, state, NOW - 7200, busy_slots=len(runs), last_heartbeat=NOW - 2,
+                    runs=tuple(runs))  # fmt: skip
+
+
+def _n_preempted(environment, nodes, queues) -> int:
+    (decision,) = decide(environment, FleetView((PoolView("gpu", tuple(nodes), len(nodes), 0),), tuple(queues)), NOW)
+    return sum(len(keys) for _, keys in decision.preempt)
+
+
+def test_a_team_preempts_only_up_to_its_share_not_for_every_waiting_item():
+    """Quotas a=4, b=4 on 8 GPUs: a runs 2 with 6 waiting, b runs 6 (2 borrowed). All six of b's
+    were preempted, and a then ran 8 on a quota of 4 while b, inside its quota, ran none."""
+    environment = _gpu_env({"a-hi": {"pool": "gpu", "team": "a", "priority": 10},
+                            "b-lo": {"pool": "gpu", "team": "b", "priority": 0, "preemptible": True}},
+                           {"a": {"quota": {"gpus": 4}}, "b": {"quota": {"gpus": 4}}})  # fmt: skip
+    nodes = [_gpu_node(f"a{i}") for i in range(2)]
+    nodes = [replace(n, busy_slots=1) for n in nodes] + [_gpu_node(f"b{i}", run(f"j/{i}/1", "b-lo")) for i in range(6)]
+    queues = [QueueView("a-hi", "gpu", 10, 1, visible=6, in_flight=2, team="a", oldest_age_s=600, mean_item_s=3600),
+              QueueView("b-lo", "gpu", 0, 1, visible=0, in_flight=6, team="b", mean_item_s=36000)]  # fmt: skip
+    assert _n_preempted(environment, nodes, queues) == 2
+
+
+def test_items_that_pending_nodes_will_take_preempt_nothing():
+    """Max 4: two nodes run low-priority work, two more are booting, three high-priority items
+    wait. Two of them land on the booting nodes: one attempt is stopped, not two."""
+    environment = _gpu_env({"hi": {"pool": "gpu", "priority": 10}, "lo": {"pool": "gpu", "priority": 0, "preemptible": True}},
+                           max_nodes=4)  # fmt: skip
+    nodes = [_gpu_node(f"r{i}", run(f"j/{i}/1", "lo")) for i in range(2)] + [
+        replace(_gpu_node(f"p{i}"), state="pending", launched_at=NOW - 20) for i in range(2)]
+    queues = [QueueView("hi", "gpu", 10, 1, visible=3, in_flight=0, oldest_age_s=30),
+              QueueView("lo", "gpu", 0, 1, visible=0, in_flight=2, mean_item_s=36000)]  # fmt: skip
+    assert _n_preempted(environment, nodes, queues) == 1
+
+
+def test_an_item_waiting_for_on_demand_nodes_preempts_nothing_on_spot_ones():
+    """Spot agents leave it (it was interrupted too often) and take the stopped work back: a
+    preempt, relaunch, preempt loop every min_runtime_s."""
+    environment = _gpu_env({"hi": {"pool": "gpu", "priority": 10, "on_demand_after_interruptions": 2},
+                            "lo": {"pool": "gpu", "priority": 0, "preemptible": True}}, max_nodes=2)  # fmt: skip
+    nodes = [_gpu_node(f"s{i}", run(f"j/{i}/1", "lo")) for i in range(2)]
+    queues = [QueueView("hi", "gpu", 10, 1, visible=1, in_flight=0, oldest_age_s=300, on_demand_wanted=1),
+              QueueView("lo", "gpu", 0, 1, visible=0, in_flight=2, mean_item_s=36000)]  # fmt: skip
+    assert _n_preempted(environment, nodes, queues) == 0

@@ -176,25 +176,30 @@ def decide(env: Environment, fleet: FleetView, now: float) -> tuple[PoolDecision
         env_cost = sum(p.existing_cost + p.launch_cost(p.granted) for p in plans.values())
         env_cap = f"environment cap ({_usd(env_cost)} of {_usd(env.scaler.cost_cap_usd_per_hour)})"
     return tuple(
-        _with_preemption(env, view, fleet, _with_quota(_decision(plans[view.name], env_cap), quotas.get(view.name)),
-                         plans[view.name].moves, now)
+        _with_preemption(env, plans[view.name], _with_quota(_decision(plans[view.name], env_cap), quotas.get(view.name)),
+                         now)
         if view.name in plans
         else _unknown_pool(env, view)
         for view in fleet.pools
     )
 
 
-def _with_preemption(env: Environment, view: PoolView, fleet: FleetView, decision: PoolDecision,
-                     moves: dict[str, tuple[str, ...]], now: float) -> PoolDecision:  # fmt: skip
+def _with_preemption(env: Environment, plan: _Plan, decision: PoolDecision, now: float) -> PoolDecision:
     """Rule 12: the marks of attempts to preempt, where they change; a cordoned node keeps the
     marks of attempts still running there (one that ended has no use for its mark) and gains rule
-    9b's moves."""
+    9b's moves. Preempted for: the items the capped capacity leaves waiting (`_shortfall`: what
+    pending nodes and granted units will take is not), of the queues as trimmed to their team's
+    share (a team is never preempted for past its quota), less those waiting for on-demand nodes
+    (spot nodes leave them, and a spot node freed for one would go back to its own work)."""
+    view, moves = plan.view, plan.moves
     for n in view.nodes:  # a loop, not any(genexpr): asked every tick, of every node
         if n.runs or n.preempting:
             break
     else:
         return decision
-    starved = [q for q in fleet.queues if q.name in decision.starved_queues and q.visible and not q.held]
+    short = _shortfall(plan) if decision.starved_queues else {}
+    starved = [replace(q, visible=left) for q in plan.queues if q.name in short and not q.held
+               and (left := min(short[q.name], q.visible - q.on_demand_wanted)) > 0]  # fmt: skip
     chosen = preemption.choose(env.queues, starved, list(view.nodes), now)
     marks = chosen.marks | {n.id: tuple(sorted({*preemption.running_marks(n), *moves.get(n.id, ())}))
                             for n in view.nodes if n.cordoned and (n.preempting or n.id in moves)}  # fmt: skip
@@ -930,18 +935,24 @@ def _desired_reason(plan: _Plan, desired: int) -> str:
 
 
 def _starved(plan: _Plan) -> tuple[str, ...]:
-    """Queues with waiting items that the capped capacity leaves waiting: the free slots of the
-    nodes that take items, and of the units granted, go to the highest-priority waiting items
-    first. (Not the per-queue needs: those credit the busy slots' turnover to the first queue,
-    whichever queue's items hold them.)"""
+    """Queues with waiting items that the capped capacity leaves waiting (`_shortfall`)."""
+    return tuple(_shortfall(plan))
+
+
+def _shortfall(plan: _Plan) -> dict[str, int]:
+    """The waiting items, per queue, that the capped capacity leaves waiting: the free slots of
+    the nodes that take items (pending ones too), and of the units granted, go to the
+    highest-priority waiting items first. (Not the per-queue needs: those credit the busy slots'
+    turnover to the first queue, whichever queue's items hold them.)"""
     free = sum(n.slots - n.busy_slots for n in plan.view.nodes if n.state in ("running", "pending") and not n.cordoned)
     free += plan.granted * plan.pool.slots_per_unit
-    starved = []
+    short = {}
     for queue in plan.queues:  # highest priority first
+        covered = max(0, free) // queue.slots_per_item
         free -= queue.visible * queue.slots_per_item
-        if queue.visible and free < 0:
-            starved.append(queue.name)
-    return tuple(starved)
+        if queue.visible > covered:
+            short[queue.name] = queue.visible - covered
+    return short
 
 
 def _cap_reason(plan: _Plan, desired: int, starved: tuple[str, ...], env_cap: str) -> str:
