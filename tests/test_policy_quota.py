@@ -212,3 +212,20 @@ def test_members_gangs_still_form_are_never_left_out(forming, kept):
     queues = tuple(replace(q, forming_short=forming) if q.name == "vision-train" else q for q in view.queues)
     got = quota.apply(env, FleetView((replace(view.pools[0], nodes=()),), queues))["gpu"]
     assert {q.name: q.in_flight for q in got.queues}["vision-train"] == kept, got.reasons
+
+
+def test_an_environment_wide_quota_is_granted_once_across_pools_in_one_tick():
+    """The teams audit: quota 8 GPUs, 8 items waiting in each of two pools: each pool granted the
+    whole quota in the same tick, 16 GPUs launched, and the team ran 16."""
+    env = parse_environment({
+        "region": "us-east-1",
+        "pools": {"gpu1": {"max": 16, "container": "t:1", "instance_types": [{"type": "g5.xlarge", "gpus": 1}]},
+                  "gpu2": {"max": 16, "container": "t:1", "instance_types": [{"type": "g5.2xlarge", "gpus": 1}]}},
+        "queues": {"a1": {"pool": "gpu1", "team": "a"}, "a2": {"pool": "gpu2", "team": "a"}},
+        "teams": {"a": {"quota": {"gpus": 8}}},
+    }, name="t")  # fmt: skip
+    queues = (QueueView("a1", "gpu1", 0, 1, visible=8, in_flight=0, team="a"),
+              QueueView("a2", "gpu2", 0, 1, visible=8, in_flight=0, team="a"))  # fmt: skip
+    decisions = decide(env, FleetView((PoolView("gpu1", (), 0, 0), PoolView("gpu2", (), 0, 0)), queues), NOW)
+    assert sum(d.desired for d in decisions) == 8, [(d.pool, d.desired, d.reasons) for d in decisions]
+    assert {q for d in decisions for q in d.hold} == {"a2"}, "the second pool's agents take none of its items meanwhile"

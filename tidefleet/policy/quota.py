@@ -199,7 +199,10 @@ def apply(env: Environment, fleet: FleetView) -> dict[str, PoolQuota]:
         # In-flight slots no node reports busy; unknown (none) where the fleet has no view of the pool.
         in_flight = sum(q.in_flight * q.slots_per_item for q in queues)
         unbacked = max(0, in_flight - busy[pool_name]) if pool_name in busy else 0
-        out[pool_name] = _pool(env, pool_name, queues, slot, running, unbacked)
+        out[pool_name], using = _pool(env, pool_name, queues, slot, running, unbacked)
+        # What a team may use here this tick counts against its environment-wide quota in the pools
+        # after this one: each pool granted the whole quota at once, and two pools launched twice it.
+        running |= {(team, pool_name): slots for team, slots in using.items()}
     return out
 
 
@@ -210,7 +213,9 @@ def _pool(
     slot: dict[str, dict[str, float]],
     running: dict[tuple[str, str], int],
     unbacked: int = 0,
-) -> PoolQuota:
+) -> tuple[PoolQuota, dict[str, int]]:
+    """The pool's quota decisions, and the slots each team may use in it this tick (what it runs,
+    or what its share lets it run once its kept items start, if more)."""
     teams: dict[str, list[QueueView]] = {}
     for q in queues:
         teams.setdefault(q.team, []).append(q)
@@ -235,10 +240,11 @@ def _pool(
     capacity = pool_capacity(env.pools[pool_name])
     # One team alone is not shared: only its quota may hold it (the pool's max bounds it as without [teams]).
     shares = share(capacity if len(demands) > 1 else demands[0].demand, demands)
-    trimmed, hold, release, reasons = [], [], [], []
+    trimmed, hold, release, reasons, using = [], [], [], [], {}
     for t in demands:
         s, qs = shares[t.team], teams[t.team]
         kept = _trim(qs, s.allowed - t.running)
+        using[t.team] = t.running + sum(q.visible * q.slots_per_item for q in kept)
         waiting = sum(q.visible for q in qs)
         at_quota = t.quota is not None and t.running >= t.quota
         held = t.running >= s.allowed and (waiting > 0 or at_quota)
@@ -257,7 +263,7 @@ def _pool(
             elif q.held and not held:
                 release.append(q.name)
         reasons += _lines(t, s, words[t.team], waiting, held, capacity, pool_name, qs)
-    return PoolQuota(tuple(trimmed), tuple(hold), tuple(release), tuple(reasons))
+    return PoolQuota(tuple(trimmed), tuple(hold), tuple(release), tuple(reasons)), using
 
 
 def overdue(q: QueueView) -> bool:
