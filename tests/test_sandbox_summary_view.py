@@ -27,3 +27,31 @@ def test_the_summary_says_whether_the_time_limit_cut_the_run_short(hit, says):
     Console(file=out, width=200).print(summary_table(summary(time_limit_hit=hit, fleet_at_zero=not hit)))
     (line,) = [x for x in out.getvalue().splitlines() if "time limit" in x]
     assert line.split() == ["time", "limit", "(--time-limit)", "hit", *says.split()]
+
+
+def test_what_workloads_and_paths_say_is_printed_as_it_is_not_read_as_markup():
+    """The audit: a workload's `loading [/model] weights failed` ended the run in rich's
+    MarkupError after all the work, and torch's `[rank0]:` prefix vanished from a reason."""
+    out = io.StringIO()
+    table = summary_table(summary(succeeded=2, failed={"000001": "exit 3; last output: loading [/model] weights failed",
+                                                       "000002": "last output: [rank0]: RuntimeError: NCCL error"},
+                                  workdir="/tmp/sbw-[/x]", notes=["kept in /tmp/[bold]x"]))  # fmt: skip
+    Console(file=out, width=300).print(table)
+    text = out.getvalue()
+    for said in ("loading [/model] weights failed", "[rank0]: RuntimeError", "/tmp/sbw-[/x]", "/tmp/[bold]x"):
+        assert said in text, said
+
+
+def test_the_live_view_prints_the_scalers_words_and_the_environments_path_as_they_are():
+    from types import SimpleNamespace
+
+    from tidefleet.sandbox import view
+
+    status = SimpleNamespace(job=SimpleNamespace(job_id="demo-1", total=2),
+                             counts={"succeeded": 1, "failed": 0, "cancelled": 0, "queued": 1})  # fmt: skip
+    panel = view.live(env_name="./envs/[/x].toml", started=0.0, status=status, queues={}, nodes=[], busy={},
+                      reasons=["terminate i-1: idle [/q] 4s"], tick_error="throttled [/x]")  # fmt: skip
+    out = io.StringIO()
+    Console(file=out, width=300).print(panel)
+    for said in ("./envs/[/x].toml", "idle [/q] 4s", "throttled [/x]"):
+        assert said in out.getvalue(), said

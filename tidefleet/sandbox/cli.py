@@ -118,13 +118,14 @@ def sandbox(env_name, items, chaos, keep, train, time_limit, tick, boot_delay, s
         if temporary and not failed and (summary is None or summary.ok):
             shutil.rmtree(workdir, ignore_errors=True)
             if summary is not None and not as_json:
-                console.print(f"{workdir} removed (--workdir DIR keeps the work folder)", highlight=False)
+                console.print(f"{workdir} removed (--workdir DIR keeps the work folder)", highlight=False, markup=False)
     if interrupted:
         where = f"{workdir} removed (--workdir DIR keeps the work folder)" if temporary else f"work folder {workdir} kept"
-        console.print(f"interrupted: every node and the emulator stopped; {where}", highlight=False, soft_wrap=True)
+        console.print(f"interrupted: every node and the emulator stopped; {where}", highlight=False, soft_wrap=True,
+                      markup=False)  # fmt: skip
         sys.exit(130)
     if summary is not None and not summary.ok:
-        console.print(f"node logs and the scaler log are kept in {workdir}", highlight=False)
+        console.print(f"node logs and the scaler log are kept in {workdir}", highlight=False, markup=False)
         sys.exit(2 if summary.time_limit_hit else 1)
 
 
@@ -222,10 +223,12 @@ def _started(stack: contextlib.ExitStack, console, *args):
 
 def _up(box, env, workdir: Path, console, *, started, items, chaos, keep, train, deadline, seed, as_json):
     """The demo job (unless items is 0), then up under --keep until Ctrl-C or the emulator's end."""
+    from rich.markup import escape
+
     from tidefleet.sandbox.run import Chaos, run_demo
 
     if not as_json:
-        console.print(f"[bold]tidefleet sandbox[/bold]: moto on {box.moto.url}, work in {workdir}", highlight=False)
+        console.print(f"[bold]tidefleet sandbox[/bold]: moto on {box.moto.url}, work in {escape(str(workdir))}", highlight=False)
     summary = None
     if train:
         from tidefleet.sandbox.training import run_training
@@ -262,6 +265,7 @@ def _watched(box, console, *, started: float, as_json: bool, run):
     """`run(on_progress)` under the live view (none with --json); its summary, printed (as JSON with
     --json): the demo's table, or the training scenario's rows."""
     from rich.table import Table
+    from rich.text import Text
 
     from tidefleet.cloud import for_env
     from tidefleet.sandbox import view
@@ -292,8 +296,8 @@ def _watched(box, console, *, started: float, as_json: bool, run):
         return summary
     table = Table("", "", box=None, show_header=False, pad_edge=False)
     for name, value in summary.rows():
-        table.add_row(name, value)
+        table.add_row(Text(name), Text(str(value)))
     console.print(table)
     for note in summary.notes:
-        console.print(f"note: {note}", highlight=False)
+        console.print(f"note: {note}", highlight=False, markup=False)
     return summary

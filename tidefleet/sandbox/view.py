@@ -10,6 +10,7 @@ from rich.live import Live
 from rich.panel import Panel
 from rich.progress_bar import ProgressBar
 from rich.table import Table
+from rich.text import Text
 
 from tidefleet.jobs import sdk
 from tidefleet.sandbox.launcher import LocalNode
@@ -94,8 +95,9 @@ def live(
             n.instance_id, n.pool, n.instance_type, node_label(n, busy), str(busy.get(n.instance_id, "-"))
         )
 
-    scaler = [f"[red]scaler error: {tick_error}[/red]"] if tick_error else []
-    scaler += [f"[dim]{r}[/dim]" for r in reasons[-3:]]
+    # What the scaler and workloads say is data, never markup: torch prints "[rank0]:", a path may hold "[/x]".
+    scaler = [Text(f"scaler error: {tick_error}", style="red")] if tick_error else []
+    scaler += [Text(r, style="dim") for r in reasons[-3:]]
     return Panel(
         Group(
             bar,
@@ -107,7 +109,7 @@ def live(
             "",
             *scaler,
         ),
-        title=f"tidefleet sandbox · env {env_name} · job {status.job.job_id} · {time.time() - started:.0f}s",
+        title=Text(f"tidefleet sandbox · env {env_name} · job {status.job.job_id} · {time.time() - started:.0f}s"),
     )
 
 
@@ -143,18 +145,18 @@ def summary_table(summary) -> Table:
         ("fleet back at zero", "yes" if summary.fleet_at_zero else "[red]no[/red]"),
         ("time limit (--time-limit) hit", "[red]YES: the run was cut short[/red]" if summary.time_limit_hit else "no"),
         ("wall time", _seconds(summary.wall_s)),
-        ("node logs, scaler log", summary.workdir),
+        ("node logs, scaler log", Text(str(summary.workdir))),
     ]
     for key, value in rows:
-        table.add_row(f"[bold]{key}[/bold]", str(value))
+        table.add_row(f"[bold]{key}[/bold]", value if isinstance(value, Text) else str(value))
     for item, reason in sorted(summary.failed.items()):
-        table.add_row(f"  {item}", reason)
+        table.add_row(Text(f"  {item}"), Text(reason))
     for item, reason in sorted(summary.failed_unexpectedly.items()):
-        table.add_row(f"  [red]{item}[/red]", reason)
+        table.add_row(Text(f"  {item}", style="red"), Text(reason))
     for item, state in sorted(summary.unaccounted.items()):
-        table.add_row(f"  [red]{item}[/red]", f"unaccounted: {state}")
+        table.add_row(Text(f"  {item}", style="red"), Text(f"unaccounted: {state}"))
     for note in summary.notes:
-        table.add_row("[red]note[/red]", note)
+        table.add_row("[red]note[/red]", Text(note))
     return table
 
 
