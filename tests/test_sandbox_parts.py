@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -413,3 +414,27 @@ def test_a_sandbox_whose_start_fails_part_way_stops_everything_it_started_and_ra
     assert not starting.is_alive(), "the sandbox's exit hung after a failed start"
     assert raised == ["provisioning failed"]
     assert box.moto.exited() is not None  # the emulator it had started was stopped too
+
+
+def test_the_users_own_aws_settings_neither_stop_the_emulator_nor_reach_its_clients(tmp_path, monkeypatch):
+    """The audit: `AWS_PROFILE=mywork` (a profile this machine lacks) ended moto at start with
+    ProfileNotFound, said as 'is moto[server] installed?'; a service's own endpoint would send the
+    sandbox's calls past the emulator. Both are back as they were after the run."""
+    import boto3
+
+    from tidefleet.sandbox import run
+
+    monkeypatch.setenv("AWS_PROFILE", "not-on-this-machine")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_SQS", "http://127.0.0.1:9")
+    seen = {}
+
+    def provision(env, *args, **kwargs):  # the sandbox's first calls: what its clients see
+        seen["queues"] = boto3.client("sqs").list_queues().get("QueueUrls", [])
+        raise RuntimeError("enough")
+
+    monkeypatch.setattr(run, "provision", provision)
+    box = run.Sandbox(load_environment("sandbox"), tmp_path / "sandbox", run.Timing())
+    with pytest.raises(RuntimeError, match="enough"):
+        box.__enter__()
+    assert seen == {"queues": []}
+    assert os.environ["AWS_PROFILE"] == "not-on-this-machine" and os.environ["AWS_ENDPOINT_URL_SQS"] == "http://127.0.0.1:9"

@@ -109,3 +109,48 @@ def test_a_workdir_an_earlier_sandbox_used_is_refused_before_anything_starts(tmp
     assert (f"Invalid value for --workdir: {workdir} holds an earlier sandbox run (.tidefleet-sandbox), whose records "
             "would count as this run's; give a new folder, or remove that one") in " ".join(again.output.split())  # fmt: skip
     assert "Traceback" not in again.output and len(started) == 1
+
+
+def test_an_emulator_that_dies_at_start_is_one_line_with_what_it_died_of(tmp_path, handlers):
+    """The audit: a port taken between the sandbox's choice and moto's bind (or a profile this
+    machine lacks) ended in a traceback saying 'is moto[server] installed?'."""
+    import socket
+
+    from tidefleet import emulator
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    real = emulator.free_port
+    emulator.free_port = lambda: taken.getsockname()[1]
+    try:
+        result = CliRunner().invoke(main, ["sandbox", "--workdir", str(tmp_path / "wd"), "--items", "1"])
+    finally:
+        emulator.free_port = real
+        taken.close()
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert "the sandbox could not start: moto server exited at start (code 1): " in result.output
+    assert "in use" in result.output, result.output
+
+
+def test_a_port_taken_before_moto_binds_it_is_chosen_again(tmp_path):
+    import socket
+
+    from tidefleet import emulator
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    first = taken.getsockname()[1]
+    ports = iter([first])
+    real = emulator.free_port
+    emulator.free_port = lambda: next(ports, None) or real()
+    try:
+        moto = emulator.start_moto(log=tmp_path / "moto.log")
+    finally:
+        emulator.free_port = real
+        taken.close()
+    try:
+        assert moto.url != f"http://127.0.0.1:{first}"
+    finally:
+        moto.stop()

@@ -249,9 +249,37 @@ class MotoServer:
                 self.process.wait()
 
 
+def _exited_at_start(code: int, log: Path | None) -> str:
+    """Why moto ended as it started, from the last line of its log (the error it died of: a port in
+    use, a module missing), not a guess."""
+    try:
+        last = next((line for line in reversed(log.read_text(errors="replace").splitlines()) if line.strip()), "")
+    except (OSError, AttributeError):  # no log kept
+        last = ""
+    said = f": {last.strip()[:300]}" if last else "; is moto[server] installed?"
+    return f"moto server exited at start (code {code}){said}" + (f"; see {log}" if log is not None else "")
+
+
+class PortTaken(RuntimeError):
+    """moto could not bind its port: another program took it after `free_port` chose it."""
+
+
+PORT_TRIES = 3  # ports tried when the one chosen is taken before moto binds it
+
+
 def start_moto(port: int | None = None, timeout_s: float = 30.0, log: Path | None = None) -> MotoServer:
-    """log: a file for the server's output (appended), where its errors and its end are kept."""
-    port = port or free_port()
+    """log: a file for the server's output (appended), where its errors and its end are kept. A
+    port of its own choosing that another program takes first is chosen again."""
+    for tries_left in range(PORT_TRIES - 1, -1, -1) if port is None else (0,):
+        try:
+            return _start_moto(port or free_port(), timeout_s, log)
+        except PortTaken:
+            if not tries_left:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _start_moto(port: int, timeout_s: float, log: Path | None) -> MotoServer:
     url = f"http://127.0.0.1:{port}"
     out = open(log, "ab") if log is not None else subprocess.DEVNULL  # noqa: SIM115 - the child keeps its copy
     tie, fds = lifeline.for_child()
@@ -260,7 +288,8 @@ def start_moto(port: int | None = None, timeout_s: float = 30.0, log: Path | Non
             [sys.executable, "-c", _MOTO, "-H", "127.0.0.1", "-p", str(port)],
             stdout=out,
             stderr=subprocess.STDOUT if log is not None else subprocess.DEVNULL,
-            env={**os.environ, **FAKE_CREDENTIALS, **tie},
+            # Not the user's AWS settings: a profile this machine lacks ended moto at start (ProfileNotFound).
+            env={**{k: v for k, v in os.environ.items() if not k.startswith("AWS_")}, **FAKE_CREDENTIALS, **tie},
             pass_fds=fds,  # the server ends with this process, even a SIGKILLed one (`lifeline`)
         )
     finally:
@@ -270,9 +299,8 @@ def start_moto(port: int | None = None, timeout_s: float = 30.0, log: Path | Non
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if process.poll() is not None:
-                see = f"; see {log}" if log is not None else ""
-                raise RuntimeError(f"moto server exited at start (code {process.returncode}); is moto[server] "
-                                   f"installed?{see}")  # fmt: skip
+                why = _exited_at_start(process.returncode, log)
+                raise (PortTaken if "in use" in why else RuntimeError)(why)
             try:
                 urllib.request.urlopen(f"{url}/moto-api/", timeout=1).close()
                 return MotoServer(url=url, process=process, log=log)

@@ -162,7 +162,15 @@ def _run(env, environments: Path, workdir: Path, console, *, items, chaos, keep,
     """Bring the sandbox up, run the demo job (unless items is 0), stay up under --keep; the summary."""
     started = time.time()
     with contextlib.ExitStack() as stack:
-        box = _started(stack, console, env, workdir, timing, environments)
+        try:
+            box = _started(stack, console, env, workdir, timing, environments)
+        except RuntimeError as err:  # the emulator did not come up: what it died of, in one line
+            raise click.ClickException(f"the sandbox could not start: {err}") from None
+        except Exception as err:
+            if isinstance(err, for_env(env).errors):  # an emulator's error while the sandbox provisions
+                raise click.ClickException(f"the emulator failed a call while the sandbox started: "
+                                           f"{for_env(env).explain(err)}; start the sandbox again") from None  # fmt: skip
+            raise
         try:
             return _up(box, env, workdir, console, started=started, items=items, chaos=chaos, keep=keep, train=train,
                        deadline=deadline, seed=seed, as_json=as_json)  # fmt: skip

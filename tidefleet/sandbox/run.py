@@ -154,7 +154,12 @@ class Sandbox:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.moto = start_moto(log=self.workdir / "moto.log")
         # This process talks to the emulator while the sandbox runs; __exit__ puts the environment back.
-        self._saved_environ = {k: os.environ.get(k) for k in [*self.moto.env(self.env.region), "TIDEFLEET_KICK_URL"]}
+        # The user's own AWS settings go meanwhile (a profile this machine lacks, a service's endpoint):
+        # every client here talks to the emulator with its fake credentials, and nothing else.
+        theirs = [k for k in os.environ if k.startswith("AWS_")]
+        self._saved_environ = {k: os.environ.get(k) for k in [*theirs, *self.moto.env(self.env.region), "TIDEFLEET_KICK_URL"]}
+        for key in theirs:
+            del os.environ[key]
         os.environ.update(self.moto.env(self.env.region))
         kick_handler = type("KickHandler", (_KickHandler,), {"kicked": self.kicked})
         kick_server = LoopbackServer(("127.0.0.1", 0), kick_handler)
