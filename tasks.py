@@ -660,12 +660,13 @@ def mutate(c, only=None, jobs="2"):
         "repo": "the repository whose pipelines may assume the roles: OWNER/NAME (GitLab: GROUP/PROJECT)",
         "ci": "github (GitHub Actions) or gitlab (gitlab.com); default github",
         "branch": "the deploy branch, default main (GitLab's deploy role trusts only it; on GitHub the environments do)",
-        "env": "environment whose [state] S3 backend the pipelines use (default prod)",
-        "deploy_envs": "comma-separated environments the deploy role deploys (default dev,prod)",
+        "env": "environment whose [state] backend the pipelines use: S3 (AWS) or, for a GCP environment, GCS (default prod)",
+        "deploy_envs": "comma-separated environments the deploy role deploys (default dev,prod; on GCP environments of --env's project)",
     }
 )
 def bootstrap(c, repo=None, ci="github", branch="main", env="prod", deploy_envs="dev,prod"):
-    """Synthesize and scan the CI bootstrap stack (OIDC provider, plan and deploy roles) into build/synth/bootstrap/.
+    """Synthesize and scan the CI bootstrap stack (OIDC provider, plan and deploy roles; on GCP, with a GCP --env: Workload
+    Identity pool and provider, plan and deploy service accounts) into build/synth/bootstrap/.
 
     Apply it once with an administrator's credentials: terraform -chdir=<printed folder> init && terraform apply.
     """
@@ -687,10 +688,27 @@ def bootstrap(c, repo=None, ci="github", branch="main", env="prod", deploy_envs=
         _ci_name("deploy-envs", name, "environment",
                  "give the deploy environments, comma-separated (each {chars}), such as dev,prod")  # fmt: skip
     state_env = _env(env)
-    if state_env.cloud != "aws" or state_env.state.backend != "s3":
+    if state_env.cloud == "gcp":
+        from stacks.gcp.bootstrap import synth_gcp_bootstrap
+
+        if state_env.state.backend != "gcs":
+            raise Exit(f"--env: {state_env.name} has no GCS state backend; give a GCP environment with [state] backend = \"gcs\"")
+        deploy = tuple(_env(name) for name in environments)  # their stacks' project grants: the deploy account's limit
+        for other in deploy:
+            if other.cloud != "gcp" or other.project != state_env.project:
+                raise Exit(f"--deploy-envs: {other.name} is not a GCP environment of project {state_env.project}; give the "
+                           f"environments the deploy account deploys there, comma-separated, such as {state_env.name}")  # fmt: skip
+        try:
+            out = synth_gcp_bootstrap(_output_folder(OUT / "synth" / "bootstrap"), ci=ci, repo=repo, branch=branch,
+                                      project=state_env.project, state_bucket=state_env.state.bucket,
+                                      state_prefix="tidefleet", environments=deploy)  # fmt: skip
+        except ValueError as err:
+            raise Exit(f"--deploy-envs: {err}") from None
+    elif state_env.cloud != "aws" or state_env.state.backend != "s3":
         raise Exit(f"--env: {state_env.name} has no S3 state backend; give an environment with [state] backend = \"s3\"")
-    out = synth_bootstrap(_output_folder(OUT / "synth" / "bootstrap"), ci=ci, repo=repo, branch=branch, state=state_env.state,
-                          region=state_env.region, environments=environments)
+    else:
+        out = synth_bootstrap(_output_folder(OUT / "synth" / "bootstrap"), ci=ci, repo=repo, branch=branch,
+                              state=state_env.state, region=state_env.region, environments=environments)  # fmt: skip
     print(f"synthesized the CI bootstrap stack -> {out}")
     if run_scan(out, "ci-bootstrap"):
         raise Exit("checkov: the bootstrap stack has failed checks; fix them or add a reasoned suppression", 1)
