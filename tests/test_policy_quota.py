@@ -229,3 +229,44 @@ def test_an_environment_wide_quota_is_granted_once_across_pools_in_one_tick():
     decisions = decide(env, FleetView((PoolView("gpu1", (), 0, 0), PoolView("gpu2", (), 0, 0)), queues), NOW)
     assert sum(d.desired for d in decisions) == 8, [(d.pool, d.desired, d.reasons) for d in decisions]
     assert {q for d in decisions for q in d.hold} == {"a2"}, "the second pool's agents take none of its items meanwhile"
+
+
+@pytest.mark.parametrize(("gang", "quota", "launched"), [
+    ({"nodes_per_item": 4}, 16, 0),  # room for 2 of a 4-node gang: it cannot form, no node launches
+    ({"nodes_per_item": 4}, 32, 32),  # one whole gang
+    ({"nodes_per_item": {"min": 2, "max": 4}}, 16, 16),  # an elastic gang starts with its min
+])
+def test_a_teams_share_keeps_whole_gangs_or_none(gang, quota, launched):
+    """The teams audit: room for half a 4-node gang launched two 8-GPU nodes whose lead waited for
+    members the share never let come, handed the item back after boot_timeout_s, and again."""
+    env = parse_environment({
+        "region": "us-east-1",
+        "pools": {"gpu8": {"max": 64, "capacity_unit": "gpus", "container": "t:1",
+                           "instance_types": [{"type": "g5.48xlarge", "gpus": 8, "weight": 8}]}},
+        "queues": {"a-gang": {"pool": "gpu8", "team": "a", "slots_per_item": 8, **gang},
+                   "b": {"pool": "gpu8", "team": "b", "slots_per_item": 8}},
+        "teams": {"a": {"quota": {"gpus": quota}}, "b": {"quota": {"gpus": 64 - quota}}},
+    }, name="t")  # fmt: skip
+    b_nodes = tuple(NodeView(f"b{i}", "g5.48xlarge", 8, 8, True, "running", NOW - 7200, busy_slots=8,
+                             last_heartbeat=NOW - 2) for i in range((64 - quota) // 8))  # fmt: skip
+    queues = (QueueView("a-gang", "gpu8", 0, 8, visible=4, in_flight=0, team="a", gang=True, oldest_age_s=300),
+              QueueView("b", "gpu8", 0, 8, visible=2, in_flight=len(b_nodes), team="b", mean_item_s=36000))  # fmt: skip
+    (decision,) = decide(env, FleetView((PoolView("gpu8", b_nodes, len(b_nodes) * 8, 0),), queues), NOW)
+    assert decision.desired - len(b_nodes) * 8 == launched, decision.reasons
+
+
+def test_a_team_is_held_once_its_smallest_waiting_item_would_take_it_past_its_share():
+    """The teams audit: quota 5 GPUs, 2-GPU items, 4 running: not held (4 < 5), an agent took one
+    and the team ran 6, a slot of another team's guarantee."""
+    env = parse_environment({
+        "region": "us-east-1",
+        "pools": {"gpu": {"max": 16, "capacity_unit": "gpus", "container": "t:1",
+                          "instance_types": [{"type": "g5.12xlarge", "gpus": 4, "weight": 4}]}},
+        "queues": {"a2": {"pool": "gpu", "team": "a", "slots_per_item": 2}, "b": {"pool": "gpu", "team": "b"}},
+        "teams": {"a": {"quota": {"gpus": 5}}, "b": {"quota": {"gpus": 11}}},
+    }, name="t")  # fmt: skip
+    queues = (QueueView("a2", "gpu", 0, 2, visible=3, in_flight=2, team="a"),
+              QueueView("b", "gpu", 0, 1, visible=11, in_flight=0, team="b"))  # fmt: skip
+    nodes = (NodeView("n0", "g5.12xlarge", 4, 4, True, "running", NOW - 7200, busy_slots=4, last_heartbeat=NOW - 2),)
+    shared = quota.apply(env, FleetView((PoolView("gpu", nodes, 4, 0),), queues))["gpu"]
+    assert "a2" in shared.hold

@@ -243,11 +243,14 @@ def _pool(
     trimmed, hold, release, reasons, using = [], [], [], [], {}
     for t in demands:
         s, qs = shares[t.team], teams[t.team]
-        kept = _trim(qs, s.allowed - t.running)
+        kept = _trim(qs, s.allowed - t.running, env)
         using[t.team] = t.running + sum(q.visible * q.slots_per_item for q in kept)
         waiting = sum(q.visible for q in qs)
         at_quota = t.quota is not None and t.running >= t.quota
-        held = t.running >= s.allowed and (waiting > 0 or at_quota)
+        # Held once its smallest waiting item would take it past its share: an agent takes any item
+        # that fits its node, and a 2-GPU item at 4 of 5 GPUs ran the team at 6.
+        smallest = min((q.slots_per_item for q in qs if q.visible), default=1)
+        held = t.running + smallest > s.allowed and (waiting > 0 or at_quota)
         if held:  # its items left for on-demand nodes wait like any: none of its agents takes one now
             kept = [replace(q, on_demand_wanted=0) if q.on_demand_wanted else q for q in kept]
         if held and unbacked:
@@ -271,12 +274,17 @@ def overdue(q: QueueView) -> bool:
     return bool(q.visible) and q.max_wait_s is not None and q.oldest_age_s is not None and q.oldest_age_s > q.max_wait_s
 
 
-def _trim(queues: list[QueueView], room: int) -> list[QueueView]:
+def _trim(queues: list[QueueView], room: int, env: Environment) -> list[QueueView]:
     """The team's queues with only the waiting items its share has room for: overdue queues first,
-    then by priority."""
+    then by priority. A gang queue keeps whole gangs (its visible counts each item's `max` nodes),
+    or the part of one that can start (an elastic gang's `min`): part of a gang that cannot form
+    would launch nodes that wait for members its share never lets come."""
     out = []
     for q in sorted(queues, key=lambda q: (not overdue(q), -q.priority, q.name)):
         keep = min(q.visible, max(0, room) // q.slots_per_item)
+        if q.gang and q.name in env.queues:
+            low, high = env.queues[q.name].gang
+            keep -= keep % high if keep % high < low else 0
         room -= keep * q.slots_per_item
         out.append(q if keep == q.visible else replace(q, visible=keep))
     return out
