@@ -503,7 +503,7 @@ def sandbox(c, env=None, items=None, chaos=False, keep=False, train=False, time_
     args += ["--tick", str(_number("tick", tick, float))] if tick is not None else []
     args += ["--boot-delay", str(_number("boot-delay", boot_delay, float))] if boot_delay is not None else []
     args += ["--seed", seed] if seed is not None else []  # any integer, a negative one too: the command checks it
-    args += ["--workdir", workdir] if workdir else []
+    args += ["--workdir", workdir] if workdir is not None else []  # '' too: the command refuses it
     _tidefleet(args)
 
 

@@ -154,3 +154,23 @@ def test_a_port_taken_before_moto_binds_it_is_chosen_again(tmp_path):
         assert moto.url != f"http://127.0.0.1:{first}"
     finally:
         moto.stop()
+
+
+def test_an_empty_workdir_is_refused_not_the_current_folder(tmp_path, monkeypatch):
+    """The audit: `--workdir ''` (an unset variable in a script) filled the current folder, a
+    repository's root, with the run's inputs, logs and checkpoints; `invoke sandbox --workdir ''`
+    quietly used a temp folder instead."""
+    from invoke import MockContext
+
+    import tasks
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sandbox_cli, "_run", lambda *a, **k: pytest.fail("the sandbox started"))
+    result = CliRunner().invoke(main, ["sandbox", "--workdir", "", "--items", "1"])
+    assert result.exit_code == 2 and "'' names no folder" in result.output, result.output
+    assert list(tmp_path.iterdir()) == []
+    from invoke import Exit
+
+    with pytest.raises(Exit) as ended:
+        tasks.sandbox(MockContext(), workdir="", items="1")
+    assert ended.value.code == 2 and list(tmp_path.iterdir()) == []

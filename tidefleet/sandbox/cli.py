@@ -62,7 +62,8 @@ MARKER = ".tidefleet-sandbox"  # in the work folder: a sandbox run claimed it
 @click.option("--seed", default=7, show_default=True, help="seed of the generated inputs and of --chaos")
 @click.option(
     "--workdir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=click.Path(file_okay=False),
+    callback=lambda ctx, param, value: _named_folder(value),
     help="inputs, node logs, checkpoints (default: a new temp dir)",
 )
 @click.option(
@@ -127,6 +128,15 @@ def sandbox(env_name, items, chaos, keep, train, time_limit, tick, boot_delay, s
     if summary is not None and not summary.ok:
         console.print(f"node logs and the scaler log are kept in {workdir}", highlight=False, markup=False)
         sys.exit(2 if summary.time_limit_hit else 1)
+
+
+def _named_folder(value: str | None) -> Path | None:
+    """--workdir as given; '' (an unset variable in a script) would be the current folder, which
+    the run would fill with its inputs, logs and checkpoints."""
+    if value == "":
+        raise click.BadParameter("'' names no folder; give one (a new or empty folder), or leave the option out for a "
+                                 "temp folder")  # fmt: skip
+    return None if value is None else Path(value)
 
 
 def _workdir(workdir: Path | None) -> Path:
