@@ -55,3 +55,18 @@ def test_the_live_view_prints_the_scalers_words_and_the_environments_path_as_the
     Console(file=out, width=300).print(panel)
     for said in ("./envs/[/x].toml", "idle [/q] 4s", "throttled [/x]"):
         assert said in out.getvalue(), said
+
+
+def test_a_run_whose_fleet_cannot_reach_zero_says_why():
+    """The audit: an environment with `min = 1` (or dev's 300-s scale-in delay) always ended at the
+    time limit, exit 2, 'fleet back at zero: no', and no word of why."""
+    from tidefleet.config import load_environment
+    from tidefleet.sandbox.run import held_up
+
+    sandbox = load_environment("sandbox")
+    assert held_up(sandbox, 500) == []
+    floor = sandbox.model_copy(update={"pools": {n: p.model_copy(update={"min": 1}) for n, p in sandbox.pools.items()}})
+    (said,) = held_up(floor, 500)
+    assert said.startswith("pool ") and "min = 1 keeps nodes up" in said
+    dev = load_environment("dev")
+    assert any("idle timeout (300 s) keeps idle nodes longer than the 100 s --time-limit left" in n for n in held_up(dev, 100))

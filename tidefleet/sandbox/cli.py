@@ -72,7 +72,8 @@ MARKER = ".tidefleet-sandbox"  # in the work folder: a sandbox run claimed it
 def sandbox(env_name, items, chaos, keep, train, time_limit, tick, boot_delay, seed, workdir, as_json) -> None:
     """A moto server, the environment's queues, table and groups, the scaler on a fast clock,
     nodes as local processes running their real user-data, and a demo job: watch machines
-    appear, do the work and go back to zero. Exit 0 when every item is accounted for."""
+    appear, do the work and go back to zero. Exit 0 when every item is accounted for and the fleet is
+    back at zero (a pool with `min` > 0 never is: the run ends at --time-limit, exit 2, saying so)."""
     from tidefleet.jobs.cli import CliConsole
     from tidefleet.sandbox.run import Timing
 

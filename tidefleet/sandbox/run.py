@@ -490,6 +490,19 @@ class Chaos:
             self.duplicated += [i.item_id for i in chosen]
 
 
+def held_up(env, left_s: float) -> list[str]:
+    """Why the fleet may not reach zero in the `left_s` the time limit left once every item was
+    final: a pool's min keeps nodes, a scale-in delay longer than that keeps idle ones."""
+    out = [f"pool {name}: min = {pool.min} keeps nodes up; the fleet never reaches zero, so the run ends at "
+           "--time-limit (exit 2) however its items ended" for name, pool in env.pools.items() if pool.min]
+    for name in env.pools:
+        delay = env.idle_timeout_s(name)
+        if delay is not None and delay > left_s:
+            out.append(f"pool {name}: its idle timeout ({delay} s) keeps idle nodes longer than the {left_s:.0f} s "
+                       "--time-limit left after the last item; give a longer --time-limit")  # fmt: skip
+    return out
+
+
 def run_demo(
     sandbox: Sandbox,
     *,
@@ -529,6 +542,8 @@ def run_demo(
         time.sleep(0.5)
     job_done.set()
     notes = [f"scaler error: {sandbox.tick_error}"] if sandbox.tick_error else []
+    if done_at is not None and zero_at is None:
+        notes += held_up(sandbox.env, deadline - done_at)
     if stray_in_flight_s > 2:
         notes.append(
             f"a message stayed in flight {stray_in_flight_s:.0f}s after every item had finished, "
