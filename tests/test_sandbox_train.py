@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -38,3 +39,25 @@ def test_train_refuses_an_environment_without_a_gang_queue_in_one_line():
                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert run.returncode == 2 and "Traceback" not in run.stderr
     assert "--train needs a queue with nodes_per_item > 1" in run.stderr and "use --env sandbox-train" in run.stderr
+
+
+@pytest.mark.parametrize("env_name", ["sandbox", "sandbox-train"])
+def test_the_keep_lines_submit_items_the_first_queues_workload_takes(env_name, tmp_path):
+    """The audit: `sandbox --train --keep` printed a submit of the demo's text files to the infer
+    queue, whose workload takes `infer SECONDS EVENTS_FILE`: every item failed."""
+    from tidefleet.config import load_environment
+    from tidefleet.jobs import sdk
+    from tidefleet.sandbox import run, train_work
+
+    box = run.Sandbox.__new__(run.Sandbox)
+    box.env = load_environment(env_name)
+    lines = box.try_lines(tmp_path / "my-items.txt")
+    assert f"--items {tmp_path / 'my-items.txt'}" in lines[0]
+    items = list(sdk.read_items(tmp_path / "my-items.txt"))
+    assert len(items) == 5
+    for item in items:
+        args = list(item.args)
+        if env_name == "sandbox-train":
+            assert not isinstance(train_work._arguments(args), str), args
+        else:
+            assert Path(args[0]).is_file(), args

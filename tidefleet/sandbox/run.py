@@ -315,8 +315,13 @@ class Sandbox:
         """Commands that submit `items` (a file it writes) to the first queue and watch the job:
         pasted after `export_lines`, they work as printed."""
         queue, name = next(iter(self.env.queues)), "my-first-job"
-        specs, _ = make_inputs(items.parent / "my-inputs", 5, seed=1, fail_every=0)
-        items.write_text("".join(f"{spec.args[0]}\n" for spec in specs))
+        if "tidefleet.sandbox.train_work" in (self.env.pools[self.env.queues[queue].pool].command or ""):
+            # --train's workload: `infer SECONDS EVENTS_FILE` (JSON lines: a list of arguments each)
+            events = items.parent / "my-events.jsonl"
+            items.write_text("".join(json.dumps(["infer", "2", str(events)]) + "\n" for _ in range(5)))
+        else:
+            specs, _ = make_inputs(items.parent / "my-inputs", 5, seed=1, fail_every=0)
+            items.write_text("".join(f"{spec.args[0]}\n" for spec in specs))
         return [
             f"tidefleet submit --env {self.env.name} --queue {queue} --name {name} --items {shlex.quote(str(items))}",
             f"tidefleet status --env {self.env.name} {sdk.job_id_for(name)} --watch --time-limit 300",
