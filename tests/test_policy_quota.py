@@ -270,3 +270,18 @@ def test_a_team_is_held_once_its_smallest_waiting_item_would_take_it_past_its_sh
     nodes = (NodeView("n0", "g5.12xlarge", 4, 4, True, "running", NOW - 7200, busy_slots=4, last_heartbeat=NOW - 2),)
     shared = quota.apply(env, FleetView((PoolView("gpu", nodes, 4, 0),), queues))["gpu"]
     assert "a2" in shared.hold
+
+
+def test_validate_warns_of_a_team_with_no_table_and_a_preemptible_queue_nothing_outranks():
+    """The teams audit: `team = "visoin"` validated and quietly became a team with no quota, owed its
+    whole demand; a preemptible queue that no queue of its pool outranks is never preempted."""
+    from tidefleet.config import environment_warnings
+
+    assert environment_warnings(environment()) == []
+    typo = environment_warnings(environment(**{"queues.vision-eval": {"pool": "gpu", "team": "visoin"}}))
+    assert typo == [("queues.vision-eval.team: team 'visoin' has no [teams.visoin] table, so its items count to no quota "
+                    "and are owed their whole demand; did you mean 'vision'? add the table or name a team that has one")]
+    lone = environment_warnings(environment(**{"queues.nlp-train.preemptible": True}))
+    assert lone == [("queues.nlp-train.preemptible: no queue of pool gpu has a priority above 0, so nothing ever "
+                    "preempts it; give the queue that should a higher priority")]
+    assert environment_warnings(environment(**{"queues.nlp-train.preemptible": True, "queues.vision-train.priority": 5})) == []

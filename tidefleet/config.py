@@ -842,7 +842,29 @@ def environment_clashes(envs: dict[str, Environment]) -> list[str]:
 
 def environment_warnings(env: Environment) -> list[str]:
     """What validate says of a file that can deploy but may not do what its author expects."""
-    return instance_type_warnings(env) + _split_gang_warnings(env) + _unused_gpu_warnings(env) + registries.warnings(env)
+    return (instance_type_warnings(env) + _split_gang_warnings(env) + _unused_gpu_warnings(env)
+            + _team_warnings(env) + registries.warnings(env))  # fmt: skip
+
+
+def _team_warnings(env: Environment) -> list[str]:
+    """With [teams]: a team a queue names (or its pool does) that has no table, likely a typo, whose
+    items would count to no quota and be owed their whole demand; and a preemptible queue that no
+    queue of its pool outranks, which nothing can ever preempt (but consolidation's moves, where
+    the pool has `checkpoint_and_move`)."""
+    out = []
+    for name, queue in env.queues.items():
+        team = env.team_of(name)
+        if env.teams and team != "default" and team not in env.teams:
+            at = f"queues.{name}.team" if queue.team is not None else f"pools.{queue.pool}.team"
+            close = difflib.get_close_matches(team, sorted(env.teams), n=1, cutoff=0.6)
+            guess = f"did you mean {close[0]!r}? " if close else ""
+            out.append(f"{at}: team {team!r} has no [teams.{team}] table, so its items count to no quota and are owed "
+                       f"their whole demand; {guess}add the table or name a team that has one")  # fmt: skip
+        outranked = any(q.pool == queue.pool and q.priority > queue.priority for q in env.queues.values())
+        if queue.preemptible and not outranked and not env.pools[queue.pool].checkpoint_and_move:  # moves use it too
+            out.append(f"queues.{name}.preemptible: no queue of pool {queue.pool} has a priority above {queue.priority}, "
+                       "so nothing ever preempts it; give the queue that should a higher priority")  # fmt: skip
+    return out
 
 
 def _unused_gpu_warnings(env: Environment) -> list[str]:
