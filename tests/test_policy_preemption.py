@@ -452,3 +452,22 @@ def test_an_item_waiting_for_on_demand_nodes_preempts_nothing_on_spot_ones():
     queues = [QueueView("hi", "gpu", 10, 1, visible=1, in_flight=0, oldest_age_s=300, on_demand_wanted=1),
               QueueView("lo", "gpu", 0, 1, visible=0, in_flight=2, mean_item_s=36000)]  # fmt: skip
     assert _n_preempted(environment, nodes, queues) == 0
+
+
+def test_a_team_running_on_lent_quota_is_preempted_before_one_within_its_own():
+    """Quotas a=4, b=2, c=2 on 8 GPUs: b runs its 2, c runs 4 (2 lent), a waits for 2. b's two
+    attempts went (started later), and b, starved below its guarantee, could not take them back
+    from c at equal priority."""
+    environment = _gpu_env({"a-hi": {"pool": "gpu", "team": "a", "priority": 10},
+                            "b-lo": {"pool": "gpu", "team": "b", "priority": 0, "preemptible": True},
+                            "c-lo": {"pool": "gpu", "team": "c", "priority": 0, "preemptible": True}},
+                           {"a": {"quota": {"gpus": 4}}, "b": {"quota": {"gpus": 2}}, "c": {"quota": {"gpus": 2}}})  # fmt: skip
+    nodes = [replace(_gpu_node(f"a{i}"), busy_slots=1) for i in range(2)]
+    nodes += [_gpu_node(f"b{i}", run(f"jb/{i}/1", "b-lo", ran=1000)) for i in range(2)]
+    nodes += [_gpu_node(f"c{i}", run(f"jc/{i}/1", "c-lo", ran=5000)) for i in range(4)]
+    queues = [QueueView("a-hi", "gpu", 10, 1, visible=2, in_flight=2, team="a", oldest_age_s=600, mean_item_s=36000),
+              QueueView("b-lo", "gpu", 0, 1, visible=0, in_flight=2, team="b", mean_item_s=36000),
+              QueueView("c-lo", "gpu", 0, 1, visible=0, in_flight=4, team="c", mean_item_s=36000)]  # fmt: skip
+    (decision,) = decide(environment, FleetView((PoolView("gpu", tuple(nodes), 8, 0),), tuple(queues)), NOW)
+    preempted = sorted(key for _, keys in decision.preempt for key in keys)
+    assert len(preempted) == 2 and all(k.startswith("jc/") for k in preempted), preempted

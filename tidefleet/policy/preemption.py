@@ -8,8 +8,9 @@ again. Rules:
   * only queues whose items wait because capacity is capped (`starved`), highest priority first;
   * only attempts of preemptible, single-node queues of strictly lower priority that ran
     `min_runtime_s` or more, on nodes that take items (running, not cordoned);
-  * for each waiting item, the node where the fewest slots are taken (free slots and attempts
-    already being preempted first), then the fewest attempts, then the least run time stopped
+  * for each waiting item, the node where the fewest slots are taken from teams within their
+    quota (a team running on lent quota gives first), then the fewest slots (free slots and
+    attempts already being preempted first), then the fewest attempts, then the least run time stopped
     (what may be lost since their last checkpoint); on a node, the lowest-priority, most
     recently started attempts go first; no node, no preemption;
   * an attempt already marked stays marked while it runs, and counts as room already made, so
@@ -33,8 +34,10 @@ class Preemption:
 NO_MOVES = Preemption({}, ())
 
 
-def choose(queues: dict[str, Queue], starved: list[QueueView], nodes: list[NodeView], now: float) -> Preemption:
-    """The attempts to preempt on these nodes for the starved queues' waiting items."""
+def choose(queues: dict[str, Queue], starved: list[QueueView], nodes: list[NodeView], now: float,
+           borrowing: frozenset[str] = frozenset()) -> Preemption:  # fmt: skip
+    """The attempts to preempt on these nodes for the starved queues' waiting items; those of
+    `borrowing` queues (their team runs on quota others lent) before any other."""
     takers = [n for n in nodes if n.state == "running" and not n.cordoned]
     marked = {n.id: {r.key for r in n.runs if r.key in n.preempting} for n in takers}
     # Room already being made on each node: free slots, plus what marked attempts will free.
@@ -44,8 +47,8 @@ def choose(queues: dict[str, Queue], starved: list[QueueView], nodes: list[NodeV
         for _ in range(queue.visible):
             best = None
             for node in takers:
-                victims = _victims(node, queue, queues, marked[node.id], room[node.id], now)
-                if victims is not None and (best is None or _cost(victims, now) < _cost(best[1], now)):
+                victims = _victims(node, queue, queues, marked[node.id], room[node.id], now, borrowing)
+                if victims is not None and (best is None or _cost(victims, now, borrowing) < _cost(best[1], now, borrowing)):
                     best = (node, victims)
             if best is None:
                 break  # nothing more to take for this queue; lower ones may still find some
@@ -57,14 +60,14 @@ def choose(queues: dict[str, Queue], starved: list[QueueView], nodes: list[NodeV
 
 
 def _victims(node: NodeView, queue: QueueView, queues: dict[str, Queue], marked: set[str], room: int,
-             now: float) -> list[RunView] | None:  # fmt: skip
+             now: float, borrowing: frozenset[str] = frozenset()) -> list[RunView] | None:  # fmt: skip
     """The attempts to stop on `node` so one item of `queue` fits ([] if it fits already); None:
     it cannot be made to fit there."""
     if room >= queue.slots_per_item:
         return []
     candidates = sorted(
         (r for r in node.runs if r.key not in marked and _preemptible(r, queue, queues, now)),
-        key=lambda r: (queues[r.queue].priority, -r.since, r.key),
+        key=lambda r: (r.queue not in borrowing, queues[r.queue].priority, -r.since, r.key),
     )
     chosen = []
     for run in candidates:
@@ -81,10 +84,12 @@ def _preemptible(run: RunView, queue: QueueView, queues: dict[str, Queue], now: 
                 and now - run.since >= own.min_runtime_s)  # fmt: skip
 
 
-def _cost(victims: list[RunView], now: float) -> tuple[int, int, float]:
-    """Fewer slots taken from running work first, then fewer attempts stopped, then less run
-    time interrupted (what may be lost since their last checkpoint)."""
-    return (sum(r.slots for r in victims), len(victims), sum(now - r.since for r in victims))
+def _cost(victims: list[RunView], now: float, borrowing: frozenset[str] = frozenset()) -> tuple[int, int, int, float]:
+    """Fewer slots taken from teams within their quota first (a borrower's go before), then fewer
+    slots taken from running work, then fewer attempts stopped, then less run time interrupted
+    (what may be lost since their last checkpoint)."""
+    return (sum(r.slots for r in victims if r.queue not in borrowing), sum(r.slots for r in victims), len(victims),
+            sum(now - r.since for r in victims))  # fmt: skip
 
 
 def _reason(run: RunView, node: NodeView, queue: QueueView, queues: dict[str, Queue], now: float) -> str:

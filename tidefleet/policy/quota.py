@@ -73,6 +73,9 @@ class PoolQuota:
     hold: tuple[str, ...]  # queues to hold now (their agents take no new items)
     release: tuple[str, ...]  # held queues that take items again
     reasons: tuple[str, ...]
+    # Queues of teams running past their own quota (on quota others lent): preemption takes their
+    # attempts before those of teams within theirs.
+    borrowing: tuple[str, ...] = ()
 
 
 def share(capacity: int, teams: list[TeamDemand]) -> dict[str, Share]:
@@ -240,11 +243,13 @@ def _pool(
     capacity = pool_capacity(env.pools[pool_name])
     # One team alone is not shared: only its quota may hold it (the pool's max bounds it as without [teams]).
     shares = share(capacity if len(demands) > 1 else demands[0].demand, demands)
-    trimmed, hold, release, reasons, using = [], [], [], [], {}
+    trimmed, hold, release, reasons, using, borrowing = [], [], [], [], {}, []
     for t in demands:
         s, qs = shares[t.team], teams[t.team]
         kept = _trim(qs, s.allowed - t.running, env)
         using[t.team] = t.running + sum(q.visible * q.slots_per_item for q in kept)
+        if t.quota is not None and t.running > t.quota:
+            borrowing += [q.name for q in qs]
         waiting = sum(q.visible for q in qs)
         at_quota = t.quota is not None and t.running >= t.quota
         # Held once its smallest waiting item would take it past its share: an agent takes any item
@@ -266,7 +271,7 @@ def _pool(
             elif q.held and not held:
                 release.append(q.name)
         reasons += _lines(t, s, words[t.team], waiting, held, capacity, pool_name, qs)
-    return PoolQuota(tuple(trimmed), tuple(hold), tuple(release), tuple(reasons)), using
+    return PoolQuota(tuple(trimmed), tuple(hold), tuple(release), tuple(reasons), tuple(borrowing)), using
 
 
 def overdue(q: QueueView) -> bool:

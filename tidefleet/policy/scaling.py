@@ -177,20 +177,22 @@ def decide(env: Environment, fleet: FleetView, now: float) -> tuple[PoolDecision
         env_cap = f"environment cap ({_usd(env_cost)} of {_usd(env.scaler.cost_cap_usd_per_hour)})"
     return tuple(
         _with_preemption(env, plans[view.name], _with_quota(_decision(plans[view.name], env_cap), quotas.get(view.name)),
-                         now)
+                         quotas[view.name].borrowing if view.name in quotas else (), now)
         if view.name in plans
         else _unknown_pool(env, view)
         for view in fleet.pools
     )
 
 
-def _with_preemption(env: Environment, plan: _Plan, decision: PoolDecision, now: float) -> PoolDecision:
+def _with_preemption(env: Environment, plan: _Plan, decision: PoolDecision, borrowing: tuple[str, ...],
+                     now: float) -> PoolDecision:  # fmt: skip
     """Rule 12: the marks of attempts to preempt, where they change; a cordoned node keeps the
     marks of attempts still running there (one that ended has no use for its mark) and gains rule
     9b's moves. Preempted for: the items the capped capacity leaves waiting (`_shortfall`: what
     pending nodes and granted units will take is not), of the queues as trimmed to their team's
     share (a team is never preempted for past its quota), less those waiting for on-demand nodes
-    (spot nodes leave them, and a spot node freed for one would go back to its own work)."""
+    (spot nodes leave them, and a spot node freed for one would go back to its own work). Teams
+    running on lent quota (`borrowing`) give their attempts first."""
     view, moves = plan.view, plan.moves
     for n in view.nodes:  # a loop, not any(genexpr): asked every tick, of every node
         if n.runs or n.preempting:
@@ -200,7 +202,7 @@ def _with_preemption(env: Environment, plan: _Plan, decision: PoolDecision, now:
     short = _shortfall(plan) if decision.starved_queues else {}
     starved = [replace(q, visible=left) for q in plan.queues if q.name in short and not q.held
                and (left := min(short[q.name], q.visible - q.on_demand_wanted)) > 0]  # fmt: skip
-    chosen = preemption.choose(env.queues, starved, list(view.nodes), now)
+    chosen = preemption.choose(env.queues, starved, list(view.nodes), now, frozenset(borrowing))
     marks = chosen.marks | {n.id: tuple(sorted({*preemption.running_marks(n), *moves.get(n.id, ())}))
                             for n in view.nodes if n.cordoned and (n.preempting or n.id in moves)}  # fmt: skip
     changed = tuple((n.id, marks.get(n.id, ())) for n in view.nodes
