@@ -161,6 +161,10 @@ SHARES = [
      {"a": (2, 0), "b": (1, 0)}),
     ("an urgent team is filled before the others", 4, [("a", 4, 1, 4, False), ("b", 4, 1, 4, True)],
      {"a": (0, 0), "b": (4, 0)}),
+    ("a last slot goes to the heavier team on a tie", 1, [("a", None, 1, 9, False), ("b", None, 100, 9, False)],
+     {"a": (0, 0), "b": (1, 0)}),
+    ("leftovers go where they leave the split nearest the weights", 5, [("a", None, 1, 9, False), ("b", None, 3, 9, False)],
+     {"a": (1, 0), "b": (4, 0)}),
     ("a team short of its guarantee borrows nothing", 5, [("a", 4, 1, 9, False), ("b", 4, 1, 9, False), ("c", 4, 1, 0, False)],
      {"a": (3, 0), "b": (2, 0), "c": (0, 0)}),
 ]

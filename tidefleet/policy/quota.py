@@ -99,8 +99,10 @@ def _fill(amount: int, caps: dict[str, int], teams: list[TeamDemand]) -> dict[st
         while amount > 0 and active:
             weights = sum(t.weight for t in active)
             step = {t.team: min(caps[t.team] - given[t.team], amount * t.weight // weights) for t in active}
-            if not any(step.values()):  # less than a slot each: one each, least served for its weight first
-                for t in sorted(active, key=lambda t: (given[t.team] / t.weight, t.team))[:amount]:
+            if not any(step.values()):  # less than a slot each: one each, least served for its weight first,
+                # counted as Webster's rounding does ((given + 1/2) / weight): the split nearest the weights, so one
+                # slot between weights 1 and 100 goes to the heavier (it went to 'a' by name)
+                for t in sorted(active, key=lambda t: ((given[t.team] + 0.5) / t.weight, t.team))[:amount]:
                     step[t.team] = 1
             for team, slots in step.items():
                 given[team] += slots
