@@ -513,3 +513,24 @@ def test_an_s3_read_denied_with_its_listing_denied_too_says_the_reads_refusal():
         store.s3 = client
         with pytest.raises(ClientError, match="GetObject"):
             store.get("ckpts", "run/state.json")
+
+
+@pytest.mark.parametrize("verb", ["save", "load"])
+def test_a_cloud_error_of_a_save_or_load_names_the_checkpoint_and_stays_the_clouds_own(monkeypatch, verb):
+    """The audit: a denied or unreachable S3 call left the workload a bare botocore traceback that
+    named neither the checkpoint nor what to check."""
+    refused = ClientError({"Error": {"Code": "AccessDenied", "Message": "denied"}}, "PutObject")
+
+    class Refusing:
+        def put(self, *args):
+            raise refused
+
+        def get(self, *args):
+            raise refused
+
+    monkeypatch.setattr(checkpoint, "object_store", lambda scheme: Refusing())
+    with pytest.raises(ClientError) as raised:  # still botocore's: callers catching it still do
+        checkpoint.save("state.json", b"1", base="s3://ckpts/run/") if verb == "save" else checkpoint.load(
+            "state.json", base="s3://ckpts/run/")  # fmt: skip
+    (note,) = raised.value.__notes__
+    assert note.startswith(f"tidefleet: checkpoint {verb} of s3://ckpts/run/state.json failed (ClientError)")

@@ -25,6 +25,7 @@ the whole process group would end the workers and crash the loop before it saves
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import itertools
@@ -238,7 +239,22 @@ def _save(name: str, data: bytes | str, base: str | None, *, marker: bool = Fals
     if scheme == "file":
         _save_file(Path(where) / key, body)
     else:
-        object_store(scheme).put(where, key, body)
+        with _said("save", scheme, where, key):
+            object_store(scheme).put(where, key, body)
+
+
+@contextlib.contextmanager
+def _said(verb: str, scheme: str, where: str, key: str):
+    """A cloud's error leaves as its own (a workload catching botocore's or Google's types still
+    does), with a note naming the checkpoint and what to check: its traceback said only the call."""
+    try:
+        yield
+    except Exception as err:
+        where_to = f"{scheme}://{where}/{key}"
+        err.add_note(f"tidefleet: checkpoint {verb} of {where_to} failed ({type(err).__name__}); on a node, check that "
+                     f"its role may use the item's checkpoint prefix and the bucket exists; elsewhere, your credentials "
+                     f"and TIDEFLEET_CHECKPOINT_URI. A failed periodic save can be caught and the work go on.")  # fmt: skip
+        raise
 
 
 def _save_file(path: Path, body: bytes) -> None:
@@ -320,7 +336,8 @@ def load(name: str, *, base: str | None = None) -> bytes | None:
     if scheme == "file":
         path = Path(where) / key
         return path.read_bytes() if path.exists() else None
-    return object_store(scheme).get(where, key)
+    with _said("load", scheme, where, key):
+        return object_store(scheme).get(where, key)
 
 
 def attempt() -> int:
