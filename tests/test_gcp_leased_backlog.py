@@ -28,14 +28,20 @@ from tidefleet.records import Heartbeat
 NODE = "tidefleet-gcp-dev-cpu-aaaa"
 
 
-def test_busy_nodes_running_items_whose_messages_count_as_undelivered_get_no_more_nodes(gcp):  # noqa: F811
+def two_nodes(fake) -> tuple[FirestoreStore, MonitoringQueues, Ports]:
+    """gcp-dev's cpu pool with two Spot VMs, and the tick's ports on the fake."""
     creds = AnonymousCredentials()
     store = FirestoreStore(ENV, credentials=creds)
     queues = MonitoringQueues(ENV, session=AuthorizedSession(creds))
     ports = Ports(queues=queues, fleet=MigFleet(ENV, credentials=creds), nodes=store, stats=store)
-    gcp.groups |= {"tidefleet-gcp-dev-cpu": 2, "tidefleet-gcp-dev-cpu-od": 0}
-    gcp.vms["tidefleet-gcp-dev-cpu"] = [FakeVm(f"tidefleet-gcp-dev-cpu-{n}", created="2026-11-26T00:00:00Z")
+    fake.groups |= {"tidefleet-gcp-dev-cpu": 2, "tidefleet-gcp-dev-cpu-od": 0}
+    fake.vms["tidefleet-gcp-dev-cpu"] = [FakeVm(f"tidefleet-gcp-dev-cpu-{n}", created="2026-11-26T00:00:00Z")
                                        for n in ("aaaa", "bbbb")]  # fmt: skip
+    return store, queues, ports
+
+
+def test_busy_nodes_running_items_whose_messages_count_as_undelivered_get_no_more_nodes(gcp):  # noqa: F811
+    store, queues, ports = two_nodes(gcp)
     gcp.undelivered[SUB] = 4  # the 4 running items' leased messages, nothing else
     assert queues.backlog("default").counts_leased
     t0 = time.time()
@@ -110,13 +116,7 @@ def test_leased_counts_a_leads_gang_message_once_no_members_and_unrecorded_ends(
 def test_a_trailing_count_of_finished_work_launches_nothing_once_an_idle_node_said_it_found_none(gcp):  # noqa: F811
     """Cloud Monitoring's newest point was sampled two minutes ago, when 40 items were still there;
     the job is done and both nodes have been idle since. The tick wanted the pool's max for them."""
-    creds = AnonymousCredentials()
-    store = FirestoreStore(ENV, credentials=creds)
-    queues = MonitoringQueues(ENV, session=AuthorizedSession(creds))
-    ports = Ports(queues=queues, fleet=MigFleet(ENV, credentials=creds), nodes=store, stats=store)
-    gcp.groups |= {"tidefleet-gcp-dev-cpu": 2, "tidefleet-gcp-dev-cpu-od": 0}
-    gcp.vms["tidefleet-gcp-dev-cpu"] = [FakeVm(f"tidefleet-gcp-dev-cpu-{n}", created="2026-11-26T00:00:00Z")
-                                       for n in ("aaaa", "bbbb")]  # fmt: skip
+    store, queues, ports = two_nodes(gcp)
     gcp.undelivered[SUB], gcp.undelivered_lag_s = 40, 120
     now = time.time()
     backlog = queues.backlog("default")

@@ -114,16 +114,24 @@ def test_what_a_stopped_workload_leaves_in_its_group_ends_with_the_agents_sigkil
     once the shell that led it has exited."""
     workload, pid_file, _ = wrapper(tmp_path, pids)
     child = pid_in(pid_file)
-    os.kill(child, signal.SIGSTOP)  # a child that takes longer than any grace to save
+    ended = stopped_then_killed(workload, child)
+    assert not alive(child) and ended and ended[0][0] == -signal.SIGTERM
+
+
+def stopped_then_killed(workload: Workload, child: int) -> list[tuple]:
+    """Stop the workload while `child` cannot save (stopped: it takes longer than any grace); once
+    its first process has died of the SIGTERM and the attempt still waits for `child`, the
+    grace's end (SIGKILL). What `wait` returned, once it did."""
+    os.kill(child, signal.SIGSTOP)
     workload.signal(Signal.STOP)
     ended: list[tuple] = []
     waiting = threading.Thread(target=lambda: ended.append(workload.wait(Lines())))
     waiting.start()
-    wait_until(lambda: not alive(workload.proc.pid), 10, "the shell to die of the SIGTERM")
+    wait_until(lambda: not alive(workload.proc.pid), 10, "the first process to die of the SIGTERM")
     assert alive(child) and not workload.has_exited()
     workload.signal(Signal.KILL)  # the drain's grace is over
     waiting.join(30)
-    assert not alive(child) and ended and ended[0][0] == -signal.SIGTERM
+    return ended
 
 
 LEAVES_A_CHILD = """
@@ -234,16 +242,7 @@ def test_the_kill_reaches_a_worker_in_a_session_of_its_own_after_its_launcher_di
     """It kept the GPUs and wrote the item's checkpoint under the next attempt."""
     workload, pid_file, _ = launched(tmp_path, pids)
     worker = pid_in(pid_file)
-    os.kill(worker, signal.SIGSTOP)  # a save that takes longer than any grace
-    workload.signal(Signal.STOP)
-    ended: list[tuple] = []
-    waiting = threading.Thread(target=lambda: ended.append(workload.wait(Lines())))
-    waiting.start()
-    wait_until(lambda: not alive(workload.proc.pid), 10, "the launcher to leave on the SIGTERM")
-    assert alive(worker) and not workload.has_exited()
-    workload.signal(Signal.KILL)
-    waiting.join(30)
-    assert ended and not alive(worker)
+    assert stopped_then_killed(workload, worker) and not alive(worker)
 
 
 def test_torchrun_is_told_the_agents_grace_unless_the_job_says_otherwise(tmp_path):
