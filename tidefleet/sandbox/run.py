@@ -447,8 +447,9 @@ def account(status: sdk.JobStatus, doomed: set[str], events: list[dict], killed_
 
 @dataclass
 class Chaos:
-    """While the job runs, every `every_s`, in turn: SIGKILL one busy node, send one a spot
-    notice, or send a second copy of an unfinished item's message (SQS delivers at least once)."""
+    """While the job runs, every `every_s`, in turn: SIGKILL one node that is up (busy or idle), send
+    one a spot notice, or send a second copy of an unfinished item's message (SQS delivers at
+    least once)."""
 
     rng: random.Random
     every_s: float = 3.0
