@@ -73,7 +73,7 @@ class GceMetadata:
         if model not in ("STANDARD", "SPOT"):
             preemptible = (self._at_boot("/computeMetadata/v1/instance/scheduling/preemptible") or "").strip().upper()
             model = {"FALSE": "STANDARD", "TRUE": "SPOT"}.get(preemptible)
-        if model is None:
+        if model is None and not self.unanswered:  # off GCE (no server at all) there is nothing to say
             log.warning("the metadata server did not say whether this VM is Spot; taking it as Spot")
         return self._at_boot("/computeMetadata/v1/instance/name"), machine.rsplit("/", 1)[-1] if machine else None, model != "STANDARD"
 
