@@ -183,6 +183,8 @@ def test_each_schedule_fires_and_the_watch_runs_every_minute_through_the_scalers
     }
     jobs = resources(stack, "google_cloud_scheduler_job").values()
     assert {(j["region"], j["time_zone"]) for j in jobs} == {(ENV.region, "Etc/UTC")}
+    # Created after the function, whose trigger subscribes: a first deploy's early fire reached no one.
+    assert all("google_cloudfunctions2_function.control_function" in job["depends_on"] for job in scheduled_jobs(stack).values())
 
 
 def test_the_scheduled_messages_reach_the_scheduled_job_code_as_the_function_parses_them(stack, tmp_path, monkeypatch):

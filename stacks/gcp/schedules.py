@@ -57,22 +57,27 @@ def unix_crons(cron: str | None, rate: str | None) -> list[str]:
 
 
 def publish_on_schedule(scope: Construct, id: str, *, name: str, region: str, schedule: str, topic_id: str,
-                        message: dict, retries: int) -> CloudSchedulerJob:  # fmt: skip
-    """A Cloud Scheduler job that publishes `message` (JSON) to the topic, in UTC."""
+                        message: dict, retries: int, after: list | None = None) -> CloudSchedulerJob:  # fmt: skip
+    """A Cloud Scheduler job that publishes `message` (JSON) to the topic, in UTC; created `after`
+    those resources (a fire published before the function's trigger subscribes is dropped)."""
     return CloudSchedulerJob(
         scope, id, name=name, region=region, schedule=schedule, time_zone="Etc/UTC",
         retry_config={"retry_count": retries},
         pubsub_target={"topic_name": topic_id, "data": base64.b64encode(json.dumps(message).encode()).decode()},
+        depends_on=after,
     )  # fmt: skip
 
 
 class ScheduledJobs(Construct):
     """Exposes `jobs` (schedule name -> its Cloud Scheduler jobs, usually one) and `watch`."""
 
-    def __init__(self, scope: Construct, id: str, *, env: Environment, topic_id: str) -> None:
+    def __init__(self, scope: Construct, id: str, *, env: Environment, topic_id: str, after: list) -> None:
         super().__init__(scope, id)
+        # After the scaler function, whose trigger's subscription is what delivers them: on a first
+        # deploy a fire published before it exists reaches no one (the topic keeps no message).
         job = lambda id, name, when, message, retries: publish_on_schedule(
-            self, id, name=name, region=env.region, schedule=when, topic_id=topic_id, message=message, retries=retries)  # fmt: skip
+            self, id, name=name, region=env.region, schedule=when, topic_id=topic_id, message=message, retries=retries,
+            after=after)  # fmt: skip
         # Its own id and name: a schedule may be called "watch" ("fire-watch", "…-schedule-watch").
         self.watch = job("watch", naming.watch_schedule(env.name), WATCH_EVERY, WATCH_EVENT, 0)
         self.jobs = {

@@ -143,7 +143,8 @@ class GcpFleetStack(TerraformStack):
         # Its function also fires [schedules] and releases --after jobs: it submits to every queue.
         for queue_name in sorted(self.queues):
             self.queues[queue_name].grant_submitter("scaler", self.scaler.service_account.member)
-        self.schedules = ScheduledJobs(self, "schedules", env=env, topic_id=self.scaler.kick_topic.id)
+        self.schedules = ScheduledJobs(self, "schedules", env=env, topic_id=self.scaler.kick_topic.id,
+                                       after=[self.scaler.function])  # fmt: skip
         self.alerts = Alerts(self, "alerts", env=env, labels=tags)
 
     def _grant_node(self, env: Environment, pool_name: str, member: str) -> None:
