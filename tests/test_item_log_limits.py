@@ -436,3 +436,44 @@ def test_lines_weeks_behind_but_within_the_buckets_retention_are_stored_once_at_
     stream.write("epoch 1")
     stream.close()
     assert output(logs) == ["epoch 1"] and stream.dropped == 0
+
+
+class _Pages:
+    """GetLogEvents as AWS documents it: pages cut by time, so a quiet stretch is an empty page
+    mid-stream; the end is the token given back unchanged. (moto never answers an empty middle page.)"""
+
+    def __init__(self, pages: dict):
+        self.pages, self.calls = pages, 0
+
+    def get_paginator(self, name):
+        streams = [{"logStreamName": "work/L1/000000/1"}]
+        return type("P", (), {"paginate": lambda self, **kw: [{"logStreams": streams}]})()
+
+    def get_log_events(self, **kwargs):
+        self.calls += 1
+        lines, forward = self.pages[kwargs.get("nextToken")]
+        return {"events": [{"message": line} for line in lines], "nextForwardToken": forward}
+
+
+def test_a_quiet_stretch_mid_stream_does_not_end_the_read_before_the_attempts_last_lines():
+    """The logs audit: an attempt that printed, went quiet for hours and crashed lost its traceback;
+    an empty first page showed nothing at all."""
+    from tidefleet.cloud.aws.logs import CloudWatchItemLogs
+    from tidefleet.config import load_environment
+
+    pages = {None: ([], "f/1"), "f/1": (["epoch 1"], "f/2"), "f/2": ([], "f/3"),
+             "f/3": (["Traceback ...", "CUDA error: out of memory"], "f/4"), "f/4": ([], "f/4")}  # fmt: skip
+    logs = CloudWatchItemLogs(load_environment("dev"), client=_Pages(pages))
+    assert [line for _, line in logs.lines("work", "L1")] == ["epoch 1", "Traceback ...", "CUDA error: out of memory"]
+
+
+def test_a_token_that_keeps_moving_over_empty_pages_still_ends(monkeypatch):
+    from tidefleet.cloud.aws import logs as aws_logs
+
+    monkeypatch.setattr(aws_logs, "MAX_EMPTY_PAGES", 5)
+    endless = type("Endless", (dict,), {"__missing__": lambda self, token: ([], f"{token}+")})({None: (["one"], "t")})
+    client = _Pages(endless)
+    from tidefleet.config import load_environment
+
+    assert [line for _, line in aws_logs.CloudWatchItemLogs(load_environment("dev"), client=client).lines("work", "L1")] == ["one"]
+    assert client.calls == 1 + 5

@@ -25,6 +25,11 @@ if TYPE_CHECKING:  # settings are loaded (pydantic) by the runtime, not on impor
     from tidefleet.records import AttemptOutcome
 
 
+# Empty pages in a row after which a stream's read stops though its token still moves: a bound, for
+# a service that never gives the token back (the end), on a stream quiet for far longer than any item.
+MAX_EMPTY_PAGES = 1000
+
+
 class CloudWatchItemLogs:
     """One log stream per attempt (`<queue>/<job>/<item>/<attempt>`: naming.item_log_stream_prefix)
     in the environment's item log group; shown without the queue. The client is built as every
@@ -106,7 +111,7 @@ class CloudWatchItemLogs:
                                                                              logStreamNamePrefix=prefix):  # fmt: skip
             streams += [s["logStreamName"].removeprefix(queue_prefix) for s in page["logStreams"]]
         for stream in sorted(streams, key=stream_order):
-            token = None
+            token, empty = None, 0
             while True:
                 kwargs = {"logGroupName": self.group, "logStreamName": queue_prefix + stream, "startFromHead": True}
                 if token:
@@ -114,9 +119,12 @@ class CloudWatchItemLogs:
                 page = self.logs.get_log_events(**kwargs)
                 for event in page["events"]:
                     yield stream, event["message"]
-                if not page["events"] or page.get("nextForwardToken") == token:
+                # The end is the token given back unchanged: pages are cut by time, so a quiet stretch
+                # reads as an empty page mid-stream (an attempt silent for hours, then its traceback).
+                empty = 0 if page["events"] else empty + 1
+                if page.get("nextForwardToken") in (None, token) or empty >= MAX_EMPTY_PAGES:
                     break
-                token = page.get("nextForwardToken")
+                token = page["nextForwardToken"]
 
 
 def refused(err: Exception) -> str | None:
