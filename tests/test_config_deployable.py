@@ -93,7 +93,7 @@ def test_a_gcp_pool_mixing_gpu_hardware_is_refused(other, got):
     ({"type": "n2-standard-8", "weight": 1, "gpus": 1, "accelerator": "nvidia-l4"},
      ("pools.gpu.instance_types[0].accelerator: n2-standard-8 cannot have nvidia-l4 (got 'nvidia-l4'); GPUs attach "
      "only to N1 machine types (nvidia-tesla-t4, nvidia-tesla-v100, nvidia-tesla-p100, nvidia-tesla-p4)")),
-    ({"type": "n1-standard-8", "weight": 1, "gpus": 1, "accelerator": "nvidia-l4"},
+    ({"type": "n1-standard-8", "weight": 1, "gpus": 1, "accelerator": "nvidia-l4", "on_demand_price": 1.0, "spot_price": 0.3},
      ("pools.gpu.instance_types[0].accelerator: n1-standard-8 cannot have nvidia-l4 (got 'nvidia-l4'); n1-standard-8 "
      "takes nvidia-tesla-t4, nvidia-tesla-v100")),
     ({"type": "g2-standard-8", "weight": 1, "gpus": 1, "accelerator": "nvidia-tesla-zz9"},
@@ -105,12 +105,23 @@ def test_a_gcp_gpu_declaration_without_matching_hardware_is_refused(itype, expec
 
 
 @pytest.mark.parametrize("itype", [
-    {"type": "n1-standard-8", "weight": 1, "gpus": 1, "accelerator": "nvidia-tesla-t4"},
+    {"type": "n1-standard-8", "weight": 1, "gpus": 1, "accelerator": "nvidia-tesla-t4", "on_demand_price": 0.73,
+     "spot_price": 0.19},
     {"type": "g2-standard-8", "weight": 1, "gpus": 1},
     {"type": "a2-highgpu-1g", "weight": 1, "gpus": 1, "accelerator": "nvidia-tesla-a100"},
 ], ids=["t4 on n1", "g2 without naming its l4", "a100 on a2"])  # fmt: skip
 def test_gcp_gpus_that_exist_are_accepted(itype):
     assert _env("gcp-dev", **{"pools.gpu.instance_types": [itype]}).pools["gpu"].instance_types[0].gpus == 1
+
+
+def test_an_n1_machine_with_attached_gpus_needs_its_own_prices():
+    """The logs/cost audit: an N1 with 4 V100s was priced at the machine's $0.38/h (about $10/h with
+    its GPUs): `cost`, the cost caps and the simulator 27x low, nothing said."""
+    _refused("gcp-dev", "pools.gpu.instance_types[0].on_demand_price: the built-in price of n1-standard-8 is the "
+             "machine's alone, without its 4 attached nvidia-tesla-v100; set on_demand_price and spot_price in "
+             "USD/hour, machine and GPUs together",
+             **{"pools.gpu.instance_types": [{"type": "n1-standard-8", "weight": 4, "gpus": 4,
+                                               "accelerator": "nvidia-tesla-v100"}]})  # fmt: skip
 
 
 @pytest.mark.parametrize("target,max_wait", [(7200, 600), (600, 600)])

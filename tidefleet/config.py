@@ -1134,8 +1134,16 @@ def _pool_problems(env: Environment, name: str, pool: Pool) -> list[str]:
             out.append(f"{at}.weight: with capacity_unit 'vcpus' the weight is the vCPU count, and {itype.type} has "
                        f"{vcpus} (got weight {itype.weight}); set weight = {vcpus}")  # fmt: skip
         missing = [f for f, spot in (("on_demand_price", False), ("spot_price", True)) if itype.price(spot) is None]
+        # An N1 machine's built-in price is the machine's alone: its attached GPUs cost many times more
+        # (4 V100s: about $10/h against the machine's $0.38), and cost, caps and the simulator read it.
+        unpriced_gpus = [f for f, own in (("on_demand_price", itype.on_demand_price), ("spot_price", itype.spot_price))
+                         if own is None] if itype.accelerator and itype.type.startswith("n1-") else []  # fmt: skip
         if missing:
             out.append(f"{at}.{missing[0]}: no built-in price for {itype.type!r}; set {' and '.join(missing)} in USD/hour")
+        elif unpriced_gpus:
+            out.append(f"{at}.{unpriced_gpus[0]}: the built-in price of {itype.type} is the machine's alone, without its "
+                       f"{itype.gpus} attached {itype.accelerator}; set {' and '.join(unpriced_gpus)} in USD/hour, "
+                       "machine and GPUs together")  # fmt: skip
         out += _gpu_slot_problems(at, pool, itype)
         # A node that shows fewer GPUs than declared takes no items (agent/gpus.py): never runs anything.
         # (GCP attaches accelerators to N1 types, and names the others' own: only built-in ones are known here.)
