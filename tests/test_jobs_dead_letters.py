@@ -90,6 +90,19 @@ def test_a_finished_job_is_told_nothing_to_do_whatever_other_runs_hold(h):
     assert other
 
 
+def test_failed_items_whose_dead_letters_expired_are_told_how_to_rerun_not_nothing_to_do(h):
+    """The logs/cost audit: dead letters go after the queue's retention (14 days on SQS); a user back
+    from a week off was told "nothing to do" (exit 0) while `status` listed the failed items."""
+    job = failed_job(h, "expired")
+    cloud = for_env(h.env)
+    cloud.queues.delete("work", [d.handle for d in cloud.queues.receive("work", 10, 0, dead_letter=True)], dead_letter=True)
+    out = run(h, "retry-failed", job)
+    assert out.exit_code == 1 and "nothing to do" not in out.output and "Traceback" not in out.output, out.output
+    said = " ".join(out.output.split())
+    assert f"job {job}: its 2 failed item(s) have no dead letter left to send back (a dead letter is kept 14 days" in said
+    assert "submit them again as a new job" in said and "--failed" in said
+
+
 # -- a dead letter of an item that runs -----------------------------------------------------
 def test_a_dead_letter_of_an_item_running_under_a_live_lease_is_left_to_its_holder(h):
     """On Pub/Sub a running item's message is redelivered, and may be dead-lettered, while its

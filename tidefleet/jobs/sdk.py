@@ -68,7 +68,7 @@ from tidefleet.jobs.spec import JobSpec, not_text
 from tidefleet.jobs.spec import problems as spec_problems
 from tidefleet.ports import Backlog, Cloud, Delivery
 from tidefleet.records import FINAL, Fence, Heartbeat, Item, ItemWrite, Job
-from tidefleet.resources import redrive_receives
+from tidefleet.resources import PUBSUB_RETENTION_S, SQS_RETENTION_S, redrive_receives
 
 SEND_BATCH = 10  # messages per receive of the dead-letter queue (SQS's most)
 CHUNK = 500  # items per submit chunk: one progress mark each (`submit`)
@@ -1301,10 +1301,24 @@ def retry_failed(env: Environment, job_id: str) -> int:
                 cloud.queues.delete(job.queue, [r for _, r in back] + dropped, dead_letter=True)
         if not moved:
             _held_by_another_run(cloud, env, job_id, job.queue, ours=len(others))
+            _failed_without_dead_letters(cloud, env, job_id)
         return len(moved)
     finally:
         if others or unsent:
             cloud.queues.release(job.queue, others + unsent, dead_letter=True)
+
+
+def _failed_without_dead_letters(cloud: Cloud, env: Environment, job_id: str) -> None:
+    """JobError where the job has failed items and none of their dead letters is left to send back:
+    the queue keeps a dead letter for its retention (`resources.*_RETENTION_S`), and "nothing to do"
+    said nothing of the failed items `status` still lists."""
+    job = cloud.store.job(job_id)
+    if job is None or not job.counted or not job.n_failed:
+        return
+    days = (PUBSUB_RETENTION_S if env.cloud == "gcp" else SQS_RETENTION_S) // 86400
+    raise JobError(f"job {job_id}: its {job.n_failed} failed item(s) have no dead letter left to send back (a dead "
+                   f"letter is kept {days} days on {env.cloud.upper()}); submit them again as a new job (another "
+                   f"--name or --job-id); `tidefleet status --env {env_argument(env)} {job_id} --failed` lists them")  # fmt: skip
 
 
 def _held_by_another_run(cloud: Cloud, env: Environment, job_id: str, queue: str, *, ours: int) -> None:
