@@ -3,6 +3,7 @@ team / job / queue / user / pool / month, and the sizing advice, table-driven.""
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from datetime import UTC, datetime
 
@@ -38,6 +39,14 @@ def job(queue="render", job_id="j1", submitter="arn:aws:iam::1:user/ana") -> Job
 
 def priced(*entries, queue="render", **kw) -> list[costs.Charge]:
     return costs.charges(ENV, job(queue), [Item("j1", "000000", history=list(entries))], **kw)
+
+
+def test_an_end_appended_twice_by_a_retried_write_is_billed_once():
+    """The logs/cost audit: a failure's history write that landed, its answer lost, was appended
+    again by the retry (the fence, the attempt number, still passed): two charges for one attempt."""
+    failed = entry(outcome="failed", exit_code=1)
+    assert len(priced(failed, dict(failed))) == 1
+    assert len(priced(failed, entry(attempt=2, ended_at=JAN + 60))) == 2, "two attempts are two charges"
 
 
 @pytest.mark.parametrize(
@@ -165,8 +174,12 @@ def test_a_type_that_cannot_hold_one_item_is_no_fit(itype, need):
     assert rightsize.fit(itype, need, 1.0) is None
 
 
+ATTEMPTS = itertools.count(1)
+
+
 def measured(cpu_s, seconds=100.0, rss=300.0, **extra) -> dict:
-    return entry(seconds=seconds, cpu_s=cpu_s, peak_rss_mb=rss, **extra)
+    """An attempt's end with its readings; each its own attempt (one end recorded twice is billed once)."""
+    return entry(seconds=seconds, cpu_s=cpu_s, peak_rss_mb=rss, **{"attempt": next(ATTEMPTS), **extra})
 
 
 def test_advice_sizes_items_from_their_p95_cores_and_peak_memory_and_prices_the_saving():

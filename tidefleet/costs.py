@@ -126,9 +126,16 @@ def charges(env: Environment, job: Job, items: Iterable[Item], *, parts: dict[st
     team = (queue.team or env.pools[pool].team) if queue and pool in env.pools else "unknown"
     out = []
     for item in items:
+        seen = set()
         for entry in [*item.history, *(parts or {}).get(item.item_id, ())]:
             if (entry.get("ended_at") or item.updated_at) < since:
                 continue
+            # An end whose write landed but whose answer was lost is appended again by the retry (its
+            # fence, the attempt number, still passes): the same end, billed once.
+            same = repr(sorted(entry.items()))
+            if same in seen and entry.get("ended_at") is not None:
+                continue
+            seen.add(same)
             price = hourly(env, pool, entry["instance_type"], bool(entry.get("spot"))) \
                 if entry.get("instance_type") else None  # fmt: skip
             why = unpriced_reason(entry, price)
