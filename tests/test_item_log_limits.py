@@ -477,3 +477,17 @@ def test_a_token_that_keeps_moving_over_empty_pages_still_ends(monkeypatch):
 
     assert [line for _, line in aws_logs.CloudWatchItemLogs(load_environment("dev"), client=client).lines("work", "L1")] == ["one"]
     assert client.calls == 1 + 5
+
+
+def test_the_line_saying_lines_were_restamped_goes_in_a_put_of_its_own(cloudwatch, clock):
+    """The logs audit: added to the rejected lines' put, it could take a batch filled to
+    PutLogEvents' 1 MiB past it, and that put's refusal lost every line of it."""
+    puts: list[list[str]] = []
+    answer_puts(cloudwatch, lambda messages: puts.append(list(messages)))
+    clock.offset = -15 * 86400.0
+    stream = cloudwatch.stream(QUEUE, "job-1", "item-a", 1)
+    for line in ("epoch 1", "epoch 2"):
+        stream.write(line)
+    stream.close()
+    assert [RESTAMPED] in puts and all(RESTAMPED not in p for p in puts if p != [RESTAMPED]), puts
+    assert output(cloudwatch) == [RESTAMPED, "epoch 1", "epoch 2"]

@@ -84,7 +84,12 @@ class CloudWatchItemLogs:
         if not (rejected := answer.get("rejectedLogEventsInfo")):
             return False
         again = restamped(events, rejected, answer, said=said, stamp=stamp)
-        put_again(lambda: self._put(stream, again), stream, len(again))
+        # The notice in a put of its own: a batch filled to PutLogEvents' 1 MiB has no room for one
+        # more line, and the put refused for it would lose the whole batch.
+        said_now = again[:1] if again and again[0]["message"] == RESTAMPED else []
+        for part in (said_now, again[len(said_now):]):
+            if part:
+                put_again(lambda part=part: self._put(stream, part), stream, len(part))
         return True
 
     def record_outcomes(self, queue: str, outcomes: list[AttemptOutcome]) -> None:
