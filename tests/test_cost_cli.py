@@ -128,10 +128,12 @@ def test_cost_by_team_uses_the_queues_team_else_the_pools_and_by_user_the_cloud_
 def test_cost_as_csv_and_text_and_monthly_show_the_same_numbers(run):
     h, _ = run
     as_json = json.loads(cli(h, "cost", "--by", "queue", "--json").output)
-    rows = list(csv.DictReader(io.StringIO(cli(h, "cost", "--by", "queue", "--csv").output)))
+    as_csv = cli(h, "cost", "--by", "queue", "--csv")
+    rows = list(csv.DictReader(io.StringIO(as_csv.stdout)))
+    assert costs.IDLE_NOTE in as_csv.stderr, "what the CSV leaves out is said on stderr, the CSV left clean"
     assert [(r["queue"], float(r["cost_usd"])) for r in rows] == \
         [(r["key"], pytest.approx(r["cost_usd"], abs=1e-8)) for r in as_json["rows"]]  # fmt: skip
-    monthly = list(csv.DictReader(io.StringIO(cli(h, "cost", "--by", "queue", "--monthly", "--csv").output)))
+    monthly = list(csv.DictReader(io.StringIO(cli(h, "cost", "--by", "queue", "--monthly", "--csv").stdout)))
     assert {r["month"] for r in monthly} == {costs.datetime.now(costs.UTC).strftime("%Y-%m")}
     text = cli(h, "cost", "--by", "queue").output
     assert f"total ${as_json['total_usd']:,.4f} (USD, 4 attempt(s))" in text and costs.IDLE_NOTE in text

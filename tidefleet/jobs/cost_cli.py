@@ -103,6 +103,10 @@ def cost(env_name, by, since_text, monthly, as_json, as_csv) -> None:
         for r in rows:
             writer.writerow(([r.month] if monthly else []) + [r.key, r.attempts, f"{r.node_hours:.9f}", f"{r.cost_usd:.9f}"])
         click.echo(out.getvalue(), nl=False)
+        # On stderr, the CSV left clean: what it leaves out matters most when it is set against the bill.
+        for why, n in unpriced.most_common():
+            click.echo(f"not priced: {n} attempt(s): {why}", err=True)
+        click.echo(costs.IDLE_NOTE, err=True)
         return
     if not rows:
         click.echo(f"no priced attempts since {time.strftime('%Y-%m-%d %H:%M', time.gmtime(since))} UTC", err=True)
