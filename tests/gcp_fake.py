@@ -65,6 +65,7 @@ class FakeGcp:
     log_entries: list[dict] = field(default_factory=list)  # entries:write, labels merged into each
     time_series: list[dict] = field(default_factory=list)  # every series timeSeries.create received
     log_page: int = 1000
+    read_refusals: int = 0  # the next this many entries:list calls answer 429 (the read quota)
     objects: dict[str, bytes] = field(default_factory=dict)  # "bucket/object name" -> what was uploaded
     pull_hold_s: float = 0.2  # how long an empty pull is held before it answers with nothing
     pull_timeouts: list[float] = field(default_factory=list)  # the client's timeout on each pull
@@ -430,6 +431,9 @@ class FakeGcp:
                 self.log_entries.append({"logName": body.get("logName"), **entry,
                                          "labels": {**body.get("labels", {}), **entry.get("labels", {})}})  # fmt: skip
             return 200, {}, "{}"
+        if self.read_refusals:
+            self.read_refusals -= 1
+            return self._error(429, "RESOURCE_EXHAUSTED", "Quota exceeded for quota metric 'Read requests'")
         wanted = dict(re.findall(r'labels\.(\w+)="([^"]*)"', body["filter"]))
         log_name = re.search(r'logName="([^"]+)"', body["filter"]).group(1)
         found = [e for e in self.log_entries if e["logName"] == log_name

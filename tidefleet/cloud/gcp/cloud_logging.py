@@ -15,6 +15,7 @@ are written again at Cloud Logging's time, as CloudWatch's are (`restamp`).
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from functools import cached_property
@@ -44,6 +45,7 @@ LOGGING = "https://logging.googleapis.com/v2"
 WRITE_BATCH_BYTES = 9_000_000
 ENTRY_OVERHEAD_BYTES = 100
 SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
+READ_RETRY_S = 75.0  # a read's retries: past a minute, Cloud Logging's read quota window
 # What Cloud Logging stores, by its clock (its answer's Date), with a margin for that header's
 # second and the time the request took: the Logging API's documented bounds, back as far as the
 # bucket keeps entries (30 days is only a default bucket's: this one's keeps them longer).
@@ -116,9 +118,7 @@ class CloudLoggingItemLogs:
                 "pageSize": 1000}  # fmt: skip
         by_stream: dict[str, list[str]] = {}
         while True:
-            response = self.session.post(f"{LOGGING}/entries:list", json=body, timeout=30)
-            response.raise_for_status()
-            page = response.json()
+            page = _read_page(self.session, body)
             for entry in page.get("entries", []):
                 labels = entry.get("labels", {})
                 name = stream_name(labels.get("job", job), labels.get("item", "?"), labels.get("attempt", "0"))
@@ -129,6 +129,25 @@ class CloudLoggingItemLogs:
         for name in sorted(by_stream, key=stream_order):
             for line in by_stream[name]:
                 yield name, line
+
+
+def _read_page(session, body: dict) -> dict:
+    """One page of entries:list, tried again for READ_RETRY_S on a refusal (429: Cloud Logging's read
+    quota is per minute, so a big job's pages meet it and a rerun met it again), an error on
+    Google's side (5xx), silence or a lost connection; then the last error is raised."""
+    deadline, wait = time.monotonic() + READ_RETRY_S, 1.0
+    while True:
+        try:
+            response = session.post(f"{LOGGING}/entries:list", json=body, timeout=30)
+        except (requests.Timeout, requests.ConnectionError):
+            if time.monotonic() + wait > deadline:
+                raise
+        else:
+            if (response.status_code != 429 and response.status_code < 500) or time.monotonic() + wait > deadline:
+                response.raise_for_status()
+                return response.json()
+        time.sleep(wait)
+        wait = min(wait * 2, 16.0)
 
 
 def refused(err: Exception) -> str | None:
