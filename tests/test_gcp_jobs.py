@@ -151,6 +151,35 @@ def test_a_log_read_over_the_read_quota_waits_and_goes_on(gcp, monkeypatch):
     assert slept == [1.0, 2.0, 4.0]
 
 
+def test_a_batch_sent_again_after_a_write_that_landed_carries_the_same_insert_ids(gcp, monkeypatch):
+    """The logs audit: entries had no insertId, so a write that landed but timed out, sent again,
+    stored its lines twice (Cloud Logging drops an entry whose timestamp and insertId it has), and
+    lines of one timestamp could read out of order."""
+    import requests
+
+    from tidefleet.cloud.gcp import cloud_logging
+
+    logs = for_env(ENV).logs
+    stream = logs.stream("default", "job-1", "item-a", 1)
+    real, landed = cloud_logging.CloudLoggingItemLogs._write, []
+
+    def lands_then_times_out(self, entries, labels=None):
+        real(self, entries, labels)
+        if not landed:
+            landed.append(True)
+            raise requests.Timeout("no answer")
+
+    monkeypatch.setattr(cloud_logging.CloudLoggingItemLogs, "_write", lands_then_times_out)
+    batch = [(1_800_000_000.0, "one"), (1_800_000_000.0, "two")]  # one timestamp: the order is the ids'
+    with pytest.raises(requests.Timeout):
+        stream._send(batch)
+    stream._send(batch)  # BufferedStream's retry
+    stream._send([(1_800_000_001.0, "three")])
+    ids = [(e["textPayload"], e["insertId"]) for e in gcp.log_entries]
+    assert ids[:2] == ids[2:4], "the batch sent again names its lines as the first send did"
+    assert [i for _, i in ids[2:]] == sorted({i for _, i in ids}), "one id per line, in the stream's order"
+
+
 def test_long_non_ascii_output_goes_in_entries_write_requests_under_10_mb(gcp):
     stream = for_env(ENV).logs.stream("default", "job-1", "item-a", 1)
     lines = [f"{n:03d}" + "\U0001F600" * 16_000 for n in range(100)]  # JSON-escaped: ~192 KB a line

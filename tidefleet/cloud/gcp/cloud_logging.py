@@ -14,6 +14,7 @@ are written again at Cloud Logging's time, as CloudWatch's are (`restamp`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Iterator
@@ -92,10 +93,18 @@ class CloudLoggingItemLogs:
     def stream(self, queue: str, job: str, item: str, attempt: int) -> BufferedStream:
         labels, restamping = {"job": job, "item": item, "attempt": str(attempt)}, []
 
+        # Each line's insertId is its place in the stream (lines sent before it, and its place in the
+        # batch): a batch sent again after a write that landed but timed out is stored once (Cloud
+        # Logging drops an entry whose timestamp and insertId it has), and lines of one timestamp (a
+        # clock that stepped back, held) read in their order.
+        prefix, sent = hashlib.sha1(f"{job}/{item}/{attempt}".encode()).hexdigest()[:16], [0]
+
         def send(batch: list[tuple[float, str]]) -> None:
-            entries = [{"textPayload": line, "timestamp": _stamp(at)} for at, line in batch]
+            entries = [{"textPayload": line, "timestamp": _stamp(at), "insertId": f"{prefix}-{sent[0] + i:012d}"}
+                       for i, (at, line) in enumerate(batch)]  # fmt: skip
             if self._write_in_time(entries, labels, said=bool(restamping)):
                 restamping.append(True)
+            sent[0] += len(batch)
 
         return BufferedStream(stream_name(job, item, attempt), send, batch_bytes=WRITE_BATCH_BYTES,
                               event_bytes=_entry_bytes, refused=refused, outage=self.outage)
