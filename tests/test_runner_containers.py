@@ -212,7 +212,7 @@ class Lines:
     def __init__(self):
         self.lines: list[str] = []
 
-    def write(self, line: str) -> None:
+    def write(self, line: str, **_) -> None:
         self.lines.append(line)
 
 

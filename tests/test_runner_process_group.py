@@ -48,9 +48,11 @@ time.sleep(600)
 class Lines:
     def __init__(self):
         self.lines: list[str] = []
+        self.cut_before: list[bool] = []
 
-    def write(self, line: str) -> None:
+    def write(self, line: str, *, cut_before: bool = False) -> None:
         self.lines.append(line)
+        self.cut_before.append(cut_before)
 
 
 def start(tmp_path: Path, script: str, *args: str) -> Workload:
@@ -286,6 +288,13 @@ def test_a_line_of_output_that_never_ends_is_kept_to_its_first_bytes(tmp_path):
     lines = Lines()
     assert workload.wait(lines)[0] == 0
     assert lines.lines == ["x" * runner.MAX_LINE_BYTES, "after"]
+    # Said to the item log as cut already: its marker then says "at least", not 49,577 of ~2.6 million.
+    assert lines.cut_before == [True, False]
+    from tidefleet.logstream import cut_line
+
+    kept = cut_line(lines.lines[0], 16_000, cut_before=True)
+    assert len(kept) <= 16_000 and "… [tidefleet: at least " in kept and kept.endswith(" more characters cut]")
+    assert cut_line("short", 16_000, cut_before=True) == "short… [tidefleet: at least 0 more characters cut]"
 
 
 @pytest.mark.parametrize("cut", range(1, 12))

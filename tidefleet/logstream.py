@@ -34,18 +34,21 @@ def cloudwatch_event_bytes(line: str) -> int:
     return len(line.encode(errors="replace")) + 26
 
 
-def cut_marker(count: int) -> str:
-    """What ends a line cut to fit one log event: `count` characters of it are not there."""
-    return f"… [tidefleet: {count:,} more characters cut]"
+def cut_marker(count: int, *, at_least: bool = False) -> str:
+    """What ends a line cut to fit one log event: `count` characters of it are not there (`at_least`:
+    more were, cut before the line reached here)."""
+    return f"… [tidefleet: {'at least ' if at_least else ''}{count:,} more characters cut]"
 
 
-def cut_line(line: str, limit: int) -> str:
+def cut_line(line: str, limit: int, *, cut_before: bool = False) -> str:
     """`line` in at most `limit` characters: a longer one is cut, its end saying how much was
-    cut (`cut_marker`, counted at most the line's length: never longer than that room)."""
-    if len(line) <= limit:
+    cut (`cut_marker`, counted at most the line's length: never longer than that room).
+    `cut_before`: the line was cut already where it was read (the runner keeps a line's first
+    64 KiB), so the count is a floor."""
+    if len(line) <= limit and not cut_before:
         return line
-    room = limit - len(cut_marker(len(line)))
-    return line[:room] + cut_marker(len(line) - room)
+    room = min(len(line), limit - len(cut_marker(len(line), at_least=cut_before)))
+    return line[:room] + cut_marker(len(line) - room, at_least=cut_before)
 
 
 def restamped_notice(service: str, bounds: str) -> str:
@@ -169,8 +172,9 @@ class BufferedStream:
         self.closed = False
         self.shipper: threading.Thread | None = None
 
-    def write(self, line: str) -> None:
-        line = cut_line(line, self.MAX_LINE_CHARS) or " "
+    def write(self, line: str, *, cut_before: bool = False) -> None:
+        """One line of output; `cut_before`: cut already where it was read (`cut_line`)."""
+        line = cut_line(line, self.MAX_LINE_CHARS, cut_before=cut_before) or " "
         size = self.event_bytes(line)
         with self.wake:
             was_empty, was_full = not self.buffer, self._full()

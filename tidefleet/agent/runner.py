@@ -366,7 +366,7 @@ class Workload:
     def _logged(self, raw: bytes, stream: LogStream, last_line: str) -> str:
         """Write one line of its output; the last line so far, which docker's hint is not."""
         line = raw.decode(errors="replace")
-        stream.write(line)
+        stream.write(line, cut_before=len(raw) >= MAX_LINE_BYTES)  # OutputLines kept its first bytes only
         return last_line if self.in_container and DOCKER_HINT.fullmatch(line) else line
 
     def daemon_unreachable(self, code: int, last_line: str) -> bool:
