@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from functools import cached_property
 
 import requests
+from google.api_core.retry import Retry
 from google.auth.transport.requests import AuthorizedSession
 
 from tidefleet import naming
@@ -127,7 +127,7 @@ class CloudLoggingItemLogs:
                 "pageSize": 1000}  # fmt: skip
         by_stream: dict[str, list[str]] = {}
         while True:
-            page = _read_page(self.session, body)
+            page = READ_RETRY(_read_page)(self.session, body)
             for entry in page.get("entries", []):
                 labels = entry.get("labels", {})
                 name = stream_name(labels.get("job", job), labels.get("item", "?"), labels.get("attempt", "0"))
@@ -140,23 +140,23 @@ class CloudLoggingItemLogs:
                 yield name, line
 
 
+def _passes(err: BaseException) -> bool:
+    """A read's failure that passes: refused (429: Cloud Logging's read quota is per minute, so a big
+    job's pages meet it, and a rerun met it again), Google's side (5xx), silence, a lost connection."""
+    if isinstance(err, requests.HTTPError):
+        return err.response is not None and (err.response.status_code == 429 or err.response.status_code >= 500)
+    return isinstance(err, (requests.Timeout, requests.ConnectionError))
+
+
+# A page read, tried again past the read quota's minute (the other calls' `calls.RETRY`, longer).
+READ_RETRY = Retry(_passes, initial=1.0, maximum=16.0, multiplier=2.0, timeout=READ_RETRY_S)
+
+
 def _read_page(session, body: dict) -> dict:
-    """One page of entries:list, tried again for READ_RETRY_S on a refusal (429: Cloud Logging's read
-    quota is per minute, so a big job's pages meet it and a rerun met it again), an error on
-    Google's side (5xx), silence or a lost connection; then the last error is raised."""
-    deadline, wait = time.monotonic() + READ_RETRY_S, 1.0
-    while True:
-        try:
-            response = session.post(f"{LOGGING}/entries:list", json=body, timeout=30)
-        except (requests.Timeout, requests.ConnectionError):
-            if time.monotonic() + wait > deadline:
-                raise
-        else:
-            if (response.status_code != 429 and response.status_code < 500) or time.monotonic() + wait > deadline:
-                response.raise_for_status()
-                return response.json()
-        time.sleep(wait)
-        wait = min(wait * 2, 16.0)
+    """One try of a page of entries:list."""
+    response = session.post(f"{LOGGING}/entries:list", json=body, timeout=30)
+    response.raise_for_status()
+    return response.json()
 
 
 def refused(err: Exception) -> str | None:
