@@ -1301,20 +1301,21 @@ def retry_failed(env: Environment, job_id: str) -> int:
                 cloud.queues.delete(job.queue, [r for _, r in back] + dropped, dead_letter=True)
         if not moved:
             _held_by_another_run(cloud, env, job_id, job.queue, ours=len(others))
-            _failed_without_dead_letters(cloud, env, job_id)
+            _failed_without_dead_letters(env, job)
         return len(moved)
     finally:
         if others or unsent:
             cloud.queues.release(job.queue, others + unsent, dead_letter=True)
 
 
-def _failed_without_dead_letters(cloud: Cloud, env: Environment, job_id: str) -> None:
+def _failed_without_dead_letters(env: Environment, job: Job) -> None:
     """JobError where the job has failed items and none of their dead letters is left to send back:
     the queue keeps a dead letter for its retention (`resources.*_RETENTION_S`), and "nothing to do"
-    said nothing of the failed items `status` still lists."""
-    job = cloud.store.job(job_id)
-    if job is None or not job.counted or not job.n_failed:
+    said nothing of the failed items `status` still lists. `job` as read at the start: a call that
+    moved nothing changed none of its counters."""
+    if not job.counted or not job.n_failed:
         return
+    job_id = job.job_id
     days = (PUBSUB_RETENTION_S if env.cloud == "gcp" else SQS_RETENTION_S) // 86400
     raise JobError(f"job {job_id}: its {job.n_failed} failed item(s) have no dead letter left to send back (a dead "
                    f"letter is kept {days} days on {env.cloud.upper()}); submit them again as a new job (another "
