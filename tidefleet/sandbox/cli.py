@@ -178,9 +178,9 @@ def _run(env, environments: Path, workdir: Path, console, *, items, chaos, keep,
         except RuntimeError as err:  # the emulator did not come up: what it died of, in one line
             raise click.ClickException(f"the sandbox could not start: {err}") from None
         except Exception as err:
-            if isinstance(err, for_env(env).errors):  # an emulator's error while the sandbox provisions
-                raise click.ClickException(f"the emulator failed a call while the sandbox started: "
-                                           f"{for_env(env).explain(err)}; start the sandbox again") from None  # fmt: skip
+            from tidefleet.sandbox.run import MOTO_LOG
+
+            _emulator_failed(env, err, workdir / MOTO_LOG)  # while the sandbox provisions
             raise
         try:
             return _up(box, env, workdir, console, started=started, items=items, chaos=chaos, keep=keep, train=train,
@@ -194,11 +194,16 @@ def _run(env, environments: Path, workdir: Path, console, *, items, chaos, keep,
                 box.moto.process.wait(timeout=2)  # a refused call may beat the exit's reaping
             if (gone := box.emulator_gone()) is not None:
                 raise click.ClickException(gone) from None
-            cloud = for_env(env)
-            if isinstance(err, cloud.errors):  # an emulator's error under load (moto's HTTP 500), its own
-                raise click.ClickException(f"the emulator failed a call the sandbox made: {cloud.explain(err)}; "
-                                           f"its log is {box.moto.log}; start the sandbox again") from None  # fmt: skip
+            _emulator_failed(env, err, box.moto.log)
             raise
+
+
+def _emulator_failed(env, err: Exception, log: Path) -> None:
+    """ClickException for an emulator's error (moto's HTTP 500 under load, its own), in one line."""
+    cloud = for_env(env)
+    if isinstance(err, cloud.errors):
+        raise click.ClickException(f"the emulator failed a call the sandbox made: {cloud.explain(err)}; its log is "
+                                   f"{log}; start the sandbox again") from None  # fmt: skip
 
 
 def _started(stack: contextlib.ExitStack, console, *args):

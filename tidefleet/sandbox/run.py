@@ -122,6 +122,9 @@ class _KickHandler(BaseHTTPRequestHandler):
         pass
 
 
+MOTO_LOG = "moto.log"  # in the work folder: the emulator's output, where its errors are kept
+
+
 class Sandbox:
     """Emulator + provisioned environment + control loop + node launcher. A context manager:
     leaving it (normally, on an error or on Ctrl-C) kills every node and stops the emulator."""
@@ -152,7 +155,7 @@ class Sandbox:
 
     def _start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.moto = start_moto(log=self.workdir / "moto.log")
+        self.moto = start_moto(log=self.workdir / MOTO_LOG)
         # This process talks to the emulator while the sandbox runs; __exit__ puts the environment back.
         # The user's own AWS settings go meanwhile (a profile this machine lacks, a service's endpoint):
         # every client here talks to the emulator with its fake credentials, and nothing else.
